@@ -1,0 +1,878 @@
+"""Build llama.cpp from pinned source and the API-mode cffi extension ``llama_cffi._llama``.
+
+The steps, each a function below, in the order ``setup.py`` (or ``python build_ffi.py``)
+runs them:
+
+1. ``llama_cpp_source()`` -- the pinned llama.cpp tree: ``LLAMA_CPP_DIR`` if set, else the
+   ``llama-cpp-python`` sdist from PyPI (sha256-verified, cached, partly extracted).
+2. ``native_options()`` / ``build_native()`` -- CMake, static + PIC, libs only, with
+   explicit CPU instruction sets (never ``GGML_NATIVE``: it turns on AMX, which crashes
+   on these machines). Cached under the user cache by (commit, options).
+3. ``generate_cdef()`` -- the cdef, generated from the real ``llama.h`` by running the
+   C preprocessor over it and walking the declarations with pycparser: everything
+   ``llama.h`` declares, the ggml types it references (opaque where only pointed to),
+   and a short, listed set of ggml/gguf functions. Nothing is hand-copied.
+4. ``make_ffibuilder()`` -- ``ffi.set_source`` (API mode: the compiler checks every
+   declaration against the header) with a small amount of our own C: the build stamp,
+   a log trampoline that filters by level in C, and an abort-flag callback.
+
+Environment switches (all optional):
+
+=======================  ===========================================================
+``LLAMA_CPP_DIR``        use this llama.cpp checkout instead of the pinned sdist
+``LLAMA_CFFI_SDIST``     path to an already downloaded ``llama_cpp_python`` sdist
+``LLAMA_CFFI_SDIST_URL`` download the sdist from this URL (a mirror); sha256 still checked
+``LLAMA_CFFI_CACHE_DIR`` cache root (default ``$XDG_CACHE_HOME/llama_cffi``)
+``LLAMA_CFFI_CPU``       comma list of instruction sets (``avx2,fma,f16c``...),
+                         ``native`` for GGML_NATIVE, or ``none``; default: detected
+``LLAMA_CFFI_OPENMP=1``  build with OpenMP (faster prompt processing, but a child made
+                         by ``os.fork()`` hangs in ``llama_decode``); default off
+``LLAMA_CFFI_CUDA=1``    build the CUDA backend (``CMAKE_CUDA_ARCHITECTURES`` from
+                         ``LLAMA_CFFI_CUDA_ARCHS``, default ``native``)
+``LLAMA_CFFI_RPC=1``     build the RPC backend
+``LLAMA_CFFI_JOBS``      parallel compile jobs (default: CPU count)
+``LLAMA_CFFI_CMAKE_ARGS`` extra ``-D...`` arguments, space separated
+=======================  ===========================================================
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+HERE = Path(__file__).resolve().parent
+
+
+def _read_version_file() -> dict[str, Any]:
+    ns: dict[str, Any] = {}
+    exec((HERE / "llama_cffi" / "_version.py").read_text(), ns)
+    return ns
+
+
+_V = _read_version_file()
+PINNED_COMMIT: str = _V["LLAMA_CPP_COMMIT"]
+BINDING_ABI: int = _V["BINDING_ABI"]
+SDIST: dict[str, str] = _V["LLAMA_CPP_SDIST"]
+
+#: ggml/gguf functions exposed besides everything in llama.h, by name prefix.
+#: llama.h itself only references ggml *types*; these groups are what a user of
+#: llama.h needs to fill those types in: devices for ``llama_model_params.devices``,
+#: buffer types for tensor overrides, threadpools for ``llama_attach_threadpool``,
+#: type names for ``type_k``/``type_v``, CPU feature probes for build info, and the
+#: gguf reader for metadata arrays that ``llama_model_meta_val_str`` cannot return.
+GGML_FUNCTION_PREFIXES: tuple[str, ...] = (
+    "ggml_backend_dev_",
+    "ggml_backend_reg_",
+    "ggml_backend_load",
+    "ggml_backend_unload",
+    "ggml_backend_buft_name",
+    "ggml_backend_buft_is_host",
+    "ggml_backend_buft_get_device",
+    "ggml_backend_cpu_buffer_type",
+    "ggml_threadpool_",
+    "ggml_cpu_has_",
+    "ggml_type_name",
+    "ggml_type_size",
+    "ggml_blck_size",
+    "ggml_is_quantized",
+    "gguf_",
+)
+
+#: Headers whose every function is exposed when their backend is built.
+OPTIONAL_HEADERS: dict[str, str] = {"rpc": "ggml-rpc.h"}
+
+
+_tty: Any = None
+
+
+def log(msg: str) -> None:
+    """Print a build message. pip hides a build's output unless run with -v, so while
+    stderr is not a terminal the message also goes to the controlling terminal, if any
+    (``LLAMA_CFFI_BUILD_TTY=0`` turns that off): minutes of native build are never silent."""
+    global _tty
+    line = f"[llama_cffi build] {msg}"
+    print(line, file=sys.stderr, flush=True)
+    if _tty is None:
+        _tty = False
+        if not sys.stderr.isatty() and os.environ.get("LLAMA_CFFI_BUILD_TTY", "1") != "0":
+            try:
+                _tty = open("/dev/tty", "w")  # noqa: SIM115 - kept open for the build
+            except OSError:
+                _tty = False
+    if _tty:
+        try:
+            _tty.write(line + "\n")
+            _tty.flush()
+        except OSError:
+            _tty = False
+
+
+class BuildError(RuntimeError):
+    """The native build or the binding generation failed; the message says what to do."""
+
+
+# --------------------------------------------------------------------------------------
+# 1. Source
+# --------------------------------------------------------------------------------------
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("LLAMA_CFFI_CACHE_DIR")
+    if root:
+        return Path(root).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "llama_cffi"
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Serialise concurrent builds (two pip installs at once) on one cache entry."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fetch_sdist() -> Path:
+    """Return the pinned ``llama_cpp_python`` sdist, downloading it once; sha256-checked."""
+    override = os.environ.get("LLAMA_CFFI_SDIST")
+    candidates = [Path(override).expanduser()] if override else []
+    target = cache_dir() / "sdist" / SDIST["name"]
+    candidates.append(target)
+    for cand in candidates:
+        if cand.is_file():
+            digest = _sha256(cand)
+            if digest == SDIST["sha256"]:
+                return cand
+            if cand == target:
+                log(f"cached sdist {cand} has sha256 {digest}, expected {SDIST['sha256']}; downloading again")
+                cand.unlink()
+            else:
+                raise BuildError(
+                    f"LLAMA_CFFI_SDIST={cand} has sha256 {digest}, expected {SDIST['sha256']} "
+                    f"({SDIST['name']})"
+                )
+    url = os.environ.get("LLAMA_CFFI_SDIST_URL", SDIST["url"])
+    with _locked(target.with_suffix(".lock")):
+        if target.is_file() and _sha256(target) == SDIST["sha256"]:
+            return target
+        log(f"downloading {SDIST['name']} from {url}")
+        tmp = target.with_suffix(".part")
+        try:
+            with urllib.request.urlopen(url, timeout=120) as resp, open(tmp, "wb") as out:
+                shutil.copyfileobj(resp, out, 1 << 20)
+        except OSError as exc:
+            raise BuildError(
+                f"could not download the pinned llama.cpp source ({SDIST['name']}) from {url}: {exc}.\n"
+                "Either make PyPI reachable (or set LLAMA_CFFI_SDIST_URL to a mirror, or "
+                "LLAMA_CFFI_SDIST to a downloaded copy), or point LLAMA_CPP_DIR at a llama.cpp "
+                f"checkout of commit {PINNED_COMMIT}."
+            ) from exc
+        digest = _sha256(tmp)
+        if digest != SDIST["sha256"]:
+            tmp.unlink()
+            raise BuildError(f"{url} has sha256 {digest}, expected {SDIST['sha256']}; refusing to build it")
+        tmp.replace(target)
+    return target
+
+
+#: Parts of the vendored tree the libraries (and later the native reference tools) need.
+_SKIP_DIRS = ("models/", "docs/", "media/", "gguf-py/", ".devops/", "pocs/", "benches/")
+
+
+@dataclass(frozen=True)
+class Source:
+    root: Path  # the llama.cpp tree (has include/llama.h)
+    commit: str
+    origin: str  # "sdist:<path>" or "dir:<path>"
+
+
+def _extract_sdist(tarball: Path) -> Source:
+    dest = cache_dir() / "src" / f"llama.cpp-{PINNED_COMMIT[:12]}"
+    marker = dest / ".llama_cffi_extracted"
+    with _locked(dest.parent / f"{dest.name}.lock"):
+        if not marker.is_file():
+            log(f"extracting llama.cpp {PINNED_COMMIT[:12]} from {tarball.name}")
+            if dest.exists():
+                shutil.rmtree(dest)
+            prefix = SDIST["prefix"] + "/vendor/llama.cpp/"
+            head_name = SDIST["prefix"] + "/.git/modules/vendor/llama.cpp/HEAD"
+            head = None
+            tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".extract-"))
+            with tarfile.open(tarball) as tf:
+                members = []
+                for m in tf.getmembers():
+                    if m.name == head_name:
+                        fh = tf.extractfile(m)
+                        head = fh.read().decode().strip() if fh else None
+                    if not m.name.startswith(prefix) or not (m.isfile() or m.isdir()):
+                        continue
+                    rel = m.name[len(prefix):]
+                    if not rel or rel.startswith(_SKIP_DIRS):
+                        continue
+                    m.name = rel
+                    members.append(m)
+                if head != PINNED_COMMIT:
+                    shutil.rmtree(tmp)
+                    raise BuildError(
+                        f"{tarball.name} vendors llama.cpp {head!r}, expected {PINNED_COMMIT}"
+                    )
+                tf.extractall(tmp, members=members, filter="data")
+            tmp.rename(dest)
+            marker.write_text(PINNED_COMMIT + "\n")
+    return Source(dest, PINNED_COMMIT, f"sdist:{tarball}")
+
+
+def _git_commit(root: Path) -> str:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        )
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def llama_cpp_source() -> Source:
+    """Locate (and if needed fetch) the llama.cpp tree to build."""
+    user = os.environ.get("LLAMA_CPP_DIR")
+    if user:
+        root = Path(user).expanduser().resolve()
+        if not (root / "include" / "llama.h").is_file() or not (root / "CMakeLists.txt").is_file():
+            raise BuildError(
+                f"LLAMA_CPP_DIR={user} is not a llama.cpp checkout (no include/llama.h or "
+                "CMakeLists.txt). Unset it to build the pinned source from the llama-cpp-python "
+                f"sdist, or point it at a checkout of commit {PINNED_COMMIT}."
+            )
+        commit = _git_commit(root)
+        if commit != PINNED_COMMIT:
+            log(f"warning: LLAMA_CPP_DIR is at {commit}, llama_cffi is pinned to {PINNED_COMMIT}")
+        return Source(root, commit, f"dir:{root}")
+    return _extract_sdist(fetch_sdist())
+
+
+# --------------------------------------------------------------------------------------
+# 2. Native build
+# --------------------------------------------------------------------------------------
+
+#: /proc/cpuinfo flag -> GGML CMake option. AMX is deliberately absent: always off.
+_X86_FLAGS: dict[str, str] = {
+    "sse4_2": "GGML_SSE42",
+    "avx": "GGML_AVX",
+    "avx2": "GGML_AVX2",
+    "bmi2": "GGML_BMI2",
+    "fma": "GGML_FMA",
+    "f16c": "GGML_F16C",
+    "avx_vnni": "GGML_AVX_VNNI",
+    "avx512f": "GGML_AVX512",
+    "avx512vbmi": "GGML_AVX512_VBMI",
+    "avx512_vnni": "GGML_AVX512_VNNI",
+    "avx512_bf16": "GGML_AVX512_BF16",
+}
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    m = re.search(r"^flags\s*:\s*(.*)$", text, re.M)
+    return set(m.group(1).split()) if m else set()
+
+
+def _env_on(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "on", "true", "yes")
+
+
+def native_options() -> dict[str, str]:
+    """CMake cache options for this machine and environment (these key the build cache)."""
+    opts: dict[str, str] = {
+        "CMAKE_BUILD_TYPE": "Release",
+        "BUILD_SHARED_LIBS": "OFF",
+        "CMAKE_POSITION_INDEPENDENT_CODE": "ON",
+        "LLAMA_BUILD_COMMON": "OFF",
+        "LLAMA_BUILD_APP": "OFF",
+        "LLAMA_BUILD_TESTS": "OFF",
+        "LLAMA_BUILD_TOOLS": "OFF",
+        "LLAMA_BUILD_EXAMPLES": "OFF",
+        "LLAMA_BUILD_SERVER": "OFF",
+        "LLAMA_OPENSSL": "OFF",
+        "GGML_CCACHE": "OFF",
+        "GGML_AMX_TILE": "OFF",
+        "GGML_AMX_INT8": "OFF",
+        "GGML_AMX_BF16": "OFF",
+        "GGML_OPENMP": "ON" if _env_on("LLAMA_CFFI_OPENMP") else "OFF",
+        "GGML_CUDA": "ON" if _env_on("LLAMA_CFFI_CUDA") else "OFF",
+        "GGML_RPC": "ON" if _env_on("LLAMA_CFFI_RPC") else "OFF",
+    }
+    cpu = os.environ.get("LLAMA_CFFI_CPU", "").strip().lower()
+    is_x86 = platform.machine().lower() in ("x86_64", "amd64", "i686")
+    if cpu == "native" or (not cpu and not is_x86):
+        opts["GGML_NATIVE"] = "ON"  # non-x86 has no AMX hazard
+    else:
+        opts["GGML_NATIVE"] = "OFF"
+        wanted = _cpu_flags() if not cpu else {f.strip() for f in cpu.split(",") if f.strip() != "none"}
+        unknown = wanted - set(_X86_FLAGS) if cpu else set()
+        if unknown:
+            raise BuildError(f"LLAMA_CFFI_CPU names unknown instruction sets {sorted(unknown)}; known: {sorted(_X86_FLAGS)}")
+        for flag, option in _X86_FLAGS.items():
+            opts[option] = "ON" if flag in wanted else "OFF"
+    if opts["GGML_CUDA"] == "ON":
+        opts["CMAKE_CUDA_ARCHITECTURES"] = os.environ.get("LLAMA_CFFI_CUDA_ARCHS", "native")
+    for arg in shlex.split(os.environ.get("LLAMA_CFFI_CMAKE_ARGS", "")):
+        m = re.fullmatch(r"-D([A-Za-z0-9_]+)(?::[A-Z]+)?=(.*)", arg)
+        if not m:
+            raise BuildError(f"LLAMA_CFFI_CMAKE_ARGS: expected -DNAME=VALUE, got {arg!r}")
+        opts[m.group(1)] = m.group(2)
+    return opts
+
+
+@dataclass
+class NativeBuild:
+    prefix: Path
+    commit: str
+    options: dict[str, str]
+    static_libs: list[Path] = field(default_factory=list)
+    link_libs: list[str] = field(default_factory=list)
+    library_dirs: list[str] = field(default_factory=list)
+    include_dirs: list[Path] = field(default_factory=list)
+    seconds: float = 0.0
+    cached: bool = False
+
+
+def _stream(cmd: list[str], logfile: Path, cwd: Path | None = None) -> None:
+    """Run a command, keeping its full output in ``logfile`` and showing progress lines."""
+    log("$ " + " ".join(shlex.quote(c) for c in cmd))
+    with open(logfile, "a") as lf:
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None
+        last = 0.0
+        for line in proc.stdout:
+            lf.write(line)
+            # ninja prints "[n/N] ..."; make prints "[ nn%] ...". Show at most ~1 line/s.
+            if re.match(r"^\[\s*\d+(/\d+|%)\]", line) and time.monotonic() - last > 1.0:
+                last = time.monotonic()
+                log(line.rstrip()[:150])
+        rc = proc.wait()
+    if rc != 0:
+        tail = "".join(logfile.read_text().splitlines(keepends=True)[-40:])
+        raise BuildError(f"command failed ({rc}): {' '.join(cmd)}\n--- last lines of {logfile} ---\n{tail}")
+
+
+def build_native(source: Source, options: dict[str, str] | None = None) -> NativeBuild:
+    """Build (or reuse from the cache) the static llama/ggml libraries."""
+    options = dict(native_options() if options is None else options)
+    key_src = json.dumps({"commit": source.commit, "options": options, "origin": source.origin.split(":")[0]}, sort_keys=True)
+    if source.origin.startswith("dir:"):
+        key_src += source.origin  # a user checkout may change under us: key by its path too
+    key = hashlib.sha256(key_src.encode()).hexdigest()[:16]
+    prefix = cache_dir() / "native" / f"{source.commit[:12]}-{key}"
+    info_path = prefix / "build.json"
+    rpc = options.get("GGML_RPC") == "ON"
+    cuda = options.get("GGML_CUDA") == "ON"
+    libs = ["llama", "ggml", "ggml-cpu"] + (["ggml-rpc"] if rpc else []) + (["ggml-cuda"] if cuda else []) + ["ggml-base"]
+
+    with _locked(prefix.parent / f"{prefix.name}.lock"):
+        if info_path.is_file() and not source.origin.startswith("dir:"):
+            info = json.loads(info_path.read_text())
+            nb = _native_from_info(prefix, info)
+            if all(p.is_file() for p in nb.static_libs):
+                nb.cached = True
+                log(f"using cached native build {prefix} (built in {info['seconds']:.0f} s)")
+                return nb
+        cmake = shutil.which("cmake")
+        if not cmake:
+            raise BuildError("cmake was not found on PATH; install it (apt-get install cmake, or pip install cmake)")
+        build_dir = prefix / "build"
+        prefix.mkdir(parents=True, exist_ok=True)
+        logfile = prefix / "build.log"
+        logfile.write_text("")
+        t0 = time.monotonic()
+        gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+        defs = [f"-D{k}={v}" for k, v in sorted(options.items())]
+        short = source.commit[:7]
+        defs += [f"-DLLAMA_BUILD_COMMIT={short}", "-DLLAMA_BUILD_NUMBER=0"]
+        log(f"building llama.cpp {short} (static, {_describe(options)}); log: {logfile}")
+        _stream([cmake, "-S", str(source.root), "-B", str(build_dir), *gen, *defs], logfile)
+        jobs = os.environ.get("LLAMA_CFFI_JOBS") or str(os.cpu_count() or 2)
+        targets = [t for lib in libs for t in ("--target", lib)]
+        _stream([cmake, "--build", str(build_dir), *targets, "-j", jobs], logfile)
+        found: dict[str, Path] = {}
+        for lib in libs:
+            hits = sorted(build_dir.rglob(f"lib{lib}.a"))
+            if not hits:
+                raise BuildError(f"the build did not produce lib{lib}.a (see {logfile})")
+            found[lib] = hits[0]
+        libdir = prefix / "lib"
+        libdir.mkdir(exist_ok=True)
+        for lib, path in found.items():
+            shutil.copy2(path, libdir / path.name)
+        incdir = prefix / "include"
+        if incdir.exists():
+            shutil.rmtree(incdir)
+        incdir.mkdir()
+        for sub in ("include", "ggml/include"):
+            for h in (source.root / sub).glob("*.h"):
+                shutil.copy2(h, incdir / h.name)
+        link = ["stdc++", "m", "pthread", "dl"]
+        libdirs: list[str] = []
+        if options.get("GGML_OPENMP") == "ON":
+            link.append("gomp")
+        if cuda:
+            cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+            libdirs += [f"{cuda_home}/lib64", f"{cuda_home}/lib64/stubs"]
+            link += ["cudart", "cublas", "cublasLt", "cuda"]
+        info = {
+            "commit": source.commit,
+            "origin": source.origin,
+            "options": options,
+            "libs": [found[lib].name for lib in libs],
+            "link": link,
+            "library_dirs": libdirs,
+            "seconds": time.monotonic() - t0,
+        }
+        shutil.rmtree(build_dir, ignore_errors=True)  # the objects are in the .a files now
+        info_path.write_text(json.dumps(info, indent=1))
+        log(f"native build done in {info['seconds']:.0f} s")
+        return _native_from_info(prefix, info)
+
+
+def _native_from_info(prefix: Path, info: dict[str, Any]) -> NativeBuild:
+    return NativeBuild(
+        prefix=prefix,
+        commit=info["commit"],
+        options=info["options"],
+        static_libs=[prefix / "lib" / name for name in info["libs"]],
+        link_libs=list(info["link"]),
+        library_dirs=list(info["library_dirs"]),
+        include_dirs=[prefix / "include"],
+        seconds=float(info["seconds"]),
+    )
+
+
+def _describe(options: dict[str, str]) -> str:
+    isa = [k[5:].lower() for k in _X86_FLAGS.values() if options.get(k) == "ON"]
+    parts = ["native ISA" if options.get("GGML_NATIVE") == "ON" else "ISA " + (",".join(isa) or "baseline")]
+    for k in ("GGML_OPENMP", "GGML_CUDA", "GGML_RPC"):
+        parts.append(f"{k[5:].lower()} {options.get(k, 'OFF').lower()}")
+    return "; ".join(parts)
+
+
+# --------------------------------------------------------------------------------------
+# 3. cdef generation
+# --------------------------------------------------------------------------------------
+
+# Minimal stand-ins for the libc headers llama.h/ggml include: only the names cffi
+# already knows. They keep compiler extensions out of what pycparser has to parse;
+# declarations from these files are never emitted.
+_FAKE_LIBC = {
+    "stddef.h": "typedef unsigned long size_t; typedef long ptrdiff_t;\n#define NULL 0\n",
+    "stdint.h": (
+        "typedef signed char int8_t; typedef short int16_t; typedef int int32_t; typedef long int64_t;\n"
+        "typedef unsigned char uint8_t; typedef unsigned short uint16_t; typedef unsigned int uint32_t;\n"
+        "typedef unsigned long uint64_t; typedef long intptr_t; typedef unsigned long uintptr_t;\n"
+    ),
+    "stdio.h": "typedef struct _IO_FILE FILE;\n",
+    "stdbool.h": "typedef _Bool bool;\n",
+}
+
+
+def _preprocess(headers: list[str], include_dirs: list[Path]) -> str:
+    cc = os.environ.get("CC", "cc").split()
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Path(tmp)
+        for name, text in _FAKE_LIBC.items():
+            (t / name).write_text(text)
+        umbrella = t / "llama_cffi_umbrella.h"
+        umbrella.write_text("".join(f'#include "{h}"\n' for h in headers))
+        cmd = [
+            *cc, "-E", "-nostdinc", f"-I{t}", *[f"-I{d}" for d in include_dirs],
+            # No compiler extensions in the output: DEPRECATED(f, hint) becomes f, and
+            # attribute/declspec wrappers vanish.
+            "-U__GNUC__", "-U__clang__", "-D__attribute__(x)=", "-D__declspec(x)=",
+            str(umbrella),
+        ]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise BuildError(f"preprocessing llama.h failed:\n{res.stderr}")
+        return res.stdout
+
+
+def _header_defines(llama_h: Path) -> list[str]:
+    """Integer macros of llama.h (LLAMA_DEFAULT_SEED, LLAMA_TOKEN_NULL, magics, flags)."""
+    names = []
+    for m in re.finditer(r"^\s*#\s*define\s+(LLAMA_[A-Z0-9_]+)[ \t]+\S", llama_h.read_text(), re.M):
+        if m.group(1) not in ("LLAMA_API",):
+            names.append(m.group(1))
+    return sorted(set(names), key=names.index)
+
+
+def defined_symbols(static_libs: list[Path]) -> set[str] | None:
+    """Global functions the static libraries define (``nm``), or None if nm is missing."""
+    nm = shutil.which("nm")
+    if not nm:
+        return None
+    res = subprocess.run([nm, "-g", "--defined-only", *map(str, static_libs)], capture_output=True, text=True)
+    if res.returncode != 0:
+        return None
+    return {p[2] for p in (line.split() for line in res.stdout.splitlines()) if len(p) == 3 and p[1] in "TW"}
+
+
+def generate_cdef(
+    include_dirs: list[Path], extra_headers: list[str] = (), defined: set[str] | None = None  # type: ignore[assignment]
+) -> str:
+    """Generate the cdef text from the real headers (see the module docstring).
+
+    ``defined``: the functions the built libraries define. A ggml function that a
+    header declares but no library defines (ggml_threadpool_get_n_threads at the
+    pinned commit) is left out; a llama.h function missing is an error.
+    """
+    from pycparser import CParser, c_ast, c_generator
+
+    llama_h = next(d / "llama.h" for d in include_dirs if (d / "llama.h").is_file())
+    text = _preprocess(["llama.h", *extra_headers], include_dirs)
+    ast = CParser().parse(text, "llama_cffi_umbrella.h")
+    full_files = {"llama.h", *extra_headers}
+
+    def fname(node: Any) -> str:
+        return os.path.basename(node.coord.file) if node.coord and node.coord.file else ""
+
+    typedefs: dict[str, Any] = {}
+    struct_defs: dict[tuple[str, str], Any] = {}
+    for node in ast.ext:
+        if isinstance(node, c_ast.Typedef):
+            typedefs[node.name] = node
+        for sub in _iter_types(node, c_ast):
+            if isinstance(sub, (c_ast.Struct, c_ast.Union)) and sub.name and sub.decls is not None:
+                struct_defs[(type(sub).__name__, sub.name)] = sub
+
+    fake = set()
+    for node in ast.ext:
+        if fname(node) in _FAKE_LIBC:
+            fake.add(getattr(node, "name", None))
+
+    def is_root(node: Any) -> bool:
+        f = fname(node)
+        if f in _FAKE_LIBC:
+            return False
+        if f in full_files:
+            return True
+        return (
+            isinstance(node, c_ast.Decl)
+            and isinstance(node.type, c_ast.FuncDecl)
+            and bool(node.name)
+            and node.name.startswith(GGML_FUNCTION_PREFIXES)
+        )
+
+    need_typedef: set[str] = set()
+    need_full: set[tuple[str, str]] = set()
+    need_opaque: set[tuple[str, str]] = set()
+    need_enum: set[str] = set()
+
+    def visit(n: Any, ptr: bool) -> None:
+        if n is None:
+            return
+        if isinstance(n, c_ast.PtrDecl):
+            visit(n.type, not isinstance(n.type, c_ast.FuncDecl))
+        elif isinstance(n, c_ast.FuncDecl):
+            for p in (n.args.params if n.args else []):
+                visit(p, False)
+            visit(n.type, False)
+        elif isinstance(n, (c_ast.TypeDecl, c_ast.ArrayDecl, c_ast.Decl, c_ast.Typename, c_ast.Typedef)):
+            visit(n.type, ptr)
+        elif isinstance(n, c_ast.IdentifierType):
+            for name in n.names:
+                if name in typedefs and name not in fake:
+                    first = name not in need_typedef
+                    need_typedef.add(name)
+                    # a typedef reached by value needs its target complete
+                    if first or not ptr:
+                        visit(typedefs[name].type, ptr)
+        elif isinstance(n, (c_ast.Struct, c_ast.Union)):
+            key = (type(n).__name__, n.name or "")
+            if n.decls is not None:  # an inline definition: walk its members
+                for d in n.decls:
+                    visit(d, False)
+                if n.name:
+                    need_full.add(key)
+            elif n.name:
+                # Complete whenever the headers define it (ggml_backend_dev_props is only
+                # passed by pointer, but is useless opaque); opaque only when they don't.
+                if key not in struct_defs:
+                    need_opaque.add(key)
+                elif key not in need_full:
+                    need_full.add(key)
+                    if key in struct_defs:
+                        for d in struct_defs[key].decls:
+                            visit(d, False)
+        elif isinstance(n, c_ast.Enum):
+            if n.name:
+                need_enum.add(n.name)
+        elif isinstance(n, c_ast.EllipsisParam):
+            pass
+
+    roots = [node for node in ast.ext if is_root(node)]
+    if defined is not None:
+        undefined = [
+            n for n in roots if isinstance(n, c_ast.Decl) and isinstance(n.type, c_ast.FuncDecl) and n.name not in defined
+        ]
+        missing_llama = [n.name for n in undefined if fname(n) == "llama.h"]
+        if missing_llama:
+            raise BuildError(f"llama.h declares functions the built library lacks: {missing_llama}")
+        for n in undefined:
+            log(f"note: {fname(n)} declares {n.name} but no library defines it; not exposed")
+        roots = [n for n in roots if n not in undefined]
+    for node in roots:
+        if isinstance(node, c_ast.Decl) and isinstance(node.type, (c_ast.Struct, c_ast.Union)) and node.type.decls is None:
+            continue  # a forward declaration ("struct llama_model;") needs nothing
+        visit(node, False)
+
+    class Gen(c_generator.CGenerator):
+        def visit_Enum(self, n: Any) -> str:
+            # Values are left to the compiler (API mode): "enum e { A, B, ... }".
+            if n.values is None:
+                return f"enum {n.name}"
+            names = ", ".join(e.name for e in n.values.enumerators)
+            return f"enum {n.name or ''} {{ {names}, ... }}"
+
+    # cffi takes only literal array sizes; "[...]" lets the compiler fill in the others
+    # (op_params[GGML_MAX_OP_PARAMS / sizeof(int32_t)] and the like).
+    class Dims(c_ast.NodeVisitor):
+        def visit_ArrayDecl(self, n: Any) -> None:
+            if n.dim is not None and not isinstance(n.dim, c_ast.Constant):
+                n.dim = c_ast.ID("...")
+            self.generic_visit(n)
+
+    Dims().visit(ast)
+    gen = Gen()
+    out: list[str] = [
+        "/* Generated by build_ffi.py from the pinned llama.h. Do not edit. */",
+    ]
+    opaque = sorted(k for k in need_opaque if k not in need_full)
+    out += [f"{kind.lower()} {name};" for kind, name in opaque]
+    emitted_full: set[tuple[str, str]] = set()
+    seen_typedefs: set[str] = set()
+    for node in ast.ext:
+        f = fname(node)
+        if f in _FAKE_LIBC:
+            continue
+        keep = node in roots
+        if not keep and isinstance(node, c_ast.Typedef) and node.name in need_typedef:
+            keep = True
+        if not keep:
+            for sub in _iter_types(node, c_ast, top_only=True):
+                if isinstance(sub, (c_ast.Struct, c_ast.Union)) and sub.decls is not None:
+                    keep = (type(sub).__name__, sub.name) in need_full
+                elif isinstance(sub, c_ast.Enum) and sub.values is not None:
+                    keep = sub.name in need_enum
+        if not keep:
+            continue
+        if isinstance(node, c_ast.Typedef):
+            if node.name in seen_typedefs:
+                continue  # C11 allows repeating a typedef (ggml-alloc.h and ggml-backend.h); cffi not
+            seen_typedefs.add(node.name)
+        if isinstance(node, c_ast.Decl) and not isinstance(node.type, c_ast.FuncDecl) and node.name is not None:
+            continue  # variables such as GGML_TENSOR_SIZE: not needed, and not cdef-able
+        for sub in _iter_types(node, c_ast, top_only=True):
+            if isinstance(sub, (c_ast.Struct, c_ast.Union)) and sub.decls is not None and sub.name:
+                emitted_full.add((type(sub).__name__, sub.name))
+        out.append(gen.visit(node) + ";")
+    missing = [k for k in need_full if k not in emitted_full and k not in struct_defs]
+    if missing:
+        raise BuildError(f"cdef generation: no definition found for by-value types {missing}")
+    out += [f"#define {name} ..." for name in _header_defines(llama_h)]
+    return "\n".join(out) + "\n"
+
+
+def _iter_types(node: Any, c_ast: Any, top_only: bool = False) -> Iterator[Any]:
+    """The struct/union/enum nodes that a top-level declaration defines."""
+    n = node
+    while n is not None:
+        if isinstance(n, (c_ast.Struct, c_ast.Union, c_ast.Enum)):
+            yield n
+            if top_only:
+                return
+            if isinstance(n, (c_ast.Struct, c_ast.Union)) and n.decls:
+                for d in n.decls:
+                    yield from _iter_types(d, c_ast)
+            return
+        if isinstance(n, (c_ast.Decl, c_ast.Typedef, c_ast.TypeDecl)):
+            n = n.type
+        else:
+            return
+
+
+# --------------------------------------------------------------------------------------
+# 4. The extension
+# --------------------------------------------------------------------------------------
+
+#: Our own declarations (not llama.h's): callbacks into Python and small C helpers.
+OWN_CDEF = """
+/* build stamp: JSON with abi, commit, options; checked at import */
+static const char *const llama_cffi_build_info;
+
+/* log routing: llama.cpp/ggml -> (level filter in C) -> Python logging */
+extern "Python" void llama_cffi_log_py(int level, const char *text);
+extern int llama_cffi_log_min_level;
+extern int llama_cffi_log_enabled;
+void llama_cffi_log_install(void);
+
+/* model-load progress: user_data is an ffi.new_handle */
+extern "Python" bool llama_cffi_progress_py(float progress, void *user_data);
+
+/* abort: a flag polled in C (settable from any thread or a signal handler), or a
+   Python callable polled through llama_cffi_abort_py (user_data = handle) */
+bool llama_cffi_abort_flag(void *flag_int_ptr);
+extern "Python" bool llama_cffi_abort_py(void *user_data);
+"""
+
+OWN_SOURCE = r"""
+#include "llama.h"
+#include "ggml.h"
+#include "ggml-cpu.h"
+#include "ggml-backend.h"
+#include "gguf.h"
+%(extra_includes)s
+
+static const char *const llama_cffi_build_info = %(build_info)s;
+
+static void llama_cffi_log_py(int level, const char *text);
+int llama_cffi_log_min_level = GGML_LOG_LEVEL_WARN;
+int llama_cffi_log_enabled = 1;
+static int llama_cffi_log_last_level = GGML_LOG_LEVEL_INFO;
+
+/* Called by llama.cpp/ggml from any thread. Filtering here means a quiet logger
+   costs no GIL acquisition; CONT lines inherit the level of the line they continue. */
+static void llama_cffi_log_trampoline(enum ggml_log_level level, const char *text, void *ud) {
+    (void)ud;
+    int eff = (level == GGML_LOG_LEVEL_CONT) ? llama_cffi_log_last_level : (int)level;
+    if (level != GGML_LOG_LEVEL_CONT) llama_cffi_log_last_level = (int)level;
+    if (!llama_cffi_log_enabled || eff < llama_cffi_log_min_level || text == NULL) return;
+    llama_cffi_log_py(eff, text);
+}
+
+void llama_cffi_log_install(void) {
+    llama_log_set(llama_cffi_log_trampoline, NULL);
+}
+
+bool llama_cffi_abort_flag(void *flag) {
+    return flag != NULL && *(volatile int *)flag != 0;
+}
+"""
+
+
+def build_info_json(native: NativeBuild, source: Source) -> str:
+    return json.dumps(
+        {
+            "abi": BINDING_ABI,
+            "commit": native.commit,
+            "pinned_commit": PINNED_COMMIT,
+            "origin": source.origin,
+            "options": native.options,
+            "native_prefix": str(native.prefix),
+            "native_seconds": round(native.seconds, 1),
+        },
+        sort_keys=True,
+    )
+
+
+def make_ffibuilder(native: NativeBuild, source: Source) -> Any:
+    """The ``cffi.FFI`` builder for ``llama_cffi._llama`` (API mode, out of line)."""
+    import cffi
+
+    extra = [h for key, h in OPTIONAL_HEADERS.items() if native.options.get(f"GGML_{key.upper()}") == "ON"]
+    cdef = generate_cdef(native.include_dirs, extra, defined_symbols(native.static_libs))
+    (native.prefix / "llama_cffi.cdef.h").write_text(cdef)  # for reading, not for building
+    ffi = cffi.FFI()
+    ffi.cdef(cdef)
+    ffi.cdef(OWN_CDEF)
+    info = build_info_json(native, source)
+    src = OWN_SOURCE % {
+        "extra_includes": "".join(f'#include "{h}"\n' for h in extra),
+        "build_info": json.dumps(info),  # a valid C string literal for ASCII JSON
+    }
+    ffi.set_source(
+        "llama_cffi._llama",
+        src,
+        include_dirs=[str(d) for d in native.include_dirs],
+        extra_objects=[str(p) for p in native.static_libs],
+        libraries=native.link_libs,
+        library_dirs=native.library_dirs,
+        runtime_library_dirs=[d for d in native.library_dirs if not d.endswith("stubs")],
+        extra_compile_args=["-Wno-deprecated-declarations", "-O2"],
+        # Keep llama/ggml symbols private to this extension so another copy of
+        # llama.cpp in the same process (llama-cpp-python, say) cannot clash with ours.
+        extra_link_args=["-Wl,--exclude-libs,ALL"],
+    )
+    return ffi
+
+
+def check_import(so_path: Path) -> dict[str, Any]:
+    """Load the built extension in a fresh interpreter; a bad link order fails here."""
+    code = (
+        "import importlib.util, json, sys\n"
+        f"spec = importlib.util.spec_from_file_location('llama_cffi._llama', {str(so_path)!r})\n"
+        "mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)\n"
+        "mod.lib.llama_backend_init()\n"
+        "info = json.loads(mod.ffi.string(mod.lib.llama_cffi_build_info).decode())\n"
+        "info['system'] = mod.ffi.string(mod.lib.llama_print_system_info()).decode()\n"
+        "print(json.dumps(info))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise BuildError(f"the built extension {so_path} does not import:\n{res.stderr[-3000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def prepare() -> tuple[Any, NativeBuild, Source]:
+    source = llama_cpp_source()
+    native = build_native(source)
+    return make_ffibuilder(native, source), native, source
+
+
+def main(argv: list[str]) -> int:
+    """``python build_ffi.py``: build ``llama_cffi/_llama*.so`` in place (for development)."""
+    t0 = time.monotonic()
+    try:
+        ffi, native, source = prepare()
+        tmp = HERE / "build" / "cffi"
+        so = ffi.compile(tmpdir=str(tmp), verbose="-v" in argv)
+        target = HERE / "llama_cffi" / Path(so).name
+        shutil.copy2(so, target)
+        info = check_import(target)
+    except BuildError as exc:
+        log(f"error: {exc}")
+        return 1
+    log(f"built {target.relative_to(HERE)} in {time.monotonic() - t0:.1f} s; {info['system']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

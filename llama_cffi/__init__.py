@@ -1,0 +1,121 @@
+"""llama_cffi: all of llama.h from Python through API-mode cffi.
+
+The Pythonic layer: :class:`Model`, :class:`Context`, :class:`Batch`, errors. The raw
+layer (every llama.h function, checked by the compiler against the pinned header) is
+``llama_cffi.lib`` with ``llama_cffi.ffi``; objects expose their raw pointer as
+``.underlying``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._binding import BUILD_INFO, ffi, lib
+from ._version import LLAMA_CPP_COMMIT, __version__
+from .batch import Batch
+from .chat import builtin_templates
+from .context import Context, context_default_params
+from .default_model import default_model_path
+from .devices import Device, DeviceType, devices
+from .enums import FType, LazyMode, LoadMode, RopeType, SplitMode, TokenAttr, VocabType
+from .errors import (
+    AdapterError,
+    ChatTemplateError,
+    ClosedError,
+    ContextCreateError,
+    DecodeAbortedError,
+    DecodeError,
+    DefaultModelNotInstalled,
+    InvalidBatchError,
+    InvalidModelError,
+    InvalidTokenError,
+    LlamaError,
+    ModelLoadCancelled,
+    ModelLoadError,
+    ModelNotFoundError,
+    NoKvSlotError,
+    ParamError,
+    TokenizeError,
+)
+from .log import set_verbosity
+from .lora import LoraAdapter
+from .model import Model
+from .model_params import model_default_params
+from .vocab import StreamingDetokenizer, Vocab
+
+__all__ = [
+    "LLAMA_CPP_COMMIT",
+    "AdapterError",
+    "Batch",
+    "ChatTemplateError",
+    "ClosedError",
+    "Context",
+    "ContextCreateError",
+    "DecodeAbortedError",
+    "DecodeError",
+    "DefaultModelNotInstalled",
+    "Device",
+    "DeviceType",
+    "FType",
+    "InvalidBatchError",
+    "InvalidModelError",
+    "InvalidTokenError",
+    "LazyMode",
+    "LlamaError",
+    "LoadMode",
+    "LoraAdapter",
+    "Model",
+    "ModelLoadCancelled",
+    "ModelLoadError",
+    "ModelNotFoundError",
+    "NoKvSlotError",
+    "ParamError",
+    "RopeType",
+    "SplitMode",
+    "StreamingDetokenizer",
+    "TokenAttr",
+    "TokenizeError",
+    "Vocab",
+    "VocabType",
+    "__version__",
+    "build_info",
+    "builtin_templates",
+    "context_default_params",
+    "default_model_path",
+    "devices",
+    "ffi",
+    "lib",
+    "model_default_params",
+    "set_verbosity",
+    "supports_gpu_offload",
+    "supports_mlock",
+    "supports_mmap",
+    "supports_rpc",
+    "system_info",
+]
+
+
+def build_info() -> dict[str, Any]:
+    """How the extension was built: llama.cpp commit, CMake options, source, ABI."""
+    return dict(BUILD_INFO)
+
+
+def system_info() -> str:
+    """llama.cpp's ``llama_print_system_info()`` (instruction sets and backends in use)."""
+    return str(ffi.string(lib.llama_print_system_info()).decode())
+
+
+def supports_mmap() -> bool:
+    return bool(lib.llama_supports_mmap())
+
+
+def supports_mlock() -> bool:
+    return bool(lib.llama_supports_mlock())
+
+
+def supports_gpu_offload() -> bool:
+    return bool(lib.llama_supports_gpu_offload())
+
+
+def supports_rpc() -> bool:
+    return bool(lib.llama_supports_rpc())

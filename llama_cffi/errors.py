@@ -1,0 +1,87 @@
+"""Exceptions raised by llama_cffi.
+
+Every exception derives from :class:`LlamaError` *and* from the builtin that fits, so
+``except ValueError`` or ``except OSError`` keep working in code that does not know
+about this library.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+class LlamaError(Exception):
+    """Base class of every error raised by llama_cffi."""
+
+
+class ClosedError(LlamaError, ValueError):
+    """An object was used after ``close()``/``free()`` (its native handle is gone)."""
+
+
+class ModelLoadError(LlamaError, OSError):
+    """A model could not be loaded. ``path`` is the file, ``reason`` what went wrong."""
+
+    def __init__(self, path: str | os.PathLike[str], reason: str) -> None:
+        self.path = os.fspath(path)
+        self.reason = reason
+        super().__init__(f"cannot load model {self.path!r}: {reason}")
+
+    def __str__(self) -> str:
+        return f"cannot load model {self.path!r}: {self.reason}"
+
+
+class ModelNotFoundError(ModelLoadError, FileNotFoundError):
+    """The model path does not exist."""
+
+
+class InvalidModelError(ModelLoadError, ValueError):
+    """The file exists but is not a model llama.cpp can load (wrong magic, truncated,
+    corrupt, unsupported architecture, a directory, ...)."""
+
+
+class ModelLoadCancelled(ModelLoadError):
+    """The progress callback returned ``False``, so llama.cpp stopped loading."""
+
+
+class DefaultModelNotInstalled(LlamaError, ImportError):
+    """The default model package is not installed; the message gives the command."""
+
+
+class InvalidTokenError(LlamaError, ValueError):
+    """A token id outside ``[0, n_vocab)`` (checked before it can reach C)."""
+
+
+class TokenizeError(LlamaError, ValueError):
+    """Text could not be tokenized (too long for llama.cpp's 32-bit lengths, ...)."""
+
+
+class ChatTemplateError(LlamaError, ValueError):
+    """A chat template could not be applied (unknown to llama.cpp, bad messages, ...)."""
+
+
+class AdapterError(LlamaError, ValueError):
+    """A LoRA adapter or control vector could not be loaded or applied."""
+
+
+class ParamError(LlamaError, ValueError):
+    """A parameter value is invalid; the message names the parameter and the value."""
+
+
+class ContextCreateError(LlamaError, MemoryError):
+    """``llama_init_from_model`` failed (out of memory, unsupported parameters, ...)."""
+
+
+class DecodeError(LlamaError, RuntimeError):
+    """``llama_decode`` failed (code < -1: a fatal error inside llama.cpp)."""
+
+
+class NoKvSlotError(DecodeError):
+    """``llama_decode`` returned 1: no KV-cache slot for the batch (the context is full)."""
+
+
+class DecodeAbortedError(DecodeError):
+    """``llama_decode`` returned 2: the abort callback stopped it."""
+
+
+class InvalidBatchError(DecodeError, ValueError):
+    """The batch is invalid (checked in Python first; ``llama_decode`` returned -1 otherwise)."""

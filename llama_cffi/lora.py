@@ -1,0 +1,121 @@
+"""LoRA adapters: load for a model, read metadata, apply to contexts with scales.
+
+An adapter belongs to the model it was loaded for (``model.load_lora(path)``); apply
+it with ``context.set_lora_adapters({adapter: scale})``. Closing an adapter that a
+live context still applies is deferred until that context lets go of it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from . import log
+from ._binding import ffi, lib
+from ._handle import NativeHandle
+from .errors import AdapterError
+
+if TYPE_CHECKING:
+    from .model import Model
+
+
+def _read_str(fn: Any, *args: Any) -> str | None:
+    buf = ffi.new("char[]", 256)
+    n = fn(*args, buf, 256)
+    if n < 0:
+        return None
+    if n >= 256:
+        buf = ffi.new("char[]", n + 1)
+        n = fn(*args, buf, n + 1)
+    return ffi.unpack(buf, n).decode("utf-8", "replace")  # type: ignore[no-any-return]
+
+
+class LoraAdapter:
+    """A LoRA (or aLoRA) adapter loaded for one model."""
+
+    _handle: NativeHandle | None = None
+
+    def __init__(self, model: Model, ptr: Any, path: str) -> None:
+        assert model._handle is not None
+        self._handle = NativeHandle(
+            self, ptr, lib.llama_adapter_lora_free, f"LoraAdapter({os.path.basename(path)!r})", parent=model._handle
+        )
+        self.model = model
+        self.path = path
+
+    @classmethod
+    def _load(cls, model: Model, path: str) -> LoraAdapter:
+        if not os.path.isfile(path):
+            raise AdapterError(f"LoRA adapter {path!r}: no such file")
+        log.sync()
+        with log.capture() as lines:
+            ptr = lib.llama_adapter_lora_init(model._ptr(), path.encode())
+        if ptr == ffi.NULL:
+            reason = "; ".join(line for _, line in lines[-3:]) or "llama.cpp could not load it"
+            raise AdapterError(f"cannot load LoRA adapter {path!r}: {reason}")
+        return cls(model, ptr, path)
+
+    def _ptr(self) -> Any:
+        assert self._handle is not None
+        return self._handle.get()
+
+    def close(self) -> None:
+        """Free the adapter (idempotent; deferred while a context applies it)."""
+        if self._handle is not None:
+            self._handle.close()
+
+    free = close
+
+    @property
+    def closed(self) -> bool:
+        return self._handle is None or self._handle.closed
+
+    def __enter__(self) -> LoraAdapter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """The adapter's GGUF metadata, as strings."""
+        ptr = self._ptr()
+        out = {}
+        for i in range(int(lib.llama_adapter_meta_count(ptr))):
+            k = _read_str(lib.llama_adapter_meta_key_by_index, ptr, i)
+            v = _read_str(lib.llama_adapter_meta_val_str_by_index, ptr, i)
+            if k is not None and v is not None:
+                out[k] = v
+        return out
+
+    @property
+    def alora_invocation_tokens(self) -> npt.NDArray[np.int32]:
+        """For an activated LoRA (aLoRA): the tokens that switch it on; else empty."""
+        ptr = self._ptr()
+        n = int(lib.llama_adapter_get_alora_n_invocation_tokens(ptr))
+        if n == 0:
+            return np.zeros(0, dtype=np.int32)
+        toks = lib.llama_adapter_get_alora_invocation_tokens(ptr)
+        return np.frombuffer(ffi.buffer(toks, 4 * n), dtype=np.int32).copy()
+
+    def __repr__(self) -> str:
+        return f"<LoraAdapter {self.path!r}{' closed' if self.closed else ''}>"
+
+
+def normalise_adapters(adapters: Mapping[LoraAdapter, float] | None, model: Model) -> list[tuple[LoraAdapter, float]]:
+    """Validate ``{adapter: scale}`` for ``model``: same model, open, finite scales."""
+    out: list[tuple[LoraAdapter, float]] = []
+    for adapter, scale in (adapters or {}).items():
+        if not isinstance(adapter, LoraAdapter):
+            raise AdapterError(f"expected LoraAdapter keys, got {type(adapter).__name__}")
+        if adapter.model is not model:
+            raise AdapterError(f"{adapter!r} was loaded for another model")
+        adapter._ptr()  # ClosedError if closed
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not np.isfinite(scale):
+            raise AdapterError(f"scale for {adapter!r} must be a finite number, not {scale!r}")
+        out.append((adapter, float(scale)))
+    return out

@@ -1,0 +1,370 @@
+"""``Model``: a loaded GGUF model (weights, vocabulary, metadata, chat templates).
+
+Lifetime: ``close()`` (or leaving a ``with`` block) releases the model. If contexts or
+LoRA adapters made from it are still alive, the model is marked closed at once (its
+methods raise :class:`~llama_cffi.errors.ClosedError`) and freed when the last of
+them is freed, so nothing ever points at freed weights.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from . import chat as _chat
+from . import log
+from ._binding import ffi, lib
+from ._handle import NativeHandle
+from .enums import FType, RopeType
+from .errors import (
+    InvalidModelError,
+    ModelLoadCancelled,
+    ModelLoadError,
+    ModelNotFoundError,
+)
+from .model_params import ModelParams
+from .vocab import TokenArray, Tokens, Vocab
+
+if TYPE_CHECKING:
+    from .context import Context
+    from .lora import LoraAdapter
+
+PathLike = str | os.PathLike[str]
+
+_GGUF_MAGIC = b"GGUF"
+
+
+def _check_model_file(path: str) -> None:
+    """Reject what llama.cpp should never see: missing, directory, unreadable, not GGUF."""
+    if not os.path.exists(path):
+        raise ModelNotFoundError(path, "no such file")
+    if os.path.isdir(path):
+        raise InvalidModelError(path, "is a directory, not a GGUF file")
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(4)
+    except OSError as exc:
+        raise ModelLoadError(path, f"cannot be read: {exc.strerror or exc}") from exc
+    if len(magic) < 4:
+        raise InvalidModelError(path, f"file is {len(magic)} bytes long, too short for a GGUF header")
+    if magic != _GGUF_MAGIC:
+        raise InvalidModelError(path, f"not a GGUF file (starts with {magic!r}, expected {_GGUF_MAGIC!r})")
+
+
+def _fspath(path: object, what: str = "path") -> str:
+    if isinstance(path, bytes):
+        return os.fsdecode(path)
+    if isinstance(path, (str, os.PathLike)):
+        p = os.fspath(path)
+        return p if isinstance(p, str) else os.fsdecode(p)
+    raise TypeError(f"{what} must be a str or os.PathLike, not {type(path).__name__}")
+
+
+def _reason(lines: list[tuple[int, str]], fallback: str) -> str:
+    errors = [line for level, line in lines if level >= 40]  # logging.ERROR
+    picked = errors or [line for _, line in lines]
+    return "; ".join(dict.fromkeys(picked[-4:])) if picked else fallback
+
+
+def _read_str(fn: Any, *args: Any) -> str | None:
+    """Call one of llama.h's ``(..., char *buf, size_t size) -> length`` functions."""
+    buf = ffi.new("char[]", 256)
+    n = fn(*args, buf, 256)
+    if n < 0:
+        return None
+    if n >= 256:
+        buf = ffi.new("char[]", n + 1)
+        n = fn(*args, buf, n + 1)
+    return ffi.unpack(buf, n).decode("utf-8", "replace")  # type: ignore[no-any-return]
+
+
+class Model:
+    """A loaded model. Create with :meth:`load` (or :meth:`load_splits`).
+
+    >>> with Model.load(path) as model:                      # doctest: +SKIP
+    ...     model.tokenize("Hello")
+    array([   2, 9259], dtype=int32)
+    """
+
+    _handle: NativeHandle | None = None  # class default: a half-built Model can still close()
+
+    def __init__(self, ptr: Any, path: str) -> None:
+        """Internal: use :meth:`load`. Takes ownership of ``ptr`` (a ``llama_model *``)."""
+        self._handle = NativeHandle(self, ptr, lib.llama_model_free, f"Model({os.path.basename(path)!r})")
+        self.path = path
+        self.vocab = Vocab(self._handle)
+        self._metadata: dict[str, str] | None = None
+        self._adapters: weakref.WeakSet[LoraAdapter] = weakref.WeakSet()
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def load(cls, path: PathLike, **params: Any) -> Model:
+        """Load a GGUF model file (a split model's first part loads all parts).
+
+        ``params`` are the fields of ``llama_model_params`` (see
+        :mod:`llama_cffi.model_params`), e.g. ``n_gpu_layers=-1``, ``vocab_only=True``,
+        ``kv_overrides={...}``, ``progress_callback=f``. Raises a
+        :class:`~llama_cffi.errors.ModelLoadError` subclass naming the path and reason.
+        """
+        p = _fspath(path)
+        _check_model_file(p)
+        mp = ModelParams(**params)
+        return cls._load(p, mp, lambda c: lib.llama_model_load_from_file(p.encode(), c))
+
+    @classmethod
+    def load_splits(cls, paths: Sequence[PathLike], **params: Any) -> Model:
+        """Load a model stored in several files, given in order (any naming scheme)."""
+        ps = [_fspath(p, "paths[]") for p in paths]
+        if not ps:
+            raise ValueError("load_splits needs at least one path")
+        for p in ps:
+            _check_model_file(p)
+        mp = ModelParams(**params)
+        cstrs = [ffi.new("char[]", p.encode()) for p in ps]
+        arr = ffi.new("const char *[]", cstrs)
+        return cls._load(ps[0], mp, lambda c: lib.llama_model_load_from_splits(arr, len(ps), c))
+
+    @classmethod
+    def _load(cls, path: str, mp: ModelParams, call: Any) -> Model:
+        log.sync()
+        with log.capture() as lines:
+            ptr = call(mp.c)
+        if ptr == ffi.NULL:
+            if mp.progress is not None and mp.progress.error is not None:
+                raise mp.progress.error
+            if mp.progress is not None and mp.progress.cancelled:
+                raise ModelLoadCancelled(path, "cancelled by the progress callback")
+            raise InvalidModelError(path, _reason(lines, "llama.cpp could not load it"))
+        return cls(ptr, path)
+
+    # ------------------------------------------------------------------ lifetime
+    def close(self) -> None:
+        """Release the model (idempotent; deferred while contexts/adapters use it)."""
+        if self._handle is None:
+            return
+        for adapter in list(self._adapters):
+            adapter.close()
+        self._handle.close()
+
+    free = close
+
+    @property
+    def closed(self) -> bool:
+        return self._handle is None or self._handle.closed
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _ptr(self) -> Any:
+        assert self._handle is not None
+        return self._handle.get()
+
+    @property
+    def underlying(self) -> Any:
+        """The raw ``llama_model *`` (for use with ``llama_cffi.lib``); valid while open."""
+        return self._ptr()
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return f"<Model {self.path!r} closed>"
+        return f"<Model {self.desc!r} n_params={self.n_params} n_vocab={self.n_vocab} path={self.path!r}>"
+
+    # ------------------------------------------------------------------ introspection
+    @property
+    def desc(self) -> str:
+        """llama.cpp's one-line description, e.g. ``"gemma3 270M Q4_K - Medium"``."""
+        return _read_str(lib.llama_model_desc, self._ptr()) or ""
+
+    @property
+    def size(self) -> int:
+        """Total size of all tensors, in bytes."""
+        return int(lib.llama_model_size(self._ptr()))
+
+    @property
+    def n_params(self) -> int:
+        return int(lib.llama_model_n_params(self._ptr()))
+
+    @property
+    def n_embd(self) -> int:
+        return int(lib.llama_model_n_embd(self._ptr()))
+
+    @property
+    def n_embd_inp(self) -> int:
+        return int(lib.llama_model_n_embd_inp(self._ptr()))
+
+    @property
+    def n_embd_out(self) -> int:
+        return int(lib.llama_model_n_embd_out(self._ptr()))
+
+    @property
+    def n_layer(self) -> int:
+        return int(lib.llama_model_n_layer(self._ptr()))
+
+    @property
+    def n_head(self) -> int:
+        return int(lib.llama_model_n_head(self._ptr()))
+
+    @property
+    def n_head_kv(self) -> int:
+        return int(lib.llama_model_n_head_kv(self._ptr()))
+
+    @property
+    def n_ctx_train(self) -> int:
+        """Context length the model was trained with, in tokens."""
+        return int(lib.llama_model_n_ctx_train(self._ptr()))
+
+    @property
+    def n_swa(self) -> int:
+        """Sliding-window attention size in tokens (0: no SWA)."""
+        return int(lib.llama_model_n_swa(self._ptr()))
+
+    @property
+    def n_cls_out(self) -> int:
+        """Number of classifier outputs (classifier models only; else 0)."""
+        return int(lib.llama_model_n_cls_out(self._ptr()))
+
+    @property
+    def rope_type(self) -> RopeType:
+        return RopeType(lib.llama_model_rope_type(self._ptr()))
+
+    @property
+    def rope_freq_scale_train(self) -> float:
+        return float(lib.llama_model_rope_freq_scale_train(self._ptr()))
+
+    @property
+    def ftype(self) -> FType:
+        """File type (quantization); ``str(model.ftype)`` gives llama.cpp's name."""
+        return FType(lib.llama_model_ftype(self._ptr()))
+
+    @property
+    def has_encoder(self) -> bool:
+        return bool(lib.llama_model_has_encoder(self._ptr()))
+
+    @property
+    def has_decoder(self) -> bool:
+        return bool(lib.llama_model_has_decoder(self._ptr()))
+
+    @property
+    def decoder_start_token(self) -> int | None:
+        t = int(lib.llama_model_decoder_start_token(self._ptr()))
+        return None if t == lib.LLAMA_TOKEN_NULL else t
+
+    @property
+    def is_recurrent(self) -> bool:
+        return bool(lib.llama_model_is_recurrent(self._ptr()))
+
+    @property
+    def is_hybrid(self) -> bool:
+        return bool(lib.llama_model_is_hybrid(self._ptr()))
+
+    @property
+    def is_diffusion(self) -> bool:
+        return bool(lib.llama_model_is_diffusion(self._ptr()))
+
+    @property
+    def metadata(self) -> Mapping[str, str]:
+        """The GGUF metadata llama.cpp keeps, as strings (read once, then cached).
+
+        llama.cpp renders arrays in short form (``[1, 2, ...]``); read full arrays with
+        the ``gguf`` package if you need them.
+        """
+        if self._metadata is None:
+            ptr = self._ptr()
+            md: dict[str, str] = {}
+            for i in range(int(lib.llama_model_meta_count(ptr))):
+                key = _read_str(lib.llama_model_meta_key_by_index, ptr, i)
+                val = _read_str(lib.llama_model_meta_val_str_by_index, ptr, i)
+                if key is not None and val is not None:
+                    md[key] = val
+            self._metadata = md
+        return dict(self._metadata)
+
+    def cls_label(self, i: int) -> str | None:
+        """Label of classifier output ``i`` (``0 <= i < n_cls_out``), or None."""
+        n = self.n_cls_out
+        if not 0 <= i < n:
+            raise IndexError(f"classifier output {i} is out of range [0, {n})")
+        s = lib.llama_model_cls_label(self._ptr(), i)
+        return None if s == ffi.NULL else ffi.string(s).decode("utf-8", "replace")
+
+    def save(self, path: PathLike) -> None:
+        """Write the model (with any applied modifications) to a GGUF file."""
+        lib.llama_model_save_to_file(self._ptr(), _fspath(path).encode())
+
+    # ------------------------------------------------------------------ vocabulary shortcuts
+    @property
+    def n_vocab(self) -> int:
+        return self.vocab.n_vocab
+
+    def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = False) -> TokenArray:
+        """See :meth:`Vocab.tokenize`."""
+        return self.vocab.tokenize(text, add_special, parse_special)
+
+    def detokenize(self, tokens: Tokens, remove_special: bool = False, unparse_special: bool = False) -> str:
+        """See :meth:`Vocab.detokenize`."""
+        return self.vocab.detokenize(tokens, remove_special, unparse_special)
+
+    def token_to_piece(self, token: int, special: bool = False, lstrip: int = 0) -> bytes:
+        """See :meth:`Vocab.token_to_piece`."""
+        return self.vocab.token_to_piece(token, special, lstrip)
+
+    # ------------------------------------------------------------------ chat
+    def chat_template(self, name: str | None = None) -> str | None:
+        """The model's chat template (or the named one it ships), or None."""
+        s = lib.llama_model_chat_template(self._ptr(), ffi.NULL if name is None else name.encode())
+        return None if s == ffi.NULL else ffi.string(s).decode("utf-8", "replace")
+
+    def apply_chat_template(
+        self,
+        messages: Iterable[Mapping[str, str]],
+        add_generation_prompt: bool = True,
+        template: str | None = None,
+        engine: str = "auto",
+    ) -> str:
+        """Render ``messages`` (dicts with ``role`` and ``content``) with a chat template.
+
+        ``template``: None for the model's own, a builtin name (see
+        :func:`llama_cffi.chat.builtin_templates`), or template text. ``engine``:
+        ``"native"`` (llama.cpp's ``llama_chat_apply_template``), ``"jinja"`` (needs the
+        ``jinja`` extra), or ``"auto"``: native, then jinja for templates llama.cpp
+        cannot apply natively.
+        """
+        if template is None:
+            template = self.chat_template()
+            if template is None:
+                raise _chat.ChatTemplateError(
+                    "the model has no chat template; pass template= (a builtin name: "
+                    + ", ".join(_chat.builtin_templates())
+                    + ")"
+                )
+        return _chat.apply_template(
+            template,
+            messages,
+            add_generation_prompt,
+            engine=engine,
+            bos_token=self._token_text_or_empty(self.vocab.bos),
+            eos_token=self._token_text_or_empty(self.vocab.eos),
+        )
+
+    def _token_text_or_empty(self, token: int | None) -> str:
+        return "" if token is None else self.vocab.token_text(token)
+
+    # ------------------------------------------------------------------ adapters, contexts
+    def load_lora(self, path: PathLike) -> LoraAdapter:
+        """Load a LoRA adapter for this model (see :class:`llama_cffi.lora.LoraAdapter`)."""
+        from .lora import LoraAdapter
+
+        adapter = LoraAdapter._load(self, _fspath(path))
+        self._adapters.add(adapter)
+        return adapter
+
+    def context(self, **params: Any) -> Context:
+        """A new inference context over this model (see :class:`llama_cffi.Context`)."""
+        from .context import Context
+
+        return Context(self, **params)

@@ -1,0 +1,307 @@
+"""A model's vocabulary: tokenize, detokenize, pieces, special tokens, token attributes.
+
+A :class:`Vocab` belongs to its :class:`~llama_cffi.Model` (llama.cpp's vocab lives
+inside the model) and raises :class:`~llama_cffi.errors.ClosedError` once the model is
+closed. Token ids are checked against ``[0, n_vocab)`` in Python before any call
+reaches C: llama.cpp aborts the process on an out-of-range id.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ._binding import ffi, lib
+from .enums import TokenAttr, VocabType
+from .errors import InvalidTokenError, TokenizeError
+
+if TYPE_CHECKING:
+    from ._handle import NativeHandle
+
+TokenArray = npt.NDArray[np.int32]
+Tokens = Sequence[int] | npt.NDArray[np.integer[Any]]
+
+_INT32_MAX = 2**31 - 1
+
+
+class Vocab:
+    """The vocabulary of one model (see the module docstring for lifetime rules)."""
+
+    def __init__(self, model_handle: NativeHandle) -> None:
+        self._model = model_handle
+        self._ptr = lib.llama_model_get_vocab(model_handle.get())
+        self.n_vocab: int = int(lib.llama_vocab_n_tokens(self._ptr))
+        self._tls = threading.local()
+
+    def _vocab(self) -> Any:
+        self._model.get()  # raises ClosedError once the model is closed
+        return self._ptr
+
+    def _piece_buf(self) -> tuple[Any, int]:
+        buf = getattr(self._tls, "buf", None)
+        if buf is None:
+            buf = self._tls.buf = (ffi.new("char[]", 256), 256)
+        return buf  # type: ignore[no-any-return]
+
+    # ------------------------------------------------------------------ checking
+    def check_token(self, token: int) -> int:
+        """Return ``token`` as an int, or raise :class:`InvalidTokenError`."""
+        if isinstance(token, (bool, np.bool_)) or not isinstance(token, (int, np.integer)):
+            raise InvalidTokenError(f"token must be an int, not {type(token).__name__} ({token!r})")
+        t = int(token)
+        if not 0 <= t < self.n_vocab:
+            raise InvalidTokenError(f"token id {t} is out of range [0, {self.n_vocab})")
+        return t
+
+    def check_tokens(self, tokens: Tokens | Iterable[int]) -> TokenArray:
+        """``tokens`` as a contiguous int32 array, every id checked to be in range."""
+        if isinstance(tokens, np.ndarray):
+            arr = tokens
+        else:
+            seq = tokens if isinstance(tokens, Sequence) else list(tokens)
+            if any(isinstance(t, (bool, np.bool_)) for t in seq):
+                raise InvalidTokenError("token ids must be ints, not bools")
+            arr = np.asarray(seq) if len(seq) else np.zeros(0, dtype=np.int32)
+        if arr.ndim != 1:
+            raise InvalidTokenError(f"tokens must be one-dimensional, got shape {arr.shape}")
+        if arr.size and arr.dtype.kind not in "iu":
+            raise InvalidTokenError(f"token ids must be integers, got dtype {arr.dtype}")
+        if arr.size:
+            lo, hi = int(arr.min()), int(arr.max())
+            if lo < 0 or hi >= self.n_vocab:
+                bad_index = int(np.argmax((arr < 0) | (arr >= self.n_vocab)))
+                raise InvalidTokenError(
+                    f"token id {int(arr[bad_index])} at index {bad_index} is out of range [0, {self.n_vocab})"
+                )
+        return np.ascontiguousarray(arr, dtype=np.int32)
+
+    # ------------------------------------------------------------------ text
+    def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = False) -> TokenArray:
+        """Tokenize UTF-8 text (``str`` is encoded; ``bytes`` are passed as they are).
+
+        ``add_special`` adds BOS/EOS as the model's metadata asks; ``parse_special``
+        turns special-token text such as ``<|im_start|>`` into its single id. Returns a
+        new int32 array of any length (sized in two passes).
+        """
+        data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        if len(data) > _INT32_MAX:
+            raise TokenizeError(f"text is {len(data)} bytes; llama.cpp takes at most {_INT32_MAX}")
+        vocab = self._vocab()
+        cap = len(data) + 16
+        for _ in range(2):
+            out = np.empty(cap, dtype=np.int32)
+            n = lib.llama_tokenize(
+                vocab, data, len(data), ffi.from_buffer("llama_token[]", out), cap, add_special, parse_special
+            )
+            if n >= 0:
+                return out[:n].copy() if n < cap // 2 else out[:n]
+            if n == -(2**31):
+                raise TokenizeError("the token count overflows llama.cpp's 32-bit length")
+            cap = -n
+        raise TokenizeError("llama_tokenize did not converge on a buffer size")  # pragma: no cover
+
+    def token_to_piece(self, token: int, special: bool = False, lstrip: int = 0) -> bytes:
+        """The bytes of one token. Control/unknown tokens give ``b""`` unless ``special``.
+
+        ``lstrip`` removes up to that many leading spaces. A piece can be part of a UTF-8
+        character: use :class:`StreamingDetokenizer` to turn a token stream into text.
+        """
+        t = self.check_token(token)
+        if isinstance(lstrip, bool) or not isinstance(lstrip, int) or lstrip < 0:
+            raise ValueError(f"lstrip must be an int >= 0, not {lstrip!r}")
+        vocab = self._vocab()
+        buf, size = self._piece_buf()
+        n = lib.llama_token_to_piece(vocab, t, buf, size, lstrip, special)
+        if n < 0:
+            size = -n
+            buf = ffi.new("char[]", size)
+            n = lib.llama_token_to_piece(vocab, t, buf, size, lstrip, special)
+        return ffi.unpack(buf, n)  # type: ignore[no-any-return]
+
+    def detokenize_bytes(self, tokens: Tokens, remove_special: bool = False, unparse_special: bool = False) -> bytes:
+        """The bytes of a token sequence, exactly as llama.cpp's ``llama_detokenize``."""
+        arr = self.check_tokens(tokens)
+        vocab = self._vocab()
+        ptr = ffi.from_buffer("llama_token[]", arr)
+        cap = max(64, 8 * len(arr))
+        for _ in range(2):
+            buf = ffi.new("char[]", cap)
+            n = lib.llama_detokenize(vocab, ptr, len(arr), buf, cap, remove_special, unparse_special)
+            if n >= 0:
+                return ffi.unpack(buf, n)  # type: ignore[no-any-return]
+            cap = -n
+        raise TokenizeError("llama_detokenize did not converge on a buffer size")  # pragma: no cover
+
+    def detokenize(self, tokens: Tokens, remove_special: bool = False, unparse_special: bool = False) -> str:
+        """Text of a token sequence; invalid UTF-8 (a cut-off character) becomes U+FFFD."""
+        return self.detokenize_bytes(tokens, remove_special, unparse_special).decode("utf-8", "replace")
+
+    def streaming_detokenizer(self, remove_special: bool = False, unparse_special: bool = False) -> StreamingDetokenizer:
+        """A detokenizer fed one token at a time (see :class:`StreamingDetokenizer`)."""
+        return StreamingDetokenizer(self, remove_special, unparse_special)
+
+    # ------------------------------------------------------------------ tokens
+    @property
+    def type(self) -> VocabType:
+        return VocabType(lib.llama_vocab_type(self._vocab()))
+
+    def token_text(self, token: int) -> str:
+        """The token's text as stored in the model (SPM pieces keep their ``▁``)."""
+        t = self.check_token(token)
+        return ffi.string(lib.llama_vocab_get_text(self._vocab(), t)).decode("utf-8", "replace")  # type: ignore[no-any-return]
+
+    def token_score(self, token: int) -> float:
+        return float(lib.llama_vocab_get_score(self._vocab(), self.check_token(token)))
+
+    def token_attr(self, token: int) -> TokenAttr:
+        return TokenAttr(lib.llama_vocab_get_attr(self._vocab(), self.check_token(token)))
+
+    def is_eog(self, token: int) -> bool:
+        """True for end-of-generation tokens (EOS, EOT, and the model's other stop tokens)."""
+        return bool(lib.llama_vocab_is_eog(self._vocab(), self.check_token(token)))
+
+    def is_control(self, token: int) -> bool:
+        return bool(lib.llama_vocab_is_control(self._vocab(), self.check_token(token)))
+
+    def _special(self, fn: Any) -> int | None:
+        t = int(fn(self._vocab()))
+        return None if t == lib.LLAMA_TOKEN_NULL else t
+
+    @property
+    def bos(self) -> int | None:
+        """Beginning-of-sequence token, or None if the model has none."""
+        return self._special(lib.llama_vocab_bos)
+
+    @property
+    def eos(self) -> int | None:
+        return self._special(lib.llama_vocab_eos)
+
+    @property
+    def eot(self) -> int | None:
+        return self._special(lib.llama_vocab_eot)
+
+    @property
+    def sep(self) -> int | None:
+        return self._special(lib.llama_vocab_sep)
+
+    @property
+    def nl(self) -> int | None:
+        return self._special(lib.llama_vocab_nl)
+
+    @property
+    def pad(self) -> int | None:
+        return self._special(lib.llama_vocab_pad)
+
+    @property
+    def mask(self) -> int | None:
+        return self._special(lib.llama_vocab_mask)
+
+    @property
+    def fim_pre(self) -> int | None:
+        return self._special(lib.llama_vocab_fim_pre)
+
+    @property
+    def fim_suf(self) -> int | None:
+        return self._special(lib.llama_vocab_fim_suf)
+
+    @property
+    def fim_mid(self) -> int | None:
+        return self._special(lib.llama_vocab_fim_mid)
+
+    @property
+    def fim_pad(self) -> int | None:
+        return self._special(lib.llama_vocab_fim_pad)
+
+    @property
+    def fim_rep(self) -> int | None:
+        return self._special(lib.llama_vocab_fim_rep)
+
+    @property
+    def fim_sep(self) -> int | None:
+        return self._special(lib.llama_vocab_fim_sep)
+
+    @property
+    def add_bos(self) -> bool:
+        return bool(lib.llama_vocab_get_add_bos(self._vocab()))
+
+    @property
+    def add_eos(self) -> bool:
+        return bool(lib.llama_vocab_get_add_eos(self._vocab()))
+
+    @property
+    def add_sep(self) -> bool:
+        return bool(lib.llama_vocab_get_add_sep(self._vocab()))
+
+    def special_tokens(self) -> dict[str, int]:
+        """Every special token the model defines, by role (``bos``, ``eos``, ``fim_pre``...)."""
+        roles = ("bos", "eos", "eot", "sep", "nl", "pad", "mask", "fim_pre", "fim_suf", "fim_mid", "fim_pad", "fim_rep", "fim_sep")
+        out = {}
+        for role in roles:
+            t = getattr(self, role)
+            if t is not None:
+                out[role] = t
+        return out
+
+    def eog_tokens(self) -> list[int]:
+        """All end-of-generation token ids (one pass over the vocabulary, in C calls)."""
+        vocab = self._vocab()
+        return [t for t in range(self.n_vocab) if lib.llama_vocab_is_eog(vocab, t)]
+
+    def __repr__(self) -> str:
+        return f"<Vocab {self.type.name} n_vocab={self.n_vocab}>"
+
+
+class StreamingDetokenizer:
+    """Turn tokens into text one at a time, never emitting half a UTF-8 character.
+
+    ``push(token)`` returns the text that became final with that token (often ``""``
+    while a multi-byte character or a word boundary is pending); ``flush()`` returns
+    what is left. The concatenation of everything returned equals
+    ``vocab.detokenize(all_tokens, ...)`` for the same flags.
+
+    It keeps a small window of recent tokens and decodes it with ``llama_detokenize``
+    (prefix/read offsets, as text-generation-inference does), so llama.cpp's own rules
+    for leading spaces and special tokens apply unchanged.
+    """
+
+    def __init__(self, vocab: Vocab, remove_special: bool = False, unparse_special: bool = False) -> None:
+        self._vocab = vocab
+        self._remove_special = remove_special
+        self._unparse_special = unparse_special
+        self._tokens: list[int] = []
+        self._prefix = 0  # window start
+        self._read = 0  # tokens before this are emitted
+
+    def _decode(self, start: int, end: int) -> str:
+        return self._vocab.detokenize(self._tokens[start:end], self._remove_special, self._unparse_special)
+
+    def push(self, token: int) -> str:
+        """Add one token; return the newly completed text."""
+        self._tokens.append(self._vocab.check_token(token))
+        prefix_text = self._decode(self._prefix, self._read)
+        new_text = self._decode(self._prefix, len(self._tokens))
+        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
+            out = new_text[len(prefix_text):]
+            self._prefix = self._read
+            self._read = len(self._tokens)
+            if self._prefix > 64:  # keep memory bounded on long streams
+                del self._tokens[: self._prefix]
+                self._read -= self._prefix
+                self._prefix = 0
+            return out
+        return ""
+
+    def flush(self) -> str:
+        """Return all text not yet returned (a dangling partial character as U+FFFD)."""
+        prefix_text = self._decode(self._prefix, self._read)
+        new_text = self._decode(self._prefix, len(self._tokens))
+        self._prefix = self._read = len(self._tokens)
+        return new_text[len(prefix_text):]
+
+    def reset(self) -> None:
+        self._tokens.clear()
+        self._prefix = self._read = 0
