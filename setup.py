@@ -21,7 +21,15 @@ class BuildLlama(build_ext):
             ffi, native, source = build_ffi.prepare()
         except build_ffi.BuildError as exc:
             raise SystemExit(f"llama_cffi: {exc}") from None
-        ext = ffi.distutils_extension(tmpdir=os.path.join(self.build_temp, "cffi"))
+        # cffi writes the C source and returns a *distutils* Extension; setuptools'
+        # build_ext wants its own class, with the same fields.
+        dext = ffi.distutils_extension(tmpdir=os.path.join(self.build_temp, "cffi"))
+        fields = (
+            "include_dirs", "define_macros", "undef_macros", "library_dirs", "libraries",
+            "runtime_library_dirs", "extra_objects", "extra_compile_args", "extra_link_args",
+            "depends", "language",
+        )
+        ext = Extension(dext.name, list(dext.sources), **{f: getattr(dext, f) for f in fields})
         self.extensions = [ext]
         self.distribution.ext_modules = [ext]
         super().run()
