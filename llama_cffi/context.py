@@ -110,6 +110,9 @@ class Context:
     def __init__(self, model: Model, **params: Any) -> None:
         assert model._handle is not None
         mptr = model._ptr()
+        if model.vocab_only:
+            # llama.cpp creates the context but aborts the process on the first decode
+            raise ContextCreateError(f"{model.path!r} was loaded with vocab_only=True; a context needs the weights")
         cparams = build_context_params(**params)
         log.sync()
         with log.capture() as lines:

@@ -90,10 +90,12 @@ class Model:
 
     _handle: NativeHandle | None = None  # class default: a half-built Model can still close()
 
-    def __init__(self, ptr: Any, path: str) -> None:
+    def __init__(self, ptr: Any, path: str, vocab_only: bool = False) -> None:
         """Internal: use :meth:`load`. Takes ownership of ``ptr`` (a ``llama_model *``)."""
         self._handle = NativeHandle(self, ptr, lib.llama_model_free, f"Model({os.path.basename(path)!r})")
         self.path = path
+        #: Loaded with ``vocab_only=True``: a tokenizer without weights (no contexts).
+        self.vocab_only = vocab_only
         self.vocab = Vocab(self._handle)
         self._metadata: dict[str, str] | None = None
         self._adapters: weakref.WeakSet[LoraAdapter] = weakref.WeakSet()
@@ -137,7 +139,7 @@ class Model:
             if mp.progress is not None and mp.progress.cancelled:
                 raise ModelLoadCancelled(path, "cancelled by the progress callback")
             raise InvalidModelError(path, _reason(lines, "llama.cpp could not load it"))
-        return cls(ptr, path)
+        return cls(ptr, path, vocab_only=bool(mp.c.vocab_only))
 
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:

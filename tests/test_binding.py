@@ -1,0 +1,122 @@
+"""The raw layer: generated binding completeness, build stamp, build options."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import llama_cffi
+from llama_cffi import ffi, lib
+from tests.conftest import ROOT, run_isolated
+
+# Functions llama.h declares that are deliberately not exposed. Deprecated aliases are
+# still defined by the library at the pinned commit, so none needs excluding: the list
+# is empty, and the test below proves it.
+EXCLUDED: set[str] = set()
+
+
+def pinned_llama_h() -> Path:
+    return Path(llama_cffi.build_info()["native_prefix"]) / "include" / "llama.h"
+
+
+def declared_functions(header: str) -> set[str]:
+    """Every function declared with LLAMA_API, found independently of build_ffi's parser."""
+    text = re.sub(r"//[^\n]*|/\*.*?\*/", "", header, flags=re.S)
+    text = re.sub(r"^\s*#.*$", "", text, flags=re.M)  # macros (#define LLAMA_API ...)
+    names = set()
+    for m in re.finditer(r"LLAMA_API\b(.*?);", text, flags=re.S):
+        decl = m.group(1)
+        call = re.search(r"(\w+)\s*\(", decl)
+        if call and call.group(1) not in ("DEPRECATED",):
+            names.add(call.group(1))
+    return names
+
+
+def test_every_llama_api_function_is_reachable() -> None:
+    """Every LLAMA_API function of the pinned llama.h is an attribute of lib."""
+    names = declared_functions(pinned_llama_h().read_text())
+    assert len(names) > 200  # the parse found the header's API, not a fragment
+    missing = sorted(n for n in names - EXCLUDED if not hasattr(lib, n))
+    assert missing == []
+
+
+def test_exclusions_are_real_functions() -> None:
+    """The exclusion list names only functions the header declares."""
+    assert EXCLUDED <= declared_functions(pinned_llama_h().read_text())
+
+
+def test_header_constants_are_compiled_in() -> None:
+    """llama.h's integer macros carry the compiler's values."""
+    assert lib.LLAMA_TOKEN_NULL == -1
+    assert lib.LLAMA_DEFAULT_SEED == 0xFFFFFFFF
+    assert lib.LLAMA_SESSION_MAGIC == 0x6767736E
+    assert lib.LLAMA_STATE_SEQ_FLAGS_ON_DEVICE == 2
+
+
+def test_structs_match_header_layout() -> None:
+    """Struct sizes come from the compiler (API mode), e.g. llama_token_data is 12 bytes."""
+    assert ffi.sizeof("llama_token_data") == 12
+    fields = dict(ffi.typeof("struct llama_context_params").fields)
+    assert {"n_ctx", "n_batch", "flash_attn_type", "type_k", "kv_unified", "ctx_other"} <= set(fields)
+
+
+def test_no_generated_code_is_committed() -> None:
+    """The cdef is generated at build time; no copy of llama.h declarations is tracked."""
+    tracked = [p for p in ROOT.rglob("*") if p.suffix in (".h", ".cdef") and ".venv" not in p.parts and "build" not in p.parts]
+    assert tracked == []
+
+
+def test_build_options_avoid_amx_and_native() -> None:
+    """On x86 the build picks instruction sets explicitly and never enables AMX."""
+    opts = llama_cffi.build_info()["options"]
+    assert opts["GGML_AMX_TILE"] == opts["GGML_AMX_INT8"] == opts["GGML_AMX_BF16"] == "OFF"
+    import platform
+
+    if platform.machine() == "x86_64":
+        assert opts["GGML_NATIVE"] == "OFF"
+    assert "AMX" not in llama_cffi.system_info()
+
+
+def test_build_commit_is_pinned() -> None:
+    """The extension was built from the pinned llama.cpp commit."""
+    info = llama_cffi.build_info()
+    assert info["commit"] == llama_cffi.LLAMA_CPP_COMMIT == info["pinned_commit"]
+
+
+def test_stale_build_raises_import_error() -> None:
+    """An extension whose ABI stamp differs from the source's raises ImportError with instructions."""
+    r = run_isolated(
+        """
+        import importlib
+        import llama_cffi._binding as b
+        import llama_cffi._version as v
+        v.BINDING_ABI += 1  # the source now expects a newer extension than the one built
+        try:
+            importlib.reload(b)
+        except ImportError as e:
+            print("IMPORTERROR", e)
+        """
+    )
+    assert r.returncode == 0, r.stderr
+    assert "IMPORTERROR" in r.stdout and "stale" in r.stdout and "pip install" in r.stdout
+
+
+def test_callbacks_are_api_mode_extern_python() -> None:
+    """Log, progress and abort callbacks are extern "Python" functions compiled into the module."""
+    for name in ("llama_cffi_log_py", "llama_cffi_progress_py", "llama_cffi_abort_py"):
+        assert ffi.typeof(getattr(lib, name)).kind == "function"
+
+
+def test_build_info_is_json_serialisable() -> None:
+    """build_info() round-trips through JSON (the CLI prints it)."""
+    assert json.loads(json.dumps(llama_cffi.build_info()))["abi"] >= 1
+
+
+@pytest.mark.parametrize("name", ["supports_mmap", "supports_mlock", "supports_gpu_offload", "supports_rpc"])
+def test_supports_functions_return_bools(name: str) -> None:
+    """Capability probes are plain bools; mmap is always available on Linux."""
+    assert isinstance(getattr(llama_cffi, name)(), bool)
+    assert llama_cffi.supports_mmap() is True

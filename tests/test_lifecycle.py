@@ -1,0 +1,104 @@
+"""Lifetimes: close, use after close, GC, and models outliving contexts."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llama_cffi import ClosedError, Context, Model
+
+
+def test_close_is_idempotent(tiny_model_path: Path) -> None:
+    """close() may be called any number of times."""
+    m = Model.load(tiny_model_path)
+    m.close()
+    m.close()
+    assert m.closed
+    assert "closed" in repr(m)
+
+
+@pytest.mark.parametrize(
+    "use",
+    [
+        lambda m: m.n_embd,
+        lambda m: m.desc,
+        lambda m: m.metadata,
+        lambda m: m.tokenize("a"),
+        lambda m: m.detokenize([5]),
+        lambda m: m.token_to_piece(5),
+        lambda m: m.vocab.bos,
+        lambda m: m.vocab.is_eog(2),
+        lambda m: m.chat_template(),
+        lambda m: m.context(),
+        lambda m: m.underlying,
+    ],
+)
+def test_every_method_after_close_raises(tiny_model_path: Path, use: object) -> None:
+    """Using a closed model raises ClosedError (a ValueError), never touches freed memory."""
+    m = Model.load(tiny_model_path)
+    m.close()
+    with pytest.raises(ClosedError):
+        use(m)  # type: ignore[operator]
+
+
+def test_with_block_closes(tiny_model_path: Path) -> None:
+    """Leaving a with-block closes the model."""
+    with Model.load(tiny_model_path) as m:
+        assert not m.closed
+    assert m.closed
+
+
+def test_model_is_garbage_collected(tiny_model_path: Path) -> None:
+    """An unreferenced model is collected (and freed by its finalizer)."""
+    m = Model.load(tiny_model_path)
+    ref = weakref.ref(m)
+    del m
+    gc.collect()
+    assert ref() is None
+
+
+def test_context_keeps_model_alive(tiny_model_path: Path) -> None:
+    """Closing a model while a context uses it defers the free: the context keeps working."""
+    m = Model.load(tiny_model_path)
+    ctx = m.context(n_ctx=64)
+    expected = ctx.decode(m.tokenize("hello world")).copy()
+    m.close()
+    assert m.closed
+    with pytest.raises(ClosedError):
+        m.tokenize("x")
+    ctx.clear()
+    # the context still decodes with the (not yet freed) weights
+    toks = np.array([1, 5, 6], dtype=np.int32)
+    out = ctx.decode(toks)
+    assert out.shape == (m.n_vocab,) and np.isfinite(out).all()
+    assert m._handle is not None and m._handle.ptr is not None and m._handle._children == 1
+    ctx.close()
+    assert m._handle._children == 0
+    assert expected.shape == out.shape
+
+
+def test_dropping_model_reference_with_live_context(tiny_model_path: Path) -> None:
+    """Dropping the last user reference to a model while a context lives is safe."""
+    ctx = Model.load(tiny_model_path).context(n_ctx=64)
+    gc.collect()
+    assert np.isfinite(ctx.decode([1, 5, 6])).all()
+    ref = weakref.ref(ctx.model)
+    del ctx
+    gc.collect()
+    assert ref() is None
+
+
+def test_context_close_and_reuse(tiny_model_path: Path) -> None:
+    """A closed context raises ClosedError; double close is fine."""
+    with Model.load(tiny_model_path) as m:
+        ctx = Context(m, n_ctx=64)
+        ctx.close()
+        ctx.close()
+        with pytest.raises(ClosedError):
+            ctx.decode([1])
+        with pytest.raises(ClosedError):
+            ctx.logits()
