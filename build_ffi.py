@@ -51,10 +51,11 @@ import tarfile
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 
@@ -112,7 +113,7 @@ def log(msg: str) -> None:
         _tty = False
         if not sys.stderr.isatty() and os.environ.get("LLAMA_CFFI_BUILD_TTY", "1") != "0":
             try:
-                _tty = open("/dev/tty", "w")  # noqa: SIM115 - kept open for the build
+                _tty = open("/dev/tty", "w")
             except OSError:
                 _tty = False
     if _tty:
@@ -176,8 +177,7 @@ def fetch_sdist() -> Path:
                 cand.unlink()
             else:
                 raise BuildError(
-                    f"LLAMA_CFFI_SDIST={cand} has sha256 {digest}, expected {SDIST['sha256']} "
-                    f"({SDIST['name']})"
+                    f"LLAMA_CFFI_SDIST={cand} has sha256 {digest}, expected {SDIST['sha256']} ({SDIST['name']})"
                 )
     url = os.environ.get("LLAMA_CFFI_SDIST_URL", SDIST["url"])
     with _locked(target.with_suffix(".lock")):
@@ -234,16 +234,14 @@ def _extract_sdist(tarball: Path) -> Source:
                         head = fh.read().decode().strip() if fh else None
                     if not m.name.startswith(prefix) or not (m.isfile() or m.isdir()):
                         continue
-                    rel = m.name[len(prefix):]
+                    rel = m.name[len(prefix) :]
                     if not rel or rel.startswith(_SKIP_DIRS):
                         continue
                     m.name = rel
                     members.append(m)
                 if head != PINNED_COMMIT:
                     shutil.rmtree(tmp)
-                    raise BuildError(
-                        f"{tarball.name} vendors llama.cpp {head!r}, expected {PINNED_COMMIT}"
-                    )
+                    raise BuildError(f"{tarball.name} vendors llama.cpp {head!r}, expected {PINNED_COMMIT}")
                 tf.extractall(tmp, members=members, filter="data")
             tmp.rename(dest)
             marker.write_text(PINNED_COMMIT + "\n")
@@ -252,9 +250,7 @@ def _extract_sdist(tarball: Path) -> Source:
 
 def _git_commit(root: Path) -> str:
     try:
-        out = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-        )
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
         return out.stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -341,7 +337,9 @@ def native_options() -> dict[str, str]:
         wanted = _cpu_flags() if not cpu else {f.strip() for f in cpu.split(",") if f.strip() != "none"}
         unknown = wanted - set(_X86_FLAGS) if cpu else set()
         if unknown:
-            raise BuildError(f"LLAMA_CFFI_CPU names unknown instruction sets {sorted(unknown)}; known: {sorted(_X86_FLAGS)}")
+            raise BuildError(
+                f"LLAMA_CFFI_CPU names unknown instruction sets {sorted(unknown)}; known: {sorted(_X86_FLAGS)}"
+            )
         for flag, option in _X86_FLAGS.items():
             opts[option] = "ON" if flag in wanted else "OFF"
     if opts["GGML_CUDA"] == "ON":
@@ -389,7 +387,9 @@ def _stream(cmd: list[str], logfile: Path, cwd: Path | None = None) -> None:
 def build_native(source: Source, options: dict[str, str] | None = None) -> NativeBuild:
     """Build (or reuse from the cache) the static llama/ggml libraries."""
     options = dict(native_options() if options is None else options)
-    key_src = json.dumps({"commit": source.commit, "options": options, "origin": source.origin.split(":")[0]}, sort_keys=True)
+    key_src = json.dumps(
+        {"commit": source.commit, "options": options, "origin": source.origin.split(":")[0]}, sort_keys=True
+    )
     if source.origin.startswith("dir:"):
         key_src += source.origin  # a user checkout may change under us: key by its path too
     key = hashlib.sha256(key_src.encode()).hexdigest()[:16]
@@ -397,7 +397,9 @@ def build_native(source: Source, options: dict[str, str] | None = None) -> Nativ
     info_path = prefix / "build.json"
     rpc = options.get("GGML_RPC") == "ON"
     cuda = options.get("GGML_CUDA") == "ON"
-    libs = ["llama", "ggml", "ggml-cpu"] + (["ggml-rpc"] if rpc else []) + (["ggml-cuda"] if cuda else []) + ["ggml-base"]
+    libs = (
+        ["llama", "ggml", "ggml-cpu"] + (["ggml-rpc"] if rpc else []) + (["ggml-cuda"] if cuda else []) + ["ggml-base"]
+    )
 
     with _locked(prefix.parent / f"{prefix.name}.lock"):
         if info_path.is_file() and not source.origin.startswith("dir:"):
@@ -432,7 +434,7 @@ def build_native(source: Source, options: dict[str, str] | None = None) -> Nativ
             found[lib] = hits[0]
         libdir = prefix / "lib"
         libdir.mkdir(exist_ok=True)
-        for lib, path in found.items():
+        for path in found.values():
             shutil.copy2(path, libdir / path.name)
         incdir = prefix / "include"
         if incdir.exists():
@@ -513,10 +515,17 @@ def _preprocess(headers: list[str], include_dirs: list[Path]) -> str:
         umbrella = t / "llama_cffi_umbrella.h"
         umbrella.write_text("".join(f'#include "{h}"\n' for h in headers))
         cmd = [
-            *cc, "-E", "-nostdinc", f"-I{t}", *[f"-I{d}" for d in include_dirs],
+            *cc,
+            "-E",
+            "-nostdinc",
+            f"-I{t}",
+            *[f"-I{d}" for d in include_dirs],
             # No compiler extensions in the output: DEPRECATED(f, hint) becomes f, and
             # attribute/declspec wrappers vanish.
-            "-U__GNUC__", "-U__clang__", "-D__attribute__(x)=", "-D__declspec(x)=",
+            "-U__GNUC__",
+            "-U__clang__",
+            "-D__attribute__(x)=",
+            "-D__declspec(x)=",
             str(umbrella),
         ]
         res = subprocess.run(cmd, capture_output=True, text=True)
@@ -546,7 +555,9 @@ def defined_symbols(static_libs: list[Path]) -> set[str] | None:
 
 
 def generate_cdef(
-    include_dirs: list[Path], extra_headers: list[str] = (), defined: set[str] | None = None  # type: ignore[assignment]
+    include_dirs: list[Path],
+    extra_headers: list[str] = (),
+    defined: set[str] | None = None,  # type: ignore[assignment]
 ) -> str:
     """Generate the cdef text from the real headers (see the module docstring).
 
@@ -602,7 +613,7 @@ def generate_cdef(
         if isinstance(n, c_ast.PtrDecl):
             visit(n.type, not isinstance(n.type, c_ast.FuncDecl))
         elif isinstance(n, c_ast.FuncDecl):
-            for p in (n.args.params if n.args else []):
+            for p in n.args.params if n.args else []:
                 visit(p, False)
             visit(n.type, False)
         elif isinstance(n, (c_ast.TypeDecl, c_ast.ArrayDecl, c_ast.Decl, c_ast.Typename, c_ast.Typedef)):
@@ -641,7 +652,9 @@ def generate_cdef(
     roots = [node for node in ast.ext if is_root(node)]
     if defined is not None:
         undefined = [
-            n for n in roots if isinstance(n, c_ast.Decl) and isinstance(n.type, c_ast.FuncDecl) and n.name not in defined
+            n
+            for n in roots
+            if isinstance(n, c_ast.Decl) and isinstance(n.type, c_ast.FuncDecl) and n.name not in defined
         ]
         missing_llama = [n.name for n in undefined if fname(n) == "llama.h"]
         if missing_llama:
@@ -650,7 +663,11 @@ def generate_cdef(
             log(f"note: {fname(n)} declares {n.name} but no library defines it; not exposed")
         roots = [n for n in roots if n not in undefined]
     for node in roots:
-        if isinstance(node, c_ast.Decl) and isinstance(node.type, (c_ast.Struct, c_ast.Union)) and node.type.decls is None:
+        if (
+            isinstance(node, c_ast.Decl)
+            and isinstance(node.type, (c_ast.Struct, c_ast.Union))
+            and node.type.decls is None
+        ):
             continue  # a forward declaration ("struct llama_model;") needs nothing
         visit(node, False)
 
@@ -861,7 +878,7 @@ def main(argv: list[str]) -> int:
     """``python build_ffi.py``: build ``llama_cffi/_llama*.so`` in place (for development)."""
     t0 = time.monotonic()
     try:
-        ffi, native, source = prepare()
+        ffi, _native, _source = prepare()
         tmp = HERE / "build" / "cffi"
         so = ffi.compile(tmpdir=str(tmp), verbose="-v" in argv)
         target = HERE / "llama_cffi" / Path(so).name

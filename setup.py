@@ -10,9 +10,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 _EXT_FIELDS = (
-    "include_dirs", "define_macros", "undef_macros", "library_dirs", "libraries",
-    "runtime_library_dirs", "extra_objects", "extra_compile_args", "extra_link_args",
-    "depends", "language",
+    "include_dirs",
+    "define_macros",
+    "undef_macros",
+    "library_dirs",
+    "libraries",
+    "runtime_library_dirs",
+    "extra_objects",
+    "extra_compile_args",
+    "extra_link_args",
+    "depends",
+    "language",
 )
 
 

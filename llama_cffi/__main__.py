@@ -25,7 +25,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     with Model.load(path) as model:
         t_load = time.perf_counter() - t0
-        print(f"model   {model.desc} ({model.n_params / 1e6:.0f}M params, vocab {model.n_vocab}) loaded in {t_load:.2f} s")
+        print(
+            f"model   {model.desc} ({model.n_params / 1e6:.0f}M params, vocab {model.n_vocab}) loaded in {t_load:.2f} s"
+        )
         prompt = args.prompt
         tokens = model.tokenize(prompt)
         print(f"prompt  {prompt!r} -> {len(tokens)} tokens {tokens.tolist()}")

@@ -22,20 +22,23 @@ from typing import Any
 from ._version import BINDING_ABI, LLAMA_CPP_COMMIT
 
 _REBUILD = (
-    "Rebuild it from the source tree with `pip install .` (or `python build_ffi.py` for an "
-    "in-place development build)."
+    "Rebuild it from the source tree with `pip install .` (or `python build_ffi.py` for an in-place development build)."
 )
 
 try:
-    from ._llama import ffi, lib
+    from ._llama import ffi as _ffi
+    from ._llama import lib as _lib
 except ImportError as exc:  # pragma: no cover - exercised only on broken installs
     raise ImportError(
-        f"llama_cffi's compiled extension llama_cffi._llama could not be imported ({exc}). "
-        + _REBUILD
+        f"llama_cffi's compiled extension llama_cffi._llama could not be imported ({exc}). " + _REBUILD
     ) from exc
 
-ffi: Any  # type: ignore[no-redef]
-lib: Any  # type: ignore[no-redef]
+#: The cffi ``FFI`` instance of the extension (types, ``new``, ``buffer``, ``string``...).
+ffi: Any = _ffi
+#: Every llama.h function, struct, enum and macro (and the listed ggml/gguf functions).
+lib: Any = _lib
+
+__all__ = ["BUILD_INFO", "ffi", "lib"]
 
 
 def _read_build_info() -> dict[str, Any]:

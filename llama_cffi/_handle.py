@@ -30,7 +30,16 @@ _lock = threading.RLock()
 class NativeHandle:
     """One owned native pointer (see the module docstring)."""
 
-    __slots__ = ("__weakref__", "_children", "_close_requested", "_finalizer", "_free", "_parent", "ptr", "what")
+    __slots__ = (
+        "__weakref__",
+        "_children",
+        "_close_requested",
+        "_finalizer",
+        "_free",
+        "_parent",
+        "ptr",
+        "what",
+    )
 
     def __init__(
         self,

@@ -29,7 +29,9 @@ def _messages(messages: Iterable[Mapping[str, str]]) -> list[tuple[str, str]]:
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, Mapping):
-            raise ChatTemplateError(f"messages[{i}] must be a mapping with 'role' and 'content', not {type(m).__name__}")
+            raise ChatTemplateError(
+                f"messages[{i}] must be a mapping with 'role' and 'content', not {type(m).__name__}"
+            )
         try:
             role, content = m["role"], m["content"]
         except KeyError as exc:
@@ -79,9 +81,7 @@ def apply_jinja(
         from jinja2 import TemplateError
         from jinja2.sandbox import ImmutableSandboxedEnvironment
     except ImportError:
-        raise ChatTemplateError(
-            "this chat template needs Jinja2: pip install 'llama-cffi[jinja]'"
-        ) from None
+        raise ChatTemplateError("this chat template needs Jinja2: pip install 'llama-cffi[jinja]'") from None
 
     def raise_exception(message: str) -> None:
         raise ChatTemplateError(f"the chat template raised: {message}")

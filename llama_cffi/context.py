@@ -57,7 +57,15 @@ def _available_cores() -> int:
         return os.cpu_count() or 1
 
 
-_SETTABLE_POINTERS = {"cb_eval", "cb_eval_user_data", "abort_callback", "abort_callback_data", "samplers", "n_samplers", "ctx_other"}
+_SETTABLE_POINTERS = {
+    "cb_eval",
+    "cb_eval_user_data",
+    "abort_callback",
+    "abort_callback_data",
+    "samplers",
+    "n_samplers",
+    "ctx_other",
+}
 
 
 def build_context_params(**kwargs: Any) -> Any:
@@ -96,7 +104,9 @@ def build_context_params(**kwargs: Any) -> Any:
     if c.n_batch == 0 and c.n_ubatch == 0:
         raise ParamError("n_batch and n_ubatch cannot both be 0")
     if c.n_seq_max > lib.llama_max_parallel_sequences():
-        raise ParamError(f"n_seq_max={c.n_seq_max} exceeds llama_max_parallel_sequences()={lib.llama_max_parallel_sequences()}")
+        raise ParamError(
+            f"n_seq_max={c.n_seq_max} exceeds llama_max_parallel_sequences()={lib.llama_max_parallel_sequences()}"
+        )
     if c.n_seq_max == 0:
         raise ParamError("n_seq_max must be >= 1")
     return c
@@ -195,7 +205,9 @@ class Context:
         bad = (batch.token[: batch.n_tokens] < 0) | (batch.token[: batch.n_tokens] >= self.n_vocab)
         if bad.any():
             i = int(np.argmax(bad))
-            raise InvalidBatchError(f"token id {int(batch.token[i])} at batch index {i} is out of range [0, {self.n_vocab})")
+            raise InvalidBatchError(
+                f"token id {int(batch.token[i])} at batch index {i} is out of range [0, {self.n_vocab})"
+            )
         self._check_rc(lib.llama_decode(self._ptr(), batch.c))
 
     def decode(self, tokens: Any, seq_id: int = 0, pos: int | None = None) -> Logits:

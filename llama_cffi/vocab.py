@@ -45,7 +45,7 @@ class Vocab:
         buf = getattr(self._tls, "buf", None)
         if buf is None:
             buf = self._tls.buf = (ffi.new("char[]", 256), 256)
-        return buf  # type: ignore[no-any-return]
+        return buf
 
     # ------------------------------------------------------------------ checking
     def check_token(self, token: int) -> int:
@@ -140,7 +140,9 @@ class Vocab:
         """Text of a token sequence; invalid UTF-8 (a cut-off character) becomes U+FFFD."""
         return self.detokenize_bytes(tokens, remove_special, unparse_special).decode("utf-8", "replace")
 
-    def streaming_detokenizer(self, remove_special: bool = False, unparse_special: bool = False) -> StreamingDetokenizer:
+    def streaming_detokenizer(
+        self, remove_special: bool = False, unparse_special: bool = False
+    ) -> StreamingDetokenizer:
         """A detokenizer fed one token at a time (see :class:`StreamingDetokenizer`)."""
         return StreamingDetokenizer(self, remove_special, unparse_special)
 
@@ -238,7 +240,21 @@ class Vocab:
 
     def special_tokens(self) -> dict[str, int]:
         """Every special token the model defines, by role (``bos``, ``eos``, ``fim_pre``...)."""
-        roles = ("bos", "eos", "eot", "sep", "nl", "pad", "mask", "fim_pre", "fim_suf", "fim_mid", "fim_pad", "fim_rep", "fim_sep")
+        roles = (
+            "bos",
+            "eos",
+            "eot",
+            "sep",
+            "nl",
+            "pad",
+            "mask",
+            "fim_pre",
+            "fim_suf",
+            "fim_mid",
+            "fim_pad",
+            "fim_rep",
+            "fim_sep",
+        )
         out = {}
         for role in roles:
             t = getattr(self, role)
@@ -285,7 +301,7 @@ class StreamingDetokenizer:
         prefix_text = self._decode(self._prefix, self._read)
         new_text = self._decode(self._prefix, len(self._tokens))
         if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
-            out = new_text[len(prefix_text):]
+            out = new_text[len(prefix_text) :]
             self._prefix = self._read
             self._read = len(self._tokens)
             if self._prefix > 64:  # keep memory bounded on long streams
@@ -300,7 +316,7 @@ class StreamingDetokenizer:
         prefix_text = self._decode(self._prefix, self._read)
         new_text = self._decode(self._prefix, len(self._tokens))
         self._prefix = self._read = len(self._tokens)
-        return new_text[len(prefix_text):]
+        return new_text[len(prefix_text) :]
 
     def reset(self) -> None:
         self._tokens.clear()

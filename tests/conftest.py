@@ -49,7 +49,11 @@ def run_isolated(code: str, timeout: float = 120) -> subprocess.CompletedProcess
     """Run ``code`` in a fresh interpreter (a spawned process, never a fork: with OpenMP a
     forked child hangs in llama_decode). The caller asserts on returncode and output."""
     # GGML_NO_BACKTRACE: a failing child must not spend seconds attaching gdb
-    env = dict(os.environ, GGML_NO_BACKTRACE="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(
+        os.environ,
+        GGML_NO_BACKTRACE="1",
+        PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,

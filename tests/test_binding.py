@@ -65,7 +65,9 @@ def test_structs_match_header_layout() -> None:
 
 def test_no_generated_code_is_committed() -> None:
     """The cdef is generated at build time; no copy of llama.h declarations is tracked."""
-    tracked = [p for p in ROOT.rglob("*") if p.suffix in (".h", ".cdef") and ".venv" not in p.parts and "build" not in p.parts]
+    tracked = [
+        p for p in ROOT.rglob("*") if p.suffix in (".h", ".cdef") and ".venv" not in p.parts and "build" not in p.parts
+    ]
     assert tracked == []
 
 

@@ -31,7 +31,10 @@ def test_named_builtin_template(tiny_model: Model) -> None:
 
 def test_jinja_fallback_for_custom_templates(tiny_model: Model) -> None:
     """A template llama.cpp cannot render natively is rendered by Jinja in auto mode."""
-    tmpl = "{% for m in messages %}[{{ m['role'] | upper }}] {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}[ASSISTANT]{% endif %}"
+    tmpl = (
+        "{% for m in messages %}[{{ m['role'] | upper }}] {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}[ASSISTANT]{% endif %}"
+    )
     with pytest.raises(ChatTemplateError, match="natively"):
         tiny_model.apply_chat_template(MESSAGES, template=tmpl, engine="native")
     out = tiny_model.apply_chat_template(MESSAGES, template=tmpl)
@@ -49,7 +52,13 @@ def test_native_and_jinja_agree_on_chatml(tiny_model: Model) -> None:
 
 @pytest.mark.parametrize(
     "messages",
-    [[{"role": "user"}], [{"content": "x"}], ["hello"], [{"role": "user", "content": 3}], [{"role": "user", "content": "a\0b"}]],
+    [
+        [{"role": "user"}],
+        [{"content": "x"}],
+        ["hello"],
+        [{"role": "user", "content": 3}],
+        [{"role": "user", "content": "a\0b"}],
+    ],
 )
 def test_bad_messages(tiny_model: Model, messages: list[object]) -> None:
     """Malformed messages raise ChatTemplateError (a ValueError) naming the message."""

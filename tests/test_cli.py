@@ -43,6 +43,6 @@ def test_info_json(tiny_model_path: Path) -> None:
 @pytest.mark.parametrize("path", ["/nonexistent.gguf", "/"])
 def test_user_errors_are_one_line(path: str) -> None:
     """A bad model path exits 2 with one line on stderr, no traceback."""
-    rc, out, err = cli("demo", "-m", path)
+    rc, _out, err = cli("demo", "-m", path)
     assert rc == 2
     assert err.startswith("llama-cffi: error:") and "Traceback" not in err and err.count("\n") == 1

@@ -60,6 +60,7 @@ def test_batched_prompt_equals_token_by_token(default_model: Model) -> None:
         for t in prompt:
             step = b.decode([int(t)])
         step = step.copy()
+
     # llama.cpp's batched and single-token matmul kernels round differently (Q4_K weights,
     # Q8 activations), so compare distributions, not bits: here the top two are a near tie.
     def softmax(x: np.ndarray) -> np.ndarray:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import gguf
@@ -141,7 +142,7 @@ def test_progress_callback_reports_monotone_progress(tiny_model_path: Path) -> N
     with Model.load(tiny_model_path, load_mode="none", progress_callback=seen.append):
         pass
     assert seen and seen[-1] == pytest.approx(1.0)
-    assert all(0.0 <= a <= b <= 1.0 for a, b in zip(seen, seen[1:]))
+    assert all(0.0 <= a <= b <= 1.0 for a, b in itertools.pairwise(seen))
 
 
 def test_progress_callback_can_cancel(tiny_model_path: Path) -> None:
@@ -187,5 +188,5 @@ def test_unsupported_architecture_is_a_clean_error(tmp_path: Path) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(InvalidModelError, match="no-such-arch|architecture"):
+    with pytest.raises(InvalidModelError, match=r"no-such-arch|architecture"):
         Model.load(path)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import gguf
 import numpy as np
+
 from tests import tiny_model
 
 

@@ -40,7 +40,9 @@ def test_streaming_equals_whole_tiny(tiny_model: Model, tokens: list[int], remov
     stream = tiny_model.vocab.streaming_detokenizer(remove, unparse)
     pieces = [stream.push(t) for t in tokens] + [stream.flush()]
     assert "".join(pieces) == tiny_model.detokenize(tokens, remove, unparse)
-    assert not any(p.endswith("\ufffd") for p in pieces[:-1] if p) or "\ufffd" in tiny_model.detokenize(tokens, remove, unparse)
+    assert not any(p.endswith("\ufffd") for p in pieces[:-1] if p) or "\ufffd" in tiny_model.detokenize(
+        tokens, remove, unparse
+    )
 
 
 @pytest.mark.default_model
@@ -132,7 +134,10 @@ def test_non_integer_ids_are_rejected(tiny_model: Model, bad: object) -> None:
 
 def test_bytes_input_and_empty(tiny_model: Model) -> None:
     """tokenize accepts bytes; empty input gives BOS only (or nothing)."""
-    assert tiny_model.tokenize(b"hello", add_special=False).tolist() == tiny_model.tokenize("hello", add_special=False).tolist()
+    assert (
+        tiny_model.tokenize(b"hello", add_special=False).tolist()
+        == tiny_model.tokenize("hello", add_special=False).tolist()
+    )
     assert tiny_model.tokenize("", add_special=True).tolist() == [tm.BOS_ID]
     assert tiny_model.tokenize("", add_special=False).tolist() == []
     assert tiny_model.detokenize([]) == ""
