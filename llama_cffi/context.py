@@ -16,6 +16,7 @@ import numpy.typing as npt
 
 from . import log
 from ._binding import ffi, lib
+from ._cdata import struct_to_dict
 from ._handle import NativeHandle
 from .batch import Batch
 from .errors import (
@@ -37,17 +38,7 @@ Logits = npt.NDArray[np.float32]
 
 def context_default_params() -> dict[str, Any]:
     """The defaults of ``llama_context_default_params()`` (pointers as None)."""
-    c = lib.llama_context_default_params()
-    out: dict[str, Any] = {}
-    for name, fld in ffi.typeof("struct llama_context_params").fields:
-        value = getattr(c, name)
-        if fld.type.kind in ("pointer", "function"):
-            out[name] = None if value == ffi.NULL else value
-        elif fld.type.kind == "enum":
-            out[name] = int(value)
-        else:
-            out[name] = value
-    return out
+    return struct_to_dict(lib.llama_context_default_params(), "struct llama_context_params")
 
 
 def _available_cores() -> int:

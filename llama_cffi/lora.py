@@ -16,22 +16,12 @@ import numpy.typing as npt
 
 from . import log
 from ._binding import ffi, lib
+from ._cdata import read_str
 from ._handle import NativeHandle
 from .errors import AdapterError
 
 if TYPE_CHECKING:
     from .model import Model
-
-
-def _read_str(fn: Any, *args: Any) -> str | None:
-    buf = ffi.new("char[]", 256)
-    n = fn(*args, buf, 256)
-    if n < 0:
-        return None
-    if n >= 256:
-        buf = ffi.new("char[]", n + 1)
-        n = fn(*args, buf, n + 1)
-    return ffi.unpack(buf, n).decode("utf-8", "replace")  # type: ignore[no-any-return]
 
 
 class LoraAdapter:
@@ -90,8 +80,8 @@ class LoraAdapter:
         ptr = self._ptr()
         out = {}
         for i in range(int(lib.llama_adapter_meta_count(ptr))):
-            k = _read_str(lib.llama_adapter_meta_key_by_index, ptr, i)
-            v = _read_str(lib.llama_adapter_meta_val_str_by_index, ptr, i)
+            k = read_str(lib.llama_adapter_meta_key_by_index, ptr, i)
+            v = read_str(lib.llama_adapter_meta_val_str_by_index, ptr, i)
             if k is not None and v is not None:
                 out[k] = v
         return out

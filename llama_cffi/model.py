@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from . import chat as _chat
 from . import log
 from ._binding import ffi, lib
+from ._cdata import read_str
 from ._handle import NativeHandle
 from .enums import FType, RopeType
 from .errors import (
@@ -66,18 +67,6 @@ def _reason(lines: list[tuple[int, str]], fallback: str) -> str:
     errors = [line for level, line in lines if level >= 40]  # logging.ERROR
     picked = errors or [line for _, line in lines]
     return "; ".join(dict.fromkeys(picked[-4:])) if picked else fallback
-
-
-def _read_str(fn: Any, *args: Any) -> str | None:
-    """Call one of llama.h's ``(..., char *buf, size_t size) -> length`` functions."""
-    buf = ffi.new("char[]", 256)
-    n = fn(*args, buf, 256)
-    if n < 0:
-        return None
-    if n >= 256:
-        buf = ffi.new("char[]", n + 1)
-        n = fn(*args, buf, n + 1)
-    return ffi.unpack(buf, n).decode("utf-8", "replace")  # type: ignore[no-any-return]
 
 
 class Model:
@@ -180,7 +169,7 @@ class Model:
     @property
     def desc(self) -> str:
         """llama.cpp's one-line description, e.g. ``"gemma3 270M Q4_K - Medium"``."""
-        return _read_str(lib.llama_model_desc, self._ptr()) or ""
+        return read_str(lib.llama_model_desc, self._ptr()) or ""
 
     @property
     def size(self) -> int:
@@ -279,8 +268,8 @@ class Model:
             ptr = self._ptr()
             md: dict[str, str] = {}
             for i in range(int(lib.llama_model_meta_count(ptr))):
-                key = _read_str(lib.llama_model_meta_key_by_index, ptr, i)
-                val = _read_str(lib.llama_model_meta_val_str_by_index, ptr, i)
+                key = read_str(lib.llama_model_meta_key_by_index, ptr, i)
+                val = read_str(lib.llama_model_meta_val_str_by_index, ptr, i)
                 if key is not None and val is not None:
                     md[key] = val
             self._metadata = md

@@ -24,6 +24,7 @@ from typing import Any
 
 from . import enums
 from ._binding import ffi, lib
+from ._cdata import struct_to_dict
 from .errors import ParamError
 
 ProgressCallback = Callable[[float], "bool | None"]
@@ -33,17 +34,7 @@ _INT32 = (-(2**31), 2**31 - 1)
 
 def model_default_params() -> dict[str, Any]:
     """The defaults of ``llama_model_default_params()`` as a dict (pointers as None)."""
-    c = lib.llama_model_default_params()
-    out: dict[str, Any] = {}
-    for name, fld in ffi.typeof("struct llama_model_params").fields:
-        value = getattr(c, name)
-        if fld.type.kind in ("pointer", "function"):
-            out[name] = None if value == ffi.NULL else value
-        elif fld.type.kind == "enum":
-            out[name] = int(value)
-        else:
-            out[name] = value
-    return out
+    return struct_to_dict(lib.llama_model_default_params(), "struct llama_model_params")
 
 
 class _Progress:
