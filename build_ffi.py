@@ -764,10 +764,21 @@ void llama_cffi_log_install(void);
 /* model-load progress: user_data is an ffi.new_handle */
 extern "Python" bool llama_cffi_progress_py(float progress, void *user_data);
 
-/* abort: a flag polled in C (settable from any thread or a signal handler), or a
-   Python callable polled through llama_cffi_abort_py (user_data = handle) */
+/* abort: ggml polls the callback after every graph node, on the thread that called
+   llama_decode. The combined callback checks a flag (settable from any thread) and, at
+   most once per interval, calls Python (user callable; also lets Ctrl-C through). */
+typedef struct {
+    volatile int flag;      /* nonzero: abort now */
+    void *py;               /* ffi.new_handle of the Python state, or NULL */
+    int64_t interval_us;    /* minimum time between Python polls */
+    int64_t next_us;        /* next time Python may be polled */
+} llama_cffi_abort_state;
+bool llama_cffi_abort_combined(void *state);
 bool llama_cffi_abort_flag(void *flag_int_ptr);
 extern "Python" bool llama_cffi_abort_py(void *user_data);
+
+/* eval callback (cb_eval): user_data is an ffi.new_handle */
+extern "Python" bool llama_cffi_eval_py(struct ggml_tensor *t, bool ask, void *user_data);
 """
 
 OWN_SOURCE = r"""
@@ -801,6 +812,32 @@ void llama_cffi_log_install(void) {
 
 bool llama_cffi_abort_flag(void *flag) {
     return flag != NULL && *(volatile int *)flag != 0;
+}
+
+typedef struct {
+    volatile int flag;
+    void *py;
+    int64_t interval_us;
+    int64_t next_us;
+} llama_cffi_abort_state;
+
+static bool llama_cffi_abort_py(void *user_data);
+
+bool llama_cffi_abort_combined(void *data) {
+    llama_cffi_abort_state *s = (llama_cffi_abort_state *)data;
+    if (s == NULL) return false;
+    if (s->flag) return true;
+    if (s->py != NULL) {
+        int64_t now = ggml_time_us();
+        if (now >= s->next_us) {
+            s->next_us = now + s->interval_us;
+            if (llama_cffi_abort_py(s->py)) {
+                s->flag = 1;
+                return true;
+            }
+        }
+    }
+    return false;
 }
 """
 

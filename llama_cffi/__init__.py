@@ -14,14 +14,30 @@ from ._binding import BUILD_INFO, ffi, lib
 from ._version import LLAMA_CPP_COMMIT, __version__
 from .batch import Batch
 from .chat import builtin_templates
-from .context import Context, context_default_params
+from .context import Context, Greedy
+from .context_params import ContextParams, context_default_params
 from .default_model import default_model_path
 from .devices import Device, DeviceType, devices
-from .enums import FType, LazyMode, LoadMode, RopeType, SplitMode, TokenAttr, VocabType
+from .enums import (
+    AttentionType,
+    ContextType,
+    FlashAttention,
+    FType,
+    KvCacheType,
+    LazyMode,
+    LoadMode,
+    PoolingType,
+    RopeScalingType,
+    RopeType,
+    SplitMode,
+    TokenAttr,
+    VocabType,
+)
 from .errors import (
     AdapterError,
     ChatTemplateError,
     ClosedError,
+    ConcurrentUseError,
     ContextCreateError,
     DecodeAbortedError,
     DecodeError,
@@ -29,49 +45,66 @@ from .errors import (
     InvalidBatchError,
     InvalidModelError,
     InvalidTokenError,
+    KvCacheFullError,
     LlamaError,
     ModelLoadCancelled,
     ModelLoadError,
     ModelNotFoundError,
-    NoKvSlotError,
     ParamError,
+    StateError,
     TokenizeError,
 )
 from .log import set_verbosity
 from .lora import LoraAdapter
+from .memory import Memory
 from .model import Model
-from .model_params import model_default_params
+from .model_params import ModelParams, model_default_params
+from .outputs import OutputView, StaleOutputError
 from .vocab import StreamingDetokenizer, Vocab
 
 __all__ = [
     "LLAMA_CPP_COMMIT",
     "AdapterError",
+    "AttentionType",
     "Batch",
     "ChatTemplateError",
     "ClosedError",
+    "ConcurrentUseError",
     "Context",
     "ContextCreateError",
+    "ContextParams",
+    "ContextType",
     "DecodeAbortedError",
     "DecodeError",
     "DefaultModelNotInstalled",
     "Device",
     "DeviceType",
     "FType",
+    "FlashAttention",
+    "Greedy",
     "InvalidBatchError",
     "InvalidModelError",
     "InvalidTokenError",
+    "KvCacheFullError",
+    "KvCacheType",
     "LazyMode",
     "LlamaError",
     "LoadMode",
     "LoraAdapter",
+    "Memory",
     "Model",
     "ModelLoadCancelled",
     "ModelLoadError",
     "ModelNotFoundError",
-    "NoKvSlotError",
+    "ModelParams",
+    "OutputView",
     "ParamError",
+    "PoolingType",
+    "RopeScalingType",
     "RopeType",
     "SplitMode",
+    "StaleOutputError",
+    "StateError",
     "StreamingDetokenizer",
     "TokenAttr",
     "TokenizeError",

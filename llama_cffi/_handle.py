@@ -72,6 +72,19 @@ class NativeHandle:
             raise ClosedError(f"{self.what} is closed")
         return self.ptr
 
+    def pin(self) -> None:
+        """Count one more dependent that is not a NativeHandle (an output view, an applied
+        adapter): the pointer is not freed until the matching :meth:`unpin`."""
+        with _lock:
+            if self.ptr is None or self.ptr == ffi.NULL:
+                raise ClosedError(f"{self.what} is closed")
+            self._children += 1
+
+    def unpin(self) -> None:
+        with _lock:
+            self._children -= 1
+            self._maybe_free()
+
     def close(self) -> None:
         with _lock:
             self._close_requested = True

@@ -1,144 +1,243 @@
-"""``Context``: inference state over a model (parameters, decode, logits, KV memory).
+"""``Context``: inference state over a model -- decode, outputs, KV memory, state, threads.
 
-A context holds its :class:`~llama_cffi.Model` alive. Logits are returned as numpy
-*views* of llama.cpp's output buffer: zero-copy, valid until the next ``decode`` on
-this context (copy them to keep them).
+Lifetime and ownership
+    A context holds its :class:`~llama_cffi.Model` alive; ``close()`` is idempotent and
+    a ``with`` block closes it; a finalizer frees a forgotten context. Output views
+    (logits, embeddings) hold a lease, so native memory outlives ``close()`` until the
+    last view is gone.
+
+Outputs
+    :meth:`Context.logits` and friends return :class:`~llama_cffi.outputs.OutputView`
+    arrays: zero-copy float32 views into llama.cpp's output buffer, valid until the
+    next decode (afterwards they raise :class:`~llama_cffi.outputs.StaleOutputError`;
+    ``.copy()`` keeps the values).
+
+Threads
+    One thread at a time: a second thread calling into a busy context gets
+    :class:`~llama_cffi.errors.ConcurrentUseError` (never a corrupted state). Use one
+    context per thread over a shared model. :meth:`request_abort` is the one method
+    that may be called from any thread (or a signal handler); ``adecode`` runs a decode
+    in a worker thread and turns cancellation into an abort.
+
+Validation
+    Token ids, sequence ids, positions (continuity with the KV memory), batch sizes and
+    context capacity are checked in Python before anything reaches ``llama_decode``:
+    several of these abort the process in C.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
 import numpy as np
 import numpy.typing as npt
 
 from . import log
 from ._binding import ffi, lib
-from ._cdata import struct_to_dict
 from ._handle import NativeHandle
 from .batch import Batch
+from .context_params import ContextParams
+from .enums import PoolingType, RopeType
 from .errors import (
     AdapterError,
+    ConcurrentUseError,
     ContextCreateError,
     DecodeAbortedError,
     DecodeError,
     InvalidBatchError,
-    NoKvSlotError,
+    KvCacheFullError,
     ParamError,
+    StateError,
 )
+from .memory import Memory
+from .outputs import OutputGuard, OutputView, make_view
 
 if TYPE_CHECKING:
     from .lora import LoraAdapter
     from .model import Model
 
-Logits = npt.NDArray[np.float32]
+logger = logging.getLogger("llama_cffi")
+
+#: Python is polled by the abort callback at most this often during a decode (seconds).
+ABORT_POLL_INTERVAL = 0.01
 
 
-def context_default_params() -> dict[str, Any]:
-    """The defaults of ``llama_context_default_params()`` (pointers as None)."""
-    return struct_to_dict(lib.llama_context_default_params(), "struct llama_context_params")
+class Sampler(Protocol):
+    """What :meth:`Context.generate` needs from a sampler (``samplers`` provides them)."""
+
+    def sample(self, ctx: Context, idx: int = -1) -> int: ...
+
+    def accept(self, token: int) -> None: ...
 
 
-def _available_cores() -> int:
+class Greedy:
+    """The default sampler of :meth:`Context.generate`: the most likely token."""
+
+    def sample(self, ctx: Context, idx: int = -1) -> int:
+        return int(np.asarray(ctx.logits(idx)).argmax())
+
+    def accept(self, token: int) -> None:
+        pass
+
+
+# ---------------------------------------------------------------------- abort plumbing
+class _AbortPy:
+    __slots__ = ("callback", "error")
+
+    def __init__(self) -> None:
+        self.callback: Callable[[], bool] | None = None
+        self.error: BaseException | None = None
+
+
+_pending = threading.local()  # an exception raised while polling, per decoding thread
+
+
+def _abort_onerror(exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+    # e.g. KeyboardInterrupt delivered as the callback starts: keep it, abort the decode
+    _pending.exc = exc
+    return True
+
+
+@ffi.def_extern(onerror=_abort_onerror)  # type: ignore[untyped-decorator]
+def llama_cffi_abort_py(user_data: Any) -> bool:
+    state: _AbortPy = ffi.from_handle(user_data)
+    cb = state.callback
+    if cb is None:
+        return False  # still useful: running bytecode here lets Ctrl-C be delivered
     try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover - non-Linux
-        return os.cpu_count() or 1
+        return bool(cb())
+    except BaseException as exc:
+        state.error = exc
+        return True
 
 
-_SETTABLE_POINTERS = {
-    "cb_eval",
-    "cb_eval_user_data",
-    "abort_callback",
-    "abort_callback_data",
-    "samplers",
-    "n_samplers",
-    "ctx_other",
-}
+class _Busy:
+    """Non-blocking per-context lock: concurrent use raises instead of waiting or corrupting."""
+
+    __slots__ = ("lock", "owner")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.owner = 0
+
+    def __enter__(self) -> None:
+        if not self.lock.acquire(blocking=False):
+            if self.owner == threading.get_ident():
+                raise ConcurrentUseError("re-entrant use of a Context from one of its own callbacks")
+            raise ConcurrentUseError("this Context is in use by another thread; use one Context per thread")
+        self.owner = threading.get_ident()
+
+    def __exit__(self, *exc: object) -> None:
+        self.owner = 0
+        self.lock.release()
 
 
-def build_context_params(**kwargs: Any) -> Any:
-    """A ``struct llama_context_params`` from keyword arguments (field names as in llama.h)."""
-    c = lib.llama_context_default_params()
-    fields = dict(ffi.typeof("struct llama_context_params").fields)
-    if "n_threads" not in kwargs:  # llama.cpp's default (4) oversubscribes small machines
-        c.n_threads = min(int(c.n_threads), _available_cores())
-    if "n_threads_batch" not in kwargs:
-        c.n_threads_batch = min(int(c.n_threads_batch), _available_cores())
-    for name, value in kwargs.items():
-        fld = fields.get(name)
-        if fld is None or name in _SETTABLE_POINTERS:
-            known = sorted(k for k in fields if k not in _SETTABLE_POINTERS)
-            raise TypeError(f"unknown or unsupported context parameter {name!r}; known: {', '.join(known)}")
-        t = fld.type
-        if t.cname == "_Bool":
-            if not isinstance(value, bool):
-                raise ParamError(f"{name} must be True or False, not {value!r}")
-            setattr(c, name, value)
-        elif t.kind == "primitive" and t.cname in ("float", "double"):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ParamError(f"{name} must be a number, not {value!r}")
-            setattr(c, name, float(value))
-        elif t.kind in ("primitive", "enum"):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ParamError(f"{name} must be an int, not {value!r}")
-            if t.cname.startswith("uint") and value < 0:
-                raise ParamError(f"{name}={value} must be >= 0")
-            try:
-                setattr(c, name, int(value))
-            except OverflowError:
-                raise ParamError(f"{name}={value} is out of range for {t.cname}") from None
-        else:  # pragma: no cover - all remaining fields are in _SETTABLE_POINTERS
-            raise ParamError(f"context parameter {name} cannot be set from Python")
-    if c.n_batch == 0 and c.n_ubatch == 0:
-        raise ParamError("n_batch and n_ubatch cannot both be 0")
-    if c.n_seq_max > lib.llama_max_parallel_sequences():
-        raise ParamError(
-            f"n_seq_max={c.n_seq_max} exceeds llama_max_parallel_sequences()={lib.llama_max_parallel_sequences()}"
-        )
-    if c.n_seq_max == 0:
-        raise ParamError("n_seq_max must be >= 1")
-    return c
-
-
+# ---------------------------------------------------------------------- the context
 class Context:
-    """An inference context. ``Context(model, n_ctx=2048, ...)`` or ``model.context(...)``."""
+    """An inference context: ``Context(model, n_ctx=2048, ...)`` or ``model.context(...)``.
+
+    Keyword arguments are ``llama_context_params`` fields (see
+    :mod:`llama_cffi.context_params`); or pass a prepared ``params=ContextParams(...)``.
+
+    >>> ctx = model.context(n_ctx=512)                    # doctest: +SKIP
+    >>> logits = ctx.decode(model.tokenize("Hello"))       # zero-copy view
+    >>> int(logits.argmax())                               # doctest: +SKIP
+    """
 
     _handle: NativeHandle | None = None
 
-    def __init__(self, model: Model, **params: Any) -> None:
-        assert model._handle is not None
+    def __init__(self, model: Model, params: ContextParams | None = None, **kwargs: Any) -> None:
+        if params is not None and kwargs:
+            raise TypeError("pass either params= or keyword parameters, not both")
         mptr = model._ptr()
         if model.vocab_only:
             # llama.cpp creates the context but aborts the process on the first decode
             raise ContextCreateError(f"{model.path!r} was loaded with vocab_only=True; a context needs the weights")
-        cparams = build_context_params(**params)
+        p = params if params is not None else ContextParams(**kwargs)
+        if p.c.n_ctx == 0 and model.n_ctx_train == 0:
+            raise ParamError("n_ctx=0 means 'from the model', but the model declares no training context length")
         log.sync()
         with log.capture() as lines:
-            ptr = lib.llama_init_from_model(mptr, cparams)
+            ptr = lib.llama_init_from_model(mptr, p.c)
         if ptr == ffi.NULL:
             reason = "; ".join(line for _, line in lines[-3:]) or "llama.cpp returned no context"
             raise ContextCreateError(f"cannot create a context: {reason}")
+        assert model._handle is not None
         self._handle = NativeHandle(self, ptr, lib.llama_free, "Context", parent=model._handle)
         self.model = model
+        self.params = p
         self.n_vocab = model.n_vocab
+        self._vocab = model.vocab
         self._memory = lib.llama_get_memory(ptr)
         self.n_batch = int(lib.llama_n_batch(ptr))
-        self._batch = Batch(self.n_batch)
+        self._n_ctx = int(lib.llama_n_ctx(ptr))
+        self._n_ctx_seq = int(lib.llama_n_ctx_seq(ptr))
+        self._n_seq_max = int(lib.llama_n_seq_max(ptr))
+        self._mrope = model.rope_type in (RopeType.MROPE, RopeType.IMROPE, RopeType.VISION)
+        self._embeddings = bool(p.c.embeddings)
+        self._busy = _Busy()
+        self._guard = OutputGuard()
+        self._lease: Any = None  # the current decode's outputs, pinned while views exist
+        self._lease_gen = -1
+        self._out_logits: np.ndarray | None = None
+        self._n_outputs = 0  # outputs of the last decode/encode
+        self._out_index: np.ndarray = np.zeros(0, dtype=np.int32)  # batch index of each output row
+        self._last_batch_size = 0
+        self._batch: Batch | None = None  # created on first multi-token decode
         self._adapters: list[LoraAdapter] = []
         self._adapter_handles: list[NativeHandle] = []
+        self._ctx_other = p.ctx_other
+        #: What ``model.context()``'s retry cascade tried before this one succeeded.
+        self.creation_attempts: list[str] = []
+        self.memory = Memory(self)
+        # one-token batch for decode_single: C arrays owned here, reused every call
+        self._one_token = ffi.new("llama_token[1]")
+        self._one_pos = ffi.new("llama_pos[1]")
+        self._one_nseq = ffi.new("int32_t[1]", [1])
+        self._one_seq = ffi.new("llama_seq_id[1]")
+        self._one_seqp = ffi.new("llama_seq_id *[1]", [self._one_seq])
+        self._one_logits = ffi.new("int8_t[1]", [1])
+        one = ffi.new("struct llama_batch *")
+        one.n_tokens = 1
+        one.token = self._one_token
+        one.embd = ffi.NULL
+        one.pos = self._one_pos
+        one.n_seq_id = self._one_nseq
+        one.seq_id = self._one_seqp
+        one.logits = self._one_logits
+        self._one = one
+        # abort: a C flag any thread may set, plus a rate-limited Python poll
+        self._abort_py = _AbortPy()
+        self._abort_py.callback = p.abort_callback
+        self._abort_handle = ffi.new_handle(self._abort_py)
+        self._abort = ffi.new("llama_cffi_abort_state *")
+        self._abort.py = self._abort_handle
+        self._abort.interval_us = int(ABORT_POLL_INTERVAL * 1e6)
+        lib.llama_set_abort_callback(ptr, lib.llama_cffi_abort_combined, self._abort)
 
     # ------------------------------------------------------------------ lifetime
     def _ptr(self) -> Any:
         assert self._handle is not None
         return self._handle.get()
 
+    def _using(self) -> _Busy:
+        return self._busy
+
     def close(self) -> None:
-        """Free the context (idempotent). The model stays usable."""
-        if self._handle is not None:
+        """Free the context (idempotent). Native memory is released once no output view
+        of it remains; the model stays usable."""
+        if self._handle is None or self._handle.closed:
+            return
+        with self._busy:
+            self._guard.closed = True
             self._release_adapters()
+            self._lease = None
+            self._out_logits = None
             self._handle.close()
 
     free = close
@@ -155,13 +254,27 @@ class Context:
 
     @property
     def underlying(self) -> Any:
-        """The raw ``llama_context *`` (for use with ``llama_cffi.lib``); valid while open."""
+        """The raw ``llama_context *`` (for ``llama_cffi.lib``); valid while open."""
         return self._ptr()
 
-    # ------------------------------------------------------------------ sizes
+    def __repr__(self) -> str:
+        if self.closed:
+            return "<Context closed>"
+        return (
+            f"<Context n_ctx={self._n_ctx} n_batch={self.n_batch} n_seq_max={self._n_seq_max} "
+            f"model={self.model.desc!r}>"
+        )
+
+    # ------------------------------------------------------------------ sizes and controls
     @property
     def n_ctx(self) -> int:
+        """Context size in tokens (KV cells), as llama.cpp chose it."""
         return int(lib.llama_n_ctx(self._ptr()))
+
+    @property
+    def n_ctx_seq(self) -> int:
+        """Tokens one sequence can hold."""
+        return int(lib.llama_n_ctx_seq(self._ptr()))
 
     @property
     def n_ubatch(self) -> int:
@@ -172,83 +285,421 @@ class Context:
         return int(lib.llama_n_seq_max(self._ptr()))
 
     @property
+    def n_rs_seq(self) -> int:
+        return int(lib.llama_n_rs_seq(self._ptr()))
+
+    @property
     def n_threads(self) -> int:
         return int(lib.llama_n_threads(self._ptr()))
 
+    @property
+    def n_threads_batch(self) -> int:
+        return int(lib.llama_n_threads_batch(self._ptr()))
+
+    def set_n_threads(self, n_threads: int, n_threads_batch: int | None = None) -> None:
+        """Threads for generation and for batch (prompt) processing, on a live context."""
+        nb = n_threads if n_threads_batch is None else n_threads_batch
+        for name, v in (("n_threads", n_threads), ("n_threads_batch", nb)):
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 4096:
+                raise ParamError(f"{name} must be an int in [1, 4096], not {v!r}")
+        with self._busy:
+            lib.llama_set_n_threads(self._ptr(), n_threads, nb)
+
+    @property
+    def pooling_type(self) -> str:
+        """Embedding pooling as a name: ``"none"``, ``"mean"``, ``"cls"``, ``"last"``, ``"rank"``."""
+        return PoolingType(lib.llama_pooling_type(self._ptr())).name.lower()
+
+    def set_embeddings(self, on: bool) -> None:
+        """Also extract embeddings on the next decodes."""
+        with self._busy:
+            lib.llama_set_embeddings(self._ptr(), bool(on))
+            self._embeddings = bool(on)
+
+    def set_causal_attn(self, on: bool) -> None:
+        with self._busy:
+            lib.llama_set_causal_attn(self._ptr(), bool(on))
+
+    @property
+    def causal_attn(self) -> bool:
+        return bool(lib.llama_get_causal_attn(self._ptr()))
+
+    def set_warmup(self, on: bool) -> None:
+        """llama.cpp's warm-up mode (deprecated upstream; prefer :meth:`warmup`)."""
+        with self._busy:
+            lib.llama_set_warmup(self._ptr(), bool(on))
+
+    def warmup(self) -> None:
+        """Run one real decode (BOS, or token 0) to load weights and build graphs, then
+        clear the memory. The first real decode afterwards runs at full speed."""
+        tok = self._vocab.bos
+        self.decode_single(0 if tok is None else tok, seq_id=0)
+        self.memory.clear()
+
+    def synchronize(self) -> None:
+        """Wait for queued backend work (GPU) to finish."""
+        lib.llama_synchronize(self._ptr())
+
+    # ------------------------------------------------------------------ abort
+    def set_abort_callback(self, fn: Callable[[], bool] | None, interval: float = ABORT_POLL_INTERVAL) -> None:
+        """Poll ``fn()`` during decodes, at most every ``interval`` seconds; returning True
+        aborts the decode (:class:`DecodeAbortedError`); an exception raised by ``fn``
+        aborts it too and is re-raised from the ``decode`` call. ``None`` removes it."""
+        if fn is not None and not callable(fn):
+            raise ParamError(f"the abort callback must be callable, not {type(fn).__name__}")
+        if not interval >= 0:
+            raise ParamError(f"interval must be >= 0 seconds, not {interval!r}")
+        self._ptr()
+        self._abort_py.callback = fn
+        self._abort.interval_us = int(interval * 1e6)
+
+    def request_abort(self) -> None:
+        """Abort the decode in progress (or the next one). Safe from any thread and from
+        signal handlers: it only sets a flag that the C callback reads."""
+        self._abort.flag = 1
+
+    def _take_abort_error(self) -> BaseException | None:
+        err = self._abort_py.error or getattr(_pending, "exc", None)
+        self._abort_py.error = None
+        _pending.exc = None
+        return err
+
+    # ------------------------------------------------------------------ positions
+    @property
+    def n_past(self) -> int:
+        """Tokens held by sequence 0 (its largest position + 1)."""
+        self._ptr()
+        return int(lib.llama_memory_seq_pos_max(self._memory, 0)) + 1
+
+    def set_n_past(self, n: int) -> None:
+        """Realign sequence 0 to ``n`` tokens: drop every position ``>= n`` (e.g. to rewind, or
+        after restoring a state saved with more tokens)."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ParamError(f"n_past must be an int >= 0, not {n!r}")
+        self.memory.seq_rm(0, n, -1)
+
+    def _check_seq(self, seq_id: object) -> int:
+        if isinstance(seq_id, bool) or not isinstance(seq_id, (int, np.integer)) or not 0 <= seq_id < self._n_seq_max:
+            raise ParamError(f"seq_id={seq_id!r} is out of range [0, {self._n_seq_max})")
+        return int(seq_id)
+
+    def _start_pos(self, seq_id: int, pos: int | None, n: int) -> int:
+        last = int(lib.llama_memory_seq_pos_max(self._memory, seq_id))
+        if pos is None:
+            start = last + 1
+        else:
+            if isinstance(pos, bool) or not isinstance(pos, (int, np.integer)) or pos < 0:
+                raise InvalidBatchError(f"pos must be an int >= 0, not {pos!r}")
+            start = int(pos)
+            if last >= 0 and (start <= last if self._mrope else start != last + 1):
+                raise InvalidBatchError(
+                    f"sequence {seq_id} ends at position {last}; new tokens must start at {last + 1}, not {start} "
+                    "(remove positions first with memory.seq_rm to rewrite them)"
+                )
+        if start + n > self._n_ctx_seq:
+            raise KvCacheFullError(
+                f"{n} tokens at position {start} of sequence {seq_id} pass n_ctx_seq={self._n_ctx_seq} "
+                "(free space with memory.seq_rm, or create a larger context)"
+            )
+        return start
+
     # ------------------------------------------------------------------ decoding
-    def _check_rc(self, rc: int) -> None:
+    def _after_decode(self, rc: int, n_outputs: int, out_index: np.ndarray | None, batch_size: int) -> None:
+        """Bookkeeping shared by every decode path; maps return codes to exceptions."""
+        self._guard.generation += 1
+        self._lease = None
+        self._out_logits = None
         if rc == 0:
+            self._n_outputs = n_outputs
+            self._out_index = out_index if out_index is not None else np.zeros(0, dtype=np.int32)
+            self._last_batch_size = batch_size
             return
-        if rc == 1:
-            raise NoKvSlotError("no KV cache slot for the batch (the context is full: n_ctx too small)")
+        self._n_outputs = 0
+        self._last_batch_size = 0
+        self._abort.flag = 0
         if rc == 2:
-            raise DecodeAbortedError("decode was aborted")
+            err = self._take_abort_error()
+            if err is not None:
+                raise err
+            raise DecodeAbortedError("the decode was aborted; the KV memory keeps what was processed before")
+        self._take_abort_error()
+        if rc == 1:
+            raise KvCacheFullError(
+                "no KV-cache slot for the batch: the context is full (free space or use a larger n_ctx)"
+            )
         if rc == -1:
-            raise InvalidBatchError("llama_decode rejected the batch as invalid")
+            raise InvalidBatchError("llama_decode rejected the batch (see the llama_cffi log at warning level)")
         raise DecodeError(f"llama_decode failed with code {rc}")
 
+    def decode_single(self, token: int, pos: int | None = None, seq_id: int = 0) -> OutputView:
+        """Decode one token (the generation hot path: nothing is allocated but the view).
+
+        Continues ``seq_id`` when ``pos`` is None. Returns the token's logits.
+        """
+        if type(token) is not int:
+            token = self._vocab.check_token(token)
+        elif not 0 <= token < self.n_vocab:
+            self._vocab.check_token(token)
+        if seq_id != 0:
+            seq_id = self._check_seq(seq_id)
+        with self._busy:
+            ptr = self._ptr()
+            start = self._start_pos(seq_id, pos, 1)
+            self._one_token[0] = token
+            self._one_pos[0] = start
+            self._one_seq[0] = seq_id
+            self._abort.flag = 0
+            rc = lib.llama_decode(ptr, self._one[0])
+            self._after_decode(rc, 1, _ZERO_INDEX, 1)
+            return self._logits_row(0)
+
+    @overload
+    def decode(
+        self, tokens: Any, pos: int | None = None, seq_id: int = 0, logits: Literal["last"] = "last"
+    ) -> OutputView: ...
+
+    @overload
+    def decode(self, tokens: Any, pos: int | None, seq_id: int, logits: Literal["none"]) -> None: ...
+
+    @overload
+    def decode(self, tokens: Any, pos: int | None = None, seq_id: int = 0, *, logits: Literal["none"]) -> None: ...
+
+    @overload
+    def decode(
+        self, tokens: Any, pos: int | None = None, seq_id: int = 0, *, logits: str | npt.ArrayLike
+    ) -> OutputView | npt.NDArray[np.float32] | None: ...
+
+    def decode(
+        self,
+        tokens: Any,
+        pos: int | None = None,
+        seq_id: int = 0,
+        logits: str | npt.ArrayLike = "last",
+    ) -> OutputView | npt.NDArray[np.float32] | None:
+        """Append ``tokens`` (list or numpy) to sequence ``seq_id``, in ``n_batch`` chunks.
+
+        ``logits``: ``"last"`` (returns that row), ``"all"`` or a boolean mask (returns a
+        ``(n_outputs, n_vocab)`` array: a guarded view when one chunk held every output,
+        else a copy), or ``"none"`` (returns None).
+        """
+        arr = self._vocab.check_tokens(tokens)
+        n = len(arr)
+        if n == 0:
+            raise InvalidBatchError("decode needs at least one token")
+        seq_id = self._check_seq(seq_id)
+        if isinstance(logits, str):
+            if logits not in ("last", "all", "none"):
+                raise ParamError(f"logits={logits!r}; use 'last', 'all', 'none' or a boolean mask")
+            mask = np.zeros(n, dtype=bool)
+            if logits == "last":
+                mask[-1] = True
+            elif logits == "all":
+                mask[:] = True
+        else:
+            mask = np.asarray(logits)
+            if mask.dtype != bool or mask.shape != (n,):
+                raise ParamError(f"a logits mask must be a bool array of shape ({n},), got {mask.dtype} {mask.shape}")
+        if self._batch is None:
+            self._batch = Batch(self.n_batch)
+        b = self._batch
+        chunks: list[np.ndarray] = []
+        with self._busy:
+            ptr = self._ptr()
+            start = self._start_pos(seq_id, pos, n)
+            for off in range(0, n, self.n_batch):
+                chunk = arr[off : off + self.n_batch]
+                m = len(chunk)
+                b.token[:m] = chunk
+                b.pos[:m] = np.arange(start + off, start + off + m, dtype=np.int32)
+                b.n_seq_id[:m] = 1
+                b.seq_id[:m, 0] = seq_id
+                b.logits[:m] = mask[off : off + m]
+                b.n_tokens = m
+                out_index = np.flatnonzero(b.logits[:m]).astype(np.int32)
+                self._abort.flag = 0
+                rc = lib.llama_decode(ptr, b.c)
+                self._after_decode(rc, len(out_index), out_index, m)
+                last_chunk = off + m >= n
+                if logits not in ("last", "none") and len(out_index) and not last_chunk:
+                    chunks.append(np.array(self._all_logits_raw(), copy=True))
+        if isinstance(logits, str) and logits == "none":
+            return None
+        if isinstance(logits, str) and logits == "last":
+            return self._logits_row(self._n_outputs - 1)
+        if not chunks:
+            return self.logits_all()
+        if self._n_outputs:
+            chunks.append(np.array(self._all_logits_raw(), copy=True))
+        return np.concatenate(chunks) if chunks else np.zeros((0, self.n_vocab), dtype=np.float32)
+
     def decode_batch(self, batch: Batch) -> None:
-        """``llama_decode`` one prepared batch; return codes become typed exceptions."""
-        if batch.n_tokens == 0:
+        """``llama_decode`` a prepared :class:`Batch` (many sequences at once), validated."""
+        n = batch.n_tokens
+        if n == 0:
             raise InvalidBatchError("the batch is empty")
-        if batch.n_tokens > self.n_batch:
-            raise InvalidBatchError(f"batch of {batch.n_tokens} tokens exceeds n_batch={self.n_batch}")
-        bad = (batch.token[: batch.n_tokens] < 0) | (batch.token[: batch.n_tokens] >= self.n_vocab)
+        if n > self.n_batch:
+            raise InvalidBatchError(f"a batch of {n} tokens exceeds n_batch={self.n_batch}")
+        tok = batch.token[:n]
+        bad = (tok < 0) | (tok >= self.n_vocab)
         if bad.any():
             i = int(np.argmax(bad))
-            raise InvalidBatchError(
-                f"token id {int(batch.token[i])} at batch index {i} is out of range [0, {self.n_vocab})"
-            )
-        self._check_rc(lib.llama_decode(self._ptr(), batch.c))
+            raise InvalidBatchError(f"token id {int(tok[i])} at batch index {i} is out of range [0, {self.n_vocab})")
+        nseq = batch.n_seq_id[:n]
+        if (nseq < 1).any() or (nseq > batch.n_seq_max).any():
+            i = int(np.argmax((nseq < 1) | (nseq > batch.n_seq_max)))
+            raise InvalidBatchError(f"token {i} belongs to {int(nseq[i])} sequences; must be 1..{batch.n_seq_max}")
+        with self._busy:
+            ptr = self._ptr()
+            self._validate_batch_positions(batch, n)
+            out_index = np.flatnonzero(batch.logits[:n]).astype(np.int32)
+            self._abort.flag = 0
+            rc = lib.llama_decode(ptr, batch.c)
+            self._after_decode(rc, len(out_index), out_index, n)
 
-    def decode(self, tokens: Any, seq_id: int = 0, pos: int | None = None) -> Logits:
-        """Append ``tokens`` to sequence ``seq_id`` and return the last token's logits.
+    def _validate_batch_positions(self, batch: Batch, n: int) -> None:
+        pos = batch.pos[:n]
+        if (pos < 0).any():
+            raise InvalidBatchError(f"negative position {int(pos.min())} in the batch")
+        per_seq: dict[int, list[int]] = {}
+        seq_ids, nseq = batch.seq_id, batch.n_seq_id
+        for i in range(n):
+            for s in seq_ids[i, : nseq[i]]:
+                s = int(s)
+                if not 0 <= s < self._n_seq_max:
+                    raise InvalidBatchError(f"seq id {s} of token {i} is out of range [0, {self._n_seq_max})")
+                per_seq.setdefault(s, []).append(int(pos[i]))
+        for s, ps in per_seq.items():
+            last = int(lib.llama_memory_seq_pos_max(self._memory, s))
+            first = ps[0]
+            if last >= 0 and (first <= last if self._mrope else first != last + 1):
+                raise InvalidBatchError(
+                    f"sequence {s} ends at position {last}; its tokens must start at {last + 1}, not {first}"
+                )
+            if not self._mrope and ps != list(range(first, first + len(ps))):
+                raise InvalidBatchError(f"positions of sequence {s} in the batch are not consecutive: {ps[:8]}...")
+            if max(ps) >= self._n_ctx_seq:
+                raise KvCacheFullError(f"sequence {s} would reach position {max(ps)}, past n_ctx_seq={self._n_ctx_seq}")
 
-        Long inputs are split into ``n_batch`` chunks. ``pos`` defaults to the end of the
-        sequence in the KV memory. Returns a view valid until the next decode.
-        """
-        arr = self.model.vocab.check_tokens(tokens)
-        if len(arr) == 0:
-            raise InvalidBatchError("decode needs at least one token")
-        ptr = self._ptr()
-        if not 0 <= seq_id < int(lib.llama_n_seq_max(ptr)):
-            raise ParamError(f"seq_id={seq_id} is out of range [0, {int(lib.llama_n_seq_max(ptr))})")
-        start = self.seq_pos_max(seq_id) + 1 if pos is None else pos
-        if start + len(arr) > self.n_ctx:
-            raise NoKvSlotError(f"{len(arr)} tokens at position {start} do not fit n_ctx={self.n_ctx}")
+    def eval(self, tokens: Any, n_past: int) -> OutputView:
+        """Evaluate ``tokens`` at positions ``n_past...`` of sequence 0, dropping whatever
+        sequence 0 held from ``n_past`` on. Returns the last token's logits."""
+        self.set_n_past(n_past)
+        return self.decode(tokens, pos=n_past if n_past > 0 else None)
+
+    def encode(self, tokens: Any, seq_id: int = 0) -> None:
+        """Run the encoder (encoder-decoder models) or a non-causal embedding pass."""
+        arr = self._vocab.check_tokens(tokens)
+        n = len(arr)
+        if n == 0:
+            raise InvalidBatchError("encode needs at least one token")
+        if n > self.n_batch:
+            raise InvalidBatchError(f"encode takes at most n_batch={self.n_batch} tokens at once, got {n}")
+        seq_id = self._check_seq(seq_id)
+        if self._batch is None:
+            self._batch = Batch(self.n_batch)
         b = self._batch
-        for off in range(0, len(arr), self.n_batch):
-            chunk = arr[off : off + self.n_batch]
-            b.set_sequence(chunk, start + off, seq_id, output_last=off + len(chunk) == len(arr))
-            self._check_rc(lib.llama_decode(ptr, b.c))
-        return self.logits(-1)
+        with self._busy:
+            ptr = self._ptr()
+            b.set_sequence(arr, 0, seq_id, output_last=False)
+            b.logits[:n] = 1
+            self._abort.flag = 0
+            rc = lib.llama_encode(ptr, b.c)
+            self._after_decode(rc, n, np.arange(n, dtype=np.int32), n)
 
-    def logits(self, i: int = -1) -> Logits:
-        """Logits of output ``i`` of the last decode (negative counts from the end).
+    # ------------------------------------------------------------------ outputs
+    def _pin(self) -> Any:
+        """The current decode's lease: a gc-tracked pointer whose collection unpins the context."""
+        if self._lease_gen != self._guard.generation or self._lease is None:
+            assert self._handle is not None
+            handle = self._handle
+            handle.pin()
+            self._lease = ffi.gc(ffi.new("char[1]"), lambda _p: handle.unpin())
+            self._lease_gen = self._guard.generation
+        return self._lease
 
-        A float32 view of ``n_vocab`` values into llama.cpp's buffer: valid until the
-        next decode on this context.
-        """
-        p = lib.llama_get_logits_ith(self._ptr(), i)
+    def _all_logits_raw(self) -> np.ndarray:
+        if self._out_logits is None:
+            if self._n_outputs == 0:
+                raise IndexError("the last decode produced no logits (no token was marked for output)")
+            p = lib.llama_get_logits(self._ptr())
+            if p == ffi.NULL:
+                raise IndexError("llama.cpp has no logits for the last decode")
+            lease = self._pin()
+            buf = ffi.buffer(p, 4 * self.n_vocab * self._n_outputs)
+            arr = np.frombuffer(buf, dtype=np.float32).reshape(self._n_outputs, self.n_vocab)
+            # the array's base chain holds the lease: native memory outlives close()
+            arr = _Pinned.wrap(arr, lease)
+            self._out_logits = arr
+        return self._out_logits
+
+    def _logits_row(self, row: int) -> OutputView:
+        return make_view(self._all_logits_raw()[row], self._guard)
+
+    def logits(self, i: int = -1) -> OutputView:
+        """Logits of one output of the last decode: ``i`` is the token's index in that batch
+        (negative: counting outputs from the end, ``-1`` = the last output). A guarded
+        zero-copy view of ``n_vocab`` float32 values."""
+        self._ptr()
+        n_out = self._n_outputs
+        if n_out == 0:
+            raise IndexError("the last decode produced no logits (no token was marked for output)")
+        if i < 0:
+            if i < -n_out:
+                raise IndexError(f"output {i} is out of range: the last decode has {n_out} outputs")
+            return self._logits_row(n_out + i)
+        if i >= self._last_batch_size:
+            raise IndexError(f"token {i} is out of range: the last batch had {self._last_batch_size} tokens")
+        rows = np.flatnonzero(self._out_index == i)
+        if len(rows) == 0:
+            raise IndexError(f"token {i} of the last batch was not marked for output")
+        return self._logits_row(int(rows[0]))
+
+    def logits_all(self) -> OutputView:
+        """Every output row of the last decode: a guarded ``(n_outputs, n_vocab)`` view."""
+        self._ptr()
+        return make_view(self._all_logits_raw(), self._guard)
+
+    @property
+    def n_outputs(self) -> int:
+        """Rows of output (logits/embeddings) the last decode produced."""
+        return self._n_outputs
+
+    def embeddings(self, i: int = -1, normalize: bool = False) -> np.ndarray:
+        """Embedding of output ``i`` of the last decode (needs ``embeddings=True``); a copy
+        when ``normalize`` (L2), else a guarded view of ``n_embd_out`` floats."""
+        ptr = self._ptr()
+        if not self._embeddings:
+            raise ParamError("embeddings are off: create the context with embeddings=True or call set_embeddings(True)")
+        n_out = self._n_outputs
+        if n_out == 0 or not -n_out <= i < self._last_batch_size:
+            raise IndexError(f"no embedding for output {i} (last decode: {n_out} outputs)")
+        if i >= 0 and not (self._out_index == i).any():
+            raise IndexError(f"token {i} of the last batch was not marked for output")
+        p = lib.llama_get_embeddings_ith(ptr, i)
         if p == ffi.NULL:
-            raise IndexError(f"no logits for output {i} (was that token marked for output?)")
-        return np.frombuffer(ffi.buffer(p, 4 * self.n_vocab), dtype=np.float32)
+            raise IndexError(f"llama.cpp has no embedding for output {i} (pooled context? use embeddings_seq)")
+        return self._embd_view(p, self.model.n_embd_out, normalize)
 
-    # ------------------------------------------------------------------ memory
-    def seq_pos_max(self, seq_id: int = 0) -> int:
-        """Largest position of ``seq_id`` in the KV memory, -1 if empty."""
-        self._ptr()
-        return int(lib.llama_memory_seq_pos_max(self._memory, seq_id))
+    def embeddings_seq(self, seq_id: int = 0, normalize: bool = False) -> np.ndarray:
+        """Pooled embedding of a sequence (contexts with a pooling type other than none);
+        for ``rank`` pooling, the classifier scores (``n_cls_out`` values)."""
+        ptr = self._ptr()
+        seq_id = self._check_seq(seq_id)
+        if self.pooling_type == "none":
+            raise ParamError("this context does not pool (pooling_type is 'none'); use embeddings(i)")
+        p = lib.llama_get_embeddings_seq(ptr, seq_id)
+        if p == ffi.NULL:
+            raise IndexError(f"no pooled embedding for sequence {seq_id} in the last decode")
+        n = max(self.model.n_cls_out, 1) if self.pooling_type == "rank" else self.model.n_embd_out
+        return self._embd_view(p, n, normalize)
 
-    def clear(self, data: bool = True) -> None:
-        """Empty the KV memory (all sequences)."""
-        self._ptr()
-        lib.llama_memory_clear(self._memory, data)
-
-    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
-        """Remove positions ``[p0, p1)`` of ``seq_id`` (negative bounds: open)."""
-        self._ptr()
-        return bool(lib.llama_memory_seq_rm(self._memory, seq_id, p0, p1))
+    def _embd_view(self, p: Any, n: int, normalize: bool) -> np.ndarray:
+        raw = _Pinned.wrap(np.frombuffer(ffi.buffer(p, 4 * n), dtype=np.float32), self._pin())
+        if normalize:
+            v = np.array(raw, dtype=np.float32)
+            norm = float(np.linalg.norm(v))
+            return v / norm if norm > 0 else v
+        return make_view(raw, self._guard)
 
     # ------------------------------------------------------------------ adapters
     def set_lora_adapters(self, adapters: Mapping[LoraAdapter, float] | None) -> None:
@@ -258,37 +709,299 @@ class Context:
         pairs = normalise_adapters(adapters, self.model)
         ptrs = ffi.new("struct llama_adapter_lora *[]", [a._ptr() for a, _ in pairs] or [ffi.NULL])
         scales = ffi.new("float[]", [s for _, s in pairs] or [0.0])
-        rc = lib.llama_set_adapters_lora(self._ptr(), ptrs, len(pairs), scales)
-        if rc != 0:
-            raise AdapterError(f"llama_set_adapters_lora failed ({rc})")
-        self._release_adapters()
-        for a, _ in pairs:
-            # the context now depends on the adapter: closing it is deferred until we let go
-            assert a._handle is not None
-            dep = NativeHandle(self, object(), lambda _p: None, "adapter use", parent=a._handle)
-            self._adapter_handles.append(dep)
-        self._adapters = [a for a, _ in pairs]
+        with self._busy:
+            rc = lib.llama_set_adapters_lora(self._ptr(), ptrs, len(pairs), scales)
+            if rc != 0:
+                raise AdapterError(f"llama_set_adapters_lora failed ({rc})")
+            self._release_adapters()
+            for a, _ in pairs:
+                assert a._handle is not None
+                a._handle.pin()  # closing the adapter now waits for this context to let go
+                self._adapter_handles.append(a._handle)
+            self._adapters = [a for a, _ in pairs]
 
     def _release_adapters(self) -> None:
-        for h in self._adapter_handles:
-            h.close()
-        self._adapter_handles = []
-        self._adapters = []
+        handles, self._adapter_handles, self._adapters = self._adapter_handles, [], []
+        for h in handles:
+            h.unpin()
 
     def set_control_vector(self, data: npt.ArrayLike | None, il_start: int = 1, il_end: int | None = None) -> None:
-        """Apply a control vector: ``data`` of shape ``(n_layer, n_embd)`` (row ``k`` is layer
-        ``k + 1``), to layers ``il_start..il_end`` inclusive; ``None`` clears it."""
-        ptr = self._ptr()
+        """Apply a control vector: ``data`` of shape ``(k, n_embd)`` (row ``j`` is layer ``j + 1``),
+        on layers ``il_start..il_end`` inclusive; ``None`` clears it."""
         n_embd, n_layer = self.model.n_embd, self.model.n_layer
-        if data is None:
-            rc = lib.llama_set_adapter_cvec(ptr, ffi.NULL, 0, n_embd, 0, 0)
-        else:
-            arr = np.ascontiguousarray(data, dtype=np.float32)
-            if arr.ndim != 2 or arr.shape[1] != n_embd or not 1 <= arr.shape[0] <= n_layer:
-                raise AdapterError(f"control vector must have shape (<= {n_layer}, {n_embd}), got {arr.shape}")
-            end = arr.shape[0] if il_end is None else il_end
-            if not 1 <= il_start <= end <= n_layer:
-                raise AdapterError(f"layer range {il_start}..{end} must lie within 1..{n_layer}")
-            rc = lib.llama_set_adapter_cvec(ptr, ffi.from_buffer("float[]", arr), arr.size, n_embd, il_start, end)
-        if rc != 0:
-            raise AdapterError(f"llama_set_adapter_cvec failed ({rc})")
+        with self._busy:
+            ptr = self._ptr()
+            if data is None:
+                rc = lib.llama_set_adapter_cvec(ptr, ffi.NULL, 0, n_embd, 0, 0)
+            else:
+                arr = np.ascontiguousarray(data, dtype=np.float32)
+                if arr.ndim != 2 or arr.shape[1] != n_embd or not 1 <= arr.shape[0] <= n_layer:
+                    raise AdapterError(f"control vector must have shape (<= {n_layer}, {n_embd}), got {arr.shape}")
+                end = arr.shape[0] if il_end is None else il_end
+                if not 1 <= il_start <= end <= arr.shape[0]:
+                    raise AdapterError(f"layer range {il_start}..{end} must lie within 1..{arr.shape[0]}")
+                rc = lib.llama_set_adapter_cvec(ptr, ffi.from_buffer("float[]", arr), arr.size, n_embd, il_start, end)
+            if rc != 0:
+                raise AdapterError(f"llama_set_adapter_cvec failed ({rc})")
+
+    # ------------------------------------------------------------------ state
+    def state_size(self) -> int:
+        """Bytes of the whole state (logits, embeddings, memory) right now."""
+        with self._busy:
+            return int(lib.llama_state_get_size(self._ptr()))
+
+    def save_state(self) -> bytes:
+        """The whole context state as bytes (memory, outputs, RNG-free)."""
+        with self._busy:
+            ptr = self._ptr()
+            size = int(lib.llama_state_get_size(ptr))
+            buf = bytearray(size)
+            n = int(lib.llama_state_get_data(ptr, ffi.from_buffer("uint8_t[]", buf), size))
+            if n == 0 and size:
+                raise StateError("llama_state_get_data wrote nothing")
+            return bytes(buf[:n])
+
+    def load_state(self, data: bytes | bytearray | memoryview) -> int:
+        """Restore a state from :meth:`save_state`; returns bytes read. Raises
+        :class:`StateError` for truncated or foreign data (the context stays usable)."""
+        mv = memoryview(data).cast("B")
+        if len(mv) == 0:
+            raise StateError("empty state")
+        with self._busy, log.capture() as lines:
+            ptr = self._ptr()
+            n = int(lib.llama_state_set_data(ptr, ffi.from_buffer("uint8_t[]", mv), len(mv)))
+            self._after_state_load()
+        if n == 0:
+            self.memory.clear()
+            raise StateError(
+                "cannot load state: " + ("; ".join(line for _, line in lines[-2:]) or "rejected by llama.cpp")
+            )
+        return n
+
+    def seq_state_size(self, seq_id: int = 0, flags: int = 0) -> int:
+        """Bytes of one sequence's state (``flags``: ``LLAMA_STATE_SEQ_FLAGS_*``)."""
+        seq_id = self._check_seq(seq_id)
+        with self._busy:
+            return int(lib.llama_state_seq_get_size_ext(self._ptr(), seq_id, flags))
+
+    def save_seq_state(self, seq_id: int = 0, flags: int = 0) -> bytes:
+        """One sequence's state as bytes (for :meth:`load_seq_state`)."""
+        seq_id = self._check_seq(seq_id)
+        with self._busy:
+            ptr = self._ptr()
+            size = int(lib.llama_state_seq_get_size_ext(ptr, seq_id, flags))
+            buf = bytearray(size)
+            n = int(lib.llama_state_seq_get_data_ext(ptr, ffi.from_buffer("uint8_t[]", buf), size, seq_id, flags))
+            return bytes(buf[:n])
+
+    def load_seq_state(self, data: bytes | bytearray | memoryview, dest_seq_id: int = 0, flags: int = 0) -> int:
+        """Restore a sequence state into ``dest_seq_id`` (which is emptied first)."""
+        dest_seq_id = self._check_seq(dest_seq_id)
+        mv = memoryview(data).cast("B")
+        if len(mv) == 0:
+            raise StateError("empty sequence state")
+        self.memory.seq_rm(dest_seq_id)
+        with self._busy, log.capture() as lines:
+            ptr = self._ptr()
+            n = int(
+                lib.llama_state_seq_set_data_ext(ptr, ffi.from_buffer("uint8_t[]", mv), len(mv), dest_seq_id, flags)
+            )
+            self._after_state_load()
+        if n == 0:
+            self.memory.seq_rm(dest_seq_id)
+            raise StateError(
+                "cannot load sequence state: " + ("; ".join(line for _, line in lines[-2:]) or "rejected by llama.cpp")
+            )
+        return n
+
+    def save_state_file(self, path: str | os.PathLike[str], tokens: Iterable[int] = ()) -> None:
+        """Save the whole state and the token list to a session file."""
+        arr = self._vocab.check_tokens(list(tokens))
+        with self._busy:
+            ok = lib.llama_state_save_file(
+                self._ptr(), os.fsencode(path), ffi.from_buffer("llama_token[]", arr), len(arr)
+            )
+        if not ok:
+            raise StateError(f"cannot save state to {os.fspath(path)!r}")
+
+    def load_state_file(self, path: str | os.PathLike[str], max_tokens: int | None = None) -> np.ndarray:
+        """Load a session file; returns its token list. :class:`StateError` if unreadable."""
+        p = os.fspath(path)
+        if not os.path.isfile(p):
+            raise StateError(f"no state file {p!r}")
+        cap = self._n_ctx if max_tokens is None else max_tokens
+        out = np.zeros(max(cap, 1), dtype=np.int32)
+        count = ffi.new("size_t *")
+        with self._busy, log.capture() as lines:
+            ok = lib.llama_state_load_file(
+                self._ptr(), os.fsencode(p), ffi.from_buffer("llama_token[]", out), cap, count
+            )
+            self._after_state_load()
+        if not ok:
+            self.memory.clear()
+            raise StateError(f"cannot load state file {p!r}: " + ("; ".join(m for _, m in lines[-2:]) or "rejected"))
+        tokens: np.ndarray = out[: int(count[0])].copy()
+        return tokens
+
+    def save_seq_state_file(self, path: str | os.PathLike[str], seq_id: int = 0, tokens: Iterable[int] = ()) -> int:
+        """Save one sequence's state and tokens to a file; returns bytes written."""
+        seq_id = self._check_seq(seq_id)
+        arr = self._vocab.check_tokens(list(tokens))
+        with self._busy:
+            n = int(
+                lib.llama_state_seq_save_file(
+                    self._ptr(), os.fsencode(path), seq_id, ffi.from_buffer("llama_token[]", arr), len(arr)
+                )
+            )
+        if n == 0:
+            raise StateError(f"cannot save sequence {seq_id} to {os.fspath(path)!r}")
+        return n
+
+    def load_seq_state_file(
+        self, path: str | os.PathLike[str], dest_seq_id: int = 0, max_tokens: int | None = None
+    ) -> np.ndarray:
+        """Load a sequence file into ``dest_seq_id``; returns its token list."""
+        dest_seq_id = self._check_seq(dest_seq_id)
+        p = os.fspath(path)
+        if not os.path.isfile(p):
+            raise StateError(f"no state file {p!r}")
+        cap = self._n_ctx if max_tokens is None else max_tokens
+        out = np.zeros(max(cap, 1), dtype=np.int32)
+        count = ffi.new("size_t *")
+        self.memory.seq_rm(dest_seq_id)
+        with self._busy, log.capture() as lines:
+            n = int(
+                lib.llama_state_seq_load_file(
+                    self._ptr(), os.fsencode(p), dest_seq_id, ffi.from_buffer("llama_token[]", out), cap, count
+                )
+            )
+            self._after_state_load()
+        if n == 0:
+            self.memory.seq_rm(dest_seq_id)
+            raise StateError(f"cannot load sequence file {p!r}: " + ("; ".join(m for _, m in lines[-2:]) or "rejected"))
+        tokens: np.ndarray = out[: int(count[0])].copy()
+        return tokens
+
+    def _after_state_load(self) -> None:
+        # outputs may have been replaced: invalidate views; outputs count is unknown now
+        self._guard.generation += 1
+        self._lease = None
+        self._out_logits = None
+        self._n_outputs = 0
+        self._last_batch_size = 0
+
+    # ------------------------------------------------------------------ perf
+    def perf(self) -> dict[str, float | int]:
+        """llama.cpp's timings: load/prompt/eval milliseconds and token counts."""
+        d = lib.llama_perf_context(self._ptr())
+        return {
+            "t_start_ms": d.t_start_ms,
+            "t_load_ms": d.t_load_ms,
+            "t_p_eval_ms": d.t_p_eval_ms,
+            "t_eval_ms": d.t_eval_ms,
+            "n_p_eval": d.n_p_eval,
+            "n_eval": d.n_eval,
+            "n_reused": d.n_reused,
+        }
+
+    def perf_reset(self) -> None:
+        lib.llama_perf_context_reset(self._ptr())
+
+    def memory_usage(self) -> dict[str, int]:
+        """Bytes: model tensors, this context's full state (KV + outputs), KV estimate."""
+        m = self.model
+        elt = 2 if self.params.c.type_k == lib.GGML_TYPE_F16 else int(lib.ggml_type_size(self.params.c.type_k))
+        head_dim = m.n_embd // max(m.n_head, 1)
+        kv = 2 * self._n_ctx * m.n_layer * m.n_head_kv * head_dim * elt
+        return {"model": m.size, "state": self.state_size(), "kv_cache_estimate": kv}
+
+    # ------------------------------------------------------------------ generation helpers
+    def stream(
+        self,
+        prompt: str | Iterable[int],
+        max_tokens: int = 128,
+        sampler: Sampler | None = None,
+        stop: Iterable[str] = (),
+        seq_id: int = 0,
+    ) -> Iterator[str]:
+        """Decode ``prompt`` then sample up to ``max_tokens``, yielding text pieces (never
+        half a UTF-8 character). Stops at an end-of-generation token or a ``stop`` string
+        (the stop string itself is not yielded)."""
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
+            raise ParamError(f"max_tokens must be an int >= 0, not {max_tokens!r}")
+        smp: Sampler = sampler if sampler is not None else Greedy()
+        toks = self._vocab.tokenize(prompt) if isinstance(prompt, str) else self._vocab.check_tokens(list(prompt))
+        stops = [s for s in stop if s]
+        detok = self._vocab.streaming_detokenizer()
+        if len(toks):
+            self.decode(toks, seq_id=seq_id)
+        text = ""
+        emitted = 0
+        hold = max((len(s) for s in stops), default=1) - 1
+        for _ in range(max_tokens):
+            tok = smp.sample(self, -1)
+            smp.accept(tok)
+            if self._vocab.is_eog(tok):
+                break
+            text += detok.push(tok)
+            if stops:
+                hit = min((i for i in (text.find(s, max(0, emitted - hold)) for s in stops) if i >= 0), default=-1)
+                if hit >= 0:
+                    if hit > emitted:
+                        yield text[emitted:hit]
+                    return
+                safe = max(emitted, len(text) - hold)
+            else:
+                safe = len(text)
+            if safe > emitted:
+                yield text[emitted:safe]
+                emitted = safe
+            self.decode_single(tok, seq_id=seq_id)
+        text += detok.flush()
+        if len(text) > emitted:
+            yield text[emitted:]
+
+    def generate(
+        self,
+        prompt: str | Iterable[int],
+        max_tokens: int = 128,
+        sampler: Sampler | None = None,
+        stop: Iterable[str] = (),
+        seq_id: int = 0,
+    ) -> str:
+        """The text :meth:`stream` would yield, joined."""
+        return "".join(self.stream(prompt, max_tokens, sampler, stop, seq_id))
+
+    # ------------------------------------------------------------------ async
+    async def adecode(self, tokens: Any, **kwargs: Any) -> Any:
+        """:meth:`decode` in a worker thread; cancelling the awaiting task aborts the decode."""
+        loop = asyncio.get_running_loop()
+        fut = loop.run_in_executor(None, lambda: self.decode(tokens, **kwargs))
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            self.request_abort()
+            try:
+                await fut
+            except DecodeAbortedError:
+                pass
+            raise
+
+
+_ZERO_INDEX = np.zeros(1, dtype=np.int32)
+
+
+class _Pinned(np.ndarray):
+    """A plain array that also holds a lease object, so the memory it views stays alive."""
+
+    _lease: Any
+
+    @staticmethod
+    def wrap(arr: np.ndarray, lease: Any) -> np.ndarray:
+        out = arr.view(_Pinned)
+        out._lease = lease
+        plain: np.ndarray = out.view(np.ndarray)  # a plain view whose .base chain holds the lease
+        return plain
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self._lease = getattr(obj, "_lease", None)

@@ -136,3 +136,57 @@ class FType(enum.IntEnum):
         from ._binding import ffi
 
         return str(ffi.string(lib.llama_ftype_name(int(self))).decode())
+
+
+class KvCacheType(enum.IntEnum):
+    """ggml types the KV cache accepts (``type_k``/``type_v``). Quantized V needs flash attention."""
+
+    F32 = lib.GGML_TYPE_F32
+    F16 = lib.GGML_TYPE_F16
+    BF16 = lib.GGML_TYPE_BF16
+    Q8_0 = lib.GGML_TYPE_Q8_0
+    Q4_0 = lib.GGML_TYPE_Q4_0
+    Q4_1 = lib.GGML_TYPE_Q4_1
+    IQ4_NL = lib.GGML_TYPE_IQ4_NL
+    Q5_0 = lib.GGML_TYPE_Q5_0
+    Q5_1 = lib.GGML_TYPE_Q5_1
+
+    @property
+    def is_quantized(self) -> bool:
+        return bool(lib.ggml_is_quantized(int(self)))
+
+
+class FlashAttention(enum.IntEnum):
+    AUTO = lib.LLAMA_FLASH_ATTN_TYPE_AUTO
+    DISABLED = lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    ENABLED = lib.LLAMA_FLASH_ATTN_TYPE_ENABLED
+
+
+class PoolingType(enum.IntEnum):
+    """How embeddings are pooled per sequence (``pooling_type``)."""
+
+    UNSPECIFIED = lib.LLAMA_POOLING_TYPE_UNSPECIFIED
+    NONE = lib.LLAMA_POOLING_TYPE_NONE
+    MEAN = lib.LLAMA_POOLING_TYPE_MEAN
+    CLS = lib.LLAMA_POOLING_TYPE_CLS
+    LAST = lib.LLAMA_POOLING_TYPE_LAST
+    RANK = lib.LLAMA_POOLING_TYPE_RANK
+
+
+class AttentionType(enum.IntEnum):
+    UNSPECIFIED = lib.LLAMA_ATTENTION_TYPE_UNSPECIFIED
+    CAUSAL = lib.LLAMA_ATTENTION_TYPE_CAUSAL
+    NON_CAUSAL = lib.LLAMA_ATTENTION_TYPE_NON_CAUSAL
+
+
+class RopeScalingType(enum.IntEnum):
+    UNSPECIFIED = lib.LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED
+    NONE = lib.LLAMA_ROPE_SCALING_TYPE_NONE
+    LINEAR = lib.LLAMA_ROPE_SCALING_TYPE_LINEAR
+    YARN = lib.LLAMA_ROPE_SCALING_TYPE_YARN
+    LONGROPE = lib.LLAMA_ROPE_SCALING_TYPE_LONGROPE
+
+
+class ContextType(enum.IntEnum):
+    DEFAULT = lib.LLAMA_CONTEXT_TYPE_DEFAULT
+    MTP = lib.LLAMA_CONTEXT_TYPE_MTP

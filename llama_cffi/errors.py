@@ -75,8 +75,9 @@ class DecodeError(LlamaError, RuntimeError):
     """``llama_decode`` failed (code < -1: a fatal error inside llama.cpp)."""
 
 
-class NoKvSlotError(DecodeError):
-    """``llama_decode`` returned 1: no KV-cache slot for the batch (the context is full)."""
+class KvCacheFullError(DecodeError):
+    """No room in the KV cache for the batch (``llama_decode`` returned 1, or the positions
+    would pass ``n_ctx``): free space with ``memory.seq_rm`` or use a larger context."""
 
 
 class DecodeAbortedError(DecodeError):
@@ -85,3 +86,12 @@ class DecodeAbortedError(DecodeError):
 
 class InvalidBatchError(DecodeError, ValueError):
     """The batch is invalid (checked in Python first; ``llama_decode`` returned -1 otherwise)."""
+
+
+class StateError(LlamaError, ValueError):
+    """A saved state could not be loaded (truncated, foreign, wrong model); the context is
+    left usable (its memory is cleared if llama.cpp had already started reading)."""
+
+
+class ConcurrentUseError(LlamaError, RuntimeError):
+    """Two threads used one Context at the same time. Use one Context per thread."""

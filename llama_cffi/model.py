@@ -355,7 +355,44 @@ class Model:
         return adapter
 
     def context(self, **params: Any) -> Context:
-        """A new inference context over this model (see :class:`llama_cffi.Context`)."""
-        from .context import Context
+        """A new :class:`~llama_cffi.Context` over this model, retrying smaller sizes when
+        llama.cpp cannot allocate the requested one.
 
-        return Context(self, **params)
+        The cascade: the requested sizes; then ``n_ctx`` halved down to 256 (or the
+        request, if smaller); then ``n_batch``/``n_ubatch`` halved down to 32. What was
+        tried is logged and kept in ``ctx.creation_attempts``; when everything fails,
+        :class:`~llama_cffi.ContextCreateError` lists the attempts. Invalid parameters
+        raise :class:`~llama_cffi.ParamError` at once (no retry). ``Context(model, ...)``
+        tries exactly once.
+        """
+        from .context import Context
+        from .context_params import ContextParams
+        from .errors import ContextCreateError
+
+        p = ContextParams(**params)
+        c = p.c
+        n_ctx = int(c.n_ctx) or self.n_ctx_train
+        n_batch, n_ubatch = int(c.n_batch), int(c.n_ubatch)
+        plan = [(n_ctx, n_batch, n_ubatch)]
+        floor = min(256, n_ctx)
+        while plan[-1][0] // 2 >= floor and plan[-1][0] > floor:
+            plan.append((plan[-1][0] // 2, n_batch, n_ubatch))
+        while plan[-1][1] // 2 >= 32 or plan[-1][2] // 2 >= 32:
+            k, b, u = plan[-1]
+            plan.append((k, max(32, b // 2), max(32, u // 2)))
+        tried: list[str] = []
+        for k, b, u in plan:
+            c.n_ctx, c.n_batch, c.n_ubatch = k, b, u
+            try:
+                ctx = Context(self, params=p)
+            except ContextCreateError as exc:
+                tried.append(f"n_ctx={k} n_batch={b} n_ubatch={u}: {exc}")
+                log.logger.warning("context creation failed (%s); retrying smaller", tried[-1])
+                continue
+            ctx.creation_attempts = tried
+            if tried:
+                log.logger.warning(
+                    "context created with n_ctx=%d n_batch=%d n_ubatch=%d after %d failures", k, b, u, len(tried)
+                )
+            return ctx
+        raise ContextCreateError("cannot create a context; tried:\n  " + "\n  ".join(tried))

@@ -70,7 +70,7 @@ def test_context_keeps_model_alive(tiny_model_path: Path) -> None:
     assert m.closed
     with pytest.raises(ClosedError):
         m.tokenize("x")
-    ctx.clear()
+    ctx.memory.clear()
     # the context still decodes with the (not yet freed) weights
     toks = np.array([1, 5, 6], dtype=np.int32)
     out = ctx.decode(toks)

@@ -1,0 +1,127 @@
+"""``Memory``: a context's KV cache (or recurrent state), per sequence.
+
+Positions are token positions; ranges are half-open ``[p0, p1)`` with negative bounds
+meaning "from the start" / "to the end", as in llama.h. Sequence ids are checked
+against ``[0, n_seq_max)`` in Python: llama.cpp aborts the process on an
+out-of-range id. Reached as ``context.memory``; it never outlives its context's
+usefulness (every call raises :class:`~llama_cffi.errors.ClosedError` once the
+context is closed).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from ._binding import lib
+from .errors import ClosedError, ParamError
+
+if TYPE_CHECKING:
+    from .context import Context
+
+_POS_MIN, _POS_MAX = -(2**31), 2**31 - 1
+
+
+def _pos(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ParamError(f"{name} must be an int, not {value!r}")
+    if not _POS_MIN <= value <= _POS_MAX:
+        raise ParamError(f"{name}={value} is out of the int32 range of positions")
+    return value
+
+
+class Memory:
+    """The KV memory of one context (see the module docstring)."""
+
+    def __init__(self, ctx: Context) -> None:
+        self._ctx = weakref.ref(ctx)
+        self.n_seq_max = ctx.n_seq_max
+
+    def _mem(self) -> tuple[Context, Any]:
+        ctx = self._ctx()
+        if ctx is None:
+            raise ClosedError("the context of this memory is gone")
+        ctx._ptr()
+        return ctx, ctx._memory
+
+    def _seq(self, seq_id: object, allow_any: bool = False) -> int:
+        if isinstance(seq_id, bool) or not isinstance(seq_id, int):
+            raise ParamError(f"seq_id must be an int, not {seq_id!r}")
+        if allow_any and seq_id == -1:
+            return -1
+        if not 0 <= seq_id < self.n_seq_max:
+            extra = " (or -1 for every sequence)" if allow_any else ""
+            raise ParamError(f"seq_id={seq_id} is out of range [0, {self.n_seq_max}){extra}")
+        return seq_id
+
+    def clear(self, data: bool = True) -> None:
+        """Empty every sequence; ``data=True`` also zeroes the buffers."""
+        ctx, mem = self._mem()
+        with ctx._using():
+            lib.llama_memory_clear(mem, bool(data))
+
+    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
+        """Remove ``[p0, p1)`` of ``seq_id`` (-1: every sequence). False if a partial
+        removal is impossible (recurrent models); removing whole sequences never fails."""
+        s = self._seq(seq_id, allow_any=True)
+        ctx, mem = self._mem()
+        with ctx._using():
+            return bool(lib.llama_memory_seq_rm(mem, s, _pos("p0", p0), _pos("p1", p1)))
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        """Make ``dst`` share ``src``'s cells in ``[p0, p1)`` (no copy of KV data)."""
+        a, b = self._seq(src), self._seq(dst)
+        ctx, mem = self._mem()
+        with ctx._using():
+            lib.llama_memory_seq_cp(mem, a, b, _pos("p0", p0), _pos("p1", p1))
+
+    def seq_keep(self, seq_id: int) -> None:
+        """Remove every sequence except ``seq_id``."""
+        s = self._seq(seq_id)
+        ctx, mem = self._mem()
+        with ctx._using():
+            lib.llama_memory_seq_keep(mem, s)
+
+    def _need_shift(self, what: str) -> None:
+        if not self.can_shift:
+            raise ParamError(f"{what}: this model's memory cannot shift positions (can_shift is False)")
+
+    def seq_add(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
+        """Add ``delta`` to the positions in ``[p0, p1)`` of ``seq_id`` (a RoPE shift)."""
+        s = self._seq(seq_id)
+        self._need_shift("seq_add")
+        ctx, mem = self._mem()
+        with ctx._using():
+            lib.llama_memory_seq_add(mem, s, _pos("p0", p0), _pos("p1", p1), _pos("delta", delta))
+
+    def seq_div(self, seq_id: int, p0: int, p1: int, d: int) -> None:
+        """Integer-divide the positions in ``[p0, p1)`` of ``seq_id`` by ``d > 1``."""
+        s = self._seq(seq_id)
+        if isinstance(d, bool) or not isinstance(d, int) or d <= 1:
+            raise ParamError(f"d must be an int > 1, not {d!r}")
+        self._need_shift("seq_div")
+        ctx, mem = self._mem()
+        with ctx._using():
+            lib.llama_memory_seq_div(mem, s, _pos("p0", p0), _pos("p1", p1), min(d, _POS_MAX))
+
+    def seq_pos_min(self, seq_id: int) -> int:
+        """Smallest position held for ``seq_id``, -1 if empty."""
+        s = self._seq(seq_id)
+        _, mem = self._mem()
+        return int(lib.llama_memory_seq_pos_min(mem, s))
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        """Largest position held for ``seq_id``, -1 if empty."""
+        s = self._seq(seq_id)
+        _, mem = self._mem()
+        return int(lib.llama_memory_seq_pos_max(mem, s))
+
+    def seq_len(self, seq_id: int) -> int:
+        """Number of positions ``seq_id`` holds (``pos_max - pos_min + 1``, 0 if empty)."""
+        lo, hi = self.seq_pos_min(seq_id), self.seq_pos_max(seq_id)
+        return 0 if hi < 0 else hi - lo + 1
+
+    @property
+    def can_shift(self) -> bool:
+        _, mem = self._mem()
+        return bool(lib.llama_memory_can_shift(mem))
