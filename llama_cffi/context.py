@@ -182,8 +182,6 @@ class Context:
         self._embeddings = bool(p.c.embeddings)
         self._busy = _Busy()
         self._guard = OutputGuard()
-        self._lease: Any = None  # the current decode's outputs, pinned while views exist
-        self._lease_gen = -1
         self._out_logits: np.ndarray | None = None
         self._n_outputs = 0  # outputs of the last decode/encode
         self._out_index: np.ndarray = np.zeros(0, dtype=np.int32)  # batch index of each output row
@@ -236,7 +234,6 @@ class Context:
         with self._busy:
             self._guard.closed = True
             self._release_adapters()
-            self._lease = None
             self._out_logits = None
             self._handle.close()
 
@@ -407,7 +404,6 @@ class Context:
     def _after_decode(self, rc: int, n_outputs: int, out_index: np.ndarray | None, batch_size: int) -> None:
         """Bookkeeping shared by every decode path; maps return codes to exceptions."""
         self._guard.generation += 1
-        self._lease = None
         self._out_logits = None
         if rc == 0:
             self._n_outputs = n_outputs
@@ -487,6 +483,7 @@ class Context:
         if n == 0:
             raise InvalidBatchError("decode needs at least one token")
         seq_id = self._check_seq(seq_id)
+        mode = logits if isinstance(logits, str) else "mask"
         if isinstance(logits, str):
             if logits not in ("last", "all", "none"):
                 raise ParamError(f"logits={logits!r}; use 'last', 'all', 'none' or a boolean mask")
@@ -520,13 +517,15 @@ class Context:
                 rc = lib.llama_decode(ptr, b.c)
                 self._after_decode(rc, len(out_index), out_index, m)
                 last_chunk = off + m >= n
-                if logits not in ("last", "none") and len(out_index) and not last_chunk:
+                if mode in ("all", "mask") and len(out_index) and not last_chunk:
                     chunks.append(np.array(self._all_logits_raw(), copy=True))
-        if isinstance(logits, str) and logits == "none":
+        if mode == "none":
             return None
-        if isinstance(logits, str) and logits == "last":
+        if mode == "last":
             return self._logits_row(self._n_outputs - 1)
         if not chunks:
+            if self._n_outputs == 0:
+                return np.zeros((0, self.n_vocab), dtype=np.float32)
             return self.logits_all()
         if self._n_outputs:
             chunks.append(np.array(self._all_logits_raw(), copy=True))
@@ -607,15 +606,14 @@ class Context:
             self._after_decode(rc, n, np.arange(n, dtype=np.int32), n)
 
     # ------------------------------------------------------------------ outputs
-    def _pin(self) -> Any:
-        """The current decode's lease: a gc-tracked pointer whose collection unpins the context."""
-        if self._lease_gen != self._guard.generation or self._lease is None:
-            assert self._handle is not None
-            handle = self._handle
-            handle.pin()
-            self._lease = ffi.gc(ffi.new("char[1]"), lambda _p: handle.unpin())
-            self._lease_gen = self._guard.generation
-        return self._lease
+    def _lease(self, p: Any, nbytes: int) -> Any:
+        """A buffer over ``nbytes`` at ``p`` whose owner pins this context: arrays made from
+        it keep the native memory alive (numpy keeps the buffer as the arrays' base)."""
+        assert self._handle is not None
+        handle = self._handle
+        handle.pin()
+        owner = ffi.gc(ffi.cast("char *", p), lambda _p: handle.unpin())
+        return ffi.buffer(owner, nbytes)
 
     def _all_logits_raw(self) -> np.ndarray:
         if self._out_logits is None:
@@ -624,12 +622,8 @@ class Context:
             p = lib.llama_get_logits(self._ptr())
             if p == ffi.NULL:
                 raise IndexError("llama.cpp has no logits for the last decode")
-            lease = self._pin()
-            buf = ffi.buffer(p, 4 * self.n_vocab * self._n_outputs)
-            arr = np.frombuffer(buf, dtype=np.float32).reshape(self._n_outputs, self.n_vocab)
-            # the array's base chain holds the lease: native memory outlives close()
-            arr = _Pinned.wrap(arr, lease)
-            self._out_logits = arr
+            buf = self._lease(p, 4 * self.n_vocab * self._n_outputs)
+            self._out_logits = np.frombuffer(buf, dtype=np.float32).reshape(self._n_outputs, self.n_vocab)
         return self._out_logits
 
     def _logits_row(self, row: int) -> OutputView:
@@ -694,7 +688,7 @@ class Context:
         return self._embd_view(p, n, normalize)
 
     def _embd_view(self, p: Any, n: int, normalize: bool) -> np.ndarray:
-        raw = _Pinned.wrap(np.frombuffer(ffi.buffer(p, 4 * n), dtype=np.float32), self._pin())
+        raw = np.frombuffer(self._lease(p, 4 * n), dtype=np.float32)
         if normalize:
             v = np.array(raw, dtype=np.float32)
             norm = float(np.linalg.norm(v))
@@ -885,7 +879,6 @@ class Context:
     def _after_state_load(self) -> None:
         # outputs may have been replaced: invalidate views; outputs count is unknown now
         self._guard.generation += 1
-        self._lease = None
         self._out_logits = None
         self._n_outputs = 0
         self._last_batch_size = 0
@@ -989,19 +982,3 @@ class Context:
 
 
 _ZERO_INDEX = np.zeros(1, dtype=np.int32)
-
-
-class _Pinned(np.ndarray):
-    """A plain array that also holds a lease object, so the memory it views stays alive."""
-
-    _lease: Any
-
-    @staticmethod
-    def wrap(arr: np.ndarray, lease: Any) -> np.ndarray:
-        out = arr.view(_Pinned)
-        out._lease = lease
-        plain: np.ndarray = out.view(np.ndarray)  # a plain view whose .base chain holds the lease
-        return plain
-
-    def __array_finalize__(self, obj: Any) -> None:
-        self._lease = getattr(obj, "_lease", None)

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import llama_cffi
 from llama_cffi import ClosedError, Context, Model
 
 
@@ -76,9 +77,12 @@ def test_context_keeps_model_alive(tiny_model_path: Path) -> None:
     out = ctx.decode(toks)
     assert out.shape == (m.n_vocab,) and np.isfinite(out).all()
     assert m._handle is not None and m._handle.ptr is not None and m._handle._children == 1
-    ctx.close()
-    assert m._handle._children == 0
     assert expected.shape == out.shape
+    ctx.close()
+    assert m._handle._children == 1  # the live logits view pins the context, which pins the model
+    del out
+    gc.collect()
+    assert m._handle._children == 0 and m._handle.ptr == llama_cffi.ffi.NULL
 
 
 def test_dropping_model_reference_with_live_context(tiny_model_path: Path) -> None:

@@ -1,0 +1,168 @@
+"""Abort, Ctrl-C, concurrent use, threads and asyncio around Context.decode."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from llama_cffi import ConcurrentUseError, DecodeAbortedError, Model
+from tests import tiny_model as tm
+from tests.conftest import run_isolated
+
+PROMPT = [tm.BOS_ID, 40, 41, 42, 300, 301, 77, 78, 79, 80, 81, 82]
+
+
+def long_prompt(model: Model) -> np.ndarray:
+    return model.tokenize("The quick brown fox jumps over the lazy dog. " * 50)  # ~550 tokens
+
+
+def test_abort_callback_returning_true(tiny_model: Model) -> None:
+    """An abort callback that returns True stops the decode with DecodeAbortedError; the context lives on."""
+    with tiny_model.context(n_ctx=256) as ctx:
+        ctx.set_abort_callback(lambda: True, interval=0)
+        with pytest.raises(DecodeAbortedError):
+            ctx.decode(PROMPT)
+        ctx.set_abort_callback(None)
+        ctx.memory.clear()
+        assert np.isfinite(ctx.decode(PROMPT)).all()
+
+
+def test_abort_callback_exception_is_reraised(tiny_model: Model) -> None:
+    """An exception raised inside the abort callback aborts the decode and propagates from decode()."""
+
+    class Stop(Exception):
+        pass
+
+    def cb() -> bool:
+        raise Stop("from the callback")
+
+    with tiny_model.context(n_ctx=256) as ctx:
+        ctx.set_abort_callback(cb, interval=0)
+        with pytest.raises(Stop, match="from the callback"):
+            ctx.decode(PROMPT)
+        ctx.set_abort_callback(None)
+        ctx.memory.clear()
+        assert np.isfinite(ctx.decode(PROMPT)).all()
+
+
+@pytest.mark.default_model
+def test_request_abort_from_another_thread(default_model: Model) -> None:
+    """request_abort() from another thread stops a long prefill early."""
+    toks = long_prompt(default_model)
+    with default_model.context(n_ctx=1024, n_batch=1024, n_ubatch=1024) as ctx:
+        t0 = time.perf_counter()
+        ctx.decode(toks)
+        full = time.perf_counter() - t0
+        ctx.memory.clear()
+        timer = threading.Timer(full * 0.2, ctx.request_abort)
+        timer.start()
+        t0 = time.perf_counter()
+        with pytest.raises(DecodeAbortedError):
+            ctx.decode(toks)
+        assert time.perf_counter() - t0 < full * 0.8
+        timer.join()
+        ctx.memory.clear()
+        assert np.isfinite(ctx.decode(toks[:8])).all()  # still usable
+
+
+@pytest.mark.default_model
+def test_ctrl_c_during_decode_is_a_clean_keyboard_interrupt(default_model_path: object) -> None:
+    """SIGINT during a long decode raises KeyboardInterrupt from decode; the context stays usable."""
+    r = run_isolated(
+        f"""
+        import os, signal, threading, time, numpy as np
+        import llama_cffi
+        m = llama_cffi.Model.load({str(default_model_path)!r})
+        ctx = m.context(n_ctx=1024, n_batch=1024, n_ubatch=1024)
+        toks = m.tokenize("The quick brown fox jumps over the lazy dog. " * 50)
+        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        t0 = time.perf_counter()
+        try:
+            ctx.decode(toks)
+            print("NOT INTERRUPTED")
+        except KeyboardInterrupt:
+            print("INTERRUPTED after %.2f s" % (time.perf_counter() - t0))
+        ctx.memory.clear()
+        print("USABLE", bool(np.isfinite(ctx.decode(toks[:8])).all()))
+        """
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "INTERRUPTED" in r.stdout and "NOT INTERRUPTED" not in r.stdout, r.stdout
+    assert "USABLE True" in r.stdout
+
+
+@pytest.mark.default_model
+def test_concurrent_use_is_refused(default_model: Model) -> None:
+    """A second thread using a busy context gets ConcurrentUseError instead of corrupting it."""
+    toks = long_prompt(default_model)
+    with default_model.context(n_ctx=1024, n_batch=1024, n_ubatch=1024) as ctx:
+        errors: list[BaseException] = []
+
+        def other() -> None:
+            time.sleep(0.05)
+            try:
+                ctx.decode_single(5, seq_id=0)
+            except BaseException as exc:
+                errors.append(exc)
+
+        t = threading.Thread(target=other)
+        t.start()
+        ctx.decode(toks)
+        t.join()
+        assert len(errors) == 1 and isinstance(errors[0], ConcurrentUseError)
+        assert ctx.n_past == len(toks)  # the first decode completed intact
+
+
+def test_one_context_per_thread_matches_sequential(tiny_model: Model) -> None:
+    """Contexts on a shared model in parallel threads generate exactly the sequential tokens."""
+
+    def run(prompt: list[int]) -> list[int]:
+        with tiny_model.context(n_ctx=256, n_threads=1) as ctx:
+            lg = ctx.decode(prompt)
+            out = []
+            for _ in range(24):
+                t = int(np.asarray(lg).argmax())
+                out.append(t)
+                lg = ctx.decode_single(t)
+            return out
+
+    prompts = [PROMPT[: 4 + i] for i in range(4)]
+    expected = [run(p) for p in prompts]
+    results: list[list[int] | None] = [None] * len(prompts)
+
+    def worker(i: int) -> None:
+        for _ in range(3):
+            results[i] = run(prompts[i])
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == expected
+
+
+@pytest.mark.default_model
+def test_adecode_cancellation_aborts(default_model: Model) -> None:
+    """Cancelling an awaiting adecode aborts the native decode; the context is usable after."""
+    toks = long_prompt(default_model)
+    with default_model.context(n_ctx=1024, n_batch=1024, n_ubatch=1024) as ctx:
+
+        async def main() -> float:
+            t0 = time.perf_counter()
+            task = asyncio.ensure_future(ctx.adecode(toks))
+            await asyncio.sleep(0.1)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            return time.perf_counter() - t0
+
+        elapsed = asyncio.run(main())
+        assert elapsed < 1.5
+        ctx.memory.clear()
+        out = asyncio.run(ctx.adecode(toks[:8]))
+        assert np.isfinite(out).all()
