@@ -183,6 +183,9 @@ class Context:
         self._busy = _Busy()
         self._guard = OutputGuard()
         self._out_logits: np.ndarray | None = None
+        self._buf_flat: np.ndarray | None = None  # llama.cpp's output buffer, leased
+        self._buf_p: Any = ffi.NULL
+        self._last_view: OutputView | None = None  # logits of the last output, this decode
         self._n_outputs = 0  # outputs of the last decode/encode
         self._out_index: np.ndarray = np.zeros(0, dtype=np.int32)  # batch index of each output row
         self._last_batch_size = 0
@@ -234,7 +237,7 @@ class Context:
         with self._busy:
             self._guard.closed = True
             self._release_adapters()
-            self._out_logits = None
+            self._out_logits = self._buf_flat = self._last_view = None
             self._handle.close()
 
     free = close
@@ -405,6 +408,7 @@ class Context:
         """Bookkeeping shared by every decode path; maps return codes to exceptions."""
         self._guard.generation += 1
         self._out_logits = None
+        self._last_view = None
         if rc == 0:
             self._n_outputs = n_outputs
             self._out_index = out_index if out_index is not None else np.zeros(0, dtype=np.int32)
@@ -432,22 +436,35 @@ class Context:
 
         Continues ``seq_id`` when ``pos`` is None. Returns the token's logits.
         """
-        if type(token) is not int:
+        if type(token) is not int or not 0 <= token < self.n_vocab:
             token = self._vocab.check_token(token)
-        elif not 0 <= token < self.n_vocab:
-            self._vocab.check_token(token)
         if seq_id != 0:
             seq_id = self._check_seq(seq_id)
-        with self._busy:
-            ptr = self._ptr()
-            start = self._start_pos(seq_id, pos, 1)
+        busy = self._busy
+        if not busy.lock.acquire(False):
+            busy.__enter__()  # raises ConcurrentUseError with the right message
+        busy.owner = threading.get_ident()
+        try:
+            handle = self._handle
+            assert handle is not None
+            if handle._close_requested:
+                handle.get()
+            if pos is None:
+                start = int(lib.llama_memory_seq_pos_max(self._memory, seq_id)) + 1
+                if start >= self._n_ctx_seq:
+                    self._start_pos(seq_id, None, 1)  # raises KvCacheFullError
+            else:
+                start = self._start_pos(seq_id, pos, 1)
             self._one_token[0] = token
             self._one_pos[0] = start
             self._one_seq[0] = seq_id
             self._abort.flag = 0
-            rc = lib.llama_decode(ptr, self._one[0])
+            rc = lib.llama_decode(handle.ptr, self._one[0])
             self._after_decode(rc, 1, _ZERO_INDEX, 1)
             return self._logits_row(0)
+        finally:
+            busy.owner = 0
+            busy.lock.release()
 
     @overload
     def decode(
@@ -617,17 +634,30 @@ class Context:
 
     def _all_logits_raw(self) -> np.ndarray:
         if self._out_logits is None:
-            if self._n_outputs == 0:
+            n_out = self._n_outputs
+            if n_out == 0:
                 raise IndexError("the last decode produced no logits (no token was marked for output)")
             p = lib.llama_get_logits(self._ptr())
             if p == ffi.NULL:
                 raise IndexError("llama.cpp has no logits for the last decode")
-            buf = self._lease(p, 4 * self.n_vocab * self._n_outputs)
-            self._out_logits = np.frombuffer(buf, dtype=np.float32).reshape(self._n_outputs, self.n_vocab)
+            n = self.n_vocab * n_out
+            flat = self._buf_flat
+            # llama.cpp reuses its output buffer until a decode needs more outputs than ever
+            # before; while the pointer stays put, so do our array and its lease.
+            if flat is None or p != self._buf_p or n > flat.size:
+                flat = self._buf_flat = np.frombuffer(self._lease(p, 4 * n), dtype=np.float32)
+                self._buf_p = p
+            self._out_logits = flat[:n].reshape(n_out, self.n_vocab)
         return self._out_logits
 
     def _logits_row(self, row: int) -> OutputView:
-        return make_view(self._all_logits_raw()[row], self._guard)
+        view = self._last_view
+        if view is not None and row == self._n_outputs - 1:
+            return view
+        view = make_view(self._all_logits_raw()[row], self._guard)
+        if row == self._n_outputs - 1:
+            self._last_view = view
+        return view
 
     def logits(self, i: int = -1) -> OutputView:
         """Logits of one output of the last decode: ``i`` is the token's index in that batch
@@ -879,7 +909,7 @@ class Context:
     def _after_state_load(self) -> None:
         # outputs may have been replaced: invalidate views; outputs count is unknown now
         self._guard.generation += 1
-        self._out_logits = None
+        self._out_logits = self._last_view = None
         self._n_outputs = 0
         self._last_batch_size = 0
 
