@@ -55,7 +55,7 @@ from .errors import (
     StateError,
 )
 from .memory import Memory
-from .outputs import OutputGuard, OutputView, make_view
+from .outputs import LiveOutputError, OutputBuffer, OutputGuard, OutputView
 
 if TYPE_CHECKING:
     from .lora import LoraAdapter
@@ -182,9 +182,12 @@ class Context:
         self._embeddings = bool(p.c.embeddings)
         self._busy = _Busy()
         self._guard = OutputGuard()
-        self._out_logits: np.ndarray | None = None
-        self._buf_flat: np.ndarray | None = None  # llama.cpp's output buffer, leased
-        self._buf_p: Any = ffi.NULL
+        self._outbuf: OutputBuffer | None = None  # llama.cpp's output buffer, leased
+        # rows of logits llama.cpp's output buffer holds now (it reserves n_seq_max at
+        # creation and grows, i.e. reallocates, when a decode needs more)
+        self._out_rows_cap = self._n_seq_max
+        self._out_embd_reserved = self._embeddings
+        self._shift_pending = False  # seq_add/seq_div not yet applied by a decode
         self._last_view: OutputView | None = None  # logits of the last output, this decode
         self._n_outputs = 0  # outputs of the last decode/encode
         self._out_index: np.ndarray = np.zeros(0, dtype=np.int32)  # batch index of each output row
@@ -237,7 +240,7 @@ class Context:
         with self._busy:
             self._guard.closed = True
             self._release_adapters()
-            self._out_logits = self._buf_flat = self._last_view = None
+            self._outbuf = self._last_view = None
             self._handle.close()
 
     free = close
@@ -352,6 +355,7 @@ class Context:
         self._ptr()
         self._abort_py.callback = fn
         self._abort.interval_us = int(interval * 1e6)
+        self._abort.next_us = 0  # poll at the first opportunity
 
     def request_abort(self) -> None:
         """Abort the decode in progress (or the next one). Safe from any thread and from
@@ -407,8 +411,9 @@ class Context:
     def _after_decode(self, rc: int, n_outputs: int, out_index: np.ndarray | None, batch_size: int) -> None:
         """Bookkeeping shared by every decode path; maps return codes to exceptions."""
         self._guard.generation += 1
-        self._out_logits = None
         self._last_view = None
+        if rc in (0, 1, 2):  # llama_decode applies pending shifts before it can return these
+            self._shift_pending = False
         if rc == 0:
             self._n_outputs = n_outputs
             self._out_index = out_index if out_index is not None else np.zeros(0, dtype=np.int32)
@@ -431,6 +436,25 @@ class Context:
             raise InvalidBatchError("llama_decode rejected the batch (see the llama_cffi log at warning level)")
         raise DecodeError(f"llama_decode failed with code {rc}")
 
+    def _may_grow(self, rows: int) -> bool:
+        """Whether a decode with ``rows`` outputs can run as one call: False when it would make
+        llama.cpp reallocate its output buffer while raw arrays still point into it."""
+        grow = rows > self._out_rows_cap or (self._embeddings and not self._out_embd_reserved)
+        return not (grow and self._outbuf is not None and self._outbuf.raw_arrays_alive())
+
+    def _grew(self, rows: int) -> None:
+        if rows > self._out_rows_cap or (self._embeddings and not self._out_embd_reserved):
+            self._out_rows_cap = max(self._out_rows_cap, rows)
+            self._out_embd_reserved = self._out_embd_reserved or self._embeddings
+            self._outbuf = None  # the buffer may have moved: map it again on next use
+
+    def _refuse_growth(self, rows: int, what: str) -> None:
+        raise LiveOutputError(
+            f"{what} needs {rows} output rows; llama.cpp's output buffer holds {self._out_rows_cap} and would be "
+            "reallocated while arrays from np.asarray(view) (or slices of a view) still point into it: "
+            "delete them or keep .copy() instead, then retry"
+        )
+
     def decode_single(self, token: int, pos: int | None = None, seq_id: int = 0) -> OutputView:
         """Decode one token (the generation hot path: nothing is allocated but the view).
 
@@ -438,7 +462,7 @@ class Context:
         """
         if type(token) is not int or not 0 <= token < self.n_vocab:
             token = self._vocab.check_token(token)
-        if seq_id != 0:
+        if type(seq_id) is not int or seq_id != 0:
             seq_id = self._check_seq(seq_id)
         busy = self._busy
         if not busy.lock.acquire(False):
@@ -455,6 +479,10 @@ class Context:
                     self._start_pos(seq_id, None, 1)  # raises KvCacheFullError
             else:
                 start = self._start_pos(seq_id, pos, 1)
+            if self._embeddings and not self._out_embd_reserved:
+                if not self._may_grow(1):
+                    self._refuse_growth(1, "this decode (embeddings were switched on)")
+                self._grew(1)
             self._one_token[0] = token
             self._one_pos[0] = start
             self._one_seq[0] = seq_id
@@ -520,22 +548,29 @@ class Context:
         with self._busy:
             ptr = self._ptr()
             start = self._start_pos(seq_id, pos, n)
-            for off in range(0, n, self.n_batch):
-                chunk = arr[off : off + self.n_batch]
-                m = len(chunk)
-                b.token[:m] = chunk
-                b.pos[:m] = np.arange(start + off, start + off + m, dtype=np.int32)
+            # chunk ends: at most n_batch tokens, and (while raw arrays point into the output
+            # buffer) at most as many outputs as the buffer holds, so it is never reallocated
+            out_limit = self.n_batch if self._may_grow(min(int(mask.sum()), self.n_batch)) else self._out_rows_cap
+            if self._embeddings and not self._out_embd_reserved and out_limit < self.n_batch:
+                self._refuse_growth(int(mask.sum()), "this decode (embeddings were switched on)")
+            ends = _chunk_ends(mask, self.n_batch, max(out_limit, 1))
+            off = 0
+            for end in ends:
+                m = end - off
+                b.token[:m] = arr[off:end]
+                b.pos[:m] = np.arange(start + off, start + end, dtype=np.int32)
                 b.n_seq_id[:m] = 1
                 b.seq_id[:m, 0] = seq_id
-                b.logits[:m] = mask[off : off + m]
+                b.logits[:m] = mask[off:end]
                 b.n_tokens = m
                 out_index = np.flatnonzero(b.logits[:m]).astype(np.int32)
+                self._grew(len(out_index))
                 self._abort.flag = 0
                 rc = lib.llama_decode(ptr, b.c)
                 self._after_decode(rc, len(out_index), out_index, m)
-                last_chunk = off + m >= n
-                if mode in ("all", "mask") and len(out_index) and not last_chunk:
-                    chunks.append(np.array(self._all_logits_raw(), copy=True))
+                if mode in ("all", "mask") and len(out_index) and end < n:
+                    chunks.append(np.array(self.logits_all(), copy=True))
+                off = end
         if mode == "none":
             return None
         if mode == "last":
@@ -545,7 +580,7 @@ class Context:
                 return np.zeros((0, self.n_vocab), dtype=np.float32)
             return self.logits_all()
         if self._n_outputs:
-            chunks.append(np.array(self._all_logits_raw(), copy=True))
+            chunks.append(np.array(self.logits_all(), copy=True))
         return np.concatenate(chunks) if chunks else np.zeros((0, self.n_vocab), dtype=np.float32)
 
     def decode_batch(self, batch: Batch) -> None:
@@ -553,6 +588,8 @@ class Context:
         n = batch.n_tokens
         if n == 0:
             raise InvalidBatchError("the batch is empty")
+        if not isinstance(n, int) or not 0 < n <= batch.capacity:
+            raise InvalidBatchError(f"batch.n_tokens={n!r} is outside 1..capacity={batch.capacity}")
         if n > self.n_batch:
             raise InvalidBatchError(f"a batch of {n} tokens exceeds n_batch={self.n_batch}")
         tok = batch.token[:n]
@@ -568,6 +605,9 @@ class Context:
             ptr = self._ptr()
             self._validate_batch_positions(batch, n)
             out_index = np.flatnonzero(batch.logits[:n]).astype(np.int32)
+            if not self._may_grow(len(out_index)):
+                self._refuse_growth(len(out_index), "this batch")
+            self._grew(len(out_index))
             self._abort.flag = 0
             rc = lib.llama_decode(ptr, batch.c)
             self._after_decode(rc, len(out_index), out_index, n)
@@ -599,8 +639,17 @@ class Context:
     def eval(self, tokens: Any, n_past: int) -> OutputView:
         """Evaluate ``tokens`` at positions ``n_past...`` of sequence 0, dropping whatever
         sequence 0 held from ``n_past`` on. Returns the last token's logits."""
+        arr = self._vocab.check_tokens(tokens)  # validate before touching the memory
+        if len(arr) == 0:
+            raise InvalidBatchError("eval needs at least one token")
+        if isinstance(n_past, bool) or not isinstance(n_past, int) or n_past < 0:
+            raise ParamError(f"n_past must be an int >= 0, not {n_past!r}")
+        if n_past + len(arr) > self._n_ctx_seq:
+            raise KvCacheFullError(f"{len(arr)} tokens at position {n_past} pass n_ctx_seq={self._n_ctx_seq}")
+        if n_past > self.n_past:
+            raise InvalidBatchError(f"n_past={n_past} is beyond the {self.n_past} tokens sequence 0 holds")
         self.set_n_past(n_past)
-        return self.decode(tokens, pos=n_past if n_past > 0 else None)
+        return self.decode(arr)
 
     def encode(self, tokens: Any, seq_id: int = 0) -> None:
         """Run the encoder (encoder-decoder models) or a non-causal embedding pass."""
@@ -616,6 +665,9 @@ class Context:
         b = self._batch
         with self._busy:
             ptr = self._ptr()
+            if not self._may_grow(n):
+                self._refuse_growth(n, "encode")
+            self._grew(n)
             b.set_sequence(arr, 0, seq_id, output_last=False)
             b.logits[:n] = 1
             self._abort.flag = 0
@@ -632,30 +684,27 @@ class Context:
         owner = ffi.gc(ffi.cast("char *", p), lambda _p: handle.unpin())
         return ffi.buffer(owner, nbytes)
 
-    def _all_logits_raw(self) -> np.ndarray:
-        if self._out_logits is None:
-            n_out = self._n_outputs
-            if n_out == 0:
-                raise IndexError("the last decode produced no logits (no token was marked for output)")
-            p = lib.llama_get_logits(self._ptr())
-            if p == ffi.NULL:
-                raise IndexError("llama.cpp has no logits for the last decode")
-            n = self.n_vocab * n_out
-            flat = self._buf_flat
-            # llama.cpp reuses its output buffer until a decode needs more outputs than ever
-            # before; while the pointer stays put, so do our array and its lease.
-            if flat is None or p != self._buf_p or n > flat.size:
-                flat = self._buf_flat = np.frombuffer(self._lease(p, 4 * n), dtype=np.float32)
-                self._buf_p = p
-            self._out_logits = flat[:n].reshape(n_out, self.n_vocab)
-        return self._out_logits
+    def _output_buffer(self) -> OutputBuffer:
+        """llama.cpp's logits, mapped over the rows its output buffer holds (remapped when
+        llama.cpp moved it, which happens only when no raw array points into it)."""
+        p = lib.llama_get_logits(self._ptr())
+        if p == ffi.NULL:
+            raise IndexError("llama.cpp has no logits for the last decode")
+        ob = self._outbuf
+        if ob is None or p != ob.ptr:
+            n = self.n_vocab * max(self._out_rows_cap, self._n_outputs)
+            ob = self._outbuf = OutputBuffer(p, np.frombuffer(self._lease(p, 4 * n), dtype=np.float32))
+        return ob
 
     def _logits_row(self, row: int) -> OutputView:
         view = self._last_view
-        if view is not None and row == self._n_outputs - 1:
+        last = row == self._n_outputs - 1
+        if view is not None and last:
             return view
-        view = make_view(self._all_logits_raw()[row], self._guard)
-        if row == self._n_outputs - 1:
+        if self._n_outputs == 0:
+            raise IndexError("the last decode produced no logits (no token was marked for output)")
+        view = OutputView(self._output_buffer(), row * self.n_vocab, (self.n_vocab,), self._guard)
+        if last:
             self._last_view = view
         return view
 
@@ -681,7 +730,9 @@ class Context:
     def logits_all(self) -> OutputView:
         """Every output row of the last decode: a guarded ``(n_outputs, n_vocab)`` view."""
         self._ptr()
-        return make_view(self._all_logits_raw(), self._guard)
+        if self._n_outputs == 0:
+            raise IndexError("the last decode produced no logits (no token was marked for output)")
+        return OutputView(self._output_buffer(), 0, (self._n_outputs, self.n_vocab), self._guard)
 
     @property
     def n_outputs(self) -> int:
@@ -689,8 +740,8 @@ class Context:
         return self._n_outputs
 
     def embeddings(self, i: int = -1, normalize: bool = False) -> np.ndarray:
-        """Embedding of output ``i`` of the last decode (needs ``embeddings=True``); a copy
-        when ``normalize`` (L2), else a guarded view of ``n_embd_out`` floats."""
+        """Embedding of output ``i`` of the last decode (needs ``embeddings=True``): a new
+        float32 array of ``n_embd_out`` values, L2-normalised if ``normalize``."""
         ptr = self._ptr()
         if not self._embeddings:
             raise ParamError("embeddings are off: create the context with embeddings=True or call set_embeddings(True)")
@@ -718,12 +769,13 @@ class Context:
         return self._embd_view(p, n, normalize)
 
     def _embd_view(self, p: Any, n: int, normalize: bool) -> np.ndarray:
-        raw = np.frombuffer(self._lease(p, 4 * n), dtype=np.float32)
+        # embeddings are small (n_embd floats): a copy, valid for as long as you keep it
+        v: npt.NDArray[np.float32] = np.frombuffer(ffi.buffer(p, 4 * n), dtype=np.float32).copy()
         if normalize:
-            v = np.array(raw, dtype=np.float32)
             norm = float(np.linalg.norm(v))
-            return v / norm if norm > 0 else v
-        return make_view(raw, self._guard)
+            if norm > 0:
+                v /= norm
+        return v
 
     # ------------------------------------------------------------------ adapters
     def set_lora_adapters(self, adapters: Mapping[LoraAdapter, float] | None) -> None:
@@ -774,8 +826,16 @@ class Context:
         with self._busy:
             return int(lib.llama_state_get_size(self._ptr()))
 
+    def _no_pending_shift(self) -> None:
+        if self._shift_pending:
+            raise StateError(
+                "a position shift (memory.seq_add/seq_div) is pending until the next decode; llama.cpp would "
+                "save keys that are not yet re-rotated. Decode at least one token before saving the state."
+            )
+
     def save_state(self) -> bytes:
-        """The whole context state as bytes (memory, outputs, RNG-free)."""
+        """The whole context state as bytes (the KV memory; outputs are not included)."""
+        self._no_pending_shift()
         with self._busy:
             ptr = self._ptr()
             size = int(lib.llama_state_get_size(ptr))
@@ -791,6 +851,13 @@ class Context:
         mv = memoryview(data).cast("B")
         if len(mv) == 0:
             raise StateError("empty state")
+        # llama.cpp trusts the leading length field and allocates it before checking the size
+        arch = self.model.metadata.get("general.architecture", "").encode()
+        n = int.from_bytes(bytes(mv[:4]), "little") if len(mv) >= 4 else -1
+        if not 0 < n <= 256 or 4 + n > len(mv):
+            raise StateError("not a llama.cpp context state (bad header)")
+        if bytes(mv[4 : 4 + n]) != arch:
+            raise StateError(f"the state is for architecture {bytes(mv[4 : 4 + n])!r}, this model is {arch!r}")
         with self._busy, log.capture() as lines:
             ptr = self._ptr()
             n = int(lib.llama_state_set_data(ptr, ffi.from_buffer("uint8_t[]", mv), len(mv)))
@@ -811,6 +878,7 @@ class Context:
     def save_seq_state(self, seq_id: int = 0, flags: int = 0) -> bytes:
         """One sequence's state as bytes (for :meth:`load_seq_state`)."""
         seq_id = self._check_seq(seq_id)
+        self._no_pending_shift()
         with self._busy:
             ptr = self._ptr()
             size = int(lib.llama_state_seq_get_size_ext(ptr, seq_id, flags))
@@ -822,8 +890,8 @@ class Context:
         """Restore a sequence state into ``dest_seq_id`` (which is emptied first)."""
         dest_seq_id = self._check_seq(dest_seq_id)
         mv = memoryview(data).cast("B")
-        if len(mv) == 0:
-            raise StateError("empty sequence state")
+        if len(mv) < 4 or int.from_bytes(bytes(mv[:4]), "little") != _SEQ_STATE_MAGIC:
+            raise StateError("not a llama.cpp sequence state (bad magic)")
         self.memory.seq_rm(dest_seq_id)
         with self._busy, log.capture() as lines:
             ptr = self._ptr()
@@ -840,6 +908,7 @@ class Context:
 
     def save_state_file(self, path: str | os.PathLike[str], tokens: Iterable[int] = ()) -> None:
         """Save the whole state and the token list to a session file."""
+        self._no_pending_shift()
         arr = self._vocab.check_tokens(list(tokens))
         with self._busy:
             ok = lib.llama_state_save_file(
@@ -870,6 +939,7 @@ class Context:
     def save_seq_state_file(self, path: str | os.PathLike[str], seq_id: int = 0, tokens: Iterable[int] = ()) -> int:
         """Save one sequence's state and tokens to a file; returns bytes written."""
         seq_id = self._check_seq(seq_id)
+        self._no_pending_shift()
         arr = self._vocab.check_tokens(list(tokens))
         with self._busy:
             n = int(
@@ -909,7 +979,8 @@ class Context:
     def _after_state_load(self) -> None:
         # outputs may have been replaced: invalidate views; outputs count is unknown now
         self._guard.generation += 1
-        self._out_logits = self._last_view = None
+        self._last_view = None
+        self._shift_pending = False
         self._n_outputs = 0
         self._last_batch_size = 0
 
@@ -1012,3 +1083,20 @@ class Context:
 
 
 _ZERO_INDEX = np.zeros(1, dtype=np.int32)
+_SEQ_STATE_MAGIC = 0xAF143CD8  # llama-context.cpp io_magic: first 4 bytes of a sequence state
+
+
+def _chunk_ends(mask: np.ndarray, n_batch: int, out_limit: int) -> list[int]:
+    """End offsets of chunks with at most ``n_batch`` tokens and ``out_limit`` outputs each."""
+    n = len(mask)
+    if out_limit >= n_batch:
+        return [*range(n_batch, n, n_batch), n]
+    ends: list[int] = []
+    start, outs = 0, 0
+    for i in range(n):
+        if i - start == n_batch or (mask[i] and outs == out_limit):
+            ends.append(i)
+            start, outs = i, 0
+        outs += int(mask[i])
+    ends.append(n)
+    return ends

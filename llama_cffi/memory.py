@@ -13,6 +13,8 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ._binding import lib
 from .errors import ClosedError, ParamError
 
@@ -23,11 +25,11 @@ _POS_MIN, _POS_MAX = -(2**31), 2**31 - 1
 
 
 def _pos(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise ParamError(f"{name} must be an int, not {value!r}")
     if not _POS_MIN <= value <= _POS_MAX:
         raise ParamError(f"{name}={value} is out of the int32 range of positions")
-    return value
+    return int(value)
 
 
 class Memory:
@@ -45,8 +47,9 @@ class Memory:
         return ctx, ctx._memory
 
     def _seq(self, seq_id: object, allow_any: bool = False) -> int:
-        if isinstance(seq_id, bool) or not isinstance(seq_id, int):
+        if isinstance(seq_id, (bool, np.bool_)) or not isinstance(seq_id, (int, np.integer)):
             raise ParamError(f"seq_id must be an int, not {seq_id!r}")
+        seq_id = int(seq_id)
         if allow_any and seq_id == -1:
             return -1
         if not 0 <= seq_id < self.n_seq_max:
@@ -91,8 +94,11 @@ class Memory:
         s = self._seq(seq_id)
         self._need_shift("seq_add")
         ctx, mem = self._mem()
+        a, b, dlt = _pos("p0", p0), _pos("p1", p1), _pos("delta", delta)
         with ctx._using():
-            lib.llama_memory_seq_add(mem, s, _pos("p0", p0), _pos("p1", p1), _pos("delta", delta))
+            moves = dlt != 0 and self._overlaps(mem, s, a, b)
+            lib.llama_memory_seq_add(mem, s, a, b, dlt)
+            ctx._shift_pending = ctx._shift_pending or moves
 
     def seq_div(self, seq_id: int, p0: int, p1: int, d: int) -> None:
         """Integer-divide the positions in ``[p0, p1)`` of ``seq_id`` by ``d > 1``."""
@@ -101,8 +107,22 @@ class Memory:
             raise ParamError(f"d must be an int > 1, not {d!r}")
         self._need_shift("seq_div")
         ctx, mem = self._mem()
+        a, b = _pos("p0", p0), _pos("p1", p1)
         with ctx._using():
-            lib.llama_memory_seq_div(mem, s, _pos("p0", p0), _pos("p1", p1), min(d, _POS_MAX))
+            moves = self._overlaps(mem, s, a, b)
+            lib.llama_memory_seq_div(mem, s, a, b, min(d, _POS_MAX))
+            ctx._shift_pending = ctx._shift_pending or moves
+
+    @staticmethod
+    def _overlaps(mem: Any, seq_id: int, p0: int, p1: int) -> bool:
+        """Whether ``[p0, p1)`` meets the span ``[pos_min, pos_max]`` of ``seq_id`` (a shift
+        there may move cells; llama_cffi then treats the shift as pending until a decode)."""
+        lo, hi = int(lib.llama_memory_seq_pos_min(mem, seq_id)), int(lib.llama_memory_seq_pos_max(mem, seq_id))
+        if hi < 0:
+            return False
+        a = 0 if p0 < 0 else p0
+        b = 2**31 if p1 < 0 else p1
+        return a < b and a <= hi and b > lo
 
     def seq_pos_min(self, seq_id: int) -> int:
         """Smallest position held for ``seq_id``, -1 if empty."""
@@ -115,11 +135,6 @@ class Memory:
         s = self._seq(seq_id)
         _, mem = self._mem()
         return int(lib.llama_memory_seq_pos_max(mem, s))
-
-    def seq_len(self, seq_id: int) -> int:
-        """Number of positions ``seq_id`` holds (``pos_max - pos_min + 1``, 0 if empty)."""
-        lo, hi = self.seq_pos_min(seq_id), self.seq_pos_max(seq_id)
-        return 0 if hi < 0 else hi - lo + 1
 
     @property
     def can_shift(self) -> bool:

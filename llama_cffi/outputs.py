@@ -1,33 +1,45 @@
-"""Zero-copy views of a context's outputs (logits, embeddings) that cannot go stale silently.
+"""Zero-copy views of a context's logits that can neither go stale silently nor dangle.
 
-llama.cpp writes a decode's outputs into a buffer it owns and reuses on the next
-decode (and reallocates when a decode asks for more outputs than ever before). The
-views returned by :meth:`Context.logits` and friends are :class:`OutputView` arrays:
+llama.cpp writes a decode's outputs into a buffer it owns, overwrites it on the next
+decode, and *frees and reallocates* it when a decode needs more output rows than ever
+before. :meth:`Context.logits` and friends therefore return :class:`OutputView`: an
+array-like object (it works with numpy functions, ufuncs, operators and ndarray
+methods) with three guarantees:
 
-* zero-copy: the numpy array points straight into llama.cpp's buffer;
-* guarded: any use after the next ``decode`` (or after ``close``) raises
-  :class:`StaleOutputError` instead of returning another decode's numbers;
-* ``.copy()`` (or ``np.array(view)``) gives an ordinary array that stays valid;
-  ``np.asarray(view)`` gives the raw, unguarded view (valid until the next decode;
-  this is what hot loops such as samplers use once per token);
-* memory-safe across ``close()``: each decode's views hold a lease on the context,
-  so its native memory is freed only after the last view is gone.
+* **zero-copy**: it reads straight from llama.cpp's buffer;
+* **guarded**: any use after the next decode, or after the context is closed, raises
+  :class:`StaleOutputError` (or :class:`~llama_cffi.errors.ClosedError`) instead of
+  returning another decode's numbers. ``view.copy()`` keeps the values;
+* **never dangling**: a view only reaches the buffer through its guard. Raw arrays
+  (``np.asarray(view)``, ``view[:10]``, ``view.reshape(...)``) are plain ndarrays into
+  the buffer, valid until the next decode; while any exists, llama_cffi does not let
+  llama.cpp move the buffer (a decode that would is split, or refused with
+  :class:`LiveOutputError`), and the context's memory is freed only after the last
+  of them is gone. Hot loops take ``np.asarray(view)`` once per token.
 
-Computations on a view (``view * 2``, ``np.exp(view)``, ``view.argsort()``) return
-ordinary arrays; views of a view (``view[:10]``) stay guarded.
+``isinstance(view, np.ndarray)`` is False: pass ``np.asarray(view)`` where an actual
+ndarray is required.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
+from numpy.lib.mixins import NDArrayOperatorsMixin
 
-from .errors import ClosedError, LlamaError
+from .errors import ClosedError, InvalidBatchError, LlamaError
 
 
 class StaleOutputError(LlamaError, RuntimeError):
-    """An output view was used after the next decode (or after the context closed)."""
+    """An output view was used after the next decode (llama.cpp reused its buffer)."""
+
+
+class LiveOutputError(InvalidBatchError):
+    """A decode would make llama.cpp reallocate its output buffer while raw arrays from
+    ``np.asarray(view)`` (or slices of a view) still point into it. Drop them, or keep
+    ``.copy()`` instead, and decode again."""
 
 
 class OutputGuard:
@@ -40,124 +52,142 @@ class OutputGuard:
         self.closed = False
 
 
-# Attribute names that never read the data (numpy's protocol hooks and metadata).
-_UNCHECKED = frozenset(
-    {
-        "shape",
-        "dtype",
-        "ndim",
-        "size",
-        "itemsize",
-        "nbytes",
-        "base",
-        "flags",
-        "strides",
-        "_guard",
-        "_gen",
-        "_check",
-        "__class__",
-        "__dict__",
-        "__len__",
-        "__repr__",
-        "__reduce__",
-        "__reduce_ex__",
-        "__setstate__",
-        "__deepcopy__",
-        "__copy__",
-    }
-)
+class OutputBuffer:
+    """One mapping of llama.cpp's output buffer: ``flat`` is a float32 array over it whose
+    numpy base is a lease on the context. Every raw array derived from ``flat`` has
+    ``flat`` as its ``.base``, so its reference count tells whether raw arrays exist."""
+
+    __slots__ = ("flat", "ptr")
+
+    def __init__(self, ptr: Any, flat: np.ndarray) -> None:
+        self.ptr = ptr
+        self.flat = flat
+
+    def raw_arrays_alive(self) -> bool:
+        # references: self.flat, and getrefcount's own argument
+        return sys.getrefcount(self.flat) > 2
 
 
-def _plain(x: Any) -> Any:
-    if isinstance(x, OutputView):
-        x._check()
-        return x.view(np.ndarray)
-    if isinstance(x, (list, tuple)):
-        return type(x)(_plain(i) for i in x)
-    return x
+class OutputView(NDArrayOperatorsMixin):
+    """A guarded, zero-copy float32 view of one decode's outputs (see the module docstring)."""
 
+    __slots__ = ("__weakref__", "_buf", "_gen", "_guard", "_off", "_shape")
+    __array_priority__ = 100
 
-class OutputView(np.ndarray):
-    """A guarded float32 view into llama.cpp's output buffer (see the module docstring)."""
+    def __init__(self, buf: OutputBuffer, offset: int, shape: tuple[int, ...], guard: OutputGuard) -> None:
+        self._buf = buf
+        self._off = offset
+        self._shape = shape
+        self._guard = guard
+        self._gen = guard.generation
 
-    _guard: OutputGuard | None
-    _gen: int
-
-    def __array_finalize__(self, obj: Any) -> None:
-        # views of a guarded view stay guarded; copies (which own their data) do not
-        guard = getattr(obj, "_guard", None)
-        self._guard = guard if guard is not None and self.base is not None else None
-        self._gen = getattr(obj, "_gen", 0)
-
+    # -- the guard
     def _check(self) -> None:
-        g = object.__getattribute__(self, "_guard")
-        if g is not None:
-            if g.closed:
-                raise ClosedError("this output view belongs to a closed context")
-            if g.generation != object.__getattribute__(self, "_gen"):
-                raise StaleOutputError(
-                    "this output view is from an earlier decode; llama.cpp has reused its buffer "
-                    "(call .copy() on views you want to keep)"
-                )
+        g = self._guard
+        if g.closed:
+            raise ClosedError("this output view belongs to a closed context")
+        if g.generation != self._gen:
+            raise StaleOutputError(
+                "this output view is from an earlier decode; llama.cpp has reused its buffer "
+                "(call .copy() on views you want to keep)"
+            )
 
-    def __getattribute__(self, name: str) -> Any:
-        if name not in _UNCHECKED and not name.startswith("__array"):
-            object.__getattribute__(self, "_check")()
-        return super().__getattribute__(name)
+    @property
+    def stale(self) -> bool:
+        """True once the view may no longer be read."""
+        return self._guard.closed or self._guard.generation != self._gen
 
-    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
-        inputs = tuple(_plain(i) for i in inputs)
-        if "out" in kwargs:
-            kwargs["out"] = tuple(_plain(o) for o in kwargs["out"])
-        return getattr(ufunc, method)(*inputs, **kwargs)
-
-    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
-        return func(*_plain(tuple(args)), **{k: _plain(v) for k, v in kwargs.items()})
-
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:  # type: ignore[override]
+    def _raw(self) -> np.ndarray:
         self._check()
-        raw = self.view(np.ndarray)
+        n = 1
+        for d in self._shape:
+            n *= d
+        return self._buf.flat[self._off : self._off + n].reshape(self._shape)
+
+    # -- metadata (no data access)
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def ndim(self) -> int:
+        return len(self._shape)
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for d in self._shape:
+            n *= d
+        return n
+
+    @property
+    def dtype(self) -> np.dtype[np.float32]:
+        return np.dtype(np.float32)
+
+    @property
+    def nbytes(self) -> int:
+        return 4 * self.size
+
+    def __len__(self) -> int:
+        return self._shape[0]
+
+    # -- numpy protocols
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        raw = self._raw()
         if copy:
             return np.array(raw, dtype=dtype, copy=True)
         return raw if dtype is None else raw.astype(dtype, copy=False)
 
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        inputs = tuple(_unwrap(i) for i in inputs)
+        if "out" in kwargs:
+            kwargs["out"] = tuple(_unwrap(o) for o in kwargs["out"])
+        return getattr(ufunc, method)(*inputs, **kwargs)
+
+    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        return func(*_unwrap(tuple(args)), **{k: _unwrap(v) for k, v in kwargs.items()})
+
+    # -- data access
     def __getitem__(self, key: Any) -> Any:
-        self._check()
-        out = super().__getitem__(key)
-        if isinstance(out, OutputView) and out.base is None:
-            return out.view(np.ndarray)  # fancy indexing made a copy: unguard it
-        return out
+        return self._raw()[key]
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        self._check()
-        super().__setitem__(key, value)
+        self._raw()[key] = _unwrap(value)
 
     def __iter__(self) -> Any:
-        self._check()
-        return iter(self.view(np.ndarray))
+        return iter(self._raw())
 
-    def __repr__(self) -> str:
-        g = object.__getattribute__(self, "_guard")
-        if g is not None and (g.closed or g.generation != object.__getattribute__(self, "_gen")):
-            return f"<stale OutputView shape={self.shape}>"
-        return repr(self.view(np.ndarray)).replace("array(", "OutputView(", 1)
-
-    def __str__(self) -> str:
-        self._check()
-        return str(self.view(np.ndarray))
+    def __getattr__(self, name: str) -> Any:
+        # every other ndarray method or attribute (argmax, max, argsort, T, ...)
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self._raw(), name)
 
     def copy(self, order: Any = "C") -> np.ndarray:
         """An ordinary array holding these values; stays valid after later decodes."""
-        self._check()
-        return np.array(self.view(np.ndarray), order=order, copy=True)
+        return np.array(self._raw(), order=order, copy=True)
+
+    def tolist(self) -> Any:
+        return self._raw().tolist()
+
+    def __repr__(self) -> str:
+        if self.stale:
+            return f"<stale OutputView shape={self._shape}>"
+        return repr(self._raw()).replace("array(", "OutputView(", 1)
+
+    def __str__(self) -> str:
+        return str(self._raw())
 
     def __reduce__(self) -> Any:
-        return self.copy().__reduce__()
+        return (np.array, (self.copy(),))
+
+    def __bool__(self) -> bool:
+        return bool(self._raw())
 
 
-def make_view(raw: np.ndarray, guard: OutputGuard) -> OutputView:
-    """Wrap a raw view of the current decode's outputs."""
-    v = raw.view(OutputView)
-    v._guard = guard
-    v._gen = guard.generation
-    return v
+def _unwrap(x: Any) -> Any:
+    if isinstance(x, OutputView):
+        return x._raw()
+    if isinstance(x, (list, tuple)):
+        return type(x)(_unwrap(i) for i in x)
+    return x

@@ -65,7 +65,10 @@ class Vocab:
             seq = tokens if isinstance(tokens, Sequence) else list(tokens)
             if any(isinstance(t, (bool, np.bool_)) for t in seq):
                 raise InvalidTokenError("token ids must be ints, not bools")
-            arr = np.asarray(seq) if len(seq) else np.zeros(0, dtype=np.int32)
+            try:
+                arr = np.asarray(seq) if len(seq) else np.zeros(0, dtype=np.int32)
+            except (ValueError, TypeError) as exc:
+                raise InvalidTokenError(f"tokens must be a flat sequence of ints ({exc})") from None
         if arr.ndim != 1:
             raise InvalidTokenError(f"tokens must be one-dimensional, got shape {arr.shape}")
         if arr.size and arr.dtype.kind not in "iu":

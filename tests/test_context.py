@@ -248,23 +248,59 @@ def test_views_are_zero_copy_and_guarded(tiny_model: Model) -> None:
         p = llama_cffi.lib.llama_get_logits_ith(ctx.underlying, -1)
         assert raw.__array_interface__["data"][0] == int(llama_cffi.ffi.cast("uintptr_t", p))
         kept = v.copy()
-        head = v[:5]
+        head = v[:5]  # slices are raw ndarrays into the buffer: valid until the next decode
         doubled = v * 2  # computations give ordinary arrays
-        assert type(doubled) is np.ndarray and type(kept) is np.ndarray
-        assert int(v.argmax()) == int(kept.argmax())
+        assert type(doubled) is np.ndarray and type(kept) is np.ndarray and type(head) is np.ndarray
+        assert int(v.argmax()) == int(kept.argmax()) and v.shape == (tm.N_VOCAB,) and len(v) == tm.N_VOCAB
+        assert float(np.max(v)) == float(kept.max()) and v.tolist() == kept.tolist()
+        del raw, head
         ctx.decode_single(5)
         for use in (
             lambda: v.argmax(),
             lambda: v[0],
             lambda: np.exp(v),
-            lambda: head.sum(),
+            lambda: np.asarray(v),
+            lambda: np.array(v),
+            lambda: v + 1,
             lambda: v.copy(),
             lambda: str(v),
+            lambda: list(v),
         ):
             with pytest.raises(StaleOutputError):
                 use()
-        assert "stale" in repr(v)
+        assert "stale" in repr(v) and v.stale
         np.testing.assert_array_equal(doubled / 2, kept)  # unaffected
+
+
+def test_raw_arrays_prevent_output_buffer_reallocation(tiny_model: Model) -> None:
+    """While a raw array points into the output buffer, a decode that would grow it is split
+    (decode) or refused (decode_batch), so the raw array never dangles."""
+    with tiny_model.context(n_ctx=512, n_batch=256, n_ubatch=256) as ctx:
+        raw = np.asarray(ctx.decode(PROMPT))  # the buffer holds 1 row (n_seq_max)
+        before = raw.copy()
+        rows = ctx.decode(list(range(3, 43)), logits="all")  # 40 outputs: split, copied
+        assert type(rows) is np.ndarray and rows.shape == (40, tm.N_VOCAB)
+        float(raw.sum())  # still mapped memory (no crash); contents are the newest decode's
+        batch = llama_cffi.Batch(16)
+        for i in range(8):
+            batch.add(50 + i, ctx.n_past + i, [0], output=True)
+        with pytest.raises(llama_cffi.outputs.LiveOutputError):
+            ctx.decode_batch(batch)
+        del raw
+        ctx.decode_batch(batch)  # no raw array left: the buffer may grow now
+        assert ctx.logits_all().shape == (8, tm.N_VOCAB)
+        assert before.shape == (tm.N_VOCAB,)
+    with tiny_model.context(n_ctx=512) as a, tiny_model.context(n_ctx=512) as b:
+        toks = list(range(3, 43))
+        np.testing.assert_allclose(a.decode(toks, logits="all"), _split_all(b, toks), **TOL)
+
+
+def _split_all(ctx: Context, toks: list[int]) -> np.ndarray:
+    raw = np.asarray(ctx.decode([toks[0]], logits="all"))  # a live raw array forces splitting
+    first = raw.copy()  # raw arrays show the newest decode: copy what you keep
+    rest = ctx.decode(toks[1:], logits="all")
+    assert raw.shape == (1, tm.N_VOCAB) and type(rest) is np.ndarray
+    return np.concatenate([first, rest])
 
 
 def test_views_keep_native_memory_alive_after_close(tiny_model: Model) -> None:
