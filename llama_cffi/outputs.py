@@ -23,8 +23,9 @@ ndarray is required.
 
 from __future__ import annotations
 
+import inspect
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
@@ -157,11 +158,9 @@ class OutputView(NDArrayOperatorsMixin):
     def __iter__(self) -> Any:
         return iter(self._raw())
 
-    def __getattr__(self, name: str) -> Any:
-        # every other ndarray method or attribute (argmax, max, argsort, T, ...)
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return getattr(self._raw(), name)
+    if TYPE_CHECKING:
+        # for type checkers only: the ndarray forwarders are attached below at import time
+        def __getattr__(self, name: str) -> Any: ...
 
     def copy(self, order: Any = "C") -> np.ndarray:
         """An ordinary array holding these values; stays valid after later decodes."""
@@ -191,3 +190,25 @@ def _unwrap(x: Any) -> Any:
     if isinstance(x, (list, tuple)):
         return type(x)(_unwrap(i) for i in x)
     return x
+
+
+def _forwarder(name: str, is_attribute: bool) -> Any:
+    if is_attribute:
+        return property(lambda self: getattr(self._raw(), name), doc=f"``ndarray.{name}`` of the guarded view.")
+
+    def method(self: OutputView, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self._raw(), name)(*_unwrap(args), **kwargs)
+
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = f"``ndarray.{name}`` on the guarded view (raises once the view is stale)."
+    return method
+
+
+# Every other public ndarray method and attribute (argmax, max, argsort, T, ...), each
+# checking the guard first. Explicit class attributes rather than __getattr__: numpy probes
+# objects for __array_struct__/__array_interface__, and a Python __getattr__ would make
+# each miss raise an exception (it doubled the cost of np.asarray(view)).
+for _name in dir(np.ndarray):
+    if not _name.startswith("_") and _name not in OutputView.__dict__ and _name not in NDArrayOperatorsMixin.__dict__:
+        setattr(OutputView, _name, _forwarder(_name, not callable(inspect.getattr_static(np.ndarray, _name))))
+del _name
