@@ -68,11 +68,11 @@ ABORT_POLL_INTERVAL = 0.01
 
 
 class Sampler(Protocol):
-    """What :meth:`Context.generate` needs from a sampler (``samplers`` provides them)."""
+    """What :meth:`Context.generate` needs from a sampler (``samplers`` provides them):
+    ``sample`` picks a token from output ``idx`` and records it (``accept``), as
+    ``llama_sampler_sample`` does."""
 
     def sample(self, ctx: Context, idx: int = -1) -> int: ...
-
-    def accept(self, token: int) -> None: ...
 
 
 class Greedy:
@@ -80,9 +80,6 @@ class Greedy:
 
     def sample(self, ctx: Context, idx: int = -1) -> int:
         return int(np.asarray(ctx.logits(idx)).argmax())
-
-    def accept(self, token: int) -> None:
-        pass
 
 
 # ---------------------------------------------------------------------- abort plumbing
@@ -1033,8 +1030,7 @@ class Context:
         emitted = 0
         hold = max((len(s) for s in stops), default=1) - 1
         for _ in range(max_tokens):
-            tok = smp.sample(self, -1)
-            smp.accept(tok)
+            tok = int(smp.sample(self, -1))
             if self._vocab.is_eog(tok):
                 break
             text += detok.push(tok)
