@@ -1,4 +1,4 @@
-"""``python -m llama_cffi`` (also the ``llama-cffi`` script): ``demo`` and ``info``.
+"""``python -m llama_cffi`` (also the ``llama-cffi`` script): ``demo``, ``info``, and plugin commands.
 
 User mistakes end with one line on stderr and exit status 2, never a traceback.
 """
@@ -9,6 +9,7 @@ import argparse
 import json
 import sys
 import time
+from importlib.metadata import entry_points
 
 import numpy as np
 
@@ -77,6 +78,52 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Entry-point group of plugin subcommands (see :func:`load_plugins`).
+PLUGIN_GROUP = "llama_cffi.commands"
+
+
+def load_plugins(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> list[str]:
+    """Let every ``llama_cffi.commands`` entry point register its subcommand; returns the
+    names that loaded.
+
+    Other packages add subcommands through that entry-point group (e.g. ``perplexity =
+    "samplers.perplexity:register_cli"``): each entry point names a callable
+    ``register(subparsers) -> None`` that adds its subparser with ``set_defaults(func=f)``,
+    where ``f(args) -> int`` returns the exit status and raises
+    :class:`~llama_cffi.LlamaError`, ``OSError`` or ``ValueError`` for user errors (one
+    line on stderr, exit status 2). A failing plugin (import error, exception in
+    ``register``, a name already taken) is reported on stderr and skipped. :func:`main`
+    loads plugins only for a command that is not built in (and for ``--help``), so the
+    built-in commands neither import nor depend on any plugin."""
+    loaded: list[str] = []
+    try:
+        eps = list(entry_points(group=PLUGIN_GROUP))
+    except Exception as exc:  # broken metadata of some installed distribution
+        print(f"llama-cffi: warning: cannot list {PLUGIN_GROUP} plugins: {exc}", file=sys.stderr)
+        return loaded
+    for ep in eps:
+        if ep.name in sub.choices:
+            if ep.name not in loaded:
+                print(
+                    f"llama-cffi: warning: plugin command {ep.name!r} ({ep.value}) is already defined; skipped",
+                    file=sys.stderr,
+                )
+            continue
+        try:
+            register = ep.load()
+            register(sub)
+        except Exception as exc:
+            sub.choices.pop(ep.name, None)  # in case it registered before failing
+            print(
+                f"llama-cffi: warning: plugin command {ep.name!r} ({ep.value}) failed to load: "
+                f"{type(exc).__name__}: {exc}",
+                file=sys.stderr,
+            )
+            continue
+        loaded.append(ep.name)
+    return loaded
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="llama-cffi", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -89,6 +136,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-m", "--model", nargs="?", const="", default=None, help="also describe a model")
     p.add_argument("--vocab-only", action="store_true", help="load only the vocabulary")
     p.set_defaults(func=cmd_info)
+    # plugins load only when the command is not a built-in one (or for --help): the
+    # built-in commands never import a plugin package, and a broken plugin cannot affect them
+    words = sys.argv[1:] if argv is None else argv
+    command = next((w for w in words if not w.startswith("-")), None)
+    if command not in sub.choices:
+        load_plugins(sub)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
