@@ -1,0 +1,109 @@
+"""SamplerChain: samplers applied in order, itself a sampler (``llama_sampler_chain_*``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+from llama_cffi.sampling import LlamaSampler
+
+from .base import Sampler, candidates_for, selected_token
+from .candidates import Candidates
+
+if TYPE_CHECKING:
+    from llama_cffi import Context
+
+
+class Tracker(Protocol):
+    """What a chain feeds per sampled token: model-level and sampling-level surprisal (nats)."""
+
+    def add(self, surprisal: float, sampling_surprisal: float | None = None) -> None: ...
+
+    def clone(self) -> Tracker: ...
+
+    def reset(self) -> None: ...
+
+
+def _surprisal(logits: np.ndarray, i: int) -> float:
+    """-log softmax(logits)[i] in nats (max-shifted, float64 sum)."""
+    m = float(logits.max())
+    if m == -np.inf:
+        return float("inf")
+    s = float(np.exp(logits - np.float32(m)).sum(dtype=np.float64))
+    return float(m + np.log(s) - float(logits[i]))
+
+
+class SamplerChain(Sampler):
+    """Apply ``samplers`` in order; :meth:`accept`/:meth:`reset` go to each of them.
+
+    ``chain.sample(ctx, idx)`` does apply, select, accept (like ``llama_sampler_sample``).
+    With a ``tracker`` (e.g. :class:`samplers.measure.PerplexityTracker`) each sampled token
+    also adds its surprisal under the model's full distribution and under the distribution
+    the chain actually drew from (softmax of the final candidates' logits).
+    """
+
+    name = "chain"
+
+    def __init__(self, samplers: Iterable[Sampler] = (), *, tracker: Tracker | None = None) -> None:
+        self.samplers: list[Sampler] = []
+        for s in samplers:
+            self.add(s)
+        self.tracker = tracker
+
+    def add(self, sampler: Sampler) -> SamplerChain:
+        """Append ``sampler`` (returns the chain, for chaining calls)."""
+        if not isinstance(sampler, Sampler):
+            raise TypeError(f"a Sampler is needed, not {type(sampler).__name__}")
+        if sampler is self:
+            raise ValueError("a chain cannot contain itself")
+        self.samplers.append(sampler)
+        return self
+
+    def __len__(self) -> int:
+        return len(self.samplers)
+
+    def __getitem__(self, i: int) -> Sampler:
+        return self.samplers[i]
+
+    def __iter__(self) -> Iterator[Sampler]:
+        return iter(self.samplers)
+
+    def __repr__(self) -> str:
+        return f"SamplerChain([{', '.join(map(repr, self.samplers))}])"
+
+    def apply(self, cands: Candidates) -> None:
+        for s in self.samplers:
+            s.apply(cands)
+
+    def accept(self, token: int) -> None:
+        for s in self.samplers:
+            s.accept(token)
+
+    def reset(self) -> None:
+        for s in self.samplers:
+            s.reset()
+        if self.tracker is not None:
+            self.tracker.reset()
+
+    def clone(self) -> SamplerChain:
+        return SamplerChain(
+            [s.clone() for s in self.samplers], tracker=self.tracker.clone() if self.tracker is not None else None
+        )
+
+    def native(self) -> LlamaSampler:
+        """llama.cpp's chain of each sampler's :meth:`~samplers.base.Sampler.native` (fresh state)."""
+        return LlamaSampler.chain([s.native() for s in self.samplers])
+
+    def sample(self, ctx: Context, idx: int = -1) -> int:
+        row = np.asarray(ctx.logits(idx))
+        cands = candidates_for(ctx).reset(row)
+        for s in self.samplers:
+            s.apply(cands)
+        token = selected_token(cands, self)
+        if self.tracker is not None:
+            self.tracker.add(_surprisal(row, token), _surprisal(cands.read_logits(), cands.selected))
+        for s in self.samplers:
+            s.accept(token)
+        return token
