@@ -52,11 +52,15 @@ class StdMT19937:
     copied, the copies then draw independently).
     """
 
-    __slots__ = ("_bitgen", "_gen", "seed")
+    __slots__ = ("_bitgen", "_buf", "_gen", "_i", "seed")
+
+    _BLOCK = 256  # words drawn from the engine at a time (kept in order in _buf)
 
     def __init__(self, seed: int | None = None) -> None:
         self._bitgen = np.random.MT19937()
         self._gen: np.random.Generator | None = None
+        self._buf: list[int] = []
+        self._i = 0
         self.seed = 0
         self.reseed(seed)
 
@@ -64,28 +68,41 @@ class StdMT19937:
         """Restart from ``std::mt19937(seed)`` (a random seed for ``None``/DEFAULT_SEED)."""
         self.seed = resolve_seed(seed)
         self._bitgen.state = {"bit_generator": "MT19937", "state": {"key": _std_key(self.seed), "pos": _N}}
+        self._buf = []
+        self._i = 0
 
     def copy(self) -> StdMT19937:
         out = StdMT19937.__new__(StdMT19937)
         out._bitgen = np.random.MT19937()
         out._bitgen.state = self._bitgen.state
         out._gen = None
+        out._buf = self._buf  # never mutated in place: refills replace the list
+        out._i = self._i
         out.seed = self.seed
         return out
 
     @property
     def generator(self) -> np.random.Generator:
+        """A numpy Generator over this engine, for numpy's own distributions. Its draws
+        advance the engine (after the words already buffered for :meth:`canonical`), so
+        mixing them in departs from llama.cpp's sequence."""
         if self._gen is None:
             self._gen = np.random.Generator(self._bitgen)
         return self._gen
 
     def next_u32(self) -> int:
-        return int(self._bitgen.random_raw())
+        i = self._i
+        if i >= len(self._buf):
+            self._buf = self._bitgen.random_raw(self._BLOCK).tolist()
+            i = 0
+        self._i = i + 1
+        return self._buf[i]
 
     def canonical(self) -> float:
         """``std::uniform_real_distribution<double>(0, 1)``: two words, low one first."""
-        lo, hi = self._bitgen.random_raw(2)
-        r = (float(lo) + float(hi) * _TWO32) / _TWO64
+        lo = self.next_u32()
+        hi = self.next_u32()
+        r = (lo + hi * _TWO32) / _TWO64
         return _ONE_BELOW if r >= 1.0 else r
 
     def canonical_float(self) -> np.float32:

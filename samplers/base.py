@@ -72,10 +72,13 @@ class Sampler(ABC):
 
         Raises :class:`SamplingError` when nothing was selected (end a chain with a
         selecting sampler: greedy, dist, mirostat, adaptive-p)."""
-        row = np.asarray(ctx.logits(idx))
-        cands = candidates_for(ctx).reset(row)
-        self.apply(cands)
-        token = selected_token(cands, self)
+        cands = candidates_for(ctx)
+        try:
+            cands.reset(np.asarray(ctx.logits(idx)))
+            self.apply(cands)
+            token = selected_token(cands, self)
+        finally:
+            cands.release()
         self.accept(token)
         return token
 

@@ -170,12 +170,22 @@ class Candidates:
             cols = n // _GROUPS
             gm = self._gmax[:cols]
             np.max(r[: cols * _GROUPS].reshape(_GROUPS, cols), axis=0, out=gm)
-            if np.isnan(gm.max()) or np.isnan(r[cols * _GROUPS :]).any():
+            if np.isnan(gm.max()) or (cols * _GROUPS < n and np.isnan(r[cols * _GROUPS :]).any()):
                 raise InvalidLogitsError("the logits contain NaN")
             self._gn = n
         elif n:
             _check_nan(r)
         return self
+
+    def release(self) -> None:
+        """Drop the borrowed row (size 0). Samplers' ``sample(ctx)`` calls this before
+        returning, so no reference into the context's output buffer outlives the step
+        (one would stop llama.cpp from reallocating that buffer)."""
+        self._src = None
+        self._n = 0
+        self._gn = -1
+        self._identity = False
+        self.selected = -1
 
     def copy(self) -> Candidates:
         """An independent copy that owns its arrays."""
@@ -200,6 +210,11 @@ class Candidates:
         v = self._ids[:n]
         v.flags.writeable = False
         return v
+
+    def _lg(self) -> FloatArray:
+        """The logits for package-internal readers (no read-only flag: they do not write)."""
+        src = self._src
+        return src[: self._n] if src is not None else self._logits[: self._n]
 
     def read_logits(self) -> FloatArray:
         """The candidates' logits, read-only (no copy; may be the borrowed row)."""
@@ -304,7 +319,7 @@ class Candidates:
         threshold that at least ``k`` candidates pass, and only those are partitioned."""
         n = self._n
         k = min(k, n)
-        lg = self.read_logits()
+        lg = self._lg()
         if k <= 0:
             return np.empty(0, np.intp)
         if k == n:
@@ -319,6 +334,11 @@ class Candidates:
             pos = (_group_rows(cols) + groups).ravel()
             if cols * _GROUPS < n:
                 pos = np.concatenate([pos, np.arange(cols * _GROUPS, n)])
+            vals = lg[pos]
+            keep = np.flatnonzero(vals >= th)  # the k largest are all >= th: usually ~k left
+            pos, vals = pos[keep], vals[keep]
+            grouped: IndexArray = pos[np.lexsort((pos, -vals))[:k]]
+            return grouped
         elif n >= 8192 and k * 256 <= n:
             stride = 16
             m = (n + stride - 1) // stride
@@ -359,7 +379,7 @@ class Candidates:
             raise InvalidLogitsError("softmax of zero candidates")
         if sort and not self.sorted:
             self.sort()
-        lg = self.read_logits()
+        lg = self._lg()
         m = lg[0] if self.sorted else lg.max()
         p = self._p[:n]
         np.subtract(lg, m, out=p)

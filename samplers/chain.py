@@ -97,13 +97,19 @@ class SamplerChain(Sampler):
         return LlamaSampler.chain([s.native() for s in self.samplers])
 
     def sample(self, ctx: Context, idx: int = -1) -> int:
-        row = np.asarray(ctx.logits(idx))
-        cands = candidates_for(ctx).reset(row)
-        for s in self.samplers:
-            s.apply(cands)
-        token = selected_token(cands, self)
-        if self.tracker is not None:
-            self.tracker.add(_surprisal(row, token), _surprisal(cands.read_logits(), cands.selected))
+        cands = candidates_for(ctx)
+        row: np.ndarray | None = None
+        try:
+            row = np.asarray(ctx.logits(idx))
+            cands.reset(row)
+            for s in self.samplers:
+                s.apply(cands)
+            token = selected_token(cands, self)
+            if self.tracker is not None:
+                self.tracker.add(_surprisal(row, token), _surprisal(cands.read_logits(), cands.selected))
+        finally:
+            row = None
+            cands.release()
         for s in self.samplers:
             s.accept(token)
         return token

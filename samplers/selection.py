@@ -20,7 +20,7 @@ class Greedy(Sampler):
     name = "greedy"
 
     def apply(self, cands: Candidates) -> None:
-        cands.selected = int(cands.read_logits().argmax()) if cands.size else 0
+        cands.selected = int(cands._lg().argmax()) if cands.size else 0
 
     def clone(self) -> Greedy:
         return Greedy()
@@ -82,7 +82,7 @@ class Dist(Sampler):
             self.rng.canonical()  # llama.cpp draws once per output, whatever the size
             cands.p[0] = 1.0
             return
-        lg = cands.read_logits()
+        lg = cands._lg()
         m = lg[0] if cands.sorted else lg.max()
         p = cands.p
         np.subtract(lg, m, out=p)

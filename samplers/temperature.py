@@ -94,6 +94,6 @@ class TempExt(Sampler):
         normalized = f32(entropy) / max_entropy
         dyn = min_temp + (max_temp - min_temp) * f32(math.pow(float(normalized), self.exponent))
         scale_logits(cands, float(dyn))
-        lg = cands.read_logits().astype(np.float64)
+        lg = cands._lg().astype(np.float64)
         q = np.exp(lg - lg[0])
         cands.p[:] = q / q.sum()

@@ -130,7 +130,7 @@ class MinP(Sampler):
             return
         log_p = _F32(math.log(self.p))
         if not cands.sorted:
-            lg = cands.read_logits()
+            lg = cands._lg()
             min_logit = max(_F32(lg.max()), _F32(-_FLT_MAX)) + log_p  # llama.cpp starts from -FLT_MAX
             keep = np.flatnonzero(lg >= min_logit)
             if len(keep) and len(keep) >= self.min_keep:
@@ -138,7 +138,7 @@ class MinP(Sampler):
                     cands.keep(keep, False)
                 return
             cands.sort()
-        lg = cands.read_logits()
+        lg = cands._lg()
         min_logit = lg[0] + log_p
         below = lg < min_logit
         below[: max(self.min_keep, 1)] = False
@@ -208,7 +208,7 @@ class TopNSigma(Sampler):
     def apply(self, cands: Candidates) -> None:
         if self.n <= 0.0 or cands.size <= 1:
             return
-        lg = cands.read_logits()
+        lg = cands._lg()
         valid = lg[lg != -np.inf]
         mx = max(lg[0], valid.max()) if len(valid) else lg[0]
         if len(valid):

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import samplers as S
-from llama_cffi import ClosedError, Model, ParamError
+from llama_cffi import Batch, ClosedError, Model, ParamError
 from llama_cffi.sampling import LlamaSampler, TokenDataArray
 from samplers.measure import PerplexityTracker, surprisal
 
@@ -265,6 +265,21 @@ def test_grouped_top_k_equals_full_sort(n: int, k: int, seed: int, ties: bool) -
     got = c.top(k)
     want = np.argsort(-row, kind="stable")[:k]
     assert got.tolist() == want.tolist()
+
+
+def test_sampling_leaves_no_reference_into_the_output_buffer(tiny_model: Model) -> None:
+    """After chain.sample(ctx) a decode that needs a larger output buffer still works: no
+    borrowed row survives the step (it would pin llama.cpp's buffer: LiveOutputError)."""
+    for smp in (S.Greedy(), S.SamplerChain([S.Temperature(0.5), S.Dist(1)]), S.NativeSamplerChain([S.Greedy()])):
+        with tiny_model.context(n_ctx=256, n_batch=256, n_ubatch=256) as ctx:
+            ctx.decode(tiny_model.tokenize("hi"))  # the output buffer holds one row
+            smp.sample(ctx)
+            ctx.memory.clear()
+            batch = Batch(256)
+            for i in range(1, 200):
+                batch.add(i, i - 1, (0,), output=True)
+            ctx.decode_batch(batch)  # grows the output buffer: refused while anything pins it
+            assert ctx.logits_all().shape[0] == 199
 
 
 def test_per_context_candidates_are_reused(tiny_model: Model) -> None:
