@@ -29,18 +29,12 @@ def _c_int(x: np.float32) -> int:
     return int(x)
 
 
-class Mirostat(Sampler):
-    """Mirostat 1.0 (``llama_sampler_init_mirostat``): estimate the Zipf exponent from the
-    top ``m`` probabilities, keep the top-k that targets surprisal ``mu``, draw.
-    ``n_vocab`` is the model's vocabulary size."""
+class _MirostatBase(Sampler):
+    """What both versions share: tau/eta, the seeded engine, and mu (reset to 2*tau)."""
 
-    name = "mirostat"
-
-    def __init__(self, n_vocab: int, seed: int | None = None, tau: float = 5.0, eta: float = 0.1, m: int = 100) -> None:
-        self.n_vocab = check_int("n_vocab", n_vocab, 1)
+    def _init_common(self, seed: int | None, tau: float, eta: float) -> None:
         self.tau = check_float("tau", tau)
         self.eta = check_float("eta", eta)
-        self.m = check_int("m", m, 1)
         self._seed_arg = check_seed(seed)
         self.rng = StdMT19937(self._seed_arg)
         self.mu = _F32(2.0) * _F32(self.tau)
@@ -53,11 +47,33 @@ class Mirostat(Sampler):
         self.mu = _F32(2.0) * _F32(self.tau)
         self.rng.reseed(self._seed_arg)
 
-    def clone(self) -> Mirostat:
-        out = Mirostat.__new__(Mirostat)
+    def clone(self) -> _MirostatBase:
+        out = type(self).__new__(type(self))
         out.__dict__.update(self.__dict__)
         out.rng = self.rng.copy()
         return out
+
+    def _draw_and_adapt(self, cands: Candidates) -> None:
+        """Renormalise the survivors, draw one, move mu by eta * (surprisal - tau)."""
+        p = cands.softmax(sort=True)
+        idx = self.rng.discrete(p)
+        cands.selected = idx
+        with np.errstate(divide="ignore"):
+            observed = -np.log2(p[idx])
+        self.mu = _F32(self.mu - _F32(self.eta) * (observed - _F32(self.tau)))
+
+
+class Mirostat(_MirostatBase):
+    """Mirostat 1.0 (``llama_sampler_init_mirostat``): estimate the Zipf exponent from the
+    top ``m`` probabilities, keep the top-k that targets surprisal ``mu``, draw.
+    ``n_vocab`` is the model's vocabulary size."""
+
+    name = "mirostat"
+
+    def __init__(self, n_vocab: int, seed: int | None = None, tau: float = 5.0, eta: float = 0.1, m: int = 100) -> None:
+        self.n_vocab = check_int("n_vocab", n_vocab, 1)
+        self.m = check_int("m", m, 1)
+        self._init_common(seed, tau, eta)
 
     def native(self) -> LlamaSampler:
         return LlamaSampler.mirostat(self.n_vocab, self.rng.seed, self.tau, self.eta, self.m)
@@ -85,39 +101,17 @@ class Mirostat(Sampler):
         k_int = max(_c_int(_F32(k)), 1)
         if k_int < cands.size:
             cands.truncate(k_int)  # sorted already
-        p = cands.softmax(sort=True)
-        idx = self.rng.discrete(p)
-        cands.selected = idx
-        observed = -np.log2(p[idx])
-        self.mu = _F32(self.mu - _F32(self.eta) * (observed - _F32(self.tau)))
+        self._draw_and_adapt(cands)
 
 
-class MirostatV2(Sampler):
+class MirostatV2(_MirostatBase):
     """Mirostat 2.0 (``llama_sampler_init_mirostat_v2``): drop candidates whose surprisal
     exceeds ``mu`` (keeping at least one), renormalise, draw."""
 
     name = "mirostat-v2"
 
     def __init__(self, seed: int | None = None, tau: float = 5.0, eta: float = 0.1) -> None:
-        self.tau = check_float("tau", tau)
-        self.eta = check_float("eta", eta)
-        self._seed_arg = check_seed(seed)
-        self.rng = StdMT19937(self._seed_arg)
-        self.mu = _F32(2.0) * _F32(self.tau)
-
-    @property
-    def seed(self) -> int:
-        return self.rng.seed
-
-    def reset(self) -> None:
-        self.mu = _F32(2.0) * _F32(self.tau)
-        self.rng.reseed(self._seed_arg)
-
-    def clone(self) -> MirostatV2:
-        out = MirostatV2.__new__(MirostatV2)
-        out.__dict__.update(self.__dict__)
-        out.rng = self.rng.copy()
-        return out
+        self._init_common(seed, tau, eta)
 
     def native(self) -> LlamaSampler:
         return LlamaSampler.mirostat_v2(self.rng.seed, self.tau, self.eta)
@@ -134,9 +128,4 @@ class MirostatV2(Sampler):
             over = -np.log2(p) > self.mu
         cut = int(over.argmax()) if over.any() else cands.size
         cands.truncate(max(cut, 1))
-        p = cands.softmax(sort=True)
-        idx = self.rng.discrete(p)
-        cands.selected = idx
-        with np.errstate(divide="ignore"):
-            observed = -np.log2(p[idx])
-        self.mu = _F32(self.mu - _F32(self.eta) * (observed - _F32(self.tau)))
+        self._draw_and_adapt(cands)

@@ -141,6 +141,9 @@ def test_dry_table() -> None:
     cand = S.Candidates.from_arrays([0, 1, 2, 3], [0.0, 0.0, 0.0, 0.0])
     dry.apply(cand)
     np.testing.assert_allclose(cand.read_logits(), [0, 0, -0.8 * 1.75, -0.8], rtol=1e-6)
+    twin = dry.clone()
+    dry.reset()
+    assert dry.penalties() == {} and len(twin.penalties()) == 2  # reset forgets; the clone keeps
 
 
 def test_logit_bias_table() -> None:

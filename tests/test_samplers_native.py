@@ -72,12 +72,13 @@ def run_native(s: Any, ids: np.ndarray, logits: np.ndarray) -> Result:
     return Result(t.ids.copy(), t.logits.copy(), t.p.copy(), t.sorted, t.selected)
 
 
-def assert_same(a: Result, b: Result, src: np.ndarray, what: str) -> None:
+def assert_same(a: Result, b: Result, src: np.ndarray, what: str, logit_atol: float = 1e-6) -> None:
     """Python result ``a`` equals native ``b`` up to exchanges between equal logits.
-    ``src[id]`` is the input logit of token ``id``."""
+    ``src[id]`` is the input logit of token ``id``; ``logit_atol`` is the absolute tolerance
+    on output logits (wider for samplers whose output logits amplify rounding of ``p``)."""
     assert len(a.ids) == len(b.ids), f"{what}: {len(a.ids)} survivors vs llama.cpp's {len(b.ids)}"
     assert a.sorted == b.sorted, f"{what}: sorted={a.sorted} vs llama.cpp's {b.sorted}"
-    np.testing.assert_allclose(np.sort(a.logits), np.sort(b.logits), rtol=2e-6, atol=1e-6, err_msg=what)
+    np.testing.assert_allclose(np.sort(a.logits), np.sort(b.logits), rtol=2e-6, atol=logit_atol, err_msg=what)
     np.testing.assert_allclose(np.sort(a.p), np.sort(b.p), rtol=2e-5, atol=2e-7, err_msg=what)
     only_a = np.setdiff1d(a.ids, b.ids)
     only_b = np.setdiff1d(b.ids, a.ids)
@@ -87,7 +88,7 @@ def assert_same(a: Result, b: Result, src: np.ndarray, what: str) -> None:
         )
     common, ia, ib = np.intersect1d(a.ids, b.ids, return_indices=True)
     la, lb = a.logits[ia], b.logits[ib]
-    same = (la == lb) | np.isclose(la, lb, rtol=2e-6, atol=1e-6)
+    same = (la == lb) | np.isclose(la, lb, rtol=2e-6, atol=logit_atol)
     assert same.all(), f"{what}: logits differ for tokens {common[~same][:5]}: {la[~same][:5]} vs {lb[~same][:5]}"
     pa, pb = a.p[ia], b.p[ib]
     close = np.isclose(pa, pb, rtol=2e-5, atol=2e-7) | (np.isnan(pa) & np.isnan(pb))
@@ -107,7 +108,12 @@ def source(ids: np.ndarray, logits: np.ndarray) -> np.ndarray:
 
 
 def compare(
-    make: Callable[[], Sampler], ids: np.ndarray, logits: np.ndarray, identity: bool = False, steps: int = 1
+    make: Callable[[], Sampler],
+    ids: np.ndarray,
+    logits: np.ndarray,
+    identity: bool = False,
+    steps: int = 1,
+    logit_atol: float = 1e-6,
 ) -> None:
     """Apply fresh twins ``steps`` times to the same candidates, accepting the native choice."""
     py = make()
@@ -116,7 +122,7 @@ def compare(
     for step in range(steps):
         a = run_python(py, ids, logits, identity)
         b = run_native(nat, ids, logits)
-        assert_same(a, b, src, f"{py!r} step {step}")
+        assert_same(a, b, src, f"{py!r} step {step}", logit_atol)
         tok = b.token if b.selected >= 0 else int(ids[step % len(ids)])
         py.accept(tok)
         nat.accept(tok)
@@ -152,7 +158,7 @@ def candidates(
     return ids, logits
 
 
-HYP = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+HYP = settings(max_examples=max(150, settings().max_examples), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 PROB = st.floats(0.0, 1.0, width=32)
 MIN_KEEP = st.integers(0, 5)
 SEED = st.integers(0, 2**32 - 2)
@@ -239,7 +245,10 @@ def test_mirostat_v2(c: tuple[np.ndarray, np.ndarray], seed: int, tau: float, et
 @HYP
 @given(candidates(), st.floats(-0.5, 1, width=32), st.floats(0, 1, width=32), SEED)
 def test_adaptive_p(c: tuple[np.ndarray, np.ndarray], target: float, decay: float, seed: int) -> None:
-    compare(lambda: AdaptiveP(target, decay, seed), *c, steps=4)
+    # Output logits are 5 - 10 d^2 / (1 + d) with d = |p - target| / 0.3: a slope of up to
+    # 10 / 0.3 = 33 per unit of p, so the 1-ulp differences between numpy's float32 exp and
+    # glibc's expf (~2e-7 in p) become up to ~7e-6 in the logits.
+    compare(lambda: AdaptiveP(target, decay, seed), *c, steps=4, logit_atol=1e-5)
 
 
 @HYP
