@@ -140,3 +140,69 @@ def llama_tool_build_seconds(target: str) -> float | None:
     if not done.is_file():
         return None
     return float(json.loads(done.read_text())["seconds"])
+
+
+def build_common_cpp_tool(name: str) -> Path:
+    """Compile ``native/<name>.cpp`` against llama.cpp's ``common`` library (and llama and
+    ggml) of the tools build (:func:`build_llama_tool`'s build directory), and return the
+    binary's path.
+
+    The ``llama-common`` CMake target is brought up to date first (incremental: a no-op
+    when a tool such as ``llama-perplexity`` was built; the whole of llama.cpp the first
+    time), then the program is compiled with ``c++ -O1 -std=c++17`` and cached, like
+    :func:`build_c_tool`, under the native prefix keyed by its source and the commit.
+    """
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise ValueError(f"not a tool name: {name!r}")
+    info = llama_cffi.build_info()
+    src = HERE / "native" / f"{name}.cpp"
+    key = hashlib.sha256(src.read_bytes() + str(info["commit"]).encode()).hexdigest()[:12]
+    out = native_prefix() / "tools" / f"{name}-{key}"
+    if out.is_file():
+        return out
+    bf = _build_ffi()
+    root, options = _tools_dir(info)
+    build_dir = root / "build"
+    with bf._locked(root.parent / f"{root.name}.lock"):
+        cmake = shutil.which("cmake")
+        if not cmake:
+            raise RuntimeError("cmake was not found on PATH")
+        source = llama_cpp_source_dir()
+        root.mkdir(parents=True, exist_ok=True)
+        logfile = root / "llama-common.log"
+        logfile.write_text("")
+        if not (build_dir / "CMakeCache.txt").is_file():
+            gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+            defs = [f"-D{k}={v}" for k, v in sorted(options.items())]
+            defs += [f"-DLLAMA_BUILD_COMMIT={str(info['commit'])[:7]}", "-DLLAMA_BUILD_NUMBER=0"]
+            bf._stream([cmake, "-S", str(source), "-B", str(build_dir), *gen, *defs], logfile)
+        jobs = os.environ.get("LLAMA_CFFI_JOBS") or str(os.cpu_count() or 2)
+        bf._stream([cmake, "--build", str(build_dir), "--target", "llama-common", "-j", jobs], logfile)
+    libs = [
+        build_dir / "common" / "libllama-common.a",
+        build_dir / "common" / "libllama-common-base.a",
+        build_dir / "src" / "libllama.a",
+        build_dir / "ggml" / "src" / "libggml.a",
+        build_dir / "ggml" / "src" / "libggml-cpu.a",
+        build_dir / "ggml" / "src" / "libggml-base.a",
+    ]
+    incs = [source / "common", source / "include", source / "ggml" / "include", source / "vendor"]
+    extra = ["-lgomp"] if options.get("GGML_OPENMP") == "ON" else []
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
+    cmd = [
+        os.environ.get("CXX", "c++"),
+        "-O1",
+        "-std=c++17",
+        str(src),
+        *(f"-I{d}" for d in incs),
+        *(str(lib) for lib in libs if lib.is_file()),
+        "-lpthread",
+        "-ldl",
+        *extra,
+        "-o",
+        str(tmp),
+    ]
+    subprocess.run(cmd, check=True)
+    tmp.replace(out)
+    return out

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -218,6 +218,14 @@ class LlamaSampler:
         self._handle = NativeHandle(self, ptr, _free_sampler if owned else _no_free, what, parent=parent)
         self._tda: TokenDataArray | None = None
         self._keep: list[Any] = []  # Python objects C may still point to
+        #: set for samplers that look tokens up in a vocabulary (llama.cpp would throw
+        #: ``std::out_of_range`` through C, i.e. abort, on an id outside it)
+        self._n_vocab: int | None = None
+        #: set for grammar samplers: accept() first checks the token is allowed
+        self._guard_accept = False
+        #: grammar samplers whose grammar has token references: what decides whether
+        #: llama.cpp's accept would throw (see :meth:`grammar`); "refuse" when none given
+        self._grammar_guard: GrammarGuard | str | None = None
 
     def _ptr(self) -> Any:
         assert self._handle is not None
@@ -253,13 +261,38 @@ class LlamaSampler:
         return str(ffi.string(lib.llama_sampler_name(self._ptr())).decode())
 
     def accept(self, token: int) -> None:
-        """Tell the sampler ``token`` was chosen (penalties, DRY, mirostat, ... keep state)."""
-        lib.llama_sampler_accept(self._ptr(), check_int("token", token, 0))
+        """Tell the sampler ``token`` was chosen (penalties, DRY, mirostat, ... keep state).
+
+        A grammar sampler refuses (:class:`SamplingError`) a token its grammar does not
+        allow, where llama.cpp would abort."""
+        ptr = self._ptr()
+        token = check_int("token", token, 0)
+        if self._n_vocab is not None and token >= self._n_vocab:
+            raise InvalidTokenError(f"token {token} is out of range [0, {self._n_vocab})")
+        if self._guard_accept:
+            probe = TokenDataArray(1).fill([token], [0.0])
+            lib.llama_sampler_apply(ptr, probe.c)
+            if probe.logits[0] == -math.inf:
+                raise SamplingError(f"the grammar does not allow token {token} here")
+            guard = self._grammar_guard
+            if guard == "refuse":
+                raise SamplingError(
+                    "this grammar has token references, with which llama.cpp's accept can throw "
+                    "through C (abort) on tokens its apply allows: pass guard= to LlamaSampler.grammar"
+                )
+            if guard is not None and not isinstance(guard, str) and not guard.accept(token):
+                raise SamplingError(f"the grammar cannot accept token {token} here (llama.cpp would throw)")
+        lib.llama_sampler_accept(ptr, token)
 
     def apply(self, cands: TokenDataArray) -> None:
-        """``llama_sampler_apply`` on ``cands`` (refusing empty or NaN candidates)."""
+        """``llama_sampler_apply`` on ``cands`` (refusing empty or NaN candidates, and ids
+        outside the vocabulary for samplers that look tokens up)."""
         ptr = self._ptr()
         cands.check_input()
+        if self._n_vocab is not None:
+            ids = cands.ids
+            if int(ids.min()) < 0 or int(ids.max()) >= self._n_vocab:
+                raise InvalidTokenError(f"candidate ids must lie in [0, {self._n_vocab})")
         size = cands.size
         lib.llama_sampler_apply(ptr, cands.c)
         cands._check_after(size)
@@ -267,12 +300,19 @@ class LlamaSampler:
     def reset(self) -> None:
         """Forget accepted tokens and reseed (back to the state after creation)."""
         lib.llama_sampler_reset(self._ptr())
+        if self._grammar_guard is not None and not isinstance(self._grammar_guard, str):
+            self._grammar_guard.reset()
 
     def clone(self) -> LlamaSampler:
         """An independent copy with the same state (RNG included)."""
         ptr = lib.llama_sampler_clone(self._ptr())
-        out = LlamaSampler(ptr, self._handle.what if self._handle else "sampler")
+        parent = self._handle._parent if self._handle else None
+        out = LlamaSampler(ptr, self._handle.what if self._handle else "sampler", parent=parent)
         out._keep = list(self._keep)
+        out._n_vocab = self._n_vocab
+        out._guard_accept = self._guard_accept
+        g = self._grammar_guard
+        out._grammar_guard = g.clone() if g is not None and not isinstance(g, str) else g
         return out
 
     @property
@@ -487,7 +527,73 @@ class LlamaSampler:
     def infill(cls, vocab: Vocab | Model) -> LlamaSampler:
         """The infill sampler; it uses the vocabulary on every apply, so keeps its model alive."""
         v = _vocab_of(vocab)
-        return cls(lib.llama_sampler_init_infill(v._vocab()), "infill", parent=v._model)
+        out = cls(lib.llama_sampler_init_infill(v._vocab()), "infill", parent=v._model)
+        out._n_vocab = v.n_vocab
+        return out
+
+    @classmethod
+    def grammar(
+        cls, vocab: Vocab | Model, gbnf: str, root: str = "root", guard: GrammarGuard | None = None
+    ) -> LlamaSampler:
+        """llama.cpp's grammar sampler (``llama_sampler_init_grammar``) for GBNF text.
+
+        Raises :class:`~llama_cffi.errors.ParamError` when llama.cpp refuses the grammar
+        (it prints its reason to stderr). :meth:`accept` refuses tokens the grammar does
+        not allow (llama.cpp aborts on them). An empty ``gbnf`` makes a no-op sampler.
+        Keeps its model alive (the vocabulary is used on every apply).
+
+        Token references (``<[id]>``, ``!<[id]>``, ``<|name|>``) need ``guard``: with
+        them llama.cpp's apply can allow a token (matched by id after some of its
+        characters) that its accept then throws on, through C, which aborts the process.
+        ``guard`` is an object with ``accept(token) -> bool`` (False: the grammar cannot
+        take the token; called before each native accept, so it tracks the state),
+        ``reset()`` and ``clone()``; a :class:`samplers.grammar.GrammarMatcher` is one.
+        Without it, :meth:`accept` on such a grammar raises :class:`SamplingError`."""
+        v = _vocab_of(vocab)
+        text = gbnf.encode() if isinstance(gbnf, str) else bytes(gbnf)
+        if b"\0" in text or "\0" in root:
+            raise ParamError("grammar text and root name cannot contain NUL characters")
+        ptr = lib.llama_sampler_init_grammar(v._vocab(), text, root.encode())
+        if ptr == ffi.NULL:
+            raise ParamError(f"llama.cpp refused the grammar (root {root!r}); its parser printed why to stderr")
+        out = cls(ptr, "grammar", parent=v._model)
+        out._n_vocab = v.n_vocab
+        out._guard_accept = True
+        if guard is not None:
+            out._grammar_guard = guard
+        elif gbnf_has_token_refs(text.decode(errors="replace")):
+            out._grammar_guard = "refuse"
+        return out
+
+
+class GrammarGuard(Protocol):
+    """Tracks a grammar's state beside a native grammar sampler (see :meth:`LlamaSampler.grammar`)."""
+
+    def accept(self, token: int) -> bool: ...
+
+    def reset(self) -> None: ...
+
+    def clone(self) -> GrammarGuard: ...
+
+
+def gbnf_has_token_refs(text: str) -> bool:
+    """Whether GBNF ``text`` has token references: a ``<`` or ``!`` outside literals,
+    character classes and comments (where llama.cpp's parser starts a token element)."""
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "#":
+            while i < n and text[i] not in "\r\n":
+                i += 1
+        elif c in '"[':
+            close = '"' if c == '"' else "]"
+            i += 1
+            while i < n and text[i] != close:
+                i += 2 if text[i] == "\\" else 1
+        elif c in "<!":
+            return True
+        i += 1
+    return False
 
 
 def _vocab_of(obj: Vocab | Model) -> Vocab:

@@ -39,6 +39,11 @@ class SamplerChain(Sampler):
     """Apply ``samplers`` in order; :meth:`accept`/:meth:`reset` go to each of them.
 
     ``chain.sample(ctx, idx)`` does apply, select, accept (like ``llama_sampler_sample``).
+    Samplers that can check one token (those with an ``allows(token)`` method: a
+    :class:`samplers.grammar.GrammarSampler`) get llama.cpp's fast path
+    (``common_sampler_sample``): the other samplers choose first; if every such
+    constraint allows the choice it stands, otherwise the candidates are rebuilt from
+    the logits and the whole chain, constraints included, runs again.
     With a ``tracker`` (e.g. :class:`samplers.measure.PerplexityTracker`) each sampled token
     also adds its surprisal under the model's full distribution and under the distribution
     the chain actually drew from (softmax of the final candidates' logits).
@@ -99,12 +104,24 @@ class SamplerChain(Sampler):
     def sample(self, ctx: Context, idx: int = -1) -> int:
         cands = candidates_for(ctx)
         row: np.ndarray | None = None
+        checks = [c for c in (getattr(s, "allows", None) for s in self.samplers) if c is not None]
         try:
             row = np.asarray(ctx.logits(idx))
             cands.reset(row)
-            for s in self.samplers:
-                s.apply(cands)
-            token = selected_token(cands, self)
+            if checks:
+                for s in self.samplers:
+                    if getattr(s, "allows", None) is None:
+                        s.apply(cands)
+                token = selected_token(cands, self)
+                if not all(check(token) for check in checks):
+                    cands.reset(row)
+                    for s in self.samplers:
+                        s.apply(cands)
+                    token = selected_token(cands, self)
+            else:
+                for s in self.samplers:
+                    s.apply(cands)
+                token = selected_token(cands, self)
             if self.tracker is not None:
                 self.tracker.add(_surprisal(row, token), _surprisal(cands.read_logits(), cands.selected))
         finally:

@@ -95,5 +95,6 @@ class TempExt(Sampler):
         dyn = min_temp + (max_temp - min_temp) * f32(math.pow(float(normalized), self.exponent))
         scale_logits(cands, float(dyn))
         lg = cands._lg().astype(np.float64)
-        q = np.exp(lg - lg[0])
-        cands.p[:] = q / q.sum()
+        with np.errstate(invalid="ignore"):  # all -inf (or +inf) after scaling: NaN p, as llama.cpp
+            q = np.exp(lg - lg[0])
+            cands.p[:] = q / q.sum()

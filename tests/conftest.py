@@ -49,6 +49,20 @@ def default_model(default_model_path: Path) -> Iterator[llama_cffi.Model]:
         yield m
 
 
+#: For scripts run with :func:`run_isolated`: ``expect(exc, f)`` calls ``f`` and records the
+#: name of the exception it raised (``"NO ERROR"`` if none) in ``out``.
+EXPECT = """
+out = []
+def expect(exc, f):
+    try:
+        f()
+    except exc as e:
+        out.append(type(e).__name__)
+    else:
+        out.append("NO ERROR")
+"""
+
+
 def run_isolated(code: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """Run ``code`` in a fresh interpreter (a spawned process, never a fork: with OpenMP a
     forked child hangs in llama_decode). The caller asserts on returncode and output."""

@@ -16,7 +16,7 @@ from llama_cffi import Batch, ClosedError, Model, ParamError
 from llama_cffi.sampling import LlamaSampler, TokenDataArray
 from samplers.measure import PerplexityTracker, surprisal
 
-from .conftest import run_isolated
+from .conftest import EXPECT, run_isolated
 
 
 def cands(probs: list[float], ids: list[int] | None = None) -> S.Candidates:
@@ -401,18 +401,14 @@ def test_native_sampler_lifecycle() -> None:
         LlamaSampler.top_p(0.5).apply(t.fill([], []))
 
 
-CRASHERS = r"""
+CRASHERS = (
+    r"""
 import math, numpy as np
 from llama_cffi.sampling import LlamaSampler, TokenDataArray, InvalidLogitsError, SamplingError
 import samplers as S
-out = []
-def expect(exc, f):
-    try:
-        f()
-    except exc as e:
-        out.append(type(e).__name__)
-    else:
-        out.append("NO ERROR")
+"""
+    + EXPECT
+    + r"""
 t = TokenDataArray(8)
 # llama.cpp asserts (softmax of nothing) or sorts NaN (undefined behaviour) on these
 for make in (lambda: LlamaSampler.top_p(0.5), lambda: LlamaSampler.typical(0.5), lambda: LlamaSampler.mirostat_v2(1),
@@ -422,6 +418,7 @@ for make in (lambda: LlamaSampler.top_p(0.5), lambda: LlamaSampler.typical(0.5),
 expect(InvalidLogitsError, lambda: S.NativeSamplerChain([S.TopK(2), S.Dist(1)]).apply(S.Candidates.from_arrays([], [])))
 print(" ".join(out))
 """
+)
 
 
 def test_native_samplers_never_crash_on_bad_candidates() -> None:

@@ -158,7 +158,9 @@ def candidates(
     return ids, logits
 
 
-HYP = settings(max_examples=max(150, settings().max_examples), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+HYP = settings(
+    max_examples=max(150, settings().max_examples), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 PROB = st.floats(0.0, 1.0, width=32)
 MIN_KEEP = st.integers(0, 5)
 SEED = st.integers(0, 2**32 - 2)

@@ -1,0 +1,39 @@
+"""Grammar-constrained sampling: llama.cpp's GBNF in pure Python (numpy), and JSON Schema.
+
+    g = Grammar.from_gbnf(open("json.gbnf").read())     # vocabulary-free
+    g.accepts('{"a": 1}')                               # whole strings
+    m = g.matcher(model)                                # per sequence (compiles once per vocab)
+    m.allowed_tokens(); m.accept_token(t); m.rollback(1); m.fork()
+    chain = SamplerChain([GrammarSampler(g, model), TopK(40), Dist(seed=1)])
+
+Semantics are llama.cpp's grammar sampler's (tested mask for mask against it); masks
+come from a vectorised walk of a trie of the vocabulary's character-class sequences
+and are cached by parser state (see :mod:`samplers.grammar.compiled`).
+"""
+
+from .compiled import CompiledGrammar
+from .elements import GreType, ParsedGrammar
+from .errors import GrammarError, GrammarSyntaxError, SchemaError
+from .gbnf import check_grammar, format_gbnf, parse_gbnf
+from .grammar import Grammar
+from .json_schema import json_schema_to_gbnf
+from .matcher import GrammarMatcher
+from .sampler import GrammarSampler
+from .vocab_index import VocabIndex
+
+__all__ = [
+    "CompiledGrammar",
+    "Grammar",
+    "GrammarError",
+    "GrammarMatcher",
+    "GrammarSampler",
+    "GrammarSyntaxError",
+    "GreType",
+    "ParsedGrammar",
+    "SchemaError",
+    "VocabIndex",
+    "check_grammar",
+    "format_gbnf",
+    "json_schema_to_gbnf",
+    "parse_gbnf",
+]

@@ -1,0 +1,426 @@
+"""The pushdown matcher of llama.cpp's grammars, as a lazily built automaton over stack sets.
+
+llama.cpp (``src/llama-grammar.cpp``) keeps a *set of stacks*; each stack is a list of
+element positions, its top always at a terminal (a character class or a token
+element). Accepting a code point maps every stack to the stacks it can continue as
+(``llama_grammar_accept_chr`` then ``llama_grammar_advance_stack``). This module runs
+the same algorithm with two changes that do not change the result:
+
+* A stack set is interned once and named by an integer **state**; the successor of a
+  state on a code point is computed once and remembered in a dense transition table
+  (numpy), so the walk over a token is table lookups after the first time.
+* Code points are first mapped to **character classes**: two code points that every
+  character element of the grammar treats the same (``[a-z]``, ``[^"\\\\]``, ``"t"``, ...)
+  have the same successor everywhere, so transitions are per class (a JSON grammar has
+  a few dozen classes instead of 1.1 million code points).
+
+The engine is vocabulary-free; :mod:`samplers.grammar.compiled` builds token masks on it.
+Not thread-safe: states and transitions are added while matching (guard a shared
+engine with a lock if several threads use it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from .elements import GreType, ParsedGrammar
+from .errors import GrammarError
+
+Stack = tuple[int, ...]
+#: A partial UTF-8 sequence carried between tokens: ``(value so far, bytes still needed)``;
+#: ``n_remain == -1`` marks an invalid sequence (llama.cpp's ``llama_partial_utf8``).
+Partial = tuple[int, int]
+NO_PARTIAL: Partial = (0, 0)
+
+DEAD = -1  # the empty stack set: nothing can follow
+_UNKNOWN = -2  # a transition not computed yet
+
+_END, _ALT, _RULE_REF = int(GreType.END), int(GreType.ALT), int(GreType.RULE_REF)
+_CHAR, _CHAR_NOT, _RNG, _CHAR_ALT, _ANY = (
+    int(GreType.CHAR),
+    int(GreType.CHAR_NOT),
+    int(GreType.CHAR_RNG_UPPER),
+    int(GreType.CHAR_ALT),
+    int(GreType.CHAR_ANY),
+)
+_TOKEN, _TOKEN_NOT = int(GreType.TOKEN), int(GreType.TOKEN_NOT)
+_MAX_CP = 1 << 22  # llama.cpp's decoder can produce values up to 0x3FFFFF
+
+
+def decode_utf8(data: bytes, partial: Partial = NO_PARTIAL) -> tuple[list[int], Partial]:
+    """llama.cpp's ``decode_utf8(std::string, llama_partial_utf8)`` exactly, quirks included:
+    decoding stops at the first NUL byte; continuation bytes inside a sequence are not
+    validated; an invalid lead byte (or a non-continuation byte where ``partial`` needed
+    one) yields ``([], (0, -1))``. Returns the complete code points and the partial
+    sequence left at the end."""
+    nul = data.find(0)
+    if nul >= 0:
+        data = data[:nul]
+    value, n_remain = partial
+    pos = 0
+    n = len(data)
+    cps: list[int] = []
+    while pos < n and n_remain > 0:
+        b = data[pos]
+        if b >> 6 != 2:
+            return [], (0, -1)
+        value = (value << 6) + (b & 0x3F)
+        pos += 1
+        n_remain -= 1
+    if partial[1] > 0 and n_remain == 0:
+        cps.append(value)
+    if pos == 0 and partial[1] <= 0:
+        try:  # fast path: well-formed UTF-8 decodes the same either way
+            return cps + [ord(c) for c in data.decode("utf-8")], NO_PARTIAL
+        except UnicodeDecodeError:
+            pass
+    while pos < n:
+        b = data[pos]
+        hb = b >> 4
+        n_remain = (0, 0, 0, 0, 0, 0, 0, 0, -1, -1, -1, -1, 1, 1, 2, 3)[hb]
+        if n_remain < 0:
+            return [], (0, -1)
+        value = b & ((1 << (7 - n_remain)) - 1)
+        pos += 1
+        while pos < n and n_remain > 0:
+            value = (value << 6) + (data[pos] & 0x3F)
+            pos += 1
+            n_remain -= 1
+        if n_remain == 0:
+            cps.append(value)
+    return cps, (value, n_remain) if n_remain > 0 else NO_PARTIAL
+
+
+class Engine:
+    """States, classes and transitions for one grammar and start rule (see the module
+    docstring). Made by :class:`samplers.grammar.Grammar`; shared by its matchers."""
+
+    def __init__(self, grammar: ParsedGrammar, root: str = "root") -> None:
+        if root not in grammar.symbol_ids:
+            raise GrammarError(f"grammar does not contain a {root!r} symbol")
+        if grammar.token_names:
+            raise GrammarError(
+                f"named token references {list(grammar.token_names)} need a vocabulary: compile the grammar first"
+            )
+        self.grammar = grammar
+        self.root = root
+        # flatten: element position -> (type, value); rule id -> first position
+        types: list[int] = []
+        values: list[int] = []
+        self.rule_start: list[int] = []
+        for rule in grammar.rules:
+            self.rule_start.append(len(types))
+            for t, v in rule:
+                types.append(int(t))
+                values.append(int(v))
+        self.types = types
+        self.values = values
+        n_rules = len(grammar.rules)
+        for t, v in zip(types, values, strict=True):
+            if t == _RULE_REF and not (0 <= v < n_rules and grammar.rules[v]):
+                raise GrammarError(f"a rule refers to undefined rule {v}")
+        self._build_classes()
+        self.has_token_elements = any(t in (_TOKEN, _TOKEN_NOT) for t in types)
+        # states
+        self._stacks: list[tuple[Stack, ...]] = []
+        self._state_ids: dict[tuple[Stack, ...], int] = {}
+        self._advance_cache: dict[Stack, tuple[Stack, ...]] = {}
+        self._trans = np.full((64, self.n_classes), _UNKNOWN, dtype=np.int32)
+        #: per state: does some stack have a token element on top / is some stack empty
+        self._token_tops: list[tuple[tuple[int, int], ...]] = []
+        self._complete: list[bool] = []
+        start: list[Stack] = []
+        for alt in self._alternatives(self.rule_start[grammar.symbol_ids[root]]):
+            self._advance(() if self._is_end(alt) else (alt,), start)
+        self.start = self.intern(start)
+
+    # ------------------------------------------------------------------ elements
+    def _is_end(self, pos: int) -> bool:
+        return self.types[pos] in (_END, _ALT)
+
+    def _alternatives(self, pos: int) -> Iterable[int]:
+        """First positions of the alternatives of the rule starting at ``pos``."""
+        types = self.types
+        while True:
+            yield pos
+            while types[pos] not in (_END, _ALT):
+                pos += 1
+            if types[pos] == _END:
+                return
+            pos += 1
+
+    def _class_items(self, pos: int) -> tuple[bool, list[tuple[int, int]], int]:
+        """``(positive, [(lo, hi), ...], position after)`` of the char element at ``pos``
+        (``llama_grammar_match_char``'s walk; ``.`` is the range of every value)."""
+        types, values = self.types, self.values
+        positive = types[pos] in (_CHAR, _ANY)
+        items: list[tuple[int, int]] = []
+        while True:
+            if types[pos + 1] == _RNG:
+                items.append((values[pos], values[pos + 1]))
+                pos += 2
+            elif types[pos] == _ANY:
+                items.append((0, _MAX_CP - 1))
+                pos += 1
+            else:
+                items.append((values[pos], values[pos]))
+                pos += 1
+            if types[pos] != _CHAR_ALT:
+                return positive, items, pos
+
+    def _build_classes(self) -> None:
+        """Partition code points into classes no char element distinguishes."""
+        self._char_pos: dict[int, int] = {}  # char element position -> row of _member
+        items_of: list[tuple[bool, list[tuple[int, int]]]] = []
+        self._after: dict[int, int] = {}
+        bounds = {0, _MAX_CP}
+        for pos, t in enumerate(self.types):
+            if t in (_CHAR, _CHAR_NOT, _ANY):  # each starts a class ("ab" is CHAR, CHAR; [ab] CHAR, CHAR_ALT)
+                positive, items, after = self._class_items(pos)
+                self._char_pos[pos] = len(items_of)
+                self._after[pos] = after
+                items_of.append((positive, items))
+                for lo, hi in items:
+                    if lo <= hi:
+                        bounds.add(min(lo, _MAX_CP))
+                        bounds.add(min(hi + 1, _MAX_CP))
+        edges = np.array(sorted(bounds), dtype=np.int64)  # interval i = [edges[i], edges[i+1])
+        n_int = len(edges) - 1
+        member = np.zeros((len(items_of), n_int), dtype=bool)
+        for row, (positive, items) in enumerate(items_of):
+            found = np.zeros(n_int, dtype=bool)
+            for lo, hi in items:
+                if lo <= hi:
+                    a = np.searchsorted(edges, lo, side="right") - 1
+                    b = np.searchsorted(edges, min(hi + 1, _MAX_CP), side="left")
+                    found[a:b] = True
+            member[row] = found if positive else ~found
+        # intervals with the same membership column form one class
+        cols = np.ascontiguousarray(member.T)
+        keys = [c.tobytes() for c in cols] if len(items_of) else [b""] * n_int
+        class_of_key: dict[bytes, int] = {}
+        interval_class = np.empty(n_int, dtype=np.int32)
+        reps: list[int] = []
+        for i, k in enumerate(keys):
+            c = class_of_key.get(k)
+            if c is None:
+                c = class_of_key[k] = len(reps)
+                reps.append(int(edges[i]))
+            interval_class[i] = c
+        self._edges = edges
+        self._interval_class = interval_class
+        self.n_classes = len(reps)
+        #: ``member[row, class]``: whether the char element of ``row`` matches the class
+        self._member = np.ascontiguousarray(member[:, [int(np.searchsorted(edges, r, side="right") - 1) for r in reps]])
+        self._member_lists: list[list[bool]] = self._member.tolist()
+        self._ascii_class = self.classes_of(np.arange(128, dtype=np.int64)).tolist()
+
+    def classes_of(self, cps: npt.ArrayLike) -> npt.NDArray[np.int32]:
+        """Class of each code point (vectorised)."""
+        a = np.asarray(cps, dtype=np.int64)
+        idx = np.searchsorted(self._edges, np.clip(a, 0, _MAX_CP - 1), side="right") - 1
+        return self._interval_class[idx]
+
+    def class_of(self, cp: int) -> int:
+        if 0 <= cp < 128:
+            return int(self._ascii_class[cp])
+        return int(self.classes_of([cp])[0])
+
+    # ------------------------------------------------------------------ stacks
+    def _advance(self, stack: Stack, out: list[Stack]) -> None:
+        """``llama_grammar_advance_stack``: expand rule references on top of ``stack`` until
+        every resulting stack is empty or has a terminal on top; append new ones to ``out``."""
+        res = self._advance_cache.get(stack)
+        if res is None:
+            acc: list[Stack] = []
+            todo = [stack]
+            seen: set[Stack] = set()
+            types, values, is_end = self.types, self.values, self._is_end
+            while todo:
+                cur = todo.pop()
+                if cur in seen:
+                    continue
+                seen.add(cur)
+                if not cur:
+                    if cur not in acc:
+                        acc.append(cur)
+                    continue
+                pos = cur[-1]
+                t = types[pos]
+                if t == _RULE_REF:
+                    base = cur[:-1]
+                    if not is_end(pos + 1):
+                        base = (*base, pos + 1)
+                    for sub in self._alternatives(self.rule_start[values[pos]]):
+                        todo.append(base if is_end(sub) else (*base, sub))
+                elif t in (_CHAR, _CHAR_NOT, _ANY, _TOKEN, _TOKEN_NOT):
+                    if cur not in acc:
+                        acc.append(cur)
+                else:  # pragma: no cover - a parsed grammar never leaves a stack here
+                    raise GrammarError(f"internal error: stack top on element type {t}")
+            res = self._advance_cache[stack] = tuple(acc)
+        for s in res:
+            if s not in out:
+                out.append(s)
+
+    def intern(self, stacks: Sequence[Stack]) -> int:
+        """The state of a stack set (``DEAD`` if empty)."""
+        if not stacks:
+            return DEAD
+        key = tuple(sorted(set(stacks)))
+        sid = self._state_ids.get(key)
+        if sid is None:
+            sid = self._state_ids[key] = len(self._stacks)
+            self._stacks.append(key)
+            types, values = self.types, self.values
+            self._token_tops.append(
+                tuple((types[s[-1]], values[s[-1]]) for s in key if s and types[s[-1]] in (_TOKEN, _TOKEN_NOT))
+            )
+            self._complete.append(any(not s for s in key))
+            if sid >= len(self._trans):
+                grown = np.full((2 * len(self._trans), self.n_classes), _UNKNOWN, dtype=np.int32)
+                grown[: len(self._trans)] = self._trans
+                self._trans = grown
+        return sid
+
+    @property
+    def n_states(self) -> int:
+        return len(self._stacks)
+
+    def stacks(self, state: int) -> tuple[Stack, ...]:
+        """The stacks of ``state`` (positions into the flattened rules)."""
+        return () if state == DEAD else self._stacks[state]
+
+    def is_complete(self, state: int) -> bool:
+        """Whether some stack is empty: the input so far is a complete sentence (EOG allowed)."""
+        return state != DEAD and self._complete[state]
+
+    def token_tops(self, state: int) -> tuple[tuple[int, int], ...]:
+        """``(type, token id)`` of the token elements on top of the state's stacks."""
+        return () if state == DEAD else self._token_tops[state]
+
+    # ------------------------------------------------------------------ transitions
+    def step(self, state: int, cls: int) -> int:
+        """Successor of ``state`` on a code point of class ``cls`` (``DEAD`` if none)."""
+        if state == DEAD:
+            return DEAD
+        nxt = int(self._trans[state, cls])
+        if nxt == _UNKNOWN:
+            nxt = self._compute(state, cls)
+        return nxt
+
+    def _compute(self, state: int, cls: int) -> int:
+        out: list[Stack] = []
+        types, member, char_pos, after = self.types, self._member_lists, self._char_pos, self._after
+        for stack in self._stacks[state]:
+            if not stack:
+                continue
+            pos = stack[-1]
+            if types[pos] in (_TOKEN, _TOKEN_NOT):
+                continue  # llama_grammar_accept_chr ignores token elements
+            if member[char_pos[pos]][cls]:
+                nxt = after[pos]
+                self._advance(stack[:-1] if self._is_end(nxt) else (*stack[:-1], nxt), out)
+        sid = self.intern(out)
+        self._trans[state, cls] = sid
+        return sid
+
+    def table(self) -> npt.NDArray[np.int32]:
+        """The transition table ``[state, class] -> state`` (``-2``: not computed yet).
+        The array is replaced when it grows: fetch it again after computing."""
+        return self._trans
+
+    def fill(self, states: npt.NDArray[np.int32], classes: npt.NDArray[np.int32]) -> None:
+        """Compute every unknown transition among the pairs ``(states[i], classes[i])``."""
+        t = self._trans
+        live = states >= 0
+        s, c = states[live], classes[live]
+        unknown = t[s, c] == _UNKNOWN
+        if unknown.any():
+            pairs = np.unique(s[unknown].astype(np.int64) * self.n_classes + c[unknown])
+            for p in pairs.tolist():
+                self._compute(p // self.n_classes, p % self.n_classes)
+
+    def walk(self, state: int, cps: Iterable[int]) -> int:
+        """The state after the code points ``cps`` (``DEAD`` once nothing matches)."""
+        for cp in cps:
+            state = self.step(state, self.class_of(cp))
+            if state == DEAD:
+                return DEAD
+        return state
+
+    def step_token(self, state: int, token: int) -> int:
+        """The stacks after a token element: those with ``<[token]>`` (or a ``!<[t]>`` with
+        ``t != token``) on top, advanced (``llama_grammar_accept_token``'s token branch)."""
+        if state == DEAD or not self._token_tops[state]:
+            return DEAD
+        out: list[Stack] = []
+        types, values = self.types, self.values
+        for stack in self._stacks[state]:
+            if stack and types[stack[-1]] in (_TOKEN, _TOKEN_NOT):
+                pos = stack[-1]
+                if (types[pos] == _TOKEN) == (values[pos] == token):
+                    self._advance(stack[:-1] if self._is_end(pos + 1) else (*stack[:-1], pos + 1), out)
+        return self.intern(out)
+
+    def union(self, a: int, b: int) -> int:
+        """The state whose stacks are those of ``a`` and ``b``."""
+        if a == DEAD:
+            return b
+        if b == DEAD:
+            return a
+        return self.intern(self._stacks[a] + self._stacks[b])
+
+    def char_only(self, state: int) -> int:
+        """``state`` without its empty and token-topped stacks: what consuming a token's
+        characters continues (``llama_grammar_accept_token`` drops empty stacks even for
+        a token that decodes to no complete character)."""
+        if state == DEAD or not (self._token_tops[state] or self._complete[state]):
+            return state
+        types = self.types
+        return self.intern([s for s in self._stacks[state] if s and types[s[-1]] not in (_TOKEN, _TOKEN_NOT)])
+
+    def partial_ok(self, state: int, partial: Partial) -> bool:
+        """``llama_grammar_match_partial_char`` over the state's stacks: could some stack
+        accept a code point that the partial UTF-8 sequence ``partial`` completes to?"""
+        value, n_remain = partial
+        if state == DEAD or n_remain < 0 or (n_remain == 1 and value < 2):
+            return False
+        low = value << (n_remain * 6)
+        high = low | ((1 << (n_remain * 6)) - 1)
+        if low == 0:
+            if n_remain == 2:
+                low = 1 << 11
+            elif n_remain == 3:
+                low = 1 << 16
+        types, values = self.types, self.values
+        for stack in self._stacks[state]:
+            if not stack or types[stack[-1]] in (_TOKEN, _TOKEN_NOT):
+                continue
+            pos = stack[-1]
+            positive = types[pos] in (_CHAR, _ANY)
+            hit = None
+            while True:
+                if types[pos + 1] == _RNG:
+                    if values[pos] <= high and low <= values[pos + 1]:
+                        hit = positive
+                        break
+                    pos += 2
+                elif types[pos] == _ANY:
+                    hit = True
+                    break
+                else:
+                    if low <= values[pos] <= high:
+                        hit = positive
+                        break
+                    pos += 1
+                if types[pos] != _CHAR_ALT:
+                    break
+            if hit is None:
+                hit = not positive
+            if hit:
+                return True
+        return False

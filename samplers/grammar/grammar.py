@@ -1,0 +1,113 @@
+"""A GBNF grammar: vocabulary-free, compiled per vocabulary on demand."""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from .compiled import CompiledGrammar
+from .elements import ParsedGrammar, resolve_tokens
+from .engine import Engine
+from .errors import GrammarError
+from .matcher import GrammarMatcher
+from .vocab_index import VocabIndex
+
+_NO_TOKEN = 2**31 - 1  # stands for named tokens when there is no vocabulary: matches nothing
+
+
+class Grammar:
+    """A parsed, checked grammar with a start rule.
+
+    Make one with :meth:`from_gbnf` (or :meth:`from_json_schema`); test whole strings
+    with :meth:`accepts`; :meth:`compile` it for a model's vocabulary to get token masks
+    and matchers. Immutable and shareable; compiled forms are cached per vocabulary.
+    """
+
+    def __init__(self, parsed: ParsedGrammar, root: str = "root") -> None:
+        from .gbnf import check_grammar
+
+        check_grammar(parsed, root)
+        self.parsed = parsed
+        self.root = root
+        self._engine = Engine(resolve_tokens(parsed, lambda _name: _NO_TOKEN), root)
+        self._compiled: weakref.WeakKeyDictionary[Any, CompiledGrammar] = weakref.WeakKeyDictionary()
+        self._compiled_plain: dict[int, CompiledGrammar] = {}
+
+    @classmethod
+    def from_gbnf(cls, text: str, root: str = "root") -> Grammar:
+        """Parse GBNF text (llama.cpp's dialect; :class:`GrammarSyntaxError` on bad text)."""
+        from .gbnf import parse_gbnf
+
+        return cls(parse_gbnf(text), root)
+
+    @classmethod
+    def from_json_schema(cls, schema: dict[str, Any] | str | bool, **options: Any) -> Grammar:
+        """The grammar of a JSON schema (llama.cpp's converter; see
+        :func:`samplers.grammar.json_schema.json_schema_to_gbnf`)."""
+        from .json_schema import json_schema_to_gbnf
+
+        return cls.from_gbnf(json_schema_to_gbnf(schema, **options))
+
+    @property
+    def gbnf(self) -> str:
+        """The grammar as GBNF text (re-parses to the same rules)."""
+        from .gbnf import format_gbnf
+
+        return format_gbnf(self.parsed)
+
+    def __str__(self) -> str:
+        return self.gbnf
+
+    def __repr__(self) -> str:
+        return f"<Grammar root={self.root!r} rules={len(self.parsed.rules)}>"
+
+    def accepts(self, text: str | bytes) -> bool:
+        """Whether ``text`` (all of it) is a sentence of the grammar. Bytes are decoded
+        as llama.cpp decodes token pieces (stopping at a NUL byte)."""
+        eng = self._engine
+        if isinstance(text, bytes):
+            from .engine import decode_utf8
+
+            cps, partial = decode_utf8(text)
+            if partial[1] != 0:
+                return False
+        else:
+            cps = [ord(c) for c in text]
+        return eng.is_complete(eng.walk(eng.start, cps))
+
+    def compile(self, vocab: Any, mask_cache_size: int = 4096) -> CompiledGrammar:
+        """The grammar for a vocabulary (a :class:`llama_cffi.Model` or ``Vocab``, or a
+        :class:`VocabIndex`): precomputed token structures plus a mask cache, built once
+        per vocabulary (about a second at 262,144 tokens) and cached."""
+        index = VocabIndex.of(vocab)
+        key: Any = getattr(vocab, "vocab", vocab)
+        try:
+            hit = self._compiled.get(key)
+        except TypeError:
+            hit = self._compiled_plain.get(id(index))
+        if hit is not None:
+            return hit
+        if self.parsed.token_names:
+            tokenize = getattr(key, "tokenize", None)
+            if tokenize is None:
+                raise GrammarError(f"named tokens {list(self.parsed.token_names)} need a llama_cffi vocabulary")
+
+            def token_id(name: str) -> int:
+                ids = tokenize(name, add_special=False, parse_special=True)
+                if len(ids) != 1:
+                    raise GrammarError(f"invalid token {name!r}: it is {len(ids)} tokens, not one")
+                return int(ids[0])
+
+            engine = Engine(resolve_tokens(self.parsed, token_id), self.root)
+        else:
+            engine = self._engine
+        compiled = CompiledGrammar(engine, index, mask_cache_size)
+        try:
+            self._compiled[key] = compiled
+        except TypeError:
+            self._compiled_plain[id(index)] = compiled
+        return compiled
+
+    def matcher(self, vocab: Any) -> GrammarMatcher:
+        """A fresh matcher for ``vocab`` (compiling on first use)."""
+        return self.compile(vocab).matcher()

@@ -1,0 +1,196 @@
+"""The parse state of one sequence under a compiled grammar.
+
+A :class:`GrammarMatcher` is small: a parser state (an int naming a set of pushdown
+stacks, see :mod:`samplers.grammar.engine`), the partial UTF-8 character carried
+between tokens, and a history for :meth:`~GrammarMatcher.rollback`. Forking one is
+copying those, so tree search over many branches costs nothing per branch; the
+compiled tables and mask cache are shared.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from llama_cffi.errors import InvalidTokenError
+
+from ..candidates import Candidates
+from .compiled import CompiledGrammar
+from .engine import DEAD, NO_PARTIAL, Partial, decode_utf8
+
+
+class GrammarMatcher:
+    """Accepts tokens (or bytes) one at a time and tells which tokens may come next.
+
+    Semantics are llama.cpp's grammar sampler's: a token is allowed iff the native
+    sampler would leave it unmasked (:meth:`allowed_tokens`), and accepting it moves
+    the stacks as ``llama_grammar_accept_impl`` does. Where llama.cpp would abort
+    (a token it would mask, an end-of-generation token before the grammar can end),
+    :meth:`accept_token` returns False and changes nothing.
+    """
+
+    __slots__ = ("_compiled", "_history", "ended", "partial", "state")
+
+    def __init__(self, compiled: CompiledGrammar) -> None:
+        self._compiled = compiled
+        self.state = compiled.engine.start
+        self.partial: Partial = NO_PARTIAL
+        #: whether an end-of-generation token was accepted
+        self.ended = False
+        self._history: list[tuple[int, Partial, bool]] = []
+
+    @property
+    def compiled(self) -> CompiledGrammar:
+        return self._compiled
+
+    # ------------------------------------------------------------------ queries
+    def can_end(self) -> bool:
+        """Whether the input so far is a complete sentence (an EOG token is allowed)."""
+        return self._compiled.engine.is_complete(self.state)
+
+    def is_complete(self) -> bool:
+        """Whether the input is complete and nothing more can follow (every stack is
+        empty), or an end-of-generation token was accepted."""
+        return self.ended or (self.state != DEAD and self._compiled.engine.stacks(self.state) == ((),))
+
+    def allows(self, token: int) -> bool:
+        """Whether ``token`` may come next (one token: no full mask is computed)."""
+        c = self._compiled
+        t = self._check(token)
+        if self.ended:
+            return False
+        return c.token_allowed(self.state, self.partial, t)
+
+    def allowed_tokens(self) -> npt.NDArray[np.bool_]:
+        """Boolean mask over the vocabulary of the tokens that may come next. Read-only
+        (shared with the mask cache)."""
+        if self.ended:
+            return np.zeros(self._compiled.n_vocab, dtype=bool)
+        return self._compiled.allowed(self.state, self.partial)
+
+    def fill_mask(self, bitmask: npt.NDArray[np.uint32] | None = None) -> npt.NDArray[np.uint32]:
+        """The allowed tokens as a packed bitmask: bit ``t % 32`` of word ``t // 32``
+        (``uint32`` words, xgrammar's layout). Writes into ``bitmask`` when given (at
+        least ``ceil(n_vocab / 32)`` words) and returns it."""
+        n_words = (self._compiled.n_vocab + 31) // 32
+        out = np.zeros(n_words, dtype=np.uint32) if bitmask is None else bitmask
+        if out.dtype != np.uint32 or out.ndim != 1 or len(out) < n_words:
+            raise ValueError(f"bitmask must be a 1-D uint32 array of at least {n_words} words")
+        words = out[:n_words].view(np.uint8)
+        words[:] = 0
+        if not self.ended:
+            packed = self._compiled.packed(self.state, self.partial)
+            words[: len(packed)] = packed
+            if not np.little_endian:  # pragma: no cover - bytes were packed little-endian
+                out[:n_words].byteswap(inplace=True)
+        return out
+
+    def apply(self, cands: Candidates) -> None:
+        """Set the logits of disallowed candidates to -inf, in place (like applying
+        llama.cpp's grammar sampler)."""
+        if cands.size == 0:
+            return
+        ids = cands.read_ids()
+        mask = self.allowed_tokens()
+        if int(ids.max()) >= len(mask) or int(ids.min()) < 0:
+            raise InvalidTokenError(f"candidate ids must lie in [0, {len(mask)})")
+        banned = ~mask[ids]
+        if banned.any():
+            cands.logits[banned] = -np.inf
+
+    # ------------------------------------------------------------------ moves
+    def accept_token(self, token: int) -> bool:
+        """Advance by ``token`` if it is allowed (True); otherwise change nothing (False)."""
+        c = self._compiled
+        t = self._check(token)
+        if self.ended or not c.token_allowed(self.state, self.partial, t):
+            return False
+        if c.vocab.eog[t]:
+            self._history.append((self.state, self.partial, self.ended))
+            self.ended = True
+            return True
+        eng = c.engine
+        cps, end = decode_utf8(c.vocab.pieces[t], self.partial)
+        # llama_grammar_accept_token: token-topped stacks consume the token by id,
+        # the others its code points
+        by_id = eng.step_token(self.state, t) if eng.has_token_elements else DEAD
+        chars = eng.walk(eng.char_only(self.state), cps)
+        nxt = eng.union(by_id, chars)
+        if nxt == DEAD:
+            return False  # llama.cpp would throw ("Unexpected empty grammar stack")
+        self._history.append((self.state, self.partial, self.ended))
+        self.state = nxt
+        self.partial = end if end[1] > 0 else NO_PARTIAL
+        return True
+
+    #: the :class:`llama_cffi.sampling.GrammarGuard` protocol (guarding a native grammar sampler)
+    accept = accept_token
+
+    def accept_tokens(self, tokens: npt.ArrayLike) -> int:
+        """Accept tokens in order until one is refused; returns how many were accepted."""
+        n = 0
+        for t in np.asarray(tokens, dtype=np.int64).ravel().tolist():
+            if not self.accept_token(t):
+                break
+            n += 1
+        return n
+
+    def accept_bytes(self, data: bytes | str) -> bool:
+        """Advance by raw text (UTF-8; may end inside a character). False (and no change)
+        when the grammar cannot take it, including a partial character no class allows."""
+        raw = data.encode() if isinstance(data, str) else bytes(data)
+        if self.ended:
+            return False
+        eng = self._compiled.engine
+        cps, end = decode_utf8(raw, self.partial)
+        if end[1] < 0:
+            return False
+        nxt = eng.walk(self.state, cps)  # llama_grammar_accept_str: no character, no change
+        if nxt == DEAD or (end[1] > 0 and not eng.partial_ok(nxt, end)):
+            return False
+        self._history.append((self.state, self.partial, self.ended))
+        self.state = nxt
+        self.partial = end
+        return True
+
+    def rollback(self, n: int = 1) -> None:
+        """Undo the last ``n`` accepted tokens (or :meth:`accept_bytes` calls)."""
+        if not 0 <= n <= len(self._history):
+            raise ValueError(f"cannot roll back {n} steps: {len(self._history)} recorded")
+        if n:
+            self.state, self.partial, self.ended = self._history[-n]
+            del self._history[-n:]
+
+    @property
+    def n_accepted(self) -> int:
+        """How many steps :meth:`rollback` can undo."""
+        return len(self._history)
+
+    def reset(self) -> None:
+        """Back to the grammar's start."""
+        self.state = self._compiled.engine.start
+        self.partial = NO_PARTIAL
+        self.ended = False
+        self._history.clear()
+
+    def clone(self) -> GrammarMatcher:
+        """An independent matcher in the same state (history included), sharing the
+        compiled grammar."""
+        out = GrammarMatcher.__new__(GrammarMatcher)
+        out._compiled = self._compiled
+        out.state = self.state
+        out.partial = self.partial
+        out.ended = self.ended
+        out._history = list(self._history)
+        return out
+
+    fork = clone
+
+    def _check(self, token: int) -> int:
+        t = int(token)
+        if not 0 <= t < self._compiled.n_vocab:
+            raise InvalidTokenError(f"token {t} is out of range [0, {self._compiled.n_vocab})")
+        return t
+
+    def __repr__(self) -> str:
+        return f"<GrammarMatcher state={self.state} partial={self.partial} can_end={self.can_end()}>"

@@ -1,0 +1,152 @@
+"""The grammar as a sampler in a :class:`~samplers.SamplerChain`.
+
+In a chain, a :class:`GrammarSampler` gets llama.cpp's fast path
+(``common_sampler_sample``): the chain first samples *without* the grammar; if the
+grammar allows the chosen token (one token checked, no mask), that is the result;
+only otherwise is the full mask applied and the chain run again on the fresh logits
+(grammar first). :meth:`GrammarSampler.apply` on its own always applies the full mask.
+
+Lazy grammars (llama.cpp's ``llama_sampler_init_grammar_lazy_patterns``) stay inactive
+until a trigger token is accepted or the text generated so far matches a trigger
+pattern; the tokens from the trigger on are then replayed into the grammar.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from llama_cffi.sampling import LlamaSampler, SamplingError
+
+from ..base import Sampler
+from ..candidates import Candidates
+from .compiled import CompiledGrammar
+from .grammar import Grammar
+from .matcher import GrammarMatcher
+
+
+class GrammarSampler(Sampler):
+    """Constrain sampling to a grammar (see the module docstring).
+
+    ``grammar``: a :class:`Grammar` (then ``vocab`` is required: a model or vocabulary),
+    a :class:`CompiledGrammar` or a :class:`GrammarMatcher` (used as is). ``lazy`` with
+    ``trigger_patterns`` (Python regular expressions searched in the text generated so
+    far; a pattern written ``^...$`` must match all of it; the grammar starts at the
+    first non-empty capture group, else at the match) and/or ``trigger_tokens``.
+    """
+
+    name = "grammar"
+
+    def __init__(
+        self,
+        grammar: Grammar | CompiledGrammar | GrammarMatcher,
+        vocab: Any = None,
+        *,
+        lazy: bool = False,
+        trigger_patterns: Iterable[str] = (),
+        trigger_tokens: Iterable[int] = (),
+    ) -> None:
+        self._grammar: Grammar | None = None
+        self._vocab = vocab
+        if isinstance(grammar, GrammarMatcher):
+            self.matcher = grammar
+        elif isinstance(grammar, CompiledGrammar):
+            self.matcher = grammar.matcher()
+        elif isinstance(grammar, Grammar):
+            if vocab is None:
+                raise ValueError("a Grammar needs the vocabulary (model) to sample with")
+            self.matcher = grammar.matcher(vocab)
+            self._grammar = grammar
+        else:
+            raise TypeError(f"expected a Grammar, CompiledGrammar or GrammarMatcher, not {type(grammar).__name__}")
+        self.lazy = bool(lazy)
+        self.trigger_patterns = [re.compile(p) for p in trigger_patterns]
+        self._pattern_texts = [p.pattern for p in self.trigger_patterns]
+        self.trigger_tokens = frozenset(int(t) for t in trigger_tokens)
+        self.awaiting = self.lazy
+        self._buffer = b""
+        self._buffer_tokens: list[tuple[int, int, int]] = []  # (token, start, end) in _buffer
+
+    @property
+    def compiled(self) -> CompiledGrammar:
+        return self.matcher.compiled
+
+    def allows(self, token: int) -> bool:
+        """Whether the grammar allows ``token`` next (always, while a lazy grammar waits)."""
+        return self.awaiting or self.matcher.allows(token)
+
+    def apply(self, cands: Candidates) -> None:
+        """Mask every candidate the grammar does not allow (no-op while waiting)."""
+        if not self.awaiting:
+            self.matcher.apply(cands)
+
+    def accept(self, token: int) -> None:
+        """Advance the grammar (or, while waiting, the trigger search). Raises
+        :class:`SamplingError` for a token the grammar does not allow."""
+        if self.awaiting:
+            self._accept_waiting(int(token))
+            return
+        if not self.matcher.accept_token(token):
+            raise SamplingError(f"the grammar does not allow token {int(token)} here")
+
+    def _accept_waiting(self, token: int) -> None:
+        m = self.matcher
+        if token in self.trigger_tokens:
+            self.awaiting = False
+            self._buffer = b""
+            self._buffer_tokens.clear()
+            if not m.accept_token(token):
+                raise SamplingError(f"the grammar does not allow its trigger token {token}")
+            return
+        piece = m.compiled.vocab.pieces[token]
+        start = len(self._buffer)
+        self._buffer += piece
+        self._buffer_tokens.append((token, start, len(self._buffer)))
+        text = self._buffer.decode("utf-8", errors="surrogateescape")
+        for pat, src in zip(self.trigger_patterns, self._pattern_texts, strict=True):
+            if src.startswith("^") and src.endswith("$"):
+                hit = pat.fullmatch(text)
+            else:
+                hit = pat.search(text)
+            if hit is None:
+                continue
+            begin = next((hit.start(i) for i in range(1, (hit.lastindex or 0) + 1) if hit.group(i)), hit.start())
+            at = len(text[:begin].encode("utf-8", errors="surrogateescape"))
+            self.awaiting = False
+            tokens = list(self._buffer_tokens)
+            buf = self._buffer
+            self._buffer = b""
+            self._buffer_tokens.clear()
+            for _tok, s, e in tokens:
+                if e <= at:
+                    continue
+                if not m.accept_bytes(buf[max(s, at) : e]):
+                    raise SamplingError("the grammar does not allow the text that triggered it")
+            return
+
+    def reset(self) -> None:
+        self.matcher.reset()
+        self.awaiting = self.lazy
+        self._buffer = b""
+        self._buffer_tokens.clear()
+
+    def clone(self) -> GrammarSampler:
+        out = GrammarSampler.__new__(GrammarSampler)
+        out.__dict__.update(self.__dict__)
+        out.matcher = self.matcher.clone()
+        out._buffer_tokens = list(self._buffer_tokens)
+        return out
+
+    def native(self) -> LlamaSampler:
+        """llama.cpp's grammar sampler for the same grammar (fresh state; not lazy). Needs
+        the :class:`Grammar` and the model it was made with."""
+        if self._grammar is None or self._vocab is None:
+            raise NotImplementedError("native() needs a GrammarSampler made from a Grammar and a model")
+        if self.lazy:
+            raise NotImplementedError("native lazy grammars are not wrapped (llama.cpp aborts on bad patterns)")
+        g = self._grammar
+        return LlamaSampler.grammar(self._vocab, g.gbnf, g.root, guard=g.matcher(self._vocab))
+
+    def _params(self) -> dict[str, Any]:
+        return {"root": self.compiled.engine.root, "lazy": self.lazy}
