@@ -19,8 +19,8 @@ from samplers import Candidates
 from samplers.grammar import Grammar, GrammarError, GrammarSyntaxError
 from samplers.grammar.gbnf import parse_gbnf
 
-from .grammar_reference import reference_accepts
-from .test_gbnf import Node, budget, grammar_text, grammars, strings_for
+from .grammar_reference import generate, reference_accepts
+from .test_gbnf import GRAMMAR_SAMPLES, Node, budget, grammar_dir, grammar_text, grammars, strings_for
 
 
 @pytest.fixture(scope="module")
@@ -152,3 +152,72 @@ def test_errors_are_typed() -> None:
     g = Grammar.from_gbnf("root ::= <|im_end|>")
     with pytest.raises(GrammarError):
         g.compile([b"a", b"b"])  # named tokens need a tokenizer
+
+
+@pytest.mark.parametrize("name", sorted(GRAMMAR_SAMPLES))
+def test_grammar_files(name: str, vocab_model: llama_cffi.Model) -> None:
+    """Each of llama.cpp's grammars/: our verdict on the hand-worked samples and on generated
+    strings is the reference recognizer's; along each good sample's tokens (tiny vocabulary,
+    byte fallback for non-ASCII) every mask equals the native one and the end is allowed."""
+    text = (grammar_dir() / name).read_text(encoding="utf-8")
+    g = Grammar.from_gbnf(text)
+    good, bad = GRAMMAR_SAMPLES[name]
+    for s in good:
+        assert g.accepts(s), s
+    for s in bad:
+        assert not g.accepts(s), s
+    rng = random.Random(name)
+    for _ in range(5):
+        s = generate(g.parsed, rng)
+        assert g.accepts(s) and reference_accepts(g.parsed, s), s
+    n = vocab_model.vocab.n_vocab
+    tda = TokenDataArray(n)
+    eos = vocab_model.vocab.eos
+    assert eos is not None
+    for s in good:
+        tokens = [int(t) for t in vocab_model.vocab.tokenize(s, add_special=False)]
+        nat = LlamaSampler.grammar(vocab_model, text)
+        ours = g.matcher(vocab_model)
+        for tok in tokens:
+            tda.fill_logits(np.zeros(n, np.float32))
+            nat.apply(tda)
+            assert np.array_equal(tda.logits > -np.inf, ours.allowed_tokens()), (name, s, tok)
+            assert ours.accept_token(tok), (name, s, tok)
+            nat.accept(tok)
+        assert ours.can_end() and ours.allows(eos), (name, s)
+
+
+def test_threads_share_a_compiled_grammar(vocab_model: llama_cffi.Model) -> None:
+    """Four threads walking matchers of one fresh compiled grammar (so states, transitions
+    and masks are created concurrently) get the masks a single thread gets."""
+    import threading
+
+    text = (grammar_dir() / "json.gbnf").read_text()
+    docs = ['{"a": [1, {"b": "x"}], "c": true}', '{"k": -2.5, "l": [[], {}]}', '{"z": null}', '{"é": "日本"}']
+    seqs = [[int(t) for t in vocab_model.vocab.tokenize(d, add_special=False)] for d in docs]
+
+    def masks(compiled: object, seq: list[int]) -> list[bytes]:
+        m = compiled.matcher()  # type: ignore[attr-defined]
+        out = []
+        for t in seq:
+            out.append(np.packbits(m.allowed_tokens()).tobytes())
+            assert m.accept_token(t)
+        return out
+
+    want = [masks(Grammar.from_gbnf(text).compile(vocab_model), s) for s in seqs]
+    shared = Grammar.from_gbnf(text).compile(vocab_model)
+    got: list[list[bytes] | BaseException] = [[] for _ in seqs]
+
+    def run(i: int) -> None:
+        try:
+            for _ in range(3):
+                got[i] = masks(shared, seqs[i])
+        except BaseException as e:  # surfaced below
+            got[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(seqs))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert got == want

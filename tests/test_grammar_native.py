@@ -348,3 +348,25 @@ def test_schema_constrained_generation_is_valid_json(default_model: llama_cffi.M
             pytest.fail("the grammar did not end within 300 tokens")
     text = m.vocab.detokenize(out)
     assert valid_instance(json.loads(text)), text
+
+
+def test_lazy_grammar_triggers_on_word_and_token(tiny_vocab_model: llama_cffi.Model) -> None:
+    """Trigger words start the grammar at the word; a trigger token starts it with that token."""
+    from samplers.grammar import GrammarSampler
+
+    model = tiny_vocab_model
+    g = Grammar.from_gbnf('root ::= "go" [0-9]+')
+    gs = GrammarSampler(g, model, lazy=True, trigger_words=["go"])
+    for t in model.vocab.tokenize("let us go1", add_special=False):
+        gs.accept(int(t))
+    assert not gs.awaiting and gs.matcher.can_end()
+    bad = int(model.vocab.tokenize("x", add_special=False)[0])
+    assert not gs.allows(bad)
+    bos = int(model.vocab.tokenize("<s>", add_special=False, parse_special=True)[0])
+    gt = GrammarSampler(Grammar.from_gbnf("root ::= <s> [a-z]*"), model, lazy=True, trigger_tokens=[bos])
+    gt.accept(bad)
+    assert gt.awaiting
+    gt.accept(bos)
+    assert not gt.awaiting and gt.matcher.can_end()
+    with pytest.raises(SamplingError):
+        gt.accept(int(model.vocab.tokenize("7", add_special=False)[0]))

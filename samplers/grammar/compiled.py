@@ -24,6 +24,7 @@ stack matched by id even mid-token (as ``llama_grammar_reject_candidates_for_sta
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
@@ -41,8 +42,9 @@ _TOKEN_NOT = 9
 
 class CompiledGrammar:
     """An :class:`~samplers.grammar.engine.Engine` plus a :class:`VocabIndex` (see the
-    module docstring). Shared by all matchers of the grammar on this vocabulary; make
-    matchers with :meth:`matcher`. ``mask_cache_size`` bounds the cached masks (each
+    module docstring). Shared by all matchers of the grammar on this vocabulary, from
+    any threads (a lock guards the walk buffer and the mask cache); make matchers with
+    :meth:`matcher`. ``mask_cache_size`` bounds the cached masks (each
     ``n_vocab / 8`` bytes)."""
 
     def __init__(self, engine: Engine, vocab: VocabIndex, mask_cache_size: int = 4096) -> None:
@@ -54,6 +56,7 @@ class CompiledGrammar:
         self._last: tuple[tuple[int, Partial], npt.NDArray[np.bool_]] | None = None
         self._partial_ok: dict[tuple[int, Partial], bool] = {}
         self.stats = {"mask_hits": 0, "mask_misses": 0}
+        self._lock = threading.RLock()  # the walk buffer, the cache and the engine are shared
         self._build_trie()
 
     # ------------------------------------------------------------------ trie
@@ -139,6 +142,11 @@ class CompiledGrammar:
         if last is not None and last[0] == key:
             self.stats["mask_hits"] += 1
             return last[1]
+        with self._lock:
+            return self._allowed_locked(key)
+
+    def _allowed_locked(self, key: tuple[int, Partial]) -> npt.NDArray[np.bool_]:
+        state, partial = key
         packed = self._masks.get(key)
         if packed is not None:
             self._masks.move_to_end(key)
@@ -158,9 +166,9 @@ class CompiledGrammar:
         """The mask packed 8 tokens per byte, little bit order (bit ``t % 8`` of byte
         ``t // 8``); viewed as ``uint32`` on a little-endian machine, bit ``t % 32`` of
         word ``t // 32`` (the layout of xgrammar and llguidance bitmasks)."""
-        key = (state, partial)
-        self.allowed(state, partial)
-        return self._masks[key]
+        with self._lock:
+            self.allowed(state, partial)
+            return self._masks[(state, partial)]
 
     def _walk_trie(self, start: int) -> npt.NDArray[np.int32]:
         """The state reached at every trie node from ``start`` (``DEAD`` where none)."""
@@ -193,7 +201,7 @@ class CompiledGrammar:
         if partial[1] != 0:
             mask = np.zeros(self.n_vocab, dtype=bool)
             for t in v.continuation_tokens.tolist():
-                mask[t] = self.token_allowed(state, partial, t)
+                mask[t] = self._token_allowed(state, partial, t)
         else:
             st = self._walk_trie(state)
             fin = st[self._term]
@@ -254,6 +262,10 @@ class CompiledGrammar:
     # ------------------------------------------------------------------ one token
     def token_allowed(self, state: int, partial: Partial, token: int) -> bool:
         """Whether llama.cpp's grammar sampler would leave ``token`` unmasked."""
+        with self._lock:
+            return self._token_allowed(state, partial, token)
+
+    def _token_allowed(self, state: int, partial: Partial, token: int) -> bool:
         v, eng = self.vocab, self.engine
         if v.eog[token]:
             return eng.is_complete(state)

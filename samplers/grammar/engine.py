@@ -15,12 +15,13 @@ the same algorithm with two changes that do not change the result:
   a few dozen classes instead of 1.1 million code points).
 
 The engine is vocabulary-free; :mod:`samplers.grammar.compiled` builds token masks on it.
-Not thread-safe: states and transitions are added while matching (guard a shared
-engine with a lock if several threads use it).
+States and transitions are added while matching, under a lock (several threads may
+share an engine; reads of known transitions take no lock).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -125,6 +126,7 @@ class Engine:
         self._build_classes()
         self.has_token_elements = any(t in (_TOKEN, _TOKEN_NOT) for t in types)
         # states
+        self._lock = threading.RLock()
         self._stacks: list[tuple[Stack, ...]] = []
         self._state_ids: dict[tuple[Stack, ...], int] = {}
         self._advance_cache: dict[Stack, tuple[Stack, ...]] = {}
@@ -272,8 +274,13 @@ class Engine:
             return DEAD
         key = tuple(sorted(set(stacks)))
         sid = self._state_ids.get(key)
-        if sid is None:
-            sid = self._state_ids[key] = len(self._stacks)
+        if sid is not None:
+            return sid
+        with self._lock:
+            sid = self._state_ids.get(key)
+            if sid is not None:
+                return sid
+            sid = len(self._stacks)
             self._stacks.append(key)
             types, values = self.types, self.values
             self._token_tops.append(
@@ -284,6 +291,7 @@ class Engine:
                 grown = np.full((2 * len(self._trans), self.n_classes), _UNKNOWN, dtype=np.int32)
                 grown[: len(self._trans)] = self._trans
                 self._trans = grown
+            self._state_ids[key] = sid  # published last: a reader sees a complete state
         return sid
 
     @property
@@ -313,6 +321,10 @@ class Engine:
         return nxt
 
     def _compute(self, state: int, cls: int) -> int:
+        with self._lock:
+            return self._compute_locked(state, cls)
+
+    def _compute_locked(self, state: int, cls: int) -> int:
         out: list[Stack] = []
         types, member, char_pos, after = self.types, self._member_lists, self._char_pos, self._after
         for stack in self._stacks[state]:

@@ -33,7 +33,8 @@ class GrammarSampler(Sampler):
     a :class:`CompiledGrammar` or a :class:`GrammarMatcher` (used as is). ``lazy`` with
     ``trigger_patterns`` (Python regular expressions searched in the text generated so
     far; a pattern written ``^...$`` must match all of it; the grammar starts at the
-    first non-empty capture group, else at the match) and/or ``trigger_tokens``.
+    first non-empty capture group, else at the match), ``trigger_words`` (literal
+    texts) and/or ``trigger_tokens``.
     """
 
     name = "grammar"
@@ -46,6 +47,7 @@ class GrammarSampler(Sampler):
         lazy: bool = False,
         trigger_patterns: Iterable[str] = (),
         trigger_tokens: Iterable[int] = (),
+        trigger_words: Iterable[str] = (),
     ) -> None:
         self._grammar: Grammar | None = None
         self._vocab = vocab
@@ -61,7 +63,11 @@ class GrammarSampler(Sampler):
         else:
             raise TypeError(f"expected a Grammar, CompiledGrammar or GrammarMatcher, not {type(grammar).__name__}")
         self.lazy = bool(lazy)
-        self.trigger_patterns = [re.compile(p) for p in trigger_patterns]
+        patterns = list(trigger_patterns)
+        words = list(trigger_words)
+        if words:  # llama.cpp's (deprecated) trigger words: the grammar starts at the first one
+            patterns.append("[\\s\\S]*?(" + "|".join(re.escape(w) for w in words) + ")[\\s\\S]*")
+        self.trigger_patterns = [re.compile(p) for p in patterns]
         self._pattern_texts = [p.pattern for p in self.trigger_patterns]
         self.trigger_tokens = frozenset(int(t) for t in trigger_tokens)
         self.awaiting = self.lazy
