@@ -26,7 +26,7 @@ class Tracker(Protocol):
     def reset(self) -> None: ...
 
 
-def _surprisal(logits: np.ndarray, i: int) -> float:
+def surprisal_of(logits: np.ndarray, i: int) -> float:
     """-log softmax(logits)[i] in nats (max-shifted, float64 sum)."""
     m = float(logits.max())
     if m == -np.inf:
@@ -101,29 +101,36 @@ class SamplerChain(Sampler):
         """llama.cpp's chain of each sampler's :meth:`~samplers.base.Sampler.native` (fresh state)."""
         return LlamaSampler.chain([s.native() for s in self.samplers])
 
-    def sample(self, ctx: Context, idx: int = -1) -> int:
-        cands = candidates_for(ctx)
-        row: np.ndarray | None = None
+    def choose(self, cands: Candidates, row: np.ndarray) -> tuple[int, float]:
+        """Select a token from candidates freshly reset to ``row`` (apply, select, with the
+        fast path for constraints) without accepting it. Returns the token and its
+        sampling-level surprisal (nats, under the final candidates)."""
         checks = [c for c in (getattr(s, "allows", None) for s in self.samplers) if c is not None]
-        try:
-            row = np.asarray(ctx.logits(idx))
-            cands.reset(row)
-            if checks:
-                for s in self.samplers:
-                    if getattr(s, "allows", None) is None:
-                        s.apply(cands)
-                token = selected_token(cands, self)
-                if not all(check(token) for check in checks):
-                    cands.reset(row)
-                    for s in self.samplers:
-                        s.apply(cands)
-                    token = selected_token(cands, self)
-            else:
+        if checks:
+            for s in self.samplers:
+                if getattr(s, "allows", None) is None:
+                    s.apply(cands)
+            token = selected_token(cands, self)
+            if not all(check(token) for check in checks):
+                cands.reset(row)
                 for s in self.samplers:
                     s.apply(cands)
                 token = selected_token(cands, self)
+        else:
+            for s in self.samplers:
+                s.apply(cands)
+            token = selected_token(cands, self)
+        return token, surprisal_of(cands.read_logits(), cands.selected)
+
+    def sample(self, ctx: Context, idx: int = -1) -> int:
+        cands = candidates_for(ctx)
+        row: np.ndarray | None = None
+        try:
+            row = np.asarray(ctx.logits(idx))
+            cands.reset(row)
+            token, sampling = self.choose(cands, row)
             if self.tracker is not None:
-                self.tracker.add(_surprisal(row, token), _surprisal(cands.read_logits(), cands.selected))
+                self.tracker.add(surprisal_of(row, token), sampling)
         finally:
             row = None
             cands.release()

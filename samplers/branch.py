@@ -1,0 +1,478 @@
+"""Branches: many continuations of one prompt sharing one context's KV cache.
+
+A :class:`BranchStore` owns a context's sequence ids. Each :class:`Branch` is one
+sequence with its own token history, sampler chain (grammar included), perplexity
+tracker and a **logits snapshot** (an owned copy of the logits that follow its last
+token, so a branch can be sampled any time, whatever was decoded since). Branches
+advance together through :meth:`BranchStore.step`: one ``llama_decode`` for all.
+
+    store = BranchStore(ctx)            # ctx made with n_seq_max=N, kv_unified=True
+    root = store.create(prompt, sampler=SamplerChain([TopK(40), Dist(1)]))
+    kids = [root.fork(seed=i) for i in range(4)]
+    for _ in range(32):
+        store.step({b: b.sample() for b in kids})
+    best = min(kids, key=lambda b: b.perplexity)
+    store.retain_only(best)
+
+Forking copies no KV data when the context's KV cache is unified
+(``kv_unified=True``): llama.cpp's ``seq_cp`` then only tags the parent's cells with
+the child's id. Token accounting: :attr:`Branch.position` is the next position,
+:attr:`Branch.tokens` the whole history. A branch's sampler state is its own
+(cloned at fork, RNG included); metrics are measured on the snapshot that produced
+each token, before the token is decoded.
+
+Errors never leave the store inconsistent: a failed decode changes no branch (its
+sampler, grammar, metrics, positions and snapshot stay as they were, and KV written
+for it is removed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from llama_cffi import Batch
+from llama_cffi.errors import LlamaError, ParamError
+
+from .base import Sampler
+from .candidates import Candidates
+from .chain import SamplerChain, surprisal_of
+from .measure import PerplexityTracker, entropy
+from .selection import Greedy
+
+if TYPE_CHECKING:
+    from llama_cffi import Context
+
+
+class BranchError(LlamaError, RuntimeError):
+    """A branch operation that cannot be done (pruned branch, live children, ...)."""
+
+
+class CapacityError(BranchError):
+    """Every sequence id of the context is in use (``n_seq_max`` branches live)."""
+
+
+def _as_chain(sampler: Sampler | None, grammar: Any, vocab: Any) -> SamplerChain:
+    chain = sampler if isinstance(sampler, SamplerChain) else SamplerChain([sampler or Greedy()])
+    if grammar is not None:
+        from .grammar import Grammar, GrammarMatcher, GrammarSampler
+        from .grammar.compiled import CompiledGrammar
+
+        if isinstance(grammar, (dict, bool)):
+            grammar = Grammar.from_json_schema(grammar)
+        elif isinstance(grammar, str):
+            grammar = Grammar.from_gbnf(grammar)
+        if not isinstance(grammar, (Grammar, CompiledGrammar, GrammarMatcher)):
+            raise ParamError(f"grammar must be GBNF text, a JSON schema, a Grammar or a matcher, not {grammar!r}")
+        chain = SamplerChain([GrammarSampler(grammar, vocab), *chain.samplers], tracker=chain.tracker)
+    return chain
+
+
+class BranchStore:
+    """The branches of one context (see the module docstring). ``ctx`` should have
+    ``n_seq_max`` at least the number of live branches you want, and ``kv_unified=True``
+    for forks that copy no KV data."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.n_vocab = ctx.n_vocab
+        self._free: list[int] = list(range(ctx.n_seq_max - 1, -1, -1))  # pop() gives the lowest
+        self._live: dict[int, Branch] = {}
+        self._batch = Batch(ctx.n_batch)
+        self._cands = Candidates(ctx.n_vocab)
+
+    # ------------------------------------------------------------------ ids and KV
+    def _take_id(self) -> int:
+        if not self._free:
+            raise CapacityError(
+                f"all {self.ctx.n_seq_max} sequence ids are in use: prune a branch or make the context "
+                "with a larger n_seq_max"
+            )
+        sid = self._free.pop()
+        self.ctx.memory.seq_rm(sid)  # a detached branch may have left cells behind
+        return sid
+
+    def _give_id(self, sid: int) -> None:
+        self._free.append(sid)
+        self._free.sort(reverse=True)
+
+    @property
+    def branches(self) -> list[Branch]:
+        """Live branches, by sequence id."""
+        return [self._live[k] for k in sorted(self._live)]
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def __iter__(self) -> Iterator[Branch]:
+        return iter(self.branches)
+
+    @property
+    def available(self) -> int:
+        """How many more branches fit (free sequence ids)."""
+        return len(self._free)
+
+    def kv(self) -> dict[str, int]:
+        """KV pressure: ``n_ctx``, ``positions`` (sum over live branches of the positions
+        each holds; shared prefix cells count once per branch, so this is an upper bound
+        on cells used with a unified cache) and ``remaining`` (``n_ctx - positions``, a
+        lower bound on free cells)."""
+        mem = self.ctx.memory
+        used = 0
+        for sid in self._live:
+            hi = mem.seq_pos_max(sid)
+            if hi >= 0:
+                used += hi - mem.seq_pos_min(sid) + 1
+        return {"n_ctx": self.ctx.n_ctx, "positions": used, "remaining": max(self.ctx.n_ctx - used, 0)}
+
+    # ------------------------------------------------------------------ creation
+    def create(
+        self,
+        prompt: Sequence[int] | npt.NDArray[np.integer[Any]],
+        sampler: Sampler | None = None,
+        grammar: Any = None,
+        seed: int | None = None,
+        tracker: PerplexityTracker | None = None,
+    ) -> Branch:
+        """A new root branch: ``prompt`` (at least one token) decoded into a fresh sequence
+        (in ``n_batch`` chunks) and the logits after it captured. ``sampler`` defaults to
+        greedy; ``grammar`` (GBNF text, a JSON schema dict, a Grammar or a matcher) puts a
+        :class:`~samplers.grammar.GrammarSampler` first in the chain; ``seed`` reseeds the
+        chain's random samplers."""
+        tokens = self.ctx.model.vocab.check_tokens(prompt)
+        if len(tokens) == 0:
+            raise ParamError("a branch needs a prompt of at least one token")
+        chain = _as_chain(sampler, grammar, self.ctx.model)
+        sid = self._take_id()
+        try:
+            row = self.ctx.decode(tokens, pos=0, seq_id=sid)
+            snapshot = np.array(row, dtype=np.float32, copy=True)
+        except BaseException:
+            self.ctx.memory.seq_rm(sid)
+            self._give_id(sid)
+            raise
+        b = Branch(self, sid, None, [int(t) for t in tokens], chain, tracker or PerplexityTracker(), snapshot)
+        if seed is not None:
+            b.reseed(seed)
+        self._live[sid] = b
+        return b
+
+    # ------------------------------------------------------------------ batched steps
+    def step(self, moves: Mapping[Branch, int] | Iterable[tuple[Branch, int]]) -> None:
+        """Append one token to each branch with one ``llama_decode`` for all of them, then
+        accept each token (sampler, grammar, metrics on the snapshot that produced it) and
+        capture each branch's new logits. On failure no branch changes."""
+        items = list(moves.items()) if isinstance(moves, Mapping) else [(b, int(t)) for b, t in moves]
+        if not items:
+            return
+        seen: set[int] = set()
+        for b, tok in items:
+            b._check_live()
+            if b.store is not self:
+                raise BranchError(f"{b!r} belongs to another store")
+            if b.seq_id in seen:
+                raise BranchError(f"{b!r} appears twice in one step")
+            seen.add(b.seq_id)
+            b._check_token(int(tok))
+        n = len(items)
+        cap = self._batch.capacity
+        for start in range(0, n, cap):
+            part = items[start : start + cap]
+            batch = self._batch
+            m = len(part)
+            batch.token[:m] = [int(t) for _, t in part]
+            batch.pos[:m] = [b.position for b, _ in part]
+            batch.n_seq_id[:m] = 1
+            batch.seq_id[:m, 0] = [b.seq_id for b, _ in part]
+            batch.logits[:m] = 1
+            batch.n_tokens = m
+            self._decode(batch, [b for b, _ in part])
+            ctx = self.ctx
+            for i, (b, tok) in enumerate(part):
+                b._advance(int(tok), ctx.logits(i))
+
+    commit = step
+
+    def prefill(self, inputs: Mapping[Branch, Sequence[int]]) -> None:
+        """Append several tokens to several branches, packed into as few decodes as
+        ``n_batch`` allows; each branch's logits after its last token are captured. The
+        tokens are context (not sampled): they join the history without touching
+        samplers or metrics. On failure every branch is restored."""
+        work: list[tuple[Branch, list[int]]] = []
+        for b, toks in inputs.items():
+            b._check_live()
+            if b.store is not self:
+                raise BranchError(f"{b!r} belongs to another store")
+            arr = [int(t) for t in self.ctx.model.vocab.check_tokens(toks)]
+            if arr:
+                work.append((b, arr))
+        saved = {b.seq_id: (b._kv_len, len(b._tokens), b._logits.copy()) for b, _ in work}
+        cap = self._batch.capacity
+        offsets = [0] * len(work)
+        try:
+            while any(off < len(t) for off, (_, t) in zip(offsets, work, strict=True)):
+                batch = self._batch
+                m = 0
+                rows: list[tuple[int, int, int]] = []  # work index, first batch index, count
+                for i, (b, toks) in enumerate(work):
+                    take = min(len(toks) - offsets[i], cap - m)
+                    if take <= 0:
+                        continue
+                    pos0 = b._kv_len
+                    batch.token[m : m + take] = toks[offsets[i] : offsets[i] + take]
+                    batch.pos[m : m + take] = np.arange(pos0, pos0 + take, dtype=np.int32)
+                    batch.n_seq_id[m : m + take] = 1
+                    batch.seq_id[m : m + take, 0] = b.seq_id
+                    batch.logits[m : m + take] = 0
+                    if offsets[i] + take == len(toks):
+                        batch.logits[m + take - 1] = 1
+                    rows.append((i, m, take))
+                    m += take
+                batch.n_tokens = m
+                self.ctx.decode_batch(batch)
+                for i, first, take in rows:
+                    b, toks = work[i]
+                    b._tokens.extend(toks[offsets[i] : offsets[i] + take])
+                    b._kv_len += take
+                    offsets[i] += take
+                    if offsets[i] == len(toks):
+                        np.copyto(b._logits, self.ctx.logits(first + take - 1))
+                        b._pending = None
+        except BaseException:
+            for b, _ in work:
+                kv, nt, snap = saved[b.seq_id]
+                self.ctx.memory.seq_rm(b.seq_id, kv)
+                b._kv_len = kv
+                del b._tokens[nt:]
+                np.copyto(b._logits, snap)
+            raise
+
+    def _decode(self, batch: Batch, branches: Sequence[Branch]) -> None:
+        try:
+            self.ctx.decode_batch(batch)
+        except BaseException:
+            for b in branches:  # remove whatever this decode wrote
+                self.ctx.memory.seq_rm(b.seq_id, b._kv_end())
+            raise
+
+    # ------------------------------------------------------------------ pruning
+    def retain_only(self, keep: Branch) -> None:
+        """Keep one branch, drop every other (one ``seq_keep``); ``keep`` becomes a root."""
+        keep._check_live()
+        self.ctx.memory.seq_keep(keep.seq_id)
+        for sid, b in list(self._live.items()):
+            if b is not keep:
+                b._dead = True
+                b._children.clear()
+                del self._live[sid]
+                self._give_id(sid)
+        keep._parent = None
+        keep._children.clear()
+
+    def drain(self) -> None:
+        """Remove every branch and its KV (before the context is freed or reused)."""
+        for sid, b in list(self._live.items()):
+            self.ctx.memory.seq_rm(sid)
+            b._dead = True
+            b._children.clear()
+            del self._live[sid]
+            self._give_id(sid)
+
+
+class Branch:
+    """One sequence of a :class:`BranchStore` (see the module docstring). Made by
+    :meth:`BranchStore.create` and :meth:`fork`."""
+
+    def __init__(
+        self,
+        store: BranchStore,
+        seq_id: int,
+        parent: Branch | None,
+        tokens: list[int],
+        sampler: SamplerChain,
+        tracker: PerplexityTracker,
+        logits: npt.NDArray[np.float32],
+    ) -> None:
+        self.store = store
+        self.seq_id = seq_id
+        self._parent = parent
+        self._children: list[Branch] = []
+        self._tokens = tokens
+        self._kv_len = len(tokens)  # tokens whose KV this sequence holds
+        self.sampler = sampler
+        self.tracker = tracker
+        self._logits = logits
+        self._pending: tuple[int, float] | None = None  # (token, sampling surprisal) of sample()
+        self._dead = False
+        if parent is not None:
+            parent._children.append(self)
+
+    def __repr__(self) -> str:
+        state = "pruned" if self._dead else f"position={self.position}"
+        return f"<Branch seq={self.seq_id} {state}>"
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def position(self) -> int:
+        """The next position of this sequence (tokens held in the KV cache)."""
+        return self._kv_len
+
+    def _kv_end(self) -> int:
+        return self._kv_len
+
+    @property
+    def tokens(self) -> list[int]:
+        """Every token of this branch: prompt, then generated (a copy)."""
+        return list(self._tokens)
+
+    @property
+    def parent(self) -> Branch | None:
+        return self._parent
+
+    @property
+    def children(self) -> list[Branch]:
+        return list(self._children)
+
+    @property
+    def is_leaf(self) -> bool:
+        return not self._children
+
+    @property
+    def alive(self) -> bool:
+        return not self._dead
+
+    @property
+    def logits(self) -> npt.NDArray[np.float32]:
+        """The logits snapshot (read-only view of the branch's own copy)."""
+        v: npt.NDArray[np.float32] = self._logits.view()
+        v.flags.writeable = False
+        return v
+
+    @property
+    def perplexity(self) -> float:
+        """Model-level perplexity of the tokens accepted so far (prompt excluded)."""
+        return self.tracker.perplexity
+
+    @property
+    def sampling_perplexity(self) -> float:
+        """Perplexity under the distributions the sampler actually drew from."""
+        return self.tracker.sampling_perplexity
+
+    @property
+    def entropy(self) -> float:
+        """Entropy (nats) of the model's distribution in the current snapshot."""
+        return float(entropy(self._logits))
+
+    # ------------------------------------------------------------------ sampling
+    def _check_live(self) -> None:
+        if self._dead:
+            raise BranchError(f"branch {self.seq_id} was pruned")
+
+    def _check_token(self, token: int) -> None:
+        if not 0 <= token < self.store.n_vocab:
+            raise ParamError(f"token {token} is out of range [0, {self.store.n_vocab})")
+        for s in self.sampler.samplers:
+            allows = getattr(s, "allows", None)
+            if allows is not None and not allows(token):
+                raise BranchError(f"the grammar of branch {self.seq_id} does not allow token {token}")
+
+    def sample(self) -> int:
+        """Choose a token from the snapshot with this branch's sampler (not accepted yet)."""
+        self._check_live()
+        cands = self.store._cands
+        try:
+            cands.reset(self._logits)
+            token, sampling = self.sampler.choose(cands, self._logits)
+        finally:
+            cands.release()
+        self._pending = (token, sampling)
+        return token
+
+    def accept(self, token: int) -> None:
+        """Advance sampler, grammar and metrics by ``token`` (measured on the snapshot)
+        without decoding it. :meth:`commit` / :meth:`BranchStore.step` do this for you."""
+        self._check_live()
+        self._check_token(int(token))
+        self._accept(int(token))
+
+    def _accept(self, token: int) -> None:
+        pending = self._pending
+        sampling = pending[1] if pending is not None and pending[0] == token else None
+        self.tracker.add(surprisal_of(self._logits, token), sampling)
+        self.sampler.accept(token)
+        self._pending = None
+
+    def _advance(self, token: int, row: Any) -> None:
+        self._accept(token)
+        self._tokens.append(token)
+        self._kv_len += 1
+        np.copyto(self._logits, row)
+
+    def commit(self, token: int) -> None:
+        """Accept ``token``, decode it, capture the new logits (one ``llama_decode``)."""
+        self.store.step([(self, token)])
+
+    decode = commit
+
+    def reseed(self, seed: int | None) -> None:
+        """Reseed every random sampler of the chain (None: draw a random seed)."""
+        for s in self.sampler.samplers:
+            if hasattr(s, "reseed"):
+                s.reseed(seed)
+            elif hasattr(s, "rng") and hasattr(s.rng, "reseed"):
+                s.rng.reseed(seed)
+
+    # ------------------------------------------------------------------ tree
+    def fork(self, seed: int | None = None, clone_logits: bool = True) -> Branch:
+        """A child with this branch's KV (``seq_cp``), history, sampler state (cloned; RNG
+        reseeded when ``seed`` is given), grammar state, metrics and logits snapshot."""
+        self._check_live()
+        store = self.store
+        sid = store._take_id()
+        try:
+            store.ctx.memory.seq_cp(self.seq_id, sid)
+        except BaseException:
+            store._give_id(sid)
+            raise
+        logits = self._logits.copy() if clone_logits else np.zeros_like(self._logits)
+        child = Branch(store, sid, self, list(self._tokens), self.sampler.clone(), self.tracker.clone(), logits)
+        child._kv_len = self._kv_len
+        if seed is not None:
+            child.reseed(seed)
+        store._live[sid] = child
+        return child
+
+    def prune(self) -> None:
+        """Remove this branch's KV and free its id (refused while it has live children)."""
+        self._check_live()
+        if self._children:
+            raise BranchError(f"branch {self.seq_id} has {len(self._children)} live children: prune them first")
+        self.store.ctx.memory.seq_rm(self.seq_id)
+        self._release()
+
+    def prune_subtree(self) -> None:
+        """Prune every descendant, then this branch."""
+        self._check_live()
+        for c in list(self._children):
+            c.prune_subtree()
+        self.prune()
+
+    def detach(self) -> None:
+        """Forget this branch without touching the KV cache (its id is cleaned on reuse);
+        its children become roots."""
+        self._check_live()
+        for c in self._children:
+            c._parent = None
+        self._children.clear()
+        self._release()
+
+    def _release(self) -> None:
+        if self._parent is not None and self in self._parent._children:
+            self._parent._children.remove(self)
+        self._parent = None
+        self._dead = True
+        del self.store._live[self.seq_id]
+        self.store._give_id(self.seq_id)

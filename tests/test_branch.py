@@ -1,0 +1,175 @@
+"""Branches over one context: fork equivalence, batched steps, the tree and its errors."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import llama_cffi
+import samplers as S
+from llama_cffi.errors import KvCacheFullError
+from samplers.branch import BranchError, BranchStore, CapacityError
+
+TOL = {"rtol": 2e-3, "atol": 2e-3}  # batch shape changes the kernels' summation order
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_path: Path) -> Iterator[llama_cffi.Model]:
+    m = llama_cffi.Model.load(tiny_model_path)
+    yield m
+    m.close()
+
+
+def make_ctx(model: llama_cffi.Model, n_seq_max: int = 4, n_ctx: int = 256) -> llama_cffi.Context:
+    return model.context(n_ctx=n_ctx, n_batch=64, n_seq_max=n_seq_max, kv_unified=True, n_threads=2)
+
+
+def fresh_logits(model: llama_cffi.Model, tokens: list[int]) -> np.ndarray:
+    with make_ctx(model, 1) as ctx:
+        return np.array(ctx.decode(tokens), copy=True)
+
+
+def test_fork_equals_fresh_decode(tiny: llama_cffi.Model) -> None:
+    """A branch forked after some generated tokens, then fed more tokens, has the logits of
+    a fresh context decoding the whole history."""
+    prompt = [int(t) for t in tiny.tokenize("the cat sat on the mat")]
+    with make_ctx(tiny) as ctx:
+        store = BranchStore(ctx)
+        root = store.create(prompt)
+        for _ in range(5):
+            root.commit(root.sample())
+        child = root.fork()
+        assert child.tokens == root.tokens and child.position == root.position
+        np.testing.assert_array_equal(child.logits, root.logits)
+        extra = [int(t) for t in tiny.tokenize(" and then", add_special=False)]
+        for t in extra:
+            child.commit(t)
+        np.testing.assert_allclose(child.logits, fresh_logits(tiny, child.tokens), **TOL)
+        np.testing.assert_allclose(root.logits, fresh_logits(tiny, root.tokens), **TOL)
+        assert ctx.memory.seq_pos_max(child.seq_id) == len(child.tokens) - 1
+
+
+def test_batched_step_equals_sequential(tiny: llama_cffi.Model) -> None:
+    """store.step over 4 branches gives each the logits one-by-one decoding gives."""
+    prompt = [int(t) for t in tiny.tokenize("once upon a time")]
+    runs = []
+    for batched in (True, False):
+        with make_ctx(tiny) as ctx:
+            store = BranchStore(ctx)
+            root = store.create(prompt, sampler=S.SamplerChain([S.TopK(20), S.Dist(5)]))
+            kids = [root] + [root.fork(seed=i) for i in range(3)]
+            for _ in range(6):
+                moves = {b: b.sample() for b in kids}
+                if batched:
+                    store.step(moves)
+                else:
+                    for b, t in moves.items():
+                        b.commit(t)
+            runs.append([(b.tokens, b.logits.copy(), b.perplexity) for b in kids])
+    for (ta, la, pa), (tb, lb, pb) in zip(*runs, strict=True):
+        assert ta == tb
+        np.testing.assert_allclose(la, lb, **TOL)
+        assert pa == pytest.approx(pb, rel=1e-3)
+    assert len({tuple(t) for t, _, _ in runs[0]}) > 1  # reseeded forks diverged
+
+
+def test_prefill_packs_many_branches(tiny: llama_cffi.Model) -> None:
+    """prefill of unequal inputs (longer than n_batch in total) equals per-branch decodes."""
+    with make_ctx(tiny) as ctx:
+        store = BranchStore(ctx)
+        a = store.create([1, 5, 6])
+        b = a.fork()
+        c = store.create([1, 7])
+        ins = {a: list(range(10, 50)), b: [11, 12], c: list(range(20, 110))}
+        store.prefill(ins)
+        for br, extra in ((a, ins[a]), (b, ins[b]), (c, ins[c])):
+            assert br.tokens[-len(extra) :] == extra and br.position == len(br.tokens)
+            np.testing.assert_allclose(br.logits, fresh_logits(tiny, br.tokens), **TOL)
+        assert b.tokens == [1, 5, 6, 11, 12]
+
+
+def test_tree_capacity_and_pruning(tiny: llama_cffi.Model) -> None:
+    with make_ctx(tiny, n_seq_max=3) as ctx:
+        store = BranchStore(ctx)
+        root = store.create([1, 5, 6])
+        a = root.fork()
+        b = a.fork()
+        assert store.available == 0
+        with pytest.raises(CapacityError):
+            root.fork()
+        with pytest.raises(BranchError, match="children"):
+            a.prune()
+        assert a.children == [b] and b.parent is a and b.is_leaf
+        a.prune_subtree()
+        assert not a.alive and not b.alive and root.is_leaf
+        assert ctx.memory.seq_pos_max(a.seq_id) == -1
+        with pytest.raises(BranchError, match="pruned"):
+            b.sample()
+        c = root.fork()  # ids are reused
+        assert c.seq_id in (a.seq_id, b.seq_id)
+        c.detach()  # KV left in place, cleaned when the id is reused
+        assert ctx.memory.seq_pos_max(c.seq_id) >= 0
+        d = root.fork()
+        assert ctx.memory.seq_pos_max(d.seq_id) == root.position - 1
+        store.retain_only(d)
+        assert store.branches == [d] and d.parent is None and not root.alive
+        assert ctx.memory.seq_pos_max(root.seq_id) == -1
+        store.drain()
+        assert len(store) == 0 and store.available == 3
+
+
+def test_failed_step_changes_nothing(tiny: llama_cffi.Model) -> None:
+    """Two branches sharing a unified cache that is one cell short: llama_decode finds no
+    slot for the step; it raises and no branch changes (tokens, positions, snapshots,
+    metrics, KV)."""
+    with make_ctx(tiny, n_seq_max=2, n_ctx=256) as ctx:
+        n_ctx = ctx.n_ctx
+        store = BranchStore(ctx)
+        root = store.create([1] + [5 + i % 40 for i in range(n_ctx - 4)])  # n_ctx - 3 cells
+        kid = root.fork()  # shares them
+        store.step({root: 5, kid: 6})  # 2 more cells: n_ctx - 1 used
+        before = [(b.tokens, b.position, b.logits.copy(), b.tracker.count) for b in (root, kid)]
+        with pytest.raises(KvCacheFullError):
+            store.step({root: 7, kid: 8})  # needs 2 cells, 1 is free
+        for b, (toks, pos, logits, n) in zip((root, kid), before, strict=True):
+            assert (b.tokens, b.position, b.tracker.count) == (toks, pos, n)
+            np.testing.assert_array_equal(b.logits, logits)
+            assert ctx.memory.seq_pos_max(b.seq_id) == pos - 1
+        kid.prune()
+        store.step({root: 7})  # one cell: fits again
+        assert root.position == before[0][1] + 1
+        with pytest.raises(llama_cffi.errors.ParamError):
+            store.step({root: 10**7})
+
+
+def test_grammar_branches_fork_their_matcher(default_model: llama_cffi.Model) -> None:
+    """Branches under a JSON schema each end with valid JSON of their own."""
+    import json
+
+    m = default_model
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    with m.context(n_ctx=512, n_batch=64, n_seq_max=3, kv_unified=True, n_threads=2) as ctx:
+        store = BranchStore(ctx)
+        root = store.create(
+            m.tokenize("A JSON object:\n"), sampler=S.SamplerChain([S.TopK(20), S.Dist(1)]), grammar=schema
+        )
+        kids = [root.fork(seed=10 + i) for i in range(2)]
+        live = set(kids)
+        for _ in range(40):
+            if not live:
+                break
+            moves = {}
+            for b in list(live):
+                t = b.sample()
+                if m.vocab.is_eog(t):
+                    live.discard(b)
+                else:
+                    moves[b] = t
+            store.step(moves)
+        assert not live
+        for b in kids:
+            text = m.vocab.detokenize(b.tokens[root.position :])
+            assert isinstance(json.loads(text)["n"], int), text
