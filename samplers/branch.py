@@ -445,11 +445,19 @@ class Branch:
         store._live[sid] = child
         return child
 
-    def prune(self) -> None:
-        """Remove this branch's KV and free its id (refused while it has live children)."""
+    def prune(self, reparent: bool = False) -> None:
+        """Remove this branch's KV and free its id. Refused while it has live children,
+        unless ``reparent``: they then become children of this branch's parent (their
+        KV is their own; removing this sequence's cells leaves theirs)."""
         self._check_live()
         if self._children:
-            raise BranchError(f"branch {self.seq_id} has {len(self._children)} live children: prune them first")
+            if not reparent:
+                raise BranchError(f"branch {self.seq_id} has {len(self._children)} live children: prune them first")
+            for c in self._children:
+                c._parent = self._parent
+                if self._parent is not None:
+                    self._parent._children.append(c)
+            self._children.clear()
         self.store.ctx.memory.seq_rm(self.seq_id)
         self._release()
 

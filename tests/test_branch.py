@@ -173,3 +173,85 @@ def test_grammar_branches_fork_their_matcher(default_model: llama_cffi.Model) ->
         for b in kids:
             text = m.vocab.detokenize(b.tokens[root.position :])
             assert isinstance(json.loads(text)["n"], int), text
+
+
+# ----------------------------------------------------------------------------- search helpers
+
+
+def greedy_tokens(model: llama_cffi.Model, prompt: list[int], n: int) -> list[int]:
+    with make_ctx(model, 1) as ctx:
+        row = np.asarray(ctx.decode(prompt))
+        out: list[int] = []
+        for _ in range(n):
+            t = int(row.argmax())
+            if model.vocab.is_eog(t):
+                break
+            out.append(t)
+            row = np.asarray(ctx.decode_single(t))
+        return out
+
+
+def logprob_of(model: llama_cffi.Model, prompt: list[int], toks: list[int]) -> float:
+    """Summed log-probability of ``toks`` after ``prompt`` from one fresh decode."""
+    with make_ctx(model, 1) as ctx:
+        rows = np.asarray(ctx.decode(prompt + toks, logits="all"), dtype=np.float64)
+    total = 0.0
+    for i, t in enumerate(toks):
+        r = rows[len(prompt) - 1 + i]
+        total += r[t] - r.max() - np.log(np.exp(r - r.max()).sum())
+    return float(total)
+
+
+def test_beam_search(tiny: llama_cffi.Model) -> None:
+    """Width 1 is greedy; width 3 returns a sequence whose reported log-probability is its
+    true one, at least greedy's; every branch is pruned afterwards."""
+    from samplers.search import beam_search
+
+    prompt = [int(t) for t in tiny.tokenize("the dog")]
+    with make_ctx(tiny, n_seq_max=4) as ctx:
+        store = BranchStore(ctx)
+        r1 = beam_search(store, prompt, width=1, max_tokens=8)
+        assert [t for t in r1.tokens if not tiny.vocab.is_eog(t)] == greedy_tokens(tiny, prompt, 8)
+        r3 = beam_search(store, prompt, width=3, max_tokens=8)
+        assert len(store) == 0 and store.available == 4
+    assert r3.logprob == pytest.approx(logprob_of(tiny, prompt, r3.tokens), abs=1e-2)
+    if len(r3.tokens) == len(r1.tokens) == 8:
+        assert r3.logprob >= r1.logprob - 1e-3
+
+
+def test_best_of_n_and_expand(tiny: llama_cffi.Model) -> None:
+    from samplers.search import best_of_n, expand_top_k
+
+    prompt = [int(t) for t in tiny.tokenize("a b c")]
+    with make_ctx(tiny, n_seq_max=5) as ctx:
+        store = BranchStore(ctx)
+        r = best_of_n(store, prompt, n=3, max_tokens=6, sampler=S.SamplerChain([S.TopK(30), S.Dist(3)]), seed=7)
+        assert len(store) == 0
+        n_scored = len(r.tokens)
+        assert r.logprob == pytest.approx(logprob_of(tiny, prompt, r.tokens), abs=1e-2)
+        assert r.perplexity == pytest.approx(np.exp(-r.logprob / n_scored), rel=1e-6)
+        root = store.create(prompt)
+        kids = expand_top_k(root, 3)
+        top = np.argsort(-root.logits, kind="stable")[:3].tolist()
+        assert [k.tokens[-1] for k in kids] == top
+        for k in kids:
+            np.testing.assert_allclose(k.logits, fresh_logits(tiny, k.tokens), **TOL)
+
+
+def test_stream_stop_strings_and_generate(tiny: llama_cffi.Model) -> None:
+    from samplers.search import generate, stream
+
+    prompt = [int(t) for t in tiny.tokenize("the")]
+    with make_ctx(tiny, n_seq_max=2) as ctx:
+        store = BranchStore(ctx)
+        full = "".join(stream(store.create(prompt), 12))
+        store.drain()
+        assert full == tiny.vocab.detokenize(greedy_tokens(tiny, prompt, 12))
+        if len(full) > 4:
+            stop = full[2:4]
+            cut = "".join(stream(store.create(prompt), 12, stop=[stop]))
+            assert cut == full[: full.find(stop)]
+            store.drain()
+        out = generate(store, "the", max_tokens=10, json_schema={"enum": ["yes", "no"]})
+        assert out in ('"yes"', '"no"')
+        assert len(store) == 0

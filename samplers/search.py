@@ -1,0 +1,256 @@
+"""Generation and search built on branches: streaming, best-of-n, beam search, top-k expansion.
+
+Every helper advances its branches together (one ``llama_decode`` per step through
+:meth:`~samplers.branch.BranchStore.step`). They take a :class:`BranchStore` whose
+context has room for the branches they make (``n_seq_max``; beam search needs
+``width`` ids, best-of-n ``n + 1``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from llama_cffi.errors import ParamError
+
+from .base import Sampler
+from .branch import Branch, BranchStore
+from .chain import SamplerChain
+from .selection import Greedy
+
+
+@dataclass(frozen=True)
+class Result:
+    """A finished continuation: the generated ``tokens`` (prompt excluded), their ``text``,
+    the model-level ``perplexity`` and summed log-probability ``logprob`` (nats)."""
+
+    tokens: list[int]
+    text: str
+    perplexity: float
+    logprob: float
+
+
+def _prompt_tokens(store: BranchStore, prompt: str | Sequence[int]) -> list[int]:
+    vocab = store.ctx.model.vocab
+    return [int(t) for t in (vocab.tokenize(prompt) if isinstance(prompt, str) else vocab.check_tokens(prompt))]
+
+
+def _result(branch: Branch, start: int) -> Result:
+    toks = branch.tokens[start:]
+    vocab = branch.store.ctx.model.vocab
+    return Result(
+        toks,
+        vocab.detokenize([t for t in toks if not vocab.is_eog(t)]),
+        branch.perplexity,
+        -branch.tracker.total_surprisal,
+    )
+
+
+def stream(
+    branch: Branch, max_tokens: int = 128, stop: Iterable[str] = (), stop_tokens: Iterable[int] = ()
+) -> Iterator[str]:
+    """Sample and commit up to ``max_tokens`` on ``branch``, yielding text pieces (never
+    half a UTF-8 character). Ends at an end-of-generation token, a ``stop_tokens`` token
+    (neither is committed) or a ``stop`` string (its text is not yielded; its tokens are
+    in the branch)."""
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
+        raise ParamError(f"max_tokens must be an int >= 0, not {max_tokens!r}")
+    vocab = branch.store.ctx.model.vocab
+    stops = [s for s in stop if s]
+    enders = {int(t) for t in stop_tokens}
+    detok = vocab.streaming_detokenizer()
+    hold = max((len(s) for s in stops), default=1) - 1
+    text, emitted = "", 0
+    for _ in range(max_tokens):
+        tok = branch.sample()
+        if vocab.is_eog(tok) or tok in enders:
+            break
+        branch.commit(tok)
+        text += detok.push(tok)
+        if stops:
+            hits = [i for i in (text.find(s, max(0, emitted - hold)) for s in stops) if i >= 0]
+            if hits:
+                if min(hits) > emitted:
+                    yield text[emitted : min(hits)]
+                return
+            safe = max(emitted, len(text) - hold)
+        else:
+            safe = len(text)
+        if safe > emitted:
+            yield text[emitted:safe]
+            emitted = safe
+    text += detok.flush()
+    if len(text) > emitted:
+        yield text[emitted:]
+
+
+def generate(
+    store: BranchStore,
+    prompt: str | Sequence[int],
+    max_tokens: int = 128,
+    sampler: Sampler | None = None,
+    grammar: Any = None,
+    json_schema: dict[str, Any] | None = None,
+    stop: Iterable[str] = (),
+    seed: int | None = None,
+) -> str:
+    """Generate text for ``prompt`` on a new branch (pruned afterwards). ``grammar``: GBNF
+    text, a Grammar or a matcher; ``json_schema``: a schema the output must satisfy."""
+    if grammar is not None and json_schema is not None:
+        raise ParamError("give grammar or json_schema, not both")
+    branch = store.create(
+        _prompt_tokens(store, prompt),
+        sampler=sampler,
+        grammar=grammar if json_schema is None else json_schema,
+        seed=seed,
+    )
+    try:
+        return "".join(stream(branch, max_tokens, stop))
+    finally:
+        branch.prune_subtree()
+
+
+def _run_together(store: BranchStore, branches: list[Branch], max_tokens: int) -> None:
+    """Step live branches together until each sampled an end-of-generation token or
+    ``max_tokens`` were generated."""
+    vocab = store.ctx.model.vocab
+    live = list(branches)
+    for _ in range(max_tokens):
+        moves: dict[Branch, int] = {}
+        for b in live:
+            t = b.sample()
+            if vocab.is_eog(t):
+                b.accept(t)  # scored, not decoded
+            else:
+                moves[b] = t
+        if not moves:
+            return
+        store.step(moves)
+        live = list(moves)
+
+
+def best_of_n(
+    store: BranchStore,
+    prompt: str | Sequence[int],
+    n: int,
+    max_tokens: int = 64,
+    sampler: Sampler | None = None,
+    score: str | Callable[[Branch], float] = "perplexity",
+    seed: int = 0,
+) -> Result:
+    """Sample ``n`` continuations of one prefilled prompt (forks reseeded ``seed + i``),
+    advance them together and keep the best: lowest ``"perplexity"``, highest
+    ``"logprob"``, or lowest ``score(branch)``. Every branch it made is pruned."""
+    if n < 1:
+        raise ParamError(f"n must be >= 1, not {n}")
+    chain = sampler if sampler is not None else SamplerChain([Greedy()])
+    root = store.create(_prompt_tokens(store, prompt), sampler=chain)
+    start = root.position
+    try:
+        kids = [root.fork(seed=seed + i) for i in range(n)]
+        _run_together(store, kids, max_tokens)
+        if score == "perplexity":
+            key: Callable[[Branch], float] = lambda b: b.perplexity  # noqa: E731
+        elif score == "logprob":
+            key = lambda b: b.tracker.total_surprisal  # noqa: E731
+        elif callable(score):
+            key = score
+        else:
+            raise ParamError(f"score must be 'perplexity', 'logprob' or a callable, not {score!r}")
+        return _result(min(kids, key=key), start)
+    finally:
+        root.prune_subtree()
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    m = float(logits.max())
+    return (logits - m - math.log(float(np.exp(logits - m).sum(dtype=np.float64)))).astype(np.float64)
+
+
+def beam_search(
+    store: BranchStore, prompt: str | Sequence[int], width: int, max_tokens: int = 32, length_penalty: float = 0.0
+) -> Result:
+    """Beam search by summed log-probability (divided by ``length ** length_penalty``):
+    at each step every beam proposes its ``width`` best tokens, the best ``width``
+    (beam, token) pairs survive (beams chosen twice are forked, unchosen ones pruned) and
+    advance in one decode. A beam ends at an end-of-generation token. Returns the best
+    finished (or, at ``max_tokens``, live) beam; every branch it made is pruned."""
+    if width < 1:
+        raise ParamError(f"width must be >= 1, not {width}")
+    vocab = store.ctx.model.vocab
+    root = store.create(_prompt_tokens(store, prompt))
+    start = root.position
+    made = [root]
+    beams: list[tuple[Branch, float]] = [(root, 0.0)]
+    finished: list[tuple[float, list[int], float]] = []  # (normalised score, tokens, logprob)
+
+    def norm(lp: float, n: int) -> float:
+        return float(lp / (max(n, 1) ** length_penalty))
+
+    try:
+        for step in range(max_tokens):
+            props: list[tuple[float, int, int]] = []  # (logprob, beam index, token)
+            for i, (b, lp) in enumerate(beams):
+                ls = _log_softmax(b.logits)
+                top = np.argpartition(-ls, min(width, len(ls) - 1))[:width]
+                props += [(lp + float(ls[t]), i, int(t)) for t in top]
+            props.sort(key=lambda x: -x[0])
+            chosen: list[tuple[float, int, int]] = []
+            for lp, i, t in props:
+                if vocab.is_eog(t):
+                    finished.append((norm(lp, step + 1), [*beams[i][0].tokens[start:], t], lp))
+                else:
+                    chosen.append((lp, i, t))
+                if len(chosen) == width:
+                    break
+            best_done = max((f[0] for f in finished), default=-math.inf)
+            if not chosen or (len(finished) >= width and best_done >= norm(chosen[0][0], step + 1)):
+                break
+            used = {i for _, i, _ in chosen}
+            for i, (b, _) in enumerate(beams):  # free ids before forking
+                if i not in used:
+                    b.prune(reparent=True)
+            moves: list[tuple[Branch, int]] = []
+            nxt: list[tuple[Branch, float]] = []
+            taken: set[int] = set()
+            for lp, i, t in chosen:
+                b = beams[i][0]
+                if i in taken:
+                    b = b.fork()
+                    made.append(b)
+                taken.add(i)
+                moves.append((b, t))
+                nxt.append((b, lp))
+            # the forks above copied their parent before any of them moved
+            store.step(moves)
+            beams = nxt
+        for b, lp in beams:
+            finished.append((norm(lp, b.position - start), b.tokens[start:], lp))
+        best = max(finished, key=lambda f: f[0])
+        toks = best[1]
+        return Result(
+            toks,
+            vocab.detokenize([t for t in toks if not vocab.is_eog(t)]),
+            math.exp(-best[2] / max(len(toks), 1)),
+            best[2],
+        )
+    finally:
+        for b in reversed(made):
+            if b.alive:
+                b.prune(reparent=True)
+
+
+def expand_top_k(branch: Branch, k: int) -> list[Branch]:
+    """Fork ``branch`` into ``k`` children, one per its ``k`` most likely next tokens
+    (distinct), and advance them in one decode: the basic move of a tree search."""
+    if k < 1:
+        raise ParamError(f"k must be >= 1, not {k}")
+    ls = branch.logits
+    top = np.argsort(-ls, kind="stable")[:k]
+    kids = [branch.fork() for _ in top]
+    branch.store.step({c: int(t) for c, t in zip(kids, top, strict=True)})
+    return kids
