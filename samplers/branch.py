@@ -425,6 +425,49 @@ class Branch:
             elif hasattr(s, "rng") and hasattr(s.rng, "reseed"):
                 s.rng.reseed(seed)
 
+    # ------------------------------------------------------------------ the context's edge
+    def clear_and_reseed(self, sinks: int = 4, tail: int | None = None) -> None:
+        """StreamingLLM: rebuild this sequence from its first ``sinks`` tokens and its last
+        ``tail`` (default: half of what the context holds per sequence), so generation
+        can go on past ``n_ctx``. The history (:attr:`tokens`) is kept; :attr:`position`
+        becomes ``sinks + tail``; the logits snapshot is recomputed. Sampler and metrics
+        are untouched."""
+        self._check_live()
+        ctx = self.store.ctx
+        if tail is None:
+            tail = ctx.n_ctx_seq // 2
+        if sinks < 0 or tail < 1:
+            raise ParamError(f"sinks must be >= 0 and tail >= 1, not {sinks} and {tail}")
+        hist = self._tokens
+        keep = hist if len(hist) <= sinks + tail else hist[:sinks] + hist[-tail:]
+        ctx.memory.seq_rm(self.seq_id)
+        try:
+            row = ctx.decode(keep, pos=0, seq_id=self.seq_id)
+        except BaseException:
+            self._kv_len = 0  # the sequence is empty now: say so
+            raise
+        np.copyto(self._logits, row)
+        self._kv_len = len(keep)
+        self._pending = None
+
+    def shift_context(self, n_discard: int, sinks: int = 4) -> None:
+        """Drop ``n_discard`` positions after the first ``sinks`` and shift the rest down
+        (``seq_rm`` + ``seq_add``: no recomputation), where the memory can shift
+        (``ctx.memory.can_shift``). Refused while other branches are live: with a unified
+        cache they may share these cells, whose positions would move for them too."""
+        self._check_live()
+        ctx = self.store.ctx
+        if not ctx.memory.can_shift:
+            raise BranchError("this context's memory cannot shift positions: use clear_and_reseed")
+        if len(self.store) > 1:
+            raise BranchError("shift_context needs this branch to be the only live one (cells may be shared)")
+        if not (0 <= sinks and 0 < n_discard <= self._kv_len - sinks - 1):
+            raise ParamError(f"n_discard={n_discard} and sinks={sinks} must leave at least one position")
+        mem = ctx.memory
+        mem.seq_rm(self.seq_id, sinks, sinks + n_discard)
+        mem.seq_add(self.seq_id, sinks + n_discard, -1, -n_discard)
+        self._kv_len -= n_discard
+
     # ------------------------------------------------------------------ tree
     def fork(self, seed: int | None = None, clone_logits: bool = True) -> Branch:
         """A child with this branch's KV (``seq_cp``), history, sampler state (cloned; RNG

@@ -255,3 +255,32 @@ def test_stream_stop_strings_and_generate(tiny: llama_cffi.Model) -> None:
         out = generate(store, "the", max_tokens=10, json_schema={"enum": ["yes", "no"]})
         assert out in ('"yes"', '"no"')
         assert len(store) == 0
+
+
+def test_generation_past_n_ctx(tiny: llama_cffi.Model) -> None:
+    """clear_and_reseed and shift_context keep a branch generating past n_ctx; after a
+    reseed the snapshot equals a fresh decode of sinks + tail."""
+    with make_ctx(tiny, n_seq_max=2, n_ctx=256) as ctx:
+        n_ctx = ctx.n_ctx
+        store = BranchStore(ctx)
+        b = store.create([1] + [5 + i % 40 for i in range(n_ctx - 2)])
+        b.commit(b.sample())
+        assert b.position == n_ctx
+        with pytest.raises(KvCacheFullError):
+            b.commit(b.sample())
+        hist = b.tokens
+        b.clear_and_reseed(sinks=4, tail=60)
+        assert b.position == 64 and b.tokens == hist
+        np.testing.assert_allclose(b.logits, fresh_logits(tiny, hist[:4] + hist[-60:]), **TOL)
+        for _ in range(3):
+            b.commit(b.sample())
+        assert b.position == 67 and len(b.tokens) == len(hist) + 3
+        other = b.fork()
+        with pytest.raises(BranchError, match="only live"):
+            b.shift_context(10)
+        other.prune()
+        if ctx.memory.can_shift:
+            b.shift_context(30, sinks=4)
+            assert b.position == 37 and ctx.memory.seq_pos_max(b.seq_id) == 36
+            b.commit(b.sample())
+            assert b.position == 38
