@@ -101,10 +101,12 @@ class SamplerChain(Sampler):
         """llama.cpp's chain of each sampler's :meth:`~samplers.base.Sampler.native` (fresh state)."""
         return LlamaSampler.chain([s.native() for s in self.samplers])
 
-    def choose(self, cands: Candidates, row: np.ndarray) -> tuple[int, float]:
+    def choose(self, cands: Candidates, row: np.ndarray, surprisal: bool = True) -> tuple[int, float | None]:
         """Select a token from candidates freshly reset to ``row`` (apply, select, with the
         fast path for constraints) without accepting it. Returns the token and its
-        sampling-level surprisal (nats, under the final candidates)."""
+        sampling-level surprisal (nats, under the final candidates), or None when not
+        asked for, or when the final candidates are still the untouched row (then it
+        equals the model-level surprisal, which the caller computes anyway)."""
         checks = [c for c in (getattr(s, "allows", None) for s in self.samplers) if c is not None]
         if checks:
             for s in self.samplers:
@@ -120,6 +122,8 @@ class SamplerChain(Sampler):
             for s in self.samplers:
                 s.apply(cands)
             token = selected_token(cands, self)
+        if not surprisal or (cands._src is row and cands._identity):
+            return token, None
         return token, surprisal_of(cands.read_logits(), cands.selected)
 
     def sample(self, ctx: Context, idx: int = -1) -> int:
@@ -128,9 +132,10 @@ class SamplerChain(Sampler):
         try:
             row = np.asarray(ctx.logits(idx))
             cands.reset(row)
-            token, sampling = self.choose(cands, row)
+            token, sampling = self.choose(cands, row, self.tracker is not None)
             if self.tracker is not None:
-                self.tracker.add(surprisal_of(row, token), sampling)
+                model = surprisal_of(row, token)
+                self.tracker.add(model, model if sampling is None else sampling)
         finally:
             row = None
             cands.release()

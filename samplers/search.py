@@ -46,7 +46,7 @@ def _result(branch: Branch, start: int) -> Result:
         toks,
         vocab.detokenize([t for t in toks if not vocab.is_eog(t)]),
         branch.perplexity,
-        -branch.tracker.total_surprisal,
+        -branch._metrics().total_surprisal,
     )
 
 
@@ -156,7 +156,7 @@ def best_of_n(
         if score == "perplexity":
             key: Callable[[Branch], float] = lambda b: b.perplexity  # noqa: E731
         elif score == "logprob":
-            key = lambda b: b.tracker.total_surprisal  # noqa: E731
+            key = lambda b: b._metrics().total_surprisal  # noqa: E731
         elif callable(score):
             key = score
         else:

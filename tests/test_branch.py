@@ -284,3 +284,21 @@ def test_generation_past_n_ctx(tiny: llama_cffi.Model) -> None:
             assert b.position == 37 and ctx.memory.seq_pos_max(b.seq_id) == 36
             b.commit(b.sample())
             assert b.position == 38
+
+
+def test_metrics(tiny: llama_cffi.Model) -> None:
+    """Greedy: the sampled-from distribution is the model's, so both perplexities agree;
+    top-k + temperature: they differ; track=False: no metrics (and no softmax per token)."""
+    prompt = [int(t) for t in tiny.tokenize("the")]
+    with make_ctx(tiny, n_seq_max=4) as ctx:
+        store = BranchStore(ctx)
+        g = store.create(prompt)
+        k = store.create(prompt, sampler=S.SamplerChain([S.TopK(5), S.Temperature(0.5), S.Dist(1)]))
+        off = store.create(prompt, track=False)
+        for _ in range(4):
+            store.step({b: b.sample() for b in (g, k, off)})
+        assert g.sampling_perplexity == pytest.approx(g.perplexity)
+        assert k.sampling_perplexity < k.perplexity  # sharper than the model
+        with pytest.raises(BranchError, match="track=False"):
+            _ = off.perplexity
+        assert off.fork().tracker is None
