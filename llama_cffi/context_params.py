@@ -174,6 +174,12 @@ class ContextParams:
         max_seq = int(lib.llama_max_parallel_sequences())
         if not 1 <= c.n_seq_max <= max_seq:
             raise ParamError(f"n_seq_max={c.n_seq_max} must be in [1, llama_max_parallel_sequences()={max_seq}]")
+        # llama.cpp reserves an output row per sequence and asserts (aborts) when that is more
+        # than n_outputs_max, which defaults to the batch size
+        cap = c.n_outputs_max if c.n_outputs_max else c.n_batch
+        if cap and c.n_seq_max > cap:
+            what = "n_outputs_max" if c.n_outputs_max else "n_batch"
+            raise ParamError(f"n_seq_max={c.n_seq_max} exceeds {what}={cap}: each sequence needs an output row")
         for name in ("n_threads", "n_threads_batch"):
             if getattr(c, name) < 1:
                 raise ParamError(f"{name}={getattr(c, name)} must be >= 1")

@@ -212,7 +212,7 @@ class BranchStore:
             arr = [int(t) for t in self.ctx.model.vocab.check_tokens(toks)]
             if arr:
                 work.append((b, arr))
-        saved = {b.seq_id: (b._kv_len, len(b._tokens), b._logits.copy()) for b, _ in work}
+        saved = {b.seq_id: (b._kv_len, len(b._tokens), b._logits.copy(), b._pending) for b, _ in work}
         cap = self._batch.capacity
         offsets = [0] * len(work)
         try:
@@ -246,11 +246,12 @@ class BranchStore:
                         b._pending = None
         except BaseException:
             for b, _ in work:
-                kv, nt, snap = saved[b.seq_id]
+                kv, nt, snap, pending = saved[b.seq_id]
                 self.ctx.memory.seq_rm(b.seq_id, kv)
                 b._kv_len = kv
                 del b._tokens[nt:]
                 np.copyto(b._logits, snap)
+                b._pending = pending
             raise
 
     def _decode(self, batch: Batch, branches: Sequence[Branch]) -> None:
@@ -456,7 +457,8 @@ class Branch:
         try:
             row = ctx.decode(keep, pos=0, seq_id=self.seq_id)
         except BaseException:
-            self._kv_len = 0  # the sequence is empty now: say so
+            ctx.memory.seq_rm(self.seq_id)  # chunks that fitted: the sequence is empty now
+            self._kv_len = 0
             raise
         np.copyto(self._logits, row)
         self._kv_len = len(keep)

@@ -684,3 +684,22 @@ KNOWN_GAPS = {
 def test_known_gaps(group: str, tiny_model_path: Path, other_model_path: Path, tmp_path: Path) -> None:
     """Each of these bad inputs raises its typed exception without side effects (known to fail today)."""
     _assert_all_expected(_run_group(group, tiny_model_path, other_model_path, tmp_path), KNOWN_GAPS[group])
+
+
+def test_more_sequences_than_output_rows_is_refused(tiny_model_path: Path) -> None:
+    """n_seq_max above the output rows (n_outputs_max, default n_batch) would trip a
+    GGML_ASSERT in llama.cpp's graph reservation (abort); it is a ParamError instead."""
+    r = run_isolated(
+        f"""
+import llama_cffi
+m = llama_cffi.Model.load({str(tiny_model_path)!r})
+try:
+    m.context(n_batch=2, n_seq_max=8)
+except llama_cffi.ParamError as e:
+    print("ParamError", "n_batch=2" in str(e))
+ctx = m.context(n_batch=8, n_seq_max=8)
+print(ctx.n_seq_max)
+"""
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["ParamError", "True", "8"]
