@@ -11,6 +11,8 @@ tokens with greedy sampling:
 * batched: ``store.step({b: b.sample() for b in branches})`` per step (one decode for
   all N branches, greedy sampling of each branch's logits snapshot, metrics, snapshot
   copies), timed over the generation loop only, as S_TG;
+* no-track: the same with ``store.create(..., track=False)`` (no perplexity metrics,
+  which cost one softmax over the vocabulary per branch and token);
 * one-by-one: ``b.commit(b.sample())`` for each branch in turn (N decodes per step);
 * stand-in: the batched loop over a minimal store written here on ``llama_cffi.Batch`` /
   ``decode_batch`` / ``memory.seq_cp`` (greedy sampling of an owned logits snapshot per
@@ -23,8 +25,12 @@ tokens with greedy sampling:
 native (a subprocess) and ours (in-process, every mode, mode order rotated) run in
 alternating order; the table shows medians over rounds (``paired``: the median of the
 per-round ratios, steadier on a noisy machine). ``host us/step`` is wall time minus
-the time llama.cpp spent computing (``llama_perf_context``), per step. Finally fork
-latency: ``root.fork()`` and ``child.prune()`` on a branch of ``--fork-history`` tokens.
+the time llama.cpp spent computing (``llama_perf_context``), per step; from it, a
+noise-free estimate of ours/native: native step / (native step + host time). Each run
+waits for, and is repeated unless it had, a quiet machine (``--max-foreign``: other
+processes stall llama.cpp's spinning thread pool when the threads fill the cores).
+Finally fork latency: ``root.fork()`` and ``child.prune()`` on a branch of
+``--fork-history`` tokens.
 
     python benchmarks/bench_branches.py [--rounds 3] [--pp 64] [--tg 32] [--ns 1,2,4,8,16]
     python benchmarks/bench_branches.py --quick          # N in 1,4,8; one round
@@ -524,6 +530,14 @@ def main(argv: list[str] | None = None) -> int:
             line += f" | {t:>11.1f} {med('onebyone', n) / t:>8.3f}"
         rows.append(row)
         print(line)
+    # less noisy than the ratios: how far the host time alone puts each mode below native, taking
+    # native's step (N / S_TG) as the compute time; one-by-one also pays N-1 more decodes, so not it
+    print("host-overhead estimate of ours/native, native step / (native step + host us/step):")
+    for m in (m for m in modes if m != "onebyone"):
+        ests = [1 / (1 + med(m, n, "host_us_step") * 1e-6 * _median(nat[n]) / n) for n in ns]
+        for row, e in zip(rows, ests, strict=True):
+            row[f"{m}_est_over_native"] = e
+        print(f"{LABELS[m]:>9}: " + ", ".join(f"N={n} {e:.3f}" for n, e in zip(ns, ests, strict=True)))
     n8 = 8 if 8 in ns else max(ns)
     scale8 = med("batched", n8) / med("batched", 1) if 1 in ns else float("nan")
     nat8 = _median(nat[n8]) / _median(nat[1]) if 1 in ns else float("nan")
