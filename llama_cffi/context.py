@@ -56,6 +56,7 @@ from .errors import (
 )
 from .memory import Memory
 from .outputs import LiveOutputError, OutputBuffer, OutputGuard, OutputView
+from .vocab import StopStringStream
 
 if TYPE_CHECKING:
     from .lora import LoraAdapter
@@ -1022,34 +1023,22 @@ class Context:
             raise ParamError(f"max_tokens must be an int >= 0, not {max_tokens!r}")
         smp: Sampler = sampler if sampler is not None else Greedy()
         toks = self._vocab.tokenize(prompt) if isinstance(prompt, str) else self._vocab.check_tokens(list(prompt))
-        stops = [s for s in stop if s]
-        detok = self._vocab.streaming_detokenizer()
+        text = StopStringStream(self._vocab, stop)
         if len(toks):
             self.decode(toks, seq_id=seq_id)
-        text = ""
-        emitted = 0
-        hold = max((len(s) for s in stops), default=1) - 1
         for _ in range(max_tokens):
             tok = int(smp.sample(self, -1))
             if self._vocab.is_eog(tok):
                 break
-            text += detok.push(tok)
-            if stops:
-                hit = min((i for i in (text.find(s, max(0, emitted - hold)) for s in stops) if i >= 0), default=-1)
-                if hit >= 0:
-                    if hit > emitted:
-                        yield text[emitted:hit]
-                    return
-                safe = max(emitted, len(text) - hold)
-            else:
-                safe = len(text)
-            if safe > emitted:
-                yield text[emitted:safe]
-                emitted = safe
+            piece = text.push(tok)
+            if piece:
+                yield piece
+            if text.stopped:
+                return
             self.decode_single(tok, seq_id=seq_id)
-        text += detok.flush()
-        if len(text) > emitted:
-            yield text[emitted:]
+        rest = text.flush()
+        if rest:
+            yield rest
 
     def generate(
         self,

@@ -324,3 +324,46 @@ class StreamingDetokenizer:
     def reset(self) -> None:
         self._tokens.clear()
         self._prefix = self._read = 0
+
+
+class StopStringStream:
+    """Text of a token stream, held back while it may be the start of a stop string.
+
+    ``push(token)`` returns the text that became safe to show (never half a UTF-8
+    character, never a possible prefix of a stop string); once a stop string appears,
+    :attr:`stopped` is set and ``push`` returned the text before it. ``flush()``
+    returns what is left at the end (nothing after a stop)."""
+
+    def __init__(self, vocab: Vocab, stop: Iterable[str] = ()) -> None:
+        self._detok = vocab.streaming_detokenizer()
+        self._stops = [s for s in stop if s]
+        self._hold = max((len(s) for s in self._stops), default=1) - 1
+        self._text = ""
+        self._emitted = 0
+        self.stopped = False
+
+    def push(self, token: int) -> str:
+        if self.stopped:
+            return ""
+        self._text += self._detok.push(token)
+        text, emitted = self._text, self._emitted
+        if self._stops:
+            hits = [i for i in (text.find(s, max(0, emitted - self._hold)) for s in self._stops) if i >= 0]
+            if hits:
+                self.stopped = True
+                end = min(hits)
+                self._emitted = max(emitted, end)
+                return text[emitted:end] if end > emitted else ""
+            safe = max(emitted, len(text) - self._hold)
+        else:
+            safe = len(text)
+        self._emitted = safe
+        return text[emitted:safe]
+
+    def flush(self) -> str:
+        if self.stopped:
+            return ""
+        self._text += self._detok.flush()
+        out = self._text[self._emitted :]
+        self._emitted = len(self._text)
+        return out

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from llama_cffi.errors import ParamError
+from llama_cffi.vocab import StopStringStream
 
 from .base import Sampler
 from .branch import Branch, BranchStore
@@ -60,32 +61,21 @@ def stream(
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
         raise ParamError(f"max_tokens must be an int >= 0, not {max_tokens!r}")
     vocab = branch.store.ctx.model.vocab
-    stops = [s for s in stop if s]
     enders = {int(t) for t in stop_tokens}
-    detok = vocab.streaming_detokenizer()
-    hold = max((len(s) for s in stops), default=1) - 1
-    text, emitted = "", 0
+    text = StopStringStream(vocab, stop)
     for _ in range(max_tokens):
         tok = branch.sample()
         if vocab.is_eog(tok) or tok in enders:
             break
         branch.commit(tok)
-        text += detok.push(tok)
-        if stops:
-            hits = [i for i in (text.find(s, max(0, emitted - hold)) for s in stops) if i >= 0]
-            if hits:
-                if min(hits) > emitted:
-                    yield text[emitted : min(hits)]
-                return
-            safe = max(emitted, len(text) - hold)
-        else:
-            safe = len(text)
-        if safe > emitted:
-            yield text[emitted:safe]
-            emitted = safe
-    text += detok.flush()
-    if len(text) > emitted:
-        yield text[emitted:]
+        piece = text.push(tok)
+        if piece:
+            yield piece
+        if text.stopped:
+            return
+    rest = text.flush()
+    if rest:
+        yield rest
 
 
 def generate(
