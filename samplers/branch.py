@@ -425,8 +425,18 @@ class Branch:
         np.copyto(self._logits, row)
 
     def commit(self, token: int) -> None:
-        """Accept ``token``, decode it, capture the new logits (one ``llama_decode``)."""
-        self.store.step([(self, token)])
+        """Accept ``token``, decode it, capture the new logits (one ``llama_decode`` of one
+        token). On failure nothing changes."""
+        self._check_live()
+        token = int(token)
+        self._check_token(token)
+        ctx = self.store.ctx
+        try:
+            row = ctx.decode_single(token, pos=self._kv_len, seq_id=self.seq_id)
+        except BaseException:
+            ctx.memory.seq_rm(self.seq_id, self._kv_len)
+            raise
+        self._advance(token, row)
 
     decode = commit
 
