@@ -223,6 +223,7 @@ class LlamaSampler:
         self._n_vocab: int | None = None
         #: set for grammar samplers: accept() first checks the token is allowed
         self._guard_accept = False
+        self._probe: TokenDataArray | None = None  # one-candidate array for that check
         #: grammar samplers whose grammar has token references: what decides whether
         #: llama.cpp's accept would throw (see :meth:`grammar`); "refuse" when none given
         self._grammar_guard: GrammarGuard | str | None = None
@@ -270,7 +271,10 @@ class LlamaSampler:
         if self._n_vocab is not None and token >= self._n_vocab:
             raise InvalidTokenError(f"token {token} is out of range [0, {self._n_vocab})")
         if self._guard_accept:
-            probe = TokenDataArray(1).fill([token], [0.0])
+            probe = self._probe
+            if probe is None:
+                probe = self._probe = TokenDataArray(1)
+            probe.fill([token], [0.0])
             lib.llama_sampler_apply(ptr, probe.c)
             if probe.logits[0] == -math.inf:
                 raise SamplingError(f"the grammar does not allow token {token} here")

@@ -221,3 +221,23 @@ def test_threads_share_a_compiled_grammar(vocab_model: llama_cffi.Model) -> None
     for th in threads:
         th.join()
     assert got == want
+
+
+def test_compile_is_cached_per_vocabulary(vocab_model: llama_cffi.Model) -> None:
+    """Once per llama_cffi vocabulary (model or vocab alike); a list of pieces is not cached
+    (it has no identity to key on), and the cache does not keep the vocabulary alive."""
+    import gc
+    import weakref
+
+    g = Grammar.from_gbnf('root ::= "a"+')
+    c = g.compile(vocab_model)
+    assert g.compile(vocab_model.vocab) is c
+    assert g.compile([b"a", b"aa"]) is not g.compile([b"a", b"aa"])
+    assert len(g._compiled) == 1
+    m2 = llama_cffi.Model.load(vocab_model.path, vocab_only=True)
+    g.compile(m2)
+    ref = weakref.ref(m2.vocab)
+    m2.close()
+    del m2
+    gc.collect()
+    assert ref() is None and len(g._compiled) == 1

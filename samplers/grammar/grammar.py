@@ -31,7 +31,6 @@ class Grammar:
         self.root = root
         self._engine = Engine(resolve_tokens(parsed, lambda _name: _NO_TOKEN), root)
         self._compiled: weakref.WeakKeyDictionary[Any, CompiledGrammar] = weakref.WeakKeyDictionary()
-        self._compiled_plain: dict[int, CompiledGrammar] = {}
 
     @classmethod
     def from_gbnf(cls, text: str, root: str = "root") -> Grammar:
@@ -78,13 +77,13 @@ class Grammar:
     def compile(self, vocab: Any, mask_cache_size: int = 4096) -> CompiledGrammar:
         """The grammar for a vocabulary (a :class:`llama_cffi.Model` or ``Vocab``, or a
         :class:`VocabIndex`): precomputed token structures plus a mask cache, built once
-        per vocabulary (about a second at 262,144 tokens) and cached."""
+        per llama_cffi vocabulary (about a second at 262,144 tokens) and cached."""
         index = VocabIndex.of(vocab)
+        # cached per llama_cffi Vocab (a weak key: the compiled grammar holds only the
+        # index); a VocabIndex or a list of pieces is compiled afresh each call
         key: Any = getattr(vocab, "vocab", vocab)
-        try:
-            hit = self._compiled.get(key)
-        except TypeError:
-            hit = self._compiled_plain.get(id(index))
+        cacheable = hasattr(key, "tokenize")
+        hit = self._compiled.get(key) if cacheable else None
         if hit is not None:
             return hit
         if self.parsed.token_names:
@@ -102,10 +101,8 @@ class Grammar:
         else:
             engine = self._engine
         compiled = CompiledGrammar(engine, index, mask_cache_size)
-        try:
+        if cacheable:
             self._compiled[key] = compiled
-        except TypeError:
-            self._compiled_plain[id(index)] = compiled
         return compiled
 
     def matcher(self, vocab: Any) -> GrammarMatcher:
