@@ -779,6 +779,11 @@ extern "Python" bool llama_cffi_abort_py(void *user_data);
 
 /* eval callback (cb_eval): user_data is an ffi.new_handle */
 extern "Python" bool llama_cffi_eval_py(struct ggml_tensor *t, bool ask, void *user_data);
+
+/* softmax kernels over one float32 row (see llama_cffi.kernels) */
+double llama_cffi_softmax_sum(int n, float *y, const float *x, float max);
+double llama_cffi_softmax_dot(int n, const float *y, const float *x, float max);
+const char *llama_cffi_softmax_impl(void);
 """
 
 OWN_SOURCE = r"""
@@ -823,6 +828,39 @@ typedef struct {
 
 static bool llama_cffi_abort_py(void *user_data);
 
+/* sum(exp(x - max)) over n floats, exp(x - max) written to y (y may alias x); the
+   sum is accumulated in double. With ggml's CPU backend linked in, this is ggml's own
+   vectorised soft_max kernel (the one its SOFT_MAX op uses, built for the instruction
+   sets chosen at build time); otherwise a scalar loop. */
+%(softmax_decl)s
+double llama_cffi_softmax_sum(int n, float *y, const float *x, float max) {
+#if LLAMA_CFFI_HAVE_GGML_SOFTMAX
+    return ggml_vec_soft_max_f32(n, y, x, max);
+#else
+    double sum = 0.0;
+    for (int i = 0; i < n; ++i) {
+        float v = expf(x[i] - max);
+        y[i] = v;
+        sum += (double)v;
+    }
+    return sum;
+#endif
+}
+
+/* sum(y_i * (x_i - max)) over the i with y_i != 0 (y from llama_cffi_softmax_sum; a
+   -inf logit has y_i = 0 and adds nothing instead of 0 * -inf = NaN). */
+double llama_cffi_softmax_dot(int n, const float *y, const float *x, float max) {
+    double acc = 0.0;
+    for (int i = 0; i < n; ++i) {
+        if (y[i] != 0.0f) acc += (double)y[i] * (double)(x[i] - max);
+    }
+    return acc;
+}
+
+const char *llama_cffi_softmax_impl(void) {
+    return LLAMA_CFFI_HAVE_GGML_SOFTMAX ? "ggml_vec_soft_max_f32" : "scalar";
+}
+
 bool llama_cffi_abort_combined(void *data) {
     llama_cffi_abort_state *s = (llama_cffi_abort_state *)data;
     if (s == NULL) return false;
@@ -857,12 +895,25 @@ def build_info_json(native: NativeBuild, source: Source) -> str:
     )
 
 
+def _softmax_decl(defined: set[str] | None) -> str:
+    """Use ggml-cpu's vectorised ``ggml_vec_soft_max_f32`` (an internal function with C
+    linkage, declared in ggml-cpu/vec.h, not a public header) only when ``nm`` shows the
+    static libraries define it; otherwise the scalar fallback is compiled."""
+    if defined is not None and "ggml_vec_soft_max_f32" in defined:
+        return (
+            "#define LLAMA_CFFI_HAVE_GGML_SOFTMAX 1\n"
+            "double ggml_vec_soft_max_f32(const int n, float *y, const float *x, float max);\n"
+        )
+    return "#define LLAMA_CFFI_HAVE_GGML_SOFTMAX 0\n#include <math.h>\n"
+
+
 def make_ffibuilder(native: NativeBuild, source: Source) -> Any:
     """The ``cffi.FFI`` builder for ``llama_cffi._llama`` (API mode, out of line)."""
     import cffi
 
     extra = [h for key, h in OPTIONAL_HEADERS.items() if native.options.get(f"GGML_{key.upper()}") == "ON"]
-    cdef = generate_cdef(native.include_dirs, extra, defined_symbols(native.static_libs))
+    defined = defined_symbols(native.static_libs)
+    cdef = generate_cdef(native.include_dirs, extra, defined)
     (native.prefix / "llama_cffi.cdef.h").write_text(cdef)  # for reading, not for building
     ffi = cffi.FFI()
     ffi.cdef(cdef)
@@ -871,6 +922,7 @@ def make_ffibuilder(native: NativeBuild, source: Source) -> Any:
     src = OWN_SOURCE % {
         "extra_includes": "".join(f'#include "{h}"\n' for h in extra),
         "build_info": json.dumps(info),  # a valid C string literal for ASCII JSON
+        "softmax_decl": _softmax_decl(defined),
     }
     ffi.set_source(
         "llama_cffi._llama",

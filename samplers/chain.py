@@ -11,6 +11,7 @@ from llama_cffi.sampling import LlamaSampler
 
 from .base import Sampler, candidates_for, selected_token
 from .candidates import Candidates
+from .measure import row_surprisal
 
 if TYPE_CHECKING:
     from llama_cffi import Context
@@ -27,12 +28,8 @@ class Tracker(Protocol):
 
 
 def surprisal_of(logits: np.ndarray, i: int) -> float:
-    """-log softmax(logits)[i] in nats (max-shifted, float64 sum)."""
-    m = float(logits.max())
-    if m == -np.inf:
-        return float("inf")
-    s = float(np.exp(logits - np.float32(m)).sum(dtype=np.float64))
-    return float(m + np.log(s) - float(logits[i]))
+    """-log softmax(logits)[i] in nats (max-shifted, float64 sum; ggml's soft_max kernel)."""
+    return row_surprisal(logits, i)
 
 
 class SamplerChain(Sampler):

@@ -11,13 +11,14 @@ Units
 
 Numerics
     The computation is llama.cpp's (``llama-perplexity``'s ``log_softmax``): subtract
-    the row maximum, exponentiate in float32, accumulate the normaliser in float64.
-    The float32 temporaries live in a per-thread scratch buffer that is reused, so a
-    warm call allocates nothing of vocabulary size. Inputs that are not float32 are
-    converted to float32 first (one temporary). Logits of ``-inf`` are allowed (a
-    token with probability zero: its surprisal is ``inf``, it adds nothing to the
-    entropy); NaN logits, ``+inf`` logits and rows that are entirely ``-inf`` raise
-    :class:`ValueError`.
+    the row maximum, exponentiate in float32, accumulate the normaliser in float64;
+    the exponentials run in ggml's vectorised soft_max kernel
+    (:mod:`llama_cffi.kernels`, GIL released). The float32 temporaries live in a
+    per-thread scratch buffer that is reused, so a warm call allocates nothing of
+    vocabulary size. Inputs that are not float32 (or not contiguous) are converted
+    first (one temporary). Logits of ``-inf`` are allowed (a token with probability
+    zero: its surprisal is ``inf``, it adds nothing to the entropy); NaN logits,
+    ``+inf`` logits and rows that are entirely ``-inf`` raise :class:`ValueError`.
 
 Ownership
     Nothing here keeps a reference to the logits after returning; a Context's output
@@ -34,6 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from llama_cffi import Context, InvalidTokenError
+from llama_cffi.kernels import softmax_dot, softmax_sum
 
 __all__ = [
     "Base",
@@ -46,7 +48,6 @@ __all__ = [
 Base = Literal["nats", "bits"]
 
 _LN2 = math.log(2.0)
-_F32_LOWEST = np.float32(np.finfo(np.float32).min)
 #: ``math.exp`` raises OverflowError above this; perplexities beyond are reported as inf.
 _EXP_MAX = math.log(np.finfo(np.float64).max)
 
@@ -103,6 +104,8 @@ def _row(logits_or_ctx: Any, idx: int) -> npt.NDArray[np.float32]:
         raise ValueError(f"logits must be 1-D (one row of n_vocab values), got shape {arr.shape}")
     if arr.shape[0] == 0:
         raise ValueError("logits are empty")
+    if not arr.flags.c_contiguous:
+        arr = np.ascontiguousarray(arr)  # a strided slice: the kernels read contiguous rows
     return arr
 
 
@@ -149,14 +152,12 @@ def _checked_row(logits_or_ctx: Any, idx: int, token: object) -> tuple[npt.NDArr
 
 # ---------------------------------------------------------------------- kernels
 def log_normaliser(arr: npt.NDArray[np.float32], m: np.float32, scratch: npt.NDArray[np.float32]) -> float:
-    """``sum(exp(arr - m))`` for ``m = max(arr)``, computed as llama.cpp does: the shift
-    and ``exp`` in float32 (written into ``scratch``, a float32 array of ``arr``'s length,
-    overwritten), the sum in float64 (numpy's buffered cast: no float64 temporary).
-    ``m + log(result)`` is the log-partition function. The caller has checked ``arr``
-    (no NaN, finite max)."""
-    np.subtract(arr, m, out=scratch)
-    np.exp(scratch, out=scratch)
-    return float(scratch.sum(dtype=np.float64))
+    """``sum(exp(arr - m))`` for ``m = max(arr)``, computed as llama.cpp's ``SOFT_MAX``
+    op does (ggml's vectorised kernel, :func:`llama_cffi.kernels.softmax_sum`): the
+    shift and ``exp`` in float32, written into ``scratch`` (a float32 array of
+    ``arr``'s length, overwritten), the sum in float64. ``m + log(result)`` is the
+    log-partition function. The caller has checked ``arr`` (no NaN, finite max)."""
+    return softmax_sum(arr, float(m), scratch)
 
 
 def _nats(arr: npt.NDArray[np.float32], token: int, m: np.float32) -> float:
@@ -167,6 +168,21 @@ def _nats(arr: npt.NDArray[np.float32], token: int, m: np.float32) -> float:
         return math.inf
     # -log p = (m - l_t) + log s, both terms >= 0; the difference of two float32s is exact in float64
     return (float(m) - lt) + math.log(s)
+
+
+def row_surprisal(row: npt.NDArray[np.float32], token: int) -> float:
+    """``-log softmax(row)[token]`` in nats, for callers that own a checked row (the
+    chain's and branches' per-token fast path): ``row`` is a 1-D float32 ndarray,
+    ``token`` a valid index. ``inf`` when the token (or the whole row) is ``-inf``;
+    NaN in, NaN out. Uses the per-thread scratch buffer: allocates nothing when warm."""
+    if not row.flags.c_contiguous:
+        row = np.ascontiguousarray(row)
+    m = float(row.max())
+    lt = float(row[token])
+    if m == -math.inf or lt == -math.inf:
+        return math.inf
+    scratch, _ = _buffers(row.shape[0])
+    return (m - lt) + math.log(softmax_sum(row, m, scratch))
 
 
 # ---------------------------------------------------------------------- public measures
@@ -197,15 +213,10 @@ def entropy(logits_or_ctx: Any, *, idx: int = -1, base: Base = "nats") -> float:
     div = _check_base(base)
     arr, m, _ = _checked_row(logits_or_ctx, idx, None)
     n = arr.shape[0]
-    shifted, e = _buffers(n)
-    np.subtract(arr, m, out=shifted)  # x_i - m <= 0
-    np.exp(shifted, out=e)
-    s = float(e.sum(dtype=np.float64))
-    # H = log s - sum(e_i (x_i - m)) / s; -inf shifts (e_i = 0) would give 0 * -inf = NaN:
-    # clamp them to the lowest finite float32 first, so their product is 0.
-    np.maximum(shifted, _F32_LOWEST, out=shifted)
-    np.multiply(shifted, e, out=shifted)
-    h = math.log(s) - float(shifted.sum(dtype=np.float64)) / s
+    e, _ = _buffers(n)
+    s = softmax_sum(arr, float(m), e)
+    # H = log s - sum(e_i (x_i - m)) / s; tokens with e_i = 0 (-inf logits) add nothing.
+    h = math.log(s) - softmax_dot(e, arr, float(m)) / s
     return min(max(h, 0.0), math.log(n)) / div
 
 

@@ -180,15 +180,18 @@ def test_shift_invariance(values: list[float], c: int, data: st.DataObject) -> N
 
 @given(finite_logits, st.data())
 def test_minus_inf_property(values: list[float], data: st.DataObject) -> None:
-    """Masking tokens with -inf is the same as removing them."""
+    """Masking tokens with -inf is the same as removing them. Up to float32 rounding of
+    the normaliser: ggml's soft_max kernel adds exponentials in float32 blocks of 8
+    (SIMD lanes) before accumulating in float64, so two rows of different lengths
+    group their terms differently (a relative 1e-6 is a few float32 ulps of the sum)."""
     x = np.array(values, dtype=np.float32)
     mask = np.array(data.draw(st.lists(st.booleans(), min_size=len(x), max_size=len(x))))
     assume(mask.any())
     masked = np.where(mask, x, np.float32(-np.inf)).astype(np.float32)
     kept = x[mask]
-    assert entropy(masked) == pytest.approx(entropy(kept), rel=1e-9, abs=1e-12)
+    assert entropy(masked) == pytest.approx(entropy(kept), rel=1e-6, abs=1e-7)
     i = int(np.flatnonzero(mask)[0])
-    assert surprisal(masked, i) == pytest.approx(surprisal(kept, 0), rel=1e-9, abs=1e-12)
+    assert surprisal(masked, i) == pytest.approx(surprisal(kept, 0), rel=1e-6, abs=1e-7)
     if not mask.all():
         assert surprisal(masked, int(np.flatnonzero(~mask)[0])) == math.inf
 
