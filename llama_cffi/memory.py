@@ -72,11 +72,21 @@ class Memory:
             return bool(lib.llama_memory_seq_rm(mem, s, _pos("p0", p0), _pos("p1", p1)))
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
-        """Make ``dst`` share ``src``'s cells in ``[p0, p1)`` (no copy of KV data)."""
+        """Make ``dst`` share ``src``'s cells in ``[p0, p1)``. With a unified KV cache
+        (``kv_unified=True``, or ``n_seq_max == 1``) no KV data is copied: the cells are
+        tagged with ``dst``. Otherwise each sequence has its own stream and llama.cpp
+        copies whole buffers: only the whole sequence can be copied (``p0``/``p1`` left at
+        ``-1``/``0``); a part raises :class:`ParamError` (llama.cpp would abort)."""
         a, b = self._seq(src), self._seq(dst)
         ctx, mem = self._mem()
+        q0, q1 = _pos("p0", p0), _pos("p1", p1)
+        if (q0 > 0 or q1 > 0) and a != b and self.n_seq_max > 1 and not bool(ctx.params.c.kv_unified):
+            raise ParamError(
+                f"seq_cp of positions [{p0}, {p1}) needs kv_unified=True: with one KV stream per "
+                "sequence llama.cpp can only copy whole sequences (p0=-1, p1=-1)"
+            )
         with ctx._using():
-            lib.llama_memory_seq_cp(mem, a, b, _pos("p0", p0), _pos("p1", p1))
+            lib.llama_memory_seq_cp(mem, a, b, q0, q1)
 
     def seq_keep(self, seq_id: int) -> None:
         """Remove every sequence except ``seq_id``."""

@@ -150,6 +150,9 @@ def _seq_id_cases(e: Env) -> list[Case]:
         Case("memory.seq_rm p1=-2**31-1", "ParamError", lambda: mem.seq_rm(0, 0, -(2**31) - 1)),
         Case("memory.seq_rm p0=1.5", "ParamError", lambda: mem.seq_rm(0, 1.5)),
         Case("memory.seq_cp p1=None", "ParamError", lambda: mem.seq_cp(0, 1, 0, None)),
+        # one KV stream per sequence (kv_unified=False): llama.cpp aborts on a partial copy
+        Case("memory.seq_cp part, split streams", "ParamError", lambda: mem.seq_cp(0, 1, 0, 2)),
+        Case("memory.seq_cp from p0, split streams", "ParamError", lambda: mem.seq_cp(0, 1, 1, -1)),
         Case("memory.seq_add delta=2**31", "ParamError", lambda: mem.seq_add(0, 0, -1, 2**31)),
         Case("memory.seq_add delta=1.0", "ParamError", lambda: mem.seq_add(0, 0, -1, 1.0)),
         Case("memory.seq_div d=1", "ParamError", lambda: mem.seq_div(0, 0, -1, 1)),
