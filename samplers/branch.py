@@ -310,6 +310,9 @@ class Branch:
         self.tracker = tracker
         self._logits = logits
         self._pending: tuple[int, float | None] | None = None  # (token, sampling surprisal) of sample()
+        # (history index, token, model surprisal or None untracked, sampling surprisal argument)
+        # of every accepted token, replayed by fork(at=...)
+        self._accepted: list[tuple[int, int, float | None, float | None]] = []
         self._dead = False
         if parent is not None:
             parent._children.append(self)
@@ -408,14 +411,16 @@ class Branch:
         self._accept(int(token))
 
     def _accept(self, token: int) -> None:
+        model: float | None = None
+        samp: float | None = None
         if self.tracker is not None:
             model = surprisal_of(self._logits, token)
             pending = self._pending
             if pending is not None and pending[0] == token:
-                self.tracker.add(model, model if pending[1] is None else pending[1])
-            else:
-                self.tracker.add(model)
+                samp = model if pending[1] is None else pending[1]
+            self.tracker.add(model, samp)
         self.sampler.accept(token)
+        self._accepted.append((len(self._tokens), token, model, samp))
         self._pending = None
 
     def _advance(self, token: int, row: Any) -> None:
@@ -493,10 +498,35 @@ class Branch:
         self._kv_len -= n_discard
 
     # ------------------------------------------------------------------ tree
-    def fork(self, seed: int | None = None, clone_logits: bool = True) -> Branch:
+    def fork(self, seed: int | None = None, clone_logits: bool = True, at: int | None = None) -> Branch:
         """A child with this branch's KV (``seq_cp``), history, sampler state (cloned; RNG
-        reseeded when ``seed`` is given), grammar state, metrics and logits snapshot."""
+        reseeded when ``seed`` is given), grammar state, metrics and logits snapshot.
+        ``clone_logits=False`` leaves the child's snapshot zeroed (cheaper, for a child that
+        is fed tokens with :meth:`BranchStore.prefill` or :meth:`commit` right away).
+
+        ``at=p`` forks from a prefix: the child holds the first ``p`` tokens
+        (``1 <= p <= position``) and shares their KV, except the last one, which is
+        decoded again into the child to recompute the logits after it (one
+        ``llama_decode`` of one token). Its sampler is a reset clone that re-accepts the
+        accepted tokens before ``p`` (grammar state exact; the random engine restarts
+        from its seed, as ``llama_sampler_reset`` does, unless ``seed`` is given) and its
+        metrics are replayed from the per-token record. Needs the positions to match the
+        history (not after :meth:`clear_and_reseed` or :meth:`shift_context`) and, for a
+        proper prefix, a unified KV cache (``kv_unified=True``)."""
         self._check_live()
+        if at is not None:
+            if isinstance(at, bool) or not isinstance(at, (int, np.integer)):
+                raise ParamError(f"at must be an int position, not {at!r}")
+            at = int(at)
+            if not 1 <= at <= self._kv_len:
+                raise ParamError(f"at={at} is outside [1, {self._kv_len}] (the positions branch {self.seq_id} holds)")
+            if self._kv_len != len(self._tokens):
+                raise BranchError(
+                    f"branch {self.seq_id} was rebuilt by clear_and_reseed/shift_context: its positions no "
+                    "longer match its history, so it cannot be forked at a position"
+                )
+            if at < self._kv_len:
+                return self._fork_prefix(at, seed)
         store = self.store
         sid = store._take_id()
         try:
@@ -508,6 +538,43 @@ class Branch:
         metrics = self.tracker.clone() if self.tracker is not None else None
         child = Branch(store, sid, self, list(self._tokens), self.sampler.clone(), metrics, logits)
         child._kv_len = self._kv_len
+        child._accepted = list(self._accepted)
+        if seed is not None:
+            child.reseed(seed)
+        store._live[sid] = child
+        return child
+
+    def _fork_prefix(self, at: int, seed: int | None) -> Branch:
+        store = self.store
+        ctx = store.ctx
+        sid = store._take_id()
+        try:
+            if at > 1:
+                ctx.memory.seq_cp(self.seq_id, sid, 0, at - 1)
+            row = ctx.decode_single(self._tokens[at - 1], pos=at - 1, seq_id=sid)
+            logits = np.array(row, dtype=np.float32, copy=True)
+        except BaseException:
+            ctx.memory.seq_rm(sid)
+            store._give_id(sid)
+            raise
+        del row
+        k = 0
+        while k < len(self._accepted) and self._accepted[k][0] < at:
+            k += 1
+        accepted = self._accepted[:k]
+        sampler = self.sampler.clone()
+        sampler.reset()
+        for _, tok, _, _ in accepted:
+            sampler.accept(tok)
+        metrics: PerplexityTracker | None = None
+        if self.tracker is not None:
+            metrics = self.tracker.clone()
+            metrics.reset()
+            for _, _, model, samp in accepted:
+                if model is not None:
+                    metrics.add(model, samp)
+        child = Branch(store, sid, self, self._tokens[:at], sampler, metrics, logits)
+        child._accepted = accepted
         if seed is not None:
             child.reseed(seed)
         store._live[sid] = child

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from llama_cffi.sampling import LlamaSampler
+from llama_cffi.sampling import LlamaSampler, SamplingError
 
 from .base import Sampler, candidates_for, selected_token
 from .candidates import Candidates
@@ -115,6 +115,12 @@ class SamplerChain(Sampler):
                 for s in self.samplers:
                     s.apply(cands)
                 token = selected_token(cands, self)
+                if not all(check(token) for check in checks):
+                    # every candidate is masked: the selector fell back to an arbitrary one
+                    raise SamplingError(
+                        f"no token is allowed: a constraint of {self!r} rejects every candidate "
+                        "(a grammar that has ended, e.g. after an end-of-generation token)"
+                    )
         else:
             for s in self.samplers:
                 s.apply(cands)

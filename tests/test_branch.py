@@ -302,3 +302,89 @@ def test_metrics(tiny: llama_cffi.Model) -> None:
         with pytest.raises(BranchError, match="track=False"):
             _ = off.perplexity
         assert off.fork().tracker is None
+
+
+def test_fork_at_prefix(tiny: llama_cffi.Model) -> None:
+    """fork(at=p): the child holds tokens[:p] and the logits after them (a fresh decode's),
+    continues like a fresh context fed prefix + T, replays sampler and metrics to p, and
+    leaves the parent untouched."""
+    prompt = [int(t) for t in tiny.tokenize("the cat sat on the mat")]
+    n_prompt = len(prompt)
+    with make_ctx(tiny) as ctx:
+        store = BranchStore(ctx)
+        root = store.create(prompt, sampler=S.SamplerChain([S.Penalties(64, 1.3), S.Greedy()]))
+        for _ in range(8):
+            root.commit(root.sample())
+        parent_tokens, parent_logits = root.tokens, root.logits.copy()
+        # reference: a second root fed the same tokens, read after each step
+        ref = store.create(prompt, sampler=S.SamplerChain([S.Penalties(64, 1.3), S.Greedy()]))
+        perps = {n_prompt: None}
+        for i, t in enumerate(parent_tokens[n_prompt : n_prompt + 5]):
+            ref.commit(t)
+            perps[n_prompt + i + 1] = ref.perplexity
+        for at in (n_prompt + 5, n_prompt, 3, 1):
+            child = root.fork(at=at)
+            assert child.tokens == parent_tokens[:at] and child.position == at
+            assert ctx.memory.seq_pos_max(child.seq_id) == at - 1
+            np.testing.assert_allclose(child.logits, fresh_logits(tiny, parent_tokens[:at]), **TOL)
+            if at == n_prompt + 5:
+                assert child.perplexity == perps[at]  # replayed in the same order: exact
+                # the penalties sampler saw exactly the 5 generated tokens: same choice as ref
+                assert child.sample() == ref.sample()
+            elif at <= n_prompt:
+                assert child.tracker is not None and child.tracker.count == 0
+            extra = [int(t) for t in tiny.tokenize(" and then", add_special=False)]
+            for t in extra:
+                child.commit(t)
+            np.testing.assert_allclose(child.logits, fresh_logits(tiny, parent_tokens[:at] + extra), **TOL)
+            child.prune()
+        assert root.tokens == parent_tokens
+        np.testing.assert_array_equal(root.logits, parent_logits)
+        np.testing.assert_allclose(root.logits, fresh_logits(tiny, parent_tokens), **TOL)
+        full = root.fork(at=root.position)  # at == position: an ordinary fork
+        np.testing.assert_array_equal(full.logits, parent_logits)
+        for bad in (0, root.position + 1, -1):
+            with pytest.raises(llama_cffi.errors.ParamError, match="outside"):
+                root.fork(at=bad)
+        with pytest.raises(llama_cffi.errors.ParamError):
+            root.fork(at=2.0)  # type: ignore[arg-type]
+        assert store.available == ctx.n_seq_max - 3  # failed forks leaked no id
+        full.prune()
+        root.clear_and_reseed(sinks=2, tail=4)
+        with pytest.raises(BranchError, match="rebuilt"):
+            root.fork(at=3)
+
+
+def test_fork_at_replays_grammar(default_model: llama_cffi.Model) -> None:
+    """A grammar branch forked at a prefix has the matcher state of that prefix."""
+    from samplers.grammar import Grammar
+
+    g = Grammar.from_gbnf('root ::= "[" [0-9]+ ("," [0-9]+)* "]"')
+    vocab = default_model.vocab
+    prompt = [int(t) for t in default_model.tokenize("Numbers:")]
+    with default_model.context(n_ctx=256, n_batch=64, n_seq_max=2, kv_unified=True) as ctx:
+        store = BranchStore(ctx)
+        b = store.create(prompt, grammar=g, sampler=S.SamplerChain([S.TopK(8), S.Dist(3)]))
+        for _ in range(6):
+            t = b.sample()
+            assert not vocab.is_eog(t)  # "[" digit: no end yet
+            b.commit(t)
+        gen = b.tokens[len(prompt) :]
+        for at_gen in (2, 4):
+            child = b.fork(at=len(prompt) + at_gen)
+            m = g.compile(vocab).matcher()
+            for t in gen[:at_gen]:
+                m.accept_token(t)
+            gs = child.sampler.samplers[0]
+            np.testing.assert_array_equal(gs.matcher.allowed_tokens(), m.allowed_tokens())
+            assert m.allows(child.sample())
+            child.prune()
+        # a grammar that has ended (after an end-of-generation token) allows nothing
+        end = store.create(prompt, grammar='root ::= "x"')
+        x = int(np.flatnonzero(end.sampler.samplers[0].matcher.allowed_tokens())[0])
+        end.commit(x)
+        eog = end.sample()
+        assert vocab.is_eog(eog)
+        end.commit(eog)
+        with pytest.raises(S.SamplingError, match="no token is allowed"):
+            end.sample()

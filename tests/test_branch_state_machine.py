@@ -134,9 +134,9 @@ class Cells:
                 c[1].discard(seq)
         self.cells = [c for c in self.cells if c[1]]
 
-    def cp(self, src: int, dst: int) -> None:
+    def cp(self, src: int, dst: int, p1: int = INF) -> None:
         for c in self.cells:
-            if src in c[1]:
+            if src in c[1] and c[0] < p1:
                 c[1].add(dst)
 
     def keep(self, seq: int) -> None:
@@ -177,6 +177,7 @@ class Node:
     count: int = 0  # tracker.count
     scount: int = 0  # tracker.sampling_count
     pending: int | None = None  # the token the last sample() chose, not yet accepted
+    acc: list[tuple[int, bool]] = field(default_factory=list)  # accepted: (history index, was the pending sample)
     children: list[Branch] = field(default_factory=list)
     alive: bool = True
 
@@ -371,6 +372,59 @@ class BranchMachine(RuleBasedStateMachine):
             tracked=n.tracked,
             count=n.count,
             scount=n.scount,
+            acc=list(n.acc),
+        )
+        n.children.append(child)
+
+    @precondition(lambda self: bool(self._live()))
+    @rule(data=st.data(), seed=st.none() | SEED)
+    def fork_at(self, data: st.DataObject, seed: int | None) -> None:
+        """fork(at=p) of a proper prefix: shares cells [0, p-1), decodes token p-1 into one
+        new cell; sampler and metrics replayed to p."""
+        b = self._pick(data)
+        n = self.nodes[b]
+        at = data.draw(st.integers(-1, len(n.kv) + 1), label="at")
+        if not 1 <= at <= len(n.kv):
+            with self._fails(ParamError, "outside"):
+                b.fork(at=at)
+            return
+        if len(n.kv) != len(n.tokens):
+            with self._fails(BranchError, "rebuilt"):
+                b.fork(at=at)
+            return
+        if at == len(n.kv):
+            event("fork_at: the whole sequence")
+            return
+        if not self._free_ids():
+            with self._fails(CapacityError):
+                b.fork(at=at)
+            return
+        sid = min(self._free_ids())
+        if self.cells.free + len([c for c in self.cells.cells if c[1] == {sid}]) < 1:
+            with self._fails(KvCacheFullError, emptied=sid if sid in self.cells.holders else None):
+                b.fork(at=at, seed=seed)
+            self.cells.rm(sid)
+            self.stale.discard(sid)
+            return
+        sid = self._take_id()
+        child = b.fork(at=at, seed=seed)
+        assert child.seq_id == sid and child.parent is b and child.is_leaf and child.position == at
+        self.cells.cp(n.seq, sid, at - 1)
+        self.cells.append(sid, at - 1, 1)
+        acc = [a for a in n.acc if a[0] < at]
+        kv = n.kv[:at]
+        self.nodes[child] = Node(
+            sid,
+            b,
+            n.tokens[:at],
+            list(kv),
+            [("decode", list(kv))],
+            list(range(at)),
+            [("decode", list(kv))],
+            tracked=n.tracked,
+            count=len(acc),
+            scount=sum(1 for a in acc if a[1]),
+            acc=acc,
         )
         n.children.append(child)
 
@@ -386,6 +440,7 @@ class BranchMachine(RuleBasedStateMachine):
         for b, t in moves.items():
             n = self.nodes[b]
             self.cells.append(n.seq, len(n.kv), 1)
+            n.acc.append((len(n.tokens), n.pending == t))
             n.tokens.append(t)
             n.count += 1
             n.scount += n.pending == t
