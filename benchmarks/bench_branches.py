@@ -61,6 +61,7 @@ sys.path.insert(0, str(ROOT))
 import llama_cffi  # noqa: E402
 import samplers as S  # noqa: E402
 from benchmarks.native_tools import build_llama_tool  # noqa: E402
+from samplers.branch import Branch  # noqa: E402
 
 TOOL = "llama-batched-bench"
 MODES = ("batched", "notrack", "onebyone", "standin", "raw")
@@ -323,10 +324,19 @@ def fork_latency(
         t2 = time.perf_counter()
         fk.append(t1 - t0)
         pr.append(t2 - t1)
+    out = {"fork_us": statistics.median(fk) * 1e6, "prune_us": statistics.median(pr) * 1e6}
+    if isinstance(root, Branch):  # fork(at=) of the middle: includes a one-token decode
+        fa = []
+        for _ in range(max(iters // 10, 5)):
+            t0 = time.perf_counter()
+            child = root.fork(at=len(history) // 2)
+            fa.append(time.perf_counter() - t0)
+            child.prune()
+        out["fork_at_us"] = statistics.median(fa) * 1e6
     root.prune()
     store.drain()
     ctx.memory.clear(data=False)
-    return {"fork_us": statistics.median(fk) * 1e6, "prune_us": statistics.median(pr) * 1e6}
+    return out
 
 
 # ---------------------------------------------------------------------- a busy machine
@@ -547,10 +557,15 @@ def main(argv: list[str] | None = None) -> int:
             smp = ", ".join(f"{med(m, n, 'sample_us_step') / n:.0f}" for n in ns)
             stp = ", ".join(f"{med(m, n, 'step_host_us_step') / n:.0f}" for n in ns)
             print(f"{m:>8}: per branch and step, us: sample() {smp}; host part of step/commit {stp} (N = {args.ns})")
-    fork = {k: _median([f[k] for f in forks]) for k in ("fork_us", "prune_us")}
+    fork = {k: _median([f[k] for f in forks if k in f]) for k in forks[0]}
     print(
         f"fork of a {args.fork_history}-token branch: {fork['fork_us']:.0f} us, prune {fork['prune_us']:.0f} us "
         f"(median of {args.fork_iters} x {len(forks)} rounds)"
+        + (
+            f"; fork(at={args.fork_history // 2}) {fork['fork_at_us']:.0f} us (a one-token decode included)"
+            if "fork_at_us" in fork
+            else ""
+        )
     )
     dirty = [f for f in foreign if f > args.max_foreign]
     print(
