@@ -1,4 +1,5 @@
-"""``python -m llama_cffi`` (also the ``llama-cffi`` script): ``demo``, ``info``, and plugin commands.
+"""``python -m llama_cffi`` (also the ``llama-cffi`` script): ``info``, ``tokenize``, and plugin commands
+(``demo``, ``generate``, ``perplexity`` come from :mod:`samplers` through entry points).
 
 User mistakes end with one line on stderr and exit status 2, never a traceback.
 """
@@ -8,10 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from importlib.metadata import entry_points
-
-import numpy as np
+from typing import NoReturn, cast
 
 from . import LlamaError, Model, build_info, default_model_path, devices, system_info
 
@@ -20,39 +19,18 @@ def _model_path(arg: str | None) -> str:
     return arg if arg else str(default_model_path())
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    """Load the default model, tokenize, greedy-generate, stream text, report tokens/s."""
-    path = _model_path(args.model)
-    t0 = time.perf_counter()
-    with Model.load(path) as model:
-        t_load = time.perf_counter() - t0
-        print(
-            f"model   {model.desc} ({model.n_params / 1e6:.0f}M params, vocab {model.n_vocab}) loaded in {t_load:.2f} s"
-        )
-        prompt = args.prompt
-        tokens = model.tokenize(prompt)
-        print(f"prompt  {prompt!r} -> {len(tokens)} tokens {tokens.tolist()}")
-        with model.context(n_ctx=max(256, len(tokens) + args.n + 8)) as ctx:
-            t1 = time.perf_counter()
-            logits = ctx.decode(tokens)
-            t_prompt = time.perf_counter() - t1
-            stream = model.vocab.streaming_detokenizer()
-            print("output  " + prompt, end="", flush=True)
-            n_gen = 0
-            t2 = time.perf_counter()
-            for _ in range(args.n):
-                tok = int(np.argmax(logits))
-                if model.vocab.is_eog(tok):
-                    break
-                print(stream.push(tok), end="", flush=True)
-                n_gen += 1
-                logits = ctx.decode([tok])
-            t_gen = time.perf_counter() - t2
-            print(stream.flush())
-    print(
-        f"speed   prompt {len(tokens) / t_prompt:.0f} tokens/s, "
-        f"generation {n_gen / t_gen if t_gen > 0 else 0.0:.1f} tokens/s (greedy, {n_gen} tokens)"
-    )
+def cmd_tokenize(args: argparse.Namespace) -> int:
+    """Print the tokens of a text: one ``id<TAB>piece`` line each (``--ids``: ids only)."""
+    text = args.text if args.text is not None else sys.stdin.read()
+    with Model.load(_model_path(args.model), vocab_only=True) as model:
+        vocab = model.vocab
+        toks = vocab.tokenize(text, add_special=not args.no_bos, parse_special=args.parse_special)
+        if args.ids:
+            print(json.dumps([int(t) for t in toks]))
+        else:
+            for t in toks:
+                print(f"{int(t)}\t{vocab.token_to_piece(int(t), special=True)!r}")
+        print(f"{len(toks)} tokens", file=sys.stderr)
     return 0
 
 
@@ -124,14 +102,26 @@ def load_plugins(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> li
     return loaded
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage mistakes end as one line too (argparse prints the usage block first)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"llama-cffi: error: {message} (see {self.prog} --help)\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="llama-cffi", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("demo", help="generate with the default model and report tokens/s")
+    parser = _Parser(prog="llama-cffi", description=__doc__)
+    # subcommand parsers are _Parser too (one-line usage errors)
+    sub = cast(
+        "argparse._SubParsersAction[argparse.ArgumentParser]", parser.add_subparsers(dest="command", required=True)
+    )
+    p = sub.add_parser("tokenize", help="the tokens of a text (from the argument or stdin)")
+    p.add_argument("text", nargs="?", default=None, help="the text (default: read stdin)")
     p.add_argument("-m", "--model", help="GGUF file (default: the embedded default model)")
-    p.add_argument("-n", type=int, default=48, help="tokens to generate (default 48)")
-    p.add_argument("prompt", nargs="?", default="The three most useful things to know about Python are")
-    p.set_defaults(func=cmd_demo)
+    p.add_argument("--ids", action="store_true", help="print a JSON list of ids only")
+    p.add_argument("--no-bos", action="store_true", help="do not add BOS/EOS as the model would")
+    p.add_argument("--parse-special", action="store_true", help="parse special tokens like <start_of_turn>")
+    p.set_defaults(func=cmd_tokenize)
     p = sub.add_parser("info", help="build flags, devices, and model metadata")
     p.add_argument("-m", "--model", nargs="?", const="", default=None, help="also describe a model")
     p.add_argument("--vocab-only", action="store_true", help="load only the vocabulary")
@@ -146,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except (LlamaError, OSError, ValueError) as exc:
-        print(f"llama-cffi: error: {exc}", file=sys.stderr)
+        # one line, even for multi-line messages (a schema's list of problems, say)
+        msg = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+        print(f"llama-cffi: error: {msg}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("\nllama-cffi: interrupted", file=sys.stderr)

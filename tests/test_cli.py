@@ -1,12 +1,14 @@
-"""python -m llama_cffi: the demo and info commands, and clean user errors."""
+"""python -m llama_cffi: demo, generate, tokenize and info, and clean user errors."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+import llama_cffi
 from tests.conftest import run_isolated
 
 
@@ -16,18 +18,63 @@ def cli(*args: str) -> tuple[int, str, str]:
 
 
 def test_demo_on_tiny_model(tiny_model_path: Path) -> None:
-    """demo generates and reports tokens/s."""
-    rc, out, err = cli("demo", "-m", str(tiny_model_path), "-n", "8", "hello world")
+    """demo: greedy stream, 4 forks with perplexities, one pruned, a JSON-schema answer, tokens/s."""
+    rc, out, err = cli("demo", "-m", str(tiny_model_path), "-n", "6", "hello world")
     assert rc == 0, err
-    assert "tokens/s" in out and "hello world" in out
+    assert "hello world" in out and "tokens/s" in out
+    rows = [ln for ln in out.splitlines() if ln.startswith("  [") and "perplexity" in ln]
+    assert len(rows) == 4 and "pruned" in out and "3 forks and the root live" in out and "json " in out
 
 
 @pytest.mark.default_model
 def test_demo_on_default_model(default_model_path: Path) -> None:
-    """The README's main job: demo on the default model."""
+    """The README's main job: demo on the default model; its JSON answer parses."""
     rc, out, err = cli("demo", "-n", "12")
     assert rc == 0, err
-    assert "gemma3 270M" in out and "generation" in out
+    assert "gemma3 270M" in out and "tokens/s" in out
+    assert "valid JSON, keys ['language', 'year']" in out, out
+
+
+def test_generate_greedy_streams_and_reports(tiny_model_path: Path, tiny_model: llama_cffi.Model) -> None:
+    """generate --temp 0 prints the prompt and the greedy continuation; stats on stderr."""
+    rc, out, err = cli("generate", "-m", str(tiny_model_path), "--temp", "0", "-n", "8", "the cat")
+    assert rc == 0, err
+    assert "tokens/s" in err and out.startswith("the cat")
+    with tiny_model.context(n_ctx=128) as ctx:
+        row = ctx.decode(tiny_model.tokenize("the cat"))
+        toks = []
+        for _ in range(8):
+            t = int(np.asarray(row).argmax())
+            if tiny_model.vocab.is_eog(t):
+                break
+            toks.append(t)
+            row = ctx.decode_single(t)
+    assert out.rstrip("\n") == "the cat" + tiny_model.vocab.detokenize(toks)
+
+
+def test_generate_branches(tiny_model_path: Path) -> None:
+    rc, out, err = cli("generate", "-m", str(tiny_model_path), "--branches", "3", "--seed", "1", "-n", "5", "a")
+    assert rc == 0, err
+    lines = [ln for ln in out.splitlines() if "perplexity" in ln]
+    assert len(lines) == 3 and sum(ln.startswith("*") for ln in lines) == 1
+    ppl = [float(ln.split("perplexity")[1].split()[0]) for ln in lines]
+    best = next(p for p, ln in zip(ppl, lines, strict=True) if ln.startswith("*"))
+    assert best == min(ppl)
+
+
+@pytest.mark.default_model
+def test_generate_json_schema(tmp_path: Path) -> None:
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}))
+    rc, out, err = cli("generate", "--json-schema", str(schema), "--seed", "3", "-n", "40", "An object: ")
+    assert rc == 0, err
+    assert isinstance(json.loads(out[len("An object: ") :])["n"], int)
+
+
+def test_tokenize(tiny_model_path: Path, tiny_model: llama_cffi.Model) -> None:
+    rc, out, err = cli("tokenize", "-m", str(tiny_model_path), "--ids", "hello world")
+    assert rc == 0, err
+    assert json.loads(out) == tiny_model.tokenize("hello world").tolist()
 
 
 def test_info_json(tiny_model_path: Path) -> None:
@@ -46,3 +93,47 @@ def test_user_errors_are_one_line(path: str) -> None:
     rc, _out, err = cli("demo", "-m", path)
     assert rc == 2
     assert err.startswith("llama-cffi: error:") and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_generate_user_errors_are_one_line(tiny_model_path: Path, tmp_path: Path) -> None:
+    """Every user mistake of generate: one line on stderr, exit status 2, no traceback."""
+    bad_gbnf = tmp_path / "bad.gbnf"
+    bad_gbnf.write_text('root ::= "a" undefined-rule')
+    bad_json = tmp_path / "bad.json"
+    bad_json.write_text("{not json")
+    bad_schema = tmp_path / "schema.json"
+    bad_schema.write_text(json.dumps({"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}))
+    m = ["-m", str(tiny_model_path)]
+    cases = [
+        [*m, "--grammar", str(tmp_path / "missing.gbnf"), "x"],
+        [*m, "--grammar", str(bad_gbnf), "x"],
+        [*m, "--json-schema", str(bad_json), "x"],
+        [*m, "--json-schema", str(bad_schema), "x"],
+        [*m, "--grammar", str(bad_gbnf), "--json-schema", str(bad_json), "x"],
+        [*m, "--top-p", "1.5", "x"],
+        [*m, "--top-k", "-1", "x"],
+        [*m, "-n", "0", "x"],
+        [*m, "--branches", "0", "x"],
+        [*m, "--temp", "hot", "x"],
+        ["-m", "/nonexistent.gguf", "x"],
+        [*m],
+    ]
+    code = (
+        "import contextlib, io, sys\n"
+        "from llama_cffi.__main__ import main\n"
+        f"for args in {cases!r}:\n"
+        "    err = io.StringIO()\n"
+        "    with contextlib.redirect_stderr(err):\n"
+        "        try:\n"
+        "            rc = main(['generate', *args])\n"
+        "        except SystemExit as e:\n"
+        "            rc = e.code\n"
+        "    print('RESULT', repr((rc, err.getvalue())))\n"
+    )
+    r = run_isolated(code)
+    assert r.returncode == 0, r.stderr
+    results = [eval(ln[7:]) for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert len(results) == len(cases)
+    for args, (rc, err) in zip(cases, results, strict=True):
+        assert rc == 2, (args, err)
+        assert err.startswith("llama-cffi: error:") and err.count("\n") == 1 and "Traceback" not in err, (args, err)
