@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from llama_cffi.errors import ParamError
+from llama_cffi.kernels import softmax_sum
 from llama_cffi.vocab import StopStringStream
 
 from .base import Sampler
@@ -157,8 +158,12 @@ def best_of_n(
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
-    m = float(logits.max())
-    return (logits - m - math.log(float(np.exp(logits - m).sum(dtype=np.float64)))).astype(np.float64)
+    """log softmax(logits) in float64 (the normaliser from ggml's soft_max kernel)."""
+    row = np.ascontiguousarray(logits, dtype=np.float32)
+    m = float(row.max())
+    scratch = np.empty_like(row)
+    lse = m + math.log(softmax_sum(row, m, scratch))
+    return row.astype(np.float64) - lse
 
 
 def beam_search(
