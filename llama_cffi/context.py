@@ -159,6 +159,15 @@ class Context:
         p = params if params is not None else ContextParams(**kwargs)
         if p.c.n_ctx == 0 and model.n_ctx_train == 0:
             raise ParamError("n_ctx=0 means 'from the model', but the model declares no training context length")
+        # llama.cpp caps n_batch at n_ctx (causal attention; before padding n_ctx) and reserves an
+        # output row per sequence, asserting (aborting) when n_seq_max exceeds the rows
+        n_ctx = int(p.c.n_ctx) or int(model.n_ctx_train)
+        rows = int(p.c.n_outputs_max) or min(n_ctx, int(p.c.n_batch))
+        if int(p.c.n_seq_max) > rows:
+            raise ParamError(
+                f"n_seq_max={p.c.n_seq_max} exceeds the {rows} output rows (n_outputs_max, or min(n_ctx, n_batch)): "
+                "each sequence needs one; raise n_ctx/n_batch or lower n_seq_max"
+            )
         log.sync()
         with log.capture() as lines:
             ptr = lib.llama_init_from_model(mptr, p.c)

@@ -169,8 +169,8 @@ class ContextParams:
 
     def _validate(self) -> None:
         c = self.c
-        if c.n_batch == 0 and c.n_ubatch == 0:
-            raise ParamError("n_batch and n_ubatch cannot both be 0")
+        if c.n_batch == 0:
+            raise ParamError("n_batch must be >= 1 (llama.cpp aborts on a context with no batch rows)")
         max_seq = int(lib.llama_max_parallel_sequences())
         if not 1 <= c.n_seq_max <= max_seq:
             raise ParamError(f"n_seq_max={c.n_seq_max} must be in [1, llama_max_parallel_sequences()={max_seq}]")

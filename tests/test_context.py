@@ -48,7 +48,8 @@ def test_every_settable_field_is_accepted(tiny_model: Model) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"n_batch": 0, "n_ubatch": 0}, "n_batch and n_ubatch cannot both be 0"),
+        ({"n_batch": 0, "n_ubatch": 0}, "n_batch must be >= 1"),
+        ({"n_batch": 0, "n_ubatch": 8}, "n_batch must be >= 1"),
         ({"type_v": "q8_0", "flash_attn_type": "disabled"}, "needs flash attention"),
         ({"n_ctx": -1}, "must not be negative"),
         ({"n_seq_max": 0}, "n_seq_max=0"),

@@ -702,7 +702,17 @@ except llama_cffi.ParamError as e:
     print("ParamError", "n_batch=2" in str(e))
 ctx = m.context(n_batch=8, n_seq_max=8)
 print(ctx.n_seq_max)
+# llama.cpp caps n_batch at n_ctx: 4 sequences in a 2-token context abort the same way
+try:
+    m.context(n_ctx=2, n_seq_max=4)
+except llama_cffi.ParamError as e:
+    print("ParamError", "min(n_ctx, n_batch)" in str(e))
+try:
+    m.context(n_batch=0)  # no rows at all
+except llama_cffi.ParamError as e:
+    print("ParamError", "n_batch must be >= 1" in str(e))
+print(m.context(n_ctx=4, n_seq_max=4).n_seq_max)
 """
     )
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.split() == ["ParamError", "True", "8"]
+    assert r.stdout.split() == ["ParamError", "True", "8", "ParamError", "True", "ParamError", "True", "4"]
