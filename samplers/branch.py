@@ -35,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from llama_cffi import Batch
-from llama_cffi.errors import LlamaError, ParamError
+from llama_cffi.errors import ClosedError, LlamaError, ParamError
 
 from .base import Sampler
 from .candidates import Candidates
@@ -382,6 +382,8 @@ class Branch:
     def _check_live(self) -> None:
         if self._dead:
             raise BranchError(f"branch {self.seq_id} was pruned")
+        if self.store.ctx.closed:
+            raise ClosedError(f"the context of branch {self.seq_id} is closed")
 
     def _check_token(self, token: int) -> None:
         if not 0 <= token < self.store.n_vocab:

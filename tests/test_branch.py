@@ -388,3 +388,27 @@ def test_fork_at_replays_grammar(default_model: llama_cffi.Model) -> None:
         end.commit(eog)
         with pytest.raises(S.SamplingError, match="no token is allowed"):
             end.sample()
+
+
+def test_branches_of_a_closed_context_raise(tiny: llama_cffi.Model) -> None:
+    """Every branch operation after the context is closed is a ClosedError (sample() used
+    to answer from the saved snapshot)."""
+    ctx = make_ctx(tiny)
+    store = BranchStore(ctx)
+    b = store.create([1, 5, 6])
+    kid = b.fork()
+    ctx.close()
+    for call in (
+        b.sample,
+        lambda: b.commit(5),
+        lambda: b.accept(5),
+        b.fork,
+        b.prune_subtree,
+        kid.prune,
+        lambda: store.step({b: 5}),
+        lambda: store.prefill({b: [5]}),
+        lambda: b.fork(at=1),
+        lambda: b.clear_and_reseed(),
+    ):
+        with pytest.raises(llama_cffi.errors.ClosedError):
+            call()
