@@ -22,9 +22,8 @@ from .enums import FType, RopeType
 from .errors import (
     InvalidModelError,
     ModelLoadCancelled,
-    ModelLoadError,
-    ModelNotFoundError,
 )
+from .model_file import check_hparams, check_model_file
 from .model_params import ModelParams
 from .vocab import TokenArray, Tokens, Vocab
 
@@ -33,25 +32,6 @@ if TYPE_CHECKING:
     from .lora import LoraAdapter
 
 PathLike = str | os.PathLike[str]
-
-_GGUF_MAGIC = b"GGUF"
-
-
-def _check_model_file(path: str) -> None:
-    """Reject what llama.cpp should never see: missing, directory, unreadable, not GGUF."""
-    if not os.path.exists(path):
-        raise ModelNotFoundError(path, "no such file")
-    if os.path.isdir(path):
-        raise InvalidModelError(path, "is a directory, not a GGUF file")
-    try:
-        with open(path, "rb") as fh:
-            magic = fh.read(4)
-    except OSError as exc:
-        raise ModelLoadError(path, f"cannot be read: {exc.strerror or exc}") from exc
-    if len(magic) < 4:
-        raise InvalidModelError(path, f"file is {len(magic)} bytes long, too short for a GGUF header")
-    if magic != _GGUF_MAGIC:
-        raise InvalidModelError(path, f"not a GGUF file (starts with {magic!r}, expected {_GGUF_MAGIC!r})")
 
 
 def _fspath(path: object, what: str = "path") -> str:
@@ -100,8 +80,9 @@ class Model:
         :class:`~llama_cffi.errors.ModelLoadError` subclass naming the path and reason.
         """
         p = _fspath(path)
-        _check_model_file(p)
+        check_model_file(p)
         mp = ModelParams(**params)
+        check_hparams(p, mp.kv_overrides, bool(mp.c.vocab_only))
         return cls._load(p, mp, lambda c: lib.llama_model_load_from_file(p.encode(), c))
 
     @classmethod
@@ -111,8 +92,9 @@ class Model:
         if not ps:
             raise ValueError("load_splits needs at least one path")
         for p in ps:
-            _check_model_file(p)
+            check_model_file(p)
         mp = ModelParams(**params)
+        check_hparams(ps[0], mp.kv_overrides, bool(mp.c.vocab_only))
         cstrs = [ffi.new("char[]", p.encode()) for p in ps]
         arr = ffi.new("const char *[]", cstrs)
         return cls._load(ps[0], mp, lambda c: lib.llama_model_load_from_splits(arr, len(ps), c))

@@ -85,6 +85,7 @@ class ModelParams:
 
     def __init__(self, **kwargs: Any) -> None:
         self.c = lib.llama_model_default_params()
+        self.kv_overrides: dict[str, int | float | bool | str] = {}
         self._keep: list[Any] = []
         self.progress: _Progress | None = None
         fields = dict(ffi.typeof("struct llama_model_params").fields)
@@ -189,6 +190,7 @@ class ModelParams:
         if value is None:
             self.c.kv_overrides = ffi.NULL
             return
+        self.kv_overrides = dict(value)
         arr = ffi.new("struct llama_model_kv_override[]", len(value) + 1)
         for i, (key, v) in enumerate(value.items()):
             kb = str(key).encode()

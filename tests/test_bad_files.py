@@ -100,3 +100,58 @@ def test_unreadable_file(tmp_path: Path, tiny_model_path: Path) -> None:
             llama_cffi.Model.load(p)
     finally:
         p.chmod(0o644)
+
+
+def test_hparams_llama_cpp_would_abort_on(tmp_path: Path) -> None:
+    """Hyper-parameters that llama.cpp checks with GGML_ASSERT (abort) in load_hparams: a
+    layer count outside [1, 512], inconsistent expert counts, more MTP layers than layers;
+    in the file or through kv_overrides. Each is an InvalidModelError naming the key."""
+    from llama_cffi.testing import write_tiny_model
+
+    files = {
+        "layers_1000": {"llama.block_count": 1000},
+        "layers_0": {"llama.block_count": 0},
+        "experts_2000": {"llama.expert_count": 2000, "llama.expert_used_count": 2},
+        "used_without_experts": {"llama.expert_used_count": 2},
+        "experts_none_used": {"llama.expert_count": 4, "llama.expert_used_count": 0},
+        "nextn_over_layers": {"llama.nextn_predict_layers": 5},
+    }
+    paths = {name: str(write_tiny_model(tmp_path / f"{name}.gguf", extra_metadata=md)) for name, md in files.items()}
+    good = str(write_tiny_model(tmp_path / "good.gguf"))
+    code = f"""
+        import llama_cffi, json
+        out = {{}}
+        def attempt(name, path, **kw):
+            try:
+                llama_cffi.Model.load(path, **kw).close()
+                out[name] = ["LOADED", ""]
+            except llama_cffi.LlamaError as e:
+                out[name] = [type(e).__name__, str(e)]
+        for name, path in {sorted(paths.items())!r}:
+            attempt(name, path)
+        attempt("override_layers_1000", {good!r}, kv_overrides={{"llama.block_count": 1000}})
+        attempt("override_experts", {good!r}, kv_overrides={{"llama.expert_used_count": 3}})
+        attempt("override_layers_2", {good!r}, kv_overrides={{"llama.block_count": 2}})
+        attempt("vocab_only_layers_1000", {paths["layers_1000"]!r}, vocab_only=True)
+        print(json.dumps(out))
+    """
+    r = run_isolated(code)
+    assert r.returncode == 0, f"child died ({r.returncode}): {r.stderr[-2000:]}"
+    import json
+
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    keys = {
+        "layers_1000": "block_count=1000",
+        "layers_0": "block_count=0",
+        "experts_2000": "expert_count=2000",
+        "used_without_experts": "expert_used_count=2",
+        "experts_none_used": "expert_used_count must be > 0",
+        "nextn_over_layers": "nextn_predict_layers=5",
+        "override_layers_1000": "block_count=1000",
+        "override_experts": "expert_used_count=3",
+    }
+    for name, key in keys.items():
+        kind, message = out[name]
+        assert kind == "InvalidModelError" and key in message and "would abort" in message, (name, out[name])
+    assert out["override_layers_2"] == ["LOADED", ""]
+    assert out["vocab_only_layers_1000"] == ["LOADED", ""]  # llama.cpp stops before the layer count
