@@ -45,7 +45,6 @@ import inspect
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -60,6 +59,7 @@ sys.path.insert(0, str(ROOT))
 
 import llama_cffi  # noqa: E402
 import samplers as S  # noqa: E402
+from benchmarks.common import command_line, run_child, self_peak_rss_kib  # noqa: E402
 from benchmarks.native_tools import build_llama_tool  # noqa: E402
 from samplers.branch import Branch  # noqa: E402
 
@@ -212,11 +212,15 @@ def native_command(tool: Path, model: Path, ns: Sequence[int | str], args: argpa
     return [*cmd, "-tgs"] if tgs else cmd
 
 
+NATIVE_RSS_KIB: list[int] = []  # peak RSS of each native run
+
+
 def run_native(cmd: list[str]) -> dict[int, float]:
     """S_TG (tokens/s) per N from llama-batched-bench's jsonl lines."""
-    out = subprocess.run(cmd, capture_output=True, text=True)
+    out = run_child(cmd)
     if out.returncode != 0:
         raise RuntimeError(f"{TOOL} failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    NATIVE_RSS_KIB.append(out.peak_rss_kib)
     res: dict[int, float] = {}
     for line in (out.stdout + "\n" + out.stderr).splitlines():
         line = line.strip()
@@ -585,6 +589,9 @@ def main(argv: list[str] | None = None) -> int:
             "native_n8_over_n1": nat8,
             "fork": fork,
             "fork_samples": forks,
+            "command": command_line(sys.argv[1:] if argv is None else argv),
+            "native_peak_rss_kib": max(NATIVE_RSS_KIB, default=None),
+            "ours_peak_rss_kib": self_peak_rss_kib(),
         }
         args.json.write_text(json.dumps(result, indent=1, default=str) + "\n")
         print(f"wrote {args.json}")

@@ -13,7 +13,7 @@ On the default model (vocabulary 262,144) with llama.cpp's ``grammars/json.gbnf`
    ``GrammarSampler`` (llama.cpp's fast path), and with the native grammar sampler in
    a native chain, interleaved rounds in one process.
 
-    python benchmarks/bench_grammar.py [--tokens 96] [--rounds 3]
+    python benchmarks/bench_grammar.py [--tokens 96] [--rounds 3] [--json PATH]
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import llama_cffi
 import samplers as S
+from benchmarks.common import command_line, self_peak_rss_kib, write_json
 from benchmarks.native_tools import llama_cpp_source_dir
 from llama_cffi.sampling import LlamaSampler, TokenDataArray
 from samplers.grammar import Grammar, GrammarSampler
@@ -166,18 +167,33 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", type=Path, help="also write the results here, as JSON")
     args = ap.parse_args(argv)
     gbnf = (llama_cpp_source_dir() / "grammars" / "json.gbnf").read_text()
     m = llama_cffi.Model.load(llama_cffi.default_model_path())
     t0 = time.perf_counter()
     Grammar.from_gbnf(gbnf).compile(m)
-    print(
-        f"vocabulary index + compile of json.gbnf: {time.perf_counter() - t0:.2f} s (once per grammar and vocabulary)"
-    )
+    compile_s = time.perf_counter() - t0
+    print(f"vocabulary index + compile of json.gbnf: {compile_s:.2f} s (once per grammar and vocabulary)")
     seq = json_sequence(m, gbnf, args.tokens)
     print("sequence:", m.vocab.detokenize(seq)[:200].replace("\n", "\\n"))
-    bench_masks(m, gbnf, seq)
-    bench_generation(m, gbnf, args.tokens, args.rounds)
+    masks = bench_masks(m, gbnf, seq)
+    gen = bench_generation(m, gbnf, args.tokens, args.rounds)
+    if args.json:
+        write_json(
+            args.json,
+            {
+                "benchmark": "bench_grammar",
+                "command": command_line(sys.argv[1:] if argv is None else argv),
+                "config": {"tokens": args.tokens, "rounds": args.rounds, "grammar": "grammars/json.gbnf"},
+                "n_vocab": m.vocab.n_vocab,
+                "compile_s": compile_s,
+                "sequence_tokens": len(seq),
+                "masks": masks,
+                "generation_tps": gen,
+                "peak_rss_kib": self_peak_rss_kib(),
+            },
+        )
     return 0
 
 

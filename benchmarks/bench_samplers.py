@@ -13,7 +13,7 @@ real row of the default model (gemma3 270M, vocab 262,144), cut to the smaller s
 random when the model is not installed. Finally, generation speed on the default model:
 tokens/s with the sampled chain against plain greedy argmax (ratio, target >= 0.98).
 
-    python benchmarks/bench_samplers.py [--rounds 5] [--iters 200] [--quick]
+    python benchmarks/bench_samplers.py [--rounds 5] [--iters 200] [--quick] [--sizes 32000,262144] [--json PATH]
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 import llama_cffi  # noqa: E402
 import samplers as S  # noqa: E402
+from benchmarks.common import command_line, write_json  # noqa: E402
 from benchmarks.native_tools import build_c_tool  # noqa: E402
 
 CHAIN = "top_k40>top_p.95>min_p.05>temp.8>dist"
@@ -158,17 +159,44 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--gen-tokens", type=int, default=96)
     ap.add_argument("--quick", action="store_true", help="only the chain, at 262k, and generation")
+    ap.add_argument("--sizes", help="vocabulary sizes, comma separated (default: 32000,152064,262144; --quick: 262144)")
+    ap.add_argument("--json", type=Path, help="also write the results here, as JSON")
     args = ap.parse_args(argv)
     sizes = [262_144] if args.quick else [32_000, 152_064, 262_144]
+    if args.sizes:
+        sizes = [int(x) for x in args.sizes.split(",") if x]
     cases = [0] if args.quick else list(range(len(CASES)))
     print(f"{'vocab':>7} {'sampler':<38} (median per step over {args.rounds} interleaved rounds)")
-    bench_table(sizes, args.rounds, args.iters, cases)
+    rows = bench_table(sizes, args.rounds, args.iters, cases)
+    gen: dict[str, float] | None = None
+    skipped: str | None = None
     try:
         llama_cffi.default_model_path()
     except llama_cffi.LlamaError as exc:
         print(f"generation benchmark skipped: {exc}")
-        return 0
-    bench_generation(max(args.rounds, 6), args.gen_tokens)
+        skipped = str(exc)
+    else:
+        gen = bench_generation(max(args.rounds, 6), args.gen_tokens)
+    if args.json:
+        write_json(
+            args.json,
+            {
+                "benchmark": "bench_samplers",
+                "command": command_line(sys.argv[1:] if argv is None else argv),
+                "config": {
+                    "rounds": args.rounds,
+                    "iters": args.iters,
+                    "gen_tokens": args.gen_tokens,
+                    "gen_rounds": max(args.rounds, 6),
+                    "sizes": sizes,
+                    "chain": CHAIN,
+                },
+                "native_program": "benchmarks/native/sampler_loop.c",
+                "rows": rows,
+                "generation": gen,
+                "generation_skipped": skipped,
+            },
+        )
     return 0
 
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import NoReturn, cast
 
 from . import LlamaError, Model, build_info, default_model_path, devices, system_info
@@ -32,6 +34,22 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
                 print(f"{int(t)}\t{vocab.token_to_piece(int(t), special=True)!r}")
         print(f"{len(toks)} tokens", file=sys.stderr)
     return 0
+
+
+def _suite_path() -> Path:
+    """``benchmarks/suite.py`` of the source tree this package was installed from."""
+    return Path(__file__).resolve().parent.parent / "benchmarks" / "suite.py"
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run the benchmark suite (``benchmarks/suite.py``) with the remaining arguments."""
+    suite = _suite_path()
+    if not suite.is_file():
+        raise OSError(
+            f"the benchmark suite ships with the source tree, not the wheel ({suite} is missing): "
+            "run it from a clone with an editable install"
+        )
+    return subprocess.call([sys.executable, str(suite), *args.suite_args], cwd=suite.parent.parent)
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -115,6 +133,14 @@ def main(argv: list[str] | None = None) -> int:
     sub = cast(
         "argparse._SubParsersAction[argparse.ArgumentParser]", parser.add_subparsers(dest="command", required=True)
     )
+    p = sub.add_parser(
+        "bench",
+        help="run the benchmark suite: results JSON, Markdown table and plots in benchmarks/results/",
+        description="Runs benchmarks/suite.py (arguments are passed on: --full, --only NAME, --list ...).",
+        add_help=False,
+    )
+    p.add_argument("suite_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_bench)
     p = sub.add_parser("tokenize", help="the tokens of a text (from the argument or stdin)")
     p.add_argument("text", nargs="?", default=None, help="the text (default: read stdin)")
     p.add_argument("-m", "--model", help="GGUF file (default: the embedded default model)")
@@ -132,7 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     command = next((w for w in words if not w.startswith("-")), None)
     if command not in sub.choices:
         load_plugins(sub)
-    args = parser.parse_args(argv)
+    if words and words[0] == "bench":
+        # everything after it goes to the suite as is (argparse would reorder options)
+        args = argparse.Namespace(command="bench", func=cmd_bench, suite_args=list(words[1:]))
+    else:
+        args = parser.parse_args(argv)
     try:
         return int(args.func(args))
     except (LlamaError, OSError, ValueError) as exc:

@@ -137,3 +137,10 @@ def test_generate_user_errors_are_one_line(tiny_model_path: Path, tmp_path: Path
     for args, (rc, err) in zip(cases, results, strict=True):
         assert rc == 2, (args, err)
         assert err.startswith("llama-cffi: error:") and err.count("\n") == 1 and "Traceback" not in err, (args, err)
+
+
+def test_bench_passes_its_arguments_to_the_suite() -> None:
+    """bench runs benchmarks/suite.py with the arguments as given (here only listing)."""
+    rc, out, err = cli("bench", "--only", "generate", "--list")
+    assert rc == 0, err
+    assert "bench_generate.py" in out and "bench_branches.py" not in out
