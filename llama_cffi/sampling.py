@@ -23,7 +23,8 @@ with a vocabulary (DRY, infill) keep their model alive.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -557,6 +558,9 @@ class LlamaSampler:
         text = gbnf.encode() if isinstance(gbnf, str) else bytes(gbnf)
         if b"\0" in text or "\0" in root:
             raise ParamError("grammar text and root name cannot contain NUL characters")
+        bad = gbnf_inverted_repetition(text.decode(errors="replace"))
+        if bad is not None:
+            raise ParamError(f"repetition {bad} has its maximum below its minimum (llama.cpp would exhaust memory)")
         ptr = lib.llama_sampler_init_grammar(v._vocab(), text, root.encode())
         if ptr == ffi.NULL:
             raise ParamError(f"llama.cpp refused the grammar (root {root!r}); its parser printed why to stderr")
@@ -580,9 +584,9 @@ class GrammarGuard(Protocol):
     def clone(self) -> GrammarGuard: ...
 
 
-def gbnf_has_token_refs(text: str) -> bool:
-    """Whether GBNF ``text`` has token references: a ``<`` or ``!`` outside literals,
-    character classes and comments (where llama.cpp's parser starts a token element)."""
+def _gbnf_outside_literals(text: str) -> Iterator[int]:
+    """Indices of the characters of GBNF ``text`` outside literals, character classes and
+    comments (where llama.cpp's parser reads grammar syntax)."""
     i, n = 0, len(text)
     while i < n:
         c = text[i]
@@ -594,10 +598,30 @@ def gbnf_has_token_refs(text: str) -> bool:
             i += 1
             while i < n and text[i] != close:
                 i += 2 if text[i] == "\\" else 1
-        elif c in "<!":
-            return True
+        else:
+            yield i
         i += 1
-    return False
+
+
+def gbnf_has_token_refs(text: str) -> bool:
+    """Whether GBNF ``text`` has token references: a ``<`` or ``!`` outside literals,
+    character classes and comments (where llama.cpp's parser starts a token element)."""
+    return any(text[i] in "<!" for i in _gbnf_outside_literals(text))
+
+
+_REPETITION = re.compile(r"\{[ \t]*([0-9]+)[ \t]*,[ \t]*([0-9]+)[ \t]*\}")
+
+
+def gbnf_inverted_repetition(text: str) -> str | None:
+    """The first ``{m,n}`` with ``n < m`` outside literals, classes and comments, or None.
+    llama.cpp computes ``n - m`` in unsigned arithmetic there and builds rules until
+    memory runs out (the process dies), so :meth:`LlamaSampler.grammar` refuses it."""
+    for i in _gbnf_outside_literals(text):
+        if text[i] == "{":
+            m = _REPETITION.match(text, i)
+            if m and int(m.group(2)) < int(m.group(1)):
+                return m.group(0)
+    return None
 
 
 def _vocab_of(obj: Vocab | Model) -> Vocab:

@@ -243,7 +243,10 @@ def test_lazy_grammar_triggers_on_pattern(tiny_vocab_model: llama_cffi.Model) ->
 
 GRAMMAR_CRASHERS = (
     r"""
-import sys, numpy as np, llama_cffi
+import resource, sys
+# an address-space cap: a grammar that makes llama.cpp build rules without end fails fast
+resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+import numpy as np, llama_cffi
 from llama_cffi.errors import InvalidTokenError, ParamError
 from llama_cffi.sampling import LlamaSampler, SamplingError, TokenDataArray
 m = llama_cffi.Model.load(sys.argv[1] if len(sys.argv) > 1 else PATH, vocab_only=True)
@@ -261,6 +264,13 @@ expect(InvalidTokenError, lambda: LlamaSampler.infill(m).apply(t.fill([-3, 1], [
 expect(ParamError, lambda: LlamaSampler.grammar(m, 'root ::= "a'))
 expect(ParamError, lambda: LlamaSampler.grammar(m, 'root ::= a', root="nothere"))
 expect(ParamError, lambda: LlamaSampler.grammar(m, 'root ::= root "a"'))   # left recursion
+try:  # n < m: llama.cpp builds rules until memory runs out (here: the cap, after ~30 s)
+    LlamaSampler.grammar(m, 'root ::= "a"{3,2}')
+    out.append("NO-ERROR")
+except ParamError as e:
+    out.append("ParamError" if "below its minimum" in str(e) else "llama.cpp-ran-out-of-memory")
+expect(ParamError, lambda: LlamaSampler.grammar(m, 'root ::= "a" ( [b]{ 9 , 1 } )'))
+expect(ParamError, lambda: LlamaSampler.grammar(m, 'root ::= "{3,2}" [{]{2,3} # {3,2}'))  # NO ERROR
 # apply allows tokens "xy..." for a grammar "x" !<[5]> (the token element matches their id
 # after the "x"), but no parse takes the whole token: llama.cpp's accept would throw
 pieces = [m.vocab.token_to_piece(t, special=True) for t in range(m.vocab.n_vocab)]
@@ -289,6 +299,10 @@ def test_native_grammar_never_crashes(tiny_model_path: Path) -> None:
         "ParamError",
         "ParamError",
         "ParamError",
+        "ParamError",
+        "ParamError",
+        "NO",  # "NO ERROR", split
+        "ERROR",
         "SamplingError",
         "SamplingError",
     ], r.stdout
