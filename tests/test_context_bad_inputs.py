@@ -675,8 +675,9 @@ def test_stale_view_after_the_output_buffer_grows(tiny_model_path: Path) -> None
     assert "RESULT StaleOutputError" in r.stdout, r.stdout[-2000:]
 
 
-#: Known gaps, one comment per case in ``_validation_gap_cases`` and ``_guard_gap_cases``:
-#: these tests are known to fail until llama_cffi closes them.
+#: Former gaps, one comment per case in ``_validation_gap_cases`` and ``_guard_gap_cases``:
+#: bad inputs that once changed memory first, slipped through or escaped untyped; all are
+#: closed now and these groups keep them closed.
 KNOWN_GAPS = {
     "validation_gaps": "Bad inputs that change the memory first, slip through, or escape as untyped errors.",
     "guard_gaps": "Stale/closed views read through numpy, and an abort callback that is not polled.",
@@ -685,7 +686,7 @@ KNOWN_GAPS = {
 
 @pytest.mark.parametrize("group", list(KNOWN_GAPS))
 def test_known_gaps(group: str, tiny_model_path: Path, other_model_path: Path, tmp_path: Path) -> None:
-    """Each of these bad inputs raises its typed exception without side effects (known to fail today)."""
+    """Each of these former gaps raises its typed exception without side effects."""
     _assert_all_expected(_run_group(group, tiny_model_path, other_model_path, tmp_path), KNOWN_GAPS[group])
 
 
