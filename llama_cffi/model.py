@@ -23,7 +23,7 @@ from .errors import (
     InvalidModelError,
     ModelLoadCancelled,
 )
-from .model_file import check_hparams, check_model_file
+from .model_file import check_header, check_model_file
 from .model_params import ModelParams
 from .vocab import TokenArray, Tokens, Vocab
 
@@ -82,7 +82,7 @@ class Model:
         p = _fspath(path)
         check_model_file(p)
         mp = ModelParams(**params)
-        check_hparams(p, mp.kv_overrides, bool(mp.c.vocab_only))
+        check_header(p, mp.kv_overrides, bool(mp.c.vocab_only))
         return cls._load(p, mp, lambda c: lib.llama_model_load_from_file(p.encode(), c))
 
     @classmethod
@@ -94,7 +94,7 @@ class Model:
         for p in ps:
             check_model_file(p)
         mp = ModelParams(**params)
-        check_hparams(ps[0], mp.kv_overrides, bool(mp.c.vocab_only))
+        check_header(ps[0], mp.kv_overrides, bool(mp.c.vocab_only))
         cstrs = [ffi.new("char[]", p.encode()) for p in ps]
         arr = ffi.new("const char *[]", cstrs)
         return cls._load(ps[0], mp, lambda c: lib.llama_model_load_from_splits(arr, len(ps), c))

@@ -1,11 +1,15 @@
 """Checks of a model file before llama.cpp sees it: what would make llama.cpp abort.
 
-llama.cpp reports most broken files as a failed load (NULL), but it checks a few
-hyper-parameters with ``GGML_ASSERT``, which aborts the process (``llama-model.cpp``,
-``load_hparams``): the layer count must be in ``[1, LLAMA_MAX_LAYERS]``, the expert
-counts must be consistent. :func:`check_hparams` reads the GGUF header (metadata only,
-no tensor data: ``gguf_init_from_file`` with ``no_alloc``) and applies the same rules,
-``kv_overrides`` included, so such a file is an :class:`InvalidModelError` instead.
+llama.cpp reports most broken files as a failed load (NULL), but it checks a few things
+with ``GGML_ASSERT``, which aborts the process: every token string of the vocabulary
+must be distinct (``llama-vocab.cpp``; found by mutating tiny models), and some
+hyper-parameters must be in range (``llama-model.cpp``, ``load_hparams``: the layer
+count in ``[1, LLAMA_MAX_LAYERS]``, consistent expert counts). :func:`check_header`
+reads the GGUF header (metadata only, no tensor data: ``gguf_init_from_file`` with
+``no_alloc``) and applies the same rules, ``kv_overrides`` included, so such a file is
+an :class:`InvalidModelError` instead. The token check runs in C inside the extension
+(a sort of the strings). The whole check reads the header a second time: 0.13-0.16 s
+for the default model (262,144 tokens), against 0.73 s for its full load.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from collections.abc import Mapping
 from ._binding import ffi, lib
 from .errors import InvalidModelError, ModelLoadError, ModelNotFoundError
 
-__all__ = ["LLAMA_MAX_EXPERTS", "LLAMA_MAX_LAYERS", "check_hparams", "check_model_file"]
+__all__ = ["LLAMA_MAX_EXPERTS", "LLAMA_MAX_LAYERS", "check_header", "check_model_file"]
 
 #: llama-hparams.h at the pinned commit.
 LLAMA_MAX_LAYERS = 512
@@ -96,11 +100,11 @@ def _read_str(g: object, key: str) -> str | None:
     return str(ffi.string(lib.gguf_get_val_str(g, i)).decode("utf-8", "replace"))
 
 
-def check_hparams(path: str, kv_overrides: Mapping[str, object] | None = None, vocab_only: bool = False) -> None:
-    """Raise :class:`InvalidModelError` for hyper-parameters llama.cpp would abort on.
-    A header that ggml cannot parse is left to llama.cpp (it fails cleanly on it)."""
-    if vocab_only:
-        return  # llama.cpp reads no hyper-parameters past the vocabulary then
+def check_header(path: str, kv_overrides: Mapping[str, object] | None = None, vocab_only: bool = False) -> None:
+    """Raise :class:`InvalidModelError` for a header llama.cpp would abort on: a token
+    string that repeats (its vocabulary loader asserts every string maps to one id) or
+    hyper-parameters out of its asserted ranges (not read with ``vocab_only``). A header
+    that ggml cannot parse is left to llama.cpp (it fails cleanly on it)."""
     params = ffi.new("struct gguf_init_params *")
     params.no_alloc = True
     params.ctx = ffi.NULL
@@ -108,55 +112,77 @@ def check_hparams(path: str, kv_overrides: Mapping[str, object] | None = None, v
     if g == ffi.NULL:
         return
     try:
-        arch = _read_str(g, "general.architecture")
-        if arch is None or arch == "clip":
-            return
-        over = dict(kv_overrides or {})
-
-        def get(name: str) -> int | list[int] | None:
-            key = f"{arch}.{name}"
-            if key in over:
-                v = over[key]
-                return int(v) if isinstance(v, (int, bool)) else None
-            return _read_int(g, key)
-
-        def scalar(name: str, default: int = 0) -> int:
-            v = get(name)
-            if isinstance(v, list):
-                return max(v, default=default)
-            return default if v is None else v
-
-        problems: list[str] = []
-        n_layer = get("block_count")
-        if isinstance(n_layer, int) and not 0 < n_layer <= LLAMA_MAX_LAYERS:
-            problems.append(f"{arch}.block_count={n_layer} is outside [1, {LLAMA_MAX_LAYERS}]")
-        if isinstance(n_layer, int):
-            nextn = scalar("nextn_predict_layers")
-            if nextn > n_layer:
-                problems.append(f"{arch}.nextn_predict_layers={nextn} exceeds block_count={n_layer}")
-        used_max = scalar("expert_used_count")
-        n_expert = scalar("expert_count")
-        groups = scalar("expert_group_count")
-        group_used = scalar("expert_group_used_count")
-        if arch in ("hunyuan-vl", "hunyuan-dense") and n_expert <= 1:
-            n_expert, used_max = 0, 0
-        if not 0 <= n_expert <= LLAMA_MAX_EXPERTS:
-            problems.append(f"{arch}.expert_count={n_expert} is outside [0, {LLAMA_MAX_EXPERTS}]")
-        elif used_max > n_expert or used_max < 0:
-            problems.append(f"{arch}.expert_used_count={used_max} exceeds expert_count={n_expert}")
-        elif n_expert > 0:
-            if used_max == 0:
-                problems.append(f"{arch}.expert_used_count must be > 0 with {n_expert} experts")
-            if not 0 <= groups < n_expert:
-                problems.append(f"{arch}.expert_group_count={groups} must be below expert_count={n_expert}")
-            elif groups > 1 and (n_expert % groups or not 0 < group_used < groups):
-                problems.append(
-                    f"{arch}: expert_group_count={groups}, expert_group_used_count={group_used} and "
-                    f"expert_count={n_expert} are inconsistent"
-                )
-        elif groups != 0:
-            problems.append(f"{arch}.expert_group_count={groups} without experts")
-        if problems:
-            raise InvalidModelError(path, "; ".join(problems) + " (llama.cpp would abort the process)")
+        _check_tokens(path, g)
+        if not vocab_only:
+            _check_hparams(path, g, kv_overrides)
     finally:
         lib.gguf_free(g)
+
+
+def _check_tokens(path: str, g: object) -> None:
+    k = lib.gguf_find_key(g, b"tokenizer.ggml.tokens")
+    if k < 0 or _type_name(int(lib.gguf_get_kv_type(g, k))) != "GGUF_TYPE_ARRAY":
+        return
+    if _type_name(int(lib.gguf_get_arr_type(g, k))) != "GGUF_TYPE_STRING":
+        return  # llama.cpp refuses the type cleanly
+    dup = int(lib.llama_cffi_gguf_duplicate_string(g, k))
+    if dup == -2:
+        raise MemoryError("out of memory checking the vocabulary")
+    if dup >= 0:
+        raw = ffi.string(lib.gguf_get_arr_str(g, k, dup)).decode("utf-8", "replace") or f"[EMPTY_{dup}]"
+        raise InvalidModelError(
+            path, f"tokenizer.ggml.tokens[{dup}] = {raw!r} repeats an earlier token (llama.cpp would abort the process)"
+        )
+
+
+def _check_hparams(path: str, g: object, kv_overrides: Mapping[str, object] | None) -> None:
+    arch = _read_str(g, "general.architecture")
+    if arch is None or arch == "clip":
+        return
+    over = dict(kv_overrides or {})
+
+    def get(name: str) -> int | list[int] | None:
+        key = f"{arch}.{name}"
+        if key in over:
+            v = over[key]
+            return int(v) if isinstance(v, (int, bool)) else None
+        return _read_int(g, key)
+
+    def scalar(name: str, default: int = 0) -> int:
+        v = get(name)
+        if isinstance(v, list):
+            return max(v, default=default)
+        return default if v is None else v
+
+    problems: list[str] = []
+    n_layer = get("block_count")
+    if isinstance(n_layer, int) and not 0 < n_layer <= LLAMA_MAX_LAYERS:
+        problems.append(f"{arch}.block_count={n_layer} is outside [1, {LLAMA_MAX_LAYERS}]")
+    if isinstance(n_layer, int):
+        nextn = scalar("nextn_predict_layers")
+        if nextn > n_layer:
+            problems.append(f"{arch}.nextn_predict_layers={nextn} exceeds block_count={n_layer}")
+    used_max = scalar("expert_used_count")
+    n_expert = scalar("expert_count")
+    groups = scalar("expert_group_count")
+    group_used = scalar("expert_group_used_count")
+    if arch in ("hunyuan-vl", "hunyuan-dense") and n_expert <= 1:
+        n_expert, used_max = 0, 0
+    if not 0 <= n_expert <= LLAMA_MAX_EXPERTS:
+        problems.append(f"{arch}.expert_count={n_expert} is outside [0, {LLAMA_MAX_EXPERTS}]")
+    elif used_max > n_expert or used_max < 0:
+        problems.append(f"{arch}.expert_used_count={used_max} exceeds expert_count={n_expert}")
+    elif n_expert > 0:
+        if used_max == 0:
+            problems.append(f"{arch}.expert_used_count must be > 0 with {n_expert} experts")
+        if not 0 <= groups < n_expert:
+            problems.append(f"{arch}.expert_group_count={groups} must be below expert_count={n_expert}")
+        elif groups > 1 and (n_expert % groups or not 0 < group_used < groups):
+            problems.append(
+                f"{arch}: expert_group_count={groups}, expert_group_used_count={group_used} and "
+                f"expert_count={n_expert} are inconsistent"
+            )
+    elif groups != 0:
+        problems.append(f"{arch}.expert_group_count={groups} without experts")
+    if problems:
+        raise InvalidModelError(path, "; ".join(problems) + " (llama.cpp would abort the process)")

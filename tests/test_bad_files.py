@@ -117,6 +117,16 @@ def test_hparams_llama_cpp_would_abort_on(tmp_path: Path) -> None:
         "nextn_over_layers": {"llama.nextn_predict_layers": 5},
     }
     paths = {name: str(write_tiny_model(tmp_path / f"{name}.gguf", extra_metadata=md)) for name, md in files.items()}
+    # the vocabulary loader asserts every token string maps to one id (found by fuzzing)
+    from llama_cffi.testing import TOKENS
+
+    dup = list(TOKENS)
+    dup[300] = dup[299]
+    empty = list(TOKENS)
+    empty[300], empty[301] = "", "[EMPTY_300]"  # llama.cpp renames an empty token "[EMPTY_<i>]"
+    for name, toks in (("duplicate_token", dup), ("empty_token_name_taken", empty)):
+        md = {"tokenizer.ggml.tokens": toks}
+        paths[name] = str(write_tiny_model(tmp_path / f"{name}.gguf", extra_metadata=md))
     good = str(write_tiny_model(tmp_path / "good.gguf"))
     code = f"""
         import llama_cffi, json
@@ -133,6 +143,7 @@ def test_hparams_llama_cpp_would_abort_on(tmp_path: Path) -> None:
         attempt("override_experts", {good!r}, kv_overrides={{"llama.expert_used_count": 3}})
         attempt("override_layers_2", {good!r}, kv_overrides={{"llama.block_count": 2}})
         attempt("vocab_only_layers_1000", {paths["layers_1000"]!r}, vocab_only=True)
+        attempt("vocab_only_duplicate_token", {paths["duplicate_token"]!r}, vocab_only=True)
         print(json.dumps(out))
     """
     r = run_isolated(code)
@@ -149,6 +160,9 @@ def test_hparams_llama_cpp_would_abort_on(tmp_path: Path) -> None:
         "nextn_over_layers": "nextn_predict_layers=5",
         "override_layers_1000": "block_count=1000",
         "override_experts": "expert_used_count=3",
+        "duplicate_token": "tokenizer.ggml.tokens[300]",
+        "empty_token_name_taken": "tokenizer.ggml.tokens[301]",
+        "vocab_only_duplicate_token": "repeats an earlier token",
     }
     for name, key in keys.items():
         kind, message = out[name]
