@@ -85,7 +85,11 @@ class Dist(Sampler):
         lg = cands._lg()
         m = lg[0] if cands.sorted else lg.max()
         p = cands.p
-        np.subtract(lg, m, out=p)
+        if m == -np.inf:  # every candidate masked: NaN like llama.cpp's, without numpy's warning
+            with np.errstate(invalid="ignore"):
+                np.subtract(lg, m, out=p)
+        else:
+            np.subtract(lg, m, out=p)
         np.exp(p, out=p)
         cum = np.cumsum(p, dtype=np.float64)  # llama.cpp: a double running sum of float p
         total = float(cum[-1])

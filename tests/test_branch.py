@@ -412,3 +412,24 @@ def test_branches_of_a_closed_context_raise(tiny: llama_cffi.Model) -> None:
     ):
         with pytest.raises(llama_cffi.errors.ClosedError):
             call()
+
+
+def test_dead_end_during_generation_is_a_clear_error(tiny: llama_cffi.Model) -> None:
+    """A grammar and a sampler that together allow nothing (the grammar needs a "b" next,
+    a logit bias forbids every token starting with "b"): generate raises SamplingError
+    once it gets there, after "a", leaves no branch or KV behind, and the store and
+    context go on working."""
+    from samplers.search import generate
+
+    vocab = tiny.vocab
+    pieces = [vocab.token_to_piece(t, special=True) for t in range(tiny.n_vocab)]
+    starts_b = {t: float("-inf") for t, p in enumerate(pieces) if p.startswith(b"b")}
+    assert starts_b
+    chain = S.SamplerChain([S.LogitBias(tiny.n_vocab, starts_b), S.TopK(5), S.Dist(1)])
+    with make_ctx(tiny, n_seq_max=2) as ctx:
+        store = BranchStore(ctx)
+        with pytest.raises(S.SamplingError, match="no token is allowed"):
+            generate(store, [1, 40], max_tokens=10, sampler=chain, grammar='root ::= "ab"')
+        assert len(store) == 0 and store.available == 2
+        assert all(ctx.memory.seq_pos_max(s) == -1 for s in range(2))
+        assert generate(store, [1, 40], max_tokens=5, grammar='root ::= "ok"') == "ok"

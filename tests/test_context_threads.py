@@ -194,7 +194,7 @@ def test_threads_sampling_with_grammars_match_sequential(tiny_model: Model) -> N
                 if not live:
                     break
                 store.step({b: moves[b] for b in live})  # an end-of-generation token ends a branch
-            return root.tokens + [-1] + kid.tokens
+            return [*root.tokens, -1, *kid.tokens]
 
     expected = [run(i) for i in range(n)]
     barrier = threading.Barrier(n)
