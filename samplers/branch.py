@@ -28,7 +28,10 @@ for it is removed).
 
 from __future__ import annotations
 
+import signal
+import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -69,6 +72,29 @@ def _as_chain(sampler: Sampler | None, grammar: Any, vocab: Any) -> SamplerChain
             raise ParamError(f"grammar must be GBNF text, a JSON schema, a Grammar or a matcher, not {grammar!r}")
         chain = SamplerChain([GrammarSampler(grammar, vocab), *chain.samplers], tracker=chain.tracker)
     return chain
+
+
+@contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Hold Ctrl-C (SIGINT's KeyboardInterrupt) until the block is done, then raise it.
+
+    A branch's bookkeeping after a successful decode (sampler, grammar, metrics, history,
+    snapshot) must not stop half-way. Only in the main thread and only while Python's
+    default handler is installed (a user's own handler is left alone); elsewhere a no-op.
+    """
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    hit: list[bool] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: hit.append(True))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if hit:
+        raise KeyboardInterrupt
 
 
 class BranchStore:
@@ -192,10 +218,18 @@ class BranchStore:
             batch.seq_id[:m, 0] = [b.seq_id for b, _ in part]
             batch.logits[:m] = 1
             batch.n_tokens = m
-            self._decode(batch, [b for b, _ in part])
             ctx = self.ctx
-            for i, (b, tok) in enumerate(part):
-                b._advance(int(tok), ctx.logits(i))
+            done = 0
+            try:
+                self._decode(batch, [b for b, _ in part])
+                with _sigint_deferred():  # Ctrl-C lands after every branch took its token
+                    for i, (b, tok) in enumerate(part):
+                        b._advance(int(tok), ctx.logits(i))
+                        done = i + 1
+            except BaseException:
+                for b, _ in part[done:]:  # decoded but not advanced (or not decoded): no cell stays
+                    ctx.memory.seq_rm(b.seq_id, b._kv_end())
+                raise
 
     commit = step
 
@@ -438,12 +472,16 @@ class Branch:
         token = int(token)
         self._check_token(token)
         ctx = self.store.ctx
+        advanced = False
         try:
             row = ctx.decode_single(token, pos=self._kv_len, seq_id=self.seq_id)
+            with _sigint_deferred():
+                self._advance(token, row)
+                advanced = True
         except BaseException:
-            ctx.memory.seq_rm(self.seq_id, self._kv_len)
+            if not advanced:
+                ctx.memory.seq_rm(self.seq_id, self._kv_len)
             raise
-        self._advance(token, row)
 
     decode = commit
 

@@ -213,3 +213,46 @@ def test_threads_sampling_with_grammars_match_sequential(tiny_model: Model) -> N
         t.join()
     assert results == expected
     assert len({tuple(r) for r in expected}) == n  # the seeds made them differ
+
+
+@pytest.mark.default_model
+def test_ctrl_c_during_branch_steps_loses_no_state(default_model_path: object) -> None:
+    """SIGINT at varied moments of batched steps and single commits: KeyboardInterrupt
+    reaches the caller, every branch's history, position and KV cells agree (a step
+    either happened for a branch or left no cell), and stepping goes on."""
+    r = run_isolated(
+        f"""
+        import os, signal, threading
+        import numpy as np
+        import llama_cffi
+        import samplers as S
+        from samplers.branch import BranchStore
+        m = llama_cffi.Model.load({str(default_model_path)!r})
+        ctx = m.context(n_ctx=2048, n_batch=64, n_seq_max=4, kv_unified=True)
+        store = BranchStore(ctx)
+        root = store.create(m.tokenize("Once upon a time"), sampler=S.SamplerChain([S.TopK(40), S.Dist(1)]))
+        kids = [root] + [root.fork(seed=i) for i in range(3)]
+        for k, delay in enumerate([0.3 + 0.053 * i for i in range(16)]):
+            threading.Timer(delay, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+            try:
+                for _ in range(400):
+                    if k % 2:
+                        kids[0].commit(kids[0].sample())
+                    else:
+                        store.step({{b: b.sample() for b in kids}})
+                print("NOT INTERRUPTED")
+            except KeyboardInterrupt:
+                pass
+            ok = all(
+                ctx.memory.seq_pos_max(b.seq_id) == b.position - 1 and len(b.tokens) == b.position
+                for b in kids
+            )
+            print("CONSISTENT" if ok else "LOST", [(b.position, ctx.memory.seq_pos_max(b.seq_id)) for b in kids])
+        store.step({{b: b.sample() for b in kids}})
+        print("USABLE", all(np.isfinite(b.logits).all() for b in kids))
+        """,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.count("CONSISTENT") == 16 and "LOST" not in r.stdout, r.stdout
+    assert "NOT INTERRUPTED" not in r.stdout and "USABLE True" in r.stdout, r.stdout
