@@ -11,6 +11,7 @@ import pytest
 
 import llama_cffi
 from llama_cffi import ClosedError, Context, Model
+from tests.conftest import run_isolated
 
 
 def test_close_is_idempotent(tiny_model_path: Path) -> None:
@@ -106,3 +107,56 @@ def test_context_close_and_reuse(tiny_model_path: Path) -> None:
             ctx.decode([1])
         with pytest.raises(ClosedError):
             ctx.logits()
+
+
+#: Members of a closed Model/Vocab that need no native object: cached values, pure checks,
+#: aliases of close, and objects that fail on first use (checked below).
+CLOSED_OK = {
+    "Model.free",
+    "Model.n_vocab",
+    "Vocab.check_token",
+    "Vocab.check_tokens",
+    "Vocab.streaming_detokenizer",
+}
+
+
+def test_every_member_of_a_closed_model_and_vocab_raises(tiny_model_path: Path) -> None:
+    """Every public member of a closed Model and of its Vocab (found by introspection, so
+    a new member is covered without a new case) raises ClosedError, in a fresh process."""
+    r = run_isolated(
+        f"""
+        import inspect, llama_cffi
+        m = llama_cffi.Model.load({str(tiny_model_path)!r})
+        v = m.vocab
+        m.close()
+        ARGS = {{"text": "hi", "tokens": [1], "token": 1, "path": {str(tiny_model_path)!r}}}
+        for obj, name in [(m, "Model"), (v, "Vocab")]:
+            for attr in sorted(dir(type(obj))):
+                if attr.startswith("_") or attr in ("close", "closed", "load", "load_splits", "path"):
+                    continue
+                static = inspect.getattr_static(type(obj), attr)
+                try:
+                    val = getattr(obj, attr)
+                    if callable(val) and not isinstance(static, property):
+                        ps = inspect.signature(val).parameters.values()
+                        args = [ARGS.get(p.name, 1) for p in ps
+                                if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+                        val(*args)
+                    print(name + "." + attr, "NO-ERROR")
+                except llama_cffi.ClosedError:
+                    print(name + "." + attr, "ClosedError")
+                except Exception as e:
+                    print(name + "." + attr, type(e).__name__)
+        try:
+            v.streaming_detokenizer().push(5)
+            print("push NO-ERROR")
+        except llama_cffi.ClosedError:
+            print("push ClosedError")
+        """
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    results = dict(line.split() for line in r.stdout.splitlines())
+    assert len(results) > 50, results
+    wrong = {k: v for k, v in results.items() if v != "ClosedError" and k not in CLOSED_OK}
+    assert not wrong, wrong
+    assert results["push"] == "ClosedError"
