@@ -25,11 +25,11 @@ from llama_cffi.errors import ParamError
 from llama_cffi.progress import ProgressBar
 
 from .base import Sampler
-from .branch import Branch, BranchStore
+from .branch import BranchStore
 from .chain import SamplerChain
 from .grammar import Grammar
 from .penalties import Penalties
-from .search import stream
+from .search import run_together, stream
 from .selection import Dist, Greedy
 from .temperature import Temperature
 from .truncation import MinP, TopK, TopP, Typical
@@ -113,27 +113,6 @@ def _context(model: Model, n_ctx: int, n_seq: int, threads: int | None) -> Conte
     return model.context(**kw)
 
 
-def _advance_together(store: BranchStore, kids: list[Branch], max_tokens: int) -> int:
-    """Step the branches together until each ended; returns the tokens decoded."""
-    vocab = store.ctx.model.vocab
-    live = list(kids)
-    n = 0
-    for _ in range(max_tokens):
-        moves: dict[Branch, int] = {}
-        for b in live:
-            t = b.sample()
-            if vocab.is_eog(t):
-                b.accept(t)
-            else:
-                moves[b] = t
-        if not moves:
-            break
-        store.step(moves)
-        n += len(moves)
-        live = list(moves)
-    return n
-
-
 def cmd_generate(args: argparse.Namespace) -> int:
     if args.n < 1:
         raise ParamError(f"-n must be >= 1, not {args.n}")
@@ -163,7 +142,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             else:
                 base = args.seed if args.seed is not None else int(time.time_ns() % 2**31)
                 kids = [root.fork(seed=base + i) for i in range(args.branches)]
-                n_gen = _advance_together(store, kids, args.n)
+                n_gen = run_together(store, kids, args.n)
                 best = min(kids, key=lambda b: b.perplexity)
                 for i, b in enumerate(kids):
                     text = vocab.detokenize([t for t in b.tokens[len(prompt) :] if not vocab.is_eog(t)])
@@ -240,7 +219,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             root.sampler = SamplerChain([TopK(40), TopP(0.95), Temperature(0.8), Dist(0)])
             kids = [root.fork(seed=args.seed + i) for i in range(4)]
             t2 = time.perf_counter()
-            n_batched = _advance_together(store, kids, args.n)
+            n_batched = run_together(store, kids, args.n)
             t_batched = time.perf_counter() - t2
             print(f"branches 4 forks of the prompt, advanced together ({n_batched} tokens, one decode per step):")
             for i, b in enumerate(kids):

@@ -105,11 +105,13 @@ def generate(
         branch.prune_subtree()
 
 
-def _run_together(store: BranchStore, branches: list[Branch], max_tokens: int) -> None:
-    """Step live branches together until each sampled an end-of-generation token or
-    ``max_tokens`` were generated."""
+def run_together(store: BranchStore, branches: list[Branch], max_tokens: int) -> int:
+    """Step live branches together (one ``llama_decode`` per step) until each sampled an
+    end-of-generation token (accepted, so it is scored, but not decoded) or
+    ``max_tokens`` steps were taken. Returns the number of tokens decoded."""
     vocab = store.ctx.model.vocab
     live = list(branches)
+    n = 0
     for _ in range(max_tokens):
         moves: dict[Branch, int] = {}
         for b in live:
@@ -119,9 +121,11 @@ def _run_together(store: BranchStore, branches: list[Branch], max_tokens: int) -
             else:
                 moves[b] = t
         if not moves:
-            return
+            break
         store.step(moves)
+        n += len(moves)
         live = list(moves)
+    return n
 
 
 def best_of_n(
@@ -143,7 +147,7 @@ def best_of_n(
     start = root.position
     try:
         kids = [root.fork(seed=seed + i) for i in range(n)]
-        _run_together(store, kids, max_tokens)
+        run_together(store, kids, max_tokens)
         if score == "perplexity":
             key: Callable[[Branch], float] = lambda b: b.perplexity  # noqa: E731
         elif score == "logprob":

@@ -39,6 +39,15 @@ def expect(exc, f):
 """
 
 
+def rss_kib() -> int:
+    """This process's resident set size (``VmRSS`` of ``/proc/self/status``), in KiB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
 def run_isolated(code: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """Run ``code`` in a fresh interpreter (a spawned process, never a fork: with OpenMP a
     forked child hangs in llama_decode). The caller asserts on returncode and output."""

@@ -27,6 +27,7 @@ import pytest
 import samplers as S
 from llama_cffi import Model
 from samplers.branch import Branch, BranchStore
+from tests.conftest import rss_kib
 
 N_CYCLES = 10_000
 WARMUP = 500
@@ -43,14 +44,6 @@ RSS_SLACK_KIB = 8 * 1024
 THREADS = {"n_threads": 1, "n_threads_batch": 1}
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmRSS from /proc")
-
-
-def _rss_kib() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmRSS in /proc/self/status")
 
 
 class Soak:
@@ -115,13 +108,13 @@ def test_fork_prune_cycles_leave_rss_and_kv_flat(tiny_model: Model) -> None:
         for i in range(WARMUP):
             soak.cycle(i)
         gc.collect()
-        rss0 = _rss_kib()
+        rss0 = rss_kib()
         for i in range(WARMUP, N_CYCLES):
             soak.cycle(i)
             if i % 500 == 499:
                 _check_flat(soak, kv0, root_state)
         gc.collect()
-        rss1 = _rss_kib()
+        rss1 = rss_kib()
 
         _check_flat(soak, kv0, root_state)
         assert len(soak.made) == 0, f"{len(soak.made)} pruned branches were never freed"

@@ -25,20 +25,13 @@ import numpy as np
 import pytest
 
 from llama_cffi import Context, Model
+from tests.conftest import rss_kib
 
 CYCLES = int(os.environ.get("LLAMA_CFFI_SOAK_CYCLES", "1000"))
 RSS_SLACK_KIB = 8 * 1024
 THREADS = {"n_threads": 1, "n_threads_batch": 1}
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmRSS from /proc")
-
-
-def _rss_kib() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmRSS in /proc/self/status")
 
 
 class _Callback:
@@ -62,10 +55,10 @@ def _soak(cycle: Callable[[int, weakref.WeakSet[_Callback]], None]) -> tuple[int
     for i in range(CYCLES):
         if i == warm:
             gc.collect()
-            start = _rss_kib()
+            start = rss_kib()
         cycle(i, live)
     gc.collect()
-    return _rss_kib() - start, len(live)
+    return rss_kib() - start, len(live)
 
 
 def test_context_create_free(tiny_model: Model) -> None:
