@@ -23,8 +23,7 @@ with a vocabulary (DRY, infill) keep their model alive.
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -33,6 +32,7 @@ import numpy.typing as npt
 from ._binding import ffi, lib
 from ._handle import NativeHandle
 from .errors import InvalidTokenError, LlamaError, ParamError
+from .gbnf_check import has_token_refs, native_grammar_hazard
 
 if TYPE_CHECKING:
     from .context import Context
@@ -543,7 +543,10 @@ class LlamaSampler:
         """llama.cpp's grammar sampler (``llama_sampler_init_grammar``) for GBNF text.
 
         Raises :class:`~llama_cffi.errors.ParamError` when llama.cpp refuses the grammar
-        (it prints its reason to stderr). :meth:`accept` refuses tokens the grammar does
+        (it prints its reason to stderr), and, before llama.cpp sees it, for the texts it
+        would accept and then crash on (see :mod:`llama_cffi.gbnf_check`: ``{m,n}`` with
+        n < m, left recursion through maybe-empty rules, nesting beyond
+        :data:`~llama_cffi.gbnf_check.MAX_DEPTH`). :meth:`accept` refuses tokens the grammar does
         not allow (llama.cpp aborts on them). An empty ``gbnf`` makes a no-op sampler.
         Keeps its model alive (the vocabulary is used on every apply).
 
@@ -558,9 +561,9 @@ class LlamaSampler:
         text = gbnf.encode() if isinstance(gbnf, str) else bytes(gbnf)
         if b"\0" in text or "\0" in root:
             raise ParamError("grammar text and root name cannot contain NUL characters")
-        bad = gbnf_inverted_repetition(text.decode(errors="replace"))
-        if bad is not None:
-            raise ParamError(f"repetition {bad} has its maximum below its minimum (llama.cpp would exhaust memory)")
+        hazard = native_grammar_hazard(text.decode(errors="replace"))
+        if hazard is not None:
+            raise ParamError(f"grammar refused before it reaches llama.cpp: {hazard}")
         ptr = lib.llama_sampler_init_grammar(v._vocab(), text, root.encode())
         if ptr == ffi.NULL:
             raise ParamError(f"llama.cpp refused the grammar (root {root!r}); its parser printed why to stderr")
@@ -569,7 +572,7 @@ class LlamaSampler:
         out._guard_accept = True
         if guard is not None:
             out._grammar_guard = guard
-        elif gbnf_has_token_refs(text.decode(errors="replace")):
+        elif has_token_refs(text.decode(errors="replace")):
             out._grammar_guard = "refuse"
         return out
 
@@ -582,46 +585,6 @@ class GrammarGuard(Protocol):
     def reset(self) -> None: ...
 
     def clone(self) -> GrammarGuard: ...
-
-
-def _gbnf_outside_literals(text: str) -> Iterator[int]:
-    """Indices of the characters of GBNF ``text`` outside literals, character classes and
-    comments (where llama.cpp's parser reads grammar syntax)."""
-    i, n = 0, len(text)
-    while i < n:
-        c = text[i]
-        if c == "#":
-            while i < n and text[i] not in "\r\n":
-                i += 1
-        elif c in '"[':
-            close = '"' if c == '"' else "]"
-            i += 1
-            while i < n and text[i] != close:
-                i += 2 if text[i] == "\\" else 1
-        else:
-            yield i
-        i += 1
-
-
-def gbnf_has_token_refs(text: str) -> bool:
-    """Whether GBNF ``text`` has token references: a ``<`` or ``!`` outside literals,
-    character classes and comments (where llama.cpp's parser starts a token element)."""
-    return any(text[i] in "<!" for i in _gbnf_outside_literals(text))
-
-
-_REPETITION = re.compile(r"\{[ \t]*([0-9]+)[ \t]*,[ \t]*([0-9]+)[ \t]*\}")
-
-
-def gbnf_inverted_repetition(text: str) -> str | None:
-    """The first ``{m,n}`` with ``n < m`` outside literals, classes and comments, or None.
-    llama.cpp computes ``n - m`` in unsigned arithmetic there and builds rules until
-    memory runs out (the process dies), so :meth:`LlamaSampler.grammar` refuses it."""
-    for i in _gbnf_outside_literals(text):
-        if text[i] == "{":
-            m = _REPETITION.match(text, i)
-            if m and int(m.group(2)) < int(m.group(1)):
-                return m.group(0)
-    return None
 
 
 def _vocab_of(obj: Vocab | Model) -> Vocab:

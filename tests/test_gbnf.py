@@ -32,11 +32,13 @@ from hypothesis import strategies as st
 
 import llama_cffi
 from llama_cffi.errors import ParamError
+from llama_cffi.gbnf_check import MAX_DEPTH, native_grammar_hazard
 from llama_cffi.sampling import LlamaSampler
 from samplers.grammar.elements import Element, GreType, ParsedGrammar, resolve_tokens
 from samplers.grammar.errors import GrammarError, GrammarSyntaxError
 from samplers.grammar.gbnf import (
     LeftRecursionError,
+    _hidden_left_recursion,
     _llama_left_recursion,
     check_grammar,
     format_gbnf,
@@ -548,7 +550,7 @@ def test_tables_against_native(vocab_model: llama_cffi.Model) -> None:
     for text, _rules, _ids in PARSE_CASES:
         assert native_accepts(vocab_model, text), text
     for text, *_ in ERROR_CASES:
-        if "\0" in text or "{3,2}" in text:  # NUL cannot be passed; n < m exhausts memory there
+        if "\0" in text:  # NUL cannot be passed (n < m is refused before llama.cpp sees it)
             continue
         assert not native_accepts(vocab_model, text), text
     assert not native_accepts(vocab_model, "root ::= foo")
@@ -557,7 +559,8 @@ def test_tables_against_native(vocab_model: llama_cffi.Model) -> None:
     assert not native_accepts(vocab_model, 'root ::= e root "x" | "y"\ne ::= "z" |')
     assert native_accepts(vocab_model, 'root ::= ("a"?)* "b"')
     assert native_accepts(vocab_model, 'root ::= e root | "y"\ne ::= f\nf ::= "" | "z"')
-    assert native_accepts(vocab_model, "root ::= " + "(" * 3000 + '"a"' + ")" * 3000)
+    assert native_accepts(vocab_model, "root ::= " + "(" * 2000 + '"a"' + ")" * 2000)
+    assert not native_accepts(vocab_model, "root ::= " + "(" * 3000 + '"a"' + ")" * 3000)  # MAX_DEPTH
 
 
 # ----------------------------------------------------------------------------- grammars/
@@ -971,8 +974,104 @@ def grammar_texts(draw: st.DrawFn) -> str:
 def test_native_oracle(vocab_model: llama_cffi.Model, text: str, root: str) -> None:
     ours, reason = our_verdict(vocab_model, text, root)
     event(f"{ours}: {reason}")
-    if ours == "unsafe" or text == "":
-        return  # llama.cpp would run out of memory; "" is a no-op sampler there
-    assert ours == ("accept" if native_accepts(vocab_model, text, root) else "reject"), text
+    if text == "":
+        return  # a no-op sampler in llama.cpp
+    if ours == "unsafe":  # llama.cpp would run out of memory: LlamaSampler refuses it first
+        assert native_grammar_hazard(text) is not None, text
+    expected = "reject" if ours == "unsafe" else ours
+    assert expected == ("accept" if native_accepts(vocab_model, text, root) else "reject"), text
     if ours == "accept":  # and the printed grammar (the same rules) is accepted too
         assert native_accepts(vocab_model, format_gbnf(parse_gbnf(text)), root), text
+
+
+# ------------------------------------------------- llama_cffi.gbnf_check against the port
+
+
+@st.composite
+def maybe_empty_grammars(draw: st.DrawFn) -> str:
+    """Small grammars rich in what hides left recursion from llama.cpp: rules and groups
+    that may match nothing ("", [], [^], x?, x*, x{0,n}, empty alternatives) and rule
+    references in every position, spelled with random spaces, comments and line breaks
+    where GBNF allows them."""
+    names = ["root", "a", "b-1", "c"][: draw(st.integers(1, 4))]
+
+    def item(depth: int) -> str:
+        kinds = ["ref", "ref", "ref", "empty", "char"] + (["group", "group"] if depth < 2 else [])
+        kind = draw(st.sampled_from(kinds))
+        if kind == "ref":
+            body = draw(st.sampled_from(names))
+        elif kind == "empty":
+            return draw(st.sampled_from(['""', "[]", "[^]"]))  # nothing to repeat
+        elif kind == "char":
+            body = draw(st.sampled_from(['"x"', "[y]", ".", '"\\""', "<[3]>"]))
+        else:
+            nl = draw(st.sampled_from(["", "\n  ", " # note\n"]))
+            body = "(" + nl + (" |" + nl).join(seq(depth + 1) for _ in range(draw(st.integers(1, 3)))) + nl + ")"
+        return body + draw(st.sampled_from(["", "", "", "?", "*", "+", "{0,2}", "{2}", "{1,}", "{0}", "{ 0 , 3 }"]))
+
+    def seq(depth: int) -> str:
+        return " ".join(item(depth) for _ in range(draw(st.integers(0, 3))))
+
+    rules = [f"{name} ::= " + " | ".join(seq(0) for _ in range(draw(st.integers(1, 3)))) for name in names]
+    return "\n".join(rules) + draw(st.sampled_from(["", "\n", "\r\n", "  # end"]))
+
+
+@settings(max_examples=budget(500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(maybe_empty_grammars() | grammar_texts())
+def test_native_hazard_check_agrees_with_the_port(text: str) -> None:
+    """llama_cffi's own structural check (which cannot import samplers) flags hidden left
+    recursion exactly where samplers' element-for-element port of llama.cpp's parser
+    finds it, so LlamaSampler.grammar refuses every grammar that would exhaust memory."""
+    hazard = native_grammar_hazard(text)
+    try:
+        g = parse_gbnf(text)
+    except GrammarSyntaxError as e:
+        event("syntax error")
+        if "maximum" in e.expected:  # {m,n} with n < m
+            assert hazard is not None and "below its minimum" in hazard, text
+        return  # otherwise llama.cpp refuses the text itself; the check may say anything
+    except GrammarError:
+        event("undefined rule")
+        return
+    hidden = _hidden_left_recursion(g.rules) is not None
+    event(f"left recursion with more to match: {hidden}")
+    assert (hazard is not None and "left-recursive" in hazard) == hidden, (text, hazard)
+    if not hidden:
+        assert hazard is None, (text, hazard)
+
+
+@settings(max_examples=budget(300), deadline=None)
+@given(st.text(alphabet=st.sampled_from(list('root:=|()"[]^*+?{},01 \t\n\r#<>!.a-\\é')), max_size=80) | st.text())
+def test_native_hazard_check_takes_any_text(text: str) -> None:
+    """Any text gives a reason or None, never an exception."""
+    hazard = native_grammar_hazard(text)
+    assert hazard is None or isinstance(hazard, str)
+
+
+def chain(n: int, lead: str = "") -> str:
+    """root ::= r0, r0 ::= r1, ... r<n> ::= "a", each body starting with ``lead``."""
+    return "root ::= r0\n" + "".join(f"r{i} ::= {lead}r{i + 1}\n" for i in range(n)) + f'r{n} ::= "a"'
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ('root ::= e root "x" | "y"\ne ::= f\nf ::= "" | "z"', "left-recursive"),
+        ('root ::= [] root "x" | "y"', "left-recursive"),  # [] adds no element in llama.cpp
+        ('root ::= (e root)* "x"\ne ::= "q"?', "left-recursive"),
+        ('root ::= "a"{3, 2}', "below its minimum"),
+        ('root ::= "a" ( [b]{ 9 , 1 } )', "below its minimum"),
+        ("root ::= " + "(" * (MAX_DEPTH + 1) + '"a"' + ")" * (MAX_DEPTH + 1), "nested"),
+        (chain(MAX_DEPTH), "chain"),
+        ('root ::= e root | "y"\ne ::= f\nf ::= "" | "z"', None),  # nothing after the cycle
+        ('root ::= ("a"?)* "b"', None),
+        ('root ::= root "a"', "left-recursive"),  # llama.cpp refuses this one itself too
+        (chain(MAX_DEPTH - 3), None),
+        ("root ::= " + "(" * (MAX_DEPTH - 2) + '"a"' + ")" * (MAX_DEPTH - 2), None),
+        (chain(20000, '"x" '), None),  # references after a character do not count
+    ],
+    ids=lambda v: v[:30] if isinstance(v, str) else str(v),
+)
+def test_native_hazards(text: str, reason: str | None) -> None:
+    hazard = native_grammar_hazard(text)
+    assert (hazard is None) if reason is None else (hazard is not None and reason in hazard), hazard

@@ -271,6 +271,23 @@ except ParamError as e:
     out.append("ParamError" if "below its minimum" in str(e) else "llama.cpp-ran-out-of-memory")
 expect(ParamError, lambda: LlamaSampler.grammar(m, 'root ::= "a" ( [b]{ 9 , 1 } )'))
 expect(ParamError, lambda: LlamaSampler.grammar(m, 'root ::= "{3,2}" [{]{2,3} # {3,2}'))  # NO ERROR
+# accepted by llama.cpp's parser and checks, then fatal: hidden left recursion grows the
+# parse stacks until memory runs out (here: the cap); 20,000 nested groups and a chain of
+# 100,000 leading references overflow the 8 MiB stack (SIGSEGV); refused first instead
+def refused_first(text):
+    try:
+        LlamaSampler.grammar(m, text)
+        out.append("NO-ERROR")
+    except ParamError as e:
+        out.append("refused" if "before it reaches llama.cpp" in str(e) else "llama.cpp-refused")
+refused_first('root ::= e root "x" | "y"\ne ::= f\nf ::= "" | "z"')
+refused_first('root ::= (e root)* "x"\ne ::= "q"?')
+refused_first("root ::= " + "(" * 20000 + '"a"' + ")" * 20000)
+refused_first("root ::= r0\n" + "".join(f"r{i} ::= r{i+1}\n" for i in range(100000)) + 'r100000 ::= "a"')
+# their safe neighbours still reach llama.cpp and work
+ok = [LlamaSampler.grammar(m, 'root ::= e root | "y"\ne ::= f\nf ::= "" | "z"'),
+      LlamaSampler.grammar(m, "root ::= " + "(" * 2000 + '"a"' + ")" * 2000)]
+out.append("safe-ok")
 # apply allows tokens "xy..." for a grammar "x" !<[5]> (the token element matches their id
 # after the "x"), but no parse takes the whole token: llama.cpp's accept would throw
 pieces = [m.vocab.token_to_piece(t, special=True) for t in range(m.vocab.n_vocab)]
@@ -303,6 +320,11 @@ def test_native_grammar_never_crashes(tiny_model_path: Path) -> None:
         "ParamError",
         "NO",  # "NO ERROR", split
         "ERROR",
+        "refused",
+        "refused",
+        "refused",
+        "refused",
+        "safe-ok",
         "SamplingError",
         "SamplingError",
     ], r.stdout
