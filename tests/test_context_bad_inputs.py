@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import time
+import resource
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +25,6 @@ import pytest
 
 import llama_cffi
 from llama_cffi import Batch, Context, Memory
-from llama_cffi.context import ABORT_POLL_INTERVAL
 from tests.conftest import run_isolated
 from tests.tiny_model import write_tiny_model
 
@@ -382,7 +381,6 @@ def _callback_cases(e: Env) -> list[Case]:
     def inside_decode(fn: Callable[[], object]) -> Callable[[], object]:
         def run() -> None:
             ctx.set_abort_callback(lambda: bool(fn()), interval=0)
-            time.sleep(2 * ABORT_POLL_INTERVAL)  # the poll interval left by the last decode (a known bug)
             try:
                 ctx.decode([5, 6, 7], seq_id=1)
             finally:
@@ -560,6 +558,102 @@ def _guard_gap_cases(e: Env) -> list[Case]:
     ]
 
 
+def _param_cases(e: Env) -> list[Case]:
+    """Context creation with every kind of invalid ContextParams: refused in Python
+    (ParamError, TypeError) or by llama.cpp (ContextCreateError with its reason), never an
+    abort; valid but unusual combinations next to them create, decode and close."""
+    model = e.model
+
+    def create(**kw: Any) -> Callable[[], None]:
+        def run() -> None:
+            with Context(model, **kw) as c:
+                c.decode([1, 2, 3])
+
+        return run
+
+    def closed_ctx_other() -> None:
+        other = model.context(n_ctx=64)
+        other.close()
+        Context(model, n_ctx=64, ctx_other=other)
+
+    def no_training_length() -> None:
+        with llama_cffi.Model.load(model.path, kv_overrides={"llama.context_length": 0}) as m:
+            Context(m, n_ctx=0)
+
+    refused = {
+        # in Python, before llama.cpp sees them (each would abort, misbehave or be ambiguous)
+        "n_batch=0 n_ubatch=0": ("ParamError", {"n_batch": 0, "n_ubatch": 0}),
+        "n_batch=0 n_ubatch=8": ("ParamError", {"n_batch": 0, "n_ubatch": 8}),
+        "n_ctx=-1": ("ParamError", {"n_ctx": -1}),
+        "n_ctx=2**40": ("ParamError", {"n_ctx": 2**40}),
+        "n_ctx=1.5": ("ParamError", {"n_ctx": 1.5}),
+        "n_seq_max=0": ("ParamError", {"n_seq_max": 0}),
+        "n_seq_max=100000": ("ParamError", {"n_seq_max": 100000}),
+        "n_seq_max=8 > n_batch=2": ("ParamError", {"n_batch": 2, "n_seq_max": 8}),
+        "n_seq_max=4 > n_ctx=2": ("ParamError", {"n_ctx": 2, "n_seq_max": 4}),
+        "n_seq_max=4 > n_outputs_max=1": ("ParamError", {"n_batch": 8, "n_seq_max": 4, "n_outputs_max": 1}),
+        "n_threads=0": ("ParamError", {"n_threads": 0}),
+        "n_threads=-1": ("ParamError", {"n_threads": -1}),
+        "n_threads_batch=0": ("ParamError", {"n_threads_batch": 0}),
+        "type_k=q9_9": ("ParamError", {"type_k": "q9_9"}),
+        "type_k=12345": ("ParamError", {"type_k": 12345}),
+        "type_v=q8_0 without flash attention": ("ParamError", {"type_v": "q8_0", "flash_attn_type": "disabled"}),
+        "flash_attn_type=sometimes": ("ParamError", {"flash_attn_type": "sometimes"}),
+        "flash_attn_type=99": ("ParamError", {"flash_attn_type": 99}),
+        "pooling_type=99": ("ParamError", {"pooling_type": 99}),
+        "attention_type=99": ("ParamError", {"attention_type": 99}),
+        "rope_scaling_type=99": ("ParamError", {"rope_scaling_type": 99}),
+        "ctx_type=99": ("ParamError", {"ctx_type": 99}),
+        "embeddings=1": ("ParamError", {"embeddings": 1}),
+        "rope_freq_base=inf": ("ParamError", {"rope_freq_base": float("inf")}),
+        "yarn_ext_factor=nan": ("ParamError", {"yarn_ext_factor": float("nan")}),
+        "cb_eval=5": ("ParamError", {"cb_eval": 5}),
+        "abort_callback=5": ("ParamError", {"abort_callback": 5}),
+        "abort_callback_data=None": ("ParamError", {"abort_callback_data": None}),
+        "samplers=None": ("ParamError", {"samplers": None}),
+        "ctx_other=5": ("ParamError", {"ctx_other": 5}),
+        "n_ctxx=5 (misspelt)": ("TypeError", {"n_ctxx": 5}),
+        # by llama.cpp, which returns NULL with a reason (a ContextCreateError carrying it)
+        "ctx_type=mtp without MTP layers": ("ContextCreateError", {"ctx_type": "mtp"}),
+        "type_k=q4_0 with flash attention": ("ContextCreateError", {"type_k": "q4_0", "flash_attn_type": "enabled"}),
+        "type_v=q4_0 with flash attention": ("ContextCreateError", {"type_v": "q4_0", "flash_attn_type": "enabled"}),
+        "type_v=q8_0, flash attention auto": ("ContextCreateError", {"type_v": "q8_0", "flash_attn_type": "auto"}),
+        "type_k=q8_0 type_v=f16 with FA": (
+            "ContextCreateError",
+            {"type_k": "q8_0", "type_v": "f16", "flash_attn_type": "enabled"},
+        ),
+    }
+    cases = [Case(name, expected, create(**kw)) for name, (expected, kw) in refused.items()]
+
+    def too_big_for_memory() -> None:
+        # llama.cpp's bad_alloc is caught and reported; capped address space so that it
+        # fails in a moment rather than after touching gigabytes
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        resource.setrlimit(resource.RLIMIT_AS, (8 << 30, hard))
+        try:
+            create(n_ctx=2**31 - 1)()
+        finally:
+            resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+    cases += [
+        Case("n_ctx=2**31-1 (no memory for it)", "ContextCreateError", too_big_for_memory),
+        Case("ctx_other closed", "ClosedError", closed_ctx_other),
+        Case("n_ctx=0, model without a training length", "ParamError", no_training_length),
+    ]
+    unusual_but_valid = {
+        "type_k=f32 type_v=f16": {"type_k": "f32", "type_v": "f16"},
+        "n_ctx=1": {"n_ctx": 1},
+        "n_ubatch > n_batch": {"n_batch": 8, "n_ubatch": 64},
+        "n_ubatch=0": {"n_batch": 8, "n_ubatch": 0},
+        "4 split streams in n_ctx=4": {"n_ctx": 4, "n_batch": 4, "n_seq_max": 4, "kv_unified": False},
+        "swa_full": {"swa_full": True},
+        "rank pooling on a non-ranking model": {"embeddings": True, "pooling_type": "rank"},
+        "n_ctx=2**20": {"n_ctx": 2**20},
+    }
+    cases += [Case(f"valid: {name}", OK, create(**kw)) for name, kw in unusual_but_valid.items()]
+    return cases
+
+
 GROUPS: dict[str, Callable[[Env], list[Case]]] = {
     "tokens": _token_cases,
     "seq_ids": _seq_id_cases,
@@ -569,6 +663,7 @@ GROUPS: dict[str, Callable[[Env], list[Case]]] = {
     "states": _state_cases,
     "callbacks": _callback_cases,
     "closed": _closed_cases,
+    "params": _param_cases,
     "validation_gaps": _validation_gap_cases,
     "guard_gaps": _guard_gap_cases,
 }
@@ -639,6 +734,7 @@ GROUP_DOCS = {
     "states": "Truncated, random and foreign states raise StateError and leave the context usable.",
     "callbacks": "Re-entrant use from the abort callback raises ConcurrentUseError; bad controls ParamError.",
     "closed": "Every public method of a closed context, its memory and its views raises ClosedError.",
+    "params": "Invalid ContextParams raise ParamError/TypeError, or ContextCreateError with llama.cpp's reason.",
 }
 
 
@@ -665,9 +761,9 @@ except StaleOutputError:
 """
 
 
-# Known to fail: the child dies with SIGSEGV. numpy copies an ndarray subclass without calling
-# __array__, so the guard never runs and the copy reads the output buffer llama.cpp freed when
-# the second decode needed a bigger one (a view's lease keeps the context alive, not that buffer).
+# Once a SIGSEGV: numpy copies an ndarray subclass without calling __array__, so the guard never
+# ran and the copy read the output buffer llama.cpp freed when the second decode needed a bigger
+# one (a view's lease keeps the context alive, not that buffer). Views now check on every access.
 def test_stale_view_after_the_output_buffer_grows(tiny_model_path: Path) -> None:
     """Copying a stale view with np.array raises StaleOutputError, even after llama.cpp freed its buffer."""
     r = run_isolated(STALE_AFTER_GROWTH % os.fspath(tiny_model_path))
