@@ -125,6 +125,30 @@ class BranchStore:
         self._free.append(sid)
         self._free.sort(reverse=True)
 
+    @contextmanager
+    def _fresh_id(self) -> Iterator[int]:
+        """A sequence id for a branch being made. If the block raises (Ctrl-C included)
+        before the branch is registered (:meth:`_register`), the id's cells are removed
+        and the id is given back, with Ctrl-C held meanwhile."""
+        sid: int | None = None
+        try:
+            with _sigint_deferred():
+                sid = self._take_id()
+            yield sid
+        except BaseException:
+            if sid is not None and sid not in self._live:
+                with _sigint_deferred():
+                    self.ctx.memory.seq_rm(sid)
+                    self._give_id(sid)
+            raise
+
+    def _register(self, b: Branch) -> None:
+        """Make ``b`` live: in the store and among its parent's children (the last step
+        of making a branch, after everything that can fail)."""
+        self._live[b.seq_id] = b
+        if b._parent is not None:
+            b._parent._children.append(b)
+
     @property
     def branches(self) -> list[Branch]:
         """Live branches, by sequence id."""
@@ -174,19 +198,15 @@ class BranchStore:
         if len(tokens) == 0:
             raise ParamError("a branch needs a prompt of at least one token")
         chain = _as_chain(sampler, grammar, self.ctx.model)
-        sid = self._take_id()
-        try:
-            row = self.ctx.decode(tokens, pos=0, seq_id=sid)
-            snapshot = np.array(row, dtype=np.float32, copy=True)
-        except BaseException:
-            self.ctx.memory.seq_rm(sid)
-            self._give_id(sid)
-            raise
-        metrics = (tracker or PerplexityTracker()) if track else None
-        b = Branch(self, sid, None, [int(t) for t in tokens], chain, metrics, snapshot)
-        if seed is not None:
-            b.reseed(seed)
-        self._live[sid] = b
+        with self._fresh_id() as sid:
+            row = self.ctx.decode(tokens, pos=0, seq_id=sid)  # Ctrl-C here aborts the prefill
+            with _sigint_deferred():  # after it, the branch is made in full first
+                snapshot = np.array(row, dtype=np.float32, copy=True)
+                metrics = (tracker or PerplexityTracker()) if track else None
+                b = Branch(self, sid, None, [int(t) for t in tokens], chain, metrics, snapshot)
+                if seed is not None:
+                    b.reseed(seed)
+                self._register(b)
         return b
 
     # ------------------------------------------------------------------ batched steps
@@ -227,8 +247,9 @@ class BranchStore:
                         b._advance(int(tok), ctx.logits(i))
                         done = i + 1
             except BaseException:
-                for b, _ in part[done:]:  # decoded but not advanced (or not decoded): no cell stays
-                    ctx.memory.seq_rm(b.seq_id, b._kv_end())
+                with _sigint_deferred():
+                    for b, _ in part[done:]:  # decoded but not advanced (or not decoded): no cell stays
+                        ctx.memory.seq_rm(b.seq_id, b._kv_end())
                 raise
 
     commit = step
@@ -279,45 +300,49 @@ class BranchStore:
                         np.copyto(b._logits, self.ctx.logits(first + take - 1))
                         b._pending = None
         except BaseException:
-            for b, _ in work:
-                kv, nt, snap, pending = saved[b.seq_id]
-                self.ctx.memory.seq_rm(b.seq_id, kv)
-                b._kv_len = kv
-                del b._tokens[nt:]
-                np.copyto(b._logits, snap)
-                b._pending = pending
+            with _sigint_deferred():
+                for b, _ in work:
+                    kv, nt, snap, pending = saved[b.seq_id]
+                    self.ctx.memory.seq_rm(b.seq_id, kv)
+                    b._kv_len = kv
+                    del b._tokens[nt:]
+                    np.copyto(b._logits, snap)
+                    b._pending = pending
             raise
 
     def _decode(self, batch: Batch, branches: Sequence[Branch]) -> None:
         try:
             self.ctx.decode_batch(batch)
         except BaseException:
-            for b in branches:  # remove whatever this decode wrote
-                self.ctx.memory.seq_rm(b.seq_id, b._kv_end())
+            with _sigint_deferred():
+                for b in branches:  # remove whatever this decode wrote
+                    self.ctx.memory.seq_rm(b.seq_id, b._kv_end())
             raise
 
     # ------------------------------------------------------------------ pruning
     def retain_only(self, keep: Branch) -> None:
         """Keep one branch, drop every other (one ``seq_keep``); ``keep`` becomes a root."""
         keep._check_live()
-        self.ctx.memory.seq_keep(keep.seq_id)
-        for sid, b in list(self._live.items()):
-            if b is not keep:
+        with _sigint_deferred():
+            self.ctx.memory.seq_keep(keep.seq_id)
+            for sid, b in list(self._live.items()):
+                if b is not keep:
+                    b._dead = True
+                    b._children.clear()
+                    del self._live[sid]
+                    self._give_id(sid)
+            keep._parent = None
+            keep._children.clear()
+
+    def drain(self) -> None:
+        """Remove every branch and its KV (before the context is freed or reused)."""
+        with _sigint_deferred():
+            for sid, b in list(self._live.items()):
+                self.ctx.memory.seq_rm(sid)
                 b._dead = True
                 b._children.clear()
                 del self._live[sid]
                 self._give_id(sid)
-        keep._parent = None
-        keep._children.clear()
-
-    def drain(self) -> None:
-        """Remove every branch and its KV (before the context is freed or reused)."""
-        for sid, b in list(self._live.items()):
-            self.ctx.memory.seq_rm(sid)
-            b._dead = True
-            b._children.clear()
-            del self._live[sid]
-            self._give_id(sid)
 
 
 class Branch:
@@ -347,9 +372,7 @@ class Branch:
         # (history index, token, model surprisal or None untracked, sampling surprisal argument)
         # of every accepted token, replayed by fork(at=...)
         self._accepted: list[tuple[int, int, float | None, float | None]] = []
-        self._dead = False
-        if parent is not None:
-            parent._children.append(self)
+        self._dead = False  # live once its store registers it (BranchStore._register)
 
     def __repr__(self) -> str:
         state = "pruned" if self._dead else f"position={self.position}"
@@ -480,7 +503,8 @@ class Branch:
                 advanced = True
         except BaseException:
             if not advanced:
-                ctx.memory.seq_rm(self.seq_id, self._kv_len)
+                with _sigint_deferred():
+                    ctx.memory.seq_rm(self.seq_id, self._kv_len)
             raise
 
     decode = commit
@@ -568,56 +592,48 @@ class Branch:
             if at < self._kv_len:
                 return self._fork_prefix(at, seed)
         store = self.store
-        sid = store._take_id()
-        try:
+        with store._fresh_id() as sid, _sigint_deferred():  # no decode: Ctrl-C waits for it all
             store.ctx.memory.seq_cp(self.seq_id, sid)
-        except BaseException:
-            store._give_id(sid)
-            raise
-        logits = self._logits.copy() if clone_logits else np.zeros_like(self._logits)
-        metrics = self.tracker.clone() if self.tracker is not None else None
-        child = Branch(store, sid, self, list(self._tokens), self.sampler.clone(), metrics, logits)
-        child._kv_len = self._kv_len
-        child._accepted = list(self._accepted)
-        if seed is not None:
-            child.reseed(seed)
-        store._live[sid] = child
+            logits = self._logits.copy() if clone_logits else np.zeros_like(self._logits)
+            metrics = self.tracker.clone() if self.tracker is not None else None
+            child = Branch(store, sid, self, list(self._tokens), self.sampler.clone(), metrics, logits)
+            child._kv_len = self._kv_len
+            child._accepted = list(self._accepted)
+            if seed is not None:
+                child.reseed(seed)
+            store._register(child)
         return child
 
     def _fork_prefix(self, at: int, seed: int | None) -> Branch:
         store = self.store
         ctx = store.ctx
-        sid = store._take_id()
-        try:
+        with store._fresh_id() as sid:
             if at > 1:
                 ctx.memory.seq_cp(self.seq_id, sid, 0, at - 1)
             row = ctx.decode_single(self._tokens[at - 1], pos=at - 1, seq_id=sid)
-            logits = np.array(row, dtype=np.float32, copy=True)
-        except BaseException:
-            ctx.memory.seq_rm(sid)
-            store._give_id(sid)
-            raise
-        del row
-        k = 0
-        while k < len(self._accepted) and self._accepted[k][0] < at:
-            k += 1
-        accepted = self._accepted[:k]
-        sampler = self.sampler.clone()
-        sampler.reset()
-        for _, tok, _, _ in accepted:
-            sampler.accept(tok)
-        metrics: PerplexityTracker | None = None
-        if self.tracker is not None:
-            metrics = self.tracker.clone()
-            metrics.reset()
-            for _, _, model, samp in accepted:
-                if model is not None:
-                    metrics.add(model, samp)
-        child = Branch(store, sid, self, self._tokens[:at], sampler, metrics, logits)
-        child._accepted = accepted
-        if seed is not None:
-            child.reseed(seed)
-        store._live[sid] = child
+            with _sigint_deferred():
+                logits = np.array(row, dtype=np.float32, copy=True)
+                del row
+                k = 0
+                while k < len(self._accepted) and self._accepted[k][0] < at:
+                    k += 1
+                accepted = self._accepted[:k]
+                sampler = self.sampler.clone()
+                sampler.reset()
+                for _, tok, _, _ in accepted:
+                    sampler.accept(tok)
+                metrics: PerplexityTracker | None = None
+                if self.tracker is not None:
+                    metrics = self.tracker.clone()
+                    metrics.reset()
+                    for _, _, model, samp in accepted:
+                        if model is not None:
+                            metrics.add(model, samp)
+                child = Branch(store, sid, self, self._tokens[:at], sampler, metrics, logits)
+                child._accepted = accepted
+                if seed is not None:
+                    child.reseed(seed)
+                store._register(child)
         return child
 
     def prune(self, reparent: bool = False) -> None:
@@ -625,16 +641,16 @@ class Branch:
         unless ``reparent``: they then become children of this branch's parent (their
         KV is their own; removing this sequence's cells leaves theirs)."""
         self._check_live()
-        if self._children:
-            if not reparent:
-                raise BranchError(f"branch {self.seq_id} has {len(self._children)} live children: prune them first")
+        if self._children and not reparent:
+            raise BranchError(f"branch {self.seq_id} has {len(self._children)} live children: prune them first")
+        with _sigint_deferred():
             for c in self._children:
                 c._parent = self._parent
                 if self._parent is not None:
                     self._parent._children.append(c)
             self._children.clear()
-        self.store.ctx.memory.seq_rm(self.seq_id)
-        self._release()
+            self.store.ctx.memory.seq_rm(self.seq_id)
+            self._release()
 
     def prune_subtree(self) -> None:
         """Prune every descendant, then this branch."""
@@ -647,10 +663,11 @@ class Branch:
         """Forget this branch without touching the KV cache (its id is cleaned on reuse);
         its children become roots."""
         self._check_live()
-        for c in self._children:
-            c._parent = None
-        self._children.clear()
-        self._release()
+        with _sigint_deferred():
+            for c in self._children:
+                c._parent = None
+            self._children.clear()
+            self._release()
 
     def _release(self) -> None:
         if self._parent is not None and self in self._parent._children:
