@@ -494,6 +494,7 @@ class Context:
             self._one_pos[0] = start
             self._one_seq[0] = seq_id
             self._abort.flag = 0
+            self._guard.generation += 1  # earlier views go stale before llama.cpp writes
             rc = lib.llama_decode(handle.ptr, self._one[0])
             self._after_decode(rc, 1, _ZERO_INDEX, 1)
             return self._logits_row(0)
@@ -573,10 +574,11 @@ class Context:
                 out_index = np.flatnonzero(b.logits[:m]).astype(np.int32)
                 self._grew(len(out_index))
                 self._abort.flag = 0
+                self._guard.generation += 1
                 rc = lib.llama_decode(ptr, b.c)
                 self._after_decode(rc, len(out_index), out_index, m)
                 if mode in ("all", "mask") and len(out_index) and end < n:
-                    chunks.append(np.array(self.logits_all(), copy=True))
+                    chunks.append(np.array(self._all_rows(), copy=True))
                 off = end
         if mode == "none":
             return None
@@ -585,9 +587,9 @@ class Context:
         if not chunks:
             if self._n_outputs == 0:
                 return np.zeros((0, self.n_vocab), dtype=np.float32)
-            return self.logits_all()
+            return self._all_rows()
         if self._n_outputs:
-            chunks.append(np.array(self.logits_all(), copy=True))
+            chunks.append(np.array(self._all_rows(), copy=True))
         return np.concatenate(chunks) if chunks else np.zeros((0, self.n_vocab), dtype=np.float32)
 
     def decode_batch(self, batch: Batch) -> None:
@@ -616,6 +618,7 @@ class Context:
                 self._refuse_growth(len(out_index), "this batch")
             self._grew(len(out_index))
             self._abort.flag = 0
+            self._guard.generation += 1
             rc = lib.llama_decode(ptr, batch.c)
             self._after_decode(rc, len(out_index), out_index, n)
 
@@ -678,6 +681,7 @@ class Context:
             b.set_sequence(arr, 0, seq_id, output_last=False)
             b.logits[:n] = 1
             self._abort.flag = 0
+            self._guard.generation += 1
             rc = lib.llama_encode(ptr, b.c)
             self._after_decode(rc, n, np.arange(n, dtype=np.int32), n)
 
@@ -715,11 +719,21 @@ class Context:
             self._last_view = view
         return view
 
+    def _check_idle(self) -> None:
+        """Outputs are read only between decodes: not from another thread while one runs,
+        nor from inside its callbacks (llama.cpp may be rewriting or reallocating them)."""
+        if self._busy.lock.locked():
+            raise ConcurrentUseError(
+                "this Context is decoding (in another thread, or this is one of its callbacks): "
+                "read its outputs after the decode returns"
+            )
+
     def logits(self, i: int = -1) -> OutputView:
         """Logits of one output of the last decode: ``i`` is the token's index in that batch
         (negative: counting outputs from the end, ``-1`` = the last output). A guarded
         zero-copy view of ``n_vocab`` float32 values."""
         self._ptr()
+        self._check_idle()
         n_out = self._n_outputs
         if n_out == 0:
             raise IndexError("the last decode produced no logits (no token was marked for output)")
@@ -737,6 +751,10 @@ class Context:
     def logits_all(self) -> OutputView:
         """Every output row of the last decode: a guarded ``(n_outputs, n_vocab)`` view."""
         self._ptr()
+        self._check_idle()
+        return self._all_rows()
+
+    def _all_rows(self) -> OutputView:
         if self._n_outputs == 0:
             raise IndexError("the last decode produced no logits (no token was marked for output)")
         return OutputView(self._output_buffer(), 0, (self._n_outputs, self.n_vocab), self._guard)
@@ -750,6 +768,7 @@ class Context:
         """Embedding of output ``i`` of the last decode (needs ``embeddings=True``): a new
         float32 array of ``n_embd_out`` values, L2-normalised if ``normalize``."""
         ptr = self._ptr()
+        self._check_idle()
         if not self._embeddings:
             raise ParamError("embeddings are off: create the context with embeddings=True or call set_embeddings(True)")
         n_out = self._n_outputs
@@ -766,6 +785,7 @@ class Context:
         """Pooled embedding of a sequence (contexts with a pooling type other than none);
         for ``rank`` pooling, the classifier scores (``n_cls_out`` values)."""
         ptr = self._ptr()
+        self._check_idle()
         seq_id = self._check_seq(seq_id)
         if self.pooling_type == "none":
             raise ParamError("this context does not pool (pooling_type is 'none'); use embeddings(i)")
@@ -867,6 +887,7 @@ class Context:
             raise StateError(f"the state is for architecture {bytes(mv[4 : 4 + n])!r}, this model is {arch!r}")
         with self._busy, log.capture() as lines:
             ptr = self._ptr()
+            self._guard.generation += 1  # views go stale before llama.cpp replaces outputs
             n = int(lib.llama_state_set_data(ptr, ffi.from_buffer("uint8_t[]", mv), len(mv)))
             self._after_state_load()
         if n == 0:
@@ -902,6 +923,7 @@ class Context:
         self.memory.seq_rm(dest_seq_id)
         with self._busy, log.capture() as lines:
             ptr = self._ptr()
+            self._guard.generation += 1  # views go stale before llama.cpp replaces outputs
             n = int(
                 lib.llama_state_seq_set_data_ext(ptr, ffi.from_buffer("uint8_t[]", mv), len(mv), dest_seq_id, flags)
             )
@@ -933,6 +955,7 @@ class Context:
         out = np.zeros(max(cap, 1), dtype=np.int32)
         count = ffi.new("size_t *")
         with self._busy, log.capture() as lines:
+            self._guard.generation += 1  # views go stale before llama.cpp replaces outputs
             ok = lib.llama_state_load_file(
                 self._ptr(), os.fsencode(p), ffi.from_buffer("llama_token[]", out), cap, count
             )
@@ -971,6 +994,7 @@ class Context:
         count = ffi.new("size_t *")
         self.memory.seq_rm(dest_seq_id)
         with self._busy, log.capture() as lines:
+            self._guard.generation += 1  # views go stale before llama.cpp replaces outputs
             n = int(
                 lib.llama_state_seq_load_file(
                     self._ptr(), os.fsencode(p), dest_seq_id, ffi.from_buffer("llama_token[]", out), cap, count

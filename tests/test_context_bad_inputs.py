@@ -394,6 +394,8 @@ def _callback_cases(e: Env) -> list[Case]:
         Case("seq_rm from the abort callback", "ConcurrentUseError", inside_decode(lambda: e.mem.seq_rm(0))),
         Case("save_state from the abort callback", "ConcurrentUseError", inside_decode(ctx.save_state)),
         Case("close from the abort callback", "ConcurrentUseError", inside_decode(ctx.close)),
+        Case("logits() from the abort callback", "ConcurrentUseError", inside_decode(ctx.logits)),
+        Case("logits_all() from the abort callback", "ConcurrentUseError", inside_decode(ctx.logits_all)),
         Case("abort callback not callable", "ParamError", lambda: ctx.set_abort_callback(5)),
         Case("abort interval -1", "ParamError", lambda: ctx.set_abort_callback(None, interval=-1)),
         Case("abort interval nan", "ParamError", lambda: ctx.set_abort_callback(None, interval=float("nan"))),

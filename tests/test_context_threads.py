@@ -6,6 +6,7 @@ import asyncio
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -117,6 +118,70 @@ def test_concurrent_use_is_refused(default_model: Model) -> None:
         t.join()
         assert len(errors) == 1 and isinstance(errors[0], ConcurrentUseError)
         assert ctx.n_past == len(toks)  # the first decode completed intact
+
+
+def test_every_operation_from_a_second_thread_is_refused(tiny_model: Model, tmp_path: Path) -> None:
+    """While one thread is inside a decode (held there by its abort callback, so no timing
+    is involved), every operation that reads or changes the context from another thread
+    raises ConcurrentUseError and changes nothing; the decode then completes intact."""
+    with tiny_model.context(n_ctx=256, n_batch=64, n_seq_max=2, n_threads=1) as ctx:
+        old_view = ctx.decode(PROMPT[:4], seq_id=1)
+        blob = ctx.save_state()
+        inside, finished = threading.Event(), threading.Event()
+
+        def hold() -> bool:
+            inside.set()
+            finished.wait(30)
+            return False
+
+        attempts: dict[str, Callable[[], object]] = {
+            "decode": lambda: ctx.decode([5, 6]),
+            "decode_single": lambda: ctx.decode_single(5, seq_id=1),
+            "eval": lambda: ctx.eval([5], 0),
+            "logits": lambda: ctx.logits(),
+            "logits_all": lambda: ctx.logits_all(),
+            "embeddings": lambda: ctx.embeddings(),
+            "a view of the previous decode": lambda: float(old_view.sum()),
+            "memory.clear": lambda: ctx.memory.clear(),
+            "memory.seq_rm": lambda: ctx.memory.seq_rm(1),
+            "memory.seq_cp": lambda: ctx.memory.seq_cp(1, 0),
+            "memory.seq_keep": lambda: ctx.memory.seq_keep(0),
+            "memory.seq_add": lambda: ctx.memory.seq_add(1, 0, -1, 2),
+            "save_state": ctx.save_state,
+            "load_state": lambda: ctx.load_state(blob),
+            "save_seq_state": lambda: ctx.save_seq_state(1),
+            "save_state_file": lambda: ctx.save_state_file(tmp_path / "s.bin"),
+            "set_n_threads": lambda: ctx.set_n_threads(2),
+            "set_embeddings": lambda: ctx.set_embeddings(True),
+            "close": ctx.close,
+        }
+        outcome: dict[str, str] = {}
+
+        def other() -> None:
+            inside.wait(30)
+            for name, fn in attempts.items():
+                try:
+                    fn()
+                    outcome[name] = "no error"
+                except BaseException as exc:
+                    outcome[name] = type(exc).__name__
+            finished.set()
+
+        t = threading.Thread(target=other)
+        t.start()
+        ctx.set_abort_callback(hold, interval=0)
+        try:
+            row = np.asarray(ctx.decode(PROMPT)).copy()
+        finally:
+            finished.set()
+            t.join()
+            ctx.set_abort_callback(None)
+        expected = dict.fromkeys(attempts, "ConcurrentUseError")
+        expected["a view of the previous decode"] = "StaleOutputError"  # stale once a decode starts
+        assert outcome == expected
+        assert not ctx.closed and ctx.memory.seq_pos_max(0) == len(PROMPT) - 1 and ctx.memory.seq_pos_max(1) == 3
+        with tiny_model.context(n_ctx=256, n_batch=64, n_threads=1) as ref:
+            np.testing.assert_allclose(row, np.asarray(ref.decode(PROMPT)), rtol=1e-5, atol=1e-5)
 
 
 def test_one_context_per_thread_matches_sequential(tiny_model: Model) -> None:
