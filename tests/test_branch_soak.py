@@ -123,4 +123,5 @@ def test_fork_prune_cycles_leave_rss_and_kv_flat(tiny_model: Model) -> None:
         assert ctx.memory.seq_pos_max(0) == -1 and store.available == N_SEQ
     grew = rss1 - rss0
     elapsed = time.perf_counter() - t0
+    print(f"soak: {N_CYCLES} fork/prune cycles, RSS {grew:+d} KiB after {WARMUP} warm-up cycles ({elapsed:.1f} s)")
     assert grew < RSS_SLACK_KIB, f"RSS grew by {grew} KiB over {N_CYCLES - WARMUP} cycles ({elapsed:.1f} s)"

@@ -58,7 +58,10 @@ def _soak(cycle: Callable[[int, weakref.WeakSet[_Callback]], None]) -> tuple[int
             start = rss_kib()
         cycle(i, live)
     gc.collect()
-    return rss_kib() - start, len(live)
+    growth = rss_kib() - start
+    # reported with `pytest -rP` (the closing notes quote these lines)
+    print(f"soak: {CYCLES} cycles, RSS {growth:+d} KiB after {warm} warm-up cycles, {len(live)} callbacks alive")
+    return growth, len(live)
 
 
 def test_context_create_free(tiny_model: Model) -> None:
