@@ -425,6 +425,12 @@ class Context:
             self._n_outputs = n_outputs
             self._out_index = out_index if out_index is not None else np.zeros(0, dtype=np.int32)
             self._last_batch_size = batch_size
+            if self._abort_py.error is not None or getattr(_pending, "exc", None) is not None:
+                # the callback raised (or Ctrl-C landed in it) at a poll llama.cpp did not act
+                # on: the decode completed, and the exception is raised now, not at a later decode
+                err = self._take_abort_error()
+                assert err is not None
+                raise err
             return
         self._n_outputs = 0
         self._last_batch_size = 0

@@ -81,5 +81,6 @@ def test_mutated_models_never_crash(tiny_model_path: Path, tmp_path: Path) -> No
     outcomes = Counter(ln for ln in lines if not ln.startswith("TRY "))
     assert len(tried) == CASES and sum(outcomes.values()) == CASES, outcomes
     assert set(outcomes) <= {"OK", "ERR InvalidModelError", "ERR ModelLoadError"}, outcomes
+    print(f"fuzz: {CASES} mutants, seed {SEED}: {dict(outcomes)}")  # shown by pytest -rP
     # the mutations reach the parser: most mutants are refused, some still load and run
     assert outcomes["OK"] > 0 and outcomes["ERR InvalidModelError"] > CASES // 4, outcomes
