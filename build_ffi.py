@@ -29,7 +29,8 @@ Environment switches (all optional):
                          by ``os.fork()`` hangs in ``llama_decode``); default off
 ``LLAMA_CFFI_CUDA=1``    build the CUDA backend (``CMAKE_CUDA_ARCHITECTURES`` from
                          ``LLAMA_CFFI_CUDA_ARCHS``, default ``native``)
-``LLAMA_CFFI_RPC=1``     build the RPC backend
+``LLAMA_CFFI_RPC=0``     leave out the RPC backend (built by default: the client is
+                         idle until ``rpc_servers=`` is used; see ``llama_cffi.rpc``)
 ``LLAMA_CFFI_JOBS``      parallel compile jobs (default: CPU count)
 ``LLAMA_CFFI_CMAKE_ARGS`` extra ``-D...`` arguments, space separated
 =======================  ===========================================================
@@ -307,6 +308,10 @@ def _env_on(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "on", "true", "yes")
 
 
+def _env_off(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("0", "off", "false", "no")
+
+
 def native_options() -> dict[str, str]:
     """CMake cache options for this machine and environment (these key the build cache)."""
     opts: dict[str, str] = {
@@ -326,7 +331,7 @@ def native_options() -> dict[str, str]:
         "GGML_AMX_BF16": "OFF",
         "GGML_OPENMP": "ON" if _env_on("LLAMA_CFFI_OPENMP") else "OFF",
         "GGML_CUDA": "ON" if _env_on("LLAMA_CFFI_CUDA") else "OFF",
-        "GGML_RPC": "ON" if _env_on("LLAMA_CFFI_RPC") else "OFF",
+        "GGML_RPC": "OFF" if _env_off("LLAMA_CFFI_RPC") else "ON",
     }
     cpu = os.environ.get("LLAMA_CFFI_CPU", "").strip().lower()
     is_x86 = platform.machine().lower() in ("x86_64", "amd64", "i686")

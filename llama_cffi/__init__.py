@@ -51,6 +51,7 @@ from .errors import (
     ModelLoadError,
     ModelNotFoundError,
     ParamError,
+    RpcError,
     StateError,
     TokenizeError,
 )
@@ -102,6 +103,7 @@ __all__ = [
     "PoolingType",
     "RopeScalingType",
     "RopeType",
+    "RpcError",
     "SplitMode",
     "StaleOutputError",
     "StateError",
@@ -151,4 +153,7 @@ def supports_gpu_offload() -> bool:
 
 
 def supports_rpc() -> bool:
-    return bool(lib.llama_supports_rpc())
+    """Whether this build has the RPC backend (see :mod:`llama_cffi.rpc`)."""
+    from .rpc import supports_rpc as _supports
+
+    return _supports()

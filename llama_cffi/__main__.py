@@ -52,6 +52,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return subprocess.call([sys.executable, str(suite), *args.suite_args], cwd=suite.parent.parent)
 
 
+def cmd_rpc_server(args: argparse.Namespace) -> int:
+    from .rpc import serve
+
+    serve(args.host, args.port, n_threads=args.threads, cache_dir=args.cache)
+    return 0
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     """Build flags, devices, system info, and (with -m) a model's metadata."""
     out = {
@@ -148,6 +155,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-bos", action="store_true", help="do not add BOS/EOS as the model would")
     p.add_argument("--parse-special", action="store_true", help="parse special tokens like <start_of_turn>")
     p.set_defaults(func=cmd_tokenize)
+    p = sub.add_parser(
+        "rpc-server",
+        help="serve this CPU to clients as an RPC worker (no authentication: loopback or private networks only)",
+        description=(
+            "Runs llama.cpp's RPC server from this build. Clients load models with "
+            "Model.load(path, rpc_servers=['HOST:PORT']). The protocol has no authentication or "
+            "encryption: bind to 127.0.0.1 or a private network you trust."
+        ),
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=50052, help="port (default 50052)")
+    p.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (default: all)")
+    p.add_argument("--cache", default=None, help="directory for the tensor cache (faster model reloads)")
+    p.set_defaults(func=cmd_rpc_server)
     p = sub.add_parser("info", help="build flags, devices, and model metadata")
     p.add_argument("-m", "--model", nargs="?", const="", default=None, help="also describe a model")
     p.add_argument("--vocab-only", action="store_true", help="load only the vocabulary")

@@ -95,3 +95,8 @@ class StateError(LlamaError, ValueError):
 
 class ConcurrentUseError(LlamaError, RuntimeError):
     """Two threads used one Context at the same time. Use one Context per thread."""
+
+
+class RpcError(LlamaError, ConnectionError):
+    """An RPC worker could not be used: nothing listens at its endpoint, something other
+    than a worker answered, its protocol version differs, or it went away."""

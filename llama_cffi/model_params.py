@@ -10,6 +10,8 @@ take pointers accept Python values and the arrays are kept alive for the load ca
 ``tensor_split``           list of floats, at most ``llama_max_devices()`` long
 ``kv_overrides``           dict of metadata key -> int | float | bool | str
 ``progress_callback``      ``f(progress: float) -> bool | None``; ``False`` cancels
+``rpc_servers``            list of ``"host:port"`` RPC workers whose devices are added
+                           to ``devices`` (see :mod:`llama_cffi.rpc`)
 =========================  ==========================================================
 
 Plus two conveniences that set ``load_mode``: ``use_mmap`` and ``use_mlock``.
@@ -88,6 +90,7 @@ class ModelParams:
         self.kv_overrides: dict[str, int | float | bool | str] = {}
         self._keep: list[Any] = []
         self.progress: _Progress | None = None
+        self._rpc_devices: list[Any] = []
         fields = dict(ffi.typeof("struct llama_model_params").fields)
         use_mmap = kwargs.pop("use_mmap", None)
         use_mlock = kwargs.pop("use_mlock", None)
@@ -98,8 +101,10 @@ class ModelParams:
             elif name in fields:
                 self._set_plain(name, fields[name].type, value)
             else:
-                known = sorted([*fields, "use_mmap", "use_mlock"])
+                known = sorted([*fields, "use_mmap", "use_mlock", "rpc_servers"])
                 raise TypeError(f"unknown model parameter {name!r}; known: {', '.join(known)}")
+        if self._rpc_devices:
+            self._add_devices(self._rpc_devices)
         if use_mmap is not None or use_mlock is not None:
             if "load_mode" in kwargs:
                 raise ParamError("give either load_mode or use_mmap/use_mlock, not both")
@@ -168,6 +173,25 @@ class ModelParams:
                 raise ParamError(f"devices[{i}]={name!r}: no such device; available: {avail}")
             arr[i] = dev
         arr[len(value)] = ffi.NULL
+        self._keep.append(arr)
+        self.c.devices = arr
+
+    def _set_rpc_servers(self, value: Sequence[str] | None) -> None:
+        if value is None:
+            return
+        from .rpc import add_servers
+
+        self._rpc_devices = [dev for _, dev in add_servers(value)]
+
+    def _add_devices(self, extra: list[Any]) -> None:
+        """Append ``extra`` (``ggml_backend_dev_t``) to the NULL-terminated devices list."""
+        current = []
+        if self.c.devices != ffi.NULL:
+            i = 0
+            while self.c.devices[i] != ffi.NULL:
+                current.append(self.c.devices[i])
+                i += 1
+        arr = ffi.new("ggml_backend_dev_t[]", [*current, *extra, ffi.NULL])
         self._keep.append(arr)
         self.c.devices = arr
 

@@ -1,0 +1,216 @@
+"""llama.cpp's RPC backend through llama_cffi: workers started by the CLI on loopback
+ports, a model split across them, and the endpoint mistakes llama.cpp would abort on."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import llama_cffi
+from llama_cffi import rpc
+from llama_cffi.errors import ParamError, RpcError
+from tests.conftest import ROOT, run_isolated
+
+PROMPT = [1, 40, 41, 42, 43, 44]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def workers(n: int, timeout: float = 30.0) -> Iterator[list[str]]:
+    """``n`` workers (``python -m llama_cffi rpc-server``) on free loopback ports, ready
+    (they answer HELLO) within ``timeout`` seconds, stopped afterwards."""
+    ports = [free_port() for _ in range(n)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "llama_cffi", "rpc-server", "--port", str(p), "-t", "1"],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for p in ports
+    ]
+    endpoints = [f"127.0.0.1:{p}" for p in ports]
+    try:
+        deadline = time.monotonic() + timeout
+        for ep, proc in zip(endpoints, procs, strict=True):
+            while True:
+                try:
+                    rpc.check_server(ep, timeout=1.0)
+                    break
+                except RpcError:
+                    assert proc.poll() is None, f"the worker for {ep} exited with {proc.returncode}"
+                    assert time.monotonic() < deadline, f"the worker for {ep} did not start in {timeout} s"
+                    time.sleep(0.05)
+        yield endpoints
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+def greedy(ctx: llama_cffi.Context, n: int) -> list[int]:
+    """``n`` greedy tokens after the last decode."""
+    out = []
+    for _ in range(n):
+        out.append(int(np.asarray(ctx.logits()).argmax()))
+        ctx.decode_single(out[-1])
+    return out
+
+
+def test_build_has_rpc() -> None:
+    """CI builds with the RPC backend (it is on unless LLAMA_CFFI_RPC=0)."""
+    assert llama_cffi.supports_rpc()
+    assert llama_cffi.build_info()["options"]["GGML_RPC"] == "ON"
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    ["", "localhost", "127.0.0.1:", ":50052", "127.0.0.1:0", "127.0.0.1:65536", "127.0.0.1:50x", "[::1]:50052", 50052],
+)
+def test_malformed_endpoints_are_param_errors(endpoint: object) -> None:
+    """What llama.cpp's endpoint parser would abort on (std::stoi) is refused first."""
+    with pytest.raises(ParamError):
+        rpc.parse_endpoint(endpoint)  # type: ignore[arg-type]
+
+
+def test_split_across_two_workers_matches_local(tiny_model_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The tiny model split across two loopback workers gives the local logits, and the
+    same greedy continuation; both workers hold part of the weights."""
+    with llama_cffi.Model.load(tiny_model_path) as m, m.context(n_ctx=64, n_threads=1) as ctx:
+        ref = np.asarray(ctx.decode(PROMPT)).copy()
+        ref_tokens = greedy(ctx, 8)
+    with workers(2) as endpoints:
+        llama_cffi.set_verbosity("info")
+        try:
+            with caplog.at_level(logging.INFO, logger="llama_cffi"):
+                model = llama_cffi.Model.load(tiny_model_path, rpc_servers=endpoints, n_gpu_layers=99)
+        finally:
+            llama_cffi.set_verbosity("warning")
+        with model, model.context(n_ctx=64, n_threads=1) as ctx:
+            got = np.asarray(ctx.decode(PROMPT)).copy()
+            np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+            assert greedy(ctx, 8) == ref_tokens
+        buffers = [r.getMessage() for r in caplog.records if "model buffer size" in r.getMessage()]
+        for ep in endpoints:
+            assert any(ep in line for line in buffers), buffers
+        assert [d.endpoint for d, _ in rpc.add_servers(endpoints)] == endpoints
+
+
+UNREACHABLE = (
+    r"""
+import socket, threading
+import llama_cffi
+from llama_cffi import rpc
+"""
+    + "{EXPECT}"
+    + r"""
+def port():
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
+
+# a TCP server that is not an RPC worker: it answers every connection with junk and closes
+junk = socket.socket(); junk.bind(("127.0.0.1", 0)); junk.listen()
+def answer():
+    while True:
+        c, _ = junk.accept()
+        c.sendall(b"HTTP/1.0 400 Bad Request\r\n\r\n")
+        c.close()
+threading.Thread(target=answer, daemon=True).start()
+# one that accepts and closes at once
+closer = socket.socket(); closer.bind(("127.0.0.1", 0)); closer.listen()
+def close_at_once():
+    while True:
+        c, _ = closer.accept()
+        c.close()
+threading.Thread(target=close_at_once, daemon=True).start()
+
+dead = f"127.0.0.1:{port()}"
+expect(llama_cffi.RpcError, lambda: llama_cffi.Model.load(PATH, rpc_servers=[dead]))
+expect(llama_cffi.RpcError, lambda: llama_cffi.Model.load(PATH, rpc_servers=[f"127.0.0.1:{junk.getsockname()[1]}"]))
+expect(llama_cffi.RpcError, lambda: llama_cffi.Model.load(PATH, rpc_servers=[f"127.0.0.1:{closer.getsockname()[1]}"]))
+expect(llama_cffi.ParamError, lambda: llama_cffi.Model.load(PATH, rpc_servers=["127.0.0.1:99999"]))
+expect(llama_cffi.ParamError, lambda: llama_cffi.Model.load(PATH, rpc_servers="127.0.0.1:5"))
+expect(llama_cffi.ParamError, lambda: llama_cffi.Model.load(PATH, rpc_servers=[]))
+expect(llama_cffi.RpcError, lambda: rpc.check_server(dead, timeout=0.5))
+# the model still loads locally afterwards
+with llama_cffi.Model.load(PATH) as m, m.context(n_ctx=32) as c:
+    c.decode([1, 2, 3])
+out.append("LOCAL-OK")
+print(" ".join(out))
+"""
+)
+
+
+def test_bad_workers_raise_instead_of_aborting(tiny_model_path: Path) -> None:
+    """Nothing listening, a non-RPC server, a server that hangs up, malformed endpoints:
+    typed errors in a child that then loads the model locally (llama.cpp would abort)."""
+    from tests.conftest import EXPECT
+
+    code = UNREACHABLE.replace("{EXPECT}", EXPECT).replace("PATH", repr(str(tiny_model_path)))
+    r = run_isolated(code, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["RpcError"] * 3 + ["ParamError"] * 3 + ["RpcError", "LOCAL-OK"], r.stdout
+
+
+def test_rpc_server_cli_refuses_a_busy_port() -> None:
+    """A port already in use is a one-line error with exit status 2 (llama.cpp would abort)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = subprocess.run(
+            [sys.executable, "-m", "llama_cffi", "rpc-server", "--port", str(port)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and "cannot listen on" in r.stderr, r.stderr
+
+
+def test_rpc_server_stops_on_ctrl_c() -> None:
+    """The worker runs llama.cpp's blocking server on a thread, so SIGINT stops it."""
+    import signal
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llama_cffi", "rpc-server", "--port", str(port), "-t", "1"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                rpc.check_server(f"127.0.0.1:{port}", timeout=1.0)
+                break
+            except RpcError:
+                assert time.monotonic() < deadline and proc.poll() is None
+                time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(10) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
