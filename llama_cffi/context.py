@@ -28,6 +28,7 @@ Validation
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
@@ -169,7 +170,13 @@ class Context:
                 "each sequence needs one; raise n_ctx/n_batch or lower n_seq_max"
             )
         log.sync()
-        with log.capture() as lines:
+        if model._uses_rpc:
+            from .rpc import signals_held
+
+            held: contextlib.AbstractContextManager[None] = signals_held()  # RPC backends connect here
+        else:
+            held = contextlib.nullcontext()
+        with held, log.capture() as lines:
             ptr = lib.llama_init_from_model(mptr, p.c)
         if ptr == ffi.NULL:
             reason = "; ".join(line for _, line in lines[-3:]) or "llama.cpp returned no context"

@@ -8,6 +8,7 @@ them is freed, so nothing ever points at freed weights.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
@@ -58,6 +59,7 @@ class Model:
     """
 
     _handle: NativeHandle | None = None  # class default: a half-built Model can still close()
+    _uses_rpc = False  # loaded with rpc_servers: contexts are created with signals held
 
     def __init__(self, ptr: Any, path: str, vocab_only: bool = False) -> None:
         """Internal: use :meth:`load`. Takes ownership of ``ptr`` (a ``llama_model *``)."""
@@ -102,7 +104,14 @@ class Model:
     @classmethod
     def _load(cls, path: str, mp: ModelParams, call: Any) -> Model:
         log.sync()
-        with log.capture() as lines:
+        uses_rpc = bool(mp._rpc_devices)
+        if uses_rpc:
+            from .rpc import signals_held
+
+            held: contextlib.AbstractContextManager[None] = signals_held()  # RPC threads start here
+        else:
+            held = contextlib.nullcontext()
+        with held, log.capture() as lines:
             ptr = call(mp.c)
         if ptr == ffi.NULL:
             if mp.progress is not None and mp.progress.error is not None:
@@ -110,7 +119,9 @@ class Model:
             if mp.progress is not None and mp.progress.cancelled:
                 raise ModelLoadCancelled(path, "cancelled by the progress callback")
             raise InvalidModelError(path, _reason(lines, "llama.cpp could not load it"))
-        return cls(ptr, path, vocab_only=bool(mp.c.vocab_only))
+        model = cls(ptr, path, vocab_only=bool(mp.c.vocab_only))
+        model._uses_rpc = uses_rpc
+        return model
 
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:

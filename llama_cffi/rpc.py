@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import signal
 import socket
 import struct
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,6 +103,24 @@ def _recv(s: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
+_NEVER_BLOCK = {"SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT", "SIGTRAP", "SIGKILL", "SIGSTOP"}
+
+
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """Block asynchronous signals in this thread for the block, so that the threads
+    llama.cpp starts inside it (one RPC dispatcher per worker connection) inherit a mask
+    that keeps them off. Python installs its handlers (Ctrl-C's too) without SA_RESTART:
+    one delivered to a dispatcher interrupts its ``recv``, and llama.cpp then aborts the
+    process. Signals that arrive meanwhile are delivered when the block ends."""
+    held = {s for s in signal.valid_signals() if getattr(s, "name", "") not in _NEVER_BLOCK}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 @dataclass(frozen=True)
 class RpcDevice:
     """One device of a worker. ``memory_free``/``memory_total`` are in bytes, as the
@@ -131,7 +151,8 @@ def add_servers(endpoints: Sequence[str], timeout: float = 5.0) -> list[tuple[Rp
                 out += _registered[ep]
                 continue
             check_server(ep, timeout)
-            reg = lib.ggml_backend_rpc_add_server(ep.encode())
+            with signals_held():  # starts the endpoint's dispatcher thread
+                reg = lib.ggml_backend_rpc_add_server(ep.encode())
             if reg == ffi.NULL:
                 raise RpcError(f"the RPC worker at {ep} reports no devices")
             free = ffi.new("size_t *")
@@ -139,7 +160,8 @@ def add_servers(endpoints: Sequence[str], timeout: float = 5.0) -> list[tuple[Rp
             devs = []
             for i in range(int(lib.ggml_backend_reg_dev_count(reg))):
                 dev = lib.ggml_backend_reg_dev_get(reg, i)
-                lib.ggml_backend_dev_memory(dev, free, total)
+                with signals_held():
+                    lib.ggml_backend_dev_memory(dev, free, total)
                 name = ffi.string(lib.ggml_backend_dev_name(dev)).decode()
                 devs.append((RpcDevice(name, ep, int(free[0]), int(total[0])), dev))
             _registered[ep] = devs

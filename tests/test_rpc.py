@@ -214,3 +214,70 @@ def test_rpc_server_stops_on_ctrl_c() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+SIGINT_STORM = r"""
+import signal
+import numpy as np
+import llama_cffi
+interrupts = 0
+def count(signum, frame):
+    global interrupts
+    interrupts += 1
+# a Python handler, like Ctrl-C's default one, is installed without SA_RESTART
+signal.signal(signal.SIGINT, count)
+m = llama_cffi.Model.load(PATH, rpc_servers=ENDPOINTS, n_gpu_layers=99)
+ctx = m.context(n_ctx=512, n_threads=1)
+print("READY", flush=True)
+for step in range(STEPS):
+    if ctx.memory.seq_pos_max(0) > 400:
+        ctx.memory.clear()
+    ctx.decode([1, 40, 41, 42, 43, 44, 45, 46])
+ctx.memory.clear()
+print("ALIVE", interrupts, bool(np.isfinite(np.asarray(ctx.decode([1, 2, 3]))).all()), flush=True)
+"""
+
+
+def test_ctrl_c_storm_during_rpc_decodes(tiny_model_path: Path) -> None:
+    """SIGINT sent again and again to every thread of a process whose model is split over
+    a worker, while it decodes: llama.cpp's RPC threads keep it blocked (there, a Python
+    handler's signal would interrupt a recv and llama.cpp would abort the process)."""
+    import ctypes
+    import os
+    import platform
+    import signal
+
+    if platform.machine() != "x86_64":
+        pytest.skip("the test sends signals with the x86-64 tgkill syscall number")
+
+    with workers(1) as endpoints:
+        code = (
+            SIGINT_STORM.replace("PATH", repr(str(tiny_model_path)))
+            .replace("ENDPOINTS", repr(endpoints))
+            .replace("STEPS", "2000")
+        )
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "READY"
+            # to every thread of the child, as the kernel may pick any thread that does not
+            # block a process-directed signal (it skips a main thread with one pending)
+            libc = ctypes.CDLL(None, use_errno=True)
+            sys_tgkill = 234  # x86-64
+            rounds = 0
+            while proc.poll() is None and rounds < 200:
+                for tid in os.listdir(f"/proc/{proc.pid}/task") if proc.poll() is None else []:
+                    libc.syscall(sys_tgkill, proc.pid, int(tid), signal.SIGINT)
+                rounds += 1
+                time.sleep(0.005)
+            out, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    assert proc.returncode == 0, err[-2000:]
+    words = out.split()
+    assert words[0] == "ALIVE" and words[-1] == "True", out
+    assert int(words[1]) > 0, out  # the interrupts did arrive
