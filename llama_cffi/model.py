@@ -106,8 +106,9 @@ class Model:
         log.sync()
         uses_rpc = bool(mp._rpc_devices)
         if uses_rpc:
-            from .rpc import signals_held
+            from .rpc import before_load, signals_held
 
+            before_load(mp.rpc_endpoints)
             held: contextlib.AbstractContextManager[None] = signals_held()  # RPC threads start here
         else:
             held = contextlib.nullcontext()
@@ -121,6 +122,10 @@ class Model:
             raise InvalidModelError(path, _reason(lines, "llama.cpp could not load it"))
         model = cls(ptr, path, vocab_only=bool(mp.c.vocab_only))
         model._uses_rpc = uses_rpc
+        if uses_rpc:
+            from .rpc import loaded
+
+            loaded(model, mp.rpc_endpoints)
         return model
 
     # ------------------------------------------------------------------ lifetime

@@ -91,6 +91,7 @@ class ModelParams:
         self._keep: list[Any] = []
         self.progress: _Progress | None = None
         self._rpc_devices: list[Any] = []
+        self.rpc_endpoints: list[str] = []
         fields = dict(ffi.typeof("struct llama_model_params").fields)
         use_mmap = kwargs.pop("use_mmap", None)
         use_mlock = kwargs.pop("use_mlock", None)
@@ -181,7 +182,9 @@ class ModelParams:
             return
         from .rpc import add_servers
 
-        self._rpc_devices = [dev for _, dev in add_servers(value)]
+        found = add_servers(value)
+        self._rpc_devices = [dev for _, dev in found]
+        self.rpc_endpoints = sorted({d.endpoint for d, _ in found})
 
     def _add_devices(self, extra: list[Any]) -> None:
         """Append ``extra`` (``ggml_backend_dev_t``) to the NULL-terminated devices list."""

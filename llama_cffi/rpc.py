@@ -26,6 +26,7 @@ import socket
 import struct
 import sys
 import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -167,6 +168,33 @@ def add_servers(endpoints: Sequence[str], timeout: float = 5.0) -> list[tuple[Rp
             _registered[ep] = devs
             out += devs
     return out
+
+
+_users: dict[str, weakref.WeakSet[Any]] = {}  # endpoint -> models loaded over it
+
+
+def before_load(endpoints: Sequence[str]) -> None:
+    """Check again the workers that no open model of this process uses: llama.cpp's
+    connection to them was closed with their last model, and reconnecting to a worker
+    that has gone away since would abort the process. (One in use is busy with us, and
+    serves one client at a time, so it cannot be asked.)"""
+    with _lock:
+        for ep in endpoints:
+            if not any(_holds_native(m) for m in _users.get(ep, ())):
+                check_server(ep)
+
+
+def _holds_native(model: Any) -> bool:
+    """Whether llama.cpp still has the model (a closed one stays while contexts use it)."""
+    h = model._handle
+    return h is not None and h.ptr is not None and h.ptr != ffi.NULL
+
+
+def loaded(model: Any, endpoints: Sequence[str]) -> None:
+    """Record that ``model`` holds a connection to each of ``endpoints``."""
+    with _lock:
+        for ep in endpoints:
+            _users.setdefault(ep, weakref.WeakSet()).add(model)
 
 
 def _is_loopback_or_private(host: str) -> bool:

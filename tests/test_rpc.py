@@ -281,3 +281,58 @@ def test_ctrl_c_storm_during_rpc_decodes(tiny_model_path: Path) -> None:
     words = out.split()
     assert words[0] == "ALIVE" and words[-1] == "True", out
     assert int(words[1]) > 0, out  # the interrupts did arrive
+
+
+RESTARTED = (
+    r"""
+import subprocess, sys, time
+import llama_cffi
+from llama_cffi import rpc
+"""
+    + "{EXPECT}"
+    + r"""
+def start():
+    p = subprocess.Popen([sys.executable, "-m", "llama_cffi", "rpc-server", "--port", PORT, "-t", "1"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(300):
+        try:
+            rpc.check_server(EP, timeout=1.0)
+            return p
+        except llama_cffi.RpcError:
+            time.sleep(0.05)
+    raise SystemExit("worker did not start")
+w = start()
+m = llama_cffi.Model.load(PATH, rpc_servers=[EP], n_gpu_layers=99)
+with m.context(n_ctx=32) as c:
+    c.decode([1, 2, 3])
+m2 = llama_cffi.Model.load(PATH, rpc_servers=[EP], n_gpu_layers=99)  # in use: not asked again
+m2.close()
+m.close()
+w.terminate(); w.wait(10)
+# the last model over EP is gone, and so is the worker: the next load asks first
+expect(llama_cffi.RpcError, lambda: llama_cffi.Model.load(PATH, rpc_servers=[EP], n_gpu_layers=99))
+w = start()  # back again: loads work
+with llama_cffi.Model.load(PATH, rpc_servers=[EP], n_gpu_layers=99) as m, m.context(n_ctx=32) as c:
+    c.decode([1, 2, 3])
+out.append("RELOADED")
+w.terminate(); w.wait(10)
+print(" ".join(out))
+"""
+)
+
+
+def test_a_worker_gone_between_models_is_an_error(tiny_model_path: Path) -> None:
+    """Once its last model is closed, a worker that went away is an RpcError at the next
+    load (llama.cpp would abort reconnecting), and a restarted one is used again."""
+    from tests.conftest import EXPECT
+
+    port = free_port()
+    code = (
+        RESTARTED.replace("{EXPECT}", EXPECT)
+        .replace("PATH", repr(str(tiny_model_path)))
+        .replace("PORT", repr(str(port)))
+        .replace("EP", repr(f"127.0.0.1:{port}"))
+    )
+    r = run_isolated(code, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["RpcError", "RELOADED"], r.stdout
