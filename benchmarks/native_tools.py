@@ -184,6 +184,7 @@ def build_common_cpp_tool(name: str) -> Path:
         build_dir / "src" / "libllama.a",
         build_dir / "ggml" / "src" / "libggml.a",
         build_dir / "ggml" / "src" / "libggml-cpu.a",
+        build_dir / "ggml" / "src" / "ggml-rpc" / "libggml-rpc.a",  # with GGML_RPC (libggml registers it)
         build_dir / "ggml" / "src" / "libggml-base.a",
     ]
     incs = [source / "common", source / "include", source / "ggml" / "include", source / "vendor"]
