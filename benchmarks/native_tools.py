@@ -35,19 +35,18 @@ def build_c_tool(name: str) -> Path:
     if out.is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    libs = [str(prefix / "lib" / f) for f in ("libllama.a", "libggml.a", "libggml-cpu.a", "libggml-base.a")]
-    extra = ["-lgomp"] if info["options"].get("GGML_OPENMP") == "ON" else []
+    # the static libraries in link order and the system libraries, as the extension links
+    # them (with the RPC or CUDA backends when the build has them)
+    built = json.loads((prefix / "build.json").read_text())
+    libs = [str(prefix / "lib" / f) for f in built["libs"]]
     cmd = [
         os.environ.get("CC", "cc"),
         "-O2",
         str(src),
         f"-I{prefix / 'include'}",
         *libs,
-        "-lstdc++",
-        "-lm",
-        "-lpthread",
-        "-ldl",
-        *extra,
+        *(f"-L{d}" for d in built.get("library_dirs", [])),
+        *(f"-l{lib}" for lib in built["link"]),
         "-o",
         str(out),
     ]

@@ -124,6 +124,13 @@ STEPS: tuple[Step, ...] = (
         "N branches: batched BranchStore.step / one-by-one commit vs llama-batched-bench",
     ),
     Step(
+        "rpc",
+        "bench_rpc.py",
+        ("--rounds", "3"),
+        ("--rounds", "7"),
+        "the default model split across two loopback RPC workers vs the same model local (protocol overhead)",
+    ),
+    Step(
         "perplexity",
         "bench_perplexity.py",
         ("--rounds", "3", "--tokens", "2048", "-c", "128", "--quiet-wait", "5"),
@@ -322,6 +329,34 @@ def comparisons_branches(step: Step, full: bool, d: Payload) -> list[Comparison]
     return out
 
 
+def comparisons_rpc(step: Step, full: bool, d: Payload) -> list[Comparison]:
+    label = "local (same model, same process)"
+    return [
+        comparison(
+            step,
+            full,
+            f"{what} tok/s over 2 loopback RPC workers",
+            _f(d[what]["rpc_tok_s"]),
+            _f(d[what]["local_tok_s"]),
+            "tok/s",
+            "higher",
+            native_label=label,
+        )
+        for what in ("prefill", "generation")
+    ] + [
+        comparison(
+            step,
+            full,
+            "model load over 2 loopback RPC workers (weights sent)",
+            _f(d["load_s"]["rpc"]),
+            _f(d["load_s"]["local"]),
+            "s",
+            "lower",
+            native_label=label,
+        )
+    ]
+
+
 def comparisons_perplexity(step: Step, full: bool, d: Payload) -> list[Comparison]:
     o, n = d["ours"], d["native"]
     c = d["config"]
@@ -379,6 +414,7 @@ EXTRACT: dict[str, Callable[[Step, bool, Payload], list[Comparison]]] = {
     "samplers": comparisons_samplers,
     "grammar": comparisons_grammar,
     "branches": comparisons_branches,
+    "rpc": comparisons_rpc,
     "perplexity": comparisons_perplexity,
 }
 
