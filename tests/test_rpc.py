@@ -115,6 +115,29 @@ def test_split_across_two_workers_matches_local(tiny_model_path: Path, caplog: p
         assert [d.endpoint for d, _ in rpc.add_servers(endpoints)] == endpoints
 
 
+def test_tensor_split_chooses_the_workers(tiny_model_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """tensor_split puts the offloaded layers on the workers in that proportion: [1, 0]
+    on the first only, [0, 1] on the second only; the logits stay the local ones."""
+    with llama_cffi.Model.load(tiny_model_path) as m, m.context(n_ctx=64, n_threads=1) as ctx:
+        ref = np.asarray(ctx.decode(PROMPT)).copy()
+    with workers(2) as endpoints:
+        for split, holder in (([1.0, 0.0], endpoints[0]), ([0.0, 1.0], endpoints[1])):
+            caplog.clear()
+            llama_cffi.set_verbosity("info")
+            try:
+                with caplog.at_level(logging.INFO, logger="llama_cffi"):
+                    model = llama_cffi.Model.load(
+                        tiny_model_path, rpc_servers=endpoints, n_gpu_layers=99, tensor_split=split
+                    )
+            finally:
+                llama_cffi.set_verbosity("warning")
+            buffers = [r.getMessage() for r in caplog.records if "model buffer size" in r.getMessage()]
+            with model, model.context(n_ctx=64, n_threads=1) as ctx:
+                np.testing.assert_allclose(np.asarray(ctx.decode(PROMPT)), ref, rtol=1e-4, atol=1e-4)
+            on = [ep for ep in endpoints if any(ep in line for line in buffers)]
+            assert on == [holder], buffers
+
+
 UNREACHABLE = (
     r"""
 import socket, threading
