@@ -5,6 +5,9 @@ runs them:
 
 1. ``llama_cpp_source()`` -- the pinned llama.cpp tree: ``LLAMA_CPP_DIR`` if set, else the
    ``llama-cpp-python`` sdist from PyPI (sha256-verified, cached, partly extracted).
+   Our patches (``patches/*.patch``: one, giving llama.cpp's RPC client an error path
+   instead of an abort) are applied to a cached copy of the pinned tree first
+   (``patched_source()``); the extracted tree stays pristine for the reference tools.
 2. ``native_options()`` / ``build_native()`` -- CMake, static + PIC, libs only, with
    explicit CPU instruction sets (never ``GGML_NATIVE``: it turns on AMX, which crashes
    on these machines). Cached under the user cache by (commit, options).
@@ -213,6 +216,7 @@ class Source:
     root: Path  # the llama.cpp tree (has include/llama.h)
     commit: str
     origin: str  # "sdist:<path>" or "dir:<path>"
+    patches: str = ""  # digest of the patches/*.patch applied to this tree ("" if none)
 
 
 def _extract_sdist(tarball: Path) -> Source:
@@ -273,6 +277,51 @@ def llama_cpp_source() -> Source:
             log(f"warning: LLAMA_CPP_DIR is at {commit}, llama_cffi is pinned to {PINNED_COMMIT}")
         return Source(root, commit, f"dir:{root}")
     return _extract_sdist(fetch_sdist())
+
+
+#: Our changes to llama.cpp, applied at build time to a copy of the pinned tree (the
+#: extracted tree itself stays pristine: the native reference tools build from it).
+PATCHES_DIR = HERE / "patches"
+
+
+def patched_source(source: Source) -> Source:
+    """``source`` with ``patches/*.patch`` applied (``patch -p1``), in a cached copy keyed
+    by the patches' digest. A user's checkout (``LLAMA_CPP_DIR``) that they do not apply
+    to is built as it is, with a warning; the pinned tree must take them."""
+    patches = sorted(PATCHES_DIR.glob("*.patch"))
+    if not patches:
+        return source
+    digest = hashlib.sha256(b"".join(p.name.encode() + p.read_bytes() for p in patches)).hexdigest()[:12]
+    base = "dir" if source.origin.startswith("dir:") else "pinned"
+    dest = cache_dir() / "src" / f"llama.cpp-{source.commit[:12]}-{base}-patched-{digest}"
+    marker = dest / ".llama_cffi_patched"
+    with _locked(dest.parent / f"{dest.name}.lock"):
+        if not marker.is_file() or base == "dir":
+            if dest.exists():
+                shutil.rmtree(dest)
+            tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".patch-"))
+            shutil.rmtree(tmp)
+            top = {"build", *(d.rstrip("/") for d in _SKIP_DIRS)}
+
+            def skip(folder: str, names: list[str]) -> set[str]:
+                at_top = Path(folder) == source.root
+                return {n for n in names if n == ".git" or (at_top and n in top)}
+
+            shutil.copytree(source.root, tmp, ignore=skip)
+            for p in patches:
+                cmd = ["patch", "-p1", "--forward", "--batch", "-d", str(tmp), "-i", str(p)]
+                res = subprocess.run(cmd, capture_output=True, text=True)
+                if res.returncode != 0:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    msg = f"{p.name} does not apply to {source.root}: {(res.stdout + res.stderr).strip()[-500:]}"
+                    if base == "dir":
+                        log(f"warning: {msg}; building LLAMA_CPP_DIR without our patches")
+                        return source
+                    raise BuildError(msg)
+            tmp.rename(dest)
+            marker.write_text(digest + "\n")
+            log(f"applied {len(patches)} patch(es) to a copy of llama.cpp {source.commit[:12]}: {dest}")
+    return Source(dest, source.commit, source.origin, digest)
 
 
 # --------------------------------------------------------------------------------------
@@ -393,7 +442,8 @@ def build_native(source: Source, options: dict[str, str] | None = None) -> Nativ
     """Build (or reuse from the cache) the static llama/ggml libraries."""
     options = dict(native_options() if options is None else options)
     key_src = json.dumps(
-        {"commit": source.commit, "options": options, "origin": source.origin.split(":")[0]}, sort_keys=True
+        {"commit": source.commit, "options": options, "origin": source.origin.split(":")[0], "patches": source.patches},
+        sort_keys=True,
     )
     if source.origin.startswith("dir:"):
         key_src += source.origin  # a user checkout may change under us: key by its path too
@@ -1008,7 +1058,7 @@ def check_import(so_path: Path) -> dict[str, Any]:
 
 
 def prepare() -> tuple[Any, NativeBuild, Source]:
-    source = llama_cpp_source()
+    source = patched_source(llama_cpp_source())
     native = build_native(source)
     return make_ffibuilder(native, source), native, source
 
