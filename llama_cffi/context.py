@@ -53,6 +53,7 @@ from .errors import (
     InvalidBatchError,
     KvCacheFullError,
     ParamError,
+    RpcError,
     StateError,
 )
 from .memory import Memory
@@ -176,8 +177,22 @@ class Context:
             held: contextlib.AbstractContextManager[None] = signals_held()  # RPC backends connect here
         else:
             held = contextlib.nullcontext()
+        if model._rpc_lost is not None:
+            raise RpcError(f"this model lost a worker: {model._rpc_lost}; close it and load it again")
+        seen = 0
+        if model._uses_rpc:
+            from .rpc import failed, failures
+
+            seen = failures()
         with held, log.capture() as lines:
             ptr = lib.llama_init_from_model(mptr, p.c)
+        if model._uses_rpc and failures() != seen:
+            lost = failed(model._rpc_endpoints)
+            if lost is not None:
+                model._rpc_lost = lost
+                if ptr != ffi.NULL:
+                    lib.llama_free(ptr)
+                raise RpcError(f"cannot create a context: {lost}")
         if ptr == ffi.NULL:
             reason = "; ".join(line for _, line in lines[-3:]) or "llama.cpp returned no context"
             raise ContextCreateError(f"cannot create a context: {reason}")
@@ -195,6 +210,8 @@ class Context:
         self._mrope = model.rope_type in (RopeType.MROPE, RopeType.IMROPE, RopeType.VISION)
         self._embeddings = bool(p.c.embeddings)
         self._busy = _Busy()
+        # RPC models: llama.cpp's failure count when last looked at (see _after_decode)
+        self._rpc_seen = seen if model._uses_rpc else -1
         self._guard = OutputGuard()
         self._outbuf: OutputBuffer | None = None  # llama.cpp's output buffer, leased
         # rows of logits llama.cpp's output buffer holds now (it reserves n_seq_max at
@@ -426,6 +443,8 @@ class Context:
         """Bookkeeping shared by every decode path; maps return codes to exceptions."""
         self._guard.generation += 1
         self._last_view = None
+        if self._rpc_seen >= 0:  # a model split over RPC workers: did one of them fail?
+            self._check_rpc()
         if rc in (0, 1, 2):  # llama_decode applies pending shifts before it can return these
             self._shift_pending = False
         if rc == 0:
@@ -455,6 +474,22 @@ class Context:
         if rc == -1:
             raise InvalidBatchError("llama_decode rejected the batch (see the llama_cffi log at warning level)")
         raise DecodeError(f"llama_decode failed with code {rc}")
+
+    def _check_rpc(self) -> None:
+        """Raise RpcError when a worker of this context's model has failed (now or before):
+        llama.cpp then returned zeros for what it could not compute, so the outputs and
+        the memory of this decode are not to be used, and the model is refused from now on."""
+        from .rpc import failed, failures
+
+        model = self.model
+        now = failures()
+        if model._rpc_lost is None and now != self._rpc_seen:
+            model._rpc_lost = failed(model._rpc_endpoints)
+        self._rpc_seen = now
+        if model._rpc_lost is not None:
+            self._n_outputs = 0
+            self._last_batch_size = 0
+            raise RpcError(f"{model._rpc_lost}; close this context and its model, and load the model again")
 
     def _may_grow(self, rows: int) -> bool:
         """Whether a decode with ``rows`` outputs can run as one call: False when it would make

@@ -23,6 +23,7 @@ from .enums import FType, RopeType
 from .errors import (
     InvalidModelError,
     ModelLoadCancelled,
+    RpcError,
 )
 from .model_file import check_header, check_model_file
 from .model_params import ModelParams
@@ -60,6 +61,8 @@ class Model:
 
     _handle: NativeHandle | None = None  # class default: a half-built Model can still close()
     _uses_rpc = False  # loaded with rpc_servers: contexts are created with signals held
+    _rpc_endpoints: tuple[str, ...] = ()
+    _rpc_lost: str | None = None  # why a worker of this model failed (then it is refused)
 
     def __init__(self, ptr: Any, path: str, vocab_only: bool = False) -> None:
         """Internal: use :meth:`load`. Takes ownership of ``ptr`` (a ``llama_model *``)."""
@@ -112,8 +115,18 @@ class Model:
             held: contextlib.AbstractContextManager[None] = signals_held()  # RPC threads start here
         else:
             held = contextlib.nullcontext()
+        if uses_rpc:
+            from .rpc import failed, failures
+
+            seen = failures()
         with held, log.capture() as lines:
             ptr = call(mp.c)
+        if uses_rpc and failures() != seen:
+            lost = failed(mp.rpc_endpoints)
+            if lost is not None:  # the weights did not all arrive: the model is unusable
+                if ptr != ffi.NULL:
+                    lib.llama_model_free(ptr)
+                raise RpcError(f"cannot load {path}: {lost}")
         if ptr == ffi.NULL:
             if mp.progress is not None and mp.progress.error is not None:
                 raise mp.progress.error
@@ -122,6 +135,7 @@ class Model:
             raise InvalidModelError(path, _reason(lines, "llama.cpp could not load it"))
         model = cls(ptr, path, vocab_only=bool(mp.c.vocab_only))
         model._uses_rpc = uses_rpc
+        model._rpc_endpoints = tuple(mp.rpc_endpoints)
         if uses_rpc:
             from .rpc import loaded
 

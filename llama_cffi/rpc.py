@@ -15,6 +15,11 @@ llama.cpp aborts the process on a malformed endpoint, an unreachable worker or a
 handshake. :func:`check_server` makes those a :class:`~llama_cffi.errors.RpcError` (or a
 :class:`~llama_cffi.errors.ParamError` for a malformed endpoint) first: it connects and
 performs the protocol's HELLO exchange in Python before llama.cpp is asked to.
+
+A worker that dies while a model uses it would make llama.cpp's RPC client abort too; the
+build applies ``patches/ggml-rpc-failures.patch`` so that the client marks the connection
+failed instead (:func:`failure_recovery`), and the load, context creation or decode that
+meets it raises :class:`~llama_cffi.errors.RpcError`; the model is refused afterwards.
 """
 
 from __future__ import annotations
@@ -195,6 +200,30 @@ def loaded(model: Any, endpoints: Sequence[str]) -> None:
     with _lock:
         for ep in endpoints:
             _users.setdefault(ep, weakref.WeakSet()).add(model)
+
+
+def failure_recovery() -> bool:
+    """Whether this build's RPC client survives a worker that fails (our patch to
+    llama.cpp, ``patches/ggml-rpc-failures.patch``, is applied); without it llama.cpp
+    aborts the process when a worker dies while a model uses it."""
+    return hasattr(lib, "ggml_backend_rpc_failures")
+
+
+def failures() -> int:
+    """Connection failures of llama.cpp's RPC client in this process so far (0 without
+    :func:`failure_recovery`)."""
+    return int(lib.ggml_backend_rpc_failures()) if failure_recovery() else 0
+
+
+def failed(endpoints: Sequence[str]) -> str | None:
+    """The first of ``endpoints`` whose connection failed, with llama.cpp's reason, or None."""
+    if not failure_recovery():
+        return None
+    buf = ffi.new("char[512]")
+    for ep in endpoints:
+        if lib.ggml_backend_rpc_endpoint_failed(ep.encode(), buf, len(buf)):
+            return f"the RPC worker at {ep} failed ({ffi.string(buf).decode(errors='replace')})"
+    return None
 
 
 def _is_loopback_or_private(host: str) -> bool:

@@ -354,3 +354,91 @@ def test_a_worker_gone_between_models_is_an_error(tiny_model_path: Path) -> None
     r = run_isolated(code, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["RpcError", "RELOADED"], r.stdout
+
+
+WORKER_DIES = r"""
+import os, signal, subprocess, sys, threading, time
+import numpy as np
+import llama_cffi
+from llama_cffi import rpc
+assert rpc.failure_recovery()
+def start(port):
+    p = subprocess.Popen([sys.executable, "-m", "llama_cffi", "rpc-server", "--port", str(port), "-t", "1"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(300):
+        try:
+            rpc.check_server(f"127.0.0.1:{port}", timeout=1.0)
+            return p
+        except llama_cffi.RpcError:
+            time.sleep(0.05)
+    raise SystemExit("worker did not start")
+prompt = [1] + [int(t) for t in np.random.default_rng(0).integers(3, 400, 500)]
+with llama_cffi.Model.load(PATH) as m, m.context(n_ctx=1024, n_batch=64, n_threads=1) as c:
+    ref = np.asarray(c.decode(prompt[:8])).copy()
+outcomes = []
+for k, when in enumerate(WHENS):
+    port = PORT0 + k
+    w = start(port)
+    ep = f"127.0.0.1:{port}"
+    m = llama_cffi.Model.load(PATH, rpc_servers=[ep], n_gpu_layers=99)
+    c = m.context(n_ctx=1024, n_batch=64, n_threads=1)
+    c.decode(prompt[:8])
+    if when == "between":
+        w.kill(); w.wait(10)
+    else:
+        threading.Timer(when, w.kill).start()
+    got = "no error"
+    try:
+        for _ in range(200):
+            c.memory.clear()
+            c.decode(prompt)  # 500 tokens in 64-token batches
+    except llama_cffi.RpcError:
+        got = "RpcError"
+    try:
+        c.decode(prompt[:8])
+        again = "no error"
+    except llama_cffi.RpcError:
+        again = "RpcError"
+    t = time.monotonic()
+    c.close(); m.close()
+    closed = time.monotonic() - t < 5
+    w.wait(10)
+    # a local model is untouched
+    with llama_cffi.Model.load(PATH) as lm, lm.context(n_ctx=64, n_threads=1) as lc:
+        same = bool(np.array_equal(np.asarray(lc.decode(prompt[:8])), ref))
+    outcomes.append(f"{got}/{again}/{closed}/{same}")
+print(" ".join(outcomes))
+"""
+
+
+def test_a_worker_killed_mid_generation_is_an_rpc_error(tiny_model_path: Path) -> None:
+    """A worker killed between decodes, or at several moments during a run of decodes:
+    the decode raises RpcError (the process lives), the model is refused afterwards,
+    closing it is prompt, and a local model is untouched."""
+    whens = ["between", 0.02, 0.1, 0.3]
+    code = (
+        WORKER_DIES.replace("PATH", repr(str(tiny_model_path)))
+        .replace("WHENS", repr(whens))
+        .replace("PORT0", str(_free_port_block(len(whens))))
+    )
+    r = run_isolated(code, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["RpcError/RpcError/True/True"] * len(whens), r.stdout
+
+
+def _free_port_block(n: int) -> int:
+    """A port p with p .. p+n-1 free now (a worker per case)."""
+    for _ in range(100):
+        p = free_port()
+        if p + n < 65536 and all(_port_free(p + i) for i in range(n)):
+            return p
+    raise AssertionError("no block of free ports")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
