@@ -74,16 +74,8 @@ def main() -> int:
     ]
     try:
         endpoints = [f"127.0.0.1:{p}" for p in ports]
-        for ep in endpoints:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    rpc.check_server(ep, timeout=1.0)
-                    break
-                except llama_cffi.RpcError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.1)
+        for ep, w in zip(endpoints, workers, strict=True):
+            rpc.wait_for_server(ep, 60, w)
         t0 = time.perf_counter()
         local = llama_cffi.Model.load(path)
         t1 = time.perf_counter()

@@ -31,6 +31,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -40,7 +41,16 @@ from typing import Any
 from ._binding import ffi, lib
 from .errors import ParamError, RpcError
 
-__all__ = ["RpcDevice", "add_servers", "check_server", "parse_endpoint", "serve", "supports_rpc"]
+__all__ = [
+    "RpcDevice",
+    "add_servers",
+    "check_server",
+    "failure_recovery",
+    "parse_endpoint",
+    "serve",
+    "supports_rpc",
+    "wait_for_server",
+]
 
 # ggml-rpc.cpp: RPC_CMD_HELLO is fixed at 14 for every protocol version; the request is
 # the client's connection capabilities (RPC_CONN_CAPS_SIZE = 24 bytes, zeros: none), the
@@ -97,6 +107,22 @@ def check_server(endpoint: str, timeout: float = 5.0) -> tuple[int, int, int]:
             f"{_PROTO_MAJOR}.{_PROTO_MINOR} (run a worker from the same llama_cffi version)"
         )
     return major, minor, patch
+
+
+def wait_for_server(endpoint: str, timeout: float = 30.0, process: Any = None) -> tuple[int, int, int]:
+    """:func:`check_server` until the worker answers (one just started, say); returns its
+    protocol version. Raises :class:`RpcError` after ``timeout`` seconds, or as soon as
+    ``process`` (a ``subprocess.Popen`` running the worker, if given) has exited."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return check_server(endpoint, timeout=1.0)
+        except RpcError:
+            if process is not None and process.poll() is not None:
+                raise RpcError(f"the RPC worker for {endpoint} exited with status {process.returncode}") from None
+            if time.monotonic() > deadline:
+                raise RpcError(f"the RPC worker at {endpoint} did not answer within {timeout} s") from None
+            time.sleep(0.05)
 
 
 def _recv(s: socket.socket, n: int) -> bytes:

@@ -17,7 +17,7 @@ import pytest
 
 import llama_cffi
 from llama_cffi import rpc
-from llama_cffi.errors import ParamError, RpcError
+from llama_cffi.errors import ParamError
 from tests.conftest import ROOT, run_isolated
 
 PROMPT = [1, 40, 41, 42, 43, 44]
@@ -45,16 +45,8 @@ def workers(n: int, timeout: float = 30.0) -> Iterator[list[str]]:
     ]
     endpoints = [f"127.0.0.1:{p}" for p in ports]
     try:
-        deadline = time.monotonic() + timeout
         for ep, proc in zip(endpoints, procs, strict=True):
-            while True:
-                try:
-                    rpc.check_server(ep, timeout=1.0)
-                    break
-                except RpcError:
-                    assert proc.poll() is None, f"the worker for {ep} exited with {proc.returncode}"
-                    assert time.monotonic() < deadline, f"the worker for {ep} did not start in {timeout} s"
-                    time.sleep(0.05)
+            rpc.wait_for_server(ep, timeout, proc)
         yield endpoints
     finally:
         for proc in procs:
@@ -223,14 +215,7 @@ def test_rpc_server_stops_on_ctrl_c() -> None:
         text=True,
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                rpc.check_server(f"127.0.0.1:{port}", timeout=1.0)
-                break
-            except RpcError:
-                assert time.monotonic() < deadline and proc.poll() is None
-                time.sleep(0.05)
+        rpc.wait_for_server(f"127.0.0.1:{port}", 30, proc)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(10) == 130
     finally:
@@ -312,13 +297,8 @@ from llama_cffi import rpc
 def start():
     p = subprocess.Popen([sys.executable, "-m", "llama_cffi", "rpc-server", "--port", PORT, "-t", "1"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(300):
-        try:
-            rpc.check_server(EP, timeout=1.0)
-            return p
-        except llama_cffi.RpcError:
-            time.sleep(0.05)
-    raise SystemExit("worker did not start")
+    rpc.wait_for_server(EP, 30, p)
+    return p
 w = start()
 m = llama_cffi.Model.load(PATH, rpc_servers=[EP], n_gpu_layers=99)
 with m.context(n_ctx=32) as c:
@@ -365,13 +345,8 @@ assert rpc.failure_recovery()
 def start(port):
     p = subprocess.Popen([sys.executable, "-m", "llama_cffi", "rpc-server", "--port", str(port), "-t", "1"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(300):
-        try:
-            rpc.check_server(f"127.0.0.1:{port}", timeout=1.0)
-            return p
-        except llama_cffi.RpcError:
-            time.sleep(0.05)
-    raise SystemExit("worker did not start")
+    rpc.wait_for_server(f"127.0.0.1:{port}", 30, p)
+    return p
 prompt = [1] + [int(t) for t in np.random.default_rng(0).integers(3, 400, 500)]
 with llama_cffi.Model.load(PATH) as m, m.context(n_ctx=1024, n_batch=64, n_threads=1) as c:
     ref = np.asarray(c.decode(prompt[:8])).copy()
