@@ -48,9 +48,17 @@ def rss_kib() -> int:
     raise AssertionError("no VmRSS in /proc/self/status")
 
 
+#: Prepended to every isolated child: Python's own SIGINT handler, whatever the suite was
+#: started with. A suite started under ``nohup`` or with ``&`` ignores SIGINT, a child
+#: inherits SIG_IGN, and Python keeps an inherited SIG_IGN: Ctrl-C tests would then never
+#: see their interrupt.
+DEFAULT_SIGINT = "import signal as _signal; _signal.signal(_signal.SIGINT, _signal.default_int_handler)\n"
+
+
 def run_isolated(code: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """Run ``code`` in a fresh interpreter (a spawned process, never a fork: with OpenMP a
-    forked child hangs in llama_decode). The caller asserts on returncode and output."""
+    forked child hangs in llama_decode), with Python's default SIGINT handler. The caller
+    asserts on returncode and output."""
     # GGML_NO_BACKTRACE: a failing child must not spend seconds attaching gdb
     env = dict(
         os.environ,
@@ -58,7 +66,7 @@ def run_isolated(code: str, timeout: float = 120) -> subprocess.CompletedProcess
         PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
     )
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
+        [sys.executable, "-c", DEFAULT_SIGINT + textwrap.dedent(code)],
         capture_output=True,
         text=True,
         timeout=timeout,

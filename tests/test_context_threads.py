@@ -112,6 +112,20 @@ def test_request_abort_from_another_thread(default_model: Model) -> None:
         assert np.isfinite(ctx.decode(toks[:8])).all()  # still usable
 
 
+def test_isolated_children_get_the_default_sigint_handler() -> None:
+    """A suite started with SIGINT ignored (nohup, ``&``) still gives its Ctrl-C children
+    Python's own handler: SIG_IGN is inherited across exec, and Python keeps it."""
+    import signal
+
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        r = run_isolated("import signal as s; print('DEFAULT', s.getsignal(s.SIGINT) is s.default_int_handler)")
+    finally:
+        signal.signal(signal.SIGINT, old)
+    assert r.returncode == 0, r.stderr
+    assert "DEFAULT True" in r.stdout
+
+
 @pytest.mark.default_model
 def test_ctrl_c_during_decode_is_a_clean_keyboard_interrupt(default_model_path: object) -> None:
     """SIGINT during a long decode raises KeyboardInterrupt from decode; the context stays usable."""

@@ -18,7 +18,7 @@ import pytest
 import llama_cffi
 from llama_cffi import rpc
 from llama_cffi.errors import ParamError
-from tests.conftest import ROOT, run_isolated
+from tests.conftest import DEFAULT_SIGINT, ROOT, run_isolated
 
 PROMPT = [1, 40, 41, 42, 43, 44]
 
@@ -207,8 +207,11 @@ def test_rpc_server_stops_on_ctrl_c() -> None:
     import signal
 
     port = free_port()
+    # the CLI keeps the SIGINT disposition it inherits (ignored under nohup or &, as a
+    # background job should): give it Python's default, as a terminal would
+    cli = DEFAULT_SIGINT + "import runpy; runpy.run_module('llama_cffi', run_name='__main__')"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "llama_cffi", "rpc-server", "--port", str(port), "-t", "1"],
+        [sys.executable, "-c", cli, "rpc-server", "--port", str(port), "-t", "1"],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
