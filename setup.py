@@ -2,6 +2,7 @@
 
 import os
 import sys
+from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -23,22 +24,27 @@ _EXT_FIELDS = (
     "language",
 )
 
+#: The oldest CPython the limited-API extension is built for: one wheel serves 3.10 and later.
+LIMITED_API = "cp310"
+
 
 class BuildLlama(build_ext):
-    """Build the native libraries (cached), generate the API-mode extension, import it."""
+    """Build the native libraries (cached), generate the API-mode extension, put the
+    libraries beside it (``llama_cffi/_libs``) and import it once to check the result."""
 
     def finalize_options(self) -> None:
         # Runs before build_ext's own finalize_options, which annotates the extensions.
         import build_ffi
 
         try:
-            ffi, _native, _source = build_ffi.prepare()
+            ffi, self._native, _source = build_ffi.prepare()
         except build_ffi.BuildError as exc:
             raise SystemExit(f"llama_cffi: {exc}") from None
         # cffi writes the C source and returns a *distutils* Extension; setuptools wants
         # its own class, with the same fields.
         dext = ffi.distutils_extension(tmpdir=os.path.join(HERE, "build", "cffi"))
-        ext = Extension(dext.name, list(dext.sources), **{f: getattr(dext, f) for f in _EXT_FIELDS})
+        fields = {f: getattr(dext, f) for f in _EXT_FIELDS}
+        ext = Extension(dext.name, list(dext.sources), py_limited_api=True, **fields)
         self.distribution.ext_modules = [ext]
         super().finalize_options()
         self.extensions = [ext]
@@ -50,11 +56,14 @@ class BuildLlama(build_ext):
         built = self.get_ext_fullpath("llama_cffi._llama")
         if self.inplace:
             built = os.path.join(HERE, "llama_cffi", os.path.basename(built))
-        info = build_ffi.check_import(built)
-        build_ffi.log(f"extension ok: {os.path.basename(built)}; {info['system']}")
+        build_ffi.fix_extension_rpath(Path(built))
+        written = build_ffi.install_native(self._native, Path(built).parent)
+        info = build_ffi.check_import(Path(built))
+        build_ffi.log(f"extension ok: {os.path.basename(built)} with {len(written)} native files; {info['system']}")
 
 
 setup(
-    ext_modules=[Extension("llama_cffi._llama", sources=[])],  # replaced in BuildLlama
+    ext_modules=[Extension("llama_cffi._llama", sources=[], py_limited_api=True)],  # replaced in BuildLlama
     cmdclass={"build_ext": BuildLlama},
+    options={"bdist_wheel": {"py_limited_api": LIMITED_API}},
 )

@@ -1,5 +1,20 @@
-"""Build the native reference programs of the benchmarks against llama_cffi's own cached
-llama.cpp build (same commit, same flags), so every comparison is like for like."""
+"""Build the native reference programs of the benchmarks and tests from the same llama.cpp
+commit as the installed llama_cffi, so every comparison is like for like.
+
+Two kinds:
+
+* our small C programs (``native/*.c``) link llama_cffi's *own* libraries (the package's
+  ``_libs``) and load the CPU variant this process loaded: they differ from llama_cffi
+  only by having no Python in the loop;
+* llama.cpp's own tools (``llama-perplexity``, ``llama-bench``, ...) and programs over its
+  ``common`` library are built by CMake from the pinned source, statically, with the
+  instruction sets of the CPU variant llama_cffi loaded here (so their kernels are the
+  ones llama_cffi runs) and its other options. Their build is cached under llama_cffi's
+  build cache, keyed by (commit, options).
+
+Nothing here needs the package's build tree: an installed wheel is enough (the pinned
+source comes from ``build_ffi``'s cache, downloaded once, or from ``LLAMA_CPP_DIR``).
+"""
 
 from __future__ import annotations
 
@@ -17,45 +32,31 @@ from types import ModuleType
 from typing import Any
 
 import llama_cffi
+from llama_cffi import backends
 
 HERE = Path(__file__).resolve().parent
 
-
-def native_prefix() -> Path:
-    return Path(llama_cffi.build_info()["native_prefix"])
-
-
-def build_c_tool(name: str) -> Path:
-    """Compile ``native/<name>.c`` against the cached static libraries (cached by source hash)."""
-    info = llama_cffi.build_info()
-    prefix = native_prefix()
-    src = HERE / "native" / f"{name}.c"
-    key = hashlib.sha256(src.read_bytes() + info["commit"].encode()).hexdigest()[:12]
-    out = prefix / "tools" / f"{name}-{key}"
-    if out.is_file():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # the static libraries in link order and the system libraries, as the extension links
-    # them (with the RPC or CUDA backends when the build has them)
-    built = json.loads((prefix / "build.json").read_text())
-    libs = [str(prefix / "lib" / f) for f in built["libs"]]
-    cmd = [
-        os.environ.get("CC", "cc"),
-        "-O2",
-        str(src),
-        f"-I{prefix / 'include'}",
-        *libs,
-        *(f"-L{d}" for d in built.get("library_dirs", [])),
-        *(f"-l{lib}" for lib in built["link"]),
-        "-o",
-        str(out),
-    ]
-    subprocess.run(cmd, check=True)
-    return out
+#: ggml's x86 instruction-set options (the list ggml_add_cpu_backend_variant switches).
+X86_FEATURES = (
+    "SSE42",
+    "AVX",
+    "AVX2",
+    "BMI2",
+    "AVX_VNNI",
+    "FMA",
+    "F16C",
+    "AVX512",
+    "AVX512_VBMI",
+    "AVX512_VNNI",
+    "AVX512_BF16",
+    "AMX_TILE",
+    "AMX_INT8",
+    "AMX_BF16",
+)
 
 
 def _build_ffi() -> ModuleType:
-    """The repository's ``build_ffi`` module (its source, cache and build helpers)."""
+    """The source tree's ``build_ffi`` module (its source, cache and build helpers)."""
     mod = sys.modules.get("build_ffi")
     if mod is None:
         spec = importlib.util.spec_from_file_location("build_ffi", HERE.parent / "build_ffi.py")
@@ -67,33 +68,114 @@ def _build_ffi() -> ModuleType:
     return mod
 
 
-def llama_cpp_source_dir() -> Path:
-    """The llama.cpp tree llama_cffi was built from: the cached extract of the pinned sdist
-    (extracted again if the cache was cleared), or the user's ``LLAMA_CPP_DIR`` checkout."""
-    origin = str(llama_cffi.build_info()["origin"])
-    kind, _, where = origin.partition(":")
-    if kind == "dir":
-        return Path(where)
-    root: Path = _build_ffi()._extract_sdist(Path(where)).root  # a no-op once extracted
+def tools_root() -> Path:
+    """Where the reference programs are built and cached (llama_cffi's build cache)."""
+    return Path(_build_ffi().cache_dir()) / "native"
+
+
+def _libs_dir() -> Path:
+    return Path(llama_cffi.__file__).resolve().parent / "_libs"
+
+
+def build_c_tool(name: str) -> Path:
+    """Compile ``native/<name>.c`` against the installed package's headers and libraries,
+    loading the CPU variant this process loaded (cached by source, commit and paths)."""
+    info = llama_cffi.build_info()
+    src = HERE / "native" / f"{name}.c"
+    cpu_lib = _libs_dir() / backends.choice().cpu.file
+    key = hashlib.sha256(src.read_bytes() + info["commit"].encode() + str(cpu_lib).encode()).hexdigest()[:12]
+    out = tools_root() / "tools-c" / f"{name}-{key}"
+    if out.is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    libs = _libs_dir()
+    linked = sorted(p.name for p in libs.glob("libllama_cffi_*"))
+    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
+    cmd = [
+        os.environ.get("CC", "cc"),
+        "-O2",
+        str(src),
+        f"-I{llama_cffi.get_include()}",
+        f'-DLLAMA_CFFI_CPU_LIB="{cpu_lib}"',
+        *(str(libs / f) for f in linked),
+        f"-Wl,-rpath,{libs}",
+        "-o",
+        str(tmp),
+    ]
+    subprocess.run(cmd, check=True)
+    tmp.replace(out)
+    return out
+
+
+def llama_cpp_source_dir(patched: bool = False) -> Path:
+    """The pinned llama.cpp tree: ``LLAMA_CPP_DIR`` if set (a build from a user checkout
+    needs it set again), else the pinned sdist's extract in the cache (downloaded and
+    extracted again if the cache was cleared). ``patched``: with llama_cffi's patches
+    applied (a cached copy); the reference tools use the stock tree unless they need one."""
+    bf = _build_ffi()
+    if llama_cffi.build_info()["origin"] == "dir" and not os.environ.get("LLAMA_CPP_DIR"):
+        raise RuntimeError("llama_cffi was built from a LLAMA_CPP_DIR checkout: set LLAMA_CPP_DIR to it again")
+    source = bf.llama_cpp_source()
+    root: Path = (bf.patched_source(source) if patched else source).root
     return root
+
+
+def tool_options(info: dict[str, Any] | None = None) -> dict[str, str]:
+    """CMake options for llama.cpp's tools: llama_cffi's options, static, with the
+    instruction sets of the CPU variant this process loaded, and the tools on."""
+    info = info or llama_cffi.build_info()
+    built: dict[str, str] = dict(info["options"])
+    opts = {
+        k: v
+        for k, v in built.items()
+        if k not in ("BUILD_SHARED_LIBS", "GGML_BACKEND_DL", "GGML_CPU_ALL_VARIANTS", "GGML_NATIVE")
+        and not k.startswith(tuple(f"GGML_{f}" for f in X86_FEATURES))
+    }
+    opts.update(BUILD_SHARED_LIBS="OFF", GGML_BACKEND_DL="OFF", GGML_CPU_ALL_VARIANTS="OFF")
+    opts.update(CMAKE_POSITION_INDEPENDENT_CODE="ON", LLAMA_BUILD_COMMON="ON", LLAMA_BUILD_TOOLS="ON")
+    if built.get("GGML_CPU_ALL_VARIANTS") == "ON":
+        feats = set(info["cpu_variant"]["features"])
+        opts["GGML_NATIVE"] = "OFF"
+        if feats <= set(X86_FEATURES):  # an x86 variant (other architectures: the baseline)
+            for f in X86_FEATURES:
+                opts[f"GGML_{f}"] = "ON" if f in feats else "OFF"
+    else:  # a one-library build: its own instruction-set options
+        opts["GGML_NATIVE"] = built.get("GGML_NATIVE", "OFF")
+        opts.update({k: v for k, v in built.items() if k.startswith(tuple(f"GGML_{f}" for f in X86_FEATURES))})
+    return opts
 
 
 def _tools_dir(info: dict[str, Any]) -> tuple[Path, dict[str, str]]:
     """The tools' build root (keyed by commit and options) and their CMake options."""
-    options = dict(info["options"], LLAMA_BUILD_COMMON="ON", LLAMA_BUILD_TOOLS="ON")
+    options = tool_options(info)
     key = hashlib.sha256(json.dumps({"commit": info["commit"], "options": options}, sort_keys=True).encode())
-    return native_prefix().parent / f"tools-{str(info['commit'])[:12]}-{key.hexdigest()[:16]}", options
+    return tools_root() / f"tools-{str(info['commit'])[:12]}-{key.hexdigest()[:16]}", options
+
+
+def _configure(root: Path, build_dir: Path, options: dict[str, str], commit: str, logfile: Path) -> None:
+    bf = _build_ffi()
+    cmake = shutil.which("cmake")
+    if not cmake:
+        raise RuntimeError("cmake was not found on PATH")
+    if (build_dir / "CMakeCache.txt").is_file():
+        return
+    # AMX kernels need our tile-configuration patch (see patches/): only then the patched tree
+    source = llama_cpp_source_dir(patched=options.get("GGML_AMX_INT8") == "ON")
+    root.mkdir(parents=True, exist_ok=True)
+    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+    defs = [f"-D{k}={v}" for k, v in sorted(options.items())]
+    defs += [f"-DLLAMA_BUILD_COMMIT={commit[:7]}", "-DLLAMA_BUILD_NUMBER=0"]
+    bf._stream([cmake, "-S", str(source), "-B", str(build_dir), *gen, *defs], logfile)
 
 
 def build_llama_tool(target: str) -> Path:
-    """Build one of llama.cpp's own programs (``llama-perplexity``, ...) from the source and
-    with the CMake options llama_cffi was built with (``llama_cffi.build_info()``), plus
-    ``LLAMA_BUILD_COMMON=ON`` and ``LLAMA_BUILD_TOOLS=ON``, and return the binary's path.
+    """Build one of llama.cpp's own programs (``llama-perplexity``, ...) from the pinned
+    source with :func:`tool_options` and return the binary's path.
 
-    The build directory is kept, under the native cache next to llama_cffi's own build,
-    keyed by (commit, options): the first build takes minutes (it compiles llama.cpp
-    again, with the tools), later calls return at once and other targets build
-    incrementally. A file lock serialises concurrent callers; progress goes to stderr.
+    The build directory is kept, under llama_cffi's build cache, keyed by (commit,
+    options): the first build takes minutes (it compiles llama.cpp again, with the
+    tools), later calls return at once and other targets build incrementally. A file
+    lock serialises concurrent callers; progress goes to stderr.
     """
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", target):
         raise ValueError(f"not a CMake target name: {target!r}")
@@ -106,25 +188,17 @@ def build_llama_tool(target: str) -> Path:
     done = root / f"{target}.built"  # written after a successful build: the binary is complete
     if done.is_file() and binary.is_file():
         return binary
+    root.mkdir(parents=True, exist_ok=True)
     with bf._locked(root.parent / f"{root.name}.lock"):
         if done.is_file() and binary.is_file():
             return binary
-        cmake = shutil.which("cmake")
-        if not cmake:
-            raise RuntimeError("cmake was not found on PATH")
-        source = llama_cpp_source_dir()
-        root.mkdir(parents=True, exist_ok=True)
         logfile = root / f"{target}.log"
         logfile.write_text("")
         t0 = time.monotonic()
-        bf.log(f"building llama.cpp's {target} (same source and options as llama_cffi); log: {logfile}")
-        if not (build_dir / "CMakeCache.txt").is_file():
-            gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-            defs = [f"-D{k}={v}" for k, v in sorted(options.items())]
-            defs += [f"-DLLAMA_BUILD_COMMIT={commit[:7]}", "-DLLAMA_BUILD_NUMBER=0"]
-            bf._stream([cmake, "-S", str(source), "-B", str(build_dir), *gen, *defs], logfile)
+        bf.log(f"building llama.cpp's {target} (same source and kernels as llama_cffi); log: {logfile}")
+        _configure(root, build_dir, options, commit, logfile)
         jobs = os.environ.get("LLAMA_CFFI_JOBS") or str(os.cpu_count() or 2)
-        bf._stream([cmake, "--build", str(build_dir), "--target", target, "-j", jobs], logfile)
+        bf._stream([str(shutil.which("cmake")), "--build", str(build_dir), "--target", target, "-j", jobs], logfile)
         if not binary.is_file():
             raise RuntimeError(f"the build did not produce {binary} (see {logfile})")
         seconds = time.monotonic() - t0
@@ -149,34 +223,29 @@ def build_common_cpp_tool(name: str) -> Path:
     The ``llama-common`` CMake target is brought up to date first (incremental: a no-op
     when a tool such as ``llama-perplexity`` was built; the whole of llama.cpp the first
     time), then the program is compiled with ``c++ -O1 -std=c++17`` and cached, like
-    :func:`build_c_tool`, under the native prefix keyed by its source and the commit.
+    :func:`build_c_tool`, keyed by its source and the tools' build.
     """
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise ValueError(f"not a tool name: {name!r}")
     info = llama_cffi.build_info()
     src = HERE / "native" / f"{name}.cpp"
-    key = hashlib.sha256(src.read_bytes() + str(info["commit"]).encode()).hexdigest()[:12]
-    out = native_prefix() / "tools" / f"{name}-{key}"
+    root, options = _tools_dir(info)
+    key = hashlib.sha256(src.read_bytes() + str(info["commit"]).encode() + root.name.encode()).hexdigest()[:12]
+    out = tools_root() / "tools-c" / f"{name}-{key}"
     if out.is_file():
         return out
     bf = _build_ffi()
-    root, options = _tools_dir(info)
     build_dir = root / "build"
+    root.mkdir(parents=True, exist_ok=True)
     with bf._locked(root.parent / f"{root.name}.lock"):
-        cmake = shutil.which("cmake")
-        if not cmake:
-            raise RuntimeError("cmake was not found on PATH")
-        source = llama_cpp_source_dir()
-        root.mkdir(parents=True, exist_ok=True)
         logfile = root / "llama-common.log"
         logfile.write_text("")
-        if not (build_dir / "CMakeCache.txt").is_file():
-            gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-            defs = [f"-D{k}={v}" for k, v in sorted(options.items())]
-            defs += [f"-DLLAMA_BUILD_COMMIT={str(info['commit'])[:7]}", "-DLLAMA_BUILD_NUMBER=0"]
-            bf._stream([cmake, "-S", str(source), "-B", str(build_dir), *gen, *defs], logfile)
+        _configure(root, build_dir, options, str(info["commit"]), logfile)
         jobs = os.environ.get("LLAMA_CFFI_JOBS") or str(os.cpu_count() or 2)
-        bf._stream([cmake, "--build", str(build_dir), "--target", "llama-common", "-j", jobs], logfile)
+        bf._stream(
+            [str(shutil.which("cmake")), "--build", str(build_dir), "--target", "llama-common", "-j", jobs], logfile
+        )
+    source = llama_cpp_source_dir(patched=options.get("GGML_AMX_INT8") == "ON")
     libs = [
         build_dir / "common" / "libllama-common.a",
         build_dir / "common" / "libllama-common-base.a",

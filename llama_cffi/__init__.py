@@ -8,8 +8,10 @@ layer (every llama.h function, checked by the compiler against the pinned header
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from . import backends
 from ._binding import BUILD_INFO, ffi, lib
 from ._version import LLAMA_CPP_COMMIT, __version__
 from .batch import Batch
@@ -113,12 +115,14 @@ __all__ = [
     "Vocab",
     "VocabType",
     "__version__",
+    "backends",
     "build_info",
     "builtin_templates",
     "context_default_params",
     "default_model_path",
     "devices",
     "ffi",
+    "get_include",
     "lib",
     "model_default_params",
     "set_verbosity",
@@ -131,8 +135,16 @@ __all__ = [
 
 
 def build_info() -> dict[str, Any]:
-    """How the extension was built: llama.cpp commit, CMake options, source, ABI."""
-    return dict(BUILD_INFO)
+    """How the extension was built (llama.cpp commit, CMake options, source, patches,
+    compiler, binding ABI, the CPU variants shipped) and, under ``"cpu_variant"``, which
+    CPU backend library this process loaded and why (see :mod:`llama_cffi.backends`)."""
+    return dict(BUILD_INFO, cpu_variant=backends.choice().as_dict())
+
+
+def get_include() -> str:
+    """The folder of the pinned ``llama.h`` and ggml headers this build was compiled
+    against (shipped in the package), for C code that uses the same API."""
+    return str(Path(__file__).resolve().parent / "include")
 
 
 def system_info() -> str:

@@ -37,8 +37,10 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
 
 
 def _suite_path() -> Path:
-    """``benchmarks/suite.py`` of the source tree this package was installed from."""
-    return Path(__file__).resolve().parent.parent / "benchmarks" / "suite.py"
+    """``benchmarks/suite.py`` of the source tree this package was built in place in, else
+    of the current directory (a clone, with the wheel installed)."""
+    beside = Path(__file__).resolve().parent.parent / "benchmarks" / "suite.py"
+    return beside if beside.is_file() else Path.cwd() / "benchmarks" / "suite.py"
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -46,8 +48,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     suite = _suite_path()
     if not suite.is_file():
         raise OSError(
-            f"the benchmark suite ships with the source tree, not the wheel ({suite} is missing): "
-            "run it from a clone with an editable install"
+            "the benchmark suite ships with the source tree, not the wheel (no benchmarks/suite.py "
+            "beside the package or in the current directory): run it from a clone"
         )
     return subprocess.call([sys.executable, str(suite), *args.suite_args], cwd=suite.parent.parent)
 

@@ -1,13 +1,16 @@
 """The raw layer: the compiled ``_llama`` module (``ffi``, ``lib``), checked and initialised.
 
-This module owns three process-wide facts:
+This module owns four process-wide facts:
 
 * the extension is the one this source tree expects (a build stamp compiled into it
   is compared with :mod:`llama_cffi._version`; a stale build raises ``ImportError``);
-* ``llama_backend_init`` has been called exactly once (at import, under the import
-  lock, so it is thread-safe);
-* llama.cpp's log goes to :mod:`llama_cffi.log` (installed here, silenced at exit so
-  no C thread calls into a finalising interpreter).
+* llama.cpp's log goes to :mod:`llama_cffi.log` (installed here, first, so loading the
+  backends logs nothing to stderr; silenced at exit so no C thread calls into a
+  finalising interpreter);
+* the package's backend libraries are loaded, the CPU variant chosen for this machine
+  (:mod:`llama_cffi.backends`), before anything else can ask llama.cpp for a device;
+* ``llama_backend_init`` has been called exactly once, right after (at import, under
+  the import lock, so it is thread-safe).
 
 Everything else in the package imports ``ffi`` and ``lib`` from here, never from
 ``_llama`` directly. The raw layer is private: its API is llama.h itself.
@@ -66,11 +69,13 @@ if BUILD_INFO.get("commit") != LLAMA_CPP_COMMIT:
         LLAMA_CPP_COMMIT,
     )
 
-lib.llama_backend_init()
-
 from . import log as _log  # noqa: E402  (needs ffi/lib above)
 
 _log.install()
+
+# Loads the backend libraries and calls llama_backend_init (at the end of its own body,
+# whichever of the two modules is imported first).
+from . import backends as _backends  # noqa: E402, F401  (needs ffi/lib/BUILD_INFO above)
 
 
 @atexit.register

@@ -15,6 +15,18 @@ from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# tests/run_installed.py runs the suite from a copy of the tests outside the source tree,
+# against a fresh venv: make sure that is what gets imported (not a tree on sys.path).
+_INSTALLED = os.environ.get("LLAMA_CFFI_EXPECT_INSTALLED")
+if _INSTALLED:
+    import llama_cffi
+    import samplers
+
+    for _mod in (llama_cffi, samplers):
+        _where = Path(str(_mod.__file__)).resolve()
+        if Path(_INSTALLED).resolve() not in _where.parents:
+            raise pytest.UsageError(f"{_mod.__name__} was imported from {_where}, not from the venv {_INSTALLED}")
+
 # Hypothesis budget: LLAMA_CFFI_HYPOTHESIS=ci (default) or =long for a deeper run. Under
 # CI=true the examples are derandomized (the same 60 every run, so main's CI result is
 # reproducible); everywhere else each run explores new ones, and =long explores 2000.
@@ -55,23 +67,31 @@ def rss_kib() -> int:
 DEFAULT_SIGINT = "import signal as _signal; _signal.signal(_signal.SIGINT, _signal.default_int_handler)\n"
 
 
-def run_isolated(code: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run_isolated(
+    code: str, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run ``code`` in a fresh interpreter (a spawned process, never a fork: with OpenMP a
     forked child hangs in llama_decode), with Python's default SIGINT handler. The caller
-    asserts on returncode and output."""
+    asserts on returncode and output. ``env``: variables to set (or, with value "", unset)
+    for the child."""
     # GGML_NO_BACKTRACE: a failing child must not spend seconds attaching gdb
-    env = dict(
+    child_env = dict(
         os.environ,
         GGML_NO_BACKTRACE="1",
         PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
     )
+    for k, v in (env or {}).items():
+        if v:
+            child_env[k] = v
+        else:
+            child_env.pop(k, None)
     return subprocess.run(
         [sys.executable, "-c", DEFAULT_SIGINT + textwrap.dedent(code)],
         capture_output=True,
         text=True,
         timeout=timeout,
         cwd=ROOT,
-        env=env,
+        env=child_env,
     )
 
 

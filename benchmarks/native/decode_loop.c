@@ -1,7 +1,9 @@
 /* Native reference for benchmarks/decode_overhead.py: the same single-token decode loop
  * as llama_cffi's Context.decode_single + logits(), written directly against llama.h.
+ * It links llama_cffi's own libraries and loads the CPU variant llama_cffi chose.
  * usage: decode_loop MODEL N_STEPS N_THREADS  -> prints one line: median_us mean_us */
 #include "llama.h"
+#include "ggml-backend.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -24,6 +26,10 @@ static int cmp(const void *a, const void *b) {
 int main(int argc, char **argv) {
     if (argc != 4) { fprintf(stderr, "usage: %s MODEL N_STEPS N_THREADS\n", argv[0]); return 2; }
     int n_steps = atoi(argv[2]), n_threads = atoi(argv[3]);
+#ifdef LLAMA_CFFI_CPU_LIB
+    /* the CPU backend library llama_cffi loads in the process that built this tool */
+    if (!ggml_backend_load(LLAMA_CFFI_CPU_LIB)) { fprintf(stderr, "cannot load %s\n", LLAMA_CFFI_CPU_LIB); return 1; }
+#endif
     llama_backend_init();
     llama_log_set(quiet, NULL);  /* NULL would restore the default stderr logger */
     struct llama_model_params mp = llama_model_default_params();

@@ -1,0 +1,157 @@
+"""The installed package is complete and relocatable: every module of the source tree
+imports from it, its native libraries, headers and licence are inside it, its commands and
+plugins are registered, and nothing in it points at the machine that built it.
+
+``tests/run_installed.py`` runs these (with the whole suite) from outside the source tree
+against a fresh venv with the wheel, and against one with the sdist; ``LLAMA_CFFI_SOURCE_TREE``
+names the tree whose modules must all be there. In a development checkout they check the
+in-place build the same way."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import llama_cffi
+import samplers
+from tests.conftest import ROOT
+
+SOURCE = Path(os.environ.get("LLAMA_CFFI_SOURCE_TREE", str(ROOT))).resolve()
+PACKAGE = Path(llama_cffi.__file__).resolve().parent
+LIBS = PACKAGE / "_libs"
+
+
+def source_modules() -> list[str]:
+    """Every module and package under llama_cffi/ and samplers/ of the source tree."""
+    names = []
+    for top in ("llama_cffi", "samplers"):
+        for path in sorted((SOURCE / top).rglob("*.py")):
+            parts = list(path.relative_to(SOURCE).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            names.append(".".join(parts))
+    return names
+
+
+def test_source_tree_has_the_packages() -> None:
+    """The source tree the check compares against is a real one (not an empty folder)."""
+    mods = source_modules()
+    assert "llama_cffi.model" in mods and "samplers.grammar.json_schema" in mods, SOURCE
+
+
+def test_every_source_module_imports_from_the_installed_package() -> None:
+    """Each module of the source tree (subpackages such as samplers.grammar included)
+    imports, and from the package under test, not from some other copy."""
+    site = PACKAGE.parent
+    missing, elsewhere = [], []
+    for name in source_modules():
+        try:
+            mod = importlib.import_module(name)
+        except ImportError as exc:
+            missing.append(f"{name}: {exc}")
+            continue
+        where = Path(str(mod.__file__)).resolve()
+        if site not in where.parents:
+            elsewhere.append(f"{name}: {where}")
+    assert missing == [] and elsewhere == []
+
+
+def test_packages_are_typed() -> None:
+    """Both packages ship their py.typed marker."""
+    assert (PACKAGE / "py.typed").is_file()
+    assert (Path(samplers.__file__).parent / "py.typed").is_file()
+
+
+def test_native_libraries_headers_and_licence_are_inside() -> None:
+    """_libs holds the renamed core libraries, one CPU library per variant the build stamp
+    lists, and llama.cpp's licence; include/ holds the pinned llama.h."""
+    info = llama_cffi.build_info()
+    files = {p.name for p in LIBS.iterdir()}
+    assert {"libllama_cffi_llama.so", "libllama_cffi_ggml.so", "libllama_cffi_ggml-base.so"} <= files
+    if info["options"]["GGML_RPC"] == "ON":
+        assert "libllama_cffi_ggml-rpc.so" in files
+    cpu = {f for f in files if f.startswith("libggml-cpu")}
+    assert cpu == {f"libggml-cpu-{v}.so" if v else "libggml-cpu.so" for v in info["cpu_variants"]}
+    assert "LICENSE.llama.cpp" in files
+    assert "LLAMA_API" in (Path(llama_cffi.get_include()) / "llama.h").read_text()
+
+
+def test_build_stamp_names_no_path_of_the_build_machine() -> None:
+    """build_info() is the same wherever the wheel is installed: no absolute paths."""
+    info = llama_cffi.build_info()
+    text = json.dumps(info)
+    assert not re.search(r'"/|[A-Za-z]:\\\\', text), text
+    assert info["origin"].startswith("sdist:") or info["origin"] == "dir"
+
+
+def _dynamic_section(path: Path) -> str:
+    return subprocess.run(["readelf", "-d", str(path)], capture_output=True, text=True, check=True).stdout
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ELF dynamic sections are Linux's")
+def test_search_paths_stay_inside_the_package() -> None:
+    """Every RUNPATH/RPATH of the extension and of its libraries is relative to the file
+    itself ($ORIGIN), and every library they need is a system one or one of the package's."""
+    assert shutil.which("readelf"), "readelf (binutils) is needed"
+    ext = next(PACKAGE.glob("_llama*.so"))
+    ours = {p.name for p in LIBS.glob("*.so")}
+    for path in [ext, *sorted(LIBS.glob("*.so"))]:
+        dyn = _dynamic_section(path)
+        for rp in re.findall(r"\((?:RUNPATH|RPATH)\)\s+Library r(?:un)?path: \[(.*)\]", dyn):
+            assert all(p.startswith("$ORIGIN") for p in rp.split(":")), f"{path.name}: {rp}"
+        for needed in re.findall(r"\(NEEDED\)\s+Shared library: \[(.*)\]", dyn):
+            if "llama" in needed or "ggml" in needed:
+                assert needed in ours, f"{path.name} needs {needed}, which the package lacks"
+
+
+def test_binaries_hold_no_build_paths() -> None:
+    """No library of the package embeds the build cache or the source tree's path (source
+    file names are mapped to ``llama.cpp/...``, so assertion messages stay readable)."""
+    cache = os.environ.get("LLAMA_CFFI_CACHE_DIR") or str(Path.home() / ".cache" / "llama_cffi")
+    needles = [cache.encode(), str(SOURCE).encode()]
+    hits = [
+        f"{p.name}: {n.decode()}"
+        for p in [*PACKAGE.glob("_llama*.so"), *LIBS.glob("*.so")]
+        for n in needles
+        if n in p.read_bytes()
+    ]
+    assert hits == []
+
+
+def test_cli_has_every_command() -> None:
+    """The installed console script lists the built-in commands and the samplers plugins."""
+    script = Path(sys.executable).parent / "llama-cffi"
+    assert script.is_file(), script
+    out = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120, cwd=PACKAGE.parent)
+    assert out.returncode == 0, out.stderr
+    for cmd in ("info", "tokenize", "rpc-server", "generate", "demo", "perplexity"):
+        assert cmd in out.stdout, (cmd, out.stdout)
+
+
+def test_entry_points_are_registered() -> None:
+    """The pytest plugin and the samplers commands are registered by the distribution."""
+    eps = importlib.metadata.entry_points()
+    assert "llama_cffi" in {e.name for e in eps.select(group="pytest11")}
+    assert {"generate", "demo", "perplexity"} <= {e.name for e in eps.select(group="llama_cffi.commands")}
+
+
+def test_grammar_features_work_from_the_installed_package(tiny_model: llama_cffi.Model) -> None:
+    """samplers.grammar (the subpackage a hand-kept package list once dropped) compiles a
+    JSON schema and constrains a real vocabulary."""
+    from samplers.grammar import Grammar
+
+    g = Grammar.from_json_schema({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
+    assert g.accepts('{"a": 12}') and not g.accepts('{"a": "x"}')
+    m = g.matcher(tiny_model)
+    allowed = m.allowed_tokens().nonzero()[0]
+    assert 0 < len(allowed) < tiny_model.n_vocab
+    assert all(tiny_model.detokenize([int(t)]).lstrip().startswith("{") for t in allowed[:20])
