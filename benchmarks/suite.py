@@ -563,7 +563,11 @@ def markdown(report: dict[str, Any]) -> str:
     env = report["environment"]
     info = env["build_info"]
     opts = info.get("options", {})
-    isa = ", ".join(k.removeprefix("GGML_") for k in sorted(opts) if k.startswith("GGML_AVX") and opts[k] == "ON")
+    variant = info.get("cpu_variant")
+    if variant:  # a build with CPU variants: the one loaded, with its instruction sets
+        isa = f"CPU variant {variant['name']} ({' '.join(variant['features']) or 'baseline'})"
+    else:
+        isa = ", ".join(k.removeprefix("GGML_") for k in sorted(opts) if k.startswith("GGML_AVX") and opts[k] == "ON")
     lines = [
         f"# Benchmarks {report['date']} on {report['machine']}",
         "",
@@ -574,7 +578,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"- **Build**: llama_cffi {env['llama_cffi']} (git {env['git_commit'][:10]}"
         f"{', ' + str(env['git_dirty_files']) + ' files changed' if env['git_dirty_files'] else ''}); "
         f"llama.cpp {env['llama_cpp_commit'][:10]}, {opts.get('CMAKE_BUILD_TYPE', '?')}, {isa or 'no AVX'}, "
-        f"OpenMP {opts.get('GGML_OPENMP', '?')}; native tools built from the same source and options",
+        f"OpenMP {opts.get('GGML_OPENMP', '?')}; native tools built from the same source, options and instruction sets",
         f"- **Python** {env['python']}, numpy {env['numpy']}; model `{Path(str(env['model'])).name}`, 2 threads",
         f"- **Mode**: {report['mode']} (`{report['command']}`), total wall time {report['wall_s'] / 60:.1f} min",
         "",

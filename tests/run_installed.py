@@ -12,8 +12,10 @@ Steps (each timed; the summary at the end has the numbers the closing notes quot
    ``pyproject.toml`` for pytest's settings) is copied to a folder outside the clone
    *without* the ``llama_cffi`` and ``samplers`` sources, and pytest runs there: only the
    installed package can be imported (``tests/conftest.py`` also checks where it came from).
-5. With ``--sdist-venv`` (CI), the sdist is also ``pip install``-ed into a second fresh
-   venv and the installed-package tests run against it.
+5. The sdist is also ``pip install``-ed into a second fresh venv and the installed-package
+   tests run against it; so does the wheel, once more, under every other CPython 3.10+
+   found (``python3.X`` on PATH or in pyenv's versions): the extension uses the limited
+   API, so one wheel must serve them all. ``--quick`` leaves both out.
 
 Only the standard library is used here; the build tools go into their own venv. Extra
 arguments after ``--`` go to pytest (e.g. ``-- -k backends -x``). Exit status: pytest's,
@@ -52,11 +54,34 @@ def step(name: str, cmd: list[str], **kw: object) -> None:
     print(f"== {name}: {timings[name]} s", flush=True)
 
 
-def make_venv(path: Path) -> Path:
+def make_venv(path: Path, python: Path | None = None) -> Path:
+    """A fresh venv at ``path``, made by this interpreter or by ``python``."""
     if path.exists():
         shutil.rmtree(path)
-    venv.EnvBuilder(with_pip=True, clear=True).create(path)
+    if python is None or python == Path(sys.executable):
+        venv.EnvBuilder(with_pip=True, clear=True).create(path)
+    else:
+        subprocess.run([str(python), "-m", "venv", str(path)], check=True)
     return path / "bin" / "python"
+
+
+def other_pythons() -> list[tuple[str, Path]]:
+    """Other CPython 3.10+ interpreters on this machine (``python3.X`` on PATH, else in
+    pyenv's versions folder) that run."""
+    found = []
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    for minor in range(10, 20):
+        version = f"3.{minor}"
+        if version == f"{sys.version_info.major}.{sys.version_info.minor}":
+            continue
+        cands = [shutil.which(f"python{version}")]
+        cands += [str(p) for p in sorted(pyenv.glob(f"{version}*/bin/python{version}"), reverse=True)]
+        for cand in filter(None, cands):
+            ok = subprocess.run([cand, "-c", "import venv"], capture_output=True).returncode == 0
+            if ok:
+                found.append((version, Path(cand)))
+                break
+    return found
 
 
 def copy_test_tree(dest: Path) -> None:
@@ -92,7 +117,7 @@ def ensure_qemu() -> None:
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "llama-cffi-installed")
-    ap.add_argument("--sdist-venv", action="store_true", help="also pip install the sdist and test that install")
+    ap.add_argument("--quick", action="store_true", help="test only the wheel, under this Python")
     ap.add_argument("pytest_args", nargs="*", help="arguments for pytest (after --)")
     args = ap.parse_args(argv)
     work: Path = args.workdir.resolve()
@@ -151,19 +176,24 @@ def main(argv: list[str]) -> int:
     env.pop("PYTHONPATH", None)
     print(f"\n== pytest in {tree} against {wheel.name}", flush=True)
     t0 = time.monotonic()
-    rc = subprocess.call([str(py), "-m", "pytest", "-p", "no:cacheprovider", *args.pytest_args], cwd=tree, env=env)
+    rc = pytest(py, [*args.pytest_args], tree, env, work / "junit-wheel.xml")
     timings["pytest"] = round(time.monotonic() - t0, 1)
 
-    if rc == 0 and args.sdist_venv:
-        try:
-            spy = make_venv(work / "sdist-venv")
-            step("pip install the sdist", [str(spy), "-m", "pip", "install", "-q", f"{sdist}[test]"])
-        except subprocess.CalledProcessError as exc:
-            print(f"\nrun_installed: installing the sdist failed: {exc}", file=sys.stderr)
-            return 1
-        env["LLAMA_CFFI_EXPECT_INSTALLED"] = str(work / "sdist-venv")
-        print(f"\n== pytest (installed-package tests) against {sdist.name}", flush=True)
-        rc = subprocess.call([str(spy), "-m", "pytest", "-p", "no:cacheprovider", *INSTALLED_TESTS], cwd=tree, env=env)
+    if rc == 0 and not args.quick:
+        others = [(f"python{v} + the wheel", p, wheel) for v, p in other_pythons()]
+        for label, base, artefact in [("the sdist", Path(sys.executable), sdist), *others]:
+            venv_dir = work / ("sdist-venv" if artefact == sdist else f"venv-{base.name}")
+            try:
+                vpy = make_venv(venv_dir, base)
+                step(f"pip install {label}", [str(vpy), "-m", "pip", "install", "-q", f"{artefact}[test]"])
+            except subprocess.CalledProcessError as exc:
+                print(f"\nrun_installed: installing {label} failed: {exc}", file=sys.stderr)
+                return 1
+            env["LLAMA_CFFI_EXPECT_INSTALLED"] = str(venv_dir)
+            print(f"\n== pytest (installed-package tests) with {label}", flush=True)
+            rc = pytest(vpy, list(INSTALLED_TESTS), tree, env, work / f"junit-{venv_dir.name}.xml")
+            if rc != 0:
+                break
 
     summary = {
         "wheel": wheel.name,
@@ -173,6 +203,31 @@ def main(argv: list[str]) -> int:
         "pytest_exit": rc,
     }
     print("\nrun_installed summary: " + json.dumps(summary), flush=True)
+    # one closing line for every pytest run above (the wheel's suite and the other installs)
+    print(f"run_installed: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped")
+    return rc
+
+
+#: Test outcomes over every pytest run of this process (from their JUnit XML reports).
+counts = {"passed": 0, "failed": 0, "skipped": 0}
+
+
+def pytest(python: Path, argv: list[str], cwd: Path, env: dict[str, str], junit: Path) -> int:
+    """Run pytest with ``python`` in ``cwd``; add its outcomes to :data:`counts`."""
+    junit.unlink(missing_ok=True)
+    cmd = [str(python), "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={junit}", *argv]
+    rc = subprocess.call(cmd, cwd=cwd, env=env)
+    if junit.is_file():
+        import xml.etree.ElementTree as ET
+
+        for suite in ET.parse(junit).getroot().iter("testsuite"):
+            total, skipped = int(suite.get("tests", 0)), int(suite.get("skipped", 0))
+            failed = int(suite.get("failures", 0)) + int(suite.get("errors", 0))
+            counts["failed"] += failed
+            counts["skipped"] += skipped
+            counts["passed"] += total - failed - skipped
+    elif rc != 0:
+        counts["failed"] += 1  # pytest did not get as far as writing its report
     return rc
 
 

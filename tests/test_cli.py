@@ -78,11 +78,15 @@ def test_tokenize(tiny_model_path: Path, tiny_model: llama_cffi.Model) -> None:
 
 
 def test_info_json(tiny_model_path: Path) -> None:
-    """info prints build options, devices and model metadata as JSON."""
+    """info prints build options, the CPU variant loaded and why, devices and model
+    metadata as JSON."""
     rc, out, err = cli("info", "-m", str(tiny_model_path), "--vocab-only")
     assert rc == 0, err
     info = json.loads(out)
     assert info["build"]["options"]["GGML_AMX_TILE"] == "OFF"
+    variant = info["build"]["cpu_variant"]
+    assert variant["name"] == llama_cffi.backends.choice().cpu.name and variant["reason"]
+    assert any(c["name"] == variant["name"] and c["allowed"] for c in variant["candidates"])
     assert info["model"]["metadata"]["general.architecture"] == "llama"
     assert any(d["name"] == "CPU" for d in info["devices"])
 
