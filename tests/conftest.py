@@ -51,6 +51,32 @@ def expect(exc, f):
 """
 
 
+#: For isolated children: greedy-generate ``N`` tokens from a fixed prompt on the model at
+#: ``PATH`` (both placeholders replaced by the caller) and print, after ``RESULT``, JSON with
+#: the CPU variant loaded and why, the tokens, the prompt's last logits and system info.
+GREEDY_CHILD = """
+import json, numpy as np, llama_cffi
+from llama_cffi import backends
+c = backends.choice()
+m = llama_cffi.Model.load(PATH)
+ctx = m.context(n_ctx=256, n_batch=256)
+logits = np.array(ctx.decode(m.tokenize("The quick brown fox jumps over the lazy dog")))
+first = logits.copy()
+toks = []
+for _ in range(N):
+    t = int(logits.argmax())
+    toks.append(t)
+    logits = np.array(ctx.decode([t]))
+print("RESULT", json.dumps({"variant": c.cpu.name, "reason": c.reason, "tokens": toks, "logits": first.tolist(),
+                            "system": llama_cffi.system_info()}))
+"""
+
+
+def greedy_child(path: Path, n: int = 8) -> str:
+    """:data:`GREEDY_CHILD` for the model at ``path`` and ``n`` tokens."""
+    return GREEDY_CHILD.replace("PATH", repr(str(path))).replace("range(N)", f"range({n})")
+
+
 def rss_kib() -> int:
     """This process's resident set size (``VmRSS`` of ``/proc/self/status``), in KiB."""
     with open("/proc/self/status") as f:

@@ -13,7 +13,7 @@ import pytest
 
 import llama_cffi
 from llama_cffi import backends, kernels, lib
-from tests.conftest import run_isolated
+from tests.conftest import greedy_child, run_isolated
 
 X86 = platform.machine() in ("x86_64", "AMD64")
 
@@ -34,27 +34,9 @@ CPUINFO = {
     "AMX_INT8": ["amx_int8"],
 }
 
-#: A greedy run in a child: which variant loaded, the tokens and the last logits.
-GREEDY = """
-import json, numpy as np, llama_cffi
-from llama_cffi import backends
-c = backends.choice()
-m = llama_cffi.Model.load(PATH)
-ctx = m.context(n_ctx=256, n_batch=256)
-logits = np.array(ctx.decode(m.tokenize("The quick brown fox jumps over the lazy dog")))
-first = logits.copy()
-toks = []
-for _ in range(N):
-    t = int(logits.argmax())
-    toks.append(t)
-    logits = np.array(ctx.decode([t]))
-print("RESULT", json.dumps({"variant": c.cpu.name, "reason": c.reason, "tokens": toks, "logits": first.tolist(),
-                            "system": llama_cffi.system_info()}))
-"""
-
 
 def greedy(path: Path, n: int = 8, **env: str) -> dict[str, object]:
-    r = run_isolated(GREEDY.replace("PATH", repr(str(path))).replace("N)", f"{n})"), env=env, timeout=300)
+    r = run_isolated(greedy_child(path, n), env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     out: dict[str, object] = json.loads(r.stdout.split("RESULT", 1)[1])
     return out

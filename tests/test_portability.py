@@ -19,30 +19,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import DEFAULT_SIGINT, ROOT
+from tests.conftest import DEFAULT_SIGINT, ROOT, greedy_child
 
 #: qemu CPU model -> the variant it must get (AVX2, AVX, SSE4.2: no AVX-512 anywhere)
 CPUS = {"Haswell": "haswell", "SandyBridge": "sandybridge", "Nehalem": "sse42"}
 
-CODE = """
-import json, numpy as np, llama_cffi
-from llama_cffi import backends
-c = backends.choice()
-m = llama_cffi.Model.load(PATH)
-ctx = m.context(n_ctx=256, n_batch=256)
-logits = np.array(ctx.decode(m.tokenize("The quick brown fox jumps over the lazy dog")))
-first = logits.copy()
-toks = []
-for _ in range(8):
-    t = int(logits.argmax())
-    toks.append(t)
-    logits = np.array(ctx.decode([t]))
-print("RESULT", json.dumps({"variant": c.cpu.name, "reason": c.reason, "tokens": toks, "logits": first.tolist()}))
-"""
-
 
 def run(tiny_model_path: Path, qemu_cpu: str | None = None) -> dict[str, object]:
-    code = DEFAULT_SIGINT + CODE.replace("PATH", repr(str(tiny_model_path)))
+    code = DEFAULT_SIGINT + greedy_child(tiny_model_path)
     prefix = [str(shutil.which("qemu-x86_64")), "-cpu", qemu_cpu] if qemu_cpu else []
     env = dict(os.environ, GGML_NO_BACKTRACE="1", PYTHONPATH=str(ROOT))
     env.pop("LLAMA_CFFI_CPU_VARIANT", None)
