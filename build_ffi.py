@@ -744,6 +744,16 @@ def _describe(options: dict[str, str]) -> str:
     return "; ".join(parts)
 
 
+def remove_other_extensions(so_path: Path) -> list[Path]:
+    """Delete every other ``_llama`` extension beside ``so_path`` (an in-place build of an
+    older layout, ``_llama.cpython-311-x86_64-linux-gnu.so``, would otherwise be imported
+    before the new ``_llama.abi3.so``). Returns what was removed."""
+    gone = [p for p in so_path.parent.glob("_llama.*") if p.suffix in (".so", ".pyd", ".dylib") and p != so_path]
+    for p in gone:
+        p.unlink()
+    return gone
+
+
 def fix_extension_rpath(so_path: Path) -> None:
     """Leave the built extension one search path, the package's ``_libs`` beside it: the
     interpreter's link flags can add their own (pyenv's ``-Wl,-rpath,<prefix>/lib``), a
@@ -1458,6 +1468,7 @@ def main(argv: list[str]) -> int:
         so = ffi.compile(tmpdir=str(tmp), verbose="-v" in argv)
         target = HERE / "llama_cffi" / Path(so).name
         shutil.copy2(so, target)
+        remove_other_extensions(target)
         fix_extension_rpath(target)
         install_native(native, HERE / "llama_cffi")
         info = check_import(target)

@@ -56,6 +56,7 @@ class BuildLlama(build_ext):
         built = self.get_ext_fullpath("llama_cffi._llama")
         if self.inplace:
             built = os.path.join(HERE, "llama_cffi", os.path.basename(built))
+        build_ffi.remove_other_extensions(Path(built))
         build_ffi.fix_extension_rpath(Path(built))
         written = build_ffi.install_native(self._native, Path(built).parent)
         info = build_ffi.check_import(Path(built))
