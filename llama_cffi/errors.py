@@ -100,3 +100,18 @@ class ConcurrentUseError(LlamaError, RuntimeError):
 class RpcError(LlamaError, ConnectionError):
     """An RPC worker could not be used: nothing listens at its endpoint, something other
     than a worker answered, its protocol version differs, or it went away."""
+
+
+class GrammarError(LlamaError, ValueError):
+    """A grammar that cannot be used (undefined rule, missing root, left recursion, ...)."""
+
+
+class GrammarSyntaxError(GrammarError):
+    """GBNF text that does not parse. ``line`` and ``column`` are 1-based; ``expected``
+    says what the parser wanted there."""
+
+    def __init__(self, message: str, line: int, column: int, expected: str = "") -> None:
+        super().__init__(f"{message} at line {line}, column {column}")
+        self.line = line
+        self.column = column
+        self.expected = expected

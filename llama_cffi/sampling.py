@@ -32,7 +32,7 @@ import numpy.typing as npt
 from ._binding import ffi, lib
 from ._handle import NativeHandle
 from .errors import InvalidTokenError, LlamaError, ParamError
-from .gbnf_check import has_token_refs, native_grammar_hazard
+from .gbnf import has_token_refs, native_grammar_hazard
 
 if TYPE_CHECKING:
     from .context import Context
@@ -544,9 +544,9 @@ class LlamaSampler:
 
         Raises :class:`~llama_cffi.errors.ParamError` when llama.cpp refuses the grammar
         (it prints its reason to stderr), and, before llama.cpp sees it, for the texts it
-        would accept and then crash on (see :mod:`llama_cffi.gbnf_check`: ``{m,n}`` with
+        would accept and then crash on (see :mod:`llama_cffi.gbnf`: ``{m,n}`` with
         n < m, left recursion through maybe-empty rules, nesting beyond
-        :data:`~llama_cffi.gbnf_check.MAX_DEPTH`). :meth:`accept` refuses tokens the grammar does
+        :data:`~llama_cffi.gbnf.MAX_DEPTH`). :meth:`accept` refuses tokens the grammar does
         not allow (llama.cpp aborts on them). An empty ``gbnf`` makes a no-op sampler.
         Keeps its model alive (the vocabulary is used on every apply).
 

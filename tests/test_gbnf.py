@@ -1,4 +1,5 @@
-"""The GBNF parser, checks and printer (samplers.grammar.gbnf) and the reference recognizer.
+"""The GBNF front end (llama_cffi.gbnf: parser, checks, crash hazards), the printer
+(samplers.grammar.gbnf) and the reference recognizer.
 
 * Tables written from llama.cpp's parsing rules (``src/llama-grammar.cpp``), worked out
   by hand: the rules, ids and generated names of small grammars, and where and why bad
@@ -32,20 +33,23 @@ from hypothesis import strategies as st
 
 import llama_cffi
 from llama_cffi.errors import ParamError
-from llama_cffi.gbnf_check import MAX_DEPTH, native_grammar_hazard
-from llama_cffi.sampling import LlamaSampler
-from samplers.grammar.elements import Element, GreType, ParsedGrammar, resolve_tokens
-from samplers.grammar.errors import GrammarError, GrammarSyntaxError
-from samplers.grammar.gbnf import (
+from llama_cffi.gbnf import (
+    MAX_DEPTH,
+    Element,
+    GrammarError,
+    GrammarSyntaxError,
+    GreType,
     LeftRecursionError,
+    ParsedGrammar,
     _hidden_left_recursion,
     _llama_left_recursion,
     check_grammar,
-    format_gbnf,
+    native_grammar_hazard,
     parse_gbnf,
-    printed_names,
-    rule_renumbering,
+    resolve_tokens,
 )
+from llama_cffi.sampling import LlamaSampler
+from samplers.grammar.gbnf import format_gbnf, printed_names, rule_renumbering
 
 from .grammar_reference import GenerationError, generate, reference_accepts
 
@@ -984,7 +988,7 @@ def test_native_oracle(vocab_model: llama_cffi.Model, text: str, root: str) -> N
         assert native_accepts(vocab_model, format_gbnf(parse_gbnf(text)), root), text
 
 
-# ------------------------------------------------- llama_cffi.gbnf_check against the port
+# ------------------------------------------------- the crash-hazard check against the checks
 
 
 @st.composite
@@ -1019,9 +1023,10 @@ def maybe_empty_grammars(draw: st.DrawFn) -> str:
 @settings(max_examples=budget(500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(maybe_empty_grammars() | grammar_texts())
 def test_native_hazard_check_agrees_with_the_port(text: str) -> None:
-    """llama_cffi's own structural check (which cannot import samplers) flags hidden left
-    recursion exactly where samplers' element-for-element port of llama.cpp's parser
-    finds it, so LlamaSampler.grammar refuses every grammar that would exhaust memory."""
+    """The crash-hazard check that LlamaSampler.grammar runs on raw text flags hidden left
+    recursion exactly where the checks of the parsed grammar find it (and inverted
+    repetitions wherever they are spelled), so LlamaSampler.grammar refuses every
+    grammar that would exhaust memory."""
     hazard = native_grammar_hazard(text)
     try:
         g = parse_gbnf(text)

@@ -8,13 +8,16 @@
 
 Semantics are llama.cpp's grammar sampler's (tested mask for mask against it); masks
 come from a vectorised walk of a trie of the vocabulary's character-class sequences
-and are cached by parser state (see :mod:`samplers.grammar.compiled`).
+and are cached by parser state (see :mod:`samplers.grammar.compiled`). GBNF text is
+parsed and checked by the project's one GBNF front end, :mod:`llama_cffi.gbnf` (its
+names are re-exported here).
 """
 
+from llama_cffi.gbnf import GrammarError, GrammarSyntaxError, GreType, ParsedGrammar, check_grammar, parse_gbnf
+
 from .compiled import CompiledGrammar
-from .elements import GreType, ParsedGrammar
-from .errors import GrammarError, GrammarSyntaxError, SchemaError
-from .gbnf import check_grammar, format_gbnf, parse_gbnf
+from .errors import SchemaError
+from .gbnf import format_gbnf
 from .grammar import Grammar
 from .json_schema import json_schema_to_gbnf
 from .matcher import GrammarMatcher

@@ -17,7 +17,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import GrammarError, SchemaError
+from llama_cffi.gbnf import GrammarError
+
+from .errors import SchemaError
 from .json_schema import _Converter as _SchemaConverter
 from .json_schema import _from_bytes_str, _InvalidPattern, _to_bytes_str, _UnsupportedPattern, json_schema_to_gbnf
 

@@ -27,8 +27,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from .elements import GreType, ParsedGrammar
-from .errors import GrammarError
+from llama_cffi.gbnf import GrammarError, GreType, ParsedGrammar
 
 Stack = tuple[int, ...]
 #: A partial UTF-8 sequence carried between tokens: ``(value so far, bytes still needed)``;

@@ -1,23 +1,12 @@
-"""Grammar errors: all are :class:`GrammarError` (a ``ValueError``)."""
+"""Grammar errors: all are :class:`GrammarError` (a ``ValueError``). ``GrammarError`` and
+``GrammarSyntaxError`` belong to the GBNF front end (:mod:`llama_cffi.gbnf`) and are
+re-exported here; :class:`SchemaError` is the JSON-schema converter's."""
 
 from __future__ import annotations
 
-from llama_cffi.errors import LlamaError
+from llama_cffi.errors import GrammarError, GrammarSyntaxError
 
-
-class GrammarError(LlamaError, ValueError):
-    """A grammar that cannot be used (undefined rule, missing root, left recursion, ...)."""
-
-
-class GrammarSyntaxError(GrammarError):
-    """GBNF text that does not parse. ``line`` and ``column`` are 1-based; ``expected``
-    says what the parser wanted there."""
-
-    def __init__(self, message: str, line: int, column: int, expected: str = "") -> None:
-        super().__init__(f"{message} at line {line}, column {column}")
-        self.line = line
-        self.column = column
-        self.expected = expected
+__all__ = ["GrammarError", "GrammarSyntaxError", "SchemaError"]
 
 
 class SchemaError(GrammarError):

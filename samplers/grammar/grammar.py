@@ -5,10 +5,10 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
+from llama_cffi.gbnf import GrammarError, ParsedGrammar, check_grammar, parse_gbnf, resolve_tokens
+
 from .compiled import CompiledGrammar
-from .elements import ParsedGrammar, resolve_tokens
 from .engine import Engine
-from .errors import GrammarError
 from .matcher import GrammarMatcher
 from .vocab_index import VocabIndex
 
@@ -24,8 +24,6 @@ class Grammar:
     """
 
     def __init__(self, parsed: ParsedGrammar, root: str = "root") -> None:
-        from .gbnf import check_grammar
-
         check_grammar(parsed, root)
         self.parsed = parsed
         self.root = root
@@ -35,8 +33,6 @@ class Grammar:
     @classmethod
     def from_gbnf(cls, text: str, root: str = "root") -> Grammar:
         """Parse GBNF text (llama.cpp's dialect; :class:`GrammarSyntaxError` on bad text)."""
-        from .gbnf import parse_gbnf
-
         return cls(parse_gbnf(text), root)
 
     @classmethod

@@ -1,0 +1,896 @@
+"""GBNF, llama.cpp's grammar language: the one front end of the project.
+
+Everything that reads GBNF text goes through this module: :mod:`samplers.grammar` builds
+its matcher on :func:`parse_gbnf` and :func:`check_grammar`, and
+:meth:`llama_cffi.sampling.LlamaSampler.grammar` asks :func:`native_grammar_hazard`
+before llama.cpp sees a text. It lives in ``llama_cffi`` (the lower layer) because both
+need it and ``llama_cffi`` never imports ``samplers``.
+
+**The data model.** A parsed grammar is exactly what llama.cpp's ``llama_grammar_parser``
+produces (``src/llama-grammar.h``): ``rules[rule_id]`` is a flat tuple of ``(type,
+value)`` elements, alternatives separated by ``ALT`` and the rule closed by ``END``; a
+character class is a ``CHAR``/``CHAR_NOT``/``CHAR_ANY`` element followed by
+``CHAR_RNG_UPPER`` and ``CHAR_ALT`` modifiers. Keeping llama.cpp's layout (and its rule
+ids, generated names included) makes the Python matcher's semantics comparable element
+for element. Token references: ``<[123]>`` is ``(TOKEN, 123)``; a named reference
+``<|im_end|>`` needs a vocabulary, which a parsed grammar does not have: its value is
+``-(k + 1)`` where ``token_names[k]`` is the text between (and including) the angle
+brackets, resolved to an id by :func:`resolve_tokens` when the grammar is compiled for a
+vocabulary.
+
+**The parser.** :func:`parse_gbnf` is a Python port of ``llama_grammar_parser::parse``
+(``src/llama-grammar.cpp``): the same rules element for element, the same rule ids and
+the same generated symbol names (``root_1``, ... numbered in llama.cpp's order), and
+exactly the texts llama.cpp accepts. :func:`check_grammar` adds what
+``llama_grammar_init_impl`` checks (a root symbol, defined rules, no left recursion).
+Where it deliberately differs from llama.cpp:
+
+* The input is a ``str``: each code point is one character. llama.cpp decodes the UTF-8
+  bytes of its C string (``decode_utf8``, which assumes valid UTF-8 and may read past a
+  truncated sequence); for well-formed UTF-8 both see the same code points. Lone
+  surrogates, which UTF-8 cannot carry, are taken as code points.
+* A NUL character is refused (llama.cpp's C string would silently end there).
+* ``{m,n}`` with ``n < m`` is refused; llama.cpp computes ``n - m`` unsigned and tries to
+  generate about 2**64 rules, failing only once memory runs out.
+* Nesting is parsed without recursion, so deep parentheses do not hit Python's limit.
+* :func:`check_grammar` also refuses "hidden" left recursion that llama.cpp's check
+  misses (a cycle through rules that derive the empty string only indirectly, with
+  something left to match after the recursive reference): llama.cpp accepts such a
+  grammar and then grows its parse stacks without bound.
+* Named tokens (``<|im_end|>``) are not looked up (there is no vocabulary); they are
+  kept by name.
+
+**What would crash llama.cpp.** Some texts llama.cpp's parser accepts take the process
+down later; :func:`native_grammar_hazard` finds them from the same parse:
+
+* ``{m,n}`` with ``n < m`` (found by its spelling anywhere outside literals: llama.cpp
+  builds its rules while parsing, before it reaches a later error);
+* left recursion through rules that derive the empty string only indirectly (above);
+* depth: llama.cpp's parser recurses once per nested group, and its left-recursion check
+  and stack advance recurse once per rule reference before the first character. On this
+  build an 8 MiB stack overflows (SIGSEGV) at about 17,000 nested groups and about
+  70,000 chained leading references (measured, not derived). Both are limited to
+  :data:`MAX_DEPTH`, which keeps the parser's use of the stack near 1 MiB.
+
+Token references are a different hazard, met at accept time: :func:`has_token_refs`
+tells :class:`~llama_cffi.sampling.LlamaSampler` to guard them.
+
+The printer (GBNF text from a parsed grammar) is :func:`samplers.grammar.format_gbnf`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from enum import IntEnum
+from functools import lru_cache
+from typing import NoReturn
+
+from .errors import GrammarError, GrammarSyntaxError
+
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_REPETITION_THRESHOLD",
+    "WORD_CHARS",
+    "Element",
+    "GrammarError",
+    "GrammarSyntaxError",
+    "GreType",
+    "LeftRecursionError",
+    "ParsedGrammar",
+    "Rule",
+    "alternatives",
+    "check_grammar",
+    "has_token_refs",
+    "inverted_repetition",
+    "native_grammar_hazard",
+    "parse_gbnf",
+    "resolve_tokens",
+]
+
+# ---------------------------------------------------------------------------- data model
+
+#: llama.cpp's repetition limit (``MAX_REPETITION_THRESHOLD``): ``{m,n}`` counts above it
+#: are refused (``m``) or treated as unbounded (``n``).
+MAX_REPETITION_THRESHOLD = 2000
+
+
+class GreType(IntEnum):
+    """``enum llama_gretype`` (same values)."""
+
+    END = 0
+    ALT = 1
+    RULE_REF = 2
+    CHAR = 3
+    CHAR_NOT = 4
+    CHAR_RNG_UPPER = 5
+    CHAR_ALT = 6
+    CHAR_ANY = 7
+    TOKEN = 8
+    TOKEN_NOT = 9
+
+
+#: One ``llama_grammar_element``: ``(GreType, value)``; value is a code point, a rule id
+#: or a token id (negative: an unresolved named token, see the module docstring).
+Element = tuple[int, int]
+Rule = tuple[Element, ...]
+
+
+@dataclass(frozen=True)
+class ParsedGrammar:
+    """A grammar as llama.cpp's parser leaves it.
+
+    ``rules[i]`` is rule ``i`` (ending with ``(END, 0)``); ``symbol_ids`` maps every rule
+    name to its id, generated names (``"value_7"``) included, exactly as llama.cpp
+    numbers them; ``token_names`` lists named token references (see the module
+    docstring). Immutable; shared freely between compiled grammars and matchers.
+    """
+
+    rules: tuple[Rule, ...]
+    symbol_ids: Mapping[str, int]
+    token_names: tuple[str, ...] = ()
+    #: ``rule id -> name`` (derived).
+    names: tuple[str, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        names = [""] * len(self.rules)
+        for name, i in self.symbol_ids.items():
+            if 0 <= i < len(names):
+                names[i] = name
+        object.__setattr__(self, "names", tuple(names))
+
+    def rule_id(self, name: str) -> int:
+        """The id of rule ``name`` (KeyError if the grammar has none)."""
+        return self.symbol_ids[name]
+
+
+def resolve_tokens(grammar: ParsedGrammar, token_id: Callable[[str], int]) -> ParsedGrammar:
+    """``grammar`` with each named token reference replaced by ``token_id(name)`` (which
+    raises if ``name`` is not exactly one token of the vocabulary)."""
+    if not grammar.token_names:
+        return grammar
+    ids = [token_id(name) for name in grammar.token_names]
+    rules = tuple(
+        tuple((t, ids[-v - 1]) if t in (GreType.TOKEN, GreType.TOKEN_NOT) and v < 0 else (t, v) for t, v in rule)
+        for rule in grammar.rules
+    )
+    return ParsedGrammar(rules, grammar.symbol_ids, ())
+
+
+_END = int(GreType.END)
+_ALT = int(GreType.ALT)
+_RULE_REF = int(GreType.RULE_REF)
+_CHAR = int(GreType.CHAR)
+_CHAR_NOT = int(GreType.CHAR_NOT)
+_CHAR_RNG_UPPER = int(GreType.CHAR_RNG_UPPER)
+_CHAR_ALT = int(GreType.CHAR_ALT)
+_CHAR_ANY = int(GreType.CHAR_ANY)
+_TOKEN = int(GreType.TOKEN)
+_TOKEN_NOT = int(GreType.TOKEN_NOT)
+
+_CHAR_ELEMENTS = frozenset((_CHAR, _CHAR_NOT, _CHAR_RNG_UPPER, _CHAR_ALT, _CHAR_ANY))
+_ALL_TYPES = frozenset(int(t) for t in GreType)
+_UINT32_MAX = 2**32 - 1
+_UINT64_MAX = 2**64 - 1
+
+#: llama.cpp's is_word_char (ASCII only; "_" is not a word char, which is why generated
+#: names such as "root_1" can never clash with a user's rule name).
+WORD_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-0123456789")
+_DIGITS = frozenset("0123456789")
+_HEX_VALUES = {c: int(c, 16) for c in "0123456789abcdefABCDEF"}
+_HEX_ESCAPE_SIZES = {"x": 2, "u": 4, "U": 8}
+_SIMPLE_ESCAPES = {"t": 9, "r": 13, "n": 10, "\\": 92, '"': 34, "[": 91, "]": 93, "-": 45}
+# "*", "+" and "?" as (min, max); max None is unbounded
+_OPERATORS: dict[str, tuple[int, int | None]] = {"*": (0, None), "+": (1, None), "?": (0, 1)}
+_ESCAPE_HINT = 'an escape character (x, u, U, t, r, n, \\, ", [, ] or -)'
+
+
+MAX_DEPTH = 2048
+"""The most nested groups, and the longest chain of rule references before a character,
+that :func:`native_grammar_hazard` lets through to llama.cpp (whose parser uses about
+480 bytes of stack per nested group on x86-64)."""
+
+
+class LeftRecursionError(GrammarError):
+    """A left-recursive rule (``rule`` names it). ``hidden`` is true for left recursion
+    that llama.cpp's own check misses (see the module docstring)."""
+
+    def __init__(self, message: str, rule: str, hidden: bool) -> None:
+        super().__init__(message)
+        self.rule = rule
+        self.hidden = hidden
+
+
+# ---------------------------------------------------------------------------- parsing
+
+
+@dataclass
+class _Frame:
+    """One ``parse_alternates`` call in progress: the rule being built and the locals of
+    the current ``parse_sequence`` (``last_sym_start``, ``n_prev_rules``)."""
+
+    rule_id: int
+    nested: bool
+    rule: list[Element] = field(default_factory=list)
+    last_sym_start: int = 0
+    n_prev_rules: int = 1
+    n_symbols_before: int = 0  # nested only: symbol count before the group's own id
+
+
+class _Parser:
+    """State of one parse (``llama_grammar_parser``): symbol table, rules, token names."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.n = len(text)
+        self.symbol_ids: dict[str, int] = {}
+        self.rules: list[Rule | None] = []
+        self.token_names: list[str] = []
+        self.token_index: dict[str, int] = {}
+        self.first_ref: dict[int, int] = {}  # rule id -> position of its first reference
+        self.max_nesting = 0  # the deepest group nesting met so far (llama.cpp recurses per level)
+
+    # -- helpers
+
+    def ch(self, pos: int) -> str:
+        """The character at ``pos``, or ``""`` at the end (C's terminating NUL)."""
+        return self.text[pos] if pos < self.n else ""
+
+    def fail(self, pos: int, message: str, expected: str) -> NoReturn:
+        line, column = _line_column(self.text, pos)
+        raise GrammarSyntaxError(message, line, column, expected)
+
+    def get_symbol_id(self, name: str) -> int:
+        return self.symbol_ids.setdefault(name, len(self.symbol_ids))
+
+    def generate_symbol_id(self, base_name: str) -> int:
+        next_id = len(self.symbol_ids)
+        self.symbol_ids[f"{base_name}_{next_id}"] = next_id
+        return next_id
+
+    def add_rule(self, rule_id: int, rule: list[Element]) -> None:
+        if len(self.rules) <= rule_id:
+            self.rules.extend([None] * (rule_id + 1 - len(self.rules)))
+        self.rules[rule_id] = tuple(rule)
+
+    # -- lexical pieces
+
+    def parse_space(self, pos: int, newline_ok: bool) -> int:
+        text, n = self.text, self.n
+        while pos < n:
+            c = text[pos]
+            if c == " " or c == "\t" or (newline_ok and (c == "\r" or c == "\n")):
+                pos += 1
+            elif c == "#":
+                while pos < n and text[pos] != "\r" and text[pos] != "\n":
+                    pos += 1
+            else:
+                break
+        return pos
+
+    def parse_name(self, pos: int) -> int:
+        end = pos
+        while end < self.n and self.text[end] in WORD_CHARS:
+            end += 1
+        if end == pos:
+            self.fail(pos, "expecting a name", "a name")
+        return end
+
+    def parse_int(self, pos: int, expected: str) -> tuple[int, int]:
+        """A decimal integer as ``std::stoull`` reads it (out of range above 2**64 - 1)."""
+        end = pos
+        while end < self.n and self.text[end] in _DIGITS:
+            end += 1
+        if end == pos:
+            self.fail(pos, f"expecting {expected}", expected)
+        digits = self.text[pos:end].lstrip("0")
+        if len(digits) > 20 or (digits and int(digits) > _UINT64_MAX):
+            self.fail(pos, "integer out of range", "an integer below 2**64")
+        return int(digits or "0"), end
+
+    def parse_hex(self, pos: int, size: int) -> tuple[int, int]:
+        value = 0
+        for i in range(size):
+            digit = _HEX_VALUES.get(self.ch(pos + i))
+            if digit is None:
+                self.fail(pos + i, f"expecting {size} hex digits", f"{size} hex digits")
+            value = value * 16 + digit
+        return value, pos + size
+
+    def parse_char(self, pos: int, closing: str) -> tuple[int, int]:
+        """One (possibly escaped) character of a literal or class; ``closing`` names the
+        delimiter for the end-of-input message."""
+        c = self.ch(pos)
+        if c == "\\":
+            e = self.ch(pos + 1)
+            if e in _HEX_ESCAPE_SIZES:
+                return self.parse_hex(pos + 2, _HEX_ESCAPE_SIZES[e])
+            if e in _SIMPLE_ESCAPES:
+                return _SIMPLE_ESCAPES[e], pos + 2
+            if not e:
+                self.fail(pos + 1, "unexpected end of input", _ESCAPE_HINT)
+            self.fail(pos, f"unknown escape '\\{e}'", _ESCAPE_HINT)
+        if not c:
+            self.fail(pos, "unexpected end of input", closing)
+        return ord(c), pos + 1
+
+    def parse_token(self, pos: int) -> tuple[int, int]:
+        """``<[id]>`` (value ``id``) or a named ``<...>`` (value ``-(k + 1)``)."""
+        if self.ch(pos) != "<":
+            self.fail(pos, "expecting '<'", "'<'")
+        p = pos + 1
+        if self.ch(p) == "[":
+            token_id, end = self.parse_int(p + 1, "a token id")
+            if token_id > _UINT32_MAX:
+                self.fail(p + 1, "token id too big", "a token id below 2**32")
+            if self.ch(end) != "]":
+                self.fail(end, "expecting ']'", "']'")
+            if self.ch(end + 1) != ">":
+                self.fail(end + 1, "expecting '>'", "'>'")
+            return token_id, end + 2
+        close = self.text.find(">", p)
+        if close < 0:
+            self.fail(self.n, "expecting '>'", "'>'")
+        name = self.text[pos : close + 1]
+        k = self.token_index.get(name)
+        if k is None:
+            k = self.token_index[name] = len(self.token_names)
+            self.token_names.append(name)
+        return -(k + 1), close + 1
+
+    # -- repetitions
+
+    def handle_repetitions(self, f: _Frame, rule_name: str, min_times: int, max_times: int | None, op_pos: int) -> None:
+        """Rewrite the last symbol of ``f`` for ``{min,max}`` (``max=None``: unbounded)::
+
+        S{m,n} -> S ... S (m times) S'(n-m);  S'(x) ::= S S'(x-1) |  ...  S'(1) ::= S |
+        S{m,}  -> S ... S (m times) S';       S' ::= S S' |
+        """
+        if f.last_sym_start == len(f.rule):
+            self.fail(op_pos, "expecting an item before the repetition", "an item before */+/?/{")
+        prev = f.rule[f.last_sym_start :]
+        total_rules = 1
+        if max_times is not None and max_times > 0:
+            total_rules = max_times
+        elif min_times > 0:
+            total_rules = min_times
+        if f.n_prev_rules * total_rules > MAX_REPETITION_THRESHOLD:
+            self.fail(
+                op_pos,
+                "number of rules that are going to be repeated multiplied by the new repetition "
+                f"exceeds {MAX_REPETITION_THRESHOLD}",
+                f"at most {MAX_REPETITION_THRESHOLD} repeated rules",
+            )
+        if max_times is not None and max_times < min_times:
+            self.fail(
+                op_pos,
+                f"repetition maximum {max_times} is less than the minimum {min_times}",
+                "a maximum >= the minimum",
+            )
+        if min_times == 0:
+            del f.rule[f.last_sym_start :]
+        else:
+            f.rule.extend(prev * (min_times - 1))
+        last_rec_rule_id = 0
+        n_opt = 1 if max_times is None else max_times - min_times
+        for i in range(n_opt):
+            rec_rule_id = self.generate_symbol_id(rule_name)
+            rec_rule = list(prev)
+            if i > 0 or max_times is None:
+                rec_rule.append((_RULE_REF, rec_rule_id if max_times is None else last_rec_rule_id))
+            rec_rule += [(_ALT, 0), (_END, 0)]
+            self.add_rule(rec_rule_id, rec_rule)
+            last_rec_rule_id = rec_rule_id
+        if n_opt > 0:
+            f.rule.append((_RULE_REF, last_rec_rule_id))
+        f.n_prev_rules *= total_rules
+
+    # -- sequences, alternates, rules
+
+    def parse_alternates(self, pos: int, rule_name: str, rule_id: int) -> int:
+        """``parse_alternates`` + ``parse_sequence`` for a top-level rule, with nested
+        groups on an explicit stack of frames instead of recursion."""
+        frames = [_Frame(rule_id, nested=False)]
+        while True:
+            f = frames[-1]
+            c = self.ch(pos)
+            if c == '"':  # literal string
+                pos += 1
+                f.last_sym_start = len(f.rule)
+                f.n_prev_rules = 1
+                while self.ch(pos) != '"':
+                    value, pos = self.parse_char(pos, "'\"'")
+                    f.rule.append((_CHAR, value))
+                pos = self.parse_space(pos + 1, f.nested)
+            elif c == "[":  # character class
+                pos += 1
+                start_type = _CHAR
+                if self.ch(pos) == "^":
+                    pos += 1
+                    start_type = _CHAR_NOT
+                f.last_sym_start = len(f.rule)
+                f.n_prev_rules = 1
+                while self.ch(pos) != "]":
+                    value, pos = self.parse_char(pos, "']'")
+                    f.rule.append((_CHAR_ALT if f.last_sym_start < len(f.rule) else start_type, value))
+                    if self.ch(pos) == "-" and self.ch(pos + 1) != "]":
+                        value, pos = self.parse_char(pos + 1, "']'")
+                        f.rule.append((_CHAR_RNG_UPPER, value))
+                pos = self.parse_space(pos + 1, f.nested)
+            elif c == "<" or c == "!":  # token reference
+                token_type = _TOKEN
+                if c == "!":
+                    token_type = _TOKEN_NOT
+                    pos += 1
+                value, pos = self.parse_token(pos)
+                f.last_sym_start = len(f.rule)
+                f.n_prev_rules = 1
+                f.rule.append((token_type, value))
+                pos = self.parse_space(pos, f.nested)
+            elif c in WORD_CHARS:  # rule reference
+                name_end = self.parse_name(pos)
+                ref_rule_id = self.get_symbol_id(self.text[pos:name_end])
+                self.first_ref.setdefault(ref_rule_id, pos)
+                pos = self.parse_space(name_end, f.nested)
+                f.last_sym_start = len(f.rule)
+                f.n_prev_rules = 1
+                f.rule.append((_RULE_REF, ref_rule_id))
+            elif c == "(":  # group: a synthesized rule, parsed in a new frame
+                pos = self.parse_space(pos + 1, True)
+                n_before = len(self.symbol_ids)
+                sub_rule_id = self.generate_symbol_id(rule_name)
+                frames.append(_Frame(sub_rule_id, nested=True, n_symbols_before=n_before))
+                self.max_nesting = max(self.max_nesting, len(frames) - 1)
+            elif c == ".":  # any character
+                f.last_sym_start = len(f.rule)
+                f.n_prev_rules = 1
+                f.rule.append((_CHAR_ANY, 0))
+                pos = self.parse_space(pos + 1, f.nested)
+            elif c == "*" or c == "+" or c == "?":
+                op_pos = pos
+                pos = self.parse_space(pos + 1, f.nested)
+                self.handle_repetitions(f, rule_name, *_OPERATORS[c], op_pos)
+            elif c == "{":
+                op_pos = pos
+                pos = self.parse_space(pos + 1, f.nested)
+                min_times, pos = self.parse_int(pos, "an integer")
+                pos = self.parse_space(pos, f.nested)
+                max_times: int | None = None
+                if self.ch(pos) == "}":
+                    max_times = min_times
+                    pos = self.parse_space(pos + 1, f.nested)
+                elif self.ch(pos) == ",":
+                    pos = self.parse_space(pos + 1, f.nested)
+                    if self.ch(pos) in _DIGITS:
+                        max_times, pos = self.parse_int(pos, "an integer")
+                        pos = self.parse_space(pos, f.nested)
+                    if self.ch(pos) != "}":
+                        self.fail(pos, "expecting '}'", "'}'")
+                    pos = self.parse_space(pos + 1, f.nested)
+                else:
+                    self.fail(pos, "expecting ',' or '}'", "',' or '}'")
+                if min_times > MAX_REPETITION_THRESHOLD:
+                    self.fail(
+                        op_pos,
+                        f"number of repetitions exceeds {MAX_REPETITION_THRESHOLD}",
+                        f"a minimum of at most {MAX_REPETITION_THRESHOLD}",
+                    )
+                if max_times is not None and max_times > MAX_REPETITION_THRESHOLD:
+                    max_times = None  # llama.cpp: a maximum above the threshold is no maximum
+                self.handle_repetitions(f, rule_name, min_times, max_times, op_pos)
+            elif c == "|":  # next alternative: a fresh parse_sequence
+                f.rule.append((_ALT, 0))
+                pos = self.parse_space(pos + 1, True)
+                f.last_sym_start = len(f.rule)
+                f.n_prev_rules = 1
+            else:  # end of the alternates of this frame
+                f.rule.append((_END, 0))
+                self.add_rule(f.rule_id, f.rule)
+                frames.pop()
+                if not f.nested:
+                    return pos
+                parent = frames[-1]
+                parent.n_prev_rules = max(1, len(self.symbol_ids) - f.n_symbols_before)
+                parent.last_sym_start = len(parent.rule)
+                parent.rule.append((_RULE_REF, f.rule_id))
+                if self.ch(pos) != ")":
+                    self.fail(pos, "expecting ')'", "')'")
+                pos = self.parse_space(pos + 1, parent.nested)
+
+    def parse_rule(self, pos: int) -> int:
+        name_end = self.parse_name(pos)
+        p = self.parse_space(name_end, False)
+        name = self.text[pos:name_end]
+        rule_id = self.get_symbol_id(name)
+        if not self.text.startswith("::=", p):
+            self.fail(p, "expecting '::='", "'::='")
+        p = self.parse_space(p + 3, True)
+        p = self.parse_alternates(p, name, rule_id)
+        c = self.ch(p)
+        if c == "\r":
+            p += 2 if self.ch(p + 1) == "\n" else 1
+        elif c == "\n":
+            p += 1
+        elif c:
+            self.fail(p, f"expecting newline or end of input, found {c!r}", "newline or end of input")
+        return self.parse_space(p, True)
+
+    def parse(self) -> ParsedGrammar:
+        nul = self.text.find("\0")
+        if nul >= 0:
+            self.fail(nul, "NUL character in grammar text", "no NUL character")
+        pos = self.parse_space(0, True)
+        while pos < self.n:
+            pos = self.parse_rule(pos)
+        # llama.cpp's final validation: every rule defined, every reference to a rule
+        for i, maybe_rule in enumerate(self.rules):
+            if maybe_rule is None:
+                self.undefined(i)
+            for t, v in maybe_rule:
+                if t == _RULE_REF and (v >= len(self.rules) or self.rules[v] is None):
+                    self.undefined(v)
+        rules = tuple(r for r in self.rules if r is not None)
+        return ParsedGrammar(rules, dict(self.symbol_ids), tuple(self.token_names))
+
+    def undefined(self, rule_id: int) -> NoReturn:
+        name = next((k for k, v in self.symbol_ids.items() if v == rule_id), f"#{rule_id}")
+        where = ""
+        if rule_id in self.first_ref:
+            line, column = _line_column(self.text, self.first_ref[rule_id])
+            where = f" (first used at line {line}, column {column})"
+        raise GrammarError(f"Undefined rule identifier '{name}'{where}")
+
+
+def _line_column(text: str, pos: int) -> tuple[int, int]:
+    """1-based line and column (in code points) of ``pos``; ``\\r\\n``, ``\\r`` and ``\\n``
+    each end a line."""
+    inside_crlf = 0 < pos < len(text) and text[pos - 1 : pos + 1] == "\r\n"
+    head = text[: pos - inside_crlf].replace("\r\n", "\n").replace("\r", "\n")
+    line = head.count("\n") + 1
+    column = len(head) - (head.rfind("\n") + 1) + 1 + inside_crlf
+    return line, column
+
+
+def parse_gbnf(text: str) -> ParsedGrammar:
+    """Parse GBNF ``text`` as llama.cpp's ``llama_grammar_parser::parse`` does.
+
+    Same rules, rule ids and generated names as llama.cpp. Raises
+    :class:`GrammarSyntaxError` for text that does not parse, at the position where
+    llama.cpp's parser gives up (a bad repetition: at its operator; an unknown escape:
+    at its backslash), with 1-based line and column (in code points; ``\\r\\n``,
+    ``\\r`` and ``\\n`` end lines) and what was expected there; :class:`GrammarError` for a
+    reference to a rule that is never defined (naming it and where it is first used).
+    Text without rules gives a grammar without rules (which :func:`check_grammar`
+    refuses, as llama.cpp does)."""
+    return _Parser(text).parse()
+
+
+# ---------------------------------------------------------------------------- checks
+
+
+def alternatives(rule: Rule) -> list[Rule]:
+    """The alternatives of a rule (its elements split at ALT, without the END)."""
+    out: list[Rule] = []
+    start = 0
+    for i, (t, _v) in enumerate(rule):
+        if t == _ALT or t == _END:
+            out.append(rule[start:i])
+            start = i + 1
+    return out
+
+
+def _validate(g: ParsedGrammar) -> None:
+    """Refuse a malformed (hand-built) grammar: what the parser can never produce."""
+    n = len(g.rules)
+    for i, rule in enumerate(g.rules):
+        if not rule or rule[-1][0] != _END or any(t == _END for t, _v in rule[:-1]):
+            raise GrammarError(f"malformed rule {i}: it must end with END (and only there)")
+        prev = _END
+        for t, v in rule:
+            if t not in _ALL_TYPES:
+                raise GrammarError(f"malformed rule {i}: unknown element type {t}")
+            if t == _RULE_REF and not 0 <= v < n:
+                raise GrammarError(f"invalid grammar: rule {i} references undefined rule {v}")
+            if t in (_CHAR_ALT, _CHAR_RNG_UPPER) and prev not in _CHAR_ELEMENTS:
+                raise GrammarError(f"malformed rule {i}: {GreType(t).name} without a preceding character")
+            if t in _CHAR_ELEMENTS and not 0 <= v <= _UINT32_MAX:
+                raise GrammarError(f"malformed rule {i}: character value {v} out of range")
+            if t in (_TOKEN, _TOKEN_NOT) and not -len(g.token_names) <= v <= _UINT32_MAX:
+                raise GrammarError(f"malformed rule {i}: token value {v} out of range")
+            prev = t
+
+
+def _llama_left_recursion(rules: tuple[Rule, ...]) -> int | None:
+    """``llama_grammar_detect_left_recursion`` over every rule, as llama_grammar_init_impl
+    runs it: the first rule index from which a left-recursive cycle is found, or None.
+
+    llama.cpp only counts a rule as possibly empty when one of its alternatives is
+    literally empty. This runs without recursion and does not re-explore a rule already
+    fully explored (llama.cpp does, from inside the recursion): a rule whose exploration
+    returned false has no reachable cycle and cannot reach a rule on the current path
+    (that rule reaches it, so they would share a cycle), so exploring it again would
+    return false again; the answer, and the rule index reported, are the same."""
+    n = len(rules)
+    visited = [False] * n
+    in_progress = [False] * n
+    may_be_empty = [False] * n
+
+    def enter(r: int) -> None:
+        in_progress[r] = True
+        may_be_empty[r] = any(not alt for alt in alternatives(rules[r]))
+
+    for start in range(n):
+        if visited[start]:
+            continue
+        enter(start)
+        stack = [[start, 0, 1]]  # rule, element index, "still at a leftmost position"
+        while stack:
+            frame = stack[-1]
+            r, i, leftmost = frame
+            rule = rules[r]
+            if i == len(rule):
+                in_progress[r] = False
+                visited[r] = True
+                stack.pop()
+                if stack:  # back in the parent, just after its reference to r
+                    parent = stack[-1]
+                    if not may_be_empty[r]:
+                        parent[2] = 0
+                    parent[1] += 1
+                continue
+            t, v = rule[i]
+            if t == _RULE_REF and leftmost:
+                if in_progress[v]:
+                    return start
+                if not visited[v]:
+                    enter(v)
+                    stack.append([v, 0, 1])
+                    continue
+                if not may_be_empty[v]:
+                    frame[2] = 0
+            elif t == _END or t == _ALT:
+                frame[2] = 1
+            else:
+                frame[2] = 0
+            frame[1] += 1
+    return None
+
+
+def _nullable_rules(rules: tuple[Rule, ...]) -> list[bool]:
+    """Which rules derive the empty string: those with an alternative made only of
+    references to such rules (a worklist, linear in the grammar's size)."""
+    nullable = [False] * len(rules)
+    pending: list[int] = []  # per alternative: references not yet known to be nullable
+    owner: list[int] = []  # per alternative: its rule
+    occurrences: list[list[int]] = [[] for _ in rules]  # per rule: alternatives referring to it
+    todo: list[int] = []
+    for r, rule in enumerate(rules):
+        for alt in alternatives(rule):
+            if any(t != _RULE_REF for t, _v in alt):
+                continue  # a character or token is never empty
+            k = len(pending)
+            pending.append(len(alt))
+            owner.append(r)
+            for _t, v in alt:
+                occurrences[v].append(k)
+            if not alt and not nullable[r]:
+                nullable[r] = True
+                todo.append(r)
+    while todo:
+        v = todo.pop()
+        for k in occurrences[v]:
+            pending[k] -= 1
+            if pending[k] == 0 and not nullable[owner[k]]:
+                nullable[owner[k]] = True
+                todo.append(owner[k])
+    return nullable
+
+
+def _hidden_left_recursion(rules: tuple[Rule, ...]) -> int | None:
+    """A rule on a left-recursive cycle (true nullability) that goes through a reference
+    followed by more elements, or None. On such a cycle llama.cpp's parse stacks grow
+    without bound; a cycle of references in last position only is harmless there (its
+    stacks repeat) and is accepted."""
+    edges = _leading_edges(rules)
+    component = _strongly_connected_components(len(rules), [[v for v, _ in es] for es in edges])
+    for r, es in enumerate(edges):
+        for v, continued in es:
+            if continued and component[v] == component[r]:
+                return r
+    return None
+
+
+def _strongly_connected_components(n: int, succ: list[list[int]]) -> list[int]:
+    """Tarjan's algorithm without recursion: the component number of each node."""
+    index = [-1] * n
+    low = [0] * n
+    on_stack = [False] * n
+    component = [-1] * n
+    stack: list[int] = []
+    counter = 0
+    n_components = 0
+    for root in range(n):
+        if index[root] >= 0:
+            continue
+        work = [(root, 0)]
+        while work:
+            node, i = work.pop()
+            if i == 0:
+                index[node] = low[node] = counter
+                counter += 1
+                stack.append(node)
+                on_stack[node] = True
+            recursed = False
+            for j in range(i, len(succ[node])):
+                w = succ[node][j]
+                if index[w] < 0:
+                    work.append((node, j + 1))
+                    work.append((w, 0))
+                    recursed = True
+                    break
+                if on_stack[w]:
+                    low[node] = min(low[node], index[w])
+            if recursed:
+                continue
+            if low[node] == index[node]:
+                while True:
+                    w = stack.pop()
+                    on_stack[w] = False
+                    component[w] = n_components
+                    if w == node:
+                        break
+                n_components += 1
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+    return component
+
+
+def check_grammar(g: ParsedGrammar, root: str = "root") -> None:
+    """What ``llama_grammar_init_impl`` checks after parsing, as :class:`GrammarError`:
+    the grammar has rules and a ``root`` symbol, every rule reference is defined, and no
+    rule is left-recursive (:class:`LeftRecursionError`, by llama.cpp's algorithm; and,
+    beyond llama.cpp, the "hidden" left recursion it misses, see the module docstring)."""
+    if not g.rules:
+        raise GrammarError("grammar has no rules")
+    if root not in g.symbol_ids:
+        raise GrammarError(f"grammar does not contain a '{root}' symbol")
+    if not 0 <= g.symbol_ids[root] < len(g.rules):
+        raise GrammarError(f"grammar's '{root}' symbol has no rule")
+    _validate(g)
+    r = _llama_left_recursion(g.rules)
+    if r is not None:
+        name = g.names[r] or f"#{r}"
+        raise LeftRecursionError(f"unsupported grammar, left recursion detected for nonterminal '{name}'", name, False)
+    r = _hidden_left_recursion(g.rules)
+    if r is not None:
+        name = g.names[r] or f"#{r}"
+        raise LeftRecursionError(
+            f"unsupported grammar, left recursion through rules that may be empty detected for nonterminal '{name}'",
+            name,
+            True,
+        )
+
+
+# ---------------------------------------------------------------------------- what crashes llama.cpp
+
+_REPETITION = re.compile(r"\{[ \t]*([0-9]+)[ \t]*,[ \t]*([0-9]+)[ \t]*\}")
+
+
+def _outside_literals(text: str) -> Iterator[int]:
+    """Indices of the characters of GBNF ``text`` outside literals, character classes and
+    comments (where llama.cpp's parser reads grammar syntax)."""
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "#":
+            while i < n and text[i] not in "\r\n":
+                i += 1
+        elif c in '"[':
+            close = '"' if c == '"' else "]"
+            i += 1
+            while i < n and text[i] != close:
+                i += 2 if text[i] == "\\" else 1
+        else:
+            yield i
+        i += 1
+
+
+def has_token_refs(text: str) -> bool:
+    """Whether GBNF ``text`` has token references: a ``<`` or ``!`` outside literals,
+    character classes and comments (where llama.cpp's parser starts a token element)."""
+    return any(text[i] in "<!" for i in _outside_literals(text))
+
+
+def inverted_repetition(text: str) -> str | None:
+    """The first ``{m,n}`` with ``n < m`` outside literals, classes and comments, or None
+    (found by its spelling, even where llama.cpp would refuse the text before it)."""
+    for i in _outside_literals(text):
+        if text[i] == "{":
+            m = _REPETITION.match(text, i)
+            if m and int(m.group(2)) < int(m.group(1)):
+                return m.group(0)
+    return None
+
+
+@lru_cache(maxsize=64)
+def native_grammar_hazard(text: str) -> str | None:
+    """Why llama.cpp's grammar sampler would crash the process on GBNF ``text`` (a
+    sentence for an error message), or None when it would not: either the grammar is
+    safe for llama.cpp or llama.cpp's parser refuses it cleanly (see the module
+    docstring). Results for the last 64 texts are cached."""
+    bad = inverted_repetition(text)
+    if bad is not None:
+        return f"repetition {bad} has its maximum below its minimum (llama.cpp would exhaust memory)"
+    parser = _Parser(text)
+    try:
+        grammar = parser.parse()
+    except GrammarError:  # llama.cpp refuses the text too, after what it parsed before
+        grammar = None
+    if parser.max_nesting > MAX_DEPTH:
+        return (
+            f"groups are nested more than {MAX_DEPTH} deep; llama.cpp's parser "
+            "recurses once per level and would overflow the stack"
+        )
+    if grammar is None:
+        return None
+    r = _hidden_left_recursion(grammar.rules)
+    if r is not None:
+        return (
+            f"rule {grammar.names[r] or '#' + str(r)!r} is left-recursive: it can reach itself before "
+            "any character, with more to match after (llama.cpp's own check misses "
+            "this where the cycle passes rules that match nothing only indirectly, "
+            "and its parse stacks then grow until memory runs out)"
+        )
+    depth = _leading_reference_depth(grammar.rules)
+    if depth > MAX_DEPTH:
+        return (
+            f"a chain of {depth} rule references can come before the first character "
+            f"(more than {MAX_DEPTH}); llama.cpp recurses once per reference and would "
+            "overflow the stack"
+        )
+    return None
+
+
+def _leading_edges(rules: tuple[Rule, ...]) -> list[list[tuple[int, bool]]]:
+    """Per rule, the rules it can refer to before matching any character, each with
+    whether something follows that reference in its alternative."""
+    nullable = _nullable_rules(rules)
+    edges: list[list[tuple[int, bool]]] = [[] for _ in rules]
+    for r, rule in enumerate(rules):
+        for alt in alternatives(rule):
+            for i, (t, v) in enumerate(alt):
+                if t != _RULE_REF:
+                    break
+                edges[r].append((v, i + 1 < len(alt)))
+                if not nullable[v]:
+                    break
+    return edges
+
+
+def _leading_reference_depth(rules: tuple[Rule, ...]) -> int:
+    """An upper bound on the longest chain of rule references llama.cpp can follow before
+    a character (in rules): the heaviest path through the components of the leading
+    references, each component weighing its number of rules."""
+    n = len(rules)
+    if n == 0:
+        return 0
+    succ = [[v for v, _ in es] for es in _leading_edges(rules)]
+    component = _strongly_connected_components(n, succ)
+    count = max(component) + 1
+    size = [0] * count
+    members: list[list[int]] = [[] for _ in range(count)]
+    for v, c in enumerate(component):
+        size[c] += 1
+        members[c].append(v)
+    # Tarjan numbers a component after every component it reaches: successors first
+    best = [0] * count
+    for c in range(count):
+        after = 0
+        for v in members[c]:
+            for w in succ[v]:
+                if component[w] != c:
+                    after = max(after, best[component[w]])
+        best[c] = size[c] + after
+    return max(best)
