@@ -21,9 +21,11 @@ runs them:
    ``llama.h`` declares, the ggml types it references (opaque where only pointed to),
    and a short, listed set of ggml/gguf functions. Nothing is hand-copied.
 4. ``make_ffibuilder()`` -- ``ffi.set_source`` (API mode: the compiler checks every
-   declaration against the header, limited API: one extension for every CPython 3) with a
-   small amount of our own C: the build stamp, a log trampoline that filters by level in
-   C, an abort-flag callback, the softmax kernels and the backend-loading helpers.
+   declaration against the header, limited API: one extension for every CPython 3) with
+   our own C helpers from ``llama_cffi/_native/`` (log router, abort callbacks, softmax
+   kernels, backend loading, a GGUF check; their header is read into the cdef, they
+   compile with ``-Wall -Wextra``) and a generated preamble (the build stamp, the
+   forwarding functions of the CPU backend library).
 
 Environment switches (all optional):
 
@@ -1088,6 +1090,13 @@ def _late_functions(decls: list[Any], c_ast: Any, c_generator: Any) -> str:
         + "\n".join(table)
         + "\n    {NULL, NULL}\n};"
     )
+    out.append(
+        "void llama_cffi_bind_late(void *handle) {\n"
+        "    for (int i = 0; llama_cffi_late[i].name != NULL; ++i) {\n"
+        "        *llama_cffi_late[i].slot = dlsym(handle, llama_cffi_late[i].name);\n"
+        "    }\n"
+        "}"
+    )
     return "\n\n".join(out) + "\n"
 
 
@@ -1113,69 +1122,34 @@ def _iter_types(node: Any, c_ast: Any, top_only: bool = False) -> Iterator[Any]:
 # 4. The extension
 # --------------------------------------------------------------------------------------
 
-#: Our own declarations (not llama.h's): callbacks into Python and small C helpers.
-OWN_CDEF = """
+#: The extension's own C: ``llama_cffi/_native/*.c``, compiled with warnings on, and the
+#: header whose declarations the cdef reads (``llama_cffi.h``: everything there is
+#: reachable as ``lib.<name>``). ``internal.h`` is what the .c files share beside it.
+NATIVE_DIR = HERE / "llama_cffi" / "_native"
+NATIVE_HEADER = NATIVE_DIR / "llama_cffi.h"
+NATIVE_WARNINGS = ("-Wall", "-Wextra")
+
+#: What only cffi can declare: the functions it generates that call Python (``+C``: the
+#: .c files call them too), and the build stamp compiled into the generated module.
+CALLBACKS_CDEF = """
 /* build stamp: JSON with abi, commit, options; checked at import */
 static const char *const llama_cffi_build_info;
 
-/* log routing: llama.cpp/ggml -> (level filter in C) -> Python logging */
-extern "Python" void llama_cffi_log_py(int level, const char *text);
-extern int llama_cffi_log_min_level;
-extern int llama_cffi_log_enabled;
-void llama_cffi_log_install(void);
-
+/* log routing (log.c calls it) */
+extern "Python+C" void llama_cffi_log_py(int level, const char *text);
 /* model-load progress: user_data is an ffi.new_handle */
 extern "Python" bool llama_cffi_progress_py(float progress, void *user_data);
-
-/* abort: ggml polls the callback after every graph node, on the thread that called
-   llama_decode. The combined callback checks a flag (settable from any thread) and, at
-   most once per interval, calls Python (user callable; also lets Ctrl-C through). */
-typedef struct {
-    volatile int flag;      /* nonzero: abort now */
-    void *py;               /* ffi.new_handle of the Python state, or NULL */
-    int64_t interval_us;    /* minimum time between Python polls */
-    int64_t next_us;        /* next time Python may be polled */
-} llama_cffi_abort_state;
-bool llama_cffi_abort_combined(void *state);
-bool llama_cffi_abort_flag(void *flag_int_ptr);
-extern "Python" bool llama_cffi_abort_py(void *user_data);
-
+/* abort polls (abort.c calls it): user_data is an ffi.new_handle */
+extern "Python+C" bool llama_cffi_abort_py(void *user_data);
 /* eval callback (cb_eval): user_data is an ffi.new_handle */
 extern "Python" bool llama_cffi_eval_py(struct ggml_tensor *t, bool ask, void *user_data);
-
-/* softmax kernels over one float32 row (see llama_cffi.kernels) */
-double llama_cffi_softmax_sum(int n, float *y, const float *x, float max);
-double llama_cffi_softmax_dot(int n, const float *y, const float *x, float max);
-const char *llama_cffi_softmax_impl(void);
-
-/* backend libraries (see llama_cffi.backends): ggml_backend_score() of the library at
-   path (dlopen'd and closed again): > 0 usable on this CPU, 0 not, -1 cannot be opened,
-   -2 exports no score; the last dlopen error; XCR0, the register state the OS saves
-   (-1 off x86-64, 0 when OSXSAVE is clear); ask the kernel for AMX tile data
-   (arch_prctl(ARCH_REQ_XCOMP_PERM): 0 granted, -1 refused or not Linux x86-64); and the
-   CPU library whose vectorised softmax the kernels use (0 bound, -1 not loaded, -2 none) */
-int llama_cffi_backend_score(const char *path);
-const char *llama_cffi_dlerror(void);
-int64_t llama_cffi_xcr0(void);
-int llama_cffi_amx_request(void);
-int llama_cffi_bind_cpu(const char *path);
-
-/* the index of a token string that repeats an earlier one in a GGUF string array
-   (empty strings named "[EMPTY_<i>]" as llama.cpp's vocabulary loader names them), -1 if
-   none, -2 when out of memory */
-int64_t llama_cffi_gguf_duplicate_string(const struct gguf_context *g, int64_t key);
 """
 
-OWN_SOURCE = r"""
-#include "llama.h"
-#include "ggml.h"
-#include "ggml-cpu.h"
-#include "ggml-backend.h"
-#include "gguf.h"
+#: The generated module's preamble: llama.cpp's headers, the stamp, and the generated
+#: forwarding functions of the CPU backend library (see :func:`generate_cdef`).
+PREAMBLE = r"""
+#include "internal.h"
 #include <dlfcn.h>
-#include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 %(extra_includes)s
 
@@ -1183,178 +1157,19 @@ static const char *const llama_cffi_build_info = %(build_info)s;
 
 /* functions of the CPU backend library, bound at import (generated; see generate_cdef) */
 %(late_functions)s
-
-static void llama_cffi_log_py(int level, const char *text);
-int llama_cffi_log_min_level = GGML_LOG_LEVEL_WARN;
-int llama_cffi_log_enabled = 1;
-static int llama_cffi_log_last_level = GGML_LOG_LEVEL_INFO;
-
-/* Called by llama.cpp/ggml from any thread. Filtering here means a quiet logger
-   costs no GIL acquisition; CONT lines inherit the level of the line they continue. */
-static void llama_cffi_log_trampoline(enum ggml_log_level level, const char *text, void *ud) {
-    (void)ud;
-    int eff = (level == GGML_LOG_LEVEL_CONT) ? llama_cffi_log_last_level : (int)level;
-    if (level != GGML_LOG_LEVEL_CONT) llama_cffi_log_last_level = (int)level;
-    if (!llama_cffi_log_enabled || eff < llama_cffi_log_min_level || text == NULL) return;
-    llama_cffi_log_py(eff, text);
-}
-
-void llama_cffi_log_install(void) {
-    llama_log_set(llama_cffi_log_trampoline, NULL);
-}
-
-bool llama_cffi_abort_flag(void *flag) {
-    return flag != NULL && *(volatile int *)flag != 0;
-}
-
-typedef struct {
-    volatile int flag;
-    void *py;
-    int64_t interval_us;
-    int64_t next_us;
-} llama_cffi_abort_state;
-
-static bool llama_cffi_abort_py(void *user_data);
-
-/* sum(exp(x - max)) over n floats, exp(x - max) written to y (y may alias x); the
-   sum is accumulated in double. Once llama_cffi_bind_cpu has found it in the CPU backend
-   library loaded at import, this is ggml's own vectorised soft_max kernel (the one its
-   SOFT_MAX op uses, built for that library's instruction sets); before that, or without
-   it, a scalar loop. */
-typedef double (*llama_cffi_softmax_fn)(const int n, float *y, const float *x, float max);
-static llama_cffi_softmax_fn llama_cffi_softmax_vec = NULL;
-
-double llama_cffi_softmax_sum(int n, float *y, const float *x, float max) {
-    if (llama_cffi_softmax_vec != NULL) return llama_cffi_softmax_vec(n, y, x, max);
-    double sum = 0.0;
-    for (int i = 0; i < n; ++i) {
-        float v = expf(x[i] - max);
-        y[i] = v;
-        sum += (double)v;
-    }
-    return sum;
-}
-
-/* sum(y_i * (x_i - max)) over the i with y_i != 0 (y from llama_cffi_softmax_sum; a
-   -inf logit has y_i = 0 and adds nothing instead of 0 * -inf = NaN). */
-double llama_cffi_softmax_dot(int n, const float *y, const float *x, float max) {
-    double acc = 0.0;
-    for (int i = 0; i < n; ++i) {
-        if (y[i] != 0.0f) acc += (double)y[i] * (double)(x[i] - max);
-    }
-    return acc;
-}
-
-typedef struct { const char *s; int64_t i; } llama_cffi_str_idx;
-
-static int llama_cffi_str_idx_cmp(const void *a, const void *b) {
-    const llama_cffi_str_idx *x = (const llama_cffi_str_idx *)a, *y = (const llama_cffi_str_idx *)b;
-    int c = strcmp(x->s, y->s);
-    return c != 0 ? c : (x->i < y->i ? -1 : x->i > y->i);
-}
-
-int64_t llama_cffi_gguf_duplicate_string(const struct gguf_context *g, int64_t key) {
-    size_t n = gguf_get_arr_n(g, key);
-    llama_cffi_str_idx *v = (llama_cffi_str_idx *)malloc((n ? n : 1) * sizeof *v);
-    char **names = (char **)calloc(n ? n : 1, sizeof *names);
-    int64_t dup = -1;
-    if (v == NULL || names == NULL) { free(v); free(names); return -2; }
-    for (size_t i = 0; i < n; ++i) {
-        const char *s = gguf_get_arr_str(g, key, i);
-        if (s == NULL || s[0] == '\0') {
-            names[i] = (char *)malloc(32);
-            if (names[i] == NULL) { dup = -2; n = i; break; }
-            snprintf(names[i], 32, "[EMPTY_%%zu]", i);
-            s = names[i];
-        }
-        v[i].s = s;
-        v[i].i = (int64_t)i;
-    }
-    if (dup == -1) {
-        qsort(v, n, sizeof *v, llama_cffi_str_idx_cmp);
-        for (size_t i = 1; i < n; ++i) {
-            if (strcmp(v[i - 1].s, v[i].s) == 0 && (dup < 0 || v[i].i < dup)) dup = v[i].i;
-        }
-    }
-    for (size_t i = 0; i < n; ++i) free(names[i]);
-    free(names);
-    free(v);
-    return dup;
-}
-
-const char *llama_cffi_softmax_impl(void) {
-    return llama_cffi_softmax_vec != NULL ? "ggml_vec_soft_max_f32" : "scalar";
-}
-
-int llama_cffi_backend_score(const char *path) {
-    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (h == NULL) return -1;
-    int (*score)(void) = (int (*)(void))dlsym(h, "ggml_backend_score");
-    int s = score != NULL ? score() : -2;
-    dlclose(h);
-    return s;
-}
-
-const char *llama_cffi_dlerror(void) {
-    const char *e = dlerror();
-    return e != NULL ? e : "";
-}
-
-int llama_cffi_bind_cpu(const char *path) {
-    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
-    if (h == NULL) return -1;
-    for (int i = 0; llama_cffi_late[i].name != NULL; ++i) {
-        *llama_cffi_late[i].slot = dlsym(h, llama_cffi_late[i].name);
-    }
-    void *f = dlsym(h, "ggml_vec_soft_max_f32");
-    dlclose(h); /* balances this dlopen; ggml's own handle keeps the library loaded */
-    if (f == NULL) return -2;
-    llama_cffi_softmax_vec = (llama_cffi_softmax_fn)f;
-    return 0;
-}
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <cpuid.h>
-int64_t llama_cffi_xcr0(void) {
-    unsigned a, b, c, d;
-    __cpuid(1, a, b, c, d);
-    if (!(c & (1u << 27))) return 0; /* OSXSAVE clear: xgetbv is not allowed */
-    unsigned lo, hi;
-    __asm__ __volatile__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    return (int64_t)(((uint64_t)hi << 32) | lo);
-}
-#else
-int64_t llama_cffi_xcr0(void) { return -1; }
-#endif
-
-#if defined(__x86_64__) && defined(__linux__)
-#include <sys/syscall.h>
-#include <unistd.h>
-int llama_cffi_amx_request(void) {
-    /* ARCH_REQ_XCOMP_PERM (0x1023) for XFEATURE_XTILEDATA (18): for the whole process */
-    return syscall(SYS_arch_prctl, 0x1023, 18) == 0 ? 0 : -1;
-}
-#else
-int llama_cffi_amx_request(void) { return -1; }
-#endif
-
-bool llama_cffi_abort_combined(void *data) {
-    llama_cffi_abort_state *s = (llama_cffi_abort_state *)data;
-    if (s == NULL) return false;
-    if (s->flag) return true;
-    if (s->py != NULL) {
-        int64_t now = ggml_time_us();
-        if (now >= s->next_us) {
-            s->next_us = now + s->interval_us;
-            if (llama_cffi_abort_py(s->py)) {
-                s->flag = 1;
-                return true;
-            }
-        }
-    }
-    return false;
-}
 """
+
+
+def own_cdef() -> str:
+    """The declarations of ``llama_cffi/_native/llama_cffi.h``, for the cdef: the header
+    without its preprocessor lines (include guard, includes), which cffi does not read."""
+    lines = NATIVE_HEADER.read_text().splitlines()
+    return "\n".join(line for line in lines if not line.lstrip().startswith("#")) + "\n"
+
+
+def native_sources() -> list[Path]:
+    """The extension's C helper files (compiled with :data:`NATIVE_WARNINGS`)."""
+    return sorted(NATIVE_DIR.glob("*.c"))
 
 
 def build_info_json(native: NativeBuild, source: Source) -> str:
@@ -1396,9 +1211,10 @@ def make_ffibuilder(native: NativeBuild, source: Source) -> Any:
     (native.prefix / "llama_cffi.cdef.h").write_text(cdef)  # for reading, not for building
     ffi = cffi.FFI()
     ffi.cdef(cdef)
-    ffi.cdef(OWN_CDEF)
+    ffi.cdef(own_cdef())
+    ffi.cdef(CALLBACKS_CDEF)
     info = build_info_json(native, source)
-    src = OWN_SOURCE % {
+    src = PREAMBLE % {
         "extra_includes": "".join(f'#include "{h}"\n' for h in extra),
         "build_info": json.dumps(info),  # a valid C string literal for ASCII JSON
         "late_functions": late_c,
@@ -1406,14 +1222,16 @@ def make_ffibuilder(native: NativeBuild, source: Source) -> Any:
     ffi.set_source(
         "llama_cffi._llama",
         src,
-        include_dirs=[str(d) for d in native.include_dirs],
+        sources=[str(p) for p in native_sources()],
+        include_dirs=[str(NATIVE_DIR), *(str(d) for d in native.include_dirs)],
         # linked by path: the dynamic section records their SONAMEs, found through the RUNPATH
         extra_objects=[str(p) for p in native.link_files],
         libraries=native.link_libs,
         # no debug information (the interpreter's flags may ask for -g) and no folder of
         # the build machine in the binary
         extra_compile_args=[
-            "-Wno-deprecated-declarations",
+            *NATIVE_WARNINGS,
+            "-Wno-deprecated-declarations",  # the generated module wraps llama.h's deprecated functions too
             "-O2",
             "-g0",
             *(f"-ffile-prefix-map={d}=llama_cffi/include" for d in native.include_dirs),

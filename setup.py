@@ -44,7 +44,9 @@ class BuildLlama(build_ext):
         # its own class, with the same fields.
         dext = ffi.distutils_extension(tmpdir=os.path.join(HERE, "build", "cffi"))
         fields = {f: getattr(dext, f) for f in _EXT_FIELDS}
-        ext = Extension(dext.name, list(dext.sources), py_limited_api=True, **fields)
+        # setuptools wants the sources relative to setup.py's folder (the cwd of a build)
+        sources = [os.path.relpath(s, HERE) if os.path.isabs(s) else s for s in dext.sources]
+        ext = Extension(dext.name, sources, py_limited_api=True, **fields)
         self.distribution.ext_modules = [ext]
         super().finalize_options()
         self.extensions = [ext]

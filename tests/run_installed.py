@@ -126,7 +126,8 @@ def main(argv: list[str]) -> int:
         return 1
     work.mkdir(parents=True, exist_ok=True)
     dist, wheelhouse = ROOT / "dist", ROOT / "wheelhouse"
-    for d in (dist, wheelhouse):
+    # setuptools merges an old egg-info's SOURCES.txt into the next sdist: start clean
+    for d in (dist, wheelhouse, *ROOT.glob("*.egg-info")):
         shutil.rmtree(d, ignore_errors=True)
 
     try:

@@ -66,17 +66,22 @@ def test_structs_match_header_layout() -> None:
 
 
 def test_no_generated_code_is_committed() -> None:
-    """The cdef is generated at build time; no copy of llama.h declarations is in the
-    tree (the headers an in-place build copies into llama_cffi/include are ignored)."""
+    """The cdef is generated at build time; no copy of llama.h's or ggml's declarations
+    is in the tree (our own headers, llama_cffi/_native/*.h, declare only our helpers;
+    the headers an in-place build copies into llama_cffi/include are ignored)."""
     skip = {".venv", "build", "dist", "wheelhouse"}
-    found = [
+    headers = [
         p
         for p in ROOT.rglob("*")
         if p.suffix in (".h", ".cdef")
         and not skip & set(p.relative_to(ROOT).parts)
         and p.parent != ROOT / "llama_cffi" / "include"
     ]
-    assert found == []
+    copied = [
+        p for p in headers if re.search(r"\b(LLAMA_API|GGML_API|GGML_BACKEND_API)\b|\bllama_decode\s*\(", p.read_text())
+    ]
+    assert copied == []
+    assert all(p.parent.name == "_native" for p in headers), headers
 
 
 def test_build_is_portable_and_never_native() -> None:
@@ -115,6 +120,39 @@ def test_stale_build_raises_import_error() -> None:
     )
     assert r.returncode == 0, r.stderr
     assert "IMPORTERROR" in r.stdout and "stale" in r.stdout and "pip install" in r.stdout
+
+
+def _native_dir() -> Path:
+    """llama_cffi/_native: the extension's own C (shipped with the package and the sdist)."""
+    return Path(llama_cffi.__file__).resolve().parent / "_native"
+
+
+def test_every_declaration_of_our_header_is_reachable() -> None:
+    """Each function and variable llama_cffi/_native/llama_cffi.h declares (the header the
+    cdef reads) is an attribute of lib, and each has a definition in the .c files."""
+    header = (_native_dir() / "llama_cffi.h").read_text()
+    text = re.sub(r"/\*.*?\*/", "", header, flags=re.S)
+    functions = re.findall(r"^[A-Za-z_][\w \*]*?\b(llama_cffi_\w+)\(", text, flags=re.M)
+    variables = re.findall(r"^extern [\w ]+\b(llama_cffi_\w+);", text, flags=re.M)
+    assert len(functions) >= 12 and len(variables) == 2
+    sources = "".join(p.read_text() for p in _native_dir().glob("*.c"))
+    for name in functions + variables:
+        assert hasattr(lib, name), name
+        assert re.search(rf"^[^;\n]*\b{name}\b[^;\n]*(\{{|=)", sources, flags=re.M), f"{name} is not defined"
+
+
+def test_native_helpers_compile_without_warnings() -> None:
+    """The extension's C files compile cleanly under -Wall -Wextra -Werror (C11)."""
+    import shutil
+    import subprocess
+
+    cc = os.environ.get("CC", "cc").split()
+    assert shutil.which(cc[0]), "a C compiler is needed"
+    for src in sorted(_native_dir().glob("*.c")):
+        cmd = [*cc, "-std=c11", "-fsyntax-only", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE"]
+        cmd += [f"-I{_native_dir()}", f"-I{llama_cffi.get_include()}", str(src)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        assert r.returncode == 0, f"{src.name}:\n{r.stderr}"
 
 
 def test_callbacks_are_api_mode_extern_python() -> None:

@@ -1,0 +1,27 @@
+/* What the helpers share and Python does not see: llama.cpp's headers, the functions
+ * cffi generates that call into Python, and the generated binding of the CPU backend
+ * library. */
+#ifndef LLAMA_CFFI_INTERNAL_H
+#define LLAMA_CFFI_INTERNAL_H
+
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+#include "ggml.h"
+#include "gguf.h"
+#include "llama.h"
+#include "llama_cffi.h"
+
+/* Defined by cffi in the extension's generated module (extern "Python+C"): they take the
+   GIL and run the Python functions registered with @ffi.def_extern. */
+void llama_cffi_log_py(int level, const char *text);
+bool llama_cffi_abort_py(void *user_data);
+
+/* Generated with the extension (build_ffi.generate_cdef): point the forwarding
+   definitions of ggml-cpu.h's functions at the CPU library opened as handle. */
+void llama_cffi_bind_late(void *handle);
+
+/* kernels.c: use ggml's vectorised soft_max kernel (NULL: the scalar loop) */
+typedef double (*llama_cffi_softmax_fn)(const int n, float *y, const float *x, float max);
+void llama_cffi_set_softmax(llama_cffi_softmax_fn f);
+
+#endif

@@ -1,0 +1,58 @@
+/* llama_cffi's own C API: the helpers the extension adds beside llama.h.
+ *
+ * build_ffi.py reads the declarations of this header into the cffi cdef (preprocessor
+ * lines dropped), so everything declared here is reachable from Python as
+ * llama_cffi._binding.lib.<name>; the definitions are in the .c files beside it. Keep it
+ * to declarations cffi can parse: no macros, no inline code. */
+#ifndef LLAMA_CFFI_H
+#define LLAMA_CFFI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct gguf_context;
+
+/* log routing (log.c): llama.cpp/ggml -> level filter in C -> Python logging. Messages
+   below llama_cffi_log_min_level, or any while llama_cffi_log_enabled is 0, never reach
+   Python (no GIL taken). */
+extern int llama_cffi_log_min_level;
+extern int llama_cffi_log_enabled;
+void llama_cffi_log_install(void);
+
+/* abort (abort.c): ggml polls the callback after every graph node, on the thread that
+   called llama_decode. The combined callback checks a flag (settable from any thread)
+   and, at most once per interval, calls Python (a user callable; also lets Ctrl-C
+   through). */
+typedef struct {
+    volatile int flag;      /* nonzero: abort now */
+    void *py;               /* ffi.new_handle of the Python state, or NULL */
+    int64_t interval_us;    /* minimum time between Python polls */
+    int64_t next_us;        /* next time Python may be polled */
+} llama_cffi_abort_state;
+bool llama_cffi_abort_combined(void *state);
+bool llama_cffi_abort_flag(void *flag_int_ptr);
+
+/* softmax kernels over one float32 row (kernels.c; see llama_cffi.kernels) */
+double llama_cffi_softmax_sum(int n, float *y, const float *x, float max);
+double llama_cffi_softmax_dot(int n, const float *y, const float *x, float max);
+const char *llama_cffi_softmax_impl(void);
+
+/* backend libraries (backends.c; see llama_cffi.backends): ggml_backend_score() of the
+   library at path (dlopen'd and closed again): > 0 usable on this CPU, 0 not, -1 cannot
+   be opened, -2 exports no score; the last dlopen error; XCR0, the register state the OS
+   saves (-1 off x86-64, 0 when OSXSAVE is clear); ask the kernel for AMX tile data
+   (arch_prctl(ARCH_REQ_XCOMP_PERM): 0 granted, -1 refused or not Linux x86-64); and bind
+   the CPU library loaded at path (its ggml-cpu.h functions and softmax kernel: 0 bound,
+   -1 not loaded, -2 no softmax kernel in it) */
+int llama_cffi_backend_score(const char *path);
+const char *llama_cffi_dlerror(void);
+int64_t llama_cffi_xcr0(void);
+int llama_cffi_amx_request(void);
+int llama_cffi_bind_cpu(const char *path);
+
+/* GGUF (gguf_check.c): the index of a token string that repeats an earlier one in a
+   GGUF string array (empty strings named "[EMPTY_<i>]" as llama.cpp's vocabulary loader
+   names them), -1 if none, -2 when out of memory */
+int64_t llama_cffi_gguf_duplicate_string(const struct gguf_context *g, int64_t key);
+
+#endif
