@@ -227,10 +227,27 @@ def build_common_cpp_tool(name: str) -> Path:
     """
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise ValueError(f"not a tool name: {name!r}")
+    return _build_against_common(name, [HERE / "native" / f"{name}.cpp"])
+
+
+def build_llama_example(name: str) -> Path:
+    """Compile one of llama.cpp's own example programs (``examples/<name>/*.cpp`` of the
+    pinned source, e.g. ``embedding``, ``simple``) against the tools build's ``common``
+    library, as :func:`build_common_cpp_tool` does (the tools build leaves examples out),
+    and return the binary's path."""
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+        raise ValueError(f"not an example name: {name!r}")
+    sources = sorted((llama_cpp_source_dir() / "examples" / name).glob("*.cpp"))
+    if not sources:
+        raise ValueError(f"llama.cpp has no example {name!r}")
+    return _build_against_common(f"example-{name}", sources)
+
+
+def _build_against_common(name: str, sources: list[Path]) -> Path:
     info = llama_cffi.build_info()
-    src = HERE / "native" / f"{name}.cpp"
     root, options = _tools_dir(info)
-    key = hashlib.sha256(src.read_bytes() + str(info["commit"]).encode() + root.name.encode()).hexdigest()[:12]
+    digest = b"".join(p.read_bytes() for p in sources)
+    key = hashlib.sha256(digest + str(info["commit"]).encode() + root.name.encode()).hexdigest()[:12]
     out = tools_root() / "tools-c" / f"{name}-{key}"
     if out.is_file():
         return out
@@ -254,6 +271,7 @@ def build_common_cpp_tool(name: str) -> Path:
         build_dir / "ggml" / "src" / "libggml-cpu.a",
         build_dir / "ggml" / "src" / "ggml-rpc" / "libggml-rpc.a",  # with GGML_RPC (libggml registers it)
         build_dir / "ggml" / "src" / "libggml-base.a",
+        build_dir / "vendor" / "cpp-httplib" / "libcpp-httplib.a",  # common's downloader (examples use it)
     ]
     incs = [source / "common", source / "include", source / "ggml" / "include", source / "vendor"]
     extra = ["-lgomp"] if options.get("GGML_OPENMP") == "ON" else []
@@ -263,7 +281,7 @@ def build_common_cpp_tool(name: str) -> Path:
         os.environ.get("CXX", "c++"),
         "-O1",
         "-std=c++17",
-        str(src),
+        *(str(src) for src in sources),
         *(f"-I{d}" for d in incs),
         *(str(lib) for lib in libs if lib.is_file()),
         "-lpthread",

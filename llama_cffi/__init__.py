@@ -56,6 +56,7 @@ from .errors import (
     RpcError,
     StateError,
     TokenizeError,
+    UnsupportedError,
 )
 from .log import set_verbosity
 from .lora import LoraAdapter
@@ -112,6 +113,7 @@ __all__ = [
     "StreamingDetokenizer",
     "TokenAttr",
     "TokenizeError",
+    "UnsupportedError",
     "Vocab",
     "VocabType",
     "__version__",

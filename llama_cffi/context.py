@@ -55,6 +55,7 @@ from .errors import (
     ParamError,
     RpcError,
     StateError,
+    UnsupportedError,
 )
 from .memory import Memory
 from .outputs import LiveOutputError, OutputBuffer, OutputGuard, OutputView
@@ -710,13 +711,21 @@ class Context:
         return self.decode(arr)
 
     def encode(self, tokens: Any, seq_id: int = 0) -> None:
-        """Run the encoder (encoder-decoder models) or a non-causal embedding pass."""
+        """Run the encoder: of an encoder-decoder model (T5: then decode from the decoder
+        start token), or the non-causal pass of an encoder-only model (BERT-like: no KV
+        memory; read :meth:`embeddings`). :class:`~llama_cffi.errors.UnsupportedError` on
+        a decoder-only model (llama.cpp would crash), :class:`InvalidBatchError` for more
+        tokens than ``n_ubatch`` (the encoder takes one micro-batch)."""
         arr = self._vocab.check_tokens(tokens)
         n = len(arr)
         if n == 0:
             raise InvalidBatchError("encode needs at least one token")
-        if n > self.n_batch:
-            raise InvalidBatchError(f"encode takes at most n_batch={self.n_batch} tokens at once, got {n}")
+        n_ubatch = int(lib.llama_n_ubatch(self._ptr()))
+        if n > min(self.n_batch, n_ubatch):
+            raise InvalidBatchError(
+                f"encode takes at most n_ubatch={n_ubatch} tokens at once (the encoder runs one micro-batch), got {n}"
+            )
+        self._require_encoder()
         seq_id = self._check_seq(seq_id)
         if self._batch is None:
             self._batch = Batch(self.n_batch)
@@ -732,6 +741,15 @@ class Context:
             self._guard.generation += 1
             rc = lib.llama_encode(ptr, b.c)
             self._after_decode(rc, n, np.arange(n, dtype=np.int32), n)
+
+    def _require_encoder(self) -> None:
+        if self.model.has_encoder or self._memory == ffi.NULL:
+            return  # an encoder-decoder, or an encoder-only model (no KV memory: non-causal)
+        arch = self.model.metadata.get("general.architecture", "?")
+        raise UnsupportedError(
+            "encode needs a model with an encoder (an encoder-decoder such as T5, or an encoder-only "
+            f"embedding model such as BERT); this is a decoder-only {arch} model: use decode"
+        )
 
     # ------------------------------------------------------------------ outputs
     def _lease(self, p: Any, nbytes: int) -> Any:

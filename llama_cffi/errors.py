@@ -102,6 +102,12 @@ class RpcError(LlamaError, ConnectionError):
     than a worker answered, its protocol version differs, or it went away."""
 
 
+class UnsupportedError(LlamaError, ValueError):
+    """The operation does not apply to this model's kind: ``encode`` on a decoder-only
+    model, a partial edit of a recurrent state, ... The message names the model's kind and
+    what to use instead."""
+
+
 class GrammarError(LlamaError, ValueError):
     """A grammar that cannot be used (undefined rule, missing root, left recursion, ...)."""
 

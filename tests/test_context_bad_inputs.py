@@ -113,6 +113,7 @@ def _token_cases(e: Env) -> list[Case]:
         Case("encode [-1]", "InvalidTokenError", lambda: ctx.encode([-1])),
         Case("encode []", "InvalidBatchError", lambda: ctx.encode([])),
         Case("encode > n_batch", "InvalidBatchError", lambda: ctx.encode([5] * (N_BATCH + 1))),
+        Case("encode on a decoder-only model", "UnsupportedError", lambda: ctx.encode([5, 6])),
         Case("eval [n_vocab] at the end", "InvalidTokenError", lambda: ctx.eval([v], 4)),
         Case("generate [-1]", "InvalidTokenError", lambda: ctx.generate([-1], max_tokens=1)),
         Case("generate max_tokens=-1", "ParamError", lambda: ctx.generate([5], max_tokens=-1)),

@@ -78,3 +78,25 @@ def test_gemma_chat_template(default_model: Model) -> None:
     assert text == "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"
     toks = default_model.tokenize(text, parse_special=True)
     assert default_model.vocab.is_control(int(toks[1]))
+
+
+def test_encode_on_the_decoder_only_default_model_is_a_typed_error(default_model_path: Path) -> None:
+    """The reported crash: ``encode`` on Gemma 3 (decoder-only) killed the interpreter with
+    SIGSEGV inside llama.cpp. Now an UnsupportedError naming the model's kind, and the
+    context decodes afterwards (in a child: a regression would be a signal)."""
+    from tests.conftest import run_isolated
+
+    r = run_isolated(
+        f"""
+        import numpy as np, llama_cffi as lc
+        ctx = lc.Model.load({str(default_model_path)!r}).context(n_ctx=256)
+        try:
+            ctx.encode([1, 2, 3])
+        except lc.UnsupportedError as e:
+            print("REFUSED", e)
+        print("USABLE", bool(np.isfinite(ctx.decode([2, 100, 200])).all()))
+        """
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "REFUSED" in r.stdout and "decoder-only gemma3 model" in r.stdout, r.stdout
+    assert "USABLE True" in r.stdout
