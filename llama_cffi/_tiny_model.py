@@ -163,6 +163,36 @@ IM_END_ID: int = TOKENS.index("<|im_end|>")
 EOT_ID: int = IM_END_ID
 
 
+F32Array = np.ndarray[Any, np.dtype[np.float32]]
+
+
+class Weights:
+    """Deterministic F32 tensors for the tiny writers: every call draws the next numbers
+    of one ``numpy.random.default_rng(seed)`` stream, so a file depends only on the seed
+    and the order of the calls."""
+
+    def __init__(self, seed: int, std: float = 0.02) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.std = std
+
+    def rand(self, *shape: int, std: float | None = None) -> F32Array:
+        """Normal(0, ``std``) weights (default 0.02) of numpy shape ``shape``; a numpy
+        ``(rows, cols)`` matrix is ggml ``ne = {cols, rows}``."""
+        arr = self.rng.standard_normal(shape, dtype=np.float32)
+        arr *= np.float32(self.std if std is None else std)
+        return arr
+
+    @staticmethod
+    def ones(n: int) -> F32Array:
+        """A norm weight: ``n`` ones (draws nothing)."""
+        return np.ones(n, dtype=np.float32)
+
+    @staticmethod
+    def zeros(n: int) -> F32Array:
+        """A bias: ``n`` zeros (draws nothing)."""
+        return np.zeros(n, dtype=np.float32)
+
+
 def _set_kv(writer: Any, key: str, value: Any) -> None:
     """Set (or replace) one metadata key.
 
@@ -220,17 +250,8 @@ def write_tiny_model(
 
     gguf = _import_gguf()
     path = Path(path)
-    rng = np.random.default_rng(seed)
-    std = 0.02
-
-    def rand(rows: int, cols: int) -> np.ndarray[Any, np.dtype[np.float32]]:
-        # numpy (rows, cols) == ggml ne = {cols, rows}
-        arr = rng.standard_normal((rows, cols), dtype=np.float32)
-        arr *= np.float32(std)
-        return arr
-
-    def ones(n: int) -> np.ndarray[Any, np.dtype[np.float32]]:
-        return np.ones(n, dtype=np.float32)
+    w = Weights(seed)
+    rand, ones = w.rand, w.ones
 
     arch = "llama"
     writer = gguf.GGUFWriter(path, arch)
@@ -247,21 +268,7 @@ def write_tiny_model(
     writer.add_rope_freq_base(10000.0)
     writer.add_vocab_size(N_VOCAB)
 
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(TOKENS)
-    writer.add_token_scores(SCORES)
-    writer.add_token_types(TOKEN_TYPES)
-    writer.add_bos_token_id(BOS_ID)
-    writer.add_eos_token_id(EOS_ID)
-    writer.add_eot_token_id(EOT_ID)
-    writer.add_unk_token_id(UNK_ID)
-    writer.add_pad_token_id(PAD_ID)
-    writer.add_add_bos_token(True)
-    writer.add_add_eos_token(False)
-    writer.add_add_space_prefix(add_space_prefix)
-    if chat_template is not None:
-        writer.add_chat_template(chat_template)
-
+    add_tiny_vocab(writer, add_space_prefix=add_space_prefix, chat_template=chat_template)
     for key, value in (extra_metadata or {}).items():
         _set_kv(writer, key, value)
 
@@ -283,8 +290,43 @@ def write_tiny_model(
     writer.add_tensor("output_norm.weight", ones(n_embd))
     writer.add_tensor("output.weight", rand(N_VOCAB, n_embd))
 
+    finish(writer)
+    return path
+
+
+def add_tiny_vocab(
+    writer: Any,
+    *,
+    add_bos: bool = True,
+    add_eos: bool = False,
+    add_space_prefix: bool = False,
+    chat_template: str | None = None,
+) -> None:
+    """Add the tiny SentencePiece vocabulary (:data:`TOKENS`, its special ids, the BOS/EOS
+    and space-prefix flags, and a chat template unless ``None``) to a ``GGUFWriter``: the
+    tokenizer every tiny model of :mod:`llama_cffi.testing` shares."""
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(TOKENS)
+    writer.add_token_scores(SCORES)
+    writer.add_token_types(TOKEN_TYPES)
+    writer.add_bos_token_id(BOS_ID)
+    writer.add_eos_token_id(EOS_ID)
+    writer.add_eot_token_id(EOT_ID)
+    writer.add_unk_token_id(UNK_ID)
+    writer.add_pad_token_id(PAD_ID)
+    writer.add_add_bos_token(add_bos)
+    writer.add_add_eos_token(add_eos)
+    writer.add_add_space_prefix(add_space_prefix)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
+
+
+def finish(writer: Any, extra_metadata: dict[str, Any] | None = None) -> None:
+    """Apply ``extra_metadata`` (see :func:`_set_kv`), then write the header, the metadata
+    and the tensors (in the order added) and close the writer."""
+    for key, value in (extra_metadata or {}).items():
+        _set_kv(writer, key, value)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return path

