@@ -32,7 +32,7 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
 import numpy as np
@@ -171,6 +171,13 @@ class Context:
                 f"n_seq_max={p.c.n_seq_max} exceeds the {rows} output rows (n_outputs_max, or min(n_ctx, n_batch)): "
                 "each sequence needs one; raise n_ctx/n_batch or lower n_seq_max"
             )
+        if model.has_encoder and model.has_decoder and int(p.c.n_seq_max) > 1 and not bool(p.c.kv_unified):
+            # llama.cpp's cross-attention graph does not fit one KV stream per sequence: every
+            # decode then aborts (GGML_ASSERT(ggml_can_repeat) in ggml.c)
+            raise ParamError(
+                f"an encoder-decoder model with n_seq_max={p.c.n_seq_max} needs kv_unified=True "
+                "(llama.cpp aborts on its first decode otherwise)"
+            )
         log.sync()
         if model._uses_rpc:
             from .rpc import signals_held
@@ -214,6 +221,21 @@ class Context:
         # RPC models: llama.cpp's failure count when last looked at (see _after_decode)
         self._rpc_seen = seen if model._uses_rpc else -1
         self._guard = OutputGuard()
+        # what this model's kind allows (see _check_kind): an encoder-only model keeps no
+        # memory and reads each input in one non-causal pass; an encoder-decoder decodes
+        # only after encode; a recurrent or hybrid memory cannot drop or copy parts
+        self._arch = str(model.metadata.get("general.architecture", "?"))
+        self._memoryless = self._memory == ffi.NULL
+        self._enc_dec = model.has_encoder and model.has_decoder
+        self._encoded = False
+        self._recurrent = model.is_recurrent or model.is_hybrid
+        self._swa_window = int(model.n_swa) if model.n_swa > 0 and not bool(p.c.swa_full) else 0
+        self._kind_checks = self._memoryless or self._enc_dec
+        if self._memoryless and not model.is_diffusion:
+            self._guard.unavailable = (
+                f"this encoder-only {self._arch} model computes embeddings, not logits: create the context with "
+                "embeddings=True and read embeddings() or embeddings_seq()"
+            )
         self._outbuf: OutputBuffer | None = None  # llama.cpp's output buffer, leased
         # rows of logits llama.cpp's output buffer holds now (it reserves n_seq_max at
         # creation and grows, i.e. reallocates, when a decode needs more)
@@ -368,7 +390,12 @@ class Context:
         """Run one real decode (BOS, or token 0) to load weights and build graphs, then
         clear the memory. The first real decode afterwards runs at full speed."""
         tok = self._vocab.bos
-        self.decode_single(0 if tok is None else tok, seq_id=0)
+        if self._enc_dec:
+            self.start_decoder([0 if tok is None else tok])
+        elif self._memoryless:
+            self.decode([0 if tok is None else tok], logits="none")
+        else:
+            self.decode_single(0 if tok is None else tok, seq_id=0)
         self.memory.clear()
 
     def synchronize(self) -> None:
@@ -412,7 +439,11 @@ class Context:
         after restoring a state saved with more tokens)."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ParamError(f"n_past must be an int >= 0, not {n!r}")
-        self.memory.seq_rm(0, n, -1)
+        if not self.memory.seq_rm(0, n, -1):
+            raise UnsupportedError(
+                f"this {self._arch} model's recurrent state cannot be rewound to {n} tokens (create the context "
+                "with n_rs_seq=k to keep k steps of rollback, or clear and decode again)"
+            )
 
     def _check_seq(self, seq_id: object) -> int:
         if isinstance(seq_id, bool) or not isinstance(seq_id, (int, np.integer)) or not 0 <= seq_id < self._n_seq_max:
@@ -535,6 +566,8 @@ class Context:
                     self._start_pos(seq_id, None, 1)  # raises KvCacheFullError
             else:
                 start = self._start_pos(seq_id, pos, 1)
+            if self._kind_checks:
+                self._check_kind(1, start)
             if self._embeddings and not self._out_embd_reserved:
                 if not self._may_grow(1):
                     self._refuse_growth(1, "this decode (embeddings were switched on)")
@@ -605,6 +638,8 @@ class Context:
         with self._busy:
             ptr = self._ptr()
             start = self._start_pos(seq_id, pos, n)
+            if self._kind_checks:
+                self._check_kind(n, start + n - 1)
             # chunk ends: at most n_batch tokens, and (while raw arrays point into the output
             # buffer) at most as many outputs as the buffer holds, so it is never reallocated
             out_limit = self.n_batch if self._may_grow(min(int(mask.sum()), self.n_batch)) else self._out_rows_cap
@@ -662,6 +697,8 @@ class Context:
         with self._busy:
             ptr = self._ptr()
             self._validate_batch_positions(batch, n)
+            if self._kind_checks:
+                self._check_kind(n, int(batch.pos[:n].max()))
             out_index = np.flatnonzero(batch.logits[:n]).astype(np.int32)
             if not self._may_grow(len(out_index)):
                 self._refuse_growth(len(out_index), "this batch")
@@ -713,9 +750,12 @@ class Context:
     def encode(self, tokens: Any, seq_id: int = 0) -> None:
         """Run the encoder: of an encoder-decoder model (T5: then decode from the decoder
         start token), or the non-causal pass of an encoder-only model (BERT-like: no KV
-        memory; read :meth:`embeddings`). :class:`~llama_cffi.errors.UnsupportedError` on
-        a decoder-only model (llama.cpp would crash), :class:`InvalidBatchError` for more
-        tokens than ``n_ubatch`` (the encoder takes one micro-batch)."""
+        memory; read :meth:`embeddings`). ``seq_id=-1``: the input belongs to every
+        sequence (an encoder-decoder's decoder sequences attend only to encoder input of
+        their own sequence: this lets all of them, e.g. branches, see it).
+        :class:`~llama_cffi.errors.UnsupportedError` on a decoder-only model (llama.cpp
+        would crash), :class:`InvalidBatchError` for more tokens than ``n_ubatch`` (the
+        encoder takes one micro-batch)."""
         arr = self._vocab.check_tokens(tokens)
         n = len(arr)
         if n == 0:
@@ -726,21 +766,78 @@ class Context:
                 f"encode takes at most n_ubatch={n_ubatch} tokens at once (the encoder runs one micro-batch), got {n}"
             )
         self._require_encoder()
-        seq_id = self._check_seq(seq_id)
-        if self._batch is None:
-            self._batch = Batch(self.n_batch)
-        b = self._batch
+        seqs = list(range(self._n_seq_max)) if seq_id == -1 else [self._check_seq(seq_id)]
+        if self._memoryless and n > self.model.n_ctx_train > 0:
+            raise InvalidBatchError(
+                f"this encoder-only {self._arch} model reads at most n_ctx_train={self.model.n_ctx_train} "
+                f"positions, got {n} tokens"
+            )
+        if len(seqs) > 1:
+            b = Batch(n, len(seqs))
+            b.token[:n] = arr
+            b.pos[:n] = np.arange(n, dtype=np.int32)
+            b.n_seq_id[:n] = len(seqs)
+            b.seq_id[:n, : len(seqs)] = seqs
+            b.n_tokens = n
+        else:
+            if self._batch is None:
+                self._batch = Batch(self.n_batch)
+            b = self._batch
+            b.set_sequence(arr, 0, seqs[0], output_last=False)
         with self._busy:
             ptr = self._ptr()
+            if self._enc_dec and any(
+                int(lib.llama_memory_seq_pos_max(self._memory, s)) >= 0 for s in range(self._n_seq_max)
+            ):
+                raise InvalidBatchError(
+                    "encode needs the decoder memory empty (llama.cpp refuses a new input while it holds "
+                    "decoded tokens): clear it first with memory.clear()"
+                )
             if not self._may_grow(n):
                 self._refuse_growth(n, "encode")
             self._grew(n)
-            b.set_sequence(arr, 0, seq_id, output_last=False)
             b.logits[:n] = 1
             self._abort.flag = 0
             self._guard.generation += 1
             rc = lib.llama_encode(ptr, b.c)
             self._after_decode(rc, n, np.arange(n, dtype=np.int32), n)
+            self._encoded = self._encoded or self._enc_dec
+
+    def _check_kind(self, n: int, last_pos: int) -> None:
+        """Refuse a decode this model's kind cannot take (llama.cpp would abort)."""
+        if self._memoryless:
+            limit = min(self.n_batch, int(lib.llama_n_ubatch(self._ptr())))
+            if n > limit:
+                raise InvalidBatchError(
+                    f"this encoder-only {self._arch} model reads each input in one pass: at most "
+                    f"n_ubatch={limit} tokens per decode, got {n}"
+                )
+            if last_pos >= self.model.n_ctx_train > 0:
+                raise InvalidBatchError(
+                    f"this encoder-only {self._arch} model reads at most n_ctx_train={self.model.n_ctx_train} "
+                    f"positions; the input reaches position {last_pos}"
+                )
+        if self._enc_dec and not self._encoded:
+            raise UnsupportedError(
+                f"this encoder-decoder {self._arch} model decodes after encode: call encode(input) first, then "
+                f"decode from its decoder start token ({self.model.decoder_start_token})"
+            )
+
+    def start_decoder(self, tokens: Any, seq_id: int = 0) -> OutputView:
+        """For an encoder-decoder model: clear the memory, encode ``tokens``, decode the
+        model's decoder start token into ``seq_id`` and return its logits (the first
+        generated token comes from them)."""
+        self._ptr()
+        if not self._enc_dec:
+            raise UnsupportedError(f"start_decoder is for encoder-decoder models; this is a {self._arch} model")
+        start = self.model.decoder_start_token
+        if start is None:
+            start = self._vocab.bos
+        if start is None:
+            raise UnsupportedError(f"this {self._arch} model names no decoder start token (and no BOS)")
+        self.memory.clear()
+        self.encode(tokens, seq_id=-1)  # every sequence may attend to it (branches forked later)
+        return self.decode_single(start, seq_id=seq_id)
 
     def _require_encoder(self) -> None:
         if self.model.has_encoder or self._memory == ffi.NULL:
@@ -800,6 +897,8 @@ class Context:
         zero-copy view of ``n_vocab`` float32 values."""
         self._ptr()
         self._check_idle()
+        if self._guard.unavailable is not None:
+            raise UnsupportedError(self._guard.unavailable)
         n_out = self._n_outputs
         if n_out == 0:
             raise IndexError("the last decode produced no logits (no token was marked for output)")
@@ -818,6 +917,8 @@ class Context:
         """Every output row of the last decode: a guarded ``(n_outputs, n_vocab)`` view."""
         self._ptr()
         self._check_idle()
+        if self._guard.unavailable is not None:
+            raise UnsupportedError(self._guard.unavailable)
         return self._all_rows()
 
     def _all_rows(self) -> OutputView:
@@ -860,6 +961,85 @@ class Context:
             raise IndexError(f"no pooled embedding for sequence {seq_id} in the last decode")
         n = max(self.model.n_cls_out, 1) if self.pooling_type == "rank" else self.model.n_embd_out
         return self._embd_view(p, n, normalize)
+
+    def embed(self, texts: str | Sequence[str], normalize: bool = True) -> npt.NDArray[np.float32]:
+        """Pooled embeddings of many texts: a new ``(len(texts), n_embd_out)`` float32
+        array, L2-normalised if ``normalize`` (as ``llama-embedding`` does by default).
+
+        Texts are tokenized as llama.cpp's ``llama-embedding`` tokenizes them (special
+        tokens added and parsed) and packed several to a decode, one sequence each (up to
+        ``n_seq_max`` sequences and ``n_batch`` tokens per decode; ``n_ubatch`` for
+        encoder-only models, which read each input in one pass). Needs a context with
+        ``embeddings=True`` and a pooling type (``mean``, ``cls``, ``last``; the model's by
+        default); the context's memory is cleared before each decode, so use a context
+        of its own for embedding."""
+        rows = self._pooled([texts] if isinstance(texts, str) else list(texts), "embed")
+        out = np.stack(rows) if rows else np.zeros((0, self.model.n_embd_out), dtype=np.float32)
+        if normalize and len(out):
+            norms = np.linalg.norm(out, axis=1, keepdims=True)
+            np.divide(out, norms, out=out, where=norms > 0)
+        return out
+
+    def rerank(self, query: str, documents: Sequence[str]) -> npt.NDArray[np.float32]:
+        """Relevance scores of ``documents`` for ``query`` from a reranking model (a
+        context whose pooling type is ``rank``): a new float32 array, one score per
+        document (the first class's, when the head has several), higher is more relevant.
+        Each pair is formed as ``llama-embedding`` forms it: the model's ``rerank`` chat
+        template with ``{query}`` and ``{document}``, else query, EOS and SEP texts (as
+        the vocabulary adds them), document. Packed like :meth:`embed`."""
+        if self.pooling_type != "rank":
+            raise ParamError("rerank needs a reranking model and a context with pooling_type='rank'")
+        vocab = self._vocab
+        template = self.model.chat_template("rerank")
+        pairs = []
+        for doc in documents:
+            if template is not None:
+                pairs.append(template.replace("{query}", query).replace("{document}", doc))
+            else:
+                eos = vocab.token_text(vocab.eos) if vocab.add_eos and vocab.eos is not None else ""
+                sep = vocab.token_text(vocab.sep) if vocab.add_sep and vocab.sep is not None else ""
+                pairs.append(query + eos + sep + doc)
+        rows = self._pooled(pairs, "rerank")
+        return np.array([r[0] for r in rows], dtype=np.float32)
+
+    def _pooled(self, texts: list[str], what: str) -> list[npt.NDArray[np.float32]]:
+        """One pooled output per text (see :meth:`embed`), in order."""
+        self._ptr()
+        if self._enc_dec:
+            raise UnsupportedError(
+                f"{what} needs an encoder-only or a decoder-only model; this is an encoder-decoder {self._arch} "
+                "model (llama.cpp's llama-embedding refuses it too)"
+            )
+        if not self._embeddings:
+            raise ParamError(f"{what} needs a context with embeddings=True")
+        if self.pooling_type == "none":
+            raise ParamError(f"{what} needs a pooling context (pooling_type 'mean', 'cls', 'last' or 'rank')")
+        limit = min(self.n_batch, self.n_ubatch) if self._memoryless else self.n_batch
+        if self._memoryless and self.model.n_ctx_train > 0:
+            limit = min(limit, self.model.n_ctx_train)
+        limit = min(limit, self._n_ctx_seq)
+        toks = [self._vocab.tokenize(t, add_special=True, parse_special=True) for t in texts]
+        for i, t in enumerate(toks):
+            if not 0 < len(t) <= limit:
+                raise InvalidBatchError(f"text {i} is {len(t)} tokens; {what} takes 1..{limit} per text here")
+        out: list[npt.NDArray[np.float32]] = []
+        i = 0
+        while i < len(toks):
+            pack: list[npt.NDArray[np.int32]] = []
+            n = 0
+            while i < len(toks) and len(pack) < self._n_seq_max and n + len(toks[i]) <= limit:
+                pack.append(toks[i])
+                n += len(toks[i])
+                i += 1
+            batch = Batch(n, self._n_seq_max)
+            for s, t in enumerate(pack):
+                for k, tok in enumerate(t):
+                    batch.add(int(tok), k, (s,), output=k == len(t) - 1)
+            if not self._memoryless:
+                self.memory.clear()
+            self.decode_batch(batch)
+            out += [self.embeddings_seq(s) for s in range(len(pack))]
+        return out
 
     def _embd_view(self, p: Any, n: int, normalize: bool) -> np.ndarray:
         # embeddings are small (n_embd floats): a copy, valid for as long as you keep it
@@ -1117,13 +1297,19 @@ class Context:
     ) -> Iterator[str]:
         """Decode ``prompt`` then sample up to ``max_tokens``, yielding text pieces (never
         half a UTF-8 character). Stops at an end-of-generation token or a ``stop`` string
-        (the stop string itself is not yielded)."""
+        (the stop string itself is not yielded).
+
+        On an encoder-decoder model (T5) the prompt is the encoder's input: the context's
+        memory is cleared, the prompt encoded, and decoding starts from the model's decoder
+        start token in ``seq_id``."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
             raise ParamError(f"max_tokens must be an int >= 0, not {max_tokens!r}")
         smp: Sampler = sampler if sampler is not None else Greedy()
         toks = self._vocab.tokenize(prompt) if isinstance(prompt, str) else self._vocab.check_tokens(list(prompt))
         text = StopStringStream(self._vocab, stop)
-        if len(toks):
+        if self._enc_dec:
+            self.start_decoder(toks, seq_id)
+        elif len(toks):
             self.decode(toks, seq_id=seq_id)
         for _ in range(max_tokens):
             tok = int(smp.sample(self, -1))

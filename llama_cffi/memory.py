@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._binding import lib
-from .errors import ClosedError, ParamError
+from .errors import ClosedError, ParamError, UnsupportedError
 
 if TYPE_CHECKING:
     from .context import Context
@@ -60,16 +60,57 @@ class Memory:
     def clear(self, data: bool = True) -> None:
         """Empty every sequence; ``data=True`` also zeroes the buffers."""
         ctx, mem = self._mem()
+        if ctx._memoryless:
+            return
         with ctx._using():
             lib.llama_memory_clear(mem, bool(data))
 
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
-        """Remove ``[p0, p1)`` of ``seq_id`` (-1: every sequence). False if a partial
-        removal is impossible (recurrent models); removing whole sequences never fails."""
+        """Remove ``[p0, p1)`` of ``seq_id`` (-1: every sequence); removing whole sequences
+        never fails.
+
+        What the model's memory cannot do is refused, never half done:
+
+        * a recurrent or hybrid state holds no positions to cut out: removing a middle
+          range raises :class:`~llama_cffi.errors.UnsupportedError` (llama.cpp would report
+          success and keep them); removing a tail rolls back only as far as the context's
+          ``n_rs_seq`` allows, and returns False otherwise;
+        * a sliding-window cache without ``swa_full`` keeps only the last window: removing
+          a tail that starts before the window while keeping earlier positions raises
+          :class:`~llama_cffi.errors.UnsupportedError` (llama.cpp would leave the sequence
+          reporting no positions at all, so the next token would reuse position 0).
+        """
         s = self._seq(seq_id, allow_any=True)
         ctx, mem = self._mem()
+        a, b = _pos("p0", p0), _pos("p1", p1)
+        whole = a <= 0 and b < 0
+        if ctx._memoryless:
+            if not whole:
+                self._memoryless(ctx, "remove positions from")
+            return True  # nothing is kept between decodes: every sequence is empty already
+        seqs = range(self.n_seq_max) if s == -1 else (s,)
+        if not whole and ctx._recurrent:
+            for q in seqs:
+                hi = int(lib.llama_memory_seq_pos_max(mem, q))
+                if max(a, 0) < b <= hi:  # positions after the range would stay: not a tail
+                    raise UnsupportedError(
+                        f"this {ctx._arch} model's recurrent state cannot drop positions [{p0}, {p1}) of sequence "
+                        f"{q} and keep later ones: remove whole sequences, or a tail within n_rs_seq steps"
+                    )
+        if a > 0 and ctx._swa_window:
+            for q in seqs:
+                lo, hi = int(lib.llama_memory_seq_pos_min(mem, q)), int(lib.llama_memory_seq_pos_max(mem, q))
+                if a < lo <= hi and (b < 0 or b > hi):
+                    raise UnsupportedError(
+                        f"sequence {q} keeps only positions {lo}..{hi} in its sliding-window cache (window "
+                        f"{ctx._swa_window}); removing from {a} would empty it while earlier positions stay: create "
+                        "the context with swa_full=True to rewind past the window"
+                    )
         with ctx._using():
-            return bool(lib.llama_memory_seq_rm(mem, s, _pos("p0", p0), _pos("p1", p1)))
+            if s == -1 and whole and ctx._recurrent:
+                # llama.cpp's recurrent memory refuses seq_id -1 here: remove each sequence
+                return all([bool(lib.llama_memory_seq_rm(mem, q, -1, -1)) for q in seqs])
+            return bool(lib.llama_memory_seq_rm(mem, s, a, b))
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         """Make ``dst`` share ``src``'s cells in ``[p0, p1)``. With a unified KV cache
@@ -80,6 +121,19 @@ class Memory:
         a, b = self._seq(src), self._seq(dst)
         ctx, mem = self._mem()
         q0, q1 = _pos("p0", p0), _pos("p1", p1)
+        if ctx._memoryless:
+            self._memoryless(ctx, "copy")
+        if ctx._recurrent and a != b:
+            if q0 > 0 or q1 > 0:
+                raise UnsupportedError(
+                    f"this {ctx._arch} model's recurrent state cannot be copied in part ([{p0}, {p1})); "
+                    "llama.cpp would copy all of it: copy whole sequences only"
+                )
+            if ctx.n_rs_seq > 0:
+                raise UnsupportedError(
+                    f"copying sequences of this {ctx._arch} model's recurrent state with rollback on "
+                    f"(n_rs_seq={ctx.n_rs_seq}) is refused: llama.cpp aborts once the copies roll back differently"
+                )
         if (q0 > 0 or q1 > 0) and a != b and self.n_seq_max > 1 and not bool(ctx.params.c.kv_unified):
             raise ParamError(
                 f"seq_cp of positions [{p0}, {p1}) needs kv_unified=True: with one KV stream per "
@@ -89,13 +143,31 @@ class Memory:
             lib.llama_memory_seq_cp(mem, a, b, q0, q1)
 
     def seq_keep(self, seq_id: int) -> None:
-        """Remove every sequence except ``seq_id``."""
+        """Remove every sequence except ``seq_id``. (With one KV stream per sequence,
+        ``kv_unified=False``, llama.cpp's ``seq_keep`` only clears the stream ``seq_id``
+        lives in; the others are removed one by one here.)"""
         s = self._seq(seq_id)
         ctx, mem = self._mem()
+        if ctx._memoryless:
+            return  # nothing is kept between decodes
         with ctx._using():
-            lib.llama_memory_seq_keep(mem, s)
+            if self.n_seq_max > 1 and not bool(ctx.params.c.kv_unified):
+                for q in range(self.n_seq_max):
+                    if q != s:
+                        lib.llama_memory_seq_rm(mem, q, -1, -1)
+            else:
+                lib.llama_memory_seq_keep(mem, s)
+
+    @staticmethod
+    def _memoryless(ctx: Context, what: str) -> None:
+        raise UnsupportedError(
+            f"this encoder-only {ctx._arch} model keeps no memory between decodes: there is nothing to {what}"
+        )
 
     def _need_shift(self, what: str) -> None:
+        ctx, _ = self._mem()
+        if ctx._memoryless:
+            self._memoryless(ctx, "shift")
         if not self.can_shift:
             raise ParamError(f"{what}: this model's memory cannot shift positions (can_shift is False)")
 

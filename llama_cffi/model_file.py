@@ -48,6 +48,7 @@ _ARR_CTYPES = {
     "GGUF_TYPE_INT32": "int32_t *",
     "GGUF_TYPE_UINT64": "uint64_t *",
     "GGUF_TYPE_INT64": "int64_t *",
+    "GGUF_TYPE_BOOL": "uint8_t *",
 }
 
 
@@ -184,5 +185,31 @@ def _check_hparams(path: str, g: object, kv_overrides: Mapping[str, object] | No
             )
     elif groups != 0:
         problems.append(f"{arch}.expert_group_count={groups} without experts")
+    swa = _swa_problem(arch, get("attention.sliding_window"), get("attention.sliding_window_pattern"), n_layer)
+    if swa:
+        problems.append(swa)
     if problems:
         raise InvalidModelError(path, "; ".join(problems) + " (llama.cpp would abort the process)")
+
+
+def _swa_problem(arch: str, window: object, pattern: object, n_layer: object) -> str | None:
+    """A sliding-window pattern that makes no layer sliding-window on a model with a
+    window: llama.cpp then GGML_ASSERTs ``is_swa_any()`` when a context is created. The
+    pattern is an int ``p`` (layer ``il`` slides when ``p == 0`` or ``il % p < p - 1``;
+    some architectures count dense layers first, which matters only for one-layer models) or a bool
+    per layer. Only a pattern present in the file decides; a window explicitly 0 turns
+    sliding-window attention off altogether."""
+    if pattern is None or window == 0 or not isinstance(n_layer, int) or n_layer <= 0:
+        return None
+    if isinstance(pattern, list):
+        sliding = any(pattern[:n_layer])
+    elif isinstance(pattern, int):
+        sliding = pattern == 0 or any(il % pattern < pattern - 1 for il in range(n_layer))
+    else:
+        return None
+    if sliding:
+        return None
+    return (
+        f"{arch}.attention.sliding_window_pattern={pattern!r} makes none of the {n_layer} layers "
+        "sliding-window, but the model has a sliding window"
+    )

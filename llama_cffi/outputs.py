@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
-from .errors import ClosedError, InvalidBatchError, LlamaError
+from .errors import ClosedError, InvalidBatchError, LlamaError, UnsupportedError
 
 
 class StaleOutputError(LlamaError, RuntimeError):
@@ -44,13 +44,15 @@ class LiveOutputError(InvalidBatchError):
 
 
 class OutputGuard:
-    """Per-context generation counter shared by all views of that context."""
+    """Per-context generation counter shared by all views of that context. ``unavailable``:
+    why this context has no logits at all (an encoder-only model), raised on any read."""
 
-    __slots__ = ("closed", "generation")
+    __slots__ = ("closed", "generation", "unavailable")
 
     def __init__(self) -> None:
         self.generation = 0
         self.closed = False
+        self.unavailable: str | None = None
 
 
 class OutputBuffer:
@@ -87,6 +89,8 @@ class OutputView(NDArrayOperatorsMixin):
         g = self._guard
         if g.closed:
             raise ClosedError("this output view belongs to a closed context")
+        if g.unavailable is not None:
+            raise UnsupportedError(g.unavailable)
         if g.generation != self._gen:
             raise StaleOutputError(
                 "this output view is from an earlier decode; llama.cpp has reused its buffer "

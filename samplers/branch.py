@@ -198,12 +198,40 @@ class BranchStore:
         if len(tokens) == 0:
             raise ParamError("a branch needs a prompt of at least one token")
         chain = _as_chain(sampler, grammar, self.ctx.model)
+        model = self.ctx.model
+        if model.has_encoder and model.has_decoder:
+            return self._create_decoder(tokens, chain, seed, tracker, track)
         with self._fresh_id() as sid:
             row = self.ctx.decode(tokens, pos=0, seq_id=sid)  # Ctrl-C here aborts the prefill
             with _sigint_deferred():  # after it, the branch is made in full first
                 snapshot = np.array(row, dtype=np.float32, copy=True)
                 metrics = (tracker or PerplexityTracker()) if track else None
                 b = Branch(self, sid, None, [int(t) for t in tokens], chain, metrics, snapshot)
+                if seed is not None:
+                    b.reseed(seed)
+                self._register(b)
+        return b
+
+    def _create_decoder(
+        self, tokens: Any, chain: SamplerChain, seed: int | None, tracker: PerplexityTracker | None, track: bool
+    ) -> Branch:
+        """:meth:`create` for an encoder-decoder model: the prompt is the encoder's input,
+        one per context (llama.cpp keeps one encoder output), so only while no branch is
+        live; the branch starts at the decoder start token (its history)."""
+        if len(self):
+            raise BranchError(
+                "an encoder-decoder model holds one encoder input per context: prune the live branches "
+                "before creating one for a new input (fork the existing ones to share it)"
+            )
+        ctx = self.ctx
+        with self._fresh_id() as sid:
+            row = ctx.start_decoder(tokens, seq_id=sid)
+            with _sigint_deferred():
+                snapshot = np.array(row, dtype=np.float32, copy=True)
+                metrics = (tracker or PerplexityTracker()) if track else None
+                first = ctx.model.decoder_start_token
+                start = first if first is not None else ctx.model.vocab.bos
+                b = Branch(self, sid, None, [int(start if start is not None else 0)], chain, metrics, snapshot)
                 if seed is not None:
                     b.reseed(seed)
                 self._register(b)
@@ -550,6 +578,11 @@ class Branch:
         cache they may share these cells, whose positions would move for them too."""
         self._check_live()
         ctx = self.store.ctx
+        if ctx.model.is_recurrent or ctx.model.is_hybrid:
+            raise BranchError(
+                "a recurrent state cannot drop tokens (they stay mixed into it): use clear_and_reseed, which "
+                "decodes the kept tokens again"
+            )
         if not ctx.memory.can_shift:
             raise BranchError("this context's memory cannot shift positions: use clear_and_reseed")
         if len(self.store) > 1:
@@ -588,6 +621,11 @@ class Branch:
                 raise BranchError(
                     f"branch {self.seq_id} was rebuilt by clear_and_reseed/shift_context: its positions no "
                     "longer match its history, so it cannot be forked at a position"
+                )
+            if at < self._kv_len and (self.store.ctx.model.is_recurrent or self.store.ctx.model.is_hybrid):
+                raise BranchError(
+                    "a recurrent state holds no earlier positions to fork from: fork at the current position, "
+                    "or create a branch from the prefix's tokens"
                 )
             if at < self._kv_len:
                 return self._fork_prefix(at, seed)
