@@ -219,6 +219,24 @@ def _set_kv(writer: Any, key: str, value: Any) -> None:
     writer.add_key_value(key, value, vtype, sub_type)
 
 
+def rope_head_dim(n_embd: int, n_head: int, n_head_kv: int) -> int:
+    """The head dimension of a RoPE attention block; ValueError unless the shapes fit.
+
+    ``n_embd`` must split into ``n_head`` heads, ``n_head`` into ``n_head_kv`` groups,
+    and the head dimension must be even (RoPE rotates pairs).
+    """
+    if n_head <= 0 or n_head_kv <= 0:
+        raise ValueError("n_head and n_head_kv must be positive")
+    if n_embd % n_head:
+        raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
+    if n_head % n_head_kv:
+        raise ValueError(f"n_head ({n_head}) must be divisible by n_head_kv ({n_head_kv})")
+    head_dim = n_embd // n_head
+    if head_dim % 2:
+        raise ValueError(f"head dimension ({head_dim}) must be even for RoPE")
+    return head_dim
+
+
 def write_tiny_model(
     path: str | os.PathLike[str],
     *,
@@ -240,13 +258,7 @@ def write_tiny_model(
     :func:`_set_kv` for how their types are chosen); for example
     ``{"tokenizer.ggml.add_bos_token": False}``.
     """
-    if n_embd % n_head:
-        raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
-    if n_head % n_head_kv:
-        raise ValueError(f"n_head ({n_head}) must be divisible by n_head_kv ({n_head_kv})")
-    head_dim = n_embd // n_head
-    if head_dim % 2:
-        raise ValueError(f"head dimension ({head_dim}) must be even for RoPE")
+    head_dim = rope_head_dim(n_embd, n_head, n_head_kv)
 
     gguf = _import_gguf()
     path = Path(path)

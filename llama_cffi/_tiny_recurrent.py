@@ -45,7 +45,16 @@ from typing import Any
 
 import numpy as np
 
-from ._tiny_model import CHATML_TEMPLATE, N_VOCAB, F32Array, Weights, _import_gguf, add_tiny_vocab, finish
+from ._tiny_model import (
+    CHATML_TEMPLATE,
+    N_VOCAB,
+    F32Array,
+    Weights,
+    _import_gguf,
+    add_tiny_vocab,
+    finish,
+    rope_head_dim,
+)
 
 __all__ = ["write_tiny_hybrid", "write_tiny_mamba"]
 
@@ -202,15 +211,7 @@ def write_tiny_hybrid(
         raise ValueError(f"attn_layers ({attn}) must name at least one layer in [0, {n_layer})")
     if len(attn) == n_layer:
         raise ValueError(f"attn_layers ({attn}) names every layer; a hybrid needs a recurrent one")
-    if n_head <= 0 or n_head_kv <= 0:
-        raise ValueError("n_head and n_head_kv must be positive")
-    if n_embd % n_head:
-        raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
-    if n_head % n_head_kv:
-        raise ValueError(f"n_head ({n_head}) must be divisible by n_head_kv ({n_head_kv})")
-    head_dim = n_embd // n_head
-    if head_dim % 2:
-        raise ValueError(f"head dimension ({head_dim}) must be even for RoPE")
+    head_dim = rope_head_dim(n_embd, n_head, n_head_kv)
     if conv_l_cache < 2:
         raise ValueError(f"conv_l_cache ({conv_l_cache}) must be at least 2")
 

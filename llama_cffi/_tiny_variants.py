@@ -48,7 +48,16 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
-from ._tiny_model import CHATML_TEMPLATE, N_VOCAB, Weights, _import_gguf, add_tiny_vocab, finish, write_tiny_model
+from ._tiny_model import (
+    CHATML_TEMPLATE,
+    N_VOCAB,
+    Weights,
+    _import_gguf,
+    add_tiny_vocab,
+    finish,
+    rope_head_dim,
+    write_tiny_model,
+)
 
 __all__ = [
     "QUANT_TYPES",
@@ -138,13 +147,7 @@ def write_tiny_swa(
     """
     if sliding_window < 1:
         raise ValueError(f"sliding_window ({sliding_window}) must be >= 1")
-    if n_embd % n_head:
-        raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
-    if n_head % n_head_kv:
-        raise ValueError(f"n_head ({n_head}) must be divisible by n_head_kv ({n_head_kv})")
-    head_dim = n_embd // n_head
-    if head_dim % 2:
-        raise ValueError(f"head dimension ({head_dim}) must be even for RoPE")
+    head_dim = rope_head_dim(n_embd, n_head, n_head_kv)
     if n_layer < 1:
         raise ValueError(f"n_layer ({n_layer}) must be >= 1")
     if isinstance(swa_pattern, bool) or not isinstance(swa_pattern, (int, Sequence)):
