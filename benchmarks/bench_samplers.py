@@ -1,6 +1,6 @@
 """Samplers: the pure-numpy ones against llama.cpp's own, on the same logits, same run.
 
-For each vocabulary size (32k, 152k, 262k) and each sampler (and the chain
+For each vocabulary size (32k, 128k, 152k, 262k: Llama 2, Llama 3, Qwen 2, Gemma 3) and each sampler (and the chain
 top-k 40 -> top-p 0.95 -> min-p 0.05 -> temp 0.8 -> dist), one sampling step is timed:
 
 * native: ``benchmarks/native/sampler_loop.c`` does what ``llama_sampler_sample`` does on
@@ -158,11 +158,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--gen-tokens", type=int, default=96)
-    ap.add_argument("--quick", action="store_true", help="only the chain, at 262k, and generation")
-    ap.add_argument("--sizes", help="vocabulary sizes, comma separated (default: 32000,152064,262144; --quick: 262144)")
+    ap.add_argument("--quick", action="store_true", help="only the chain, at 32k and 262k, and generation")
+    ap.add_argument(
+        "--sizes", help="vocabulary sizes, comma separated (default: 32000,128256,152064,262144; --quick: 32000,262144)"
+    )
     ap.add_argument("--json", type=Path, help="also write the results here, as JSON")
     args = ap.parse_args(argv)
-    sizes = [262_144] if args.quick else [32_000, 152_064, 262_144]
+    sizes = [32_000, 262_144] if args.quick else [32_000, 128_256, 152_064, 262_144]
     if args.sizes:
         sizes = [int(x) for x in args.sizes.split(",") if x]
     cases = [0] if args.quick else list(range(len(CASES)))

@@ -20,7 +20,7 @@ import numpy.typing as npt
 
 from ._binding import ffi, lib
 
-__all__ = ["SOFTMAX_IMPL", "softmax_dot", "softmax_sum"]
+__all__ = ["SOFTMAX_IMPL", "softmax_dot", "softmax_sum", "top_k_grouped"]
 
 #: ``"ggml_vec_soft_max_f32"`` (ggml's SIMD kernel) or ``"scalar"`` (a plain C loop,
 #: when the static libraries did not define it).
@@ -61,3 +61,49 @@ def softmax_dot(exps: npt.NDArray[np.float32], row: npt.NDArray[np.float32], max
             row.shape[0], ffi.from_buffer("float[]", exps), ffi.from_buffer("float[]", row), max_value
         )
     )
+
+
+_GROUPS = 64
+
+
+def top_k_grouped(
+    row: npt.NDArray[np.float32], gmax: npt.NDArray[np.float32], k: int, out: npt.NDArray[np.intp]
+) -> npt.NDArray[np.intp]:
+    """The positions of the ``k`` largest values of ``row``, largest first, ties by lower
+    position (a stable sort by ``-row``, cut to ``k``), written to ``out[:k]`` and returned
+    as that slice.
+
+    ``gmax`` summarises ``row``: with ``cols = len(gmax)``, ``gmax[c]`` is the max of
+    ``row[g * cols + c]`` over ``g < 64`` (``row[:64 * cols].reshape(64, cols).max(0)``);
+    values past ``64 * cols`` are the tail. The k-th largest group max is a threshold that
+    at least ``k`` values reach, so the kernel reads only the groups that reach it: a few
+    microseconds at any vocabulary. ``row`` must hold no NaN (checked by whoever made
+    ``gmax``: a NaN group max is NaN). Requires ``1 <= k <= cols`` and ``64 * cols <= len(row)``.
+    """
+    _check("row", row)
+    _check("gmax", gmax)
+    n, cols = row.shape[0], gmax.shape[0]
+    if not 1 <= k <= cols or cols * _GROUPS > n:
+        raise ValueError(f"need 1 <= k <= len(gmax) and 64 * len(gmax) <= len(row): k={k}, {cols} groups, {n} values")
+    if not isinstance(out, np.ndarray) or out.dtype != np.intp or out.ndim != 1 or len(out) < k:
+        raise TypeError(f"out must be a 1-D intp ndarray of at least {k} entries")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError("out must be C-contiguous and writable")
+    return _top_k_grouped(row, gmax, k, out)
+
+
+def _top_k_grouped(
+    row: npt.NDArray[np.float32], gmax: npt.NDArray[np.float32], k: int, out: npt.NDArray[np.intp]
+) -> npt.NDArray[np.intp]:
+    """:func:`top_k_grouped` without the argument checks, for callers that own the arrays."""
+    got = lib.llama_cffi_top_k_grouped(
+        row.shape[0],
+        ffi.from_buffer("float[]", row),
+        gmax.shape[0],
+        ffi.from_buffer("float[]", gmax),
+        k,
+        ffi.from_buffer("int64_t[]", out),
+    )
+    if got != k:
+        raise MemoryError("top_k_grouped: out of memory")
+    return out[:k]

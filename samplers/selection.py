@@ -84,16 +84,17 @@ class Dist(Sampler):
             return
         lg = cands._lg()
         m = lg[0] if cands.sorted else lg.max()
-        p = cands.p
+        p = cands._p[:n]  # every entry is written below: no zero fill (the ``p`` property)
+        cands._p_valid = True
         if m == -np.inf:  # every candidate masked: NaN like llama.cpp's, without numpy's warning
             with np.errstate(invalid="ignore"):
                 np.subtract(lg, m, out=p)
         else:
             np.subtract(lg, m, out=p)
         np.exp(p, out=p)
-        cum = np.cumsum(p, dtype=np.float64)  # llama.cpp: a double running sum of float p
+        cum = np.cumsum(p, dtype=np.float64, out=cands.scratch64(n))  # llama.cpp: a double running sum
         total = float(cum[-1])
         u = self.rng.canonical()
-        i = int(np.searchsorted(cum, total * u, side="left"))
+        i = int(cum.searchsorted(total * u, side="left"))
         cands.selected = min(i, n - 1)
         np.divide(p, total, out=p, casting="unsafe")

@@ -26,8 +26,22 @@ def scale_logits(cands: Candidates, temp: float) -> None:
         lg[:] = -np.inf
         lg[i] = top
         return
+    if temp >= 1.0 or (cands.sorted and _no_overflow(lg, temp)):
+        np.divide(lg, np.float32(temp), out=lg)  # cannot overflow: no errstate (~1 us) needed
+        return
     with np.errstate(over="ignore"):  # a tiny temperature overflows to inf, as in C
         np.divide(lg, np.float32(temp), out=lg)
+
+
+_FLT_MAX = float(np.finfo(np.float32).max)
+
+
+def _no_overflow(lg: np.ndarray, temp: float) -> bool:
+    """Whether ``lg / temp`` stays finite for logits sorted descending: the largest and
+    the smallest (unless -inf, which stays -inf) are within ``FLT_MAX * temp``."""
+    lim = _FLT_MAX * temp
+    top, bottom = float(lg[0]), float(lg[-1])
+    return top <= lim and (bottom >= -lim or bottom == -math.inf)
 
 
 class Temperature(Sampler):

@@ -140,9 +140,9 @@ class MinP(Sampler):
             cands.sort()
         lg = cands._lg()
         min_logit = lg[0] + log_p
-        below = lg < min_logit
-        below[: max(self.min_keep, 1)] = False
-        cut = int(below.argmax()) if below.any() else n
+        # sorted descending (no NaN: reset refuses them), so the logits >= min_logit are a
+        # prefix; the first max(min_keep, 1) always stay
+        cut = min(max(int(np.count_nonzero(lg >= min_logit)), self.min_keep, 1), n)
         cands.truncate(cut)
 
 

@@ -71,3 +71,48 @@ def test_read_only_out_refused() -> None:
     out.flags.writeable = False
     with pytest.raises(ValueError, match="read-only"):
         kernels.softmax_sum(np.zeros(4, np.float32), 0.0, out)
+
+
+@given(
+    st.integers(1, 40),  # groups (cols)
+    st.integers(0, 63),  # tail length
+    st.integers(1, 40),
+    st.sampled_from([3, 50, 4000]),  # few distinct values: many ties at the threshold
+    st.integers(0, 2**32 - 1),
+    st.booleans(),
+)
+def test_top_k_grouped_equals_a_stable_sort(
+    cols: int, tail: int, k: int, distinct: int, seed: int, with_inf: bool
+) -> None:
+    k = min(k, cols)
+    rng = np.random.default_rng(seed)
+    row = rng.integers(0, distinct, size=64 * cols + tail).astype(np.float32) / 7
+    if with_inf:
+        row[rng.integers(0, len(row), size=len(row) // 3)] = -math.inf
+    gmax = np.ascontiguousarray(row[: 64 * cols].reshape(64, cols).max(axis=0))
+    out = np.full(k + 3, -1, dtype=np.intp)
+    got = kernels.top_k_grouped(row, gmax, k, out)
+    want = np.argsort(-row, kind="stable")[:k]  # ties: lower position first
+    np.testing.assert_array_equal(got, want)
+    assert got.base is out or got.base is out.base
+    assert (out[k:] == -1).all()  # nothing written past k
+
+
+def test_top_k_grouped_checks_its_arguments() -> None:
+    row = np.zeros(64 * 4, dtype=np.float32)
+    gmax = np.zeros(4, dtype=np.float32)
+    out = np.zeros(4, dtype=np.intp)
+    with pytest.raises(ValueError, match="k <= len"):
+        kernels.top_k_grouped(row, gmax, 5, out)
+    with pytest.raises(ValueError, match="k <= len"):
+        kernels.top_k_grouped(row, gmax, 0, out)
+    with pytest.raises(ValueError, match="64 \\* len"):
+        kernels.top_k_grouped(row[:100], gmax, 2, out)
+    with pytest.raises(TypeError, match="intp"):
+        kernels.top_k_grouped(row, gmax, 2, np.zeros(4, dtype=np.int32))
+    with pytest.raises(TypeError, match="at least 3"):
+        kernels.top_k_grouped(row, gmax, 3, np.zeros(2, dtype=np.intp))
+    with pytest.raises(TypeError, match="float32"):
+        kernels.top_k_grouped(row.astype(np.float64), gmax, 2, out)
+    with pytest.raises(TypeError, match="contiguous"):
+        kernels.top_k_grouped(np.zeros(64 * 8, dtype=np.float32)[::2], gmax, 2, out)

@@ -270,6 +270,19 @@ def test_grouped_top_k_equals_full_sort(n: int, k: int, seed: int, ties: bool) -
     assert got.tolist() == want.tolist()
 
 
+def test_strided_rows_are_copied_not_borrowed() -> None:
+    """A non-contiguous row (a column of a matrix, a ``[::2]`` slice) is copied by reset,
+    since the C kernels read contiguous memory; top-k still equals a stable sort."""
+    rng = np.random.default_rng(3)
+    base = rng.standard_normal((20000, 2)).astype(np.float32)
+    row = base[:, 1]
+    want = row.copy()
+    c = S.Candidates.from_logits(row)
+    assert c.top(40).tolist() == np.argsort(-want, kind="stable")[:40].tolist()
+    base[:, 1] = 0.0  # not borrowed: the candidates kept their own copy
+    np.testing.assert_array_equal(c.read_logits(), want)
+
+
 def test_sampling_leaves_no_reference_into_the_output_buffer(tiny_model: Model) -> None:
     """After chain.sample(ctx) a decode that needs a larger output buffer still works: no
     borrowed row survives the step (it would pin llama.cpp's buffer: LiveOutputError)."""

@@ -3,6 +3,9 @@
 
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 static llama_cffi_softmax_fn llama_cffi_softmax_vec = NULL;
 
@@ -38,4 +41,110 @@ double llama_cffi_softmax_dot(int n, const float *y, const float *x, float max) 
 
 const char *llama_cffi_softmax_impl(void) {
     return llama_cffi_softmax_vec != NULL ? "ggml_vec_soft_max_f32" : "scalar";
+}
+
+/* ---- top-k over a row summarised by interleaved group maxima (samplers.candidates) ---- */
+
+typedef struct {
+    float v;
+    int64_t pos;
+} llama_cffi_vp;
+
+/* descending value, then ascending position (a stable sort by -value) */
+static int llama_cffi_vp_before(const llama_cffi_vp *a, const llama_cffi_vp *b) {
+    return a->v > b->v || (a->v == b->v && a->pos < b->pos);
+}
+
+static int llama_cffi_vp_cmp(const void *x, const void *y) {
+    const llama_cffi_vp *a = (const llama_cffi_vp *)x, *b = (const llama_cffi_vp *)y;
+    return llama_cffi_vp_before(a, b) ? -1 : (llama_cffi_vp_before(b, a) ? 1 : 0);
+}
+
+/* the value of rank r (0-based, ascending) among a[0..n), reordering a (Hoare's select) */
+static float llama_cffi_select(float *a, int n, int r) {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        float pivot = a[lo + (hi - lo) / 2];
+        int i = lo, j = hi;
+        while (i <= j) {
+            while (a[i] < pivot) ++i;
+            while (a[j] > pivot) --j;
+            if (i <= j) {
+                float t = a[i];
+                a[i] = a[j];
+                a[j] = t;
+                ++i;
+                --j;
+            }
+        }
+        if (r <= j) hi = j;
+        else if (r >= i) lo = i;
+        else return a[r];
+    }
+    return a[r];
+}
+
+/* append (v, pos) to *cand (m used of *cap), doubling it when full; 0, or -1 when out of memory */
+static int llama_cffi_vp_push(llama_cffi_vp **cand, size_t *m, size_t *cap, float v, int64_t pos) {
+    if (*m == *cap) {
+        llama_cffi_vp *grown = (llama_cffi_vp *)realloc(*cand, sizeof(llama_cffi_vp) * *cap * 2);
+        if (grown == NULL) return -1;
+        *cand = grown;
+        *cap *= 2;
+    }
+    (*cand)[*m].v = v;
+    (*cand)[*m].pos = pos;
+    ++*m;
+    return 0;
+}
+
+/* The positions of the k largest values of row[0..n), largest first, ties by lower
+   position, written to out[0..k). gmax[c] (c < cols) is the max of the 64 values
+   row[g * cols + c], g < 64 (Candidates.reset's interleaved groups); row[64 * cols .. n)
+   is the tail. The k-th largest group max is a threshold at least k values reach, so
+   only the groups whose max reaches it (and the tail) are read. The row must hold no
+   NaN (reset refuses them). Returns k, or -1 when the arguments are out of range or
+   memory runs out. */
+int llama_cffi_top_k_grouped(int n, const float *row, int cols, const float *gmax, int k, int64_t *out) {
+    if (n < 0 || cols <= 0 || (int64_t)cols * 64 > n || k <= 0 || k > cols) return -1;
+    float *sel = (float *)malloc(sizeof(float) * (size_t)cols);
+    if (sel == NULL) return -1;
+    memcpy(sel, gmax, sizeof(float) * (size_t)cols);
+    const float th = llama_cffi_select(sel, cols, cols - k);
+    free(sel);
+    size_t cap = (size_t)k * 4 + 64, m = 0;
+    llama_cffi_vp *cand = (llama_cffi_vp *)malloc(sizeof(llama_cffi_vp) * cap);
+    if (cand == NULL) return -1;
+    int ok = 0;
+    for (int c = 0; c < cols && ok == 0; ++c) {
+        if (!(gmax[c] >= th)) continue;
+        for (int g = 0; g < 64 && ok == 0; ++g) {
+            const int64_t p = (int64_t)g * cols + c;
+            if (row[p] >= th) ok = llama_cffi_vp_push(&cand, &m, &cap, row[p], p);
+        }
+    }
+    for (int64_t p = (int64_t)cols * 64; p < n && ok == 0; ++p) {
+        if (row[p] >= th) ok = llama_cffi_vp_push(&cand, &m, &cap, row[p], p);
+    }
+    if (ok != 0) {
+        free(cand);
+        return -1;
+    }
+    if (m <= 64) { /* insertion sort: the usual case, about k candidates */
+        for (size_t i = 1; i < m; ++i) {
+            llama_cffi_vp x = cand[i];
+            size_t j = i;
+            while (j > 0 && llama_cffi_vp_before(&x, &cand[j - 1])) {
+                cand[j] = cand[j - 1];
+                --j;
+            }
+            cand[j] = x;
+        }
+    } else {
+        qsort(cand, m, sizeof(llama_cffi_vp), llama_cffi_vp_cmp);
+    }
+    const int got = (size_t)k < m ? k : (int)m; /* m >= k: k values reach th */
+    for (int i = 0; i < got; ++i) out[i] = cand[i].pos;
+    free(cand);
+    return got;
 }

@@ -36,6 +36,9 @@ bool llama_cffi_abort_flag(void *flag_int_ptr);
 double llama_cffi_softmax_sum(int n, float *y, const float *x, float max);
 double llama_cffi_softmax_dot(int n, const float *y, const float *x, float max);
 const char *llama_cffi_softmax_impl(void);
+/* positions of the k largest values of a NaN-free row summarised by 64 interleaved
+   group maxima (kernels.c; see samplers.candidates.Candidates.top); k or -1 */
+int llama_cffi_top_k_grouped(int n, const float *row, int cols, const float *gmax, int k, int64_t *out);
 
 /* backend libraries (backends.c; see llama_cffi.backends): ggml_backend_score() of the
    library at path (dlopen'd and closed again): > 0 usable on this CPU, 0 not, -1 cannot
