@@ -241,3 +241,72 @@ def test_compile_is_cached_per_vocabulary(vocab_model: llama_cffi.Model) -> None
     del m2
     gc.collect()
     assert ref() is None and len(g._compiled) == 1
+
+
+_PIECE_PARTS = [
+    b"a",
+    b"b",
+    b"z",
+    b"Q",
+    b'"',
+    b"\\",
+    b"n",
+    b"u",
+    b"{",
+    b"}",
+    b"[",
+    b"]",
+    b",",
+    b":",
+    b" ",
+    b"0",
+    b"1",
+    b"9",
+    b"-",
+    b".",
+    b"e",
+    b"t",
+    b"r",
+    b"\n",
+    "é".encode(),
+    "日".encode(),
+    "Ж".encode(),
+]
+_PARTIALS = [b"\xc3", b"\xe6\x97", b"\xd0"]  # lead bytes: a token that ends inside a character
+_SELF_LOOP_GRAMMARS = [
+    'root ::= "{" ws "\\"k\\":" ws string ws "}"\n'
+    'string ::= "\\"" ([^"\\\\\\x7F\\x00-\\x1F] | "\\\\" ["\\\\nt])* "\\""\n'
+    "ws ::= [ \\n]*\n",
+    'root ::= ([a-z]+ " "?)+ ("é" | [\\u0400-\\u04FF]*)\n',
+    'root ::= "[" ([0-9]+ ("," [0-9]+)*)? "]" | "-"? [0-9]+ ("." [0-9]+)?\n',
+    'root ::= [A-Z] [a-z]* ("\\n" [^\\n]*)*\n',
+]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_self_loop_walks_equal_the_plain_walk(data: st.DataObject) -> None:
+    """The mask walks that skip work (a cached mask for tokens made of the state's
+    self-loop classes, an undecided-token walk, subtree absorption in the trie) give the
+    plain level-by-level walk's mask in every state a random token walk reaches, on a
+    vocabulary of random pieces including tokens that end inside a character."""
+    rng = random.Random(data.draw(st.integers(0, 2**32 - 1), label="seed"))
+    pieces = {b"".join(rng.choice(_PIECE_PARTS) for _ in range(rng.randint(1, 6))) for _ in range(400)}
+    pieces |= {p + rng.choice(_PARTIALS) for p in list(pieces)[:40]} | set(_PARTIALS) | set(_PIECE_PARTS)
+    vocab = sorted(pieces)
+    text = data.draw(st.sampled_from(_SELF_LOOP_GRAMMARS), label="grammar")
+    grammar = Grammar.from_gbnf(text)
+    compiled = grammar.compile(vocab, mask_cache_size=0)
+    plain = grammar.compile(vocab, mask_cache_size=0)  # a list of pieces: compiled afresh, same engine
+    assert plain is not compiled and plain.engine is compiled.engine
+    plain._absorb = False
+    m = compiled.matcher()
+    for step in range(10):
+        got = compiled._compute_mask(m.state, m.partial)
+        want = plain._compute_mask(m.state, m.partial)
+        diff = np.flatnonzero(got != want)
+        assert len(diff) == 0, f"step {step}: {[(vocab[t], bool(want[t])) for t in diff[:6]]}"
+        allowed = np.flatnonzero(got)
+        if len(allowed) == 0:
+            break
+        assert m.accept_token(int(rng.choice(allowed.tolist())))

@@ -126,6 +126,37 @@ def test_default_model_json_masks_equal_native(default_model_path: Path) -> None
     assert eos is not None and m.allows(eos)
 
 
+def test_default_model_schema_masks_equal_native(default_model_path: Path) -> None:
+    """A JSON-schema grammar (pattern, enum, bounded array, nested object, escapes,
+    non-ASCII) on the 262,144-token vocabulary: the masks of the self-loop paths (the
+    undecided-token walk inside strings, the subtree-absorbing trie walk elsewhere)
+    equal llama.cpp's at every step."""
+    model = llama_cffi.Model.load(default_model_path, vocab_only=True)
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "pattern": "^[A-Z][a-z]+$"},
+            "age": {"type": "integer", "minimum": 0},
+            "kind": {"enum": ["a", "bb", "ccc"]},
+            "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 4},
+            "address": {
+                "type": "object",
+                "properties": {"street": {"type": "string"}, "city": {"type": "string"}},
+                "required": ["street", "city"],
+            },
+        },
+        "required": ["name", "age", "kind", "tags", "address"],
+    }
+    doc = (
+        '{"name": "Alice", "age": 31, "kind": "bb", "tags": ["x y", "café au lait", "\\"q\\""], '
+        '"address": {"street": "12 Rue de l\'Église", "city": "Paris"}}'
+    )
+    gbnf = Grammar.from_json_schema(schema).gbnf
+    tokens = [int(t) for t in model.vocab.tokenize(doc, add_special=False)]
+    tda = TokenDataArray(model.vocab.n_vocab)
+    assert assert_same_masks(model, gbnf, tokens, tda) == len(tokens)
+
+
 def test_matcher_refuses_what_native_would_abort_on(tiny_vocab_model: llama_cffi.Model) -> None:
     """A disallowed token or a premature EOG: False and no change (native: SamplingError)."""
     model = tiny_vocab_model
