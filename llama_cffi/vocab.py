@@ -265,6 +265,29 @@ class Vocab:
                 out[role] = t
         return out
 
+    def pieces_blob(self, special: bool = True) -> tuple[bytes, npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+        """Every token's piece at once: ``(blob, offsets, eog)``, where token ``t``'s bytes
+        are ``blob[offsets[t]:offsets[t + 1]]`` (``token_to_piece(t, special)``), ``offsets``
+        has ``n_vocab + 1`` entries and ``eog[t]`` says whether ``t`` ends generation. One C
+        loop (about 20 ms for 262,144 tokens, against 0.3 s token by token); the arrays are
+        new and owned by the caller."""
+        vocab = self._vocab()
+        n = self.n_vocab
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        eog = np.zeros(n, dtype=np.uint8)
+        cap = 16 * n + 64
+        for _ in range(2):
+            buf = ffi.new("char[]", cap)
+            total = lib.llama_cffi_vocab_pieces(
+                vocab, special, buf, cap, ffi.from_buffer("int64_t[]", offsets), ffi.from_buffer("uint8_t[]", eog)
+            )
+            if total == -(2**63):
+                raise TokenizeError("a token's piece could not be read")
+            if total >= 0:
+                return ffi.unpack(buf, total), offsets, eog.view(bool)
+            cap = -total
+        raise TokenizeError("the vocabulary's size changed while reading it")  # pragma: no cover
+
     def eog_tokens(self) -> list[int]:
         """All end-of-generation token ids (one pass over the vocabulary, in C calls)."""
         vocab = self._vocab()

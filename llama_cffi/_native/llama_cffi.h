@@ -40,6 +40,13 @@ const char *llama_cffi_softmax_impl(void);
    group maxima (kernels.c; see samplers.candidates.Candidates.top); k or -1 */
 int llama_cffi_top_k_grouped(int n, const float *row, int cols, const float *gmax, int k, int64_t *out);
 
+/* the whole vocabulary (vocab.c): every token's piece concatenated into buf, offsets
+   (n_vocab + 1) and end-of-generation flags; the total bytes, minus the bytes needed
+   when cap is too small, or INT64_MIN on a piece that cannot be read */
+struct llama_vocab;
+int64_t llama_cffi_vocab_pieces(const struct llama_vocab *vocab, bool special, char *buf, int64_t cap,
+                                int64_t *offsets, uint8_t *eog);
+
 /* backend libraries (backends.c; see llama_cffi.backends): ggml_backend_score() of the
    library at path (dlopen'd and closed again): > 0 usable on this CPU, 0 not, -1 cannot
    be opened, -2 exports no score; the last dlopen error; XCR0, the register state the OS

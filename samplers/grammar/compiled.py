@@ -42,6 +42,19 @@ _ABSORB_MIN_ROWS = 64  # subtrees smaller than this are walked rather than absor
 _SPINE_MAX = 32768  # at most this many undecided tokens are walked one by one
 
 
+def _unique_inverse(a: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """``np.unique(a, return_inverse=True)`` for a 1-D integer array, by one sort (the
+    first ``np.unique`` of a process imports ``numpy.ma``: ~13 ms inside a first mask)."""
+    order = np.argsort(a, kind="stable")
+    sa = a[order]
+    first = np.empty(len(sa), dtype=bool)
+    first[:1] = True
+    np.not_equal(sa[1:], sa[:-1], out=first[1:])
+    inv = np.empty(len(a), dtype=np.int64)
+    inv[order] = np.cumsum(first) - 1
+    return sa[first], inv
+
+
 class _Spine(NamedTuple):
     """Per loop set: the undecided tokens; ``columns[j, i]`` the class of the ``j``-th
     code point of token ``i``'s remainder (0 past its end: never read), ``rem_len`` its
@@ -80,113 +93,58 @@ class CompiledGrammar:
         self._lock = threading.RLock()  # the walk buffer, the cache and the engine are shared
         #: use the absorbing walk (False: the plain level-by-level walk, for comparison)
         self._absorb = True
-        self._build_trie()
+        self._bind_trie()
 
     # ------------------------------------------------------------------ trie
-    def _build_trie(self) -> None:
+    def _bind_trie(self) -> None:
+        """The vocabulary's code-point trie (:class:`VocabIndex`) with this grammar's
+        character class at each node: the only per-grammar work besides the class sets."""
         v, eng = self.vocab, self.engine
-        n = v.n_vocab
-        cls = eng.classes_of(v.cps) + 1  # 1-based so that 0 pads (a prefix sorts first)
-        wide = eng.n_classes >= 255
-        lengths = v.lengths
-        usable = ~v.never & ~v.invalid & ~v.eog
-        lmax = int(lengths[usable].max()) if usable.any() else 0
-        width = 2 if wide else 1
-        mat = np.zeros((n, max(lmax, 1) * width), dtype=np.uint8)
-        tok_of_cp = np.repeat(np.arange(n), lengths)
-        col = np.arange(len(v.cps)) - v.offsets[tok_of_cp]
-        keep = usable[tok_of_cp]
-        if wide:
-            mat[tok_of_cp[keep], 2 * col[keep]] = cls[keep] >> 8
-            mat[tok_of_cp[keep], 2 * col[keep] + 1] = cls[keep] & 0xFF
-        else:
-            mat[tok_of_cp[keep], col[keep]] = cls[keep]
-        lens = np.where(usable, lengths, 0)
-        self._tok_mat, self._mat_width = mat, width  # token order: class + 1 per code point, 0 pads
-        rows = np.ascontiguousarray(mat).view(f"V{mat.shape[1]}").ravel()
-        order = np.argsort(rows, kind="stable")  # lexicographic by class sequence
-        smat = mat[order]
-        slen = lens[order]
-        # longest common prefix (in classes) with the previous row
-        lcp = np.zeros(n, dtype=np.int64)
-        if n > 1:
-            diff = smat[1:] != smat[:-1]
-            first = np.where(diff.any(axis=1), diff.argmax(axis=1) // width, lmax)
-            lcp[1:] = np.minimum(first, np.minimum(slen[1:], slen[:-1]))
-        # nodes, level by level: row i opens a node at level j for lcp[i] <= j < len[i]
-        level_rows: list[npt.NDArray[np.int64]] = []
-        base = [0]
-        parents: list[npt.NDArray[np.int64]] = []
-        classes: list[npt.NDArray[np.int32]] = []
-        root = -1  # placeholder, fixed below
-        for j in range(lmax):
-            r = np.flatnonzero((lcp <= j) & (slen > j))
-            level_rows.append(r)
-            if j == 0:
-                par = np.full(len(r), root, dtype=np.int64)
-            else:
-                prev = level_rows[j - 1]
-                par = base[j - 1] + np.searchsorted(prev, r, side="right") - 1
-            parents.append(par)
-            if wide:
-                classes.append((smat[r, 2 * j].astype(np.int32) << 8 | smat[r, 2 * j + 1]) - 1)
-            else:
-                classes.append(smat[r, j].astype(np.int32) - 1)
-            base.append(base[-1] + len(r))
-        n_nodes = base[-1]
+        self._cls_of_cp = eng.classes_of(v.uniq_cps).astype(np.int32)
+        self._cls = self._cls_of_cp[v.node_cpi]
+        self.n_nodes = n_nodes = v.n_nodes
         self._root = n_nodes
-        self._level_base = base
-        self._parent = np.concatenate(parents) if parents else np.zeros(0, np.int64)
-        self._parent[self._parent == root] = n_nodes
-        self._cls = np.concatenate(classes) if classes else np.zeros(0, np.int32)
-        self.n_nodes = n_nodes
-        # terminal node of each token (in token-id order); tokens with no code point: root
-        term_sorted = np.full(n, n_nodes, dtype=np.int64)
-        for j in range(lmax):
-            ends = np.flatnonzero(slen == j + 1)
-            if len(ends):
-                term_sorted[ends] = base[j] + np.searchsorted(level_rows[j], ends, side="right") - 1
-        self._term = np.empty(n, dtype=np.int64)
-        self._term[order] = term_sorted
-        self._order = order
-        self._level_rows = level_rows
-        self._lcp = lcp
-        self._slen = slen
-        self._usable = usable
-        self._partial_tokens = np.flatnonzero(usable & v.has_partial)
-        self._states = np.empty(n_nodes + 1, dtype=np.int32)
-        self._prepare_absorb(term_sorted)
+        self._level_base = v.level_base.tolist()
+        self._parent, self._term, self._order = v.parent, v.term, v.order
+        self._lcp, self._slen = v.lcp, v.slen
+        self._usable = v.usable
+        self._partial_tokens = np.flatnonzero(v.usable & v.has_partial)
+        self._states: npt.NDArray[np.int32] | None = None  # the plain walk's buffer, made on first use
+        base, rs = self._level_base, v.row_start
+        #: per level, the first sorted row of each node (views; for the token-element walk)
+        self._level_rows = [rs[base[j] : base[j + 1]] for j in range(len(base) - 1)]
+        self._prepare_absorb()
 
     # ------------------------------------------------------------------ absorbing walk
-    def _prepare_absorb(self, term_sorted: npt.NDArray[np.int64]) -> None:
-        """Per-node sets of character classes, for a walk that skips whole subtrees.
+    def _prepare_absorb(self) -> None:
+        """Per-node sets of character classes, for walks that skip whole subtrees.
 
         Classes are bits of ``W`` uint64 words; bit ``n_classes`` (``PARTIAL``) stands for
         "a token ending inside a UTF-8 character", which no state's self-loops contain.
         ``_E[n]``: the classes of every character below node ``n``, plus ``PARTIAL`` when a
         token ending mid-character ends at or below ``n``. A node reached in a state whose
-        self-loops include ``_E[n]`` accepts its whole subtree without walking it. ``_tokset[t]``:
-        the classes of token ``t`` (plus ``PARTIAL``): with the self-loops ``L`` of the
-        start state, the tokens with ``tokset <= L`` are accepted at once (one cached mask
-        per ``L``). Also: children ranges, each node's rows in sorted order (its subtree is
-        rows ``[_row_start, _row_end)``, the tokens ending at it the first ``_n_term``).
+        self-loops include ``_E[n]`` accepts its whole subtree without walking it.
+        ``_tokset[t]``: the classes of token ``t`` (plus ``PARTIAL``): with the self-loops
+        ``L`` of the start state, the tokens with ``tokset <= L`` are accepted at once (one
+        cached mask per ``L``). ``_root_by_cls``: the root's children grouped by class, so
+        a walk starts only at the first classes its start state takes.
         """
         v = self.vocab
         n_nodes, base, parent, cls = self.n_nodes, self._level_base, self._parent, self._cls
         n_levels = len(base) - 1
         self._partial_bit = pb = self.engine.n_classes
         self._W = w = pb // 64 + 1
+        one = np.uint64(1)
         # one-hot class bits per node (the root: none)
         bits = np.zeros((n_nodes + 1, w), dtype=np.uint64)
-        bits[np.arange(n_nodes), cls // 64] = np.left_shift(np.uint64(1), (cls % 64).astype(np.uint64))
+        bits[np.arange(n_nodes), cls // 64] = np.left_shift(one, (cls % 64).astype(np.uint64))
         # nodes where a token ending mid-character ends (its complete code points' node)
         pt_tokens = self._partial_tokens
         pt_nodes = self._term[pt_tokens]
         ptflag = np.zeros((n_nodes + 1, w), dtype=np.uint64)
-        ptflag[pt_nodes, pb // 64] = np.uint64(1) << np.uint64(pb % 64)
+        ptflag[pt_nodes, pb // 64] = one << np.uint64(pb % 64)
         below = np.zeros((n_nodes + 1, w), dtype=np.uint64)
-        first_child = np.zeros(n_nodes + 1, dtype=np.int64)
-        n_child = np.zeros(n_nodes + 1, dtype=np.int64)
+        first_child, n_child = v.first_child, v.n_child
         for j in range(n_levels - 1, -1, -1):
             lo, hi = base[j], base[j + 1]
             if hi == lo:
@@ -194,34 +152,18 @@ class CompiledGrammar:
             par = parent[lo:hi]
             contrib = bits[lo:hi] | below[lo:hi] | ptflag[lo:hi]
             starts = np.flatnonzero(np.r_[True, par[1:] != par[:-1]])
-            ups = par[starts]
-            below[ups] = np.bitwise_or.reduceat(contrib, starts, axis=0)
-            first_child[ups] = lo + starts
-            n_child[ups] = np.diff(np.r_[starts, hi - lo])
+            below[par[starts]] = np.bitwise_or.reduceat(contrib, starts, axis=0)
         self._E = below | ptflag
         self._first_child, self._n_child = first_child, n_child
-        prefix = np.zeros((n_nodes + 1, w), dtype=np.uint64)
-        for j in range(n_levels):
-            lo, hi = base[j], base[j + 1]
-            prefix[lo:hi] = prefix[parent[lo:hi]] | bits[lo:hi]
-        tokset = prefix[self._term]
-        tokset[pt_tokens, pb // 64] |= np.uint64(1) << np.uint64(pb % 64)
-        self._tokset = tokset
-        # rows: a node's first row, the end of its subtree, how many rows end at it
-        n_rows = len(self._order)
-        row_start = np.empty(n_nodes + 1, dtype=np.int64)
-        row_end = np.empty(n_nodes + 1, dtype=np.int64)
-        row_start[n_nodes], row_end[n_nodes] = 0, n_rows
-        for j in range(n_levels):
-            lo, hi = base[j], base[j + 1]
-            rows = self._level_rows[j]
-            row_start[lo:hi] = rows
-            cut = np.flatnonzero(self._lcp <= j)  # rows that leave a level-j subtree
-            nxt = np.searchsorted(cut, rows, side="right")
-            row_end[lo:hi] = np.where(nxt < len(cut), cut[np.minimum(nxt, len(cut) - 1)], n_rows)
-        self._row_start, self._row_end = row_start, row_end
-        self._n_term = np.bincount(term_sorted, minlength=n_nodes + 1)
-        self._n_term[n_nodes] = 0  # root-ending tokens (no complete code point) are handled apart
+        self._tokset_cache: npt.NDArray[np.uint64] | None = None  # made on first use
+        self._row_start, self._row_end, self._n_term = v.row_start, v.row_end, v.n_term
+        # the root's children by class
+        lo0, hi0 = (base[0], base[1]) if n_levels else (0, 0)
+        by = np.argsort(cls[lo0:hi0], kind="stable")
+        self._root_nodes = (lo0 + by).astype(np.int64)
+        counts = np.bincount(cls[lo0:hi0], minlength=pb)
+        self._root_start = np.zeros(pb + 1, dtype=np.int64)
+        np.cumsum(counts, out=self._root_start[1:])
         # partial tokens by node
         self._has_pt = np.zeros(n_nodes + 1, dtype=bool)
         self._has_pt[pt_nodes] = True
@@ -231,15 +173,35 @@ class CompiledGrammar:
         self._pt_at: dict[int, npt.NDArray[np.int64]] = {k: np.array(x, dtype=np.int64) for k, x in by_node.items()}
         # partial tokens by their partial character: one check per (state, character)
         keys = v.partial_value[pt_tokens] * 4 + v.partial_remain[pt_tokens]
-        self._pchars, self._pchar_of = np.unique(keys, return_inverse=True)  # per partial token
+        self._pchars, pchar_of = _unique_inverse(keys)
         self._pchar_slot = np.full(v.n_vocab, -1, dtype=np.int64)
-        self._pchar_slot[pt_tokens] = self._pchar_of
+        self._pchar_slot[pt_tokens] = pchar_of.ravel()
         self._pchar_ok: dict[int, npt.NDArray[np.bool_]] = {}
         self._loops: dict[int, npt.NDArray[np.uint64]] = {}
         self._spines: dict[bytes, _Spine | None] = {}
         self._lmasks: dict[bytes, npt.NDArray[np.bool_]] = {}
         self._nonpartial = ~v.has_partial
         self._eog_ids = np.flatnonzero(v.eog)
+
+    @property
+    def _tokset(self) -> npt.NDArray[np.uint64]:
+        """Each token's classes (``W`` words; plus ``PARTIAL`` when it ends inside a
+        character): the union of the classes on its trie path. Made on first use (a
+        grammar whose states have no self-loops never needs it)."""
+        if self._tokset_cache is None:
+            base, parent, cls, w, pb = self._level_base, self._parent, self._cls, self._W, self._partial_bit
+            one = np.uint64(1)
+            prefix = np.zeros((self.n_nodes + 1, w), dtype=np.uint64)
+            for j in range(len(base) - 1):
+                lo, hi = base[j], base[j + 1]
+                c = cls[lo:hi]
+                row = prefix[parent[lo:hi]]
+                row[np.arange(hi - lo), c // 64] |= np.left_shift(one, (c % 64).astype(np.uint64))
+                prefix[lo:hi] = row
+            tokset = prefix[self._term]
+            tokset[self._partial_tokens, pb // 64] |= one << np.uint64(pb % 64)
+            self._tokset_cache = tokset
+        return self._tokset_cache
 
     def _self_loops(self, state: int) -> npt.NDArray[np.uint64]:
         """The classes ``c`` with ``step(state, c) == state``, as ``W`` words (cached)."""
@@ -276,13 +238,13 @@ class CompiledGrammar:
         spine: _Spine | None = None
         toks = np.flatnonzero(self._usable & ~self._lmask(loops))
         if len(toks) <= _SPINE_MAX:
-            mat = self._tok_mat[toks]
-            if self._mat_width == 2:
-                cls1 = (mat[:, 0::2].astype(np.int32) << 8) | mat[:, 1::2]
-            else:
-                cls1 = mat.astype(np.int32)
-            cls = cls1 - 1  # -1 pads
-            lengths = self.vocab.lengths[toks]
+            v = self.vocab
+            lengths = v.lengths[toks]
+            lmax = max(int(lengths.max()) if len(lengths) else 0, 1)
+            pos = v.offsets[toks][:, None] + np.arange(lmax)[None, :]
+            inside = np.arange(lmax)[None, :] < lengths[:, None]
+            # class of each code point, -1 past the token's end
+            cls = np.where(inside, self._cls_of_cp[v.cp_idx[np.minimum(pos, len(v.cp_idx) - 1)]], -1)
             n_cls = self.engine.n_classes
             in_loop = np.zeros(n_cls + 1, dtype=bool)  # index -1 (padding) counts as in the loop
             in_loop[:n_cls] = np.unpackbits(loops.view(np.uint8), bitorder="little")[:n_cls].astype(bool)
@@ -374,8 +336,13 @@ class CompiledGrammar:
         mask = self._lmask(loops0).copy() if loops0.any() else np.zeros(n_vocab, dtype=bool)
         cls_all, E, first_child, n_child = self._cls, self._E, self._first_child, self._n_child
         root = self.n_nodes
-        lo, cnt = int(first_child[root]), int(n_child[root])
-        nodes = np.arange(lo, lo + cnt, dtype=np.int64)
+        # start at the root's children whose class the start state takes (its row of
+        # transitions is complete: _self_loops computed it)
+        takes = np.flatnonzero(eng.table()[start, : eng.n_classes] >= 0)
+        a, b = self._root_start[takes], self._root_start[takes + 1]
+        lens = b - a
+        cnt = int(lens.sum())
+        nodes = self._root_nodes[np.repeat(a - np.cumsum(lens) + lens, lens) + np.arange(cnt, dtype=np.int64)]
         ps = np.full(cnt, start, dtype=np.int32)
         all_l = np.ones(cnt, dtype=bool)
         spans: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]] = []  # row ranges accepted
@@ -406,7 +373,7 @@ class CompiledGrammar:
                 idx = np.flatnonzero(off)
                 st_off = nxt[idx]
                 absorbed = np.zeros(len(idx), dtype=bool)
-                for s_ in np.unique(st_off).tolist():
+                for s_ in set(st_off.tolist()):
                     sel = st_off == s_
                     lp = self._loops.get(s_)
                     if lp is None:
@@ -473,7 +440,7 @@ class CompiledGrammar:
         do not modify it (copy first)."""
         key = (state, partial)
         last = self._last
-        if last is not None and last[0] == key:
+        if last is not None and last[0] == key and self._mask_cache_size > 0:
             self.stats["mask_hits"] += 1
             return last[1]
         with self._lock:
@@ -489,9 +456,10 @@ class CompiledGrammar:
         else:
             self.stats["mask_misses"] += 1
             mask = self._compute_mask(state, partial)
-            self._masks[key] = np.packbits(mask, bitorder="little")
-            if len(self._masks) > self._mask_cache_size:
-                self._masks.popitem(last=False)
+            if self._mask_cache_size > 0:
+                self._masks[key] = np.packbits(mask, bitorder="little")
+                if len(self._masks) > self._mask_cache_size:
+                    self._masks.popitem(last=False)
         mask.flags.writeable = False
         self._last = (key, mask)
         return mask
@@ -501,12 +469,15 @@ class CompiledGrammar:
         ``t // 8``); viewed as ``uint32`` on a little-endian machine, bit ``t % 32`` of
         word ``t // 32`` (the layout of xgrammar and llguidance bitmasks)."""
         with self._lock:
-            self.allowed(state, partial)
-            return self._masks[(state, partial)]
+            mask = self.allowed(state, partial)
+            packed = self._masks.get((state, partial))
+            return packed if packed is not None else np.packbits(mask, bitorder="little")
 
     def _walk_trie(self, start: int) -> npt.NDArray[np.int32]:
         """The state reached at every trie node from ``start`` (``DEAD`` where none)."""
         eng = self.engine
+        if self._states is None:
+            self._states = np.empty(self.n_nodes + 1, dtype=np.int32)
         st = self._states
         st[self._root] = start
         base, parent, cls = self._level_base, self._parent, self._cls
@@ -558,7 +529,7 @@ class CompiledGrammar:
         """Set ``mask[tokens]`` for tokens ending inside a character, each in its state:
         allowed when the state can take some completion of that character."""
         slots = self._pchar_slot[tokens]
-        for s_ in np.unique(states).tolist():
+        for s_ in set(states.tolist()):
             ok = self._pchar_ok.get(s_)
             if ok is None:
                 ok = np.array(
@@ -629,7 +600,7 @@ class CompiledGrammar:
             cps = v.token_cps(token).tolist()
             end: Partial = (int(v.partial_value[token]), int(v.partial_remain[token]))
         else:
-            cps, end = decode_utf8(v.pieces[token], partial)
+            cps, end = decode_utf8(v.piece(token), partial)
             if end[1] < 0:
                 return False
         s = state

@@ -351,8 +351,8 @@ class Engine:
         s, c = states[live], classes[live]
         unknown = t[s, c] == _UNKNOWN
         if unknown.any():
-            pairs = np.unique(s[unknown].astype(np.int64) * self.n_classes + c[unknown])
-            for p in pairs.tolist():
+            pairs = set((s[unknown].astype(np.int64) * self.n_classes + c[unknown]).tolist())
+            for p in sorted(pairs):
                 self._compute(p // self.n_classes, p % self.n_classes)
 
     def walk(self, state: int, cps: Iterable[int]) -> int:

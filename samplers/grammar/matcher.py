@@ -110,7 +110,7 @@ class GrammarMatcher:
             self.ended = True
             return True
         eng = c.engine
-        cps, end = decode_utf8(c.vocab.pieces[t], self.partial)
+        cps, end = decode_utf8(c.vocab.piece(t), self.partial)
         # llama_grammar_accept_token: token-topped stacks consume the token by id,
         # the others its code points
         by_id = eng.step_token(self.state, t) if eng.has_token_elements else DEAD

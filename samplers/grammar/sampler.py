@@ -105,7 +105,7 @@ class GrammarSampler(Sampler):
             if not m.accept_token(token):
                 raise SamplingError(f"the grammar does not allow its trigger token {token}")
             return
-        piece = m.compiled.vocab.pieces[token]
+        piece = m.compiled.vocab.piece(token)
         start = len(self._buffer)
         self._buffer += piece
         self._buffer_tokens.append((token, start, len(self._buffer)))

@@ -1,18 +1,31 @@
-"""A vocabulary as the grammar sees it: each token's bytes decoded to code points.
+"""A vocabulary as the grammar sees it: each token's code points, and a trie over them.
 
 llama.cpp's grammar sampler matches ``llama_vocab::token_to_piece(id)`` (the piece with
 special tokens rendered as text) decoded with its own UTF-8 decoder. This index holds
-those pieces, the code points each decodes to from a clean start (flat array plus
-offsets), the partial UTF-8 sequence it ends with, and the token flags that decide
-masking before any matching: end-of-generation, empty or NUL-first pieces (always
-masked), invalid UTF-8 (always masked). Built once per vocabulary (about a second for
-262,144 tokens) and cached for the vocabulary's lifetime.
+those pieces (one bytes blob), the code points each decodes to from a clean start (flat
+array plus offsets), the partial UTF-8 sequence it ends with, the token flags that decide
+masking before any matching (end-of-generation; empty or NUL-first pieces and invalid
+UTF-8, always masked), and a **trie of the usable tokens' code-point sequences**: tokens
+sorted by their code points, each trie node a distinct prefix, arranged level by level.
+None of it depends on a grammar: a grammar maps each distinct code point to its
+character class and walks this trie (:mod:`samplers.grammar.compiled`).
+
+Building it takes about half a second for 262,144 tokens; it is cached for the
+vocabulary's lifetime and **on disk** (``<cache_dir>/grammar-vocab/<hash>.npz``, the
+hash of the pieces and end-of-generation flags), so a new process loads it in tens of
+milliseconds. A corrupt or foreign cache file is rebuilt, never trusted blindly: the
+arrays are checked against the pieces before use.
 """
 
 from __future__ import annotations
 
+import hashlib
+import itertools
+import os
+import tempfile
 import weakref
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,62 +33,277 @@ import numpy.typing as npt
 
 from .engine import NO_PARTIAL, decode_utf8
 
+I64 = npt.NDArray[np.int64]
+
+#: Bump when the arrays or how they are built change: old cache files are then ignored.
+_FORMAT = 1
+
+#: The arrays saved to (and loaded from) the disk cache, besides the pieces: name ->
+#: (dtype on disk, dtype in memory). Disk dtypes are compact (the file is read whole).
+_SAVED: dict[str, tuple[str, str]] = {
+    "eog": ("bool", "bool"),
+    "never": ("bool", "bool"),
+    "invalid": ("bool", "bool"),
+    "offsets": ("<i4", "int64"),
+    "lengths": ("<i4", "int64"),
+    "cps": ("<i4", "int64"),
+    "partial_value": ("<i4", "int64"),
+    "partial_remain": ("<i1", "int64"),
+    "uniq_cps": ("<i4", "int64"),
+    "cp_idx": ("<i4", "int32"),
+    "order": ("<i4", "int64"),
+    "lcp": ("<i2", "int64"),
+    "slen": ("<i2", "int64"),
+    "level_base": ("<i8", "int64"),
+    "parent": ("<i4", "int64"),
+    "node_cpi": ("<i4", "int32"),
+    "term": ("<i4", "int64"),
+    "row_start": ("<i4", "int64"),
+    "row_end": ("<i4", "int64"),
+    "n_term": ("<i4", "int64"),
+    "first_child": ("<i4", "int64"),
+    "n_child": ("<i4", "int64"),
+}
+
 
 class VocabIndex:
-    """See the module docstring. ``pieces[t]`` is token ``t``'s bytes; ``eog`` the
-    end-of-generation flags."""
+    """See the module docstring. Make one with :meth:`of` (cached) or from a sequence of
+    byte pieces (``VocabIndex(pieces, eog)``). Immutable once built; shared by every
+    grammar compiled for the vocabulary.
 
-    def __init__(self, pieces: Sequence[bytes], eog: Iterable[int] = ()) -> None:
-        n = len(pieces)
+    Trie layout: ``n_nodes`` nodes numbered level by level (level ``j`` holds the nodes
+    at depth ``j + 1``: nodes ``level_base[j] .. level_base[j + 1]``), the root is node
+    ``n_nodes``. ``parent[node]``; ``node_cpi[node]`` indexes ``uniq_cps`` (the node's
+    code point); ``term[t]`` the node where token ``t``'s code points end (the root when
+    it has none, or is not usable). In the sorted order ``order`` (row ``r`` is token
+    ``order[r]``), a node's subtree is rows ``row_start .. row_end``, of which the first
+    ``n_term`` end at the node; its children are nodes ``first_child .. first_child +
+    n_child``. ``lcp[r]``/``slen[r]``: common prefix with row ``r - 1`` and length, in
+    code points.
+    """
+
+    def __init__(
+        self,
+        pieces: Sequence[bytes] | tuple[bytes, npt.ArrayLike],
+        eog: Iterable[int] | npt.NDArray[np.bool_] = (),
+        *,
+        arrays: dict[str, npt.NDArray[Any]] | None = None,
+    ) -> None:
+        if isinstance(pieces, tuple) and len(pieces) == 2 and isinstance(pieces[0], bytes):
+            self.blob: bytes = pieces[0]
+            self.piece_offsets: I64 = np.asarray(pieces[1], dtype=np.int64)
+        else:
+            plist = [bytes(p) for p in pieces]
+            self.blob = b"".join(plist)
+            self.piece_offsets = np.zeros(len(plist) + 1, dtype=np.int64)
+            np.cumsum([len(p) for p in plist], out=self.piece_offsets[1:])
+        n = len(self.piece_offsets) - 1
         self.n_vocab = n
-        self.pieces: list[bytes] = list(pieces)
-        self.eog = np.zeros(n, dtype=bool)
-        for t in eog:
-            if 0 <= t < n:
-                self.eog[t] = True
+        eog_flags = np.zeros(n, dtype=bool)
+        if isinstance(eog, np.ndarray) and eog.dtype == np.bool_:
+            eog_flags[: len(eog)] = eog[:n]
+        else:
+            for t in eog:
+                if 0 <= t < n:
+                    eog_flags[t] = True
+        self._pieces: list[bytes] | None = None
+        #: whether the arrays came from a cache file (checked) rather than a build
+        self.from_cache = arrays is not None and self._adopt(arrays, eog_flags)
+        if not self.from_cache:
+            self._build(eog_flags)
+        self._derive()
+
+    # ------------------------------------------------------------------ pieces
+    def piece(self, token: int) -> bytes:
+        """Token ``token``'s bytes (as ``token_to_piece(token, special=True)``)."""
+        off = self.piece_offsets
+        return self.blob[off[token] : off[token + 1]]
+
+    @property
+    def pieces(self) -> list[bytes]:
+        """Every token's bytes (a list, made on first use)."""
+        if self._pieces is None:
+            blob, off = self.blob, self.piece_offsets.tolist()
+            self._pieces = [blob[a:b] for a, b in itertools.pairwise(off)]
+        return self._pieces
+
+    def token_cps(self, token: int) -> I64:
+        return self.cps[self.offsets[token] : self.offsets[token + 1]]
+
+    # ------------------------------------------------------------------ building
+    def _build(self, eog: npt.NDArray[np.bool_]) -> None:
+        n = self.n_vocab
+        self.eog = eog
         lengths = np.zeros(n, dtype=np.int64)
         flat: list[int] = []
         partial_value = np.zeros(n, dtype=np.int64)
-        partial_remain = np.zeros(n, dtype=np.int8)
+        partial_remain = np.zeros(n, dtype=np.int64)
         #: masked whatever the grammar: empty piece, first byte NUL
-        self.never = np.zeros(n, dtype=bool)
+        never = np.zeros(n, dtype=bool)
         #: invalid UTF-8 when decoded from a clean start (masked unless a partial character
         #: is pending that its leading continuation bytes complete)
-        self.invalid = np.zeros(n, dtype=bool)
-        cont: list[int] = []
-        for t, piece in enumerate(self.pieces):
+        invalid = np.zeros(n, dtype=bool)
+        blob, off = self.blob, self.piece_offsets.tolist()
+        for t in range(n):
+            piece = blob[off[t] : off[t + 1]]
             if not piece or piece[0] == 0:
-                self.never[t] = True
+                never[t] = True
                 continue
-            if 0x80 <= piece[0] < 0xC0:
-                cont.append(t)
             cps, (value, remain) = decode_utf8(piece, NO_PARTIAL)
             if remain < 0:
-                self.invalid[t] = True
+                invalid[t] = True
                 continue
             flat.extend(cps)
             lengths[t] = len(cps)
             partial_value[t] = value
             partial_remain[t] = remain
-        self.never &= ~self.eog  # EOG tokens are decided by the grammar's completeness alone
+        never &= ~eog  # EOG tokens are decided by the grammar's completeness alone
+        self.never, self.invalid = never, invalid
         self.offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(lengths, out=self.offsets[1:])
         self.lengths = lengths
-        self.cps: npt.NDArray[np.int64] = np.asarray(flat, dtype=np.int64)
-        self.partial_value = partial_value
-        self.partial_remain = partial_remain
+        self.cps = np.asarray(flat, dtype=np.int64)
+        self.partial_value, self.partial_remain = partial_value, partial_remain
+        self._build_trie()
+
+    def _build_trie(self) -> None:
+        """The code-point trie of the usable tokens (see the class docstring)."""
+        n = self.n_vocab
+        usable = ~self.never & ~self.invalid & ~self.eog
+        uniq, cp_idx = np.unique(self.cps, return_inverse=True)
+        self.uniq_cps = uniq.astype(np.int64)
+        self.cp_idx = cp_idx.astype(np.int32).ravel()
+        lengths = self.lengths
+        lmax = int(lengths[usable].max()) if usable.any() else 0
+        sym = self.cp_idx.astype(np.uint32) + 1  # 0 pads: a prefix sorts first
+        width = 2 if len(uniq) < 0xFFFF else 4
+        dt = np.dtype(">u2") if width == 2 else np.dtype(">u4")  # big-endian: bytes sort as numbers
+        mat = np.zeros((n, max(lmax, 1)), dtype=dt)
+        tok_of_cp = np.repeat(np.arange(n), lengths)
+        col = np.arange(len(self.cps)) - self.offsets[tok_of_cp]
+        keep = usable[tok_of_cp]
+        mat[tok_of_cp[keep], col[keep]] = sym[keep]
+        slen_tok = np.where(usable, lengths, 0)
+        rows = np.ascontiguousarray(mat).view(f"V{mat.shape[1] * width}").ravel()
+        order = np.argsort(rows, kind="stable")  # lexicographic by code points
+        smat = mat[order]
+        slen = slen_tok[order]
+        lcp = np.zeros(n, dtype=np.int64)
+        if n > 1:
+            diff = smat[1:] != smat[:-1]
+            first = np.where(diff.any(axis=1), diff.argmax(axis=1), lmax)
+            lcp[1:] = np.minimum(first, np.minimum(slen[1:], slen[:-1]))
+        # nodes, level by level: row r opens a node at level j for lcp[r] <= j < slen[r]
+        level_rows: list[I64] = []
+        base = [0]
+        parents: list[I64] = []
+        cpis: list[npt.NDArray[np.int32]] = []
+        for j in range(lmax):
+            r = np.flatnonzero((lcp <= j) & (slen > j))
+            level_rows.append(r)
+            if j == 0:
+                par = np.full(len(r), -1, dtype=np.int64)
+            else:
+                par = base[j - 1] + np.searchsorted(level_rows[j - 1], r, side="right") - 1
+            parents.append(par)
+            cpis.append(smat[r, j].astype(np.int32) - 1)
+            base.append(base[-1] + len(r))
+        n_nodes = base[-1]
+        parent = np.concatenate(parents) if parents else np.zeros(0, np.int64)
+        parent[parent < 0] = n_nodes
+        term_sorted = np.full(n, n_nodes, dtype=np.int64)
+        for j in range(lmax):
+            ends = np.flatnonzero(slen == j + 1)
+            if len(ends):
+                term_sorted[ends] = base[j] + np.searchsorted(level_rows[j], ends, side="right") - 1
+        term = np.empty(n, dtype=np.int64)
+        term[order] = term_sorted
+        row_start = np.zeros(n_nodes + 1, dtype=np.int64)
+        row_end = np.full(n_nodes + 1, n, dtype=np.int64)
+        for j in range(lmax):
+            lo, hi = base[j], base[j + 1]
+            r = level_rows[j]
+            row_start[lo:hi] = r
+            cut = np.flatnonzero(lcp <= j)  # rows that leave a level-j subtree
+            nxt = np.searchsorted(cut, r, side="right")
+            row_end[lo:hi] = np.where(nxt < len(cut), cut[np.minimum(nxt, len(cut) - 1)], n)
+        n_term = np.bincount(term_sorted, minlength=n_nodes + 1).astype(np.int64)
+        n_term[n_nodes] = 0
+        first_child = np.zeros(n_nodes + 1, dtype=np.int64)
+        n_child = np.zeros(n_nodes + 1, dtype=np.int64)
+        for j in range(lmax):
+            lo, hi = base[j], base[j + 1]
+            par = parent[lo:hi]
+            starts = np.flatnonzero(np.r_[True, par[1:] != par[:-1]])
+            ups = par[starts]
+            first_child[ups] = lo + starts
+            n_child[ups] = np.diff(np.r_[starts, hi - lo])
+        self.order, self.lcp, self.slen = order.astype(np.int64), lcp, slen.astype(np.int64)
+        self.level_base = np.asarray(base, dtype=np.int64)
+        self.parent = parent
+        self.node_cpi = np.concatenate(cpis) if cpis else np.zeros(0, np.int32)
+        self.term = term
+        self.row_start, self.row_end, self.n_term = row_start, row_end, n_term
+        self.first_child, self.n_child = first_child, n_child
+
+    def _adopt(self, arrays: dict[str, npt.NDArray[Any]], eog: npt.NDArray[np.bool_]) -> bool:
+        """Take the arrays of a cache file if they fit these pieces; False otherwise."""
+        try:
+            got = {k: np.asarray(arrays[k]) for k in _SAVED}
+        except KeyError:
+            return False
+        n = self.n_vocab
+        ok = (
+            got["eog"].shape == (n,)
+            and bool((got["eog"] == eog).all())
+            and got["offsets"].shape == (n + 1,)
+            and got["order"].shape == (n,)
+            and got["term"].shape == (n,)
+            and got["lengths"].shape == (n,)
+            and len(got["cps"]) == int(got["offsets"][-1])
+            and len(got["cp_idx"]) == len(got["cps"])
+            and len(got["node_cpi"]) == len(got["parent"])
+            and len(got["row_start"]) == len(got["parent"]) + 1
+        )
+        if not ok:
+            return False
+        for k, a in got.items():
+            setattr(self, k, a.astype(_SAVED[k][1]))
+        n_nodes = len(self.parent)
+        # spot checks against the pieces: a foreign file fails them
+        for t in np.linspace(0, n - 1, num=min(n, 64), dtype=np.int64).tolist():
+            cps, end = decode_utf8(self.piece(t), NO_PARTIAL)
+            if self.never[t] or self.invalid[t]:
+                continue
+            if self.token_cps(t).tolist() != cps or int(self.partial_remain[t]) != max(end[1], 0):
+                return False
+            if not 0 <= int(self.term[t]) <= n_nodes:
+                return False
+        return True
+
+    def _derive(self) -> None:
+        """Small arrays derived from the saved ones (not saved)."""
+        po = self.piece_offsets
+        nonempty = np.flatnonzero(po[:-1] < po[1:])
+        fb = np.frombuffer(self.blob, dtype=np.uint8)[po[:-1][nonempty]] if len(self.blob) else np.zeros(0, np.uint8)
         #: tokens whose piece starts with a UTF-8 continuation byte: the only ones that can
         #: follow a token that ended inside a character
-        self.continuation_tokens = np.asarray(cont, dtype=np.int32)
-        self.has_partial = partial_remain > 0
+        self.continuation_tokens = nonempty[(fb >= 0x80) & (fb < 0xC0)].astype(np.int32)
+        self.has_partial = self.partial_remain > 0
+        self.usable = ~self.never & ~self.invalid & ~self.eog
+        self.n_nodes = len(self.parent)
 
-    def token_cps(self, token: int) -> npt.NDArray[np.int64]:
-        return self.cps[self.offsets[token] : self.offsets[token + 1]]
+    def arrays(self) -> dict[str, npt.NDArray[Any]]:
+        """The arrays a cache file holds, in their disk dtypes."""
+        return {k: np.asarray(getattr(self, k)).astype(disk) for k, (disk, _mem) in _SAVED.items()}
 
+    # ------------------------------------------------------------------ cache
     @classmethod
-    def of(cls, vocab: Any) -> VocabIndex:
+    def of(cls, vocab: Any, *, disk_cache: bool = True) -> VocabIndex:
         """The (cached) index of a :class:`llama_cffi.Vocab` or :class:`llama_cffi.Model`,
-        or a new one for a sequence of byte pieces."""
+        or a new one for a sequence of byte pieces. For a llama_cffi vocabulary the index
+        is kept for the vocabulary's lifetime and, with ``disk_cache`` (and unless
+        ``LLAMA_CFFI_GRAMMAR_CACHE=0``), on disk: see the module docstring."""
         if isinstance(vocab, VocabIndex):
             return vocab
         from llama_cffi.model import Model
@@ -86,14 +314,64 @@ class VocabIndex:
         if isinstance(vocab, Vocab):
             hit = _cache.get(vocab)
             if hit is None:
-                pieces = [vocab.token_to_piece(t, special=True) for t in range(vocab.n_vocab)]
-                hit = _cache[vocab] = cls(pieces, vocab.eog_tokens())
+                blob, offsets, eog = vocab.pieces_blob(special=True)
+                hit = _cache[vocab] = cls._load_or_build(blob, offsets, eog, disk_cache)
             return hit
         if isinstance(vocab, Sequence):
             return cls([bytes(p) for p in vocab])
         raise TypeError(
             f"expected a llama_cffi Vocab or Model or a sequence of byte pieces, not {type(vocab).__name__}"
         )
+
+    @classmethod
+    def _load_or_build(cls, blob: bytes, offsets: I64, eog: npt.NDArray[np.bool_], disk_cache: bool) -> VocabIndex:
+        path = _cache_path(blob, offsets, eog) if disk_cache and _disk_cache_enabled() else None
+        if path is not None and path.is_file():
+            try:
+                with np.load(path, allow_pickle=False) as z:
+                    arrays = {k: z[k] for k in z.files}
+            except Exception:  # a truncated or foreign file (zipfile errors are not OSError): rebuild
+                arrays = None
+            index = cls((blob, offsets), eog, arrays=arrays)
+            if index.from_cache:
+                return index
+        else:
+            index = cls((blob, offsets), eog)
+        if path is not None:
+            _save(path, index.arrays())
+        return index
+
+
+def _disk_cache_enabled() -> bool:
+    return os.environ.get("LLAMA_CFFI_GRAMMAR_CACHE", "1") not in ("0", "false", "no", "off")
+
+
+def _cache_path(blob: bytes, offsets: I64, eog: npt.NDArray[np.bool_]) -> Path:
+    from llama_cffi.default_model import cache_dir
+
+    h = hashlib.blake2b(digest_size=20)
+    h.update(f"llama_cffi grammar vocab v{_FORMAT}\n".encode())
+    h.update(blob)
+    h.update(np.ascontiguousarray(offsets, dtype="<i8").tobytes())
+    h.update(np.ascontiguousarray(eog, dtype=np.uint8).tobytes())
+    return cache_dir() / "grammar-vocab" / f"{h.hexdigest()}.npz"
+
+
+def _save(path: Path, arrays: dict[str, npt.NDArray[Any]]) -> None:
+    """Write atomically (a temporary file in the same directory, then rename); a cache
+    that cannot be written is only a slower next start."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".npz")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, allow_pickle=False, **arrays)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError:
+        pass
 
 
 _cache: weakref.WeakKeyDictionary[Any, VocabIndex] = weakref.WeakKeyDictionary()

@@ -1,0 +1,105 @@
+"""The grammar's vocabulary index: read in one C call, cached on disk (and checked when
+loaded), the same arrays either way; the no-mask-cache mode computes every mask."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import llama_cffi
+from samplers.grammar import Grammar
+from samplers.grammar.vocab_index import _SAVED, VocabIndex, _cache_path
+
+
+@pytest.fixture(scope="module")
+def vocab_model(tiny_model_path: Path) -> llama_cffi.Model:
+    return llama_cffi.Model.load(tiny_model_path, vocab_only=True)
+
+
+def test_pieces_blob_equals_token_to_piece(vocab_model: llama_cffi.Model) -> None:
+    v = vocab_model.vocab
+    for special in (True, False):
+        blob, offsets, eog = v.pieces_blob(special=special)
+        assert offsets.shape == (v.n_vocab + 1,) and offsets[0] == 0 and offsets[-1] == len(blob)
+        for t in range(v.n_vocab):
+            assert blob[offsets[t] : offsets[t + 1]] == v.token_to_piece(t, special=special), t
+        assert np.flatnonzero(eog).tolist() == v.eog_tokens()
+
+
+def _index(model: llama_cffi.Model) -> VocabIndex:
+    blob, offsets, eog = model.vocab.pieces_blob(special=True)
+    return VocabIndex._load_or_build(blob, offsets, eog, disk_cache=True)
+
+
+def test_disk_cache_round_trip(vocab_model: llama_cffi.Model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first index is built and saved; the next is loaded, with equal arrays and masks."""
+    monkeypatch.setenv("LLAMA_CFFI_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("LLAMA_CFFI_GRAMMAR_CACHE", raising=False)
+    built = _index(vocab_model)
+    assert not built.from_cache
+    files = list((tmp_path / "grammar-vocab").glob("*.npz"))
+    assert len(files) == 1
+    loaded = _index(vocab_model)
+    assert loaded.from_cache
+    for name, (_disk, mem) in _SAVED.items():
+        a, b = getattr(built, name), getattr(loaded, name)
+        assert a.dtype == b.dtype == np.dtype(mem), name
+        np.testing.assert_array_equal(a, b, err_msg=name)
+    gbnf = 'root ::= "{" [a-z "\\\\]* "}" | [^x]+'
+    g = Grammar.from_gbnf(gbnf)
+    m1, m2 = g.compile(built, 0).matcher(), g.compile(loaded, 0).matcher()
+    for text in ("", "{ab", "{a\\", "hello"):
+        assert m1.accept_bytes(text) == m2.accept_bytes(text)
+        np.testing.assert_array_equal(m1.allowed_tokens(), m2.allowed_tokens())
+
+
+def test_bad_cache_files_are_rebuilt(
+    vocab_model: llama_cffi.Model, tiny_model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A truncated file, or one holding another vocabulary's arrays, is not used: the
+    index is rebuilt (and the file rewritten)."""
+    monkeypatch.setenv("LLAMA_CFFI_CACHE_DIR", str(tmp_path))
+    blob, offsets, eog = vocab_model.vocab.pieces_blob(special=True)
+    path = _cache_path(blob, offsets, eog)
+    _index(vocab_model)
+    good = path.read_bytes()
+    path.write_bytes(good[: len(good) // 2])
+    again = _index(vocab_model)
+    assert not again.from_cache
+    assert path.read_bytes() == good  # rewritten whole
+    # another vocabulary's arrays under this one's name
+    other = VocabIndex([b"a", b"bb", "é".encode(), b"\xc3"])
+    np.savez(path, **other.arrays())
+    assert not _index(vocab_model).from_cache
+    assert _index(vocab_model).from_cache
+
+
+def test_disk_cache_can_be_turned_off(
+    vocab_model: llama_cffi.Model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LLAMA_CFFI_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("LLAMA_CFFI_GRAMMAR_CACHE", "0")
+    assert not _index(vocab_model).from_cache
+    assert not (tmp_path / "grammar-vocab").exists()
+
+
+def test_no_mask_cache_computes_every_mask(vocab_model: llama_cffi.Model) -> None:
+    """``mask_cache_size=0``: nothing is reused, not even the last mask; fill_mask works;
+    the compiled grammar is cached per cache size."""
+    g = Grammar.from_gbnf('root ::= [a-z]+ "." [a-z]*')
+    normal = g.compile(vocab_model)
+    none = g.compile(vocab_model, mask_cache_size=0)
+    assert none is not normal and g.compile(vocab_model) is normal and g.compile(vocab_model, 0) is none
+    m = none.matcher()
+    words = np.zeros((vocab_model.vocab.n_vocab + 31) // 32, dtype=np.uint32)
+    for _ in range(3):
+        m.fill_mask(words)
+        bits = np.unpackbits(words.view(np.uint8), bitorder="little")[: vocab_model.vocab.n_vocab].astype(bool)
+        np.testing.assert_array_equal(bits, m.allowed_tokens())
+    assert none.stats["mask_hits"] == 0 and none.stats["mask_misses"] == 6
+    n = normal.matcher()
+    n.allowed_tokens()
+    n.fill_mask(words)
+    assert normal.stats["mask_hits"] >= 1
