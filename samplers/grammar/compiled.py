@@ -155,7 +155,8 @@ class CompiledGrammar:
             below[par[starts]] = np.bitwise_or.reduceat(contrib, starts, axis=0)
         self._E = below | ptflag
         self._first_child, self._n_child = first_child, n_child
-        self._tokset_cache: npt.NDArray[np.uint64] | None = None  # made on first use
+        self._tokset_cache: npt.NDArray[np.uint64] | None = None
+        self._tokset  # noqa: B018 -- made now (~4 ms): inside a first mask it would be its tail
         self._row_start, self._row_end, self._n_term = v.row_start, v.row_end, v.n_term
         # the root's children by class
         lo0, hi0 = (base[0], base[1]) if n_levels else (0, 0)
@@ -176,8 +177,10 @@ class CompiledGrammar:
         self._pchars, pchar_of = _unique_inverse(keys)
         self._pchar_slot = np.full(v.n_vocab, -1, dtype=np.int64)
         self._pchar_slot[pt_tokens] = pchar_of.ravel()
-        self._pchar_ok: dict[int, npt.NDArray[np.bool_]] = {}
+        self._pchar_ok: dict[int, npt.NDArray[np.int8]] = {}
         self._loops: dict[int, npt.NDArray[np.uint64]] = {}
+        self._loop_known = np.zeros(64, dtype=bool)  # per state id (grown as states appear)
+        self._loop_words = np.zeros((64, w), dtype=np.uint64)
         self._spines: dict[bytes, _Spine | None] = {}
         self._lmasks: dict[bytes, npt.NDArray[np.bool_]] = {}
         self._nonpartial = ~v.has_partial
@@ -186,34 +189,58 @@ class CompiledGrammar:
     @property
     def _tokset(self) -> npt.NDArray[np.uint64]:
         """Each token's classes (``W`` words; plus ``PARTIAL`` when it ends inside a
-        character): the union of the classes on its trie path. Made on first use (a
-        grammar whose states have no self-loops never needs it)."""
+        character): the union of the classes on its trie path."""
         if self._tokset_cache is None:
             base, parent, cls, w, pb = self._level_base, self._parent, self._cls, self._W, self._partial_bit
-            one = np.uint64(1)
+            bit = np.left_shift(np.uint64(1), (cls % 64).astype(np.uint64))
+            word = cls // 64
             prefix = np.zeros((self.n_nodes + 1, w), dtype=np.uint64)
-            for j in range(len(base) - 1):
-                lo, hi = base[j], base[j + 1]
-                c = cls[lo:hi]
-                row = prefix[parent[lo:hi]]
-                row[np.arange(hi - lo), c // 64] |= np.left_shift(one, (c % 64).astype(np.uint64))
-                prefix[lo:hi] = row
+            for k in range(w):  # one word at a time: 1-D gathers, no 2-D fancy indexing
+                own = np.where(word == k, bit, np.uint64(0))
+                col = np.zeros(self.n_nodes + 1, dtype=np.uint64)
+                for j in range(len(base) - 1):
+                    lo, hi = base[j], base[j + 1]
+                    np.bitwise_or(col[parent[lo:hi]], own[lo:hi], out=col[lo:hi])
+                prefix[:, k] = col
             tokset = prefix[self._term]
-            tokset[self._partial_tokens, pb // 64] |= one << np.uint64(pb % 64)
+            tokset[self._partial_tokens, pb // 64] |= np.uint64(1) << np.uint64(pb % 64)
             self._tokset_cache = tokset
         return self._tokset_cache
 
     def _self_loops(self, state: int) -> npt.NDArray[np.uint64]:
-        """The classes ``c`` with ``step(state, c) == state``, as ``W`` words (cached)."""
+        """The classes ``c`` with ``step(state, c) == state``, as ``W`` words (cached; also
+        in the state-indexed arrays that :meth:`_loops_known` reads)."""
         got = self._loops.get(state)
         if got is None:
             eng = self.engine
             n = eng.n_classes
-            eng.fill(np.full(n, state, dtype=np.int32), np.arange(n, dtype=np.int32))
+            eng.fill_row(state)
             same = np.zeros(self._W * 64, dtype=bool)
             same[:n] = eng.table()[state, :n] == state
             got = self._loops[state] = np.packbits(same, bitorder="little").view(np.uint64).copy()
+            if state >= len(self._loop_known):
+                cap = max(2 * len(self._loop_known), state + 1, 64)
+                known = np.zeros(cap, dtype=bool)
+                known[: len(self._loop_known)] = self._loop_known
+                words = np.zeros((cap, self._W), dtype=np.uint64)
+                words[: len(self._loop_words)] = self._loop_words
+                self._loop_known, self._loop_words = known, words
+            self._loop_words[state] = got
+            self._loop_known[state] = True
         return got
+
+    def _loops_known(self, states: npt.NDArray[np.int32]) -> npt.NDArray[np.bool_]:
+        """Per state: are its self-loops computed (then in ``_loop_words[state]``)?"""
+        known = self._loop_known
+        inside = states < len(known)
+        if inside.all():
+            return known[states]
+        return inside & known[np.where(inside, states, 0)]
+
+    def _loop_classes(self, loops: npt.NDArray[np.uint64]) -> npt.NDArray[np.bool_]:
+        """The loop set as a boolean per class."""
+        bits = np.unpackbits(loops.view(np.uint8), bitorder="little")
+        return bits[: self.engine.n_classes].astype(bool)
 
     def _lmask(self, loops: npt.NDArray[np.uint64]) -> npt.NDArray[np.bool_]:
         """Usable tokens whose every character is in ``loops`` (and that end on a whole
@@ -221,8 +248,11 @@ class CompiledGrammar:
         key = loops.tobytes()
         got = self._lmasks.get(key)
         if got is None:
-            outside = self._tokset & ~loops
-            got = ~outside.any(axis=1) & self._usable
+            ts = self._tokset
+            if ts.shape[1] == 1:
+                got = ((ts[:, 0] & ~loops[0]) == 0) & self._usable
+            else:
+                got = ~(ts & ~loops).any(axis=1) & self._usable
             got.flags.writeable = False
             self._lmasks[key] = got
         return got
@@ -348,6 +378,7 @@ class CompiledGrammar:
         spans: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]] = []  # row ranges accepted
         partial_at: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]]] = []
         not_l0 = ~loops0
+        in_loop0 = self._loop_classes(loops0)
         while len(nodes):
             c = cls_all[nodes]
             t = eng.table()
@@ -363,8 +394,7 @@ class CompiledGrammar:
                 break
             e = E[nodes]
             # still on a path of the start state's self-loops?
-            in_l = ((loops0[c // 64] >> (c % 64).astype(np.uint64)) & np.uint64(1)).astype(bool)
-            all_l &= in_l
+            all_l &= in_loop0[c]
             covered = ~(e & not_l0).any(axis=1)
             go = ~(all_l & covered)  # an all-self-loop subtree is in the start mask already
             off = ~all_l
@@ -372,19 +402,18 @@ class CompiledGrammar:
                 # off the start state's loops: absorb subtrees whose state loops over them
                 idx = np.flatnonzero(off)
                 st_off = nxt[idx]
-                absorbed = np.zeros(len(idx), dtype=bool)
-                for s_ in set(st_off.tolist()):
-                    sel = st_off == s_
-                    lp = self._loops.get(s_)
-                    if lp is None:
-                        # a state's self-loops cost a full row of transitions: only worth it
-                        # for a large subtree (a small one is walked as cheaply)
-                        sn = nodes[idx[sel]]
-                        if int((self._row_end[sn] - self._row_start[sn]).sum()) < _ABSORB_MIN_ROWS:
-                            continue
-                        lp = self._self_loops(int(s_))
-                    if lp.any():
-                        absorbed[sel] = ~(e[idx[sel]] & ~lp).any(axis=1)
+                known = self._loops_known(st_off)
+                if not known.all():
+                    # a state's self-loops cost a full row of transitions: only worth it for
+                    # a large subtree (a small one is walked as cheaply)
+                    sn = nodes[idx[~known]]
+                    big = (self._row_end[sn] - self._row_start[sn]) >= _ABSORB_MIN_ROWS
+                    if big.any():
+                        for s_ in set(st_off[~known][big].tolist()):
+                            self._self_loops(s_)
+                        known = self._loops_known(st_off)
+                lp = self._loop_words[np.minimum(st_off, len(self._loop_words) - 1)]  # used where known
+                absorbed = known & ~((e[idx] & ~lp).any(axis=1))
                 if absorbed.any():
                     a_nodes = nodes[idx[absorbed]]
                     spans.append((self._row_start[a_nodes], self._row_end[a_nodes]))
@@ -531,13 +560,15 @@ class CompiledGrammar:
         slots = self._pchar_slot[tokens]
         for s_ in set(states.tolist()):
             ok = self._pchar_ok.get(s_)
-            if ok is None:
-                ok = np.array(
-                    [self._partial_fits(s_, (int(k) >> 2, int(k) & 3)) for k in self._pchars.tolist()], dtype=bool
-                )
-                self._pchar_ok[s_] = ok
+            if ok is None:  # per partial character: -1 not checked yet, else 0/1
+                ok = self._pchar_ok[s_] = np.full(len(self._pchars), -1, dtype=np.int8)
             sel = states == s_
-            mask[tokens[sel]] = ok[slots[sel]]
+            need = slots[sel]
+            todo = need[ok[need] < 0]
+            for k in set(todo.tolist()):
+                key = int(self._pchars[k])
+                ok[k] = self._partial_fits(s_, (key >> 2, key & 3))
+            mask[tokens[sel]] = ok[need] > 0
 
     def _partial_fits(self, state: int, partial: Partial) -> bool:
         key = (state, partial)

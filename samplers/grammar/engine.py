@@ -48,6 +48,7 @@ _CHAR, _CHAR_NOT, _RNG, _CHAR_ALT, _ANY = (
 )
 _TOKEN, _TOKEN_NOT = int(GreType.TOKEN), int(GreType.TOKEN_NOT)
 _MAX_CP = 1 << 22  # llama.cpp's decoder can produce values up to 0x3FFFFF
+_ROW_MIN = 4  # a state needing this many unknown classes at once gets its whole row computed
 
 
 def decode_utf8(data: bytes, partial: Partial = NO_PARTIAL) -> tuple[list[int], Partial]:
@@ -216,7 +217,6 @@ class Engine:
         self.n_classes = len(reps)
         #: ``member[row, class]``: whether the char element of ``row`` matches the class
         self._member = np.ascontiguousarray(member[:, [int(np.searchsorted(edges, r, side="right") - 1) for r in reps]])
-        self._member_lists: list[list[bool]] = self._member.tolist()
         self._ascii_class = self.classes_of(np.arange(128, dtype=np.int64)).tolist()
 
     def classes_of(self, cps: npt.ArrayLike) -> npt.NDArray[np.int32]:
@@ -321,23 +321,57 @@ class Engine:
 
     def _compute(self, state: int, cls: int) -> int:
         with self._lock:
-            return self._compute_locked(state, cls)
+            if self._trans[state, cls] == _UNKNOWN:
+                self._compute_one_locked(state, cls)
+            return int(self._trans[state, cls])
 
-    def _compute_locked(self, state: int, cls: int) -> int:
+    def _compute_one_locked(self, state: int, cls: int) -> None:
+        """One transition (``llama_grammar_accept_chr`` then advance, over the stacks)."""
         out: list[Stack] = []
-        types, member, char_pos, after = self.types, self._member_lists, self._char_pos, self._after
+        types, member, char_pos, after = self.types, self._member, self._char_pos, self._after
         for stack in self._stacks[state]:
             if not stack:
                 continue
             pos = stack[-1]
             if types[pos] in (_TOKEN, _TOKEN_NOT):
                 continue  # llama_grammar_accept_chr ignores token elements
-            if member[char_pos[pos]][cls]:
+            if member[char_pos[pos], cls]:
                 nxt = after[pos]
                 self._advance(stack[:-1] if self._is_end(nxt) else (*stack[:-1], nxt), out)
-        sid = self.intern(out)
+        sid = self.intern(out)  # may grow the table: index it afresh
         self._trans[state, cls] = sid
-        return sid
+
+    def fill_row(self, state: int) -> None:
+        """Compute every transition of ``state`` (see :meth:`_fill_row_locked`)."""
+        if state != DEAD and (self._trans[state] == _UNKNOWN).any():
+            with self._lock:
+                self._fill_row_locked(state)
+
+    def _fill_row_locked(self, state: int) -> None:
+        """Every transition of ``state``. Classes that the same stacks of the state accept
+        (``llama_grammar_accept_chr``: a stack continues when its top character element
+        matches) lead to the same successor, so the successors are computed once per
+        distinct set of matching stacks: a handful per state, whatever the class count."""
+        types, char_pos, after = self.types, self._char_pos, self._after
+        live = [s for s in self._stacks[state] if s and types[s[-1]] not in (_TOKEN, _TOKEN_NOT)]
+        if not live:  # token elements are not matched by characters; empty stacks match nothing
+            self._trans[state, :] = DEAD
+            return
+        rows = self._member[[char_pos[s[-1]] for s in live]]  # (stacks, classes)
+        sigs = np.ascontiguousarray(np.packbits(rows, axis=0).T)  # per class: which stacks match
+        raw, w = sigs.tobytes(), sigs.shape[1]
+        groups: dict[bytes, list[int]] = {}
+        for c in range(self.n_classes):
+            groups.setdefault(raw[c * w : (c + 1) * w], []).append(c)
+        for sig, classes in groups.items():
+            out: list[Stack] = []
+            bits = np.unpackbits(np.frombuffer(sig, dtype=np.uint8))[: len(live)]
+            for stack, hit in zip(live, bits.tolist(), strict=True):
+                if hit:
+                    nxt = after[stack[-1]]
+                    self._advance(stack[:-1] if self._is_end(nxt) else (*stack[:-1], nxt), out)
+            sid = self.intern(out)  # may grow the table: index it afresh
+            self._trans[state, classes] = sid
 
     def table(self) -> npt.NDArray[np.int32]:
         """The transition table ``[state, class] -> state`` (``-2``: not computed yet).
@@ -351,9 +385,17 @@ class Engine:
         s, c = states[live], classes[live]
         unknown = t[s, c] == _UNKNOWN
         if unknown.any():
-            pairs = set((s[unknown].astype(np.int64) * self.n_classes + c[unknown]).tolist())
-            for p in sorted(pairs):
-                self._compute(p // self.n_classes, p % self.n_classes)
+            need: dict[int, set[int]] = {}
+            for st, cl in zip(s[unknown].tolist(), c[unknown].tolist(), strict=True):
+                need.setdefault(st, set()).add(cl)
+            with self._lock:
+                for st, cls in sorted(need.items()):
+                    if len(cls) >= _ROW_MIN:
+                        self._fill_row_locked(st)  # one pass for every class
+                    else:
+                        for cl in sorted(cls):
+                            if self._trans[st, cl] == _UNKNOWN:
+                                self._compute_one_locked(st, cl)
 
     def walk(self, state: int, cps: Iterable[int]) -> int:
         """The state after the code points ``cps`` (``DEAD`` once nothing matches)."""
