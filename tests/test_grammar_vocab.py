@@ -103,3 +103,29 @@ def test_no_mask_cache_computes_every_mask(vocab_model: llama_cffi.Model) -> Non
     n.allowed_tokens()
     n.fill_mask(words)
     assert normal.stats["mask_hits"] >= 1
+
+
+def test_no_garbage_collection_inside_a_mask(vocab_model: llama_cffi.Model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The collector is paused while a mask is computed and restored after (left off when
+    the program had turned it off)."""
+    import gc
+
+    seen: list[bool] = []
+    g = Grammar.from_gbnf('root ::= [a-z]+ "!"')
+    c = g.compile(vocab_model, mask_cache_size=0)
+    real = c._compute_mask
+
+    def spy(state: int, partial: tuple[int, int]) -> np.ndarray:
+        seen.append(gc.isenabled())
+        return real(state, partial)
+
+    monkeypatch.setattr(c, "_compute_mask", spy)
+    assert gc.isenabled()
+    c.matcher().allowed_tokens()
+    assert seen == [False] and gc.isenabled()
+    gc.disable()
+    try:
+        c.matcher().allowed_tokens()
+        assert seen == [False, False] and not gc.isenabled()
+    finally:
+        gc.enable()

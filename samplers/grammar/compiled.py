@@ -24,6 +24,7 @@ stack matched by id even mid-token (as ``llama_grammar_reject_candidates_for_sta
 
 from __future__ import annotations
 
+import gc
 import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, NamedTuple
@@ -484,7 +485,16 @@ class CompiledGrammar:
             mask = np.unpackbits(packed, count=self.n_vocab, bitorder="little").view(np.bool_)
         else:
             self.stats["mask_misses"] += 1
-            mask = self._compute_mask(state, partial)
+            # no garbage collection inside a mask (a full collection of a large program is
+            # milliseconds): a collection that falls due runs after it, at the next allocation
+            paused = gc.isenabled()
+            if paused:
+                gc.disable()
+            try:
+                mask = self._compute_mask(state, partial)
+            finally:
+                if paused:
+                    gc.enable()
             if self._mask_cache_size > 0:
                 self._masks[key] = np.packbits(mask, bitorder="little")
                 if len(self._masks) > self._mask_cache_size:
