@@ -380,6 +380,7 @@ class CompiledGrammar:
         partial_at: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]]] = []
         not_l0 = ~loops0
         in_loop0 = self._loop_classes(loops0)
+        has_loops0 = bool(in_loop0.any())
         while len(nodes):
             c = cls_all[nodes]
             t = eng.table()
@@ -394,12 +395,16 @@ class CompiledGrammar:
             if not len(nodes):
                 break
             e = E[nodes]
-            # still on a path of the start state's self-loops?
-            all_l &= in_loop0[c]
-            covered = ~(e & not_l0).any(axis=1)
-            go = ~(all_l & covered)  # an all-self-loop subtree is in the start mask already
-            off = ~all_l
-            if off.any():
+            if has_loops0:
+                # still on a path of the start state's self-loops?
+                all_l &= in_loop0[c]
+                covered = ~(e & not_l0).any(axis=1)
+                go = ~(all_l & covered)  # an all-self-loop subtree is in the start mask already
+                off = ~all_l
+            else:
+                go = np.ones(len(nodes), dtype=bool)
+                off = go
+            if not has_loops0 or off.any():
                 # off the start state's loops: absorb subtrees whose state loops over them
                 idx = np.flatnonzero(off)
                 st_off = nxt[idx]
@@ -429,14 +434,12 @@ class CompiledGrammar:
                 partial_at.append((nodes[pt], nxt[pt]))
             if not go.any():
                 break
-            nodes, nxt, all_l = nodes[go], nxt[go], all_l[go]
-            counts = n_child[nodes]
-            has = counts > 0
-            if not has.all():
-                nodes, nxt, all_l, counts = nodes[has], nxt[has], all_l[has], counts[has]
-            if not len(nodes):
-                break
+            if not go.all():
+                nodes, nxt, all_l = nodes[go], nxt[go], all_l[go]
+            counts = n_child[nodes]  # np.repeat skips the leaves (count 0)
             total = int(counts.sum())
+            if total == 0:
+                break
             offs = np.repeat(first_child[nodes] - np.cumsum(counts) + counts, counts)
             nodes = offs + np.arange(total, dtype=np.int64)
             ps = np.repeat(nxt, counts)
