@@ -17,14 +17,13 @@ cleared before each repetition; modes rotated within the round), in three modes:
 * ``decode``: ``ctx.decode_single(tok)`` of the same kind of token sequence as
   llama-bench (BOS, then random ids), no sampling: llama-bench's exact workload.
 
-If the peer ``llama-cpp-python`` imports (``import llama_cpp``), its greedy loop
-(``Llama.eval([tok])`` + argmax of ``llama_get_logits_ith(ctx, -1)``) runs as a third
-side; otherwise one line says it was skipped. Before each run the script waits (up to
-``--quiet-wait`` s) for other processes to use at most ``--max-foreign`` cores, records
-what they used during the run, and runs again (up to ``--retries`` times) when that was
-more or the run took over ``--run-timeout`` s. Rounds rotate which side goes first;
-the table shows medians over rounds, ratios ours/native (> 1: ours faster) and the
-median of the per-round ratios (``paired``). Peak RSS of every run comes from
+The peer ``llama-cpp-python`` is measured by ``bench_peer.py`` (greedy, sampled, grammar
+and parallel generation, against the same llama.cpp build). Before each run the script
+waits (up to ``--quiet-wait`` s) for other processes to use at most ``--max-foreign``
+cores, records what they used during the run, and runs again (up to ``--retries`` times)
+when that was more or the run took over ``--run-timeout`` s. Rounds rotate which side
+goes first; the table shows medians over rounds, ratios ours/native (> 1: ours faster)
+and the median of the per-round ratios (``paired``). Peak RSS of every run comes from
 ``os.wait4``.
 
     python benchmarks/bench_generate.py [--rounds 5] [--tokens 64] [--reps 3] [--threads 2] [--json PATH]
@@ -33,7 +32,6 @@ median of the per-round ratios (``paired``). Peak RSS of every run comes from
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -49,7 +47,6 @@ from benchmarks.native_tools import build_llama_tool  # noqa: E402
 
 TOOL = "llama-bench"
 MODES = ("greedy", "chain", "decode")
-PEER = "llama-cpp-python"
 
 OURS = r"""
 import json, sys, time
@@ -87,33 +84,6 @@ for r in range(reps):
                 tok = rand[i]
         res[mode].append(n_tok / (time.perf_counter() - t0))
 print(json.dumps(res))
-"""
-
-PEER_LOOP = r"""
-import json, sys, time
-import numpy as np
-import llama_cpp
-path, n_tok, n_threads, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-llm = llama_cpp.Llama(model_path=path, n_ctx=n_tok, n_batch=2048, n_ubatch=512, n_threads=n_threads,
-                      n_threads_batch=n_threads, verbose=False)
-n_vocab = llm.n_vocab()
-bos = llm.token_bos()
-
-def last_logits():
-    return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1), shape=(n_vocab,))
-
-llm.reset()
-llm.eval([bos])  # warm-up
-out = []
-for _ in range(reps):
-    llm.reset()
-    tok = bos
-    t0 = time.perf_counter()
-    for _ in range(n_tok):
-        llm.eval([tok])
-        tok = int(last_logits().argmax())
-    out.append(n_tok / (time.perf_counter() - t0))
-print(json.dumps({"greedy": out, "version": llama_cpp.__version__}))
 """
 
 
@@ -165,13 +135,6 @@ def run_ours(model: Path, args: argparse.Namespace, modes: list[str]) -> tuple[d
     return res, r
 
 
-def run_peer(model: Path, args: argparse.Namespace) -> tuple[list[float], str, ChildRun]:
-    cmd = [sys.executable, "-c", PEER_LOOP, str(model), str(args.tokens), str(args.threads), str(args.reps)]
-    r = measured(cmd, args, "peer", cwd=ROOT)
-    d = json.loads(r.stdout.strip().splitlines()[-1])
-    return [float(x) for x in d["greedy"]], str(d["version"]), r
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (one process per side each)")
@@ -183,7 +146,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quiet-wait", type=float, default=10.0, help="seconds to wait for a quiet machine per run")
     ap.add_argument("--retries", type=int, default=2, help="runs again when other processes used more")
     ap.add_argument("--run-timeout", type=float, default=120.0, help="seconds before a run is killed and retried")
-    ap.add_argument("--no-peer", action="store_true", help=f"do not run the peer {PEER} even if it is installed")
     ap.add_argument("--json", type=Path, help="also write the results here, as JSON")
     args = ap.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
@@ -195,13 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"skipped: {exc}")
         return 0
     tool = build_llama_tool(TOOL)
-    peer_skipped: str | None = None
-    if args.no_peer:
-        peer_skipped = "--no-peer"
-    elif importlib.util.find_spec("llama_cpp") is None:
-        peer_skipped = "not installed"
-        print(f"peer {PEER} not installed: skipped")
-    sides = ["native", "ours"] + ([] if peer_skipped else ["peer"])
+    sides = ["native", "ours"]
     print(f"native: {' '.join(native_command(tool, model, args))}")
     print(
         f"ours: {', '.join(modes)} in a fresh process per round, n_ctx={args.tokens}, {args.threads} threads; "
@@ -213,9 +169,6 @@ def main(argv: list[str] | None = None) -> int:
     nat_samples: list[list[float]] = []
     ours: dict[str, list[float]] = {m: [] for m in modes}
     ours_samples: dict[str, list[list[float]]] = {m: [] for m in modes}
-    peer: list[float] = []
-    peer_version: str | None = None
-    peer_error: str | None = None
     rss: dict[str, list[int]] = {s: [] for s in sides}
     foreign: list[float] = []  # CPU other processes used during each run, in cores
     for r in range(args.rounds):
@@ -224,26 +177,16 @@ def main(argv: list[str] | None = None) -> int:
                 v, samples, run = run_native(tool, model, args)
                 nat.append(v)
                 nat_samples.append(samples)
-            elif side == "ours":
+            else:
                 res, run = run_ours(model, args, modes)
                 for m in modes:
                     ours[m].append(median(res[m]))
                     ours_samples[m].append(res[m])
-            else:
-                try:
-                    samples, peer_version, run = run_peer(model, args)
-                except (RuntimeError, ValueError, KeyError) as exc:
-                    peer_error = str(exc)[-2000:]
-                    print(f"peer {PEER} failed: {peer_error.strip().splitlines()[-1] if peer_error.strip() else ''}")
-                    sides.remove("peer")
-                    continue
-                peer.append(median(samples))
             rss[side].append(run.peak_rss_kib)
             foreign.append(run.foreign_cores)
         line = "  ".join(f"{m} {ours[m][-1]:.1f}" for m in modes)
-        extra = f"  peer greedy {peer[-1]:.1f}" if "peer" in sides and peer else ""
         other = max(foreign[-len(sides) :])
-        print(f"round {r + 1}: native tg {nat[-1]:.1f}  ours {line}{extra} tok/s  (other load {other:.2f} cores)")
+        print(f"round {r + 1}: native tg {nat[-1]:.1f}  ours {line} tok/s  (other load {other:.2f} cores)")
 
     nv = median(nat)
     print()
@@ -259,17 +202,6 @@ def main(argv: list[str] | None = None) -> int:
         paired = median([o / n for o, n in zip(ours[m], nat, strict=True)])
         rows[m] = {"tps": v, "over_native": v / nv, "over_native_paired": paired, "samples_tps": ours_samples[m]}
         print(f"{'ours ' + m:29} {v:>8.1f} {v / nv:>8.3f} {paired:>7.3f} {max(rss['ours']) / 1024:>7.0f} MiB")
-    peer_row: dict[str, Any] | None = None
-    if peer:
-        v = median(peer)
-        paired = median([o / n for o, n in zip(peer, nat, strict=False)])
-        peer_row = {"version": peer_version, "greedy_tps": v, "over_native": v / nv, "over_native_paired": paired}
-        if "greedy" in rows:
-            peer_row["ours_greedy_over_peer"] = rows["greedy"]["tps"] / v
-        peer_mib = max(rss["peer"]) / 1024
-        print(f"{'peer ' + PEER + ' greedy':29} {v:>8.1f} {v / nv:>8.3f} {paired:>7.3f} {peer_mib:>7.0f} MiB")
-        if "greedy" in rows:
-            print(f"ours greedy / peer greedy: {rows['greedy']['tps'] / v:.3f}")
     if args.json:
         write_json(
             args.json,
@@ -291,14 +223,11 @@ def main(argv: list[str] | None = None) -> int:
                 "native_tps": nv,
                 "native_samples_tps": nat_samples,
                 "ours": rows,
-                "peer": peer_row,
-                "peer_skipped": peer_skipped,
-                "peer_error": peer_error,
                 "peak_rss_kib": {s: max(v) for s, v in rss.items() if v},
                 "foreign_cores": foreign,
             },
         )
-    return 1 if peer_error else 0
+    return 0
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ children it waited for), writing results as JSON, and describing the machine."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import math
 import os
@@ -298,3 +299,34 @@ def machine_slug() -> str:
     """``<hostname>-<cpu model>-<cores>c``, short and file-name safe (e.g. ``vm-amd-epyc-2c``)."""
     host = slug(socket.gethostname().split(".")[0], 16)
     return f"{host}-{slug(cpu_model())}-{cpu_cores()}c"
+
+
+# ---------------------------------------------------------------------- the peer
+PEER = "llama-cpp-python"
+
+
+def peer_pinned_version() -> str:
+    """The llama-cpp-python release whose sdist vendors the llama.cpp commit llama_cffi
+    pins (its ctypes declarations match that commit's llama.h)."""
+    from llama_cffi._version import LLAMA_CPP_SDIST
+
+    return str(LLAMA_CPP_SDIST["prefix"]).removeprefix("llama_cpp_python-")
+
+
+def peer_install_command() -> str:
+    """How to install the peer without compiling llama.cpp (the benchmarks give it the
+    pinned llama.cpp built by native_tools.llama_shared_lib_dir through LLAMA_CPP_LIB_PATH)."""
+    return f'CMAKE_ARGS="-DLLAMA_BUILD=OFF" pip install "{PEER}=={peer_pinned_version()}"'
+
+
+def peer_skip_reason() -> str | None:
+    """Why the peer cannot run here (None: it can): ``"not installed"``, or a version
+    other than the pinned one (whose ctypes declarations would not match the library)."""
+    try:
+        version = importlib.metadata.version("llama_cpp_python")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+    want = peer_pinned_version()
+    if version != want:
+        return f"version {version} installed; the benchmarks need {want} (the pinned llama.cpp's llama.h)"
+    return None

@@ -10,7 +10,10 @@ Two kinds:
   ``common`` library are built by CMake from the pinned source, statically, with the
   instruction sets of the CPU variant llama_cffi loaded here (so their kernels are the
   ones llama_cffi runs) and its other options. Their build is cached under llama_cffi's
-  build cache, keyed by (commit, options).
+  build cache, keyed by (commit, options). The same options with ``BUILD_SHARED_LIBS=ON``
+  give the shared libraries (:func:`llama_shared_lib_dir`) that the peer
+  llama-cpp-python loads in the benchmarks, and C programs linked with them
+  (:func:`build_shared_c_tool`).
 
 Nothing here needs the package's build tree: an installed wheel is enough (the pinned
 source comes from ``build_ffi``'s cache, downloaded once, or from ``LLAMA_CPP_DIR``).
@@ -35,6 +38,7 @@ import llama_cffi
 from llama_cffi import backends
 
 HERE = Path(__file__).resolve().parent
+SHLIB_SUFFIX = ".dylib" if sys.platform == "darwin" else ".so"
 
 #: ggml's x86 instruction-set options (the list ggml_add_cpu_backend_variant switches).
 X86_FEATURES = (
@@ -145,11 +149,16 @@ def tool_options(info: dict[str, Any] | None = None) -> dict[str, str]:
     return opts
 
 
-def _tools_dir(info: dict[str, Any]) -> tuple[Path, dict[str, str]]:
-    """The tools' build root (keyed by commit and options) and their CMake options."""
+def _tools_dir(info: dict[str, Any], shared: bool = False) -> tuple[Path, dict[str, str]]:
+    """The tools' build root (keyed by commit and options) and their CMake options;
+    ``shared``: the shared-library build (:func:`llama_shared_lib_dir`), the same options
+    with ``BUILD_SHARED_LIBS=ON``."""
     options = tool_options(info)
+    if shared:
+        options["BUILD_SHARED_LIBS"] = "ON"
     key = hashlib.sha256(json.dumps({"commit": info["commit"], "options": options}, sort_keys=True).encode())
-    return tools_root() / f"tools-{str(info['commit'])[:12]}-{key.hexdigest()[:16]}", options
+    kind = "shared" if shared else "tools"
+    return tools_root() / f"{kind}-{str(info['commit'])[:12]}-{key.hexdigest()[:16]}", options
 
 
 def _configure(root: Path, build_dir: Path, options: dict[str, str], commit: str, logfile: Path) -> None:
@@ -177,15 +186,35 @@ def build_llama_tool(target: str) -> Path:
     tools), later calls return at once and other targets build incrementally. A file
     lock serialises concurrent callers; progress goes to stderr.
     """
+    return _build_target(target, Path("bin") / target, shared=False)
+
+
+def llama_shared_lib_dir() -> Path:
+    """Build llama.cpp as shared libraries (``libllama.so``, ``libggml.so``,
+    ``libggml-base.so``, ``libggml-cpu.so``, ...) from the pinned source with
+    :func:`tool_options` but ``BUILD_SHARED_LIBS=ON`` (same instruction sets as the CPU
+    variant llama_cffi loaded, the CPU backend linked in: ``GGML_BACKEND_DL=OFF``), and
+    return the directory that holds them.
+
+    This is what the peer ``llama-cpp-python`` loads in the benchmarks
+    (``LLAMA_CPP_LIB_PATH``), so that it runs the same llama.cpp commit and kernels as
+    llama_cffi and the native tools. Cached like :func:`build_llama_tool`, in its own
+    build directory (keyed by commit and options)."""
+    return _build_target("llama", Path("bin") / f"libllama{SHLIB_SUFFIX}", shared=True).parent
+
+
+def _build_target(target: str, product: Path, shared: bool) -> Path:
+    """Build CMake ``target`` in the tools build (or the shared-library build) and return
+    ``build/<product>``, the file it makes (cached: see :func:`build_llama_tool`)."""
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", target):
         raise ValueError(f"not a CMake target name: {target!r}")
     bf = _build_ffi()
     info = llama_cffi.build_info()
     commit = str(info["commit"])
-    root, options = _tools_dir(info)
+    root, options = _tools_dir(info, shared)
     build_dir = root / "build"
-    binary = build_dir / "bin" / target
-    done = root / f"{target}.built"  # written after a successful build: the binary is complete
+    binary = build_dir / product
+    done = root / f"{target}.built"  # written after a successful build: the product is complete
     if done.is_file() and binary.is_file():
         return binary
     root.mkdir(parents=True, exist_ok=True)
@@ -195,7 +224,8 @@ def build_llama_tool(target: str) -> Path:
         logfile = root / f"{target}.log"
         logfile.write_text("")
         t0 = time.monotonic()
-        bf.log(f"building llama.cpp's {target} (same source and kernels as llama_cffi); log: {logfile}")
+        what = "shared libraries" if shared else target
+        bf.log(f"building llama.cpp's {what} (same source and kernels as llama_cffi); log: {logfile}")
         _configure(root, build_dir, options, commit, logfile)
         jobs = os.environ.get("LLAMA_CFFI_JOBS") or str(os.cpu_count() or 2)
         bf._stream([str(shutil.which("cmake")), "--build", str(build_dir), "--target", target, "-j", jobs], logfile)
@@ -203,16 +233,50 @@ def build_llama_tool(target: str) -> Path:
             raise RuntimeError(f"the build did not produce {binary} (see {logfile})")
         seconds = time.monotonic() - t0
         done.write_text(json.dumps({"target": target, "seconds": round(seconds, 1)}) + "\n")
-        bf.log(f"{target} built in {seconds:.0f} s")
+        bf.log(f"{what} built in {seconds:.0f} s")
     return binary
 
 
-def llama_tool_build_seconds(target: str) -> float | None:
-    """How long the cached build of ``target`` took (None if it was never built here)."""
-    done = _tools_dir(llama_cffi.build_info())[0] / f"{target}.built"
+def llama_tool_build_seconds(target: str, shared: bool = False) -> float | None:
+    """How long the cached build of ``target`` took (None if it was never built here);
+    ``shared``: of the shared-library build (target ``llama``)."""
+    done = _tools_dir(llama_cffi.build_info(), shared)[0] / f"{target}.built"
     if not done.is_file():
         return None
     return float(json.loads(done.read_text())["seconds"])
+
+
+def build_shared_c_tool(name: str) -> Path:
+    """Compile ``native/<name>.c`` against the shared libraries of
+    :func:`llama_shared_lib_dir` (the very ``libllama.so`` the peer loads) and the pinned
+    source's headers, and return the binary's path (cached by source and that build)."""
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise ValueError(f"not a tool name: {name!r}")
+    libdir = llama_shared_lib_dir()
+    src = HERE / "native" / f"{name}.c"
+    source = llama_cpp_source_dir()
+    key = hashlib.sha256(src.read_bytes() + str(libdir).encode()).hexdigest()[:12]
+    out = tools_root() / "tools-c" / f"{name}-shared-{key}"
+    if out.is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
+    libs = [libdir / f"lib{lib}{SHLIB_SUFFIX}" for lib in ("llama", "ggml", "ggml-base")]
+    cmd = [
+        os.environ.get("CC", "cc"),
+        "-O3",  # vectorised loops over the logits (argmax), as numpy's
+        str(src),
+        f"-I{source / 'include'}",
+        f"-I{source / 'ggml' / 'include'}",
+        *(str(lib) for lib in libs),
+        f"-Wl,-rpath,{libdir}",
+        "-lm",
+        "-o",
+        str(tmp),
+    ]
+    subprocess.run(cmd, check=True)
+    tmp.replace(out)
+    return out
 
 
 def build_common_cpp_tool(name: str) -> Path:

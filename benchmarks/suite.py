@@ -5,8 +5,11 @@ counterpart.
 
 Runs, one after another, each as a subprocess with ``--json``:
 
-* ``bench_generate.py``: greedy / sampled generation tok/s against ``llama-bench`` tg
-  (and the peer ``llama-cpp-python`` when it is installed);
+* ``bench_generate.py``: greedy / sampled generation tok/s against ``llama-bench`` tg;
+* ``bench_peer.py``: ours vs native (a C loop) vs the peer ``llama-cpp-python`` on the same
+  llama.cpp build: greedy, sampled, JSON-grammar and 4 / 8 parallel sequences (when the
+  peer is installed; otherwise "peer llama-cpp-python not installed: skipped" is printed and
+  recorded);
 * ``decode_overhead.py``: per-token host overhead of ``decode_single`` against a C loop;
 * ``bench_samplers.py``: sampler chain step (numpy against llama.cpp's samplers) by
   vocabulary size, and sampled against greedy generation;
@@ -23,7 +26,7 @@ peak RSS of each script (``os.wait4``) and writes, under ``benchmarks/results/``
   (``llama_cffi.build_info()``, llama.cpp commit, Python and numpy versions), every
   measured number with its unit, the comparisons, and each script's raw results;
 * ``<date>-<machine>.md``: one table row per comparison (ours, native/peer, ratio,
-  unit, the command that reproduces it);
+  unit, the command that reproduces it), and a table of ours vs native vs peer;
 * ``<date>-<machine>-*.png``: plots, when matplotlib is installed.
 
 The default settings are small (a few minutes on 2 cores); ``--full`` uses each
@@ -56,11 +59,14 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import (  # noqa: E402
+    PEER,
     ChildRun,
     cpu_cores,
     cpu_model,
     json_safe,
     machine_slug,
+    peer_install_command,
+    peer_skip_reason,
     run_child,
     wait_quiet,
 )
@@ -93,7 +99,14 @@ STEPS: tuple[Step, ...] = (
         "bench_generate.py",
         ("--rounds", "3", "--reps", "3", "--tokens", "64", "--quiet-wait", "5"),
         ("--rounds", "7", "--reps", "5", "--tokens", "64"),
-        "generation tok/s: ours (greedy, sampled chain, decode only) vs llama-bench tg, peer llama-cpp-python",
+        "generation tok/s: ours (greedy, sampled chain, decode only) vs llama-bench tg",
+    ),
+    Step(
+        "peer",
+        "bench_peer.py",
+        ("--rounds", "3", "--reps", "2", "--tokens", "32", "--tg", "16", "--quiet-wait", "5"),
+        ("--rounds", "5", "--reps", "3", "--tokens", "64", "--tg", "32"),
+        f"ours vs native (C) vs peer {PEER}, same llama.cpp build: greedy, sampled, json.gbnf, 4/8 parallel sequences",
     ),
     Step(
         "decode_overhead",
@@ -105,7 +118,7 @@ STEPS: tuple[Step, ...] = (
     Step(
         "samplers",
         "bench_samplers.py",
-        ("--quick", "--sizes", "32000,152064,262144", "--rounds", "3", "--iters", "100", "--gen-tokens", "64"),
+        ("--quick", "--sizes", "32000,128256,152064,262144", "--rounds", "3", "--iters", "100", "--gen-tokens", "64"),
         ("--rounds", "5", "--iters", "200"),
         "sampler chain step by vocabulary size, numpy vs llama.cpp's samplers; sampled vs greedy generation",
     ),
@@ -115,6 +128,14 @@ STEPS: tuple[Step, ...] = (
         ("--tokens", "48", "--rounds", "3"),
         ("--tokens", "96", "--rounds", "5"),
         "grammar mask (json.gbnf) and constrained generation, ours vs llama.cpp's grammar sampler",
+    ),
+    Step(
+        "grammar_peers",
+        "bench_grammar_peers.py",
+        ("--quick", "--rounds", "3", "--quiet-wait", "10"),
+        ("--rounds", "3"),
+        "grammar engines on the same 262k vocabulary: ours (with and without a mask cache) vs llguidance, "
+        "xgrammar, outlines-core; compile, first mask, mask median/p99 (peers not installed: skipped)",
     ),
     Step(
         "branches",
@@ -206,20 +227,44 @@ def comparisons_generate(step: Step, full: bool, d: Payload) -> list[Comparison]
                 native_label=TG,
             )
         )
-    peer = d.get("peer")
-    if peer:
-        out.append(
-            comparison(
-                step,
-                full,
-                "greedy generation: ours vs peer llama-cpp-python (`Llama.eval` + argmax)",
-                _f(d["ours"].get("greedy", {}).get("tps")),
-                _f(peer["greedy_tps"]),
-                "tok/s",
-                "higher",
-                native_label=f"llama-cpp-python {peer.get('version')}",
-            )
+    return out
+
+
+PEER_WHAT = {
+    "greedy": "greedy generation, {tokens} tokens: argmax of the last logits, decode",
+    "sampled": "sampled generation, {tokens} tokens: top-k 40 -> temp 0.8 -> dist",
+    "grammar": "JSON-grammar generation (json.gbnf), up to {tokens} tokens: grammar -> top-k 40 -> temp 0.8 -> dist",
+    "parallel": "{n} parallel sequences x {tg} steps: one decode of {n} tokens per step, greedy",
+}
+
+
+def comparisons_peer(step: Step, full: bool, d: Payload) -> list[Comparison]:
+    """One row per workload: ours and native (ratio ours/native), with the peer's value and
+    the ratios ours/peer and peer/native (and their per-round medians, ``paired``)."""
+    c = d["config"]
+    out = []
+    for w, r in d["workloads"].items():
+        key = "parallel" if w.startswith("parallel") else w
+        what = PEER_WHAT[key].format(tokens=c["tokens"], tg=c["tg"], n=w.removeprefix("parallel"))
+        row = comparison(
+            step,
+            full,
+            what,
+            _f(r["ours_tps"]),
+            _f(r["native_tps"]),
+            "tok/s",
+            "higher",
+            native_label="C loop, native/gen_workloads.c",
         )
+        row.update(
+            workload=w,
+            peer=_f(r["peer_tps"]),
+            peer_label=f"{d.get('peer_name', PEER)} {d.get('peer_version') or ''}".strip(),
+            ours_over_peer=_f(r["ours_over_peer"]),
+            peer_over_native=_f(r["peer_over_native"]),
+            paired={k: _f(v) for k, v in r["paired"].items()},
+        )
+        out.append(row)
     return out
 
 
@@ -304,6 +349,51 @@ def comparisons_grammar(step: Step, full: bool, d: Payload) -> list[Comparison]:
             native_label=label,
         )
     )
+    return out
+
+
+def comparisons_grammar_peers(step: Step, full: bool, d: Payload) -> list[Comparison]:
+    """Per grammar and peer: ours (normal mode) against the peer, for compile time and the
+    mask median and p99; ours without a mask cache against ours (what the cache buys)."""
+    by = {(r["engine"], r["grammar"]): r for r in d["results"] if r.get("status") == "ok"}
+    out: list[Comparison] = []
+    for (engine, grammar), r in sorted(by.items()):
+        mine = by.get(("ours", grammar))
+        if engine in ("ours", "ours-nocache") or mine is None:
+            continue
+        label = f"{engine} {d.get('peer_versions', {}).get(engine, '')}".strip()
+        for key, what, unit in (
+            ("compile_ms", "compile", "ms"),
+            ("median_ms", "mask median", "ms"),
+            ("p99_ms", "mask p99", "ms"),
+        ):
+            out.append(
+                comparison(
+                    step,
+                    full,
+                    f"grammar {grammar}, {what}: ours vs {engine}",
+                    _f(mine["median"][key]),
+                    _f(r["median"][key]),
+                    unit,
+                    "lower",
+                    native_label=label,
+                )
+            )
+    for grammar in sorted({g for _e, g in by}):
+        nc, mine = by.get(("ours-nocache", grammar)), by.get(("ours", grammar))
+        if nc is not None and mine is not None:
+            out.append(
+                comparison(
+                    step,
+                    full,
+                    f"grammar {grammar}, mask median: ours without a mask cache vs ours",
+                    _f(nc["median"]["median_ms"]),
+                    _f(mine["median"]["median_ms"]),
+                    "ms",
+                    "lower",
+                    native_label="ours (mask cache)",
+                )
+            )
     return out
 
 
@@ -410,9 +500,11 @@ def comparisons_perplexity(step: Step, full: bool, d: Payload) -> list[Compariso
 
 EXTRACT: dict[str, Callable[[Step, bool, Payload], list[Comparison]]] = {
     "generate": comparisons_generate,
+    "peer": comparisons_peer,
     "decode_overhead": comparisons_decode_overhead,
     "samplers": comparisons_samplers,
     "grammar": comparisons_grammar,
+    "grammar_peers": comparisons_grammar_peers,
     "branches": comparisons_branches,
     "rpc": comparisons_rpc,
     "perplexity": comparisons_perplexity,
@@ -524,11 +616,22 @@ def environment() -> dict[str, Any]:
     }
 
 
-def prepare_tools() -> dict[str, Any]:
-    """Build (or find cached) every native program the scripts use, before timing anything."""
+def prepare_tools(peer: bool = False) -> dict[str, Any]:
+    """Build (or find cached) every native program the scripts use, before timing anything;
+    ``peer``: also the shared-library build the peer loads and the C loop beside it."""
     from benchmarks import native_tools as nt
 
     out: dict[str, Any] = {}
+    if peer:
+        t0 = time.perf_counter()
+        out["libllama (shared, for the peer)"] = {
+            "path": str(nt.llama_shared_lib_dir()),
+            "prepare_s": time.perf_counter() - t0,
+            "build_s": nt.llama_tool_build_seconds("llama", shared=True),
+        }
+        t0 = time.perf_counter()
+        path = nt.build_shared_c_tool("gen_workloads")
+        out["gen_workloads"] = {"path": str(path), "prepare_s": time.perf_counter() - t0}
     for tool in ("llama-bench", "llama-batched-bench", "llama-perplexity"):
         t0 = time.perf_counter()
         out[tool] = {"path": str(nt.build_llama_tool(tool)), "prepare_s": time.perf_counter() - t0}
@@ -595,6 +698,8 @@ def markdown(report: dict[str, Any]) -> str:
         if r.get("foreign_cores") is not None and r["foreign_cores"] > NOISY_CORES
     }
     for c in report["comparisons"]:
+        if "peer" in c:  # in the peer table below
+            continue
         flag = " ⚠" if c["benchmark"] in noisy else ""
         r = c["ratio"]
         ratio = "—" if r is None else fmt(r, c["ratio_fmt"] or (".3f" if r >= 0.1 else ".2g"))
@@ -613,6 +718,7 @@ def markdown(report: dict[str, Any]) -> str:
             + "): with 2 threads on 2 cores llama.cpp's thread pool stalls, so their numbers are unreliable; "
             "run them again on a quiet machine.",
         ]
+    lines += peer_table(report, noisy)
     lines += [
         "",
         "## Runs",
@@ -636,6 +742,56 @@ def markdown(report: dict[str, Any]) -> str:
         for r in failed:
             lines += [f"### {r['name']}", "", "```", (r.get("error") or "").strip()[-3000:], "```", ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def peer_note(payload: Payload | None) -> str | None:
+    """The line the report records when ``bench_peer.py`` skipped the peer (None: it ran)."""
+    if payload is None or not payload.get("peer_skipped"):
+        return None
+    return f"peer {PEER} {payload['peer_skipped']}: skipped (install: `{payload['peer_install']}`)"
+
+
+def peer_table(report: dict[str, Any], noisy: dict[str, float]) -> list[str]:
+    """The Markdown section of ours vs native vs peer (bench_peer.py), or the line saying
+    why the peer was skipped; [] when that benchmark did not run."""
+    rows = [c for c in report["comparisons"] if "peer" in c]
+    d = report["results"].get("peer")
+    if not rows and not (d and d.get("peer_skipped")):
+        return []
+    label = rows[0]["peer_label"] if rows else PEER
+    lines = ["", f"## Ours vs native vs peer {label}", ""]
+    if not rows:
+        assert d is not None
+        return [*lines, f"Peer {PEER} {d['peer_skipped']}: skipped. Install it with `{d['peer_install']}`."]
+    flag = " ⚠" if "peer" in noisy else ""
+
+    def ratio(v: float | None, paired: float | None) -> str:
+        return f"{fmt(v, '.3f')} ({fmt(paired, '.3f')})"
+
+    lines += [
+        "The same llama.cpp commit and CPU instruction sets on every side: native is `native/gen_workloads.c` "
+        "linked with the shared-library build of the pinned source, which the peer loads too "
+        "(`LLAMA_CPP_LIB_PATH`), so peer / native is the peer's own overhead. tok/s ↑, medians over interleaved "
+        "rounds; each ratio of the medians, then (paired) the median of the per-round ratios.",
+        "",
+        "| Workload | Ours | Native | Peer | Ours / native | Ours / peer | Peer / native | Command |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for c in rows:
+        pr = c.get("paired") or {}
+        ratios = " | ".join(
+            ratio(v, pr.get(k))
+            for v, k in (
+                (c["ratio"], "ours_over_native"),
+                (c["ours_over_peer"], "ours_over_peer"),
+                (c["peer_over_native"], "peer_over_native"),
+            )
+        )
+        lines.append(
+            f"| {c['what']}{flag} | {fmt(c['ours'])} | {fmt(c['native'])} | {fmt(c['peer'])} | {ratios} "
+            f"| `{c['command']}` |"
+        )
+    return lines
 
 
 # ---------------------------------------------------------------------- plots
@@ -707,15 +863,24 @@ def plots(report: dict[str, Any], stem: Path) -> list[str]:
     if d := raw.get("generate"):
         labels = ["llama-bench tg"] + [f"ours {m}" for m in d["ours"]]
         vals = [d["native_tps"]] + [r["tps"] for r in d["ours"].values()]
-        if d.get("peer"):
-            labels.append("llama-cpp-python")
-            vals.append(d["peer"]["greedy_tps"])
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
-        ax.bar(range(len(vals)), vals, color=["C0"] + ["C1"] * len(d["ours"]) + (["C2"] if d.get("peer") else []))
+        ax.bar(range(len(vals)), vals, color=["C0"] + ["C1"] * len(d["ours"]))
         ax.set_xticks(range(len(vals)), labels)
         ax.set_ylabel("tokens/s")
         ax.set_title(f"Generation, {d['config']['tokens']} tokens, {d['config']['threads']} threads\n{title}")
         save(fig, "generate")
+    if (d := raw.get("peer")) and d.get("workloads"):
+        works = list(d["workloads"])
+        fig, ax = plt.subplots(figsize=(7.2, 4.2))
+        w = 0.27
+        for i, (side, name) in enumerate((("native", "native (C)"), ("ours", "ours"), ("peer", PEER))):
+            xs = [j + (i - 1) * w for j in range(len(works))]
+            ax.bar(xs, [d["workloads"][k][f"{side}_tps"] for k in works], w, label=name)
+        ax.set_xticks(range(len(works)), works)
+        ax.set_ylabel("tokens/s")
+        ax.set_title(f"Ours vs native vs {PEER} {d.get('peer_version') or ''}\n{title}")
+        ax.legend()
+        save(fig, "peer")
     if d := raw.get("perplexity"):
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
         keys = [("wall_s", "whole command"), ("eval_s", "evaluation")]
@@ -816,9 +981,16 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[dict[str, Any]] = []
     results: dict[str, Payload] = {}
     comps: list[Comparison] = []
-    print("suite: building / finding the native tools (llama-bench, llama-batched-bench, llama-perplexity, C loops)")
+    peer = any(s.name == "peer" for s in steps)
+    if peer and (why := peer_skip_reason()) is not None:
+        peer = False
+        print(f"suite: peer {PEER} {why}: skipped (install it with: {peer_install_command()})", flush=True)
+    print(
+        "suite: building / finding the native tools (llama-bench, llama-batched-bench, llama-perplexity, C loops"
+        + (", the shared libllama the peer loads)" if peer else ")")
+    )
     try:
-        tools: dict[str, Any] = prepare_tools()
+        tools: dict[str, Any] = prepare_tools(peer)
     except Exception as exc:  # each benchmark will fail on its own and say why
         tools = {"error": f"{type(exc).__name__}: {exc}"}
         print(f"suite: native tools: {tools['error']}", flush=True)
@@ -834,8 +1006,12 @@ def main(argv: list[str] | None = None) -> int:
                     run["ok"] = False
                     run["status"] = "bad results"
                     run["error"] = f"could not read its results: {type(exc).__name__}: {exc}"
-            if step.name == "generate" and payload is not None and payload.get("peer_skipped") == "not installed":
-                notes.append("peer llama-cpp-python not installed: skipped")
+            if step.name == "peer" and (note := peer_note(payload)):
+                notes.append(note)
+            if step.name == "grammar_peers" and payload is not None:
+                for r in payload.get("results", []):
+                    if r.get("status") != "ok":
+                        notes.append(f"grammar peer {r.get('engine')} on {r.get('grammar')}: {r.get('status')}")
             runs.append(run)
             print(
                 f"suite: [{i}/{len(steps)}] {step.name}: {run['status']} in {run['wall_s']:.0f} s, "

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -44,6 +45,16 @@ TEST_TREE = ("tests", "benchmarks", "build_ffi.py", "patches", "pyproject.toml",
 INSTALLED_TESTS = ("tests/test_installed.py", "tests/test_backends.py")
 
 timings: dict[str, float] = {}
+
+
+def peer_version() -> str:
+    """The llama-cpp-python release that vendors the pinned llama.cpp (read from
+    llama_cffi/_version.py as text: the package is not importable before it is built)."""
+    text = (ROOT / "llama_cffi" / "_version.py").read_text()
+    m = re.search(r'"prefix":\s*"llama_cpp_python-([^"]+)"', text)
+    if m is None:
+        raise RuntimeError("llama_cffi/_version.py names no llama_cpp_python sdist")
+    return m.group(1)
 
 
 def step(name: str, cmd: list[str], **kw: object) -> None:
@@ -161,6 +172,13 @@ def main(argv: list[str]) -> int:
         t0 = time.monotonic()
         step("install the wheel", [str(py), "-m", "pip", "install", "-q", str(wheel)])
         step("install the test extras", [str(py), "-m", "pip", "install", "-q", f"{wheel}[test]"])
+        # the benchmark peer, Python package only (the tests give it our pinned llama.cpp as
+        # a shared build): its three-sided test runs rather than skips
+        step(
+            "install the benchmark peer",
+            [str(py), "-m", "pip", "install", "-q", f"llama-cpp-python=={peer_version()}"],
+            env=dict(os.environ, CMAKE_ARGS="-DLLAMA_BUILD=OFF"),
+        )
         timings["venv + install"] = round(time.monotonic() - t0, 1)
         tree = work / "tree"
         copy_test_tree(tree)
