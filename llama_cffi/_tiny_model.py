@@ -237,6 +237,16 @@ def rope_head_dim(n_embd: int, n_head: int, n_head_kv: int) -> int:
     return head_dim
 
 
+def add_attention(writer: Any, blk: str, w: Weights, n_embd: int, n_q: int, n_kv: int) -> None:
+    """A block's pre-attention norm (ones) and its Q, K, V and output projections, drawn
+    from ``w`` in that order (``n_q``/``n_kv``: query and key/value widths)."""
+    writer.add_tensor(f"{blk}.attn_norm.weight", w.ones(n_embd))
+    writer.add_tensor(f"{blk}.attn_q.weight", w.rand(n_q, n_embd))
+    writer.add_tensor(f"{blk}.attn_k.weight", w.rand(n_kv, n_embd))
+    writer.add_tensor(f"{blk}.attn_v.weight", w.rand(n_kv, n_embd))
+    writer.add_tensor(f"{blk}.attn_output.weight", w.rand(n_embd, n_q))
+
+
 def write_tiny_model(
     path: str | os.PathLike[str],
     *,
@@ -290,11 +300,7 @@ def write_tiny_model(
     writer.add_tensor("token_embd.weight", rand(N_VOCAB, n_embd))
     for i in range(n_layer):
         blk = f"blk.{i}"
-        writer.add_tensor(f"{blk}.attn_norm.weight", ones(n_embd))
-        writer.add_tensor(f"{blk}.attn_q.weight", rand(n_q, n_embd))
-        writer.add_tensor(f"{blk}.attn_k.weight", rand(n_kv, n_embd))
-        writer.add_tensor(f"{blk}.attn_v.weight", rand(n_kv, n_embd))
-        writer.add_tensor(f"{blk}.attn_output.weight", rand(n_embd, n_q))
+        add_attention(writer, blk, w, n_embd, n_q, n_kv)
         writer.add_tensor(f"{blk}.ffn_norm.weight", ones(n_embd))
         writer.add_tensor(f"{blk}.ffn_gate.weight", rand(n_ff, n_embd))
         writer.add_tensor(f"{blk}.ffn_down.weight", rand(n_embd, n_ff))

@@ -53,6 +53,7 @@ from ._tiny_model import (
     N_VOCAB,
     Weights,
     _import_gguf,
+    add_attention,
     add_tiny_vocab,
     finish,
     rope_head_dim,
@@ -192,11 +193,7 @@ def write_tiny_swa(
     writer.add_tensor("token_embd.weight", rand(N_VOCAB, n_embd))
     for i in range(n_layer):
         blk = f"blk.{i}"
-        writer.add_tensor(f"{blk}.attn_norm.weight", ones(n_embd))
-        writer.add_tensor(f"{blk}.attn_q.weight", rand(n_q, n_embd))
-        writer.add_tensor(f"{blk}.attn_k.weight", rand(n_kv, n_embd))
-        writer.add_tensor(f"{blk}.attn_v.weight", rand(n_kv, n_embd))
-        writer.add_tensor(f"{blk}.attn_output.weight", rand(n_embd, n_q))
+        add_attention(writer, blk, w, n_embd, n_q, n_kv)
         writer.add_tensor(f"{blk}.attn_q_norm.weight", ones(head_dim))
         writer.add_tensor(f"{blk}.attn_k_norm.weight", ones(head_dim))
         writer.add_tensor(f"{blk}.post_attention_norm.weight", ones(n_embd))
