@@ -310,3 +310,30 @@ def test_self_loop_walks_equal_the_plain_walk(data: st.DataObject) -> None:
         if len(allowed) == 0:
             break
         assert m.accept_token(int(rng.choice(allowed.tolist())))
+
+
+_PARTIAL_GRAMMAR = 'root ::= [^a-c\\u00e0-\\u00ff] | . | [\\u4e00-\\u9fff]+ "\\u0416"\n'
+
+
+@pytest.mark.parametrize("text", [*_SELF_LOOP_GRAMMARS, _PARTIAL_GRAMMAR])
+def test_partial_checks_per_position_equal_per_stack(text: str) -> None:
+    """The vectorised check of partial characters against one stack top
+    (``Engine.partial_ok_at``, used for every partial character of a vocabulary at once)
+    answers as ``llama_grammar_match_partial_char`` over that stack (``Engine.partial_ok``),
+    for every character position of the grammar and every kind of partial sequence:
+    lead bytes of 2-, 3- and 4-byte characters, sequences one byte short, overlong leads
+    (value 0, or 1 needing one byte) and values past U+10FFFF."""
+    from samplers.grammar.engine import _ANY, _CHAR, _CHAR_NOT  # the positions of character elements
+
+    eng = Grammar.from_gbnf(text)._engine
+    partials = [(v, r) for r in (1, 2, 3) for v in range(0, 64) if (v << (6 * r)) < (1 << 22)]
+    partials += [(0x3A0 >> 6, 1), (0x4E2D >> 6, 1), (0x4E2D >> 12, 2), (0xE6 & 0x0F, 2), (0xF0 & 0x07, 3)]
+    values = np.array([v for v, _ in partials], dtype=np.int64)
+    remains = np.array([r for _, r in partials], dtype=np.int64)
+    positions = [p for p, t in enumerate(eng.types) if t in (_CHAR, _CHAR_NOT, _ANY) and p in eng._char_pos]
+    assert positions
+    for pos in positions:
+        state = eng.intern([(pos,)])
+        got = eng.partial_ok_at(pos, values, remains)
+        want = [eng.partial_ok(state, p) for p in partials]
+        assert got.tolist() == want, pos

@@ -178,7 +178,8 @@ class CompiledGrammar:
         self._pchars, pchar_of = _unique_inverse(keys)
         self._pchar_slot = np.full(v.n_vocab, -1, dtype=np.int64)
         self._pchar_slot[pt_tokens] = pchar_of.ravel()
-        self._pchar_ok: dict[int, npt.NDArray[np.int8]] = {}
+        self._pchar_ok: dict[int, npt.NDArray[np.bool_]] = {}  # per state
+        self._pos_pchar: dict[int, npt.NDArray[np.bool_]] = {}  # per grammar position
         self._loops: dict[int, npt.NDArray[np.uint64]] = {}
         self._loop_known = np.zeros(64, dtype=bool)  # per state id (grown as states appear)
         self._loop_words = np.zeros((64, w), dtype=np.uint64)
@@ -269,35 +270,45 @@ class CompiledGrammar:
         spine: _Spine | None = None
         toks = np.flatnonzero(self._usable & ~self._lmask(loops))
         if len(toks) <= _SPINE_MAX:
+            # over the tokens' code points laid end to end (no padding to the longest)
             v = self.vocab
-            lengths = v.lengths[toks]
-            lmax = max(int(lengths.max()) if len(lengths) else 0, 1)
-            pos = v.offsets[toks][:, None] + np.arange(lmax)[None, :]
-            inside = np.arange(lmax)[None, :] < lengths[:, None]
-            # class of each code point, -1 past the token's end
-            cls = np.where(inside, self._cls_of_cp[v.cp_idx[np.minimum(pos, len(v.cp_idx) - 1)]], -1)
             n_cls = self.engine.n_classes
-            in_loop = np.zeros(n_cls + 1, dtype=bool)  # index -1 (padding) counts as in the loop
-            in_loop[:n_cls] = np.unpackbits(loops.view(np.uint8), bitorder="little")[:n_cls].astype(bool)
-            in_loop[n_cls] = True
-            inl = in_loop[cls]
-            first = np.where(inl.all(axis=1), lengths, (~inl).argmax(axis=1))  # first class off the loops
+            in_loop = np.zeros(n_cls, dtype=bool)
+            in_loop[:] = np.unpackbits(loops.view(np.uint8), bitorder="little")[:n_cls].astype(bool)
+            lengths = v.lengths[toks]
+            total = int(lengths.sum())
+            seg = np.zeros(len(toks) + 1, dtype=np.int64)  # token i's code points: [seg[i], seg[i+1])
+            np.cumsum(lengths, out=seg[1:])
+            flat_tok = np.repeat(np.arange(len(toks)), lengths)
+            local = np.arange(total, dtype=np.int64) - seg[flat_tok]
+            cls = self._cls_of_cp[v.cp_idx[v.offsets[toks][flat_tok] + local]]
+            off = ~in_loop[cls]
+            # the first code point off the loops (the token's length when none is)
+            first = lengths.copy()
+            np.minimum.at(first, flat_tok[off], local[off])
             rem = lengths - first
             order = np.argsort(-rem, kind="stable")
             toks, first, rem = toks[order], first[order], rem[order]
+            seg_o = seg[order]
             width = max(int(rem.max()) if len(rem) else 0, 1)
-            cols = first[:, None] + np.arange(width)[None, :]
-            valid = np.arange(width)[None, :] < rem[:, None]
-            rcls = np.where(valid, np.take_along_axis(cls[order], np.minimum(cols, cls.shape[1] - 1), axis=1), 0)
+            rcls = np.zeros((width, len(toks)), dtype=np.int32)
+            n_rem = int(rem.sum())
+            r_tok = np.repeat(np.arange(len(toks)), rem)
+            r_start = np.zeros(len(toks) + 1, dtype=np.int64)
+            np.cumsum(rem, out=r_start[1:])
+            r_k = np.arange(n_rem, dtype=np.int64) - r_start[r_tok]
+            r_cls = cls[seg_o[r_tok] + first[r_tok] + r_k]
+            rcls[r_k, r_tok] = r_cls
             # last remainder position off the loops: past it, a token back in the start
             # state is accepted (the rest loops)
-            off = valid & ~in_loop[np.where(valid, rcls, n_cls)]
-            last_off = np.where(off.any(axis=1), width - 1 - off[:, ::-1].argmax(axis=1), -1)
+            last_off = np.full(len(toks), -1, dtype=np.int64)
+            r_off = ~in_loop[r_cls]
+            np.maximum.at(last_off, r_tok[r_off], r_k[r_off])
             partial = self.vocab.has_partial[toks]
             n_empty = int(np.count_nonzero(rem == 0))  # last in the order: partial tokens
             spine = _Spine(
                 tokens=toks,
-                columns=np.ascontiguousarray(rcls.T, dtype=np.int32),
+                columns=rcls,
                 rem_len=rem,
                 stop=last_off + 1,
                 partial=partial,
@@ -571,17 +582,28 @@ class CompiledGrammar:
         """Set ``mask[tokens]`` for tokens ending inside a character, each in its state:
         allowed when the state can take some completion of that character."""
         slots = self._pchar_slot[tokens]
+        first = int(states[0])
+        if len(states) == 1 or not (states != first).any():
+            mask[tokens] = self._state_pchar_ok(first)[slots]
+            return
         for s_ in set(states.tolist()):
-            ok = self._pchar_ok.get(s_)
-            if ok is None:  # per partial character: -1 not checked yet, else 0/1
-                ok = self._pchar_ok[s_] = np.full(len(self._pchars), -1, dtype=np.int8)
             sel = states == s_
-            need = slots[sel]
-            todo = need[ok[need] < 0]
-            for k in set(todo.tolist()):
-                key = int(self._pchars[k])
-                ok[k] = self._partial_fits(s_, (key >> 2, key & 3))
-            mask[tokens[sel]] = ok[need] > 0
+            mask[tokens[sel]] = self._state_pchar_ok(s_)[slots[sel]]
+
+    def _state_pchar_ok(self, state: int) -> npt.NDArray[np.bool_]:
+        """Per partial character of the vocabulary: can ``state`` take a completion of it?
+        The union of the answers of its stack tops, each computed once per grammar
+        position for every partial character at once (cached per state)."""
+        ok = self._pchar_ok.get(state)
+        if ok is None:
+            ok = np.zeros(len(self._pchars), dtype=bool)
+            for pos in self.engine.char_tops(state):
+                row = self._pos_pchar.get(pos)
+                if row is None:
+                    row = self._pos_pchar[pos] = self.engine.partial_ok_at(pos, self._pchars >> 2, self._pchars & 3)
+                ok |= row
+            self._pchar_ok[state] = ok
+        return ok
 
     def _partial_fits(self, state: int, partial: Partial) -> bool:
         key = (state, partial)

@@ -130,6 +130,7 @@ class Engine:
         self._stacks: list[tuple[Stack, ...]] = []
         self._state_ids: dict[tuple[Stack, ...], int] = {}
         self._advance_cache: dict[Stack, tuple[Stack, ...]] = {}
+        self._groups: dict[tuple[int, ...], list[tuple[list[int], npt.NDArray[np.int64]]]] = {}
         self._trans = np.full((64, self.n_classes), _UNKNOWN, dtype=np.int32)
         #: per state: does some stack have a token element on top / is some stack empty
         self._token_tops: list[tuple[tuple[int, int], ...]] = []
@@ -352,26 +353,51 @@ class Engine:
         (``llama_grammar_accept_chr``: a stack continues when its top character element
         matches) lead to the same successor, so the successors are computed once per
         distinct set of matching stacks: a handful per state, whatever the class count."""
-        types, char_pos, after = self.types, self._char_pos, self._after
+        types, after = self.types, self._after
         live = [s for s in self._stacks[state] if s and types[s[-1]] not in (_TOKEN, _TOKEN_NOT)]
         if not live:  # token elements are not matched by characters; empty stacks match nothing
             self._trans[state, :] = DEAD
             return
-        rows = self._member[[char_pos[s[-1]] for s in live]]  # (stacks, classes)
-        sigs = np.ascontiguousarray(np.packbits(rows, axis=0).T)  # per class: which stacks match
-        raw, w = sigs.tobytes(), sigs.shape[1]
-        groups: dict[bytes, list[int]] = {}
-        for c in range(self.n_classes):
-            groups.setdefault(raw[c * w : (c + 1) * w], []).append(c)
-        for sig, classes in groups.items():
+        tops = tuple(s[-1] for s in live)
+        groups = self._groups.get(tops)
+        if groups is None:
+            groups = self._groups[tops] = self._class_groups(tops)
+        for hits, classes in groups:
             out: list[Stack] = []
-            bits = np.unpackbits(np.frombuffer(sig, dtype=np.uint8))[: len(live)]
-            for stack, hit in zip(live, bits.tolist(), strict=True):
-                if hit:
-                    nxt = after[stack[-1]]
-                    self._advance(stack[:-1] if self._is_end(nxt) else (*stack[:-1], nxt), out)
+            for k in hits:
+                stack = live[k]
+                nxt = after[stack[-1]]
+                self._advance(stack[:-1] if self._is_end(nxt) else (*stack[:-1], nxt), out)
             sid = self.intern(out)  # may grow the table: index it afresh
             self._trans[state, classes] = sid
+
+    def _class_groups(self, tops: tuple[int, ...]) -> list[tuple[list[int], npt.NDArray[np.int64]]]:
+        """The classes grouped by which of the character elements ``tops`` match them:
+        ``[(indices into tops that match, classes), ...]`` (depends only on the tops, so
+        states that differ below their tops share it)."""
+        rows = self._member[[self._char_pos[p] for p in tops]]  # (tops, classes)
+        sigs = np.packbits(rows, axis=0)  # (bytes, classes): per class, which tops match
+        n_bytes = sigs.shape[0]
+        if n_bytes <= 8:
+            padded = np.zeros((8, self.n_classes), dtype=np.uint8)
+            padded[:n_bytes] = sigs
+            keys = np.ascontiguousarray(padded.T).view(np.int64).ravel()
+            order = np.argsort(keys, kind="stable")
+            sk = keys[order]
+            cut = np.flatnonzero(sk[1:] != sk[:-1]) + 1
+            out: list[tuple[list[int], npt.NDArray[np.int64]]] = []
+            for part in np.split(order, cut):
+                hits = np.flatnonzero(rows[:, int(part[0])]).tolist()
+                out.append((hits, part))
+            return out
+        raw = np.ascontiguousarray(sigs.T).tobytes()
+        groups: dict[bytes, list[int]] = {}
+        for c in range(self.n_classes):
+            groups.setdefault(raw[c * n_bytes : (c + 1) * n_bytes], []).append(c)
+        return [
+            (np.flatnonzero(rows[:, classes[0]]).tolist(), np.array(classes, dtype=np.int64))
+            for classes in groups.values()
+        ]
 
     def table(self) -> npt.NDArray[np.int32]:
         """The transition table ``[state, class] -> state`` (``-2``: not computed yet).
@@ -435,6 +461,45 @@ class Engine:
             return state
         types = self.types
         return self.intern([s for s in self._stacks[state] if s and types[s[-1]] not in (_TOKEN, _TOKEN_NOT)])
+
+    def char_tops(self, state: int) -> tuple[int, ...]:
+        """Positions of the character elements on top of the state's stacks (the stacks
+        that code points continue)."""
+        if state == DEAD:
+            return ()
+        types = self.types
+        return tuple({s[-1] for s in self._stacks[state] if s and types[s[-1]] not in (_TOKEN, _TOKEN_NOT)})
+
+    def partial_ok_at(
+        self, pos: int, values: npt.NDArray[np.int64], remains: npt.NDArray[np.int64]
+    ) -> npt.NDArray[np.bool_]:
+        """:meth:`partial_ok` for one stack whose top is the character element at ``pos``,
+        vectorised over partial sequences ``(values[i], remains[i])`` (each with at least
+        one byte still needed)."""
+        values = np.asarray(values, dtype=np.int64)
+        remains = np.asarray(remains, dtype=np.int64)
+        valid = (remains > 0) & ~((remains == 1) & (values < 2))
+        shift = np.maximum(remains, 0) * 6
+        low = values << shift
+        high = low | ((np.int64(1) << shift) - 1)
+        low = np.where((low == 0) & (remains == 2), 1 << 11, np.where((low == 0) & (remains == 3), 1 << 16, low))
+        types, vals = self.types, self.values
+        positive = types[pos] in (_CHAR, _ANY)
+        overlap = np.zeros(len(values), dtype=bool)
+        while True:  # llama_grammar_match_partial_char: the first item that overlaps decides
+            if types[pos + 1] == _RNG:
+                overlap |= (vals[pos] <= high) & (low <= vals[pos + 1])
+                pos += 2
+            elif types[pos] == _ANY:
+                out: npt.NDArray[np.bool_] = valid.copy()
+                return out
+            else:
+                overlap |= (low <= vals[pos]) & (vals[pos] <= high)
+                pos += 1
+            if types[pos] != _CHAR_ALT:
+                break
+        res: npt.NDArray[np.bool_] = valid & (overlap if positive else ~overlap)
+        return res
 
     def partial_ok(self, state: int, partial: Partial) -> bool:
         """``llama_grammar_match_partial_char`` over the state's stacks: could some stack
