@@ -15,7 +15,7 @@ from . import backends
 from ._binding import BUILD_INFO, ffi, lib
 from ._version import LLAMA_CPP_COMMIT, __version__
 from .batch import Batch
-from .chat import builtin_templates
+from .chat import TemplateLimitError, TemplateLimits, builtin_templates, set_template_limits
 from .context import Context, Greedy
 from .context_params import ContextParams, context_default_params
 from .default_model import default_model_path
@@ -111,6 +111,8 @@ __all__ = [
     "StaleOutputError",
     "StateError",
     "StreamingDetokenizer",
+    "TemplateLimitError",
+    "TemplateLimits",
     "TokenAttr",
     "TokenizeError",
     "UnsupportedError",
@@ -127,6 +129,7 @@ __all__ = [
     "get_include",
     "lib",
     "model_default_params",
+    "set_template_limits",
     "set_verbosity",
     "supports_gpu_offload",
     "supports_mlock",

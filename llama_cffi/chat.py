@@ -13,8 +13,23 @@ from typing import Any
 
 from ._binding import ffi, lib
 from .errors import ChatTemplateError
+from .template_sandbox import (
+    TemplateLimitError,
+    TemplateLimits,
+    get_template_limits,
+    render_template,
+    set_template_limits,
+)
 
-__all__ = ["ChatTemplateError", "apply_template", "builtin_templates"]
+__all__ = [
+    "ChatTemplateError",
+    "TemplateLimitError",
+    "TemplateLimits",
+    "apply_template",
+    "builtin_templates",
+    "get_template_limits",
+    "set_template_limits",
+]
 
 
 def builtin_templates() -> list[str]:
@@ -74,28 +89,17 @@ def apply_jinja(
     template: str,
     messages: Iterable[Mapping[str, str]],
     add_generation_prompt: bool = True,
+    limits: TemplateLimits | None = None,
     **context: Any,
 ) -> str:
-    """Render template text with Jinja2 in a sandbox (the optional ``jinja`` extra)."""
-    try:
-        from jinja2 import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-    except ImportError:
-        raise ChatTemplateError("this chat template needs Jinja2: pip install 'llama-cffi[jinja]'") from None
-
-    def raise_exception(message: str) -> None:
-        raise ChatTemplateError(f"the chat template raised: {message}")
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = raise_exception
-    try:
-        return env.from_string(template).render(
-            messages=[{"role": r, "content": c} for r, c in _messages(messages)],
-            add_generation_prompt=add_generation_prompt,
-            **context,
-        )
-    except TemplateError as exc:
-        raise ChatTemplateError(f"the chat template failed to render: {exc}") from exc
+    """Render template text with Jinja2 (the optional ``jinja`` extra) in a sandbox that
+    bounds output, time, loops, recursion and memory (:mod:`llama_cffi.template_sandbox`;
+    ``limits``: None for the process-wide defaults, see :func:`set_template_limits`).
+    Every failure is a :class:`ChatTemplateError` (:class:`TemplateLimitError` for a limit)."""
+    ctx = dict(context)
+    ctx["messages"] = [{"role": r, "content": c} for r, c in _messages(messages)]
+    ctx["add_generation_prompt"] = add_generation_prompt
+    return render_template(template, ctx, limits)
 
 
 def apply_template(
@@ -103,17 +107,19 @@ def apply_template(
     messages: Iterable[Mapping[str, str]],
     add_generation_prompt: bool = True,
     engine: str = "auto",
+    limits: TemplateLimits | None = None,
     **context: Any,
 ) -> str:
-    """Render with ``engine`` ``"native"``, ``"jinja"`` or ``"auto"`` (native first)."""
+    """Render with ``engine`` ``"native"``, ``"jinja"`` or ``"auto"`` (native first);
+    ``limits`` bound the Jinja path (see :func:`apply_jinja`)."""
     if engine not in ("auto", "native", "jinja"):
         raise ValueError(f"engine={engine!r}; use 'auto', 'native' or 'jinja'")
     msgs = list(messages)
     if engine == "jinja":
-        return apply_jinja(template, msgs, add_generation_prompt, **context)
+        return apply_jinja(template, msgs, add_generation_prompt, limits, **context)
     try:
         return apply_native(template, msgs, add_generation_prompt)
     except ChatTemplateError:
         if engine == "native" or template in builtin_templates():
             raise
-        return apply_jinja(template, msgs, add_generation_prompt, **context)
+        return apply_jinja(template, msgs, add_generation_prompt, limits, **context)

@@ -16,7 +16,7 @@ import numpy.typing as npt
 
 from . import log
 from ._binding import ffi, lib
-from ._cdata import read_str
+from ._cdata import Metadata, read_metadata
 from ._handle import NativeHandle
 from .errors import AdapterError
 
@@ -75,16 +75,16 @@ class LoraAdapter:
         self.close()
 
     @property
-    def metadata(self) -> dict[str, str]:
-        """The adapter's GGUF metadata, as strings."""
-        ptr = self._ptr()
-        out = {}
-        for i in range(int(lib.llama_adapter_meta_count(ptr))):
-            k = read_str(lib.llama_adapter_meta_key_by_index, ptr, i)
-            v = read_str(lib.llama_adapter_meta_val_str_by_index, ptr, i)
-            if k is not None and v is not None:
-                out[k] = v
-        return out
+    def metadata(self) -> Metadata:
+        """The adapter's GGUF metadata, as strings, read with bounds (see
+        :meth:`llama_cffi.Model.read_metadata`: at most 1,024 keys, 1 MiB per value;
+        ``truncated`` and ``complete`` say what was cut)."""
+        return read_metadata(
+            lib.llama_adapter_meta_count,
+            lib.llama_adapter_meta_key_by_index,
+            lib.llama_adapter_meta_val_str_by_index,
+            self._ptr(),
+        )
 
     @property
     def alora_invocation_tokens(self) -> npt.NDArray[np.int32]:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from . import chat as _chat
 from . import log
 from ._binding import ffi, lib
-from ._cdata import read_str
+from ._cdata import Metadata, read_metadata, read_str
 from ._handle import NativeHandle
 from .enums import FType, RopeType
 from .errors import (
@@ -71,7 +71,7 @@ class Model:
         #: Loaded with ``vocab_only=True``: a tokenizer without weights (no contexts).
         self.vocab_only = vocab_only
         self.vocab = Vocab(self._handle)
-        self._metadata: dict[str, str] | None = None
+        self._metadata: Metadata | None = None
         self._adapters: weakref.WeakSet[LoraAdapter] = weakref.WeakSet()
 
     # ------------------------------------------------------------------ loading
@@ -270,22 +270,30 @@ class Model:
         return bool(lib.llama_model_is_diffusion(self._ptr()))
 
     @property
-    def metadata(self) -> Mapping[str, str]:
-        """The GGUF metadata llama.cpp keeps, as strings (read once, then cached).
-
-        llama.cpp renders arrays in short form (``[1, 2, ...]``); read full arrays with
-        the ``gguf`` package if you need them.
-        """
+    def metadata(self) -> Metadata:
+        """The GGUF metadata llama.cpp keeps (scalars and strings; llama.cpp skips
+        arrays), as strings, read once with the default bounds of :meth:`read_metadata`
+        and cached; a copy each time."""
         if self._metadata is None:
-            ptr = self._ptr()
-            md: dict[str, str] = {}
-            for i in range(int(lib.llama_model_meta_count(ptr))):
-                key = read_str(lib.llama_model_meta_key_by_index, ptr, i)
-                val = read_str(lib.llama_model_meta_val_str_by_index, ptr, i)
-                if key is not None and val is not None:
-                    md[key] = val
-            self._metadata = md
-        return dict(self._metadata)
+            self._metadata = self.read_metadata()
+        return self._metadata.copy()
+
+    def read_metadata(self, max_keys: int | None = None, max_value_bytes: int | None = None) -> Metadata:
+        """The metadata, read with bounds: a model file is untrusted input and may carry
+        millions of keys or values of gigabytes. At most ``max_keys`` keys (default
+        ``llama_cffi._cdata.METADATA_MAX_KEYS``, 1,024: llama.cpp's
+        key-by-index walks its map, so reading n keys costs n**2/2 steps) and ``max_value_bytes`` per value
+        (default 1 MiB; keys at most 1 KiB). The result is a dict with ``truncated`` (the
+        keys whose key or value was cut) and ``complete`` (False when keys were left out).
+        Invalid UTF-8 is decoded with U+FFFD."""
+        return read_metadata(
+            lib.llama_model_meta_count,
+            lib.llama_model_meta_key_by_index,
+            lib.llama_model_meta_val_str_by_index,
+            self._ptr(),
+            max_keys,
+            max_value_bytes,
+        )
 
     def cls_label(self, i: int) -> str | None:
         """Label of classifier output ``i`` (``0 <= i < n_cls_out``), or None."""
@@ -318,9 +326,19 @@ class Model:
 
     # ------------------------------------------------------------------ chat
     def chat_template(self, name: str | None = None) -> str | None:
-        """The model's chat template (or the named one it ships), or None."""
+        """The model's chat template (or the named one it ships), or None. A template
+        longer than the template limit (:class:`llama_cffi.chat.TemplateLimits`
+        ``max_template``, 1 MiB by default) raises :class:`TemplateLimitError`: a model
+        file is untrusted input. Invalid UTF-8 is decoded with U+FFFD."""
         s = lib.llama_model_chat_template(self._ptr(), ffi.NULL if name is None else name.encode())
-        return None if s == ffi.NULL else ffi.string(s).decode("utf-8", "replace")
+        if s == ffi.NULL:
+            return None
+        cap = _chat.get_template_limits().max_template
+        raw = ffi.string(s, 4 * cap + 1)  # at most 4 bytes per character
+        text = raw.decode("utf-8", "replace")
+        if len(raw) > 4 * cap or len(text) > cap:
+            raise _chat.TemplateLimitError("template", f"the model's chat template is longer than {cap:,} characters")
+        return str(text)
 
     def apply_chat_template(
         self,
@@ -328,6 +346,7 @@ class Model:
         add_generation_prompt: bool = True,
         template: str | None = None,
         engine: str = "auto",
+        limits: _chat.TemplateLimits | None = None,
     ) -> str:
         """Render ``messages`` (dicts with ``role`` and ``content``) with a chat template.
 
@@ -335,7 +354,10 @@ class Model:
         :func:`llama_cffi.chat.builtin_templates`), or template text. ``engine``:
         ``"native"`` (llama.cpp's ``llama_chat_apply_template``), ``"jinja"`` (needs the
         ``jinja`` extra), or ``"auto"``: native, then jinja for templates llama.cpp
-        cannot apply natively.
+        cannot apply natively. The Jinja path renders in a sandbox with resource
+        ``limits`` (None: the process-wide defaults, see
+        :func:`llama_cffi.chat.set_template_limits`); every failure is a
+        :class:`ChatTemplateError`.
         """
         if template is None:
             template = self.chat_template()
@@ -350,6 +372,7 @@ class Model:
             messages,
             add_generation_prompt,
             engine=engine,
+            limits=limits,
             bos_token=self._token_text_or_empty(self.vocab.bos),
             eos_token=self._token_text_or_empty(self.vocab.eos),
         )
