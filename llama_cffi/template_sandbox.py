@@ -149,10 +149,16 @@ _set_async_exc.argtypes = (ctypes.c_ulong, ctypes.py_object)
 _set_async_exc.restype = ctypes.c_int
 
 
+# the same C function with a pointer argument, to pass NULL (``pythonapi[name]`` is a new
+# function object; ``pythonapi.name`` is cached and has the py_object signature above)
+_clear_async = ctypes.pythonapi["PyThreadState_SetAsyncExc"]
+_clear_async.argtypes = (ctypes.c_ulong, ctypes.c_void_p)
+_clear_async.restype = ctypes.c_int
+
+
 def _clear_async_exc(thread_id: int) -> None:
     """Drop an asynchronous exception still pending for ``thread_id`` (NULL exception)."""
-    f = ctypes.pythonapi.PyThreadState_SetAsyncExc
-    f(ctypes.c_ulong(thread_id), ctypes.c_void_p(None))
+    _clear_async(thread_id, None)
 
 
 class _Alarm:
@@ -231,7 +237,6 @@ _PADDERS = frozenset({"center", "ljust", "rjust", "zfill"})
 
 
 def _make_environment() -> Any:
-    from jinja2 import nodes as _nodes  # noqa: F401 - jinja2 must import before the sandbox
     from jinja2.runtime import Macro
     from jinja2.sandbox import MAX_RANGE, ImmutableSandboxedEnvironment
 
@@ -259,11 +264,7 @@ def _make_environment() -> Any:
             )
 
     def sized(x: object) -> int | None:
-        if isinstance(x, (str, bytes)):
-            return len(x)
-        if isinstance(x, (list, tuple)):
-            return len(x)
-        return None
+        return len(x) if isinstance(x, (str, bytes, list, tuple)) else None
 
     def per_item(x: object) -> int:
         return 8 if isinstance(x, (list, tuple)) else 1
@@ -312,7 +313,7 @@ def _make_environment() -> Any:
             check_int_bits(exp * base.bit_length(), "**")
 
     class BoundedSandbox(ImmutableSandboxedEnvironment):
-        intercepted_binops = frozenset({"*", "**", "+", "%", "//"})
+        intercepted_binops = frozenset({"*", "**", "+", "%"})
 
         def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
             if operator == "*":
@@ -523,7 +524,7 @@ def _compile(text: str) -> Any:
     return env.from_string(text)
 
 
-def _size_of(value: object, budget: int = 1 << 16) -> int:
+def _size_of(value: object) -> int:
     """Characters in the strings of ``value`` (messages and context), roughly."""
     if isinstance(value, str):
         return len(value)

@@ -148,6 +148,18 @@ def test_a_timeout_leaves_no_exception_pending() -> None:
     assert not th.is_alive() and not errors, errors
 
 
+def test_clearing_a_pending_exception_raises_nothing() -> None:
+    """The watchdog's clear (run after every alarm that fired) leaves no exception of its
+    own pending: it passes NULL to ``PyThreadState_SetAsyncExc``, not an object."""
+    from llama_cffi import template_sandbox
+
+    template_sandbox._clear_async_exc(threading.get_ident())
+    total = 0
+    for i in range(200_000):  # a pending asynchronous exception would surface in this loop
+        total += i
+    assert total == 199_999 * 200_000 // 2
+
+
 def test_limits_per_call_and_global() -> None:
     """Limits can be set per call and for the process; a render within them is exact."""
     big = "{{ 'x' * 5000 }}"

@@ -272,9 +272,7 @@ class CompiledGrammar:
         if len(toks) <= _SPINE_MAX:
             # over the tokens' code points laid end to end (no padding to the longest)
             v = self.vocab
-            n_cls = self.engine.n_classes
-            in_loop = np.zeros(n_cls, dtype=bool)
-            in_loop[:] = np.unpackbits(loops.view(np.uint8), bitorder="little")[:n_cls].astype(bool)
+            in_loop = self._loop_classes(loops)
             lengths = v.lengths[toks]
             total = int(lengths.sum())
             seg = np.zeros(len(toks) + 1, dtype=np.int64)  # token i's code points: [seg[i], seg[i+1])

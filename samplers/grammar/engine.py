@@ -376,24 +376,11 @@ class Engine:
         ``[(indices into tops that match, classes), ...]`` (depends only on the tops, so
         states that differ below their tops share it)."""
         rows = self._member[[self._char_pos[p] for p in tops]]  # (tops, classes)
-        sigs = np.packbits(rows, axis=0)  # (bytes, classes): per class, which tops match
-        n_bytes = sigs.shape[0]
-        if n_bytes <= 8:
-            padded = np.zeros((8, self.n_classes), dtype=np.uint8)
-            padded[:n_bytes] = sigs
-            keys = np.ascontiguousarray(padded.T).view(np.int64).ravel()
-            order = np.argsort(keys, kind="stable")
-            sk = keys[order]
-            cut = np.flatnonzero(sk[1:] != sk[:-1]) + 1
-            out: list[tuple[list[int], npt.NDArray[np.int64]]] = []
-            for part in np.split(order, cut):
-                hits = np.flatnonzero(rows[:, int(part[0])]).tolist()
-                out.append((hits, part))
-            return out
-        raw = np.ascontiguousarray(sigs.T).tobytes()
+        sigs = np.ascontiguousarray(np.packbits(rows, axis=0).T)  # per class: which tops match
+        raw, w = sigs.tobytes(), sigs.shape[1]
         groups: dict[bytes, list[int]] = {}
         for c in range(self.n_classes):
-            groups.setdefault(raw[c * n_bytes : (c + 1) * n_bytes], []).append(c)
+            groups.setdefault(raw[c * w : (c + 1) * w], []).append(c)
         return [
             (np.flatnonzero(rows[:, classes[0]]).tolist(), np.array(classes, dtype=np.int64))
             for classes in groups.values()
