@@ -10,6 +10,10 @@ against them; compose them with :class:`SamplerChain`, or run llama.cpp's own th
 Measurement: :func:`surprisal`, :func:`entropy`, :class:`PerplexityTracker`, and the
 corpus perplexity of ``llama-perplexity`` in :mod:`samplers.perplexity` (also
 ``python -m llama_cffi perplexity``).
+
+Speculative decoding: :class:`PromptLookup` and :class:`DraftModel` drafters for
+``stream``/``generate``/``best_of_n`` (:mod:`samplers.search`) and
+:meth:`Branch.speculate <samplers.branch.Branch.speculate>`; exact (:mod:`samplers.speculative`).
 """
 
 from llama_cffi.sampling import InvalidLogitsError, SamplingError
@@ -26,6 +30,7 @@ from .mirostat import Mirostat, MirostatV2
 from .native import NativeSampler, NativeSamplerChain
 from .penalties import Penalties
 from .selection import Dist, Greedy
+from .speculative import Draft, Drafter, DraftModel, PromptLookup, SpeculativeStats, speculative_step
 from .temperature import Temperature, TempExt
 from .truncation import XTC, MinP, TopK, TopNSigma, TopP, Typical
 
@@ -35,6 +40,9 @@ __all__ = [
     "AdaptiveP",
     "Candidates",
     "Dist",
+    "Draft",
+    "DraftModel",
+    "Drafter",
     "Greedy",
     "Infill",
     "InvalidLogitsError",
@@ -46,9 +54,11 @@ __all__ = [
     "NativeSamplerChain",
     "Penalties",
     "PerplexityTracker",
+    "PromptLookup",
     "Sampler",
     "SamplerChain",
     "SamplingError",
+    "SpeculativeStats",
     "TempExt",
     "Temperature",
     "TopK",
@@ -57,5 +67,6 @@ __all__ = [
     "Typical",
     "candidates_for",
     "entropy",
+    "speculative_step",
     "surprisal",
 ]

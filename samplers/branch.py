@@ -537,6 +537,19 @@ class Branch:
 
     decode = commit
 
+    def speculate(self, token: int, drafter: Any, **options: Any) -> Any:
+        """Commit ``token`` (the pending one: from :meth:`sample` or the last step's
+        ``next``) and the drafted tokens this branch's sampler agrees with, in one
+        ``llama_decode``: :func:`samplers.speculative.speculative_step` for this branch
+        alone (``options``: its ``budget``, ``is_end``, ``verify``, and ``on_commit``, a
+        callable). Returns its :class:`~samplers.speculative.StepResult`."""
+        from .speculative import speculative_step
+
+        hook = options.pop("on_commit", None)
+        if hook is not None:
+            options["on_commit"] = {self: hook}
+        return speculative_step(self.store, {self: int(token)}, {self: drafter}, **options)[self]
+
     def reseed(self, seed: int | None) -> None:
         """Reseed every random sampler of the chain (None: draw a random seed)."""
         for s in self.sampler.samplers:

@@ -17,6 +17,7 @@ import argparse
 import json
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +26,13 @@ from llama_cffi.errors import ParamError
 from llama_cffi.progress import ProgressBar
 
 from .base import Sampler
-from .branch import BranchStore
+from .branch import Branch, BranchStore
 from .chain import SamplerChain
 from .grammar import Grammar
 from .penalties import Penalties
 from .search import run_together, stream
 from .selection import Dist, Greedy
+from .speculative import Drafter, DraftModel, PromptLookup, SpeculativeStats
 from .temperature import Temperature
 from .truncation import MinP, TopK, TopP, Typical
 
@@ -113,6 +115,27 @@ def _context(model: Model, n_ctx: int, n_seq: int, threads: int | None) -> Conte
     return model.context(**kw)
 
 
+def make_drafter(args: argparse.Namespace, target: Model, stack: ExitStack) -> Drafter | None:
+    """The ``--lookup`` / ``--draft-model`` drafter (None: plain decoding)."""
+    if args.draft_max < 1:
+        raise ParamError(f"--draft-max must be >= 1, not {args.draft_max}")
+    if args.lookup and args.draft_model:
+        raise ParamError("give --lookup or --draft-model, not both")
+    if args.lookup:
+        return PromptLookup(max_draft=args.draft_max)
+    if args.draft_model:
+        draft = stack.enter_context(load_model(args.draft_model, quiet=True))
+        n_seq = args.branches if args.branches > 1 else 1
+        kw: dict[str, Any] = {"n_seq_max": n_seq, "kv_unified": True}
+        if args.threads:
+            kw["n_threads"] = kw["n_threads_batch"] = args.threads
+        d = DraftModel(draft, max_draft=args.draft_max, p_min=args.draft_p_min, n_ctx=args.ctx_size or 4096, **kw)
+        stack.callback(d.close)
+        d.bind(target)
+        return d
+    return None
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     if args.n < 1:
         raise ParamError(f"-n must be >= 1, not {args.n}")
@@ -121,7 +144,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     grammar = read_grammar(args)
     chain = build_chain(args)
     model = load_model(args.model)
-    with model:
+    with model, ExitStack() as stack:
+        drafter = make_drafter(args, model, stack)
         vocab = model.vocab
         prompt = [int(t) for t in vocab.tokenize(args.prompt)]
         n_ctx = args.ctx_size or max(512, len(prompt) + args.n + 8)
@@ -132,9 +156,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
             root = store.create(prompt, sampler=chain, grammar=grammar, seed=args.seed)
             t_prompt = time.perf_counter() - t0
             t1 = time.perf_counter()
+            drafters: dict[Branch, Drafter] = {}
             if args.branches == 1:
                 sys.stdout.write(args.prompt)
-                for piece in stream(root, args.n, stop=args.stop):
+                if drafter is not None:
+                    drafters[root] = drafter
+                for piece in stream(root, args.n, stop=args.stop, drafter=drafter):
                     sys.stdout.write(piece)
                     sys.stdout.flush()
                 sys.stdout.write("\n")
@@ -142,7 +169,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
             else:
                 base = args.seed if args.seed is not None else int(time.time_ns() % 2**31)
                 kids = [root.fork(seed=base + i) for i in range(args.branches)]
-                n_gen = run_together(store, kids, args.n)
+                if drafter is not None:
+                    drafters = {k: drafter.clone() for k in kids}
+                n_gen = run_together(store, kids, args.n, drafters or None)
                 best = min(kids, key=lambda b: b.perplexity)
                 for i, b in enumerate(kids):
                     text = vocab.detokenize([t for t in b.tokens[len(prompt) :] if not vocab.is_eog(t)])
@@ -151,11 +180,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 print(f"* best of {args.branches} by perplexity: branch {kids.index(best)}", file=sys.stderr)
             t_gen = time.perf_counter() - t1
             store.drain()
+            spec = SpeculativeStats()
+            for d in drafters.values():
+                for k in ("decodes", "drafted", "accepted", "committed", "draft_seconds"):
+                    setattr(spec, k, getattr(spec, k) + getattr(d.stats, k))
     print(
         f"{n_gen} tokens in {t_gen:.2f} s: {n_gen / t_gen if t_gen > 0 else 0.0:.1f} tokens/s "
         f"(prompt {len(prompt)} tokens, {len(prompt) / t_prompt:.0f} tokens/s)",
         file=sys.stderr,
     )
+    if drafters:
+        print(f"speculative: {spec}", file=sys.stderr)
     return 0
 
 
@@ -176,6 +211,11 @@ def register_generate(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     p.add_argument("--json-schema", metavar="FILE", help="JSON schema file the output must satisfy")
     p.add_argument("--branches", type=int, default=1, help="sample N branches together, best of N")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g = p.add_argument_group("speculative decoding (the output is the same as without it)")
+    g.add_argument("--lookup", action="store_true", help="draft by n-gram lookup in the prompt and the text so far")
+    g.add_argument("--draft-model", metavar="FILE", help="draft with this smaller GGUF model (same vocabulary)")
+    g.add_argument("--draft-max", type=int, default=8, help="most tokens drafted per decode (default 8)")
+    g.add_argument("--draft-p-min", type=float, default=0.0, help="draft model: stop below this probability (0)")
     add_sampling_arguments(p)
     p.set_defaults(func=cmd_generate)
 

@@ -9,7 +9,7 @@ context has room for the branches they make (``n_seq_max``; beam search needs
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +23,7 @@ from .base import Sampler
 from .branch import Branch, BranchStore
 from .chain import SamplerChain
 from .selection import Greedy
+from .speculative import Drafter, Verify, speculative_step
 
 
 @dataclass(frozen=True)
@@ -53,17 +54,31 @@ def _result(branch: Branch, start: int) -> Result:
 
 
 def stream(
-    branch: Branch, max_tokens: int = 128, stop: Iterable[str] = (), stop_tokens: Iterable[int] = ()
+    branch: Branch,
+    max_tokens: int = 128,
+    stop: Iterable[str] = (),
+    stop_tokens: Iterable[int] = (),
+    drafter: Drafter | None = None,
+    verify: Verify = "auto",
 ) -> Iterator[str]:
     """Sample and commit up to ``max_tokens`` on ``branch``, yielding text pieces (never
     half a UTF-8 character). Ends at an end-of-generation token, a ``stop_tokens`` token
     (neither is committed) or a ``stop`` string (its text is not yielded; its tokens are
-    in the branch)."""
+    in the branch).
+
+    With a ``drafter`` (:class:`~samplers.speculative.PromptLookup`,
+    :class:`~samplers.speculative.DraftModel`) generation is speculative: each decode
+    checks the drafted tokens and commits those the sampler agrees with. The tokens,
+    the branch's sampler state and metrics are those of plain generation (``verify``:
+    see :mod:`samplers.speculative`); ``drafter.stats`` counts what it bought."""
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
         raise ParamError(f"max_tokens must be an int >= 0, not {max_tokens!r}")
     vocab = branch.store.ctx.model.vocab
     enders = {int(t) for t in stop_tokens}
     text = StopStringStream(vocab, stop)
+    if drafter is not None:
+        yield from _stream_speculative(branch, max_tokens, text, enders, drafter, verify)
+        return
     for _ in range(max_tokens):
         tok = branch.sample()
         if vocab.is_eog(tok) or tok in enders:
@@ -79,6 +94,37 @@ def stream(
         yield rest
 
 
+def _stream_speculative(
+    branch: Branch, max_tokens: int, text: StopStringStream, enders: set[int], drafter: Drafter, verify: Verify
+) -> Iterator[str]:
+    vocab = branch.store.ctx.model.vocab
+
+    def is_end(t: int) -> bool:
+        return vocab.is_eog(t) or t in enders
+
+    pieces: list[str] = []
+
+    def on_commit(t: int) -> bool:
+        piece = text.push(t)
+        if piece:
+            pieces.append(piece)
+        return text.stopped
+
+    n = 0
+    tok = branch.sample() if max_tokens else None
+    while tok is not None and n < max_tokens and not is_end(tok):
+        res = branch.speculate(tok, drafter, budget=max_tokens - n, is_end=is_end, on_commit=on_commit, verify=verify)
+        n += len(res.committed)
+        yield from pieces
+        pieces.clear()
+        if res.stopped:
+            return
+        tok = res.next
+    rest = text.flush()
+    if rest:
+        yield rest
+
+
 def generate(
     store: BranchStore,
     prompt: str | Sequence[int],
@@ -88,9 +134,12 @@ def generate(
     json_schema: dict[str, Any] | None = None,
     stop: Iterable[str] = (),
     seed: int | None = None,
+    drafter: Drafter | None = None,
+    verify: Verify = "auto",
 ) -> str:
     """Generate text for ``prompt`` on a new branch (pruned afterwards). ``grammar``: GBNF
-    text, a Grammar or a matcher; ``json_schema``: a schema the output must satisfy."""
+    text, a Grammar or a matcher; ``json_schema``: a schema the output must satisfy;
+    ``drafter``: speculative decoding (see :func:`stream`)."""
     if grammar is not None and json_schema is not None:
         raise ParamError("give grammar or json_schema, not both")
     branch = store.create(
@@ -100,16 +149,28 @@ def generate(
         seed=seed,
     )
     try:
-        return "".join(stream(branch, max_tokens, stop))
+        return "".join(stream(branch, max_tokens, stop, drafter=drafter, verify=verify))
     finally:
         branch.prune_subtree()
 
 
-def run_together(store: BranchStore, branches: list[Branch], max_tokens: int) -> int:
+def run_together(
+    store: BranchStore,
+    branches: list[Branch],
+    max_tokens: int,
+    drafters: Mapping[Branch, Drafter] | None = None,
+    verify: Verify = "auto",
+) -> int:
     """Step live branches together (one ``llama_decode`` per step) until each sampled an
     end-of-generation token (accepted, so it is scored, but not decoded) or
-    ``max_tokens`` steps were taken. Returns the number of tokens decoded."""
+    ``max_tokens`` steps were taken. Returns the number of tokens decoded.
+
+    ``drafters`` (one per branch): speculative steps, every branch's pending token and
+    drafts in one decode; each branch ends with the tokens, sampler state and metrics
+    it would have had without them."""
     vocab = store.ctx.model.vocab
+    if drafters is not None:
+        return _run_speculative(store, branches, max_tokens, drafters, verify)
     live = list(branches)
     n = 0
     for _ in range(max_tokens):
@@ -128,6 +189,33 @@ def run_together(store: BranchStore, branches: list[Branch], max_tokens: int) ->
     return n
 
 
+def _run_speculative(
+    store: BranchStore, branches: list[Branch], max_tokens: int, drafters: Mapping[Branch, Drafter], verify: Verify
+) -> int:
+    vocab = store.ctx.model.vocab
+    done: dict[Branch, int] = {b: 0 for b in branches}
+    pending: dict[Branch, int] = {b: b.sample() for b in branches} if max_tokens > 0 else {}
+    n = 0
+    while pending:
+        moves: dict[Branch, int] = {}
+        for b, t in pending.items():
+            if vocab.is_eog(t):
+                b.accept(t)  # scored, not decoded
+            else:
+                moves[b] = t
+        if not moves:
+            break
+        budget = {b: max_tokens - done[b] for b in moves}
+        res = speculative_step(store, moves, drafters, budget=budget, verify=verify)
+        pending = {}
+        for b, r in res.items():
+            done[b] += len(r.committed)
+            n += len(r.committed)
+            if r.next is not None and done[b] < max_tokens:
+                pending[b] = r.next
+    return n
+
+
 def best_of_n(
     store: BranchStore,
     prompt: str | Sequence[int],
@@ -136,10 +224,13 @@ def best_of_n(
     sampler: Sampler | None = None,
     score: str | Callable[[Branch], float] = "perplexity",
     seed: int = 0,
+    drafter: Drafter | None = None,
+    verify: Verify = "auto",
 ) -> Result:
     """Sample ``n`` continuations of one prefilled prompt (forks reseeded ``seed + i``),
     advance them together and keep the best: lowest ``"perplexity"``, highest
-    ``"logprob"``, or lowest ``score(branch)``. Every branch it made is pruned."""
+    ``"logprob"``, or lowest ``score(branch)``. Every branch it made is pruned.
+    ``drafter``: speculative steps, one clone of it per continuation."""
     if n < 1:
         raise ParamError(f"n must be >= 1, not {n}")
     chain = sampler if sampler is not None else SamplerChain([Greedy()])
@@ -147,7 +238,17 @@ def best_of_n(
     start = root.position
     try:
         kids = [root.fork(seed=seed + i) for i in range(n)]
-        run_together(store, kids, max_tokens)
+        drafters: dict[Branch, Drafter] | None = None if drafter is None else {}
+        try:
+            for k in kids if drafter is not None else ():
+                assert drafters is not None
+                drafters[k] = drafter.clone()
+            run_together(store, kids, max_tokens, drafters, verify)
+        finally:
+            for d in (drafters or {}).values():
+                release = getattr(d, "release", None)
+                if release is not None:
+                    release()
         if score == "perplexity":
             key: Callable[[Branch], float] = lambda b: b.perplexity  # noqa: E731
         elif score == "logprob":
