@@ -304,6 +304,9 @@ def build_llama_example(name: str) -> Path:
     sources = sorted((llama_cpp_source_dir() / "examples" / name).glob("*.cpp"))
     if not sources:
         raise ValueError(f"llama.cpp has no example {name!r}")
+    main = [p for p in sources if p.stem == name]
+    if len(sources) > 1 and main:  # several programs (lookup: lookup-create, -merge, -stats): the namesake
+        sources = main
     return _build_against_common(f"example-{name}", sources)
 
 
