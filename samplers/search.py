@@ -238,14 +238,14 @@ def best_of_n(
     start = root.position
     try:
         kids = [root.fork(seed=seed + i) for i in range(n)]
-        drafters: dict[Branch, Drafter] | None = None if drafter is None else {}
+        drafters: dict[Branch, Drafter] = {}
         try:
-            for k in kids if drafter is not None else ():
-                assert drafters is not None
-                drafters[k] = drafter.clone()
-            run_together(store, kids, max_tokens, drafters, verify)
+            if drafter is not None:
+                for k in kids:  # one by one: those made before a failure are released below
+                    drafters[k] = drafter.clone()
+            run_together(store, kids, max_tokens, drafters or None, verify)
         finally:
-            for d in (drafters or {}).values():
+            for d in drafters.values():
                 release = getattr(d, "release", None)
                 if release is not None:
                     release()
