@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 import tempfile
@@ -47,7 +46,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import llama_cffi  # noqa: E402
-from benchmarks.common import ChildRun, command_line, median, quiet_run, run_child, write_json  # noqa: E402
+from benchmarks.bench_generate import child_env, measured  # noqa: E402
+from benchmarks.common import command_line, median, write_json  # noqa: E402
 from benchmarks.native_tools import build_llama_example  # noqa: E402
 
 CODE = '''\
@@ -134,20 +134,6 @@ if d is not None:
     out.update(d.stats.as_dict())
 print(json.dumps(out))
 """
-
-
-def child_env() -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-
-
-def measured(cmd: list[str], args: argparse.Namespace, label: str, **kw: Any) -> ChildRun:
-    return quiet_run(
-        lambda: run_child(cmd, timeout=args.run_timeout, **kw),
-        max_cores=args.max_foreign,
-        quiet_wait=args.quiet_wait,
-        retries=args.retries,
-        label=label,
-    ).check()
 
 
 def native_command(
