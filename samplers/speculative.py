@@ -530,29 +530,37 @@ def _softmax64(logits: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
 
 
 def _final_dist(chain: SamplerChain, cands: Candidates) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.float64]]:
-    """Apply every sampler of ``chain`` but its final draw; the candidates' ids and
-    the distribution that draw would sample from (float64 softmax)."""
+    """Apply every sampler of ``chain`` but its final draw; the candidates' ids and the
+    distribution that draw would sample from (float64 softmax). Both are views into the
+    candidates' buffers (no vocabulary-sized allocation), valid until they change."""
     for s in chain.samplers[:-1]:
         s.apply(cands)
-    if cands.size == 0:
+    n = cands.size
+    if n == 0:
         raise SamplingError(f"{chain!r} left no candidate")
-    p = _softmax64(cands.read_logits())
-    if not p.any():
+    lg = cands.read_logits()
+    m = lg.max()
+    if m == -np.inf:
         raise SamplingError(f"no token is allowed: {chain!r} masks every candidate")
-    return np.array(cands.read_ids(), dtype=np.int32), p
+    p = cands.scratch64(n)
+    np.subtract(lg, m, out=p)
+    np.exp(p, out=p)
+    p /= p.sum()
+    return cands.read_ids(), p
 
 
 def _draw(chain: SamplerChain, cands: Candidates) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.float64], int]:
     """Draw from ``chain`` (ending in a :class:`Dist`) with its engine: the ids, the
-    distribution and the token."""
+    distribution (copies: a draft keeps them) and the token."""
     last = chain.samplers[-1] if chain.samplers else None
     if not isinstance(last, Dist):
         raise ParamError(f"a sampling draft chain must end in Dist, not {last!r}")
     ids, p = _final_dist(chain, cands)
-    return ids, p, int(ids[_pick(p, last.rng.canonical())])
+    return np.array(ids, dtype=np.int32), p.copy(), int(ids[_pick(p, last.rng.canonical())])
 
 
 def _pick(p: npt.NDArray[np.float64], u: float) -> int:
+    """The index ``u`` in [0, 1) falls on in the cumulative weights ``p`` (unnormalised)."""
     cum = np.cumsum(p)
     return min(int(cum.searchsorted(u * cum[-1], side="right")), len(p) - 1)
 
@@ -864,13 +872,15 @@ def _reject_or_keep(
     assert isinstance(last, Dist)
     ids, p = _final_dist(chain, cands)
     rng = last.rng
-    where = np.flatnonzero(ids == d)
-    pd = float(p[where[0]]) if len(where) else 0.0
-    if q is None:
+    if cands.is_identity:  # the whole vocabulary: a token's index is its id
+        i_d = d if 0 <= d < len(p) else -1
+    else:
+        where = np.flatnonzero(ids == d)
+        i_d = int(where[0]) if len(where) else -1
+    pd = float(p[i_d]) if i_d >= 0 else 0.0
+    if q is None:  # a point mass on d: keep it with probability p(d); the residual is p without d
         qd = 1.0
-        qv = np.zeros_like(p)
-        if len(where):
-            qv[where[0]] = 1.0
+        r = p
     else:
         qids, qp = q
         k = np.flatnonzero(qids == d)
@@ -882,11 +892,13 @@ def _reject_or_keep(
         pos = np.minimum(pos, len(order) - 1)
         hit = qids[order][pos] == ids
         qv[hit] = qp[order][pos[hit]]
+        r = np.maximum(p - qv, 0.0)
     u = rng.canonical()
     if pd > 0.0 and (qd <= 0.0 or u * qd < pd):
         return d, -math.log(pd), True
-    r = np.maximum(p - qv, 0.0)
+    if q is None and i_d >= 0:
+        p[i_d] = 0.0  # p is the candidates' scratch (p(d) < 1 was read): d is never drawn now
     if not r.any():  # only rounding left nothing: the target's own distribution
         r = p
-    i = _pick(r / r.sum(), rng.canonical())
+    i = _pick(r, rng.canonical())
     return int(ids[i]), -math.log(float(p[i])) if p[i] > 0 else math.inf, False
