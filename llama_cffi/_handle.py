@@ -30,6 +30,11 @@ _lock = threading.RLock()
 class NativeHandle:
     """One owned native pointer (see the module docstring)."""
 
+    #: The lock, as a class attribute: at interpreter exit module globals become None while
+    #: finalizers (an output view's ``ffi.gc`` callback calling :meth:`unpin`) still run.
+    _guard = _lock
+    _NULL = ffi.NULL
+
     __slots__ = (
         "__weakref__",
         "_children",
@@ -56,7 +61,7 @@ class NativeHandle:
         self._close_requested = False
         self._parent = parent
         if parent is not None:
-            with _lock:
+            with self._guard:
                 if parent._close_requested:
                     raise ClosedError(f"{parent.what} is closed")
                 parent._children += 1
@@ -75,27 +80,27 @@ class NativeHandle:
     def pin(self) -> None:
         """Count one more dependent that is not a NativeHandle (an output view, an applied
         adapter): the pointer is not freed until the matching :meth:`unpin`."""
-        with _lock:
-            if self.ptr is None or self.ptr == ffi.NULL:
+        with self._guard:
+            if self.ptr is None or self.ptr == self._NULL:
                 raise ClosedError(f"{self.what} is closed")
             self._children += 1
 
     def unpin(self) -> None:
-        with _lock:
+        with self._guard:
             self._children -= 1
             self._maybe_free()
 
     def close(self) -> None:
-        with _lock:
+        with self._guard:
             self._close_requested = True
             self._maybe_free()
 
     def _maybe_free(self) -> None:
-        if self._children or self.ptr is None or self.ptr == ffi.NULL or not self._close_requested:
-            if self._close_requested and (self.ptr is None or self.ptr == ffi.NULL):
+        if self._children or self.ptr is None or self.ptr == self._NULL or not self._close_requested:
+            if self._close_requested and (self.ptr is None or self.ptr == self._NULL):
                 self._release_parent()
             return
-        ptr, self.ptr = self.ptr, ffi.NULL
+        ptr, self.ptr = self.ptr, self._NULL
         self._finalizer.detach()
         self._free(ptr)
         self._release_parent()

@@ -171,6 +171,22 @@ class Context:
                 f"n_seq_max={p.c.n_seq_max} exceeds the {rows} output rows (n_outputs_max, or min(n_ctx, n_batch)): "
                 "each sequence needs one; raise n_ctx/n_batch or lower n_seq_max"
             )
+        pooling = int(p.c.pooling_type)
+        if pooling == int(PoolingType.UNSPECIFIED):  # the model's own, from its metadata
+            arch = model.metadata.get("general.architecture", "")
+            try:
+                pooling = int(model.metadata.get(f"{arch}.pooling_type", "0") or 0)
+            except ValueError:
+                pooling = 0
+        reserve = min(n_ctx, int(p.c.n_ubatch), int(p.c.n_batch))
+        if bool(p.c.embeddings) and pooling == int(PoolingType.MEAN) and reserve % max(int(p.c.n_seq_max), 1):
+            # llama.cpp reserves its worst-case graph with min(n_ctx, n_ubatch) tokens spread over
+            # n_seq_max sequences; mean pooling's matrix then does not fit and it aborts
+            # (GGML_ASSERT(ggml_can_mul_mat) in ggml.c) while creating the context
+            raise ParamError(
+                f"mean pooling with n_seq_max={p.c.n_seq_max} needs min(n_ctx, n_batch, n_ubatch)={reserve} to be a "
+                "multiple of n_seq_max (llama.cpp aborts otherwise): pick n_seq_max from its divisors or set n_ubatch"
+            )
         if model.has_encoder and model.has_decoder and int(p.c.n_seq_max) > 1 and not bool(p.c.kv_unified):
             # llama.cpp's cross-attention graph does not fit one KV stream per sequence: every
             # decode then aborts (GGML_ASSERT(ggml_can_repeat) in ggml.c)

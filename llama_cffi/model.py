@@ -312,7 +312,9 @@ class Model:
     def n_vocab(self) -> int:
         return self.vocab.n_vocab
 
-    def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = False) -> TokenArray:
+    def tokenize(
+        self, text: str | bytes | bytearray | memoryview, add_special: bool = True, parse_special: bool = False
+    ) -> TokenArray:
         """See :meth:`Vocab.tokenize`."""
         return self.vocab.tokenize(text, add_special, parse_special)
 
@@ -404,6 +406,8 @@ class Model:
         from .context_params import ContextParams
         from .errors import ContextCreateError
 
+        if self.vocab_only:  # no size will do: fail once, not once per retry
+            return Context(self, **params)
         p = ContextParams(**params)
         c = p.c
         n_ctx = int(c.n_ctx) or self.n_ctx_train

@@ -83,14 +83,21 @@ class Vocab:
         return np.ascontiguousarray(arr, dtype=np.int32)
 
     # ------------------------------------------------------------------ text
-    def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = False) -> TokenArray:
+    def tokenize(
+        self, text: str | bytes | bytearray | memoryview, add_special: bool = True, parse_special: bool = False
+    ) -> TokenArray:
         """Tokenize UTF-8 text (``str`` is encoded; ``bytes`` are passed as they are).
 
         ``add_special`` adds BOS/EOS as the model's metadata asks; ``parse_special``
         turns special-token text such as ``<|im_start|>`` into its single id. Returns a
         new int32 array of any length (sized in two passes).
         """
-        data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        if isinstance(text, str):
+            data = text.encode("utf-8")
+        elif isinstance(text, (bytes, bytearray, memoryview)):
+            data = bytes(text)
+        else:  # bytes(5) would be five NUL bytes, bytes(10**10) ten gigabytes
+            raise TypeError(f"tokenize takes str or bytes, not {type(text).__name__}")
         if len(data) > _INT32_MAX:
             raise TokenizeError(f"text is {len(data)} bytes; llama.cpp takes at most {_INT32_MAX}")
         vocab = self._vocab()
@@ -354,7 +361,7 @@ class StopStringStream:
 
     ``push(token)`` returns the text that became safe to show (never half a UTF-8
     character, never a possible prefix of a stop string); once a stop string appears,
-    :attr:`stopped` is set and ``push`` returned the text before it. ``flush()``
+    ``stopped`` is set and ``push`` returned the text before it. ``flush()``
     returns what is left at the end (nothing after a stop)."""
 
     def __init__(self, vocab: Vocab, stop: Iterable[str] = ()) -> None:

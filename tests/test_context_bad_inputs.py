@@ -819,3 +819,37 @@ print(m.context(n_ctx=4, n_seq_max=4).n_seq_max)
     )
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["ParamError", "True", "8", "ParamError", "True", "ParamError", "True", "4"]
+
+
+def test_mean_pooling_with_indivisible_sequences_is_refused(tmp_path: Path) -> None:
+    """Mean pooling over n_seq_max sequences that do not divide min(n_ctx, n_batch,
+    n_ubatch) aborts llama.cpp while it creates the context: refused with ParamError,
+    for an explicit pooling type and for a model whose own pooling is mean (BERT). The
+    divisible shapes next to them create, embed and stay usable (checked in the same child:
+    an abort would end it)."""
+    code = f"""
+import llama_cffi as lc
+from llama_cffi.testing import write_tiny, write_tiny_model
+llama = lc.Model.load(str(write_tiny_model({str(tmp_path / "l.gguf")!r})))
+bert = lc.Model.load(str(write_tiny("bert", {str(tmp_path / "b.gguf")!r})))
+for model, kw in [(llama, dict(pooling_type="mean", n_seq_max=3)),
+                  (llama, dict(pooling_type="mean", n_seq_max=5, n_ubatch=512)),
+                  (llama, dict(pooling_type="mean", n_seq_max=3, n_ubatch=100)),
+                  (bert, dict(n_seq_max=3))]:
+    try:
+        model.context(embeddings=True, **kw)
+    except lc.ParamError as exc:
+        assert "multiple of n_seq_max" in str(exc), exc
+        print("refused")
+for model, kw in [(llama, dict(pooling_type="mean", n_seq_max=3, n_ubatch=510, n_batch=510)),
+                  (llama, dict(pooling_type="mean", n_seq_max=4)),
+                  (llama, dict(pooling_type="last", n_seq_max=3)),
+                  (bert, dict(n_seq_max=4))]:
+    with model.context(embeddings=True, **kw) as ctx:
+        vecs = ctx.embed(["a b", "c d e"])
+        assert vecs.shape[0] == 2
+        print("created")
+"""
+    r = run_isolated(code, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["refused"] * 4 + ["created"] * 4, r.stdout

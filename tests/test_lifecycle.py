@@ -160,3 +160,23 @@ def test_every_member_of_a_closed_model_and_vocab_raises(tiny_model_path: Path) 
     wrong = {k: v for k, v in results.items() if v != "ClosedError" and k not in CLOSED_OK}
     assert not wrong, wrong
     assert results["push"] == "ClosedError"
+
+
+def test_view_alive_at_interpreter_exit_is_released_quietly(tmp_path: Path) -> None:
+    """A raw logits array still alive when the interpreter exits is finalized after the
+    module globals are gone (hypothesis' import makes the order so): its unpin must not
+    print ``Exception ignored ... 'NoneType' object ...``."""
+    code = f"""
+import numpy as np, llama_cffi as lc
+from llama_cffi.testing import write_tiny_model
+tiny = lc.Model.load(write_tiny_model({str(tmp_path / "t.gguf")!r}))
+with tiny.context(n_ctx=64) as ctx:
+    row = np.asarray(ctx.decode(tiny.tokenize("hello world")))
+from hypothesis import given, strategies as st
+@given(st.integers())
+def f(x): pass
+f(); tiny.close()
+"""
+    r = run_isolated(code, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "Exception ignored" not in r.stderr and "NoneType" not in r.stderr, r.stderr[-2000:]

@@ -141,3 +141,14 @@ def test_bytes_input_and_empty(tiny_model: Model) -> None:
     assert tiny_model.tokenize("", add_special=True).tolist() == [tm.BOS_ID]
     assert tiny_model.tokenize("", add_special=False).tolist() == []
     assert tiny_model.detokenize([]) == ""
+
+
+@pytest.mark.parametrize("bad", [5, 10**10, 1.5, None, [1, 2]])
+def test_tokenize_refuses_what_is_not_text(tiny_model: Model, bad: object) -> None:
+    """An int is not text: ``bytes(5)`` would tokenize five NUL bytes, ``bytes(10**10)``
+    would allocate ten gigabytes. Only str and bytes-like objects are tokenized."""
+    with pytest.raises(TypeError, match="str or bytes"):
+        tiny_model.tokenize(bad)  # type: ignore[arg-type]
+    assert list(tiny_model.tokenize(bytearray(b"hello"), add_special=False)) == list(
+        tiny_model.tokenize("hello", add_special=False)
+    )
