@@ -4,6 +4,21 @@ The Pythonic layer: :class:`Model`, :class:`Context`, :class:`Batch`, errors. Th
 layer (every llama.h function, checked by the compiler against the pinned header) is
 ``llama_cffi.lib`` with ``llama_cffi.ffi``; objects expose their raw pointer as
 ``.underlying``.
+
+.. py:data:: lib
+
+   The compiled extension's functions: every function of the pinned ``llama.h`` (and the
+   ggml, gguf and threadpool functions it needs), called with cffi's conventions. Nothing
+   is checked: prefer the objects of this package, and read the header for each function.
+
+.. py:data:: ffi
+
+   The extension's ``cffi.FFI``: ``ffi.new``, ``ffi.string``, ``ffi.cast`` and every struct,
+   enum and constant of ``llama.h``.
+
+.. py:data:: LLAMA_CPP_COMMIT
+
+   The llama.cpp commit this package is built from and binds (40 hex digits).
 """
 
 from __future__ import annotations
@@ -19,7 +34,7 @@ from .chat import TemplateLimitError, TemplateLimits, builtin_templates, set_tem
 from .context import Context, Greedy
 from .context_params import ContextParams, context_default_params
 from .default_model import default_model_path
-from .devices import Device, DeviceType, devices
+from .device import Device, DeviceType, devices
 from .enums import (
     AttentionType,
     ContextType,
@@ -158,14 +173,17 @@ def system_info() -> str:
 
 
 def supports_mmap() -> bool:
+    """Whether this build can memory-map model files (``use_mmap``)."""
     return bool(lib.llama_supports_mmap())
 
 
 def supports_mlock() -> bool:
+    """Whether this platform can lock a model in RAM (``use_mlock``)."""
     return bool(lib.llama_supports_mlock())
 
 
 def supports_gpu_offload() -> bool:
+    """Whether a GPU backend is loaded, so ``n_gpu_layers`` can offload layers."""
     return bool(lib.llama_supports_gpu_offload())
 
 

@@ -136,7 +136,8 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"llama-cffi: error: {message} (see {self.prog} --help)\n")
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argparse.ArgumentParser]]:
+    """The parser with the built-in commands, and its subcommand action (plugins not loaded)."""
     parser = _Parser(prog="llama-cffi", description=__doc__)
     # subcommand parsers are _Parser too (one-line usage errors)
     sub = cast(
@@ -175,6 +176,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-m", "--model", nargs="?", const="", default=None, help="also describe a model")
     p.add_argument("--vocab-only", action="store_true", help="load only the vocabulary")
     p.set_defaults(func=cmd_info)
+    return parser, sub
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole ``llama-cffi`` parser: built-in commands and every installed plugin command
+    (what ``llama-cffi --help`` shows; ``docs/generate.py`` writes the CLI reference from it)."""
+    parser, sub = _parser()
+    load_plugins(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, sub = _parser()
     # plugins load only when the command is not a built-in one (or for --help): the
     # built-in commands never import a plugin package, and a broken plugin cannot affect them
     words = sys.argv[1:] if argv is None else argv

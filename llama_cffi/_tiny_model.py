@@ -26,8 +26,8 @@ vocabulary with
 detokenize only when the tokens do *not* start with BOS, so a round trip through
 ``add_special=True`` gains a leading space; pass ``add_space_prefix=True`` to test that.)
 
-The same arguments always give a byte-identical file. :data:`TOKENS`,
-:data:`SCORES` and :data:`TOKEN_TYPES` expose the vocabulary so tests can compare
+The same arguments always give a byte-identical file. ``TOKENS``,
+``SCORES`` and ``TOKEN_TYPES`` expose the vocabulary so tests can compare
 against it; :data:`BOS_ID` and the other ``*_ID`` constants give the special ids.
 
 Writing needs the ``gguf`` package (a test dependency: ``pip install gguf``), imported
@@ -320,7 +320,7 @@ def add_tiny_vocab(
     add_space_prefix: bool = False,
     chat_template: str | None = None,
 ) -> None:
-    """Add the tiny SentencePiece vocabulary (:data:`TOKENS`, its special ids, the BOS/EOS
+    """Add the tiny SentencePiece vocabulary (``TOKENS``, its special ids, the BOS/EOS
     and space-prefix flags, and a chat template unless ``None``) to a ``GGUFWriter``: the
     tokenizer every tiny model of :mod:`llama_cffi.testing` shares."""
     writer.add_tokenizer_model("llama")

@@ -227,7 +227,7 @@ def write_tiny_quantized(
     The model is the one ``write_tiny_model`` writes for the same ``seed`` and shapes
     (its F32 weights, quantized): every 2-D tensor (``token_embd``, ``output`` and the
     attention/FFN matrices) becomes ``qtype`` (``"q8_0"`` or ``"q4_0"``, see
-    :data:`QUANT_TYPES`); the 1-D norms stay F32. ``general.file_type`` is
+    ``QUANT_TYPES``); the 1-D norms stay F32. ``general.file_type`` is
     ``MOSTLY_Q8_0`` (7) or ``MOSTLY_Q4_0`` (2) and ``general.name`` says the type (both
     replaced in place, so the metadata keeps ``write_tiny_model``'s order and types).
     Rows are quantized in blocks of 32, so ``n_embd`` and ``n_ff`` must be multiples of

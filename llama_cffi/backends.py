@@ -25,12 +25,12 @@ does not load (CUDA without a driver, say) is reported in :func:`choice`, not ra
 
 Environment, read once at import:
 
-==============================  ==========================================================
+===============================  ==========================================================
 ``LLAMA_CFFI_CPU_VARIANT=name``  load this CPU variant (``ImportError`` if the package has
                                  none of that name or the CPU cannot run it)
 ``LLAMA_CFFI_AMX=1``             allow a variant that uses AMX (see above)
 ``LLAMA_CFFI_SKIP_BACKENDS``     comma list of other backends not to load (``cuda,rpc``)
-==============================  ==========================================================
+===============================  ==========================================================
 
 Nothing here runs llama.cpp code before the choice: scoring opens each library, calls
 its score function (compiled for the baseline, like ggml's own loader does) and closes it.

@@ -111,7 +111,7 @@ def apply_template(
     **context: Any,
 ) -> str:
     """Render with ``engine`` ``"native"``, ``"jinja"`` or ``"auto"`` (native first);
-    ``limits`` bound the Jinja path (see :func:`apply_jinja`)."""
+    ``limits`` bound the Jinja path (see ``apply_jinja``)."""
     if engine not in ("auto", "native", "jinja"):
         raise ValueError(f"engine={engine!r}; use 'auto', 'native' or 'jinja'")
     msgs = list(messages)

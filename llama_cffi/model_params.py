@@ -168,7 +168,7 @@ class ModelParams:
         for i, name in enumerate(value):
             dev = lib.ggml_backend_dev_by_name(str(name).encode())
             if dev == ffi.NULL:
-                from .devices import devices
+                from .device import devices
 
                 avail = ", ".join(d.name for d in devices())
                 raise ParamError(f"devices[{i}]={name!r}: no such device; available: {avail}")

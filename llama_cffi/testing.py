@@ -4,9 +4,9 @@ Two things, both usable without a real model installed:
 
 * A tiny, deterministic, random-weight GGUF model (:func:`write_tiny_model`, a few
   hundred kilobytes, written in milliseconds) with a real SentencePiece-style vocabulary
-  of :data:`N_VOCAB` tokens: byte fallback (any UTF-8 text round-trips), a few dozen
-  English words, BOS/EOS and the ChatML markers. :data:`TOKENS`, :data:`SCORES`,
-  :data:`TOKEN_TYPES` and the ``*_ID`` constants describe that vocabulary. The same in
+  of ``N_VOCAB`` tokens: byte fallback (any UTF-8 text round-trips), a few dozen
+  English words, BOS/EOS and the ChatML markers. ``TOKENS``, ``SCORES``,
+  ``TOKEN_TYPES`` and the ``*_ID`` constants describe that vocabulary. The same in
   every kind of model llama.cpp has (:data:`TINY_KINDS`, :func:`write_tiny`): quantized,
   sliding-window, encoder-only with pooling or a reranking head, encoder-decoder,
   recurrent and hybrid. Writing a file needs the ``gguf`` package (``pip install gguf``),
@@ -21,7 +21,8 @@ Two things, both usable without a real model installed:
 The pytest plugin :mod:`llama_cffi.pytest_plugin` (registered automatically) provides
 ``tiny_model_path``, ``tiny_model``, ``tiny_context``, ``tiny_model_of`` (a tiny model of
 any kind), ``default_model_path`` and ``default_model`` fixtures. Strategies for sampler chains and GBNF grammars are in
-:mod:`samplers.testing` (``llama_cffi`` never imports ``samplers``).
+:mod:`samplers.testing` (``llama_cffi`` never imports ``samplers``). A property test over
+the tiny model::
 
     from hypothesis import given, strategies as st
     from llama_cffi.testing import token_sequences
@@ -106,7 +107,7 @@ __all__ = [
 #: (``swa``: gemma3 with an 8-token window), encoder-only models with MEAN/CLS/LAST pooling
 #: and a reranker (``bert*``), an encoder-decoder (``t5``), a recurrent model (``mamba``)
 #: and a hybrid of attention and recurrent layers (``hybrid``: lfm2). All share the tiny
-#: SentencePiece vocabulary (:data:`TOKENS`), are a few hundred KB, and are byte-identical
+#: SentencePiece vocabulary (``TOKENS``), are a few hundred KB, and are byte-identical
 #: for the same name.
 TINY_KINDS: dict[str, tuple[Callable[..., Path], dict[str, object]]] = {
     "llama": (write_tiny_model, {}),
@@ -209,7 +210,7 @@ def logits_rows(
     three draw their values (all, or a share) from a pool of at most four, so equal
     logits, equal maxima and constant rows are common; with ``allow_neg_inf``, about
     three rows in four (of length > 1) have ``-inf`` entries (masked tokens): a few,
-    most, or all but one. Rows longer than :data:`ELEMENTWISE_MAX` are built with numpy
+    most, or all but one. Rows longer than ``ELEMENTWISE_MAX`` are built with numpy
     from drawn seeds, so vocabulary-sized rows (262,144) stay cheap.
     """
     _require_hypothesis()
@@ -340,7 +341,7 @@ TEXT_PIECES: tuple[str, ...] = (
 
 def texts(*, min_pieces: int = 0, max_pieces: int = 16, alphabet: str | None = None) -> SearchStrategy[str]:
     """Strings that stress tokenizers: ``min_pieces`` to ``max_pieces`` pieces joined,
-    each one of :data:`TEXT_PIECES` or a single character (any Unicode scalar value but
+    each one of ``TEXT_PIECES`` or a single character (any Unicode scalar value but
     NUL). With ``alphabet``, every piece is one of its characters instead. Lengths are in
     pieces, not characters.
 

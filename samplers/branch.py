@@ -4,7 +4,7 @@ A :class:`BranchStore` owns a context's sequence ids. Each :class:`Branch` is on
 sequence with its own token history, sampler chain (grammar included), perplexity
 tracker and a **logits snapshot** (an owned copy of the logits that follow its last
 token, so a branch can be sampled any time, whatever was decoded since). Branches
-advance together through :meth:`BranchStore.step`: one ``llama_decode`` for all.
+advance together through :meth:`BranchStore.step`: one ``llama_decode`` for all::
 
     store = BranchStore(ctx)            # ctx made with n_seq_max=N, kv_unified=True
     root = store.create(prompt, sampler=SamplerChain([TopK(40), Dist(1)]))

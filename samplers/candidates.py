@@ -11,7 +11,7 @@ into the candidates' own buffer; samplers that only shrink the set (top-k, min-p
 gather the survivors straight from the row. The buffers are allocated once per
 capacity and reused, so the per-token path allocates nothing vocabulary-sized.
 
-A borrowed row must not change while it is borrowed, i.e. until the next :meth:`reset`
+A borrowed row must not change while it is borrowed, i.e. until the next :meth:`Candidates.reset`
 or any write access; samplers run between a decode and the next one, so a context's
 logits view qualifies.
 """

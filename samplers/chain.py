@@ -33,7 +33,8 @@ def surprisal_of(logits: np.ndarray, i: int) -> float:
 
 
 class SamplerChain(Sampler):
-    """Apply ``samplers`` in order; :meth:`accept`/:meth:`reset` go to each of them.
+    """Apply ``samplers`` in order; :meth:`~samplers.base.Sampler.accept` and
+    :meth:`~samplers.base.Sampler.reset` go to each of them.
 
     ``chain.sample(ctx, idx)`` does apply, select, accept (like ``llama_sampler_sample``).
     Samplers that can check one token (those with an ``allows(token)`` method: a

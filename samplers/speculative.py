@@ -630,7 +630,7 @@ def speculative_step(
     agrees with, for every branch in one ``llama_decode``.
 
     ``moves``: branch -> the token it commits now (its pending token: from
-    :meth:`Branch.sample` or the previous step's :attr:`StepResult.next`).
+    :meth:`Branch.sample` or the previous step's ``StepResult.next``).
     ``drafters``: one per branch (or one for all: only with one branch). ``budget``:
     the most tokens a branch may commit in this step (default: unbounded; at least 1).
     ``is_end(token)``: tokens that end generation (default: the vocabulary's

@@ -7,7 +7,7 @@
 
 Rows of logits, token sequences and the tiny test model are in :mod:`llama_cffi.testing`
 (``llama_cffi`` never imports ``samplers``). hypothesis is imported when a strategy is
-asked for, so this module imports without it.
+asked for, so this module imports without it. A property test::
 
     from hypothesis import given
     from llama_cffi.testing import logits_rows

@@ -39,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 #: What the tests need besides the installed package (never llama_cffi/ or samplers/).
-TEST_TREE = ("tests", "benchmarks", "build_ffi.py", "patches", "pyproject.toml", "README.md")
+TEST_TREE = ("tests", "benchmarks", "build_ffi.py", "patches", "pyproject.toml", "README.md", "docs")
 
 #: The tests that check the installed package itself (run against the sdist install too).
 INSTALLED_TESTS = ("tests/test_installed.py", "tests/test_backends.py")
@@ -106,6 +106,11 @@ def copy_test_tree(dest: Path) -> None:
             shutil.copytree(src, dest / name, ignore=ignore)
         elif src.is_file():
             shutil.copy2(src, dest / name)
+    # the committed benchmark reports (docs/generate.py summarises them; tests check it is current)
+    reports = dest / "benchmarks" / "results"
+    reports.mkdir(exist_ok=True)
+    for report in (ROOT / "benchmarks" / "results").glob("*.md"):
+        shutil.copy2(report, reports / report.name)
     for pkg in ("llama_cffi", "samplers"):
         assert not (dest / pkg).exists(), f"{pkg} must not be in the test tree"
 
