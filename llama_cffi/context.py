@@ -433,8 +433,10 @@ class Context:
         self._abort.next_us = 0  # poll at the first opportunity
 
     def request_abort(self) -> None:
-        """Abort the decode in progress (or the next one). Safe from any thread and from
-        signal handlers: it only sets a flag that the C callback reads."""
+        """Abort the decode in progress (it raises :class:`~llama_cffi.DecodeAbortedError`).
+        Safe from any thread and from signal handlers: it only sets a flag that the C
+        callback reads. Every decode clears the flag when it starts, so a request made
+        while no decode runs has no effect on the next one."""
         self._abort.flag = 1
 
     def _take_abort_error(self) -> BaseException | None:

@@ -474,3 +474,12 @@ def test_ctrl_c_during_branch_making_and_pruning(tiny_model_path: Path) -> None:
     landed = r.stdout.split("LANDED", 1)[1].splitlines()[0]
     ops = ("'create'", "'fork'", "'fork_at'", "'prefill'", "'step'", "'prune'")
     assert sum(op in landed for op in ops) >= 4, landed
+
+
+def test_abort_requested_between_decodes_does_not_abort_the_next(tiny_model: Model) -> None:
+    """request_abort() stops the decode in progress; made while none runs, it is cleared
+    when the next decode starts (as its docstring says), so that decode completes."""
+    with tiny_model.context(n_ctx=64) as ctx:
+        ctx.request_abort()
+        logits = ctx.decode(tiny_model.tokenize("hello world"))
+        assert np.isfinite(np.asarray(logits)).all()
