@@ -17,7 +17,7 @@ import numpy as np
 
 from llama_cffi.errors import ParamError
 from llama_cffi.kernels import softmax_sum
-from llama_cffi.vocab import StopStringStream
+from llama_cffi.vocab import StopStringStream, Vocab
 
 from .base import Sampler
 from .branch import Branch, BranchStore
@@ -174,19 +174,25 @@ def run_together(
     live = list(branches)
     n = 0
     for _ in range(max_tokens):
-        moves: dict[Branch, int] = {}
-        for b in live:
-            t = b.sample()
-            if vocab.is_eog(t):
-                b.accept(t)  # scored, not decoded
-            else:
-                moves[b] = t
+        moves = _split_ends(((b, b.sample()) for b in live), vocab)
         if not moves:
             break
         store.step(moves)
         n += len(moves)
         live = list(moves)
     return n
+
+
+def _split_ends(picks: Iterable[tuple[Branch, int]], vocab: Vocab) -> dict[Branch, int]:
+    """The moves to decode: an end-of-generation token is accepted (scored) by its branch,
+    not decoded, and that branch stops; the others move."""
+    moves: dict[Branch, int] = {}
+    for b, t in picks:
+        if vocab.is_eog(t):
+            b.accept(t)
+        else:
+            moves[b] = t
+    return moves
 
 
 def _run_speculative(
@@ -197,12 +203,7 @@ def _run_speculative(
     pending: dict[Branch, int] = {b: b.sample() for b in branches} if max_tokens > 0 else {}
     n = 0
     while pending:
-        moves: dict[Branch, int] = {}
-        for b, t in pending.items():
-            if vocab.is_eog(t):
-                b.accept(t)  # scored, not decoded
-            else:
-                moves[b] = t
+        moves = _split_ends(pending.items(), vocab)
         if not moves:
             break
         budget = {b: max_tokens - done[b] for b in moves}
