@@ -72,5 +72,9 @@ def default_model_path() -> Path:
         if tmp.exists():
             tmp.unlink()
     st = target.stat()
-    stamp.write_text(json.dumps({"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": MODEL_SHA256}))
+    # written whole or not at all: several processes (pytest-xdist workers, Ray workers)
+    # may assemble the model at once
+    stamp_tmp = stamp.with_name(stamp.name + f".{os.getpid()}.part")
+    stamp_tmp.write_text(json.dumps({"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": MODEL_SHA256}))
+    os.replace(stamp_tmp, stamp)
     return target

@@ -26,10 +26,12 @@ A context created here is sized as ``llama-perplexity`` sizes its own:
 Command line (a ``llama_cffi`` plugin command, also ``python -m samplers.perplexity``)::
 
     python -m llama_cffi perplexity [-m MODEL] -f FILE [-c 512] [-b 2048] [--chunks N] [-t THREADS]
+                                    [--ray auto|HOST:PORT|local --workers N]
 
 prints the running estimates as ``llama-perplexity`` does (``[1]12.3456,[2]...``, on
 stdout as each chunk finishes), progress information on stderr, and finally
-``Final estimate: PPL = X +/- Y`` on stdout.
+``Final estimate: PPL = X +/- Y`` on stdout. With ``--ray`` the chunks are scored by Ray
+workers (:mod:`samplers.distributed`); the output is the same, digit for digit.
 """
 
 from __future__ import annotations
@@ -50,14 +52,19 @@ from llama_cffi import Batch, Context, LlamaError, Model, ParamError, default_mo
 from .measure import log_normaliser
 
 __all__ = [
+    "Accumulator",
+    "GroupTerms",
     "NotEnoughTokensError",
     "PerplexityError",
     "PerplexityResult",
     "Plan",
     "ProgressCallback",
+    "Scorer",
+    "groups",
     "main",
     "perplexity",
     "plan",
+    "prepare",
     "register_cli",
     "run_cli",
 ]
@@ -177,6 +184,30 @@ def _check_context(ctx: Context, p: Plan) -> None:
         )
 
 
+def prepare(
+    model: Model, text_or_tokens: str | bytes | npt.ArrayLike, n_ctx: int, n_batch: int, n_chunks: int
+) -> tuple[Plan, npt.NDArray[np.int32], int, int | None]:
+    """Check the arguments of :func:`perplexity` and lay out the run: ``(plan, tokens,
+    chunks to score, BOS token or None)``. ``model`` may be loaded ``vocab_only``."""
+    p = plan(n_ctx, n_batch)
+    if isinstance(n_chunks, bool) or not isinstance(n_chunks, (int, np.integer)) or n_chunks == 0:
+        raise ParamError(f"n_chunks must be a negative int (all chunks) or an int >= 1, not {n_chunks!r}")
+    vocab = model.vocab
+    if vocab.add_eos:
+        raise PerplexityError("the model's vocabulary appends EOS to every text; llama-perplexity refuses such models")
+    bos = vocab.bos if vocab.add_bos else None
+    if vocab.add_bos and bos is None:
+        raise PerplexityError("the vocabulary asks for BOS but defines no BOS token")
+    tokens = _tokens(model, text_or_tokens)
+    if len(tokens) < 2 * p.n_ctx:
+        raise NotEnoughTokensError(
+            f"you need at least {2 * p.n_ctx} tokens to evaluate perplexity with a context of {p.n_ctx}; "
+            f"the text tokenizes to only {len(tokens)} tokens"
+        )
+    n_chunk_max = len(tokens) // p.n_ctx
+    return p, tokens, (n_chunk_max if n_chunks < 0 else min(int(n_chunks), n_chunk_max)), bos
+
+
 def perplexity(
     model_or_ctx: Model | Context,
     text_or_tokens: str | bytes | npt.ArrayLike,
@@ -205,11 +236,6 @@ def perplexity(
     :class:`PerplexityError` for an unsuitable context or model,
     :class:`llama_cffi.ParamError` for bad arguments, and llama_cffi's decode errors.
     """
-    p = plan(n_ctx, n_batch)
-    if isinstance(n_chunks, bool) or not isinstance(n_chunks, (int, np.integer)) or n_chunks == 0:
-        raise ParamError(f"n_chunks must be a negative int (all chunks) or an int >= 1, not {n_chunks!r}")
-    if n_threads is not None:
-        n_threads = _int_param("n_threads", n_threads, 1)
     if isinstance(model_or_ctx, Context):
         ctx: Context | None = model_or_ctx
         model = model_or_ctx.model
@@ -218,20 +244,9 @@ def perplexity(
         model = model_or_ctx
     else:
         raise TypeError(f"model_or_ctx must be a llama_cffi.Model or Context, not {type(model_or_ctx).__name__}")
-    vocab = model.vocab
-    if vocab.add_eos:
-        raise PerplexityError("the model's vocabulary appends EOS to every text; llama-perplexity refuses such models")
-    bos = vocab.bos if vocab.add_bos else None
-    if vocab.add_bos and bos is None:
-        raise PerplexityError("the vocabulary asks for BOS but defines no BOS token")
-    tokens = _tokens(model, text_or_tokens)
-    if len(tokens) < 2 * p.n_ctx:
-        raise NotEnoughTokensError(
-            f"you need at least {2 * p.n_ctx} tokens to evaluate perplexity with a context of {p.n_ctx}; "
-            f"the text tokenizes to only {len(tokens)} tokens"
-        )
-    n_chunk_max = len(tokens) // p.n_ctx
-    n_chunk = n_chunk_max if n_chunks < 0 else min(int(n_chunks), n_chunk_max)
+    if n_threads is not None:
+        n_threads = _int_param("n_threads", n_threads, 1)
+    p, tokens, n_chunk, bos = prepare(model, text_or_tokens, n_ctx, n_batch, n_chunks)
 
     if ctx is None:
         ctx = _open_context(model, p, n_threads)
@@ -250,26 +265,34 @@ def perplexity(
         ctx.set_n_threads(*saved)
 
 
-def _run(
-    ctx: Context,
-    tokens: npt.NDArray[np.int32],
-    p: Plan,
-    n_chunk: int,
-    bos: int | None,
-    progress: ProgressCallback | None,
-) -> PerplexityResult:
-    n_ctx, nb, n_seq = p.n_ctx, p.n_batch, p.n_seq
-    first = n_ctx // 2
-    n_vocab = ctx.n_vocab
-    batch = Batch(nb, 1)
-    scratch = np.empty(n_vocab, dtype=np.float32)  # exp() work row, reused for every row
-    nll = 0.0
-    nll2 = 0.0
-    count = 0
-    running: list[float] = []
-    for i in range(0, n_chunk, n_seq):
+#: One group's contribution, in the order ``llama-perplexity`` adds it: ``(sum v, sum v^2,
+#: chunk finished)`` per sequence of each decode (decode-major). Adding the terms of every
+#: group in chunk order reproduces its float64 sums bit for bit, wherever they were computed.
+GroupTerms = list[tuple[float, float, bool]]
+
+
+def groups(n_chunk: int, n_seq: int) -> list[tuple[int, int]]:
+    """``(first chunk, chunks)`` of each group ``llama-perplexity`` decodes together, in order."""
+    return [(i, min(n_seq, n_chunk - i)) for i in range(0, n_chunk, n_seq)]
+
+
+class Scorer:
+    """Scores groups of chunks on one context (the batch and the work row are reused)."""
+
+    def __init__(self, ctx: Context, p: Plan) -> None:
+        self.ctx = ctx
+        self.p = p
+        self.batch = Batch(p.n_batch, 1)
+        self.scratch = np.empty(ctx.n_vocab, dtype=np.float32)  # exp() work row, reused for every row
+
+    def group(self, tokens: npt.NDArray[np.int32], i: int, n_seq_batch: int, bos: int | None) -> GroupTerms:
+        """The terms of chunks ``i .. i + n_seq_batch - 1``, decoded together from an
+        empty KV memory as ``llama-perplexity`` decodes them."""
+        ctx, p, batch = self.ctx, self.p, self.batch
+        n_ctx, nb = p.n_ctx, p.n_batch
+        first = n_ctx // 2
         start = i * n_ctx
-        n_seq_batch = min(n_seq, n_chunk - i)
+        terms: GroupTerms = []
         ctx.memory.clear(True)
         for j in range(p.num_batches):
             pos0 = j * nb  # position of the batch's first token within each chunk
@@ -298,24 +321,65 @@ def _run(
             try:
                 for seq in range(n_seq_batch):
                     chunk = start + seq * n_ctx
-                    a, b = _score(rows[seq * n_out : (seq + 1) * n_out], tokens, chunk, p0, n_ctx, scratch)
+                    a, b = _score(rows[seq * n_out : (seq + 1) * n_out], tokens, chunk, p0, n_ctx, self.scratch)
                     if math.isnan(a):
                         raise PerplexityError(f"the model produced NaN or infinite logits in chunk {i + seq + 1}")
-                    nll += a
-                    nll2 += b
-                    if last:
-                        count += n_ctx - first - 1
-                        ppl = math.exp(nll / count)
-                        running.append(ppl)
-                        if progress is not None:
-                            progress(len(running), n_chunk, ppl)
+                    terms.append((a, b, last))
             finally:
                 del rows  # even when an exception (a traceback) would keep this frame alive
-    mean = nll / count
-    var = nll2 / count - mean * mean
-    ppl = math.exp(mean)
-    err = ppl * math.sqrt(var / (count - 1)) if var > 0 and count > 1 else math.nan
-    return PerplexityResult(ppl, err, mean, count, len(running), tuple(running), n_ctx, nb, n_seq, len(tokens))
+        return terms
+
+
+class Accumulator:
+    """``llama-perplexity``'s running sums: :meth:`add` each group's terms in chunk order,
+    then :meth:`result`."""
+
+    def __init__(self, p: Plan, n_chunk: int, n_tokens: int, progress: ProgressCallback | None = None) -> None:
+        self.p = p
+        self.n_chunk = n_chunk
+        self.n_tokens = n_tokens
+        self.progress = progress
+        self.nll = 0.0
+        self.nll2 = 0.0
+        self.count = 0
+        self.running: list[float] = []
+
+    def add(self, terms: GroupTerms) -> None:
+        per_chunk = self.p.n_ctx - self.p.n_ctx // 2 - 1
+        for a, b, finished in terms:
+            self.nll += a
+            self.nll2 += b
+            if finished:
+                self.count += per_chunk
+                ppl = math.exp(self.nll / self.count)
+                self.running.append(ppl)
+                if self.progress is not None:
+                    self.progress(len(self.running), self.n_chunk, ppl)
+
+    def result(self) -> PerplexityResult:
+        p, count = self.p, self.count
+        mean = self.nll / count
+        var = self.nll2 / count - mean * mean
+        ppl = math.exp(mean)
+        err = ppl * math.sqrt(var / (count - 1)) if var > 0 and count > 1 else math.nan
+        return PerplexityResult(
+            ppl, err, mean, count, len(self.running), tuple(self.running), p.n_ctx, p.n_batch, p.n_seq, self.n_tokens
+        )
+
+
+def _run(
+    ctx: Context,
+    tokens: npt.NDArray[np.int32],
+    p: Plan,
+    n_chunk: int,
+    bos: int | None,
+    progress: ProgressCallback | None,
+) -> PerplexityResult:
+    scorer = Scorer(ctx, p)
+    acc = Accumulator(p, n_chunk, len(tokens), progress)
+    for i, n in groups(n_chunk, p.n_seq):
+        acc.add(scorer.group(tokens, i, n, bos))
+    return acc.result()
 
 
 def _score(
@@ -350,7 +414,17 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-c", "--ctx-size", type=int, default=512, help="tokens per chunk (default 512)")
     parser.add_argument("-b", "--batch-size", type=int, default=2048, help="logical batch size (default 2048)")
     parser.add_argument("--chunks", type=int, default=-1, help="at most this many chunks (default: all)")
-    parser.add_argument("-t", "--threads", type=int, default=None, help="threads (default: llama_cffi's)")
+    parser.add_argument(
+        "-t", "--threads", type=int, default=None, help="threads (default: llama_cffi's; with --ray: per worker, 1)"
+    )
+    parser.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        default=None,
+        help="score the chunks on a Ray cluster (samplers.distributed): 'auto' or HOST:PORT connects to a "
+        "running one, 'local' starts one on this machine (needs: pip install 'llama-cffi[ray]')",
+    )
+    parser.add_argument("--workers", type=int, default=2, help="with --ray: workers, one model each (default 2)")
 
 
 def _read_text(path: str) -> bytes:
@@ -365,7 +439,7 @@ def run_cli(args: argparse.Namespace) -> int:
     p = plan(args.ctx_size, args.batch_size)
     text = _read_text(args.file)
     path = args.model if args.model else str(default_model_path())
-    with Model.load(path) as model:
+    with Model.load(path, vocab_only=args.ray is not None) as model:  # with --ray: the tokenizer only
         tokens = model.tokenize(text, add_special=True, parse_special=False)
         if len(tokens) >= 2 * p.n_ctx:
             n_max = len(tokens) // p.n_ctx
@@ -390,7 +464,15 @@ def run_cli(args: argparse.Namespace) -> int:
                 )
             print(f"[{done}]{ppl:.4f},", end="", flush=True)
 
-        res = perplexity(model, tokens, p.n_ctx, args.batch_size, args.chunks, args.threads, show)
+        if args.ray is None:
+            res = perplexity(model, tokens, p.n_ctx, args.batch_size, args.chunks, args.threads, show)
+        else:
+            from .distributed import Workers
+
+            with Workers(path, args.workers, args.threads or 1, cluster=args.ray) as pool:
+                print(f"perplexity: {args.workers} Ray workers: {pool.info()}", file=sys.stderr, flush=True)
+                t_start = time.perf_counter()
+                res = pool.perplexity(tokens, p.n_ctx, args.batch_size, args.chunks, show)
     print(flush=True)
     if math.isnan(res.stderr):
         print("Unexpected negative standard deviation of log(prob)", file=sys.stderr)
