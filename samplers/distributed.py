@@ -18,16 +18,25 @@ each), so a pool of N workers on a cluster scores or generates N jobs at once.
   :class:`~samplers.branch.BranchStore`, one ``llama_decode`` per step for the whole
   batch. Results come back in input order, one :class:`Generation` per prompt.
 
-**Determinism.** Prompt *i* is sampled with its own seed (``Request.seed``, or
-``seed + i``) on its own clone of the sampler, so its result does not depend on the
-workers, their number or the order batches finish. Its *logits* can depend on the other
-sequences of its decode where llama.cpp repacks CPU weights (``use_extra_bufts``, on by
-default for quantized models on x86): the repacked kernels round differently for 1..3
-rows than for 4. :func:`map_generate` therefore loads models with
-``use_extra_bufts=False`` unless ``model_params`` says otherwise; then each prompt's
-tokens equal one-at-a-time generation (:func:`samplers.search.generate` in a
-single-sequence context on a model loaded the same way) bit for bit, whatever the
-batching. :func:`perplexity` keeps llama.cpp's defaults, as ``llama-perplexity`` does.
+**Determinism.** Prompt *i* is sampled with its own seed (``Request.seed``, or ``seed +
+i``) on its own clone of the sampler, in a batch fixed by input order and
+``batch_size``, and a retried batch is the same batch: its result depends only on the
+prompts and settings, never on the number of workers, which worker ran it, the order
+batches finished or a worker's death. A prompt is decoded on its own, as in
+one-at-a-time generation, so its **first token is always that of**
+:func:`samplers.search.generate` **in a single-sequence context**; with ``batch_size=1``
+every token is. In a batch, later tokens come from decodes of several sequences, and
+llama.cpp's CPU kernels depend on a decode's row count: with repacked weights
+(``use_extra_bufts``, the default for quantized models on x86) 4 rows or more take
+another kernel than 1..3, and without repacking 8 rows or more take llamafile's tiled
+kernels. These are different roundings, not last-bit noise: on the default model a
+sequence's logits in an 8-row decode differ from its lone decode's by up to 1.2 (in a
+4-row decode with repacking, 1.0), so sampled continuations part after a few tokens (in
+``benchmarks/bench_distributed.py``, 2 of 16 texts of 32 tokens stay equal in batches of
+8). :func:`map_generate` loads models with ``use_extra_bufts=False`` unless
+``model_params`` says otherwise: F32 models then match one-at-a-time generation token
+for token in any batch, the default model in batches of up to 7. :func:`perplexity`
+keeps llama.cpp's defaults, as ``llama-perplexity`` does.
 
 **Failures.** A prompt that cannot be generated (a prompt longer than the context, a bad
 grammar, a token outside the vocabulary) gets a :class:`Generation` with ``error`` set;
@@ -368,11 +377,16 @@ class Workers:
         if not ray.is_initialized():
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
             kwargs.update(ray_init or {})
-            if cluster is not None:
-                _probe(cluster)
-                kwargs["address"] = cluster
-            ray.init(**kwargs)
+            try:
+                if cluster is not None:
+                    _probe(cluster)
+                    kwargs["address"] = cluster
+                ray.init(**kwargs)
+            except BaseException:
+                self._vocab_model.close()
+                raise
         elif cluster is not None or ray_init:
+            self._vocab_model.close()
             raise ParamError(
                 "Ray is already initialised in this process: leave cluster and ray_init unset to use it "
                 "(or call ray.shutdown() first)"
@@ -671,8 +685,7 @@ def map_generate(
 ) -> list[Generation]:
     """:meth:`Workers.map_generate` on a pool made for this call (and closed after it); the
     pool's arguments as :class:`Workers` takes them. ``model_params`` defaults to
-    ``{"use_extra_bufts": False}`` (results independent of batching: see the module
-    docstring)."""
+    ``{"use_extra_bufts": False}`` (see Determinism in the module docstring)."""
     params = {"use_extra_bufts": False} if model_params is None else model_params
     with Workers(model_path, workers, threads_per_worker, params, cluster, cpus_per_worker=cpus_per_worker) as pool:
         return pool.map_generate(
