@@ -91,6 +91,8 @@ def run_suite(
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RESULTS_FILE", str(results))
         mp.setenv("LLAMA_CFFI_CACHE_DIR", str(CACHE))  # pytester moves HOME: keep the assembled model
+        for var in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+            mp.delenv(var, raising=False)  # this suite may itself run under xdist
         res = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "xdist", *args, timeout=600)
     lines = [json.loads(x) for x in results.read_text().splitlines()]
     prop = sorted((tmp_path / f"{name}.jsonl.property").read_text().splitlines())
