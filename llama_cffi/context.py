@@ -1211,23 +1211,24 @@ class Context:
             raise StateError(f"cannot save state to {os.fspath(path)!r}")
 
     def load_state_file(self, path: str | os.PathLike[str], max_tokens: int | None = None) -> np.ndarray:
-        """Load a session file; returns its token list. :class:`StateError` if unreadable."""
+        """Load a session file (:meth:`save_state_file`); returns its token list (at most
+        ``max_tokens``, default ``n_ctx``). :class:`StateError` if it is missing, foreign,
+        truncated or for another model; the context stays usable.
+
+        The file is read here and its state restored from memory (:meth:`load_state`):
+        llama.cpp's own file reader treats a read at the end of the file as done, and on
+        a truncated file it looped on stale counts (seen with a CUDA context) where its
+        memory reader raises."""
         p = os.fspath(path)
-        if not os.path.isfile(p):
-            raise StateError(f"no state file {p!r}")
         cap = self._n_ctx if max_tokens is None else max_tokens
-        out = np.zeros(max(cap, 1), dtype=np.int32)
-        count = ffi.new("size_t *")
-        with self._busy, log.capture() as lines:
-            self._guard.generation += 1  # views go stale before llama.cpp replaces outputs
-            ok = lib.llama_state_load_file(
-                self._ptr(), os.fsencode(p), ffi.from_buffer("llama_token[]", out), cap, count
-            )
-            self._after_state_load()
-        if not ok:
+        tokens, rest = _read_session_file(p, lib.LLAMA_SESSION_MAGIC, lib.LLAMA_SESSION_VERSION, cap, "state file")
+        try:
+            n = self.load_state(rest)
+        except StateError as e:
+            raise StateError(f"cannot load state file {p!r}: {e}") from None
+        if n != len(rest):
             self.memory.clear()
-            raise StateError(f"cannot load state file {p!r}: " + ("; ".join(m for _, m in lines[-2:]) or "rejected"))
-        tokens: np.ndarray = out[: int(count[0])].copy()
+            raise StateError(f"cannot load state file {p!r}: its state has {len(rest)} bytes, {n} were read")
         return tokens
 
     def save_seq_state_file(self, path: str | os.PathLike[str], seq_id: int = 0, tokens: Iterable[int] = ()) -> int:
@@ -1248,27 +1249,22 @@ class Context:
     def load_seq_state_file(
         self, path: str | os.PathLike[str], dest_seq_id: int = 0, max_tokens: int | None = None
     ) -> np.ndarray:
-        """Load a sequence file into ``dest_seq_id``; returns its token list."""
+        """Load a sequence file (:meth:`save_seq_state_file`) into ``dest_seq_id``; returns
+        its token list. Read here and restored from memory (:meth:`load_seq_state`), for
+        the reason :meth:`load_state_file` gives (llama.cpp's file path also asserts, and
+        aborts, on what a truncated file leads it to read)."""
         dest_seq_id = self._check_seq(dest_seq_id)
         p = os.fspath(path)
-        if not os.path.isfile(p):
-            raise StateError(f"no state file {p!r}")
         cap = self._n_ctx if max_tokens is None else max_tokens
-        out = np.zeros(max(cap, 1), dtype=np.int32)
-        count = ffi.new("size_t *")
-        self.memory.seq_rm(dest_seq_id)
-        with self._busy, log.capture() as lines:
-            self._guard.generation += 1  # views go stale before llama.cpp replaces outputs
-            n = int(
-                lib.llama_state_seq_load_file(
-                    self._ptr(), os.fsencode(p), dest_seq_id, ffi.from_buffer("llama_token[]", out), cap, count
-                )
-            )
-            self._after_state_load()
-        if n == 0:
-            self.memory.seq_rm(dest_seq_id)
-            raise StateError(f"cannot load sequence file {p!r}: " + ("; ".join(m for _, m in lines[-2:]) or "rejected"))
-        tokens: np.ndarray = out[: int(count[0])].copy()
+        tokens, rest = _read_session_file(
+            p, lib.LLAMA_STATE_SEQ_MAGIC, lib.LLAMA_STATE_SEQ_VERSION, cap, "sequence file"
+        )
+        # the file holds the sequence's data alone; in memory it follows a magic and a seq id
+        head = _SEQ_STATE_MAGIC.to_bytes(4, "little") + dest_seq_id.to_bytes(4, "little", signed=True)
+        try:
+            self.load_seq_state(head + rest, dest_seq_id)
+        except StateError as e:
+            raise StateError(f"cannot load sequence file {p!r}: {e}") from None
         return tokens
 
     def _after_state_load(self) -> None:
@@ -1372,6 +1368,33 @@ class Context:
 
 _ZERO_INDEX = np.zeros(1, dtype=np.int32)
 _SEQ_STATE_MAGIC = 0xAF143CD8  # llama-context.cpp io_magic: first 4 bytes of a sequence state
+
+
+def _read_session_file(path: str, magic: int, version: int, cap: int, what: str) -> tuple[np.ndarray, bytes]:
+    """``(tokens, state bytes)`` of a llama.cpp session or sequence file: the header
+    (magic, version, token count; little-endian u32) checked as llama.cpp checks it."""
+    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+        raise ParamError(f"max_tokens must be an int >= 0, not {cap!r}")
+    if not os.path.isfile(path):
+        raise StateError(f"no {what} {path!r}")
+    with open(path, "rb") as fh:
+        head = fh.read(12)
+        if len(head) < 12:
+            raise StateError(f"cannot load {what} {path!r}: truncated header ({len(head)} bytes)")
+        m, v, n = (
+            int.from_bytes(head[0:4], "little"),
+            int.from_bytes(head[4:8], "little"),
+            int.from_bytes(head[8:12], "little"),
+        )
+        if (m, v) != (magic, version):
+            raise StateError(f"cannot load {what} {path!r}: unknown (magic, version) {m:08x}, {v:08x}")
+        if n > cap:
+            raise StateError(f"cannot load {what} {path!r}: {n} tokens, more than the capacity {cap}")
+        raw = fh.read(4 * n)
+        if len(raw) != 4 * n:
+            raise StateError(f"cannot load {what} {path!r}: truncated token list")
+        rest = fh.read()
+    return np.frombuffer(raw, dtype="<i4").astype(np.int32), rest
 
 
 def _chunk_ends(mask: np.ndarray, n_batch: int, out_limit: int) -> list[int]:
