@@ -183,7 +183,10 @@ def supports_mlock() -> bool:
 
 
 def supports_gpu_offload() -> bool:
-    """Whether a GPU backend is loaded, so ``n_gpu_layers`` can offload layers."""
+    """llama.cpp's ``llama_supports_gpu_offload``: whether a GPU **or RPC** backend is
+    loaded, so ``n_gpu_layers`` can offload layers. The RPC backend, built in by default,
+    makes this true on a CPU-only build; for a local GPU look at :func:`devices` (a
+    device of type ``GPU``)."""
     return bool(lib.llama_supports_gpu_offload())
 
 
