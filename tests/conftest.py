@@ -4,11 +4,13 @@ llama_cffi pytest plugin (:mod:`llama_cffi.pytest_plugin`), as they do for users
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from hypothesis import settings
@@ -91,6 +93,18 @@ def rss_kib() -> int:
 #: inherits SIG_IGN, and Python keeps an inherited SIG_IGN: Ctrl-C tests would then never
 #: see their interrupt.
 DEFAULT_SIGINT = "import signal as _signal; _signal.signal(_signal.SIGINT, _signal.default_int_handler)\n"
+
+
+def load_build_ffi() -> ModuleType:
+    """The repository's ``build_ffi.py`` as a module (it is no package: loaded by path, once)."""
+    mod = sys.modules.get("build_ffi")
+    if mod is None:
+        spec = importlib.util.spec_from_file_location("build_ffi", ROOT / "build_ffi.py")
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["build_ffi"] = mod  # dataclasses look their module up while it executes
+        spec.loader.exec_module(mod)
+    return mod
 
 
 def run_isolated(

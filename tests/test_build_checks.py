@@ -3,28 +3,15 @@ libraries compiled by the test with the system's C++ compiler)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-from tests.conftest import ROOT
-
-
-def build_ffi() -> ModuleType:
-    mod = sys.modules.get("build_ffi")
-    if mod is None:
-        spec = importlib.util.spec_from_file_location("build_ffi", ROOT / "build_ffi.py")
-        assert spec is not None and spec.loader is not None
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["build_ffi"] = mod  # dataclasses look their module up while it executes
-        spec.loader.exec_module(mod)
-    return mod
+from tests.conftest import load_build_ffi
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ELF libraries")
@@ -43,7 +30,7 @@ def test_a_library_with_its_own_cxx_runtime_is_refused(tmp_path: Path) -> None:
     static = tmp_path / "libstatic.so"
     subprocess.run([cxx, "-shared", "-fPIC", str(src), "-o", str(shared)], check=True)
     subprocess.run([cxx, "-shared", "-fPIC", "-static-libstdc++", str(src), "-o", str(static)], check=True)
-    bf = build_ffi()
+    bf = load_build_ffi()
     bf.check_shared_libstdcxx([shared])
     with pytest.raises(
         bf.BuildError, match=r"libstatic\.so do not link the shared libstdc\+\+\.so\.6.*CXX=/usr/bin/g\+\+"
@@ -59,4 +46,4 @@ def test_the_installed_libraries_link_the_shared_cxx_runtime() -> None:
     libdir = Path(llama_cffi.__file__).parent / "_libs"
     libs = sorted(libdir.glob("*.so"))
     assert libs, libdir
-    build_ffi().check_shared_libstdcxx(libs)
+    load_build_ffi().check_shared_libstdcxx(libs)

@@ -12,20 +12,18 @@ registrations are commented out "due to slowness"), mirrored here exactly.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
-import sys
 import tarfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
 
 from llama_cffi import Model, VocabType
+from tests.conftest import load_build_ffi
 
 ROOT = Path(__file__).resolve().parent.parent
 SEP = b"\n__ggml_vocab_test__\n"  # the separator test-tokenizer-0.cpp splits .inp files on
@@ -35,27 +33,15 @@ SPM_ROUND_TRIP_VOCABS = ("ggml-vocab-llama-spm.gguf",)
 SMOKE_TEXT = "Hello world, this is 🦙.cpp!"
 
 
-def _build_ffi() -> ModuleType:
-    """The repository's ``build_ffi`` module (it knows the pinned sdist)."""
-    mod = sys.modules.get("build_ffi")
-    if mod is None:
-        spec = importlib.util.spec_from_file_location("build_ffi", ROOT / "build_ffi.py")
-        assert spec is not None and spec.loader is not None
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["build_ffi"] = mod  # dataclasses look their module up while it executes
-        spec.loader.exec_module(mod)
-    return mod
-
-
 def _llama_cpp_prefix() -> str:
-    return str(_build_ffi().SDIST["prefix"]) + "/vendor/llama.cpp/"
+    return str(load_build_ffi().SDIST["prefix"]) + "/vendor/llama.cpp/"
 
 
 def _discover() -> tuple[list[str], list[str], str | None]:
     """(vocabs with .inp and .out, vocabs without, error) from the pinned sdist's member list."""
     try:
         prefix = _llama_cpp_prefix() + "models/"
-        with tarfile.open(_build_ffi().fetch_sdist()) as tf:
+        with tarfile.open(load_build_ffi().fetch_sdist()) as tf:
             names = {m.name[len(prefix) :] for m in tf if m.isfile() and m.name.startswith(prefix + "ggml-vocab-")}
     except Exception as exc:  # reported by the tests (as failures), not at collection
         return [], [], f"cannot list the pinned sdist's vocabularies: {type(exc).__name__}: {exc}"
@@ -88,7 +74,7 @@ def llama_cpp_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     dest = tmp_path_factory.mktemp("llama_cpp_vocabs")
     prefix = _llama_cpp_prefix()
     wanted = {prefix + "tests/CMakeLists.txt"}
-    with tarfile.open(_build_ffi().fetch_sdist()) as tf:
+    with tarfile.open(load_build_ffi().fetch_sdist()) as tf:
         for m in tf:
             base = m.name.rsplit("/", 1)[-1]
             if m.isfile() and (m.name in wanted or (m.name.startswith(prefix + "models/ggml-vocab-"))):
