@@ -290,9 +290,9 @@ def _generate_batch(ctx: Context, jobs: Sequence[_Job]) -> list[Generation]:
             if moves:
                 store.step(moves)
                 steps += 1
-            for b in moves:
+            for b, tok in moves.items():
                 job, n_prompt, text, pieces = live[b]
-                piece = text.push(b.tokens[-1])
+                piece = text.push(tok)  # (Branch.tokens would copy the whole history)
                 if piece:
                     pieces.append(piece)
                 if text.stopped:
