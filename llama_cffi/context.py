@@ -1256,13 +1256,14 @@ class Context:
         dest_seq_id = self._check_seq(dest_seq_id)
         p = os.fspath(path)
         cap = self._n_ctx if max_tokens is None else max_tokens
-        tokens, rest = _read_session_file(
-            p, lib.LLAMA_STATE_SEQ_MAGIC, lib.LLAMA_STATE_SEQ_VERSION, cap, "sequence file"
-        )
         # the file holds the sequence's data alone; in memory it follows a magic and a seq id
-        head = _SEQ_STATE_MAGIC.to_bytes(4, "little") + dest_seq_id.to_bytes(4, "little", signed=True)
+        tokens, buf = _read_session_file(
+            p, lib.LLAMA_STATE_SEQ_MAGIC, lib.LLAMA_STATE_SEQ_VERSION, cap, "sequence file", reserve=8
+        )
+        buf[:4] = _SEQ_STATE_MAGIC.to_bytes(4, "little")
+        buf[4:8] = dest_seq_id.to_bytes(4, "little", signed=True)
         try:
-            self.load_seq_state(head + rest, dest_seq_id)
+            self.load_seq_state(buf, dest_seq_id)
         except StateError as e:
             raise StateError(f"cannot load sequence file {p!r}: {e}") from None
         return tokens
@@ -1370,9 +1371,13 @@ _ZERO_INDEX = np.zeros(1, dtype=np.int32)
 _SEQ_STATE_MAGIC = 0xAF143CD8  # llama-context.cpp io_magic: first 4 bytes of a sequence state
 
 
-def _read_session_file(path: str, magic: int, version: int, cap: int, what: str) -> tuple[np.ndarray, bytes]:
-    """``(tokens, state bytes)`` of a llama.cpp session or sequence file: the header
-    (magic, version, token count; little-endian u32) checked as llama.cpp checks it."""
+def _read_session_file(
+    path: str, magic: int, version: int, cap: int, what: str, reserve: int = 0
+) -> tuple[np.ndarray, bytearray]:
+    """``(tokens, state)`` of a llama.cpp session or sequence file: the header (magic,
+    version, token count; little-endian u32) checked as llama.cpp checks it. The state
+    is read once into a buffer that starts with ``reserve`` zero bytes (room for a
+    header the caller writes in place, so the state is never copied)."""
     if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
         raise ParamError(f"max_tokens must be an int >= 0, not {cap!r}")
     if not os.path.isfile(path):
@@ -1393,8 +1398,11 @@ def _read_session_file(path: str, magic: int, version: int, cap: int, what: str)
         raw = fh.read(4 * n)
         if len(raw) != 4 * n:
             raise StateError(f"cannot load {what} {path!r}: truncated token list")
-        rest = fh.read()
-    return np.frombuffer(raw, dtype="<i4").astype(np.int32), rest
+        size = os.fstat(fh.fileno()).st_size - fh.tell()
+        buf = bytearray(reserve + max(size, 0))
+        got = fh.readinto(memoryview(buf)[reserve:])
+        del buf[reserve + got :]  # a file that shrank meanwhile: what was read
+    return np.frombuffer(raw, dtype="<i4").astype(np.int32), buf
 
 
 def _chunk_ends(mask: np.ndarray, n_batch: int, out_limit: int) -> list[int]:

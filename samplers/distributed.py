@@ -190,7 +190,7 @@ class _Worker:
         self.model = Model.load(model_path, **model_params)
         self.n_threads = n_threads
         self._contexts: dict[tuple[Any, ...], Context] = {}
-        self._scorer: tuple[tuple[Any, ...], _ppl.Scorer] | None = None
+        self._scorer: _ppl.Scorer | None = None
         self.ident = f"{_node_id()}:{os.getpid()}"
 
     def info(self) -> dict[str, Any]:
@@ -203,7 +203,6 @@ class _Worker:
             for old in self._contexts.values():  # one context at a time: memory
                 old.close()
             self._contexts.clear()
-            self._scorer = None
             ctx = self.model.context(n_threads=self.n_threads, n_threads_batch=self.n_threads, **params)
             self._contexts[key] = ctx
         return ctx
@@ -213,10 +212,9 @@ class _Worker:
     ) -> _ppl.GroupTerms:
         p = _ppl.plan(n_ctx, n_batch)
         ctx = self._context(n_ctx=p.ctx_size, n_batch=p.n_batch, n_seq_max=p.n_seq, swa_full=False, kv_unified=False)
-        key = (p.ctx_size, p.n_batch, p.n_seq)
-        if self._scorer is None or self._scorer[0] != key:
-            self._scorer = (key, _ppl.Scorer(ctx, p))
-        return self._scorer[1].group(tokens, first, n_seq, bos)
+        if self._scorer is None or self._scorer.ctx is not ctx:  # the context's sizes fix the plan
+            self._scorer = _ppl.Scorer(ctx, p)
+        return self._scorer.group(tokens, first, n_seq, bos)
 
     def generate(self, jobs: list[_Job], n_ctx: int, n_batch: int) -> list[Generation]:
         ctx = self._context(n_ctx=n_ctx * len(jobs), n_batch=n_batch, n_seq_max=len(jobs), kv_unified=False)
@@ -314,10 +312,7 @@ def _finish(b: Branch, job: _Job, n_prompt: int, text: Any, pieces: list[str], r
 
 
 # ---------------------------------------------------------------------- the pool
-def _int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ParamError(f"{name} must be an int >= {minimum}, not {value!r}")
-    return int(value)
+_int = _ppl._int_param  # "NAME must be an int >= MIN" (a ParamError), as perplexity checks
 
 
 class Workers:
