@@ -1187,8 +1187,10 @@ def own_cdef() -> str:
 
 
 def native_sources() -> list[Path]:
-    """The extension's C helper files (compiled with :data:`NATIVE_WARNINGS`)."""
-    return sorted(NATIVE_DIR.glob("*.c"))
+    """The extension's helper files (compiled with :data:`NATIVE_WARNINGS`): C, and C++
+    where a helper reads llama.cpp's own classes (``memory.cpp``, built against the
+    source tree's ``src/`` headers; the compiler picks the language by suffix)."""
+    return sorted([*NATIVE_DIR.glob("*.c"), *NATIVE_DIR.glob("*.cpp")])
 
 
 def build_info_json(native: NativeBuild, source: Source) -> str:
@@ -1242,10 +1244,14 @@ def make_ffibuilder(native: NativeBuild, source: Source) -> Any:
         "llama_cffi._llama",
         src,
         sources=[str(p) for p in native_sources()],
-        include_dirs=[str(NATIVE_DIR), *(str(d) for d in native.include_dirs)],
+        # the source tree's src/: llama.cpp's internal headers, for memory.cpp
+        include_dirs=[str(NATIVE_DIR), *(str(d) for d in native.include_dirs), str(source.root / "src")],
         # linked by path: the dynamic section records their SONAMEs, found through the RUNPATH
         extra_objects=[str(p) for p in native.link_files],
-        libraries=native.link_libs,
+        # memory.cpp is C++: the shared libstdc++ libllama uses (one copy in the process);
+        # language "c" keeps the link on the C driver, which adds nothing static
+        libraries=[*native.link_libs, "stdc++"],
+        language="c",
         # no debug information (the interpreter's flags may ask for -g) and no folder of
         # the build machine in the binary
         extra_compile_args=[
@@ -1254,6 +1260,7 @@ def make_ffibuilder(native: NativeBuild, source: Source) -> Any:
             "-O2",
             "-g0",
             *(f"-ffile-prefix-map={d}=llama_cffi/include" for d in native.include_dirs),
+            f"-ffile-prefix-map={source.root}=llama.cpp",
             f"-ffile-prefix-map={HERE}=llama_cffi-src",
         ],
         extra_link_args=_rpath_args(),

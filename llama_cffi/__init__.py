@@ -76,6 +76,7 @@ from .errors import (
 from .log import set_verbosity
 from .lora import LoraAdapter
 from .memory import Memory
+from .memory_usage import MemoryUsage
 from .model import Model
 from .model_params import ModelParams, model_default_params
 from .outputs import OutputView, StaleOutputError
@@ -111,6 +112,7 @@ __all__ = [
     "LoadMode",
     "LoraAdapter",
     "Memory",
+    "MemoryUsage",
     "Model",
     "ModelLoadCancelled",
     "ModelLoadError",

@@ -58,6 +58,7 @@ from .errors import (
     UnsupportedError,
 )
 from .memory import Memory
+from .memory_usage import MemoryUsage, read_memory_usage
 from .outputs import LiveOutputError, OutputBuffer, OutputGuard, OutputView
 from .vocab import StopStringStream
 
@@ -1293,13 +1294,14 @@ class Context:
     def perf_reset(self) -> None:
         lib.llama_perf_context_reset(self._ptr())
 
-    def memory_usage(self) -> dict[str, int]:
-        """Bytes: model tensors, this context's full state (KV + outputs), KV estimate."""
-        m = self.model
-        elt = 2 if self.params.c.type_k == lib.GGML_TYPE_F16 else int(lib.ggml_type_size(self.params.c.type_k))
-        head_dim = m.n_embd // max(m.n_head, 1)
-        kv = 2 * self._n_ctx * m.n_layer * m.n_head_kv * head_dim * elt
-        return {"model": m.size, "state": self.state_size(), "kv_cache_estimate": kv}
+    def memory_usage(self) -> MemoryUsage:
+        """What llama.cpp allocated for this context and its model, in bytes, per buffer
+        type and device: weights, KV cache / recurrent state (K and V apart, per memory
+        module and layer) and compute buffers. Read from llama.cpp's own objects, never
+        estimated; see :mod:`llama_cffi.memory_usage`. ``state_size()`` is the size of a
+        saved state instead (only the cells in use)."""
+        with self._busy:
+            return read_memory_usage(self._ptr())
 
     # ------------------------------------------------------------------ generation helpers
     def stream(

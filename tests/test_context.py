@@ -400,8 +400,8 @@ def test_perf_counters(tiny_model: Model) -> None:
         ctx.decode_single(8)
         ctx.decode_single(9)
         assert ctx.perf()["n_eval"] == 2
-        usage = ctx.memory_usage()
-        assert usage["model"] == tiny_model.size and usage["state"] > 0
+        usage = ctx.memory_usage()  # checked against llama.cpp's numbers in test_memory_usage
+        assert usage.model_bytes >= tiny_model.size and usage.k_bytes > 0 and ctx.state_size() > 0
 
 
 def test_generate_matches_manual_greedy_loop(tiny_model: Model) -> None:

@@ -65,4 +65,41 @@ int llama_cffi_bind_cpu(const char *path);
    names them), -1 if none, -2 when out of memory */
 int64_t llama_cffi_gguf_duplicate_string(const struct gguf_context *g, int64_t key);
 
+/* memory accounting (memory.cpp; see llama_cffi.memory_usage): what llama.cpp allocated
+   for a context, read from its own objects (never estimated).
+   llama_cffi_memory_buffers: llama.cpp's per-buffer-type breakdown (model weights, the
+   context's memory modules, compute buffers), bytes; device is the buffer type's device
+   ("" when it has none), host is ggml_backend_buft_is_host.
+   llama_cffi_memory_tensors: every tensor (views excluded) of every buffer of the
+   context's memory modules, plus one row per buffer (name "", type -1, bytes = the
+   buffer's size). module counts the memory modules in a fixed order; kind is "kv",
+   "kv_swa", "recurrent" or "other" (a module whose tensors are not listed: one buffer row
+   per buffer type, from its memory_breakdown); cells is the module's size in cells.
+   Both return the number of rows (write at most n_max; call again with a larger array
+   when the result is larger), or -1 when llama.cpp threw (the message in
+   llama_cffi_memory_error()). */
+typedef struct {
+    char buffer_type[64];
+    char device[64];
+    int32_t host;
+    uint64_t model;
+    uint64_t context;
+    uint64_t compute;
+} llama_cffi_buffer_row;
+typedef struct {
+    int32_t module;
+    char kind[16];
+    char buffer_type[64];
+    char device[64];
+    int32_t host;
+    char name[64];
+    int32_t type;
+    uint32_t cells;
+    uint64_t bytes;
+} llama_cffi_tensor_row;
+struct llama_context;
+int32_t llama_cffi_memory_buffers(const struct llama_context *ctx, llama_cffi_buffer_row *out, int32_t n_max);
+int32_t llama_cffi_memory_tensors(const struct llama_context *ctx, llama_cffi_tensor_row *out, int32_t n_max);
+const char *llama_cffi_memory_error(void);
+
 #endif
