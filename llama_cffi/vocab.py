@@ -295,6 +295,14 @@ class Vocab:
             cap = -total
         raise TokenizeError("the vocabulary's size changed while reading it")  # pragma: no cover
 
+    def suppress_tokens(self) -> list[int]:
+        """Token ids the model's metadata says never to generate
+        (``tokenizer.ggml.suppress_tokens``); llama.cpp's tools ban them with a ``-inf``
+        logit bias, as :meth:`samplers.params.SamplingParams.to_chain` does."""
+        n = ffi.new("int32_t *")
+        ptr = lib.llama_vocab_get_suppress_tokens(self._vocab(), n)
+        return [] if ptr == ffi.NULL else [int(ptr[i]) for i in range(n[0])]
+
     def eog_tokens(self) -> list[int]:
         """All end-of-generation token ids (one pass over the vocabulary, in C calls)."""
         vocab = self._vocab()

@@ -6,9 +6,10 @@ is produced; statistics and progress go to stderr. User mistakes (a missing file
 bad grammar or schema, a bad option value) raise :class:`~llama_cffi.LlamaError`,
 ``OSError`` or ``ValueError``, which the CLI prints as one line (exit status 2).
 
-Sampling defaults are llama.cpp's (``common_params_sampling``): top-k 40, top-p 0.95,
-min-p 0.05, temperature 0.8, in llama.cpp's order (penalties, top-k, typical, top-p,
-min-p, temperature, then a seeded draw); ``--temp 0`` is greedy.
+Sampling options, defaults and order are llama.cpp's (``common_params_sampling``, through
+:class:`~samplers.params.SamplingParams`): top-k 40, top-p 0.95, min-p 0.05, temperature
+0.8, in llama.cpp's order (penalties, DRY, top-n-sigma, top-k, typical, top-p, min-p, XTC,
+temperature, then a seeded draw); ``--temp 0`` is greedy.
 """
 
 from __future__ import annotations
@@ -25,16 +26,15 @@ from llama_cffi import Context, Model, default_model_path
 from llama_cffi.errors import ParamError
 from llama_cffi.progress import ProgressBar
 
-from .base import Sampler
 from .branch import Branch, BranchStore
 from .chain import SamplerChain
 from .grammar import Grammar
-from .penalties import Penalties
+from .params import SamplingParams
 from .search import run_together, stream
-from .selection import Dist, Greedy
+from .selection import Dist
 from .speculative import Drafter, DraftModel, PromptLookup, SpeculativeStats
 from .temperature import Temperature
-from .truncation import MinP, TopK, TopP, Typical
+from .truncation import TopK, TopP
 
 __all__ = ["build_chain", "register_demo", "register_generate"]
 
@@ -50,46 +50,11 @@ def load_model(path: str | None, quiet: bool = False) -> Model:
 
 
 # ---------------------------------------------------------------------- sampler options
-def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("sampling (llama.cpp's defaults and order)")
-    g.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy (default 0.8)")
-    g.add_argument("--top-k", type=int, default=40, help="0 = off (default 40)")
-    g.add_argument("--top-p", type=float, default=0.95, help="1 = off (default 0.95)")
-    g.add_argument("--min-p", type=float, default=0.05, help="0 = off (default 0.05)")
-    g.add_argument("--typical", type=float, default=1.0, help="locally typical p; 1 = off (default)")
-    g.add_argument("--repeat-penalty", type=float, default=1.0, help="1 = off (default)")
-    g.add_argument("--repeat-last-n", type=int, default=64, help="tokens the penalties look back (default 64)")
-    g.add_argument("--frequency-penalty", type=float, default=0.0)
-    g.add_argument("--presence-penalty", type=float, default=0.0)
-    g.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
-
-
-def build_chain(args: argparse.Namespace) -> SamplerChain:
-    """The sampler chain the options describe."""
-    if args.top_k < 0:
-        raise ParamError(f"--top-k must be >= 0, not {args.top_k}")
-    if args.repeat_last_n < 0:
-        raise ParamError(f"--repeat-last-n must be >= 0, not {args.repeat_last_n}")
-    for name in ("top_p", "min_p", "typical"):
-        v = getattr(args, name)
-        if not 0.0 <= v <= 1.0:
-            raise ParamError(f"--{name.replace('_', '-')} must be in [0, 1], not {v}")
-    chain: list[Sampler] = []
-    if args.repeat_penalty != 1.0 or args.frequency_penalty != 0.0 or args.presence_penalty != 0.0:
-        chain.append(Penalties(args.repeat_last_n, args.repeat_penalty, args.frequency_penalty, args.presence_penalty))
-    if args.temp <= 0:
-        chain.append(Greedy())
-        return SamplerChain(chain)
-    if args.top_k > 0:
-        chain.append(TopK(args.top_k))
-    if args.typical < 1.0:
-        chain.append(Typical(args.typical))
-    if args.top_p < 1.0:
-        chain.append(TopP(args.top_p))
-    if args.min_p > 0.0:
-        chain.append(MinP(args.min_p))
-    chain += [Temperature(args.temp), Dist(args.seed)]
-    return SamplerChain(chain)
+def build_chain(args: argparse.Namespace, model: Model | None = None) -> SamplerChain:
+    """The sampler chain the options describe: :class:`~samplers.params.SamplingParams`
+    read from them (llama.cpp's options, defaults and order), as a chain of this package's
+    samplers."""
+    return SamplingParams.from_args(args).to_chain(model)
 
 
 def read_grammar(args: argparse.Namespace) -> Grammar | None:
@@ -142,9 +107,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.branches < 1:
         raise ParamError(f"--branches must be >= 1, not {args.branches}")
     grammar = read_grammar(args)
-    chain = build_chain(args)
+    params = SamplingParams.from_args(args)  # checked before the model loads
     model = load_model(args.model)
     with model, ExitStack() as stack:
+        chain = params.to_chain(model)
         drafter = make_drafter(args, model, stack)
         vocab = model.vocab
         prompt = [int(t) for t in vocab.tokenize(args.prompt)]
@@ -216,7 +182,7 @@ def register_generate(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     g.add_argument("--draft-model", metavar="FILE", help="draft with this smaller GGUF model (same vocabulary)")
     g.add_argument("--draft-max", type=int, default=8, help="most tokens drafted per decode (default 8)")
     g.add_argument("--draft-p-min", type=float, default=0.0, help="draft model: stop below this probability (0)")
-    add_sampling_arguments(p)
+    SamplingParams.add_arguments(p)
     p.set_defaults(func=cmd_generate)
 
 

@@ -8,10 +8,12 @@ context has room for the branches they make (``n_seq_max``; beam search needs
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -20,21 +22,75 @@ from llama_cffi.kernels import softmax_sum
 from llama_cffi.vocab import StopStringStream, Vocab
 
 from .base import Sampler
-from .branch import Branch, BranchStore
+from .branch import Branch, BranchError, BranchStore
 from .chain import SamplerChain
+from .logprobs import LogprobReader, TokenLogprob
 from .selection import Greedy
 from .speculative import Drafter, Verify, speculative_step
+
+#: Why a generation ended: an end-of-generation token the model chose (``"eog"``) or the
+#: grammar forced (``"grammar"``: its sentence was complete and nothing could follow), a
+#: ``stop`` string (``"stop"``), a ``stop_tokens`` token (``"stop_token"``), the token
+#: budget (``"max_tokens"``), or the sequence's room in the context (``"context"``).
+StopReason = Literal["eog", "grammar", "stop", "stop_token", "max_tokens", "context"]
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Wall-clock times of one generation call (``time.perf_counter``), as data.
+
+    ``prompt_seconds`` is the prompt's decode (0.0 when the branch was prefilled before
+    the call, as for :func:`stream` on a branch you made); ``generation_seconds`` runs
+    from the first sample to the end (sampling, decoding and bookkeeping: what a user
+    waits for, not llama.cpp's decode time alone). ``decoded_tokens``: tokens decoded
+    while generating, every branch counted (best-of-n decodes ``n`` continuations)."""
+
+    prompt_tokens: int
+    prompt_seconds: float
+    generated_tokens: int
+    generation_seconds: float
+    decoded_tokens: int
+
+    @property
+    def prompt_tokens_per_second(self) -> float:
+        return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds > 0 else math.nan
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Generated tokens of the result per second."""
+        return self.generated_tokens / self.generation_seconds if self.generation_seconds > 0 else math.nan
+
+    @property
+    def decoded_tokens_per_second(self) -> float:
+        """Decoded tokens per second, every branch counted (the throughput)."""
+        return self.decoded_tokens / self.generation_seconds if self.generation_seconds > 0 else math.nan
 
 
 @dataclass(frozen=True)
 class Result:
-    """A finished continuation: the generated ``tokens`` (prompt excluded), their ``text``,
-    the model-level ``perplexity`` and summed log-probability ``logprob`` (nats)."""
+    """A finished continuation: the generated ``tokens`` (prompt excluded; an end token
+    excluded except where :func:`beam_search` keeps it; a stop string's tokens included),
+    the ``text`` (what :func:`stream` yielded: a stop string and what follows it
+    excluded), the model-level
+    ``perplexity`` and summed log-probability ``logprob`` (nats, always) of the scored
+    tokens.
+
+    ``stop_reason`` (:data:`StopReason`; None for a :class:`Stream` that was left before
+    it ended), ``prompt_tokens``, ``positions`` (the ``[start, end)`` KV positions the
+    generated tokens occupy in their sequence), ``timings`` and, when asked for,
+    ``logprobs``: one :class:`~samplers.logprobs.TokenLogprob` per scored token (in the
+    unit asked for), which sum to ``logprob``. The scored tokens are ``tokens``, plus the
+    end token where :func:`best_of_n` ended on one (it is scored, not decoded)."""
 
     tokens: list[int]
     text: str
     perplexity: float
     logprob: float
+    stop_reason: StopReason | None = "max_tokens"
+    prompt_tokens: int = 0
+    positions: tuple[int, int] = (0, 0)
+    timings: Timings | None = None
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 def _prompt_tokens(store: BranchStore, prompt: str | Sequence[int]) -> list[int]:
@@ -42,7 +98,24 @@ def _prompt_tokens(store: BranchStore, prompt: str | Sequence[int]) -> list[int]
     return [int(t) for t in (vocab.tokenize(prompt) if isinstance(prompt, str) else vocab.check_tokens(prompt))]
 
 
-def _result(branch: Branch, start: int) -> Result:
+def _accepted_records(branch: Branch, since: int, reader: LogprobReader | None) -> tuple[TokenLogprob, ...] | None:
+    """Records of the tokens ``branch`` accepted after its ``since``-th (their model
+    surprisals, measured when they were accepted)."""
+    if reader is None:
+        return None
+    if branch.tracker is None:
+        raise BranchError("logprobs need the branch's metrics: it was created with track=False")
+    return tuple(reader.from_surprisal(tok, s) for _, tok, s, _ in branch._accepted[since:] if s is not None)
+
+
+def _result(
+    branch: Branch,
+    start: int,
+    stop_reason: StopReason | None = "max_tokens",
+    timings: Timings | None = None,
+    logprobs: tuple[TokenLogprob, ...] | None = None,
+    prompt_tokens: int | None = None,
+) -> Result:
     toks = branch.tokens[start:]
     vocab = branch.store.ctx.model.vocab
     return Result(
@@ -50,7 +123,169 @@ def _result(branch: Branch, start: int) -> Result:
         vocab.detokenize([t for t in toks if not vocab.is_eog(t)]),
         branch.perplexity,
         -branch._metrics().total_surprisal,
+        stop_reason,
+        start if prompt_tokens is None else prompt_tokens,
+        (start, branch.position),
+        timings,
+        logprobs,
     )
+
+
+def _grammar_forced_end(branch: Branch) -> bool:
+    """Whether a grammar of the branch's chain is complete with nothing that could follow."""
+    for s in branch.sampler.samplers:
+        m = getattr(s, "matcher", None)
+        if m is not None and not getattr(s, "awaiting", False) and m.is_complete():
+            return True
+    return False
+
+
+class Stream(Iterator[str]):
+    """The text pieces of a generation (an iterator of ``str``, never half a UTF-8
+    character), and its :attr:`result` once it ends: tokens, stop reason, timings and the
+    per-token log-probabilities asked for. Made by :func:`stream`."""
+
+    def __init__(
+        self,
+        branch: Branch,
+        max_tokens: int,
+        stop: Iterable[str],
+        stop_tokens: Iterable[int],
+        drafter: Drafter | None,
+        verify: Verify,
+        reader: LogprobReader | None,
+        prompt_seconds: float = 0.0,
+        prompt_tokens: int | None = None,
+    ) -> None:
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
+            raise ParamError(f"max_tokens must be an int >= 0, not {max_tokens!r}")
+        if drafter is not None and reader is not None and reader.top:
+            raise ParamError("top_logprobs needs each token's logits row: not available with a drafter")
+        if reader is not None and branch.tracker is None and not reader.top:
+            raise BranchError("logprobs need the branch's metrics: it was created with track=False")
+        self.branch = branch
+        self._start = branch.position
+        self._accepted0 = len(branch._accepted)
+        self._vocab = branch.store.ctx.model.vocab
+        self._n_ctx_seq = branch.store.ctx.n_ctx_seq
+        self._enders = {int(t) for t in stop_tokens}
+        self._text = StopStringStream(self._vocab, stop)
+        self._reader = reader
+        self._records: list[TokenLogprob] = []
+        self._pieces: list[str] = []
+        self._prompt = (self._start if prompt_tokens is None else prompt_tokens, prompt_seconds)
+        self._t0: float | None = None
+        self._seconds = 0.0
+        self.stop_reason: StopReason | None = None
+        self._gen = self._run(max_tokens) if drafter is None else self._run_speculative(max_tokens, drafter, verify)
+
+    def __iter__(self) -> Stream:
+        return self
+
+    def __next__(self) -> str:
+        if self._t0 is None:
+            self._t0 = time.perf_counter()
+        try:
+            piece = next(self._gen)
+            self._pieces.append(piece)
+            return piece
+        except StopIteration:
+            if self._seconds == 0.0:
+                self._seconds = time.perf_counter() - self._t0
+            raise
+
+    @property
+    def done(self) -> bool:
+        """Whether the generation has ended (``stop_reason`` is set)."""
+        return self.stop_reason is not None
+
+    @property
+    def result(self) -> Result:
+        """The generation so far (all of it once :attr:`done`)."""
+        b = self.branch
+        n = b.position - self._start
+        seconds = self._seconds
+        if seconds == 0.0 and self._t0 is not None:
+            seconds = time.perf_counter() - self._t0
+        timings = Timings(self._prompt[0], self._prompt[1], n, seconds, n)
+        if self._reader is not None and not self._reader.top:
+            logprobs = _accepted_records(b, self._accepted0, self._reader)
+        else:
+            logprobs = tuple(self._records) if self._reader is not None else None
+        r = _result(b, self._start, self.stop_reason, timings, logprobs, self._prompt[0])
+        return dataclasses.replace(r, text="".join(self._pieces))
+
+    def _end(self, tok: int) -> StopReason | None:
+        if self._vocab.is_eog(tok):
+            return "grammar" if _grammar_forced_end(self.branch) else "eog"
+        if tok in self._enders:
+            return "stop_token"
+        return None
+
+    def _run(self, max_tokens: int) -> Iterator[str]:
+        branch, text, reader = self.branch, self._text, self._reader
+        top = reader is not None and reader.top > 0
+        for _ in range(max_tokens):
+            if branch.position >= self._n_ctx_seq:
+                self.stop_reason = "context"
+                break
+            tok = branch.sample()
+            reason = self._end(tok)
+            if reason is not None:
+                self.stop_reason = reason
+                break
+            if top:
+                assert reader is not None
+                self._records.append(reader.read(branch._logits, tok))
+            branch.commit(tok)
+            piece = text.push(tok)
+            if piece:
+                yield piece
+            if text.stopped:
+                self.stop_reason = "stop"
+                return
+        else:
+            self.stop_reason = "max_tokens"
+        rest = text.flush()
+        if rest:
+            yield rest
+
+    def _run_speculative(self, max_tokens: int, drafter: Drafter, verify: Verify) -> Iterator[str]:
+        branch, text = self.branch, self._text
+        pieces: list[str] = []
+
+        def is_end(t: int) -> bool:
+            return self._vocab.is_eog(t) or t in self._enders
+
+        def on_commit(t: int) -> bool:
+            piece = text.push(t)
+            if piece:
+                pieces.append(piece)
+            return text.stopped
+
+        n = 0
+        tok = branch.sample() if max_tokens else None
+        while tok is not None and n < max_tokens and not is_end(tok):
+            if branch.position >= self._n_ctx_seq:
+                self.stop_reason = "context"
+                break
+            budget = min(max_tokens - n, self._n_ctx_seq - branch.position)
+            res = branch.speculate(tok, drafter, budget=budget, is_end=is_end, on_commit=on_commit, verify=verify)
+            n += len(res.committed)
+            yield from pieces
+            pieces.clear()
+            if res.stopped:
+                self.stop_reason = "stop"
+                return
+            tok = res.next
+        if self.stop_reason is None:
+            end = self._end(tok) if tok is not None else None
+            if end is None and n < max_tokens and branch.position >= self._n_ctx_seq:
+                end = "context"  # the last step's budget was the room left: no next token drawn
+            self.stop_reason = end or "max_tokens"
+        rest = text.flush()
+        if rest:
+            yield rest
 
 
 def stream(
@@ -60,69 +295,65 @@ def stream(
     stop_tokens: Iterable[int] = (),
     drafter: Drafter | None = None,
     verify: Verify = "auto",
-) -> Iterator[str]:
+    *,
+    logprobs: bool = False,
+    top_logprobs: int = 0,
+    unit: Literal["nats", "bits"] = "nats",
+) -> Stream:
     """Sample and commit up to ``max_tokens`` on ``branch``, yielding text pieces (never
     half a UTF-8 character). Ends at an end-of-generation token, a ``stop_tokens`` token
-    (neither is committed) or a ``stop`` string (its text is not yielded; its tokens are
-    in the branch).
+    (neither is committed), a ``stop`` string (its text is not yielded; its tokens are in
+    the branch), or when the sequence fills the context. The returned :class:`Stream`
+    is the iterator; its :attr:`~Stream.result` says why it ended, with timings and,
+    with ``logprobs=True`` (or ``top_logprobs=N``), each generated token's
+    log-probability under the model (and its N most likely alternatives) in ``unit``.
 
     With a ``drafter`` (:class:`~samplers.speculative.PromptLookup`,
     :class:`~samplers.speculative.DraftModel`) generation is speculative: each decode
     checks the drafted tokens and commits those the sampler agrees with. The tokens,
     the branch's sampler state and metrics are those of plain generation (``verify``:
     see :mod:`samplers.speculative`); ``drafter.stats`` counts what it bought."""
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
-        raise ParamError(f"max_tokens must be an int >= 0, not {max_tokens!r}")
-    vocab = branch.store.ctx.model.vocab
-    enders = {int(t) for t in stop_tokens}
-    text = StopStringStream(vocab, stop)
-    if drafter is not None:
-        yield from _stream_speculative(branch, max_tokens, text, enders, drafter, verify)
-        return
-    for _ in range(max_tokens):
-        tok = branch.sample()
-        if vocab.is_eog(tok) or tok in enders:
-            break
-        branch.commit(tok)
-        piece = text.push(tok)
-        if piece:
-            yield piece
-        if text.stopped:
-            return
-    rest = text.flush()
-    if rest:
-        yield rest
+    reader = LogprobReader(branch.store.ctx.model.vocab, top_logprobs, unit) if logprobs or top_logprobs else None
+    return Stream(branch, max_tokens, stop, stop_tokens, drafter, verify, reader)
 
 
-def _stream_speculative(
-    branch: Branch, max_tokens: int, text: StopStringStream, enders: set[int], drafter: Drafter, verify: Verify
-) -> Iterator[str]:
-    vocab = branch.store.ctx.model.vocab
-
-    def is_end(t: int) -> bool:
-        return vocab.is_eog(t) or t in enders
-
-    pieces: list[str] = []
-
-    def on_commit(t: int) -> bool:
-        piece = text.push(t)
-        if piece:
-            pieces.append(piece)
-        return text.stopped
-
-    n = 0
-    tok = branch.sample() if max_tokens else None
-    while tok is not None and n < max_tokens and not is_end(tok):
-        res = branch.speculate(tok, drafter, budget=max_tokens - n, is_end=is_end, on_commit=on_commit, verify=verify)
-        n += len(res.committed)
-        yield from pieces
-        pieces.clear()
-        if res.stopped:
-            return
-        tok = res.next
-    rest = text.flush()
-    if rest:
-        yield rest
+def complete(
+    store: BranchStore,
+    prompt: str | Sequence[int],
+    max_tokens: int = 128,
+    sampler: Sampler | None = None,
+    grammar: Any = None,
+    json_schema: dict[str, Any] | None = None,
+    stop: Iterable[str] = (),
+    seed: int | None = None,
+    drafter: Drafter | None = None,
+    verify: Verify = "auto",
+    *,
+    stop_tokens: Iterable[int] = (),
+    logprobs: bool = False,
+    top_logprobs: int = 0,
+    unit: Literal["nats", "bits"] = "nats",
+) -> Result:
+    """Generate for ``prompt`` on a new branch (pruned afterwards) and return the whole
+    :class:`Result`: text, tokens, stop reason, timings (the prompt's decode included),
+    KV positions and, when asked for, per-token log-probabilities with ``top_logprobs``
+    alternatives. ``grammar``: GBNF text, a Grammar or a matcher; ``json_schema``: a
+    schema the output must satisfy; ``drafter``: speculative decoding (see
+    :func:`stream`)."""
+    if grammar is not None and json_schema is not None:
+        raise ParamError("give grammar or json_schema, not both")
+    toks = _prompt_tokens(store, prompt)
+    reader = LogprobReader(store.ctx.model.vocab, top_logprobs, unit) if logprobs or top_logprobs else None
+    t0 = time.perf_counter()
+    branch = store.create(toks, sampler=sampler, grammar=grammar if json_schema is None else json_schema, seed=seed)
+    prompt_seconds = time.perf_counter() - t0
+    try:
+        s = Stream(branch, max_tokens, stop, stop_tokens, drafter, verify, reader, prompt_seconds, len(toks))
+        for _ in s:
+            pass
+        return s.result
+    finally:
+        branch.prune_subtree()
 
 
 def generate(
@@ -137,21 +368,9 @@ def generate(
     drafter: Drafter | None = None,
     verify: Verify = "auto",
 ) -> str:
-    """Generate text for ``prompt`` on a new branch (pruned afterwards). ``grammar``: GBNF
-    text, a Grammar or a matcher; ``json_schema``: a schema the output must satisfy;
-    ``drafter``: speculative decoding (see :func:`stream`)."""
-    if grammar is not None and json_schema is not None:
-        raise ParamError("give grammar or json_schema, not both")
-    branch = store.create(
-        _prompt_tokens(store, prompt),
-        sampler=sampler,
-        grammar=grammar if json_schema is None else json_schema,
-        seed=seed,
-    )
-    try:
-        return "".join(stream(branch, max_tokens, stop, drafter=drafter, verify=verify))
-    finally:
-        branch.prune_subtree()
+    """Generate text for ``prompt`` on a new branch (pruned afterwards): the text of
+    :func:`complete`'s result."""
+    return complete(store, prompt, max_tokens, sampler, grammar, json_schema, stop, seed, drafter, verify).text
 
 
 def run_together(
@@ -227,16 +446,26 @@ def best_of_n(
     seed: int = 0,
     drafter: Drafter | None = None,
     verify: Verify = "auto",
+    *,
+    logprobs: bool = False,
+    unit: Literal["nats", "bits"] = "nats",
 ) -> Result:
     """Sample ``n`` continuations of one prefilled prompt (forks reseeded ``seed + i``),
     advance them together and keep the best: lowest ``"perplexity"``, highest
     ``"logprob"``, or lowest ``score(branch)``. Every branch it made is pruned.
-    ``drafter``: speculative steps, one clone of it per continuation."""
+    ``drafter``: speculative steps, one clone of it per continuation. ``logprobs``: the
+    best continuation's per-token log-probabilities in ``unit`` (its end token
+    included when it ended on one); the timings count every continuation's decodes."""
     if n < 1:
         raise ParamError(f"n must be >= 1, not {n}")
+    reader = LogprobReader(store.ctx.model.vocab, 0, unit) if logprobs else None
     chain = sampler if sampler is not None else SamplerChain([Greedy()])
-    root = store.create(_prompt_tokens(store, prompt), sampler=chain)
+    toks = _prompt_tokens(store, prompt)
+    t0 = time.perf_counter()
+    root = store.create(toks, sampler=chain)
+    t1 = time.perf_counter()
     start = root.position
+    accepted0 = len(root._accepted)
     try:
         kids = [root.fork(seed=seed + i) for i in range(n)]
         drafters: dict[Branch, Drafter] = {}
@@ -244,12 +473,13 @@ def best_of_n(
             if drafter is not None:
                 for k in kids:  # one by one: those made before a failure are released below
                     drafters[k] = drafter.clone()
-            run_together(store, kids, max_tokens, drafters or None, verify)
+            decoded = run_together(store, kids, max_tokens, drafters or None, verify)
         finally:
             for d in drafters.values():
                 release = getattr(d, "release", None)
                 if release is not None:
                     release()
+        t2 = time.perf_counter()
         if score == "perplexity":
             key: Callable[[Branch], float] = lambda b: b.perplexity  # noqa: E731
         elif score == "logprob":
@@ -258,7 +488,15 @@ def best_of_n(
             key = score
         else:
             raise ParamError(f"score must be 'perplexity', 'logprob' or a callable, not {score!r}")
-        return _result(min(kids, key=key), start)
+        best = min(kids, key=key)
+        ended = (
+            bool(best._accepted)
+            and len(best._accepted) > accepted0
+            and store.ctx.model.vocab.is_eog(best._accepted[-1][1])
+        )
+        timings = Timings(start, t1 - t0, best.position - start, t2 - t1, decoded)
+        reason: StopReason = "eog" if ended else "max_tokens"
+        return _result(best, start, reason, timings, _accepted_records(best, accepted0, reader))
     finally:
         root.prune_subtree()
 
@@ -273,71 +511,98 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def beam_search(
-    store: BranchStore, prompt: str | Sequence[int], width: int, max_tokens: int = 32, length_penalty: float = 0.0
+    store: BranchStore,
+    prompt: str | Sequence[int],
+    width: int,
+    max_tokens: int = 32,
+    length_penalty: float = 0.0,
+    *,
+    logprobs: bool = False,
+    unit: Literal["nats", "bits"] = "nats",
 ) -> Result:
     """Beam search by summed log-probability (divided by ``length ** length_penalty``):
     at each step every beam proposes its ``width`` best tokens, the best ``width``
     (beam, token) pairs survive (beams chosen twice are forked, unchosen ones pruned) and
-    advance in one decode. A beam ends at an end-of-generation token. Returns the best
-    finished (or, at ``max_tokens``, live) beam; every branch it made is pruned."""
+    advance in one decode. A beam ends at an end-of-generation token (kept in the result's
+    tokens). Returns the best finished (or, at ``max_tokens``, live) beam; every branch it
+    made is pruned. ``logprobs``: its per-token log-probabilities in ``unit``."""
     if width < 1:
         raise ParamError(f"width must be >= 1, not {width}")
+    reader = LogprobReader(store.ctx.model.vocab, 0, unit) if logprobs else None
     vocab = store.ctx.model.vocab
-    root = store.create(_prompt_tokens(store, prompt))
+    toks = _prompt_tokens(store, prompt)
+    t0 = time.perf_counter()
+    root = store.create(toks)
+    t1 = time.perf_counter()
     start = root.position
     made = [root]
-    beams: list[tuple[Branch, float]] = [(root, 0.0)]
-    finished: list[tuple[float, list[int], float]] = []  # (normalised score, tokens, logprob)
+    # (branch, summed logprob, each token's logprob)
+    beams: list[tuple[Branch, float, list[float]]] = [(root, 0.0, [])]
+    finished: list[tuple[float, list[int], float, list[float]]] = []  # (normalised score, tokens, logprob, per token)
+    decoded = 0
 
     def norm(lp: float, n: int) -> float:
         return float(lp / (max(n, 1) ** length_penalty))
 
     try:
         for step in range(max_tokens):
-            props: list[tuple[float, int, int]] = []  # (logprob, beam index, token)
-            for i, (b, lp) in enumerate(beams):
+            props: list[tuple[float, int, int, float]] = []  # (logprob, beam index, token, token's logprob)
+            for i, (b, lp, _) in enumerate(beams):
                 ls = _log_softmax(b.logits)
                 top = np.argpartition(-ls, min(width, len(ls) - 1))[:width]
-                props += [(lp + float(ls[t]), i, int(t)) for t in top]
+                props += [(lp + float(ls[t]), i, int(t), float(ls[t])) for t in top]
             props.sort(key=lambda x: -x[0])
-            chosen: list[tuple[float, int, int]] = []
-            for lp, i, t in props:
+            chosen: list[tuple[float, int, int, float]] = []
+            for lp, i, t, tlp in props:
                 if vocab.is_eog(t):
-                    finished.append((norm(lp, step + 1), [*beams[i][0].tokens[start:], t], lp))
+                    b, _, per = beams[i]
+                    finished.append((norm(lp, step + 1), [*b.tokens[start:], t], lp, [*per, tlp]))
                 else:
-                    chosen.append((lp, i, t))
+                    chosen.append((lp, i, t, tlp))
                 if len(chosen) == width:
                     break
             best_done = max((f[0] for f in finished), default=-math.inf)
             if not chosen or (len(finished) >= width and best_done >= norm(chosen[0][0], step + 1)):
                 break
-            used = {i for _, i, _ in chosen}
-            for i, (b, _) in enumerate(beams):  # free ids before forking
+            used = {i for _, i, _, _ in chosen}
+            for i, (b, _, _) in enumerate(beams):  # free ids before forking
                 if i not in used:
                     b.prune(reparent=True)
             moves: list[tuple[Branch, int]] = []
-            nxt: list[tuple[Branch, float]] = []
+            nxt: list[tuple[Branch, float, list[float]]] = []
             taken: set[int] = set()
-            for lp, i, t in chosen:
+            for lp, i, t, tlp in chosen:
                 b = beams[i][0]
                 if i in taken:
                     b = b.fork()
                     made.append(b)
                 taken.add(i)
                 moves.append((b, t))
-                nxt.append((b, lp))
+                nxt.append((b, lp, [*beams[i][2], tlp]))
             # the forks above copied their parent before any of them moved
             store.step(moves)
+            decoded += len(moves)
             beams = nxt
-        for b, lp in beams:
-            finished.append((norm(lp, b.position - start), b.tokens[start:], lp))
+        for b, lp, per in beams:
+            finished.append((norm(lp, b.position - start), b.tokens[start:], lp, per))
+        t2 = time.perf_counter()
         best = max(finished, key=lambda f: f[0])
         toks = best[1]
+        ended = bool(toks) and vocab.is_eog(toks[-1])
+        records = None
+        if reader is not None:
+            records = tuple(reader.from_surprisal(tok, -lp) for tok, lp in zip(toks, best[3], strict=True))
+        n_decoded = len(toks) - (1 if ended else 0)
         return Result(
             toks,
             vocab.detokenize([t for t in toks if not vocab.is_eog(t)]),
             math.exp(-best[2] / max(len(toks), 1)),
             best[2],
+            "eog" if ended else "max_tokens",
+            start,
+            (start, start + n_decoded),
+            Timings(start, t1 - t0, len(toks), t2 - t1, decoded),
+            records,
         )
     finally:
         for b in reversed(made):

@@ -18,7 +18,7 @@ def test_every_module_is_on_the_map() -> None:
     named in ARCHITECTURE.md, so a new or moved module shows up in review."""
     text = (SOURCE / "ARCHITECTURE.md").read_text()
     names = {p.stem for top in ("llama_cffi", "samplers") for p in (SOURCE / top).rglob("*.py")} - {"__init__"}
-    names |= {p.name for p in (SOURCE / "llama_cffi" / "_native").glob("*.[ch]")} - {"internal.h", "llama_cffi.h"}
+    names |= {p.name for p in (SOURCE / "llama_cffi" / "_native").glob("*.[ch]*")} - {"internal.h", "llama_cffi.h"}
     missing = sorted(n for n in names if not re.search(rf"\b{re.escape(n)}\b", text))
     assert missing == []
 

@@ -22,7 +22,7 @@ import pytest
 
 import llama_cffi
 import samplers as S
-from llama_cffi.errors import KvCacheFullError, ParamError
+from llama_cffi.errors import ParamError
 from llama_cffi.testing import write_tiny, write_tiny_model
 from samplers.branch import BranchError, BranchStore
 from samplers.candidates import Candidates
@@ -503,8 +503,8 @@ def test_parameters_are_checked(tiny: llama_cffi.Model) -> None:
 
 
 def test_the_end_of_the_context_is_plain_generations(tiny: llama_cffi.Model) -> None:
-    """Drafts are cut to the positions left; at n_ctx the step raises what plain
-    generation raises, leaving the branch, its sampler and its KV as they were."""
+    """Drafts are cut to the positions left; at n_ctx the stream ends as plain generation
+    ends (stop reason "context"), with the branch, its sampler and its KV consistent."""
     with make_ctx(tiny, n_ctx=256) as ctx:  # llama.cpp's smallest: n_ctx is rounded up to 256
         store = BranchStore(ctx)
         prompt = toks(tiny, " ".join([REPEATING] * 10))[:200]
@@ -512,8 +512,10 @@ def test_the_end_of_the_context_is_plain_generations(tiny: llama_cffi.Model) -> 
         no_end = {t: -math.inf for t in tiny.vocab.eog_tokens()}
         for d in (None, PromptLookup(max_draft=16)):
             b = store.create(prompt, sampler=S.SamplerChain([S.LogitBias(tiny.n_vocab, no_end), S.Greedy()]))
-            with pytest.raises(KvCacheFullError):
-                "".join(stream(b, 100, drafter=d))
+            s = stream(b, 100, drafter=d)
+            "".join(s)
+            assert s.result.stop_reason == "context"
+            assert s.result.positions == (200, ctx.n_ctx_seq)
             assert b.position == ctx.n_ctx_seq == len(b.tokens)
             assert ctx.memory.seq_pos_max(b.seq_id) == b.position - 1
             runs.append(b.tokens)
