@@ -32,8 +32,8 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -67,6 +67,8 @@ if TYPE_CHECKING:
     from .model import Model
 
 logger = logging.getLogger("llama_cffi")
+
+_T = TypeVar("_T")
 
 #: Python is polled by the abort callback at most this often during a decode (seconds).
 ABORT_POLL_INTERVAL = 0.01
@@ -1354,19 +1356,71 @@ class Context:
         return "".join(self.stream(prompt, max_tokens, sampler, stop, seq_id))
 
     # ------------------------------------------------------------------ async
-    async def adecode(self, tokens: Any, **kwargs: Any) -> Any:
-        """:meth:`decode` in a worker thread; cancelling the awaiting task aborts the decode."""
+    async def arun(self, fn: Callable[[], _T], cleanup: Callable[[_T], object] | None = None) -> _T:
+        """Run ``fn`` (a call that decodes on this context) in a worker thread of the event
+        loop's default executor and return its result. Cancelling the awaiting task aborts
+        the decode in flight (:meth:`request_abort`; ``fn`` then raises
+        :class:`~llama_cffi.DecodeAbortedError`, which is swallowed) and raises
+        :class:`asyncio.CancelledError` once ``fn`` has returned, so the context is never
+        left in use by a thread nobody waits for. A cancellation that lands between two
+        decodes of ``fn`` cannot abort one (llama.cpp clears the flag when a decode starts):
+        ``fn`` then finishes, ``cleanup(result)`` is called (to release what it made) and
+        the cancellation is raised."""
         loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(None, lambda: self.decode(tokens, **kwargs))
+        fut = loop.run_in_executor(None, fn)
         try:
             return await asyncio.shield(fut)
         except asyncio.CancelledError:
             self.request_abort()
             try:
-                await fut
+                result = await fut
             except DecodeAbortedError:
                 pass
+            else:
+                if cleanup is not None:
+                    cleanup(result)
             raise
+
+    async def adecode(self, tokens: Any, **kwargs: Any) -> Any:
+        """:meth:`decode` in a worker thread; cancelling the awaiting task aborts the decode
+        (see :meth:`arun`)."""
+        return await self.arun(lambda: self.decode(tokens, **kwargs))
+
+    async def astream(
+        self,
+        prompt: str | Iterable[int],
+        max_tokens: int = 128,
+        sampler: Sampler | None = None,
+        stop: Iterable[str] = (),
+        seq_id: int = 0,
+    ) -> AsyncIterator[str]:
+        """:meth:`stream` as an async iterator: each step runs in a worker thread (the
+        event loop stays free); cancelling the consuming task aborts the decode in flight
+        and ends the stream, with the context's memory holding the tokens decoded before
+        (see :meth:`arun`)."""
+        gen = self.stream(prompt, max_tokens, sampler, stop, seq_id)
+        done = object()
+        try:
+            while True:
+                piece = await self.arun(lambda: next(gen, done))
+                if piece is done:
+                    return
+                yield cast(str, piece)
+        finally:
+            close = getattr(gen, "close", None)
+            if close is not None:
+                close()
+
+    async def agenerate(
+        self,
+        prompt: str | Iterable[int],
+        max_tokens: int = 128,
+        sampler: Sampler | None = None,
+        stop: Iterable[str] = (),
+        seq_id: int = 0,
+    ) -> str:
+        """The text :meth:`astream` would yield, joined."""
+        return "".join([p async for p in self.astream(prompt, max_tokens, sampler, stop, seq_id)])
 
 
 _ZERO_INDEX = np.zeros(1, dtype=np.int32)

@@ -282,6 +282,15 @@ class BranchStore:
 
     commit = step
 
+    async def astep(self, moves: Mapping[Branch, int] | Iterable[tuple[Branch, int]]) -> None:
+        """:meth:`step` in a worker thread, for asyncio code (the event loop stays free).
+        Cancelling the awaiting task aborts the decode (:meth:`llama_cffi.Context.arun`):
+        no branch changes and :class:`asyncio.CancelledError` is raised. A cancellation
+        that arrives after the decode finished lets the step complete (the branches'
+        positions tell) and is raised all the same."""
+        items = list(moves.items()) if isinstance(moves, Mapping) else [(b, int(t)) for b, t in moves]
+        await self.ctx.arun(lambda: self.step(items))
+
     def prefill(self, inputs: Mapping[Branch, Sequence[int]]) -> None:
         """Append several tokens to several branches, packed into as few decodes as
         ``n_batch`` allows; each branch's logits after its last token are captured. The

@@ -11,9 +11,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -317,6 +317,21 @@ def stream(
     return Stream(branch, max_tokens, stop, stop_tokens, drafter, verify, reader)
 
 
+def _setup(
+    store: BranchStore,
+    prompt: str | Sequence[int],
+    grammar: Any,
+    json_schema: dict[str, Any] | None,
+    logprobs: bool,
+    top_logprobs: int,
+    unit: Literal["nats", "bits"],
+) -> tuple[list[int], Any, LogprobReader | None]:
+    if grammar is not None and json_schema is not None:
+        raise ParamError("give grammar or json_schema, not both")
+    reader = LogprobReader(store.ctx.model.vocab, top_logprobs, unit) if logprobs or top_logprobs else None
+    return _prompt_tokens(store, prompt), grammar if json_schema is None else json_schema, reader
+
+
 def complete(
     store: BranchStore,
     prompt: str | Sequence[int],
@@ -340,12 +355,9 @@ def complete(
     alternatives. ``grammar``: GBNF text, a Grammar or a matcher; ``json_schema``: a
     schema the output must satisfy; ``drafter``: speculative decoding (see
     :func:`stream`)."""
-    if grammar is not None and json_schema is not None:
-        raise ParamError("give grammar or json_schema, not both")
-    toks = _prompt_tokens(store, prompt)
-    reader = LogprobReader(store.ctx.model.vocab, top_logprobs, unit) if logprobs or top_logprobs else None
+    toks, constraint, reader = _setup(store, prompt, grammar, json_schema, logprobs, top_logprobs, unit)
     t0 = time.perf_counter()
-    branch = store.create(toks, sampler=sampler, grammar=grammar if json_schema is None else json_schema, seed=seed)
+    branch = store.create(toks, sampler=sampler, grammar=constraint, seed=seed)
     prompt_seconds = time.perf_counter() - t0
     try:
         s = Stream(branch, max_tokens, stop, stop_tokens, drafter, verify, reader, prompt_seconds, len(toks))
@@ -371,6 +383,121 @@ def generate(
     """Generate text for ``prompt`` on a new branch (pruned afterwards): the text of
     :func:`complete`'s result."""
     return complete(store, prompt, max_tokens, sampler, grammar, json_schema, stop, seed, drafter, verify).text
+
+
+# ---------------------------------------------------------------------- async
+_DONE = object()
+
+
+class AsyncStream(AsyncIterator[str]):
+    """A :class:`Stream` as an async iterator: each step (sampling and its decode) runs in a
+    worker thread, so the event loop stays free. Cancelling the consuming task aborts the
+    decode in flight (:meth:`llama_cffi.Context.arun`) and ends the stream; the branch
+    keeps the tokens committed before (a failed decode changes no branch), so it can be
+    streamed again. :attr:`result` is the wrapped stream's."""
+
+    def __init__(self, stream: Stream) -> None:
+        self.stream = stream
+
+    def __aiter__(self) -> AsyncStream:
+        return self
+
+    async def __anext__(self) -> str:
+        s = self.stream
+        piece = await s.branch.store.ctx.arun(lambda: next(s, _DONE))
+        if piece is _DONE:
+            raise StopAsyncIteration
+        return cast(str, piece)
+
+    @property
+    def done(self) -> bool:
+        return self.stream.done
+
+    @property
+    def result(self) -> Result:
+        return self.stream.result
+
+
+def astream(
+    branch: Branch,
+    max_tokens: int = 128,
+    stop: Iterable[str] = (),
+    stop_tokens: Iterable[int] = (),
+    drafter: Drafter | None = None,
+    verify: Verify = "auto",
+    *,
+    logprobs: bool = False,
+    top_logprobs: int = 0,
+    unit: Literal["nats", "bits"] = "nats",
+) -> AsyncStream:
+    """:func:`stream` for asyncio: ``async for piece in astream(branch): ...``."""
+    return AsyncStream(
+        stream(
+            branch,
+            max_tokens,
+            stop,
+            stop_tokens,
+            drafter,
+            verify,
+            logprobs=logprobs,
+            top_logprobs=top_logprobs,
+            unit=unit,
+        )
+    )
+
+
+async def acomplete(
+    store: BranchStore,
+    prompt: str | Sequence[int],
+    max_tokens: int = 128,
+    sampler: Sampler | None = None,
+    grammar: Any = None,
+    json_schema: dict[str, Any] | None = None,
+    stop: Iterable[str] = (),
+    seed: int | None = None,
+    drafter: Drafter | None = None,
+    verify: Verify = "auto",
+    *,
+    stop_tokens: Iterable[int] = (),
+    logprobs: bool = False,
+    top_logprobs: int = 0,
+    unit: Literal["nats", "bits"] = "nats",
+) -> Result:
+    """:func:`complete` for asyncio: the prompt's decode and each step run in a worker
+    thread. Cancelling the awaiting task aborts the decode in flight and prunes the
+    branch (the store is as it was before the call)."""
+    toks, constraint, reader = _setup(store, prompt, grammar, json_schema, logprobs, top_logprobs, unit)
+    t0 = time.perf_counter()
+    branch = await store.ctx.arun(
+        lambda: store.create(toks, sampler=sampler, grammar=constraint, seed=seed), cleanup=Branch.prune_subtree
+    )
+    prompt_seconds = time.perf_counter() - t0
+    try:
+        s = AsyncStream(
+            Stream(branch, max_tokens, stop, stop_tokens, drafter, verify, reader, prompt_seconds, len(toks))
+        )
+        async for _ in s:
+            pass
+        return s.result
+    finally:
+        branch.prune_subtree()
+
+
+async def agenerate(
+    store: BranchStore,
+    prompt: str | Sequence[int],
+    max_tokens: int = 128,
+    sampler: Sampler | None = None,
+    grammar: Any = None,
+    json_schema: dict[str, Any] | None = None,
+    stop: Iterable[str] = (),
+    seed: int | None = None,
+    drafter: Drafter | None = None,
+    verify: Verify = "auto",
+) -> str:
+    """:func:`generate` for asyncio (the text of :func:`acomplete`'s result)."""
+    r = await acomplete(store, prompt, max_tokens, sampler, grammar, json_schema, stop, seed, drafter, verify)
+    return r.text
 
 
 def run_together(
