@@ -135,7 +135,7 @@ def test_every_declaration_of_our_header_is_reachable() -> None:
     functions = re.findall(r"^[A-Za-z_][\w \*]*?\b(llama_cffi_\w+)\(", text, flags=re.M)
     variables = re.findall(r"^extern [\w ]+\b(llama_cffi_\w+);", text, flags=re.M)
     assert len(functions) >= 12 and len(variables) == 2
-    sources = "".join(p.read_text() for p in _native_dir().glob("*.c"))
+    sources = "".join(p.read_text() for p in sorted(_native_dir().glob("*.c*")))
     for name in functions + variables:
         assert hasattr(lib, name), name
         assert re.search(rf"^[^;\n]*\b{name}\b[^;\n]*(\{{|=)", sources, flags=re.M), f"{name} is not defined"
@@ -151,6 +151,27 @@ def test_native_helpers_compile_without_warnings() -> None:
     for src in sorted(_native_dir().glob("*.c")):
         cmd = [*cc, "-std=c11", "-fsyntax-only", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE"]
         cmd += [f"-I{_native_dir()}", f"-I{llama_cffi.get_include()}", str(src)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        assert r.returncode == 0, f"{src.name}:\n{r.stderr}"
+
+
+def test_native_cpp_helpers_compile_without_warnings() -> None:
+    """The C++ helper (memory.cpp: llama.cpp's memory modules read through their classes)
+    compiles cleanly under -Wall -Wextra -Werror (C++17) against the pinned source's
+    internal headers (taken as system headers: their own warnings are llama.cpp's)."""
+    import shutil
+    import subprocess
+
+    from benchmarks.native_tools import llama_cpp_source_dir
+
+    cxx = os.environ.get("CXX", "c++").split()
+    assert shutil.which(cxx[0]), "a C++ compiler is needed"
+    src_dir = llama_cpp_source_dir() / "src"
+    sources = sorted(_native_dir().glob("*.cpp"))
+    assert [p.name for p in sources] == ["memory.cpp"]
+    for src in sources:
+        cmd = [*cxx, "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra", "-Werror"]
+        cmd += [f"-I{_native_dir()}", f"-I{llama_cffi.get_include()}", f"-isystem{src_dir}", str(src)]
         r = subprocess.run(cmd, capture_output=True, text=True)
         assert r.returncode == 0, f"{src.name}:\n{r.stderr}"
 
