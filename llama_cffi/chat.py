@@ -8,7 +8,10 @@ sandbox, the way Hugging Face tokenizers do.
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ._binding import ffi, lib
@@ -22,13 +25,18 @@ from .template_sandbox import (
 )
 
 __all__ = [
+    "ChatPrompt",
     "ChatTemplateError",
     "TemplateLimitError",
     "TemplateLimits",
+    "TemplateReport",
     "apply_template",
     "builtin_templates",
+    "declares_tools",
     "get_template_limits",
     "set_template_limits",
+    "turn_end",
+    "validate_template",
 ]
 
 
@@ -40,26 +48,60 @@ def builtin_templates() -> list[str]:
     return [ffi.string(arr[i]).decode() for i in range(n)]
 
 
-def _messages(messages: Iterable[Mapping[str, str]]) -> list[tuple[str, str]]:
+def _content(i: int, content: object) -> str:
+    """A message's content as text: a str, or a list of content parts of which the
+    ``{"type": "text", "text": ...}`` ones are joined with newlines (as llama.cpp joins
+    them for templates that take string content). Other part types are refused: nothing
+    here can render an image or audio, and dropping input silently would change the
+    conversation."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, (list, tuple)):
+        texts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+                raise ChatTemplateError(
+                    f"messages[{i}].content[{j}]: only text parts ({{'type': 'text', 'text': ...}}) can be "
+                    f"rendered, not {kind!r}"
+                )
+            texts.append(part["text"])
+        return "\n".join(texts)
+    if content is None:
+        return ""
+    raise ChatTemplateError(
+        f"messages[{i}]: content must be a str or a list of text parts, not {type(content).__name__}"
+    )
+
+
+def _messages(messages: Iterable[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    return [(m["role"], m["content"]) for m in _normalized(messages)]
+
+
+def _normalized(messages: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Each message as a new dict with ``role`` (str) and ``content`` (str, parts joined);
+    its other keys (``tool_calls``, ``name``, ``tool_call_id``...) are kept for Jinja."""
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, Mapping):
             raise ChatTemplateError(
                 f"messages[{i}] must be a mapping with 'role' and 'content', not {type(m).__name__}"
             )
-        try:
-            role, content = m["role"], m["content"]
-        except KeyError as exc:
-            raise ChatTemplateError(f"messages[{i}] has no {exc.args[0]!r}") from None
-        if not isinstance(role, str) or not isinstance(content, str):
-            raise ChatTemplateError(f"messages[{i}]: role and content must be str")
+        if "role" not in m:
+            raise ChatTemplateError(f"messages[{i}] has no 'role'")
+        if "content" not in m and not m.get("tool_calls"):
+            raise ChatTemplateError(f"messages[{i}] has no 'content'")
+        role = m["role"]
+        if not isinstance(role, str):
+            raise ChatTemplateError(f"messages[{i}]: role must be str")
+        content = _content(i, m.get("content"))
         if "\0" in role or "\0" in content:
             raise ChatTemplateError(f"messages[{i}] contains a NUL character")
-        out.append((role, content))
+        out.append({**m, "role": role, "content": content})
     return out
 
 
-def apply_native(template: str, messages: Iterable[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
+def apply_native(template: str, messages: Iterable[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
     """Render with llama.cpp; :class:`ChatTemplateError` if it does not know the template."""
     msgs = _messages(messages)
     keep = [(ffi.new("char[]", r.encode()), ffi.new("char[]", c.encode())) for r, c in msgs]
@@ -87,7 +129,7 @@ def apply_native(template: str, messages: Iterable[Mapping[str, str]], add_gener
 
 def apply_jinja(
     template: str,
-    messages: Iterable[Mapping[str, str]],
+    messages: Iterable[Mapping[str, Any]],
     add_generation_prompt: bool = True,
     limits: TemplateLimits | None = None,
     **context: Any,
@@ -97,14 +139,48 @@ def apply_jinja(
     ``limits``: None for the process-wide defaults, see :func:`set_template_limits`).
     Every failure is a :class:`ChatTemplateError` (:class:`TemplateLimitError` for a limit)."""
     ctx = dict(context)
-    ctx["messages"] = [{"role": r, "content": c} for r, c in _messages(messages)]
+    msgs = list(messages)
+    normalized = _normalized(msgs)
+    if any(isinstance(m.get("content"), (list, tuple)) for m in msgs):  # probe only when parts are given
+        strings, typed = _content_kinds(template)
+        for m, n in zip(msgs, normalized, strict=True):
+            raw = m.get("content")
+            if isinstance(raw, (list, tuple)) and typed:
+                n["content"] = [dict(part) for part in raw]  # the template reads parts: give it the parts
+            elif isinstance(raw, str) and typed and not strings:
+                n["content"] = [{"type": "text", "text": raw}]
+    ctx["messages"] = normalized
     ctx["add_generation_prompt"] = add_generation_prompt
     return render_template(template, ctx, limits)
 
 
+_PROBE_TYPED = "llama_cffi probe: typed content"
+
+
+@functools.lru_cache(maxsize=64)
+def _content_kinds(template: str) -> tuple[bool, bool]:
+    """``(strings, typed)``: whether the template renders string content, and whether it
+    renders a list of text parts (probed once per template, as llama.cpp probes its
+    capabilities, and only for conversations with content parts). Messages are passed as
+    the template takes them: parts joined with newlines for a template of strings only,
+    strings wrapped as one part for a template of parts only, as given otherwise."""
+
+    def renders(content: Any) -> bool:
+        probe = {"messages": [{"role": "user", "content": content}], "add_generation_prompt": False}
+        try:
+            out = render_template(template, {**probe, "bos_token": "", "eos_token": ""})
+        except ChatTemplateError:
+            return False
+        return _PROBE_TYPED in out and "'type'" not in out and '"type"' not in out
+
+    strings = renders(_PROBE_TYPED)
+    typed = renders([{"type": "text", "text": _PROBE_TYPED}])
+    return strings or not typed, typed
+
+
 def apply_template(
     template: str,
-    messages: Iterable[Mapping[str, str]],
+    messages: Iterable[Mapping[str, Any]],
     add_generation_prompt: bool = True,
     engine: str = "auto",
     limits: TemplateLimits | None = None,
@@ -123,3 +199,117 @@ def apply_template(
         if engine == "native" or template in builtin_templates():
             raise
         return apply_jinja(template, msgs, add_generation_prompt, limits, **context)
+
+
+# ---------------------------------------------------------------------- prompts with their stops
+_PROBE_USER = "llama_cffi probe: the user's words"
+_PROBE_ASSISTANT = "llama_cffi probe: the assistant's words"
+_PROBE_NEXT = "llama_cffi probe: the next words"
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A rendered conversation and how its reply ends (what lloyal's ``formatChat``
+    returns): the prompt text, the template's end-of-turn text (``stop``: e.g.
+    ``"<|im_end|>"``, ``"<end_of_turn>"``), the token ids that end a turn (``stop_tokens``:
+    the end-of-turn text when it is one token, and the model's end-of-generation tokens),
+    and ``add_special``: whether tokenizing the prompt should add the model's BOS (False
+    when the rendered text starts with it already)."""
+
+    prompt: str
+    stop: tuple[str, ...]
+    stop_tokens: tuple[int, ...]
+    add_special: bool
+    #: the template used: its text, or a builtin name (``"chatml"``, ``"gemma"``...)
+    template: str
+    #: whether ``tools`` were rendered (only templates that declare tools render them, as
+    #: in llama.cpp)
+    tools_rendered: bool = False
+
+
+def jinja_available() -> bool:
+    """Whether Jinja2 (the ``jinja`` extra) can be imported."""
+    try:
+        import jinja2  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def declares_tools(template: str) -> bool:
+    """Whether template text uses a ``tools`` variable (builtin names never do)."""
+    return template not in builtin_templates() and re.search(r"\btools\b", template) is not None
+
+
+def turn_end(template: str, engine: str = "auto", limits: TemplateLimits | None = None, **context: Any) -> str:
+    """The text a template puts after an assistant message (stripped): ``"<|im_end|>"`` for
+    ChatML, ``"<end_of_turn>"`` for Gemma. Found by rendering a probe conversation; when a
+    template puts nothing after the assistant's words, the start of the next user turn
+    (Llama 2's ``"[INST]"``). Empty when neither is there."""
+    msgs = [{"role": "user", "content": _PROBE_USER}, {"role": "assistant", "content": _PROBE_ASSISTANT}]
+    text = apply_template(template, msgs, False, engine, limits, **context)
+    at = text.rfind(_PROBE_ASSISTANT)
+    if at < 0:
+        raise ChatTemplateError("the chat template does not render the assistant's message")
+    after = text[at + len(_PROBE_ASSISTANT) :].strip()
+    if after:
+        return after
+    more = apply_template(template, [*msgs, {"role": "user", "content": _PROBE_NEXT}], False, engine, limits, **context)
+    at = more.rfind(_PROBE_ASSISTANT)
+    nxt = more.find(_PROBE_NEXT, at)
+    return more[at + len(_PROBE_ASSISTANT) : nxt].strip() if at >= 0 and nxt > at else ""
+
+
+@dataclass(frozen=True)
+class TemplateReport:
+    """What :func:`validate_template` found about a chat template."""
+
+    #: ``"native"`` (llama.cpp renders it) or ``"jinja"``
+    engine: str
+    #: a system message appears in the rendering
+    supports_system: bool
+    #: the template declares tools
+    supports_tools: bool
+    #: the end-of-turn text (see :func:`turn_end`)
+    turn_end: str
+    #: the text the generation prompt adds after the last message
+    generation_prompt: str
+
+
+def validate_template(
+    template: str, engine: str = "auto", limits: TemplateLimits | None = None, **context: Any
+) -> TemplateReport:
+    """Render probe conversations (system, user, assistant, a second user turn) with
+    ``template`` and report what it supports. Raises :class:`ChatTemplateError` when it
+    cannot render them or drops the user's or assistant's words (a template that would
+    silently lose the conversation)."""
+    system = "llama_cffi probe: the system's words"
+    msgs = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": _PROBE_USER},
+        {"role": "assistant", "content": _PROBE_ASSISTANT},
+        {"role": "user", "content": _PROBE_NEXT},
+    ]
+    try:
+        apply_native(template, msgs[1:2])
+        used = "native" if engine != "jinja" else "jinja"
+    except ChatTemplateError:
+        if engine == "native":
+            raise
+        used = "jinja"
+    try:
+        text = apply_template(template, msgs, True, used, limits, **context)
+    except ChatTemplateError as e:
+        if "system" not in str(e).lower():
+            raise
+        text = apply_template(template, msgs[1:], True, used, limits, **context)
+    for words in (_PROBE_USER, _PROBE_ASSISTANT, _PROBE_NEXT):
+        if words not in text:
+            raise ChatTemplateError(f"the chat template drops a message's content ({words!r} is not in its output)")
+    without = apply_template(template, msgs, False, used, limits, **context) if system in text else None
+    if without is None:
+        without = apply_template(template, msgs[1:], False, used, limits, **context)
+    gen = text[len(without) :] if text.startswith(without) else ""
+    return TemplateReport(
+        used, system in text, declares_tools(template), turn_end(template, used, limits, **context), gen
+    )

@@ -379,6 +379,80 @@ class Model:
             eos_token=self._token_text_or_empty(self.vocab.eos),
         )
 
+    def chat_template_or_default(self) -> str:
+        """The model's chat template; when its file has none, the builtin template of its
+        family: ``"gemma"`` for Gemma architectures, else ``"chatml"`` (llama.cpp's tools
+        fall back to ChatML for every model, which is the wrong format for Gemma)."""
+        template = self.chat_template()
+        if template is not None:
+            return template
+        arch = self.metadata.get("general.architecture", "")
+        return "gemma" if arch.startswith("gemma") else "chatml"
+
+    def format_chat(
+        self,
+        messages: Iterable[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        template: str | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        engine: str = "auto",
+        limits: _chat.TemplateLimits | None = None,
+        **context: Any,
+    ) -> _chat.ChatPrompt:
+        """Render ``messages`` and say how the reply ends: a :class:`~llama_cffi.chat.ChatPrompt`
+        with the prompt, the template's end-of-turn text and the tokens that end a turn.
+
+        ``template``: None for :meth:`chat_template_or_default`, a builtin name or template
+        text. ``engine="auto"`` renders builtin names natively and template text with Jinja
+        (natively when Jinja2 is not installed), as llama.cpp's current tools do; the
+        model's BOS text at the start of the rendering is removed, since tokenizing with
+        ``add_special=True`` adds the token. Message content may be a str or a list of ``{"type": "text", "text": ...}``
+        parts. ``tools`` (OpenAI-style function specs) are rendered when the template
+        declares them (Jinja templates that use ``tools``), as llama.cpp does; ``context``:
+        more template variables. Every failure is a :class:`ChatTemplateError`."""
+        tmpl = self.chat_template_or_default() if template is None else template
+        msgs = list(messages)
+        extra = {
+            "bos_token": self._token_text_or_empty(self.vocab.bos),
+            "eos_token": self._token_text_or_empty(self.vocab.eos),
+            **context,
+        }
+        render_tools = tools is not None and _chat.declares_tools(tmpl)
+        if render_tools:
+            extra["tools"] = [dict(t) for t in tools or ()]
+        eng = engine
+        if engine == "auto" and tmpl not in _chat.builtin_templates() and _chat.jinja_available():
+            eng = "jinja"  # template text as its authors wrote it (llama.cpp's tools render with Jinja too)
+        prompt = _chat.apply_template(tmpl, msgs, add_generation_prompt, eng, limits, **extra)
+        end = _chat.turn_end(tmpl, eng, limits, **extra)
+        stops: list[int] = []
+        if end:
+            ids = self.vocab.tokenize(end, add_special=False, parse_special=True)
+            if len(ids) == 1:
+                stops.append(int(ids[0]))
+        for t in self.vocab.eog_tokens():
+            if t not in stops:
+                stops.append(t)
+        bos = self.vocab.bos
+        bos_text = self.vocab.token_text(bos) if bos is not None else ""
+        if bos_text and self.vocab.add_bos and prompt.startswith(bos_text):
+            prompt = prompt[len(bos_text) :]  # the tokenizer adds it (llama.cpp strips it the same way)
+        return _chat.ChatPrompt(prompt, (end,) if end else (), tuple(stops), True, tmpl, render_tools)
+
+    def validate_chat_template(
+        self, template: str | None = None, engine: str = "auto", limits: _chat.TemplateLimits | None = None
+    ) -> _chat.TemplateReport:
+        """:func:`llama_cffi.chat.validate_template` of ``template`` (None: the model's own
+        or its family's default), with the model's BOS/EOS texts."""
+        tmpl = self.chat_template_or_default() if template is None else template
+        return _chat.validate_template(
+            tmpl,
+            engine,
+            limits,
+            bos_token=self._token_text_or_empty(self.vocab.bos),
+            eos_token=self._token_text_or_empty(self.vocab.eos),
+        )
+
     def _token_text_or_empty(self, token: int | None) -> str:
         return "" if token is None else self.vocab.token_text(token)
 

@@ -616,6 +616,44 @@ class Branch:
         mem.seq_add(self.seq_id, sinks + n_discard, -1, -n_discard)
         self._kv_len -= n_discard
 
+    def truncate(self, position: int) -> None:
+        """Drop this branch's tokens from ``position`` on (``1 <= position <= self.position``):
+        their KV cells are removed, the history is cut, and the logits after the token at
+        ``position - 1`` are recomputed (one decode of one token), so the branch is as if
+        it had only ever held its first ``position`` tokens. Sampler and metrics are left
+        as they are. Needs positions that match the history (not after
+        :meth:`clear_and_reseed` or :meth:`shift_context`) and a memory that can remove
+        positions (not a recurrent state). If the decode fails, the branch holds its first
+        ``position - 1`` tokens and the error is raised."""
+        self._check_live()
+        if isinstance(position, bool) or not isinstance(position, (int, np.integer)):
+            raise ParamError(f"position must be an int, not {position!r}")
+        position = int(position)
+        if not 1 <= position <= self._kv_len:
+            raise ParamError(f"position={position} is outside [1, {self._kv_len}]")
+        if position == self._kv_len:
+            return
+        if self._kv_len != len(self._tokens):
+            raise BranchError(
+                f"branch {self.seq_id} was rebuilt by clear_and_reseed/shift_context: its positions no longer "
+                "match its history"
+            )
+        ctx = self.store.ctx
+        if ctx.model.is_recurrent or ctx.model.is_hybrid:
+            raise BranchError("a recurrent state cannot drop tokens: create a branch from the prefix instead")
+        last = self._tokens[position - 1]
+        with _sigint_deferred():
+            ctx.memory.seq_rm(self.seq_id, position - 1, -1)
+            self._kv_len = position - 1
+            del self._tokens[position - 1 :]
+            self._accepted = [a for a in self._accepted if a[0] < position]
+            self._pending = None
+        row = ctx.decode_single(last, pos=position - 1, seq_id=self.seq_id)
+        with _sigint_deferred():
+            np.copyto(self._logits, row)
+            self._tokens.append(last)
+            self._kv_len = position
+
     # ------------------------------------------------------------------ tree
     def fork(self, seed: int | None = None, clone_logits: bool = True, at: int | None = None) -> Branch:
         """A child with this branch's KV (``seq_cp``), history, sampler state (cloned; RNG

@@ -1,0 +1,440 @@
+"""Chat sessions: a conversation kept in one sequence's KV cache across turns.
+
+A :class:`ChatSession` renders the conversation with the model's chat template
+(:meth:`llama_cffi.Model.format_chat`), tokenizes it, and decodes only what its KV cache
+does not hold yet: the tokens after the longest common prefix with what it decoded before
+(normally the end of the last reply's turn and the new message). Replies stream as text
+pieces; each turn can take its own grammar or JSON schema, sampler, stop strings and
+tools. The reply ends at the template's end of turn (``<|im_end|>``, ``<end_of_turn>``...)
+or an end-of-generation token.
+
+When a turn does not fit in the context (``n_ctx_seq``, the prompt plus ``max_tokens``):
+
+* ``overflow="trim"`` (default): the oldest messages after the system message leave the
+  window the model sees (the conversation stays in :attr:`ChatSession.messages`; the
+  window is :meth:`ChatSession.window`), whole turns at a time, and the KV cache keeps
+  the prefix that still matches;
+* ``overflow="shift"``: StreamingLLM. The system prompt's tokens stay as attention sinks,
+  the oldest tokens after them are dropped from the KV cache and the rest shifted down
+  (no recomputation), and later turns append only their new text;
+* ``overflow="error"``: :class:`~llama_cffi.KvCacheFullError`.
+
+A reply that fills the context mid-way ends with stop reason ``"context"``.
+
+Sessions keep a sequence of a :class:`~samplers.branch.BranchStore` (one is made for the
+context when none is given). One thread at a time, like the context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from llama_cffi.chat import ChatPrompt, TemplateLimits
+from llama_cffi.errors import KvCacheFullError, ParamError
+
+from .base import Sampler
+from .branch import Branch, BranchStore, _as_chain
+from .chain import SamplerChain
+from .measure import PerplexityTracker
+from .params import SamplingParams
+from .search import AsyncStream, Result, Stream
+
+if TYPE_CHECKING:
+    from llama_cffi import Context
+
+__all__ = ["ChatReply", "ChatSession", "ChatStream"]
+
+_Overflow = Literal["trim", "shift", "error"]
+
+
+@dataclass(frozen=True)
+class ChatReply:
+    """One assistant turn: its ``text``, the generation's :class:`~samplers.search.Result`
+    (tokens, stop reason, timings, log-probabilities), and the prompt's cost:
+    ``reused_tokens`` the KV cache already held, ``decoded_tokens`` decoded for this turn's
+    prompt."""
+
+    text: str
+    result: Result
+    reused_tokens: int
+    decoded_tokens: int
+    #: the tool calls parsed from the reply (empty unless the turn was given tools)
+    tool_calls: tuple[Any, ...] = field(default=())
+
+
+class ChatStream(Iterator[str]):
+    """The text pieces of a reply; :attr:`reply` once it has ended (the assistant message
+    is added to the session then)."""
+
+    def __init__(self, session: ChatSession, stream: Stream, reused: int, decoded: int) -> None:
+        self._session = session
+        self._stream = stream
+        self._reused = reused
+        self._decoded = decoded
+        self._reply: ChatReply | None = None
+
+    def __iter__(self) -> ChatStream:
+        return self
+
+    def __next__(self) -> str:
+        try:
+            return next(self._stream)
+        except StopIteration:
+            self._finish()
+            raise
+
+    def _finish(self) -> None:
+        if self._reply is None:
+            r = self._stream.result
+            self._reply = ChatReply(r.text, r, self._reused, self._decoded)
+            self._session._replied(self._reply)
+
+    @property
+    def reply(self) -> ChatReply:
+        """The finished reply (iterate to the end first)."""
+        if self._reply is None:
+            if not self._stream.done:
+                raise ParamError("the reply has not ended: iterate the stream to its end first")
+            self._finish()
+        assert self._reply is not None
+        return self._reply
+
+
+class ChatSession:
+    """A conversation over ``ctx`` (see the module docstring).
+
+    ``system``: a system message to start with. ``template``: None for the model's own
+    (or its family's default, :meth:`llama_cffi.Model.chat_template_or_default`), a builtin
+    name or template text. ``sampler``: a sampler, a chain, or
+    :class:`~samplers.params.SamplingParams` (greedy when None); it is cloned for each turn
+    and, with ``seed``, reseeded ``seed + turn``. ``max_tokens``: the default reply
+    budget. ``template_kwargs``: more template variables."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        *,
+        system: str | None = None,
+        template: str | None = None,
+        sampler: Sampler | SamplingParams | None = None,
+        seed: int | None = None,
+        max_tokens: int = 512,
+        overflow: Literal["trim", "shift", "error"] = "trim",
+        store: BranchStore | None = None,
+        engine: str = "auto",
+        limits: TemplateLimits | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        if overflow not in ("trim", "shift", "error"):
+            raise ParamError(f"overflow must be 'trim', 'shift' or 'error', not {overflow!r}")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ParamError(f"max_tokens must be an int >= 1, not {max_tokens!r}")
+        self.ctx = ctx
+        self.model = ctx.model
+        self.store = store if store is not None else BranchStore(ctx)
+        self.template = template
+        self.sampler = sampler
+        self.seed = seed
+        self.max_tokens = max_tokens
+        self.overflow: _Overflow = overflow
+        self.engine = engine
+        self.limits = limits
+        self.template_kwargs = dict(template_kwargs or {})
+        #: the whole conversation (OpenAI-style message dicts)
+        self.messages: list[dict[str, Any]] = []
+        if system is not None:
+            self.messages.append({"role": "system", "content": system})
+        self._first = 0  # the first non-system message in the window
+        self._branch: Branch | None = None
+        self._shifted = False  # positions no longer match a rendering: append new text only
+        # what the KV cache holds, as text (for shifted sessions): the rendering the last
+        # turn's prompt came from, then the reply generated after it
+        self._kv_prompt = ""
+        self._kv_reply = ""
+        self._turns = 0
+
+    # ------------------------------------------------------------------ conversation
+    def window(self) -> list[dict[str, Any]]:
+        """The messages the model sees: the system message, then the messages not trimmed."""
+        head = [m for m in self.messages[:1] if m["role"] == "system"]
+        return head + self.messages[len(head) + self._first :]
+
+    def add_message(self, role: str, content: Any, **extra: Any) -> None:
+        """Append a message without generating (a user message to answer later, a tool's
+        result: ``add_message("tool", "...", tool_call_id=...)``)."""
+        if not isinstance(role, str) or not role:
+            raise ParamError(f"role must be a non-empty str, not {role!r}")
+        self.messages.append({"role": role, "content": content, **extra})
+
+    def reset(self, keep_system: bool = True) -> None:
+        """Forget the conversation (the system message stays unless ``keep_system=False``)
+        and free the sequence."""
+        system = [m for m in self.messages[:1] if m["role"] == "system" and keep_system]
+        self.messages = system
+        self._first = 0
+        self._drop_branch()
+
+    def close(self) -> None:
+        """Free the session's sequence (the context stays open)."""
+        self._drop_branch()
+
+    def __enter__(self) -> ChatSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def tokens(self) -> list[int]:
+        """The tokens the session's KV cache holds, in order (a copy)."""
+        return self._branch.tokens if self._branch is not None else []
+
+    @property
+    def position(self) -> int:
+        """The next position of the session's sequence (0 before the first turn)."""
+        return self._branch.position if self._branch is not None else 0
+
+    def _drop_branch(self) -> None:
+        if self._branch is not None and self._branch.alive:
+            self._branch.prune_subtree()
+        self._branch = None
+        self._shifted = False
+        self._kv_prompt = self._kv_reply = ""
+
+    # ------------------------------------------------------------------ a turn
+    def send(self, content: Any = None, **options: Any) -> ChatReply:
+        """Add a user message (``content``: text or text parts; None to answer the messages
+        added so far) and generate the reply. ``options``: see :meth:`stream`."""
+        s = self.stream(content, **options)
+        for _ in s:
+            pass
+        return s.reply
+
+    def stream(
+        self,
+        content: Any = None,
+        *,
+        max_tokens: int | None = None,
+        grammar: Any = None,
+        json_schema: Mapping[str, Any] | bool | None = None,
+        sampler: Sampler | SamplingParams | None = None,
+        stop: Sequence[str] = (),
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        logprobs: bool = False,
+        top_logprobs: int = 0,
+    ) -> ChatStream:
+        """Add a user message and stream the reply's text. ``grammar`` (GBNF text, a Grammar)
+        or ``json_schema`` constrain this reply only; ``sampler`` overrides the session's for
+        this reply; ``stop`` adds stop strings to the template's end of turn; ``tools``
+        (OpenAI-style function specs) are rendered when the template declares them."""
+        if grammar is not None and json_schema is not None:
+            raise ParamError("give grammar or json_schema, not both")
+        n = self.max_tokens if max_tokens is None else max_tokens
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ParamError(f"max_tokens must be an int >= 1, not {n!r}")
+        added = False
+        if content is not None:
+            self.add_message("user", content)
+            added = True
+        try:
+            prompt, reused, decoded = self._prepare(n, tools)
+        except BaseException:
+            if added:
+                self.messages.pop()
+            raise
+        branch = self._branch
+        assert branch is not None
+        branch.sampler = self._chain(sampler, grammar if json_schema is None else json_schema)
+        branch.tracker = PerplexityTracker()
+        from .logprobs import LogprobReader
+
+        reader = LogprobReader(self.model.vocab, top_logprobs) if logprobs or top_logprobs else None
+        stops = (*prompt.stop, *stop)
+        s = Stream(branch, n, stops, prompt.stop_tokens, None, "auto", reader, 0.0, branch.position)
+        self._turns += 1
+        return ChatStream(self, s, reused, decoded)
+
+    async def asend(self, content: Any = None, **options: Any) -> ChatReply:
+        """:meth:`send` for asyncio: the prompt's decode and each step run in a worker thread;
+        cancelling the task aborts the decode in flight (the reply is then not added)."""
+        chat = await self.ctx.arun(lambda: self.stream(content, **options), cleanup=self._abandon)
+        async for _ in AsyncStream(chat._stream):
+            pass
+        return chat.reply
+
+    async def astream(self, content: Any = None, **options: Any) -> AsyncIterator[str]:
+        """:meth:`stream` for asyncio: ``async for piece in session.astream("Hi"): ...``."""
+        chat = await self.ctx.arun(lambda: self.stream(content, **options), cleanup=self._abandon)
+        async for piece in AsyncStream(chat._stream):
+            yield piece
+        chat._finish()
+
+    def _abandon(self, chat: ChatStream) -> None:
+        """A prepared turn whose task was cancelled: forget its user message."""
+        if self.messages and self.messages[-1]["role"] == "user":
+            self.messages.pop()
+
+    def _replied(self, reply: ChatReply) -> None:
+        # llama.cpp renders templates from C strings: a NUL the model generated is kept as U+FFFD
+        self.messages.append({"role": "assistant", "content": reply.text.replace("\0", "\ufffd")})
+        self._kv_reply = reply.text
+
+    def _chain(self, sampler: Sampler | SamplingParams | None, constraint: Any) -> SamplerChain:
+        s = sampler if sampler is not None else self.sampler
+        base: Sampler | None
+        if isinstance(s, SamplingParams):
+            if self.seed is not None:
+                s = s.replace(seed=self.seed + self._turns)
+            base = s.to_chain(self.model)
+        else:
+            base = s.clone() if s is not None else None
+        chain = _as_chain(base, constraint, self.model)
+        if self.seed is not None and not isinstance(s, SamplingParams):
+            for smp in chain.samplers:
+                if hasattr(smp, "reseed"):
+                    smp.reseed(self.seed + self._turns)
+                elif hasattr(smp, "rng") and hasattr(smp.rng, "reseed"):
+                    smp.rng.reseed(self.seed + self._turns)
+        return chain
+
+    # ------------------------------------------------------------------ the KV cache
+    def _render(self, tools: Sequence[Mapping[str, Any]] | None) -> tuple[ChatPrompt, list[int]]:
+        p = self.model.format_chat(
+            self.window(),
+            True,
+            template=self.template,
+            tools=tools,
+            engine=self.engine,
+            limits=self.limits,
+            **self.template_kwargs,
+        )
+        toks = self.model.vocab.tokenize(p.prompt, add_special=p.add_special, parse_special=True)
+        return p, [int(t) for t in toks]
+
+    def _prepare(self, budget: int, tools: Sequence[Mapping[str, Any]] | None) -> tuple[ChatPrompt, int, int]:
+        """Render, fit, and bring the KV cache up to the prompt: ``(prompt, reused, decoded)``."""
+        room = self.ctx.n_ctx_seq
+        if self._shifted:
+            done = self._append_delta(budget, tools)
+            if done is not None:
+                return done
+            self._drop_branch()  # the rendering no longer extends what the cache holds
+        prompt, toks = self._render(tools)
+        while len(toks) + budget > room:
+            if self.overflow == "shift" and self._branch is not None:
+                break  # shift below, once the cache holds the prompt
+            if self.overflow == "error" or not self._trim():
+                raise KvCacheFullError(
+                    f"the conversation ({len(toks)} tokens) and max_tokens={budget} do not fit in "
+                    f"n_ctx_seq={room}" + ("" if self.overflow == "error" else " even with every old message trimmed")
+                )
+            prompt, toks = self._render(tools)
+        if self.overflow == "shift" and len(toks) + budget > room and self._branch is not None:
+            done = self._append_delta(budget, tools)  # shifts old tokens out to make room
+            if done is not None:
+                return done
+            self._drop_branch()
+            while len(toks) + budget > room:  # starting over: trim to fit
+                if not self._trim():
+                    raise KvCacheFullError(
+                        f"the conversation ({len(toks)} tokens) and max_tokens={budget} do not fit in n_ctx_seq={room}"
+                    )
+                prompt, toks = self._render(tools)
+        return (prompt, *self._sync(toks, prompt))
+
+    def _trim(self) -> bool:
+        """Drop the oldest turn from the window (a message, and the replies and tool results
+        that follow it up to the next user message). False when nothing is left to drop."""
+        head = 1 if self.messages and self.messages[0]["role"] == "system" else 0
+        rest = self.messages[head + self._first :]
+        if len(rest) <= 1:
+            return False
+        n = 1
+        while n < len(rest) - 1 and rest[n]["role"] != "user":
+            n += 1
+        self._first += n
+        return True
+
+    def _sync(self, toks: list[int], prompt: ChatPrompt) -> tuple[int, int]:
+        """Make the branch hold ``toks``; returns (reused, decoded)."""
+        b = self._branch
+        if b is not None:
+            held = b.tokens
+            common = 0
+            limit = min(len(held), len(toks))
+            while common < limit and held[common] == toks[common]:
+                common += 1
+            recurrent = self.model.is_recurrent or self.model.is_hybrid
+            if common == 0 or (common < len(held) and recurrent):
+                self._drop_branch()
+                b = None
+            else:
+                if common == len(toks):
+                    common -= 1  # the last prompt token is decoded again for its logits
+                if common < b.position:
+                    b.truncate(common)
+                if len(toks) > common:
+                    self.store.prefill({b: toks[common:]})
+                self._kv_prompt, self._kv_reply = prompt.prompt, ""
+                return common, len(toks) - common
+        self._branch = self.store.create(toks)
+        self._kv_prompt, self._kv_reply = prompt.prompt, ""
+        return 0, len(toks)
+
+    def _sink_tokens(self) -> int:
+        """Tokens kept at the start when shifting: the system prompt's rendering (at least 4)."""
+        if self.messages and self.messages[0]["role"] == "system":
+            p = self.model.format_chat(
+                self.messages[:1], False, template=self.template, engine=self.engine, limits=self.limits,
+                **self.template_kwargs,
+            )  # fmt: skip
+            n = len(self.model.vocab.tokenize(p.prompt, add_special=p.add_special, parse_special=True))
+            return max(4, n)
+        return 4
+
+    def _append_delta(
+        self, budget: int, tools: Sequence[Mapping[str, Any]] | None
+    ) -> tuple[ChatPrompt, int, int] | None:
+        """Append the text the new rendering adds after what the cache holds, shifting old
+        tokens out first when it would not fit. None when the rendering does not extend the
+        cached text (the session then starts over)."""
+        b = self._branch
+        if b is None:
+            return None
+        prompt = self.model.format_chat(
+            self.window(), True, template=self.template, tools=tools, engine=self.engine, limits=self.limits,
+            **self.template_kwargs,
+        )  # fmt: skip
+        if not prompt.prompt.startswith(self._kv_prompt):
+            return None
+        rest = prompt.prompt[len(self._kv_prompt) :]
+        reply = self._kv_reply
+        # the template may trim the reply it renders: skip it as rendered
+        for shown in (reply, reply.strip(), reply.rstrip(), reply.lstrip()):
+            if rest.startswith(shown):
+                delta = rest[len(shown) :]
+                break
+        else:
+            return None
+        new = [int(t) for t in self.model.vocab.tokenize(delta, add_special=False, parse_special=True)]
+        room = self.ctx.n_ctx_seq
+        need = b.position + len(new) + budget - room
+        if need > 0:
+            if self.model.is_recurrent or self.model.is_hybrid or not self.ctx.memory.can_shift:
+                return None
+            sinks = self._sink_tokens()
+            movable = b.position - sinks - 1
+            if movable < need:
+                raise KvCacheFullError(
+                    f"the new message ({len(new)} tokens) and max_tokens={budget} do not fit in n_ctx_seq={room} "
+                    "even after shifting out everything but the system prompt"
+                )
+            b.shift_context(max(need, movable // 2), sinks=sinks)
+            self._shifted = True
+        reused = b.position
+        if new:
+            self.store.prefill({b: new})
+        self._kv_prompt, self._kv_reply = prompt.prompt, ""
+        return prompt, reused, len(new)
