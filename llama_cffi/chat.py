@@ -9,6 +9,7 @@ sandbox, the way Hugging Face tokenizers do.
 from __future__ import annotations
 
 import functools
+import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -149,9 +150,59 @@ def apply_jinja(
                 n["content"] = [dict(part) for part in raw]  # the template reads parts: give it the parts
             elif isinstance(raw, str) and typed and not strings:
                 n["content"] = [{"type": "text", "text": raw}]
+    if any(_string_arguments(m) for m in normalized) and _object_arguments(template):
+        for n in normalized:
+            if _string_arguments(n):
+                n["tool_calls"] = [_with_object_arguments(c) for c in n["tool_calls"]]
     ctx["messages"] = normalized
     ctx["add_generation_prompt"] = add_generation_prompt
     return render_template(template, ctx, limits)
+
+
+def _string_arguments(message: Mapping[str, Any]) -> bool:
+    calls = message.get("tool_calls")
+    if not isinstance(calls, (list, tuple)):
+        return False
+    return any(isinstance(c, Mapping) and isinstance((c.get("function") or c).get("arguments"), str) for c in calls)
+
+
+def _with_object_arguments(call: Any) -> Any:
+    """``call`` with its JSON-text arguments as an object (when the text is a JSON object)."""
+    if not isinstance(call, Mapping):
+        return call
+    fn = call.get("function")
+    inner: Mapping[str, Any] = fn if isinstance(fn, Mapping) else call
+    args = inner.get("arguments")
+    if not isinstance(args, str):
+        return call
+    try:
+        parsed = json.loads(args)
+    except ValueError:
+        return call
+    if not isinstance(parsed, dict):
+        return call
+    if inner is call:
+        return {**call, "arguments": parsed}
+    return {**call, "function": {**inner, "arguments": parsed}}
+
+
+_PROBE_ARG = "llama_cffi probe: an argument"
+
+
+@functools.lru_cache(maxsize=64)
+def _object_arguments(template: str) -> bool:
+    """Whether the template reads a tool call's arguments as an object (llama.cpp's
+    ``supports_object_arguments``): then JSON-text arguments are passed parsed, as
+    llama.cpp passes them."""
+    call = {"id": "call0", "type": "function", "function": {"name": "probe", "arguments": {"arg": _PROBE_ARG}}}
+    msgs = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+    try:
+        out = render_template(
+            template, {"messages": msgs, "add_generation_prompt": False, "bos_token": "", "eos_token": "", "tools": []}
+        )
+    except ChatTemplateError:
+        return False
+    return _PROBE_ARG in out
 
 
 _PROBE_TYPED = "llama_cffi probe: typed content"

@@ -36,6 +36,7 @@ import ctypes
 import dataclasses
 import heapq
 import itertools
+import json
 import re
 import threading
 import time
@@ -489,6 +490,19 @@ def _make_environment() -> Any:
         wrapstring = args[4] if len(args) > 4 else kwargs.get("wrapstring")
         if isinstance(wrapstring, str) and isinstance(s, str):
             build(len(s) * (1 + len(wrapstring)), "the wordwrap filter")
+
+    from jinja2 import pass_eval_context
+
+    @pass_eval_context
+    def tojson(
+        eval_ctx: Any, value: Any, indent: Any = None, separators: Any = None, sort_keys: bool = False,
+        ensure_ascii: bool = False,
+    ) -> str:  # fmt: skip
+        # as Hugging Face's and llama.cpp's template engines write JSON: keys in their order,
+        # no HTML escaping, non-ASCII kept (Jinja2's own filter sorts keys and escapes <>&')
+        return json.dumps(value, indent=indent, separators=separators, sort_keys=sort_keys, ensure_ascii=ensure_ascii)
+
+    filters["tojson"] = tojson
 
     for name, check in (
         ("center", _center),

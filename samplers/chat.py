@@ -40,6 +40,7 @@ from .chain import SamplerChain
 from .measure import PerplexityTracker
 from .params import SamplingParams
 from .search import AsyncStream, Result, Stream
+from .tools import ToolCall, ToolCallFormat, parse_tool_calls, tool_call_format, tool_call_grammar
 
 if TYPE_CHECKING:
     from llama_cffi import Context
@@ -60,19 +61,23 @@ class ChatReply:
     result: Result
     reused_tokens: int
     decoded_tokens: int
-    #: the tool calls parsed from the reply (empty unless the turn was given tools)
-    tool_calls: tuple[Any, ...] = field(default=())
+    #: the tool calls parsed from the reply (empty unless the turn was given tools); ``text``
+    #: is then the content before them, and ``result.text`` the whole reply
+    tool_calls: tuple[ToolCall, ...] = field(default=())
 
 
 class ChatStream(Iterator[str]):
     """The text pieces of a reply; :attr:`reply` once it has ended (the assistant message
     is added to the session then)."""
 
-    def __init__(self, session: ChatSession, stream: Stream, reused: int, decoded: int) -> None:
+    def __init__(
+        self, session: ChatSession, stream: Stream, reused: int, decoded: int, fmt: ToolCallFormat | None = None
+    ) -> None:
         self._session = session
         self._stream = stream
         self._reused = reused
         self._decoded = decoded
+        self._fmt = fmt
         self._reply: ChatReply | None = None
 
     def __iter__(self) -> ChatStream:
@@ -88,7 +93,10 @@ class ChatStream(Iterator[str]):
     def _finish(self) -> None:
         if self._reply is None:
             r = self._stream.result
-            self._reply = ChatReply(r.text, r, self._reused, self._decoded)
+            content, calls = parse_tool_calls(r.text, self._fmt)
+            turn = self._session._turns
+            calls = [c if c.id else ToolCall(c.name, c.arguments, f"call_{turn}_{i}") for i, c in enumerate(calls)]
+            self._reply = ChatReply(content, r, self._reused, self._decoded, tuple(calls))
             self._session._replied(self._reply)
 
     @property
@@ -222,13 +230,20 @@ class ChatSession:
         sampler: Sampler | SamplingParams | None = None,
         stop: Sequence[str] = (),
         tools: Sequence[Mapping[str, Any]] | None = None,
+        constrain_tools: bool = True,
+        parallel_tool_calls: bool = False,
         logprobs: bool = False,
         top_logprobs: int = 0,
     ) -> ChatStream:
         """Add a user message and stream the reply's text. ``grammar`` (GBNF text, a Grammar)
         or ``json_schema`` constrain this reply only; ``sampler`` overrides the session's for
-        this reply; ``stop`` adds stop strings to the template's end of turn; ``tools``
-        (OpenAI-style function specs) are rendered when the template declares them."""
+        this reply; ``stop`` adds stop strings to the template's end of turn.
+
+        ``tools`` (OpenAI-style function specs) are rendered when the template declares
+        them; a reply's calls are then parsed (:mod:`samplers.tools`) into
+        :attr:`ChatReply.tool_calls`, and with ``constrain_tools`` a lazy grammar keeps a
+        call well-formed (a known tool, arguments that satisfy its schema) from its start
+        marker on; ``parallel_tool_calls`` allows several calls in one reply."""
         if grammar is not None and json_schema is not None:
             raise ParamError("give grammar or json_schema, not both")
         n = self.max_tokens if max_tokens is None else max_tokens
@@ -246,7 +261,16 @@ class ChatSession:
             raise
         branch = self._branch
         assert branch is not None
-        branch.sampler = self._chain(sampler, grammar if json_schema is None else json_schema)
+        constraint = grammar if json_schema is None else json_schema
+        chain = self._chain(sampler, constraint)
+        fmt = tool_call_format(prompt.template, self._jinja_engine()) if prompt.tools_rendered else None
+        if fmt is not None and tools and constraint is None and constrain_tools:
+            from .grammar import Grammar, GrammarSampler
+
+            gbnf, triggers = tool_call_grammar(fmt, tools, parallel_tool_calls)
+            lazy = GrammarSampler(Grammar.from_gbnf(gbnf), self.model, lazy=True, trigger_words=triggers)
+            chain = SamplerChain([lazy, *chain.samplers], tracker=chain.tracker)
+        branch.sampler = chain
         branch.tracker = PerplexityTracker()
         from .logprobs import LogprobReader
 
@@ -254,7 +278,7 @@ class ChatSession:
         stops = (*prompt.stop, *stop)
         s = Stream(branch, n, stops, prompt.stop_tokens, None, "auto", reader, 0.0, branch.position)
         self._turns += 1
-        return ChatStream(self, s, reused, decoded)
+        return ChatStream(self, s, reused, decoded, fmt)
 
     async def asend(self, content: Any = None, **options: Any) -> ChatReply:
         """:meth:`send` for asyncio: the prompt's decode and each step run in a worker thread;
@@ -278,8 +302,18 @@ class ChatSession:
 
     def _replied(self, reply: ChatReply) -> None:
         # llama.cpp renders templates from C strings: a NUL the model generated is kept as U+FFFD
-        self.messages.append({"role": "assistant", "content": reply.text.replace("\0", "\ufffd")})
-        self._kv_reply = reply.text
+        message: dict[str, Any] = {"role": "assistant", "content": reply.text.replace("\0", "\ufffd")}
+        if reply.tool_calls:
+            message["tool_calls"] = [c.message() for c in reply.tool_calls]
+        self.messages.append(message)
+        self._kv_reply = reply.result.text
+
+    def add_tool_result(self, call: ToolCall, content: str) -> None:
+        """Answer a tool call of the last reply: a ``tool`` message with its id and name."""
+        self.add_message("tool", content, tool_call_id=call.id, name=call.name)
+
+    def _jinja_engine(self) -> str:
+        return "native" if self.engine == "native" else "jinja"
 
     def _chain(self, sampler: Sampler | SamplingParams | None, constraint: Any) -> SamplerChain:
         s = sampler if sampler is not None else self.sampler

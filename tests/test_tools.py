@@ -1,0 +1,184 @@
+"""Tool calls against llama.cpp's chat machinery (common_chat_templates_apply and
+common_chat_parse through the C++ oracle): the prompt with tools, tool calls and tool
+results; the parsed calls and content of replies; the call grammar; a tool-calling
+conversation in a ChatSession."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.native_tools import build_common_cpp_tool
+from llama_cffi import Model
+from samplers.branch import BranchStore
+from samplers.chat import ChatSession
+from samplers.grammar import Grammar
+from samplers.search import complete
+from samplers.tools import ToolCall, parse_tool_calls, tool_call_format, tool_call_grammar
+
+DATA = Path(__file__).parent / "data"
+QWEN = (DATA / "qwen2_5_chat_template.jinja").read_text()
+GEMMA3 = (DATA / "gemma3_chat_template.jinja").read_text()
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather <now> in a city & its 'region' (é)",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}},
+                "required": ["city"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {"name": "get_time", "description": "The time", "parameters": {"type": "object", "properties": {}}},
+    },
+]
+
+# for generating with the tiny random-weight model: short arguments, so a call ends
+SHORT = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 6}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    }
+]
+
+CALL = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+CONVERSATION: list[dict[str, Any]] = [
+    {"role": "system", "content": "Use tools."},
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": "", "tool_calls": [CALL]},
+    {"role": "tool", "tool_call_id": "c1", "content": "Sunny, 21 C"},
+    {"role": "assistant", "content": "It is sunny."},
+    {"role": "user", "content": "And the time?"},
+]
+
+OUTPUTS = [
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+    "Hello there",
+    'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>',
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>',
+    '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>',
+]
+
+
+def oracle(model_path: Path, request: dict[str, Any]) -> dict[str, Any]:
+    tool = build_common_cpp_tool("chat_oracle")
+    r = subprocess.run([str(tool), str(model_path)], input=json.dumps(request), capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out: dict[str, Any] = json.loads(r.stdout)
+    return out
+
+
+@pytest.mark.parametrize("upto", [2, 4, 6])
+def test_prompt_with_tools_equals_llama_cpp(tiny_model_path: Path, tiny_model: Model, upto: int) -> None:
+    """Tools, an assistant tool call (JSON-text arguments passed as an object, as llama.cpp
+    passes them to a template that reads objects) and a tool result render as llama.cpp
+    renders them (tojson without sorting or HTML escaping)."""
+    msgs = CONVERSATION[:upto]
+    ref = oracle(tiny_model_path, {"template": QWEN, "messages": msgs, "tools": TOOLS})
+    ours = tiny_model.format_chat(msgs, template=QWEN, tools=TOOLS)
+    assert ours.tools_rendered and ref["caps"]["supports_tools"]
+    assert ours.prompt == ref["prompt"]
+
+
+def test_templates_without_tools(tiny_model: Model) -> None:
+    """ChatML (the tiny model's) and Gemma 3 declare no tools: no format, nothing parsed
+    (llama.cpp's caps say the same, test_chat_session checks its prompts)."""
+    assert tool_call_format(tiny_model.chat_template() or "") is None
+    assert tool_call_format(GEMMA3) is None
+    assert parse_tool_calls(OUTPUTS[0], None) == (OUTPUTS[0], [])
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_parsed_calls_equal_llama_cpp(tiny_model_path: Path, parallel: bool) -> None:
+    fmt = tool_call_format(QWEN)
+    assert fmt is not None and (fmt.start, fmt.end, fmt.name_key, fmt.args_key) == (
+        "<tool_call>\n",
+        "\n</tool_call>",
+        "name",
+        "arguments",
+    )
+    ref = oracle(
+        tiny_model_path,
+        {
+            "template": QWEN,
+            "messages": CONVERSATION[:2],
+            "tools": TOOLS,
+            "outputs": OUTPUTS,
+            "parallel_tool_calls": parallel,
+        },
+    )
+    assert ref["grammar_lazy"] and ref["grammar_triggers"][0]["value"].strip() == fmt.start.strip()
+    for text, want in zip(OUTPUTS, ref["parsed"], strict=True):
+        content, calls = parse_tool_calls(text, fmt)
+        assert content == want["content"], text
+        assert [(c.name, c.args) for c in calls] == [
+            (w["name"], json.loads(w["arguments"])) for w in want["tool_calls"]
+        ]
+
+
+def test_call_grammar(tiny_model: Model) -> None:
+    """The grammar accepts the calls llama.cpp parses and no call to an unknown tool or
+    with arguments its schema refuses; generating with it gives a call that parses."""
+    fmt = tool_call_format(QWEN)
+    assert fmt is not None
+    gbnf, triggers = tool_call_grammar(fmt, TOOLS)
+    assert triggers == ["<tool_call>\n"]
+    grammar = Grammar.from_gbnf(gbnf)
+    ok = ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>']
+    bad = [
+        '<tool_call>\n{"name": "get_wether", "arguments": {"city": "Paris"}}\n</tool_call>',
+        '<tool_call>\n{"name": "get_weather", "arguments": {"days": 2}}\n</tool_call>',
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 0}}\n</tool_call>',
+    ]
+    for text in ok:
+        assert grammar.accepts(text), text
+    for text in bad:
+        assert not grammar.accepts(text), text
+    short, _ = tool_call_grammar(fmt, SHORT)
+    with tiny_model.context(n_ctx=512) as ctx:
+        r = complete(BranchStore(ctx), "Call a tool:", max_tokens=300, grammar=short)
+    _, calls = parse_tool_calls(r.text, fmt)
+    assert r.stop_reason == "grammar" and len(calls) == 1 and calls[0].name == "get_weather"
+    assert isinstance(calls[0].args["city"], str) and len(calls[0].args["city"]) <= 6
+
+
+def test_a_tool_calling_conversation(tiny_model_path: Path, tiny_model: Model) -> None:
+    """A ChatSession with tools: a call (the turn's grammar makes the tiny model write one),
+    its result, and the next turn, whose cache holds exactly llama.cpp's prompt for the
+    conversation."""
+    fmt = tool_call_format(QWEN)
+    assert fmt is not None
+    gbnf, _ = tool_call_grammar(fmt, SHORT)
+    with tiny_model.context(n_ctx=2048, n_seq_max=2, kv_unified=True) as ctx:
+        s = ChatSession(ctx, system="Use tools.", template=QWEN, max_tokens=300)
+        r = s.send("Weather in Paris?", tools=TOOLS, grammar=gbnf)
+        assert len(r.tool_calls) == 1 and isinstance(r.tool_calls[0], ToolCall)
+        call = r.tool_calls[0]
+        assert call.name == "get_weather" and call.id == "call_1_0"
+        assert s.messages[-1]["tool_calls"] == [call.message()]
+        s.add_tool_result(call, "Sunny, 21 C")
+        s.send(None, tools=TOOLS, max_tokens=4)
+        msgs = s.messages[:-1]
+        ref = oracle(tiny_model_path, {"template": QWEN, "messages": msgs, "tools": TOOLS})
+        want = [int(t) for t in tiny_model.tokenize(ref["prompt"], parse_special=True)]
+        assert s.tokens[: len(want)] == want
