@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -304,7 +304,7 @@ class BranchStore:
             arr = [int(t) for t in self.ctx.model.vocab.check_tokens(toks)]
             if arr:
                 work.append((b, arr))
-        saved = {b.seq_id: (b._kv_len, len(b._tokens), b._logits.copy(), b._pending) for b, _ in work}
+        saved = {b.seq_id: (b._kv_len, len(b._tokens), b._logits.copy(), b._pending, b._orig) for b, _ in work}
         cap = self._batch.capacity
         offsets = [0] * len(work)
         try:
@@ -334,16 +334,17 @@ class BranchStore:
                     b._kv_len += take
                     offsets[i] += take
                     if offsets[i] == len(toks):
-                        np.copyto(b._logits, self.ctx.logits(first + take - 1))
+                        b._set_row(self.ctx.logits(first + take - 1))
                         b._pending = None
         except BaseException:
             with _sigint_deferred():
                 for b, _ in work:
-                    kv, nt, snap, pending = saved[b.seq_id]
+                    kv, nt, snap, pending, orig = saved[b.seq_id]
                     self.ctx.memory.seq_rm(b.seq_id, kv)
                     b._kv_len = kv
                     del b._tokens[nt:]
                     np.copyto(b._logits, snap)
+                    b._orig = orig
                     b._pending = pending
             raise
 
@@ -405,6 +406,12 @@ class Branch:
         self.sampler = sampler
         self.tracker = tracker
         self._logits = logits
+        #: the model's logits when the snapshot was edited (set_logits, add_logits, contrast,
+        #: a steering hook); None when the snapshot is the model's own
+        self._orig: npt.NDArray[np.float32] | None = None
+        #: called by :meth:`sample` before the sampler runs: ``steer(branch, logits)`` with
+        #: the snapshot writable (see :meth:`set_logits`)
+        self.steer: Callable[[Branch, npt.NDArray[np.float32]], None] | None = None
         self._pending: tuple[int, float | None] | None = None  # (token, sampling surprisal) of sample()
         # (history index, token, model surprisal or None untracked, sampling surprisal argument)
         # of every accepted token, replayed by fork(at=...)
@@ -469,8 +476,9 @@ class Branch:
 
     @property
     def entropy(self) -> float:
-        """Entropy (nats) of the model's distribution in the current snapshot."""
-        return float(entropy(self._logits))
+        """Entropy (nats) of the model's distribution for the next token (edits to the
+        snapshot aside; :attr:`sampling_entropy` is the sampler's)."""
+        return float(entropy(self._model_row()))
 
     # ------------------------------------------------------------------ sampling
     def _check_live(self) -> None:
@@ -488,8 +496,11 @@ class Branch:
                 raise BranchError(f"the grammar of branch {self.seq_id} does not allow token {token}")
 
     def sample(self) -> int:
-        """Choose a token from the snapshot with this branch's sampler (not accepted yet)."""
+        """Choose a token from the snapshot with this branch's sampler (not accepted yet).
+        A :attr:`steer` hook is called first, with the snapshot writable."""
         self._check_live()
+        if self.steer is not None:
+            self.steer(self, self._editable())
         cands = self.store._cands
         try:
             cands.reset(self._logits)
@@ -510,7 +521,7 @@ class Branch:
         model: float | None = None
         samp: float | None = None
         if self.tracker is not None:
-            model = surprisal_of(self._logits, token)
+            model = surprisal_of(self._model_row(), token)
             pending = self._pending
             if pending is not None and pending[0] == token:
                 samp = model if pending[1] is None else pending[1]
@@ -523,7 +534,7 @@ class Branch:
         self._accept(token)
         self._tokens.append(token)
         self._kv_len += 1
-        np.copyto(self._logits, row)
+        self._set_row(row)
 
     def commit(self, token: int) -> None:
         """Accept ``token``, decode it, capture the new logits (one ``llama_decode`` of one
@@ -559,6 +570,129 @@ class Branch:
             options["on_commit"] = {self: hook}
         return speculative_step(self.store, {self: int(token)}, {self: drafter}, **options)[self]
 
+    # ------------------------------------------------------------------ steering
+    def _set_row(self, row: Any) -> None:
+        """The model's new logits (after a decode): the snapshot is the model's own again."""
+        np.copyto(self._logits, row)
+        self._orig = None
+
+    def _model_row(self) -> npt.NDArray[np.float32]:
+        """The model's logits for the next token (the snapshot before any edit)."""
+        return self._orig if self._orig is not None else self._logits
+
+    def _editable(self) -> npt.NDArray[np.float32]:
+        if self._orig is None:
+            self._orig = self._logits.copy()
+        self._pending = None
+        return self._logits
+
+    @property
+    def model_logits(self) -> npt.NDArray[np.float32]:
+        """The model's logits for the next token, whatever edits the snapshot has
+        (read-only view)."""
+        v: npt.NDArray[np.float32] = self._model_row().view()
+        v.flags.writeable = False
+        return v
+
+    @property
+    def edited(self) -> bool:
+        """Whether the snapshot differs from the model's logits by an edit."""
+        return self._orig is not None
+
+    def set_logits(self, logits: npt.ArrayLike) -> None:
+        """Replace the logits the next :meth:`sample` draws from (``n_vocab`` floats, no
+        NaN). The model's own stay in :attr:`model_logits`: metrics and log-probabilities
+        keep measuring the model, while the sampler draws from the edited snapshot. The
+        next decode of this branch replaces both."""
+        self._check_live()
+        arr = np.asarray(logits, dtype=np.float32)
+        if arr.shape != self._logits.shape:
+            raise ParamError(f"logits must have shape {self._logits.shape}, not {arr.shape}")
+        if np.isnan(arr).any():
+            raise ParamError("logits contain NaN")
+        np.copyto(self._editable(), arr)
+
+    def add_logits(self, bias: npt.ArrayLike | Mapping[int, float]) -> None:
+        """Add ``bias`` to the snapshot: an array of ``n_vocab`` floats, or ``{token: bias}``
+        (``-inf`` bans a token). See :meth:`set_logits`."""
+        self._check_live()
+        if isinstance(bias, Mapping):
+            row = self._editable()
+            for tok, b in bias.items():
+                t = int(tok)
+                if not 0 <= t < row.shape[0]:
+                    raise ParamError(f"token {t} is out of range [0, {row.shape[0]})")
+                if np.isnan(b):
+                    raise ParamError(f"the bias of token {t} is NaN")
+                row[t] += np.float32(b)
+            return
+        arr = np.asarray(bias, dtype=np.float32)
+        if arr.shape != self._logits.shape or np.isnan(arr).any():
+            raise ParamError(f"a bias must be {self._logits.shape[0]} floats without NaN")
+        self._editable()[...] += arr
+
+    def contrast(self, other: Branch, alpha: float = 1.0) -> None:
+        """Contrastive decoding / classifier-free guidance: the snapshot becomes
+        ``(1 + alpha) * mine - alpha * other's`` (both the model's logits, whatever edits
+        either has), e.g. with ``other`` the same text without its instruction."""
+        self._check_live()
+        other._check_live()
+        if other.store.n_vocab != self.store.n_vocab:
+            raise ParamError("the two branches' models have different vocabularies")
+        a = float(alpha)
+        if not np.isfinite(a):
+            raise ParamError(f"alpha must be finite, not {alpha!r}")
+        mine = self._model_row().astype(np.float32, copy=True)
+        theirs = other._model_row()
+        with np.errstate(invalid="ignore"):
+            out = (1.0 + a) * mine - a * theirs
+        out[np.isnan(out)] = -np.inf  # -inf in both: the token stays banned
+        np.copyto(self._editable(), out)
+
+    def reset_logits(self) -> None:
+        """Undo every edit: the snapshot is the model's logits again."""
+        if self._orig is not None:
+            np.copyto(self._logits, self._orig)
+            self._orig = None
+
+    def set_sampler(self, sampler: Sampler | None, grammar: Any = None) -> None:
+        """Sample with ``sampler`` (greedy when None) from now on, with ``grammar`` (GBNF
+        text, a JSON schema, a Grammar or a matcher) first when given; the grammar starts
+        from here (what the branch generated before is not fed to it). The metrics tracker
+        stays."""
+        self._check_live()
+        tracker = self.sampler.tracker
+        self.sampler = _as_chain(sampler, grammar, self.store.ctx.model)
+        if tracker is not None and self.sampler.tracker is None:
+            self.sampler.tracker = tracker
+        self._pending = None
+
+    def set_grammar(self, grammar: Any) -> None:
+        """Swap the chain's grammar for ``grammar`` (None removes it), keeping the other
+        samplers and their state (penalty history, random engine). The new grammar starts
+        from here."""
+        self._check_live()
+        rest = [s for s in self.sampler.samplers if getattr(s, "matcher", None) is None]
+        chain = SamplerChain(rest, tracker=self.sampler.tracker) if rest else None
+        self.sampler = _as_chain(chain, grammar, self.store.ctx.model)
+        self._pending = None
+
+    @property
+    def sampling_entropy(self) -> float:
+        """Entropy (nats) of the distribution this branch's sampler would draw the next
+        token from: the snapshot after every sampler of the chain (truncation, temperature,
+        grammar, penalties). Computed on a clone of the chain, so no random number is
+        drawn and no state changes."""
+        self._check_live()
+        cands = self.store._cands
+        try:
+            cands.reset(self._logits)
+            for s in self.sampler.clone().samplers:
+                s.apply(cands)
+            return float(entropy(np.ascontiguousarray(cands.read_logits(), dtype=np.float32)))
+        finally:
+            cands.release()
+
     def reseed(self, seed: int | None) -> None:
         """Reseed every random sampler of the chain (None: draw a random seed)."""
         for s in self.sampler.samplers:
@@ -589,7 +723,7 @@ class Branch:
             ctx.memory.seq_rm(self.seq_id)  # chunks that fitted: the sequence is empty now
             self._kv_len = 0
             raise
-        np.copyto(self._logits, row)
+        self._set_row(row)
         self._kv_len = len(keep)
         self._pending = None
 
@@ -650,7 +784,7 @@ class Branch:
             self._pending = None
         row = ctx.decode_single(last, pos=position - 1, seq_id=self.seq_id)
         with _sigint_deferred():
-            np.copyto(self._logits, row)
+            self._set_row(row)
             self._tokens.append(last)
             self._kv_len = position
 
@@ -697,6 +831,8 @@ class Branch:
             child = Branch(store, sid, self, list(self._tokens), self.sampler.clone(), metrics, logits)
             child._kv_len = self._kv_len
             child._accepted = list(self._accepted)
+            child._orig = self._orig.copy() if self._orig is not None and clone_logits else None
+            child.steer = self.steer
             if seed is not None:
                 child.reseed(seed)
             store._register(child)

@@ -236,7 +236,7 @@ class Stream(Iterator[str]):
                 break
             if top:
                 assert reader is not None
-                self._records.append(reader.read(branch._logits, tok))
+                self._records.append(reader.read(branch._model_row(), tok))
             branch.commit(tok)
             piece = text.push(tok)
             if piece:

@@ -744,7 +744,7 @@ def _restore(store: BranchStore, p: _Plan) -> None:
     try:
         ctx.load_seq_state(p.checkpoint, b.seq_id)
         row = ctx.decode(p.redo, pos=base, seq_id=b.seq_id)
-        np.copyto(b._logits, row)
+        b._set_row(row)
     except BaseException:
         # the sequence is unusable for this branch now: it holds none of its state
         ctx.memory.seq_rm(b.seq_id)
@@ -837,7 +837,7 @@ def _verify(store: BranchStore, p: _Plan, end: Callable[[int], bool], hook: Call
                     f"the memory of sequence {b.seq_id} could not drop its rejected drafts"
                 )
         if b._kv_len > base:
-            np.copyto(b._logits, ctx.logits(row_i))
+            b._set_row(ctx.logits(row_i))
         b._pending = chosen
         row = None  # no view into the context's outputs outlives the step
     res.next = None if chosen is None else chosen[0]

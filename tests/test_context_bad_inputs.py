@@ -72,6 +72,12 @@ class Env:
         return b
 
 
+
+async def _first_piece(ctx: Any) -> str:
+    async for piece in ctx.astream([5], max_tokens=2):
+        return str(piece)
+    return ""
+
 def _token_cases(e: Env) -> list[Case]:
     ctx, v = e.ctx, e.n_vocab
     cases = [
@@ -423,6 +429,9 @@ def _closed_cases(e: Env) -> list[Case]:
     ctx.close()
     api: dict[str, Callable[[], object]] = {
         "adecode": lambda: asyncio.run(ctx.adecode([5])),
+        "agenerate": lambda: asyncio.run(ctx.agenerate([5], max_tokens=2)),
+        "arun": lambda: asyncio.run(ctx.arun(lambda: ctx.decode([5]))),
+        "astream": lambda: asyncio.run(_first_piece(ctx)),
         "causal_attn": lambda: ctx.causal_attn,
         "decode": lambda: ctx.decode([5]),
         "decode_batch": lambda: ctx.decode_batch(batch),
