@@ -38,9 +38,9 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -86,6 +86,7 @@ __all__ = [
     "TOKENS",
     "TOKEN_TYPES",
     "UNK_ID",
+    "decode_equivalence",
     "floats32",
     "logits_rows",
     "texts",
@@ -361,3 +362,47 @@ def texts(*, min_pieces: int = 0, max_pieces: int = 16, alphabet: str | None = N
     else:
         piece = st.one_of(st.sampled_from(TEXT_PIECES), st.characters(codec="utf-8", exclude_characters="\0"))
     return st.lists(piece, min_size=lo, max_size=hi).map("".join)
+
+
+# ---------------------------------------------------------------------- decode equivalence
+def decode_equivalence(
+    model: Model,
+    tokens: Sequence[int] | npt.NDArray[np.integer[Any]],
+    logits: npt.ArrayLike,
+    *,
+    rtol: float = 2e-3,
+    atol: float = 2e-3,
+    **context_params: Any,
+) -> float:
+    """Check that ``logits`` -- the next-token logits after ``tokens``, however they were
+    obtained (a forked branch, one sequence of a batch, a restored state, a shifted
+    cache) -- equal what a fresh context gives when it decodes ``tokens`` one at a time
+    (``context_params`` for it: ``n_ctx``, ``type_k``...).
+
+    Equal means within ``rtol``/``atol`` (``numpy.allclose``): another batch shape or cell
+    order makes llama.cpp's kernels sum in another order. The defaults suit F32 weights
+    with an f16 KV cache; quantized weights with CPU repacking differ by up to ~1 logit
+    between batch shapes (load with ``use_extra_bufts=False`` to compare those). Returns
+    the largest absolute difference; raises :class:`AssertionError` naming it, the token
+    where it is, and the tolerance, when they are not equal."""
+    toks = [int(t) for t in np.asarray(tokens).reshape(-1)]
+    if not toks:
+        raise ValueError("decode_equivalence needs at least one token")
+    got = np.asarray(logits, dtype=np.float32).reshape(-1)
+    params = {"n_ctx": max(256, len(toks) + 1), **context_params}
+    with model.context(**params) as ctx:
+        row = None
+        for pos, t in enumerate(toks):
+            row = ctx.decode_single(t, pos=pos)
+        assert row is not None
+        want = np.array(row, dtype=np.float32, copy=True)
+    if got.shape != want.shape:
+        raise AssertionError(f"logits have shape {got.shape}; the model's rows have {want.shape}")
+    diff = np.abs(got.astype(np.float64) - want)
+    worst = int(np.argmax(diff))
+    if not np.allclose(got, want, rtol=rtol, atol=atol):
+        raise AssertionError(
+            f"the logits differ from a fresh one-token-at-a-time decode by up to {diff[worst]:.3g} "
+            f"(token {worst}: {got[worst]:.6g} against {want[worst]:.6g}; rtol={rtol:g}, atol={atol:g})"
+        )
+    return float(diff[worst])
