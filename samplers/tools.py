@@ -3,14 +3,15 @@ grammar that keeps a call well-formed once the model starts one.
 
 :func:`tool_call_format` finds a template's format the way llama.cpp's differential
 analysis does (``common/chat-diff-analyzer.cpp``), by rendering a probe conversation with
-one tool call: the text before the call's JSON object (``<tool_call>\\n`` for Hermes and
-Qwen 2.5), the keys of its name and arguments (``name``/``arguments``, or ``parameters``
-for Llama 3.x), and the text after it. Templates that write calls as a JSON object
-between markers are supported: Hermes/Qwen 2.x ``<tool_call>``, Llama 3.x JSON,
-Mistral ``[TOOL_CALLS]`` lists and similar. Templates that write calls another way (XML
-arguments, Python syntax) get ``None``: no tool calls are parsed, the reply is content.
-Templates that do not declare tools (the tiny model's ChatML, Gemma 3's) render no tools
-and parse none, as in llama.cpp.
+one tool call: the text before the call's JSON object (``<tool_call>\n`` for Hermes and
+Qwen 2.5), the keys of its name and arguments, and the text after it. It handles
+templates that write a call as a JSON object (or a JSON list of them) between markers.
+Qwen 2.5's template is checked against llama.cpp in the tests; other families of that
+shape (Llama 3.x's JSON with ``parameters``, Mistral's ``[TOOL_CALLS]`` list) go through
+the same probe but are not checked against llama.cpp yet. Templates that write calls
+another way (XML arguments, Python syntax) get ``None``: no tool calls are parsed, the
+reply is content. Templates that do not declare tools (the tiny model's ChatML, Gemma
+3's) render no tools and parse none, as in llama.cpp.
 
 :func:`parse_tool_calls` splits a reply into its content and :class:`ToolCall` objects;
 ``tests/test_tools.py`` compares it with llama.cpp's ``common_chat_parse``.
