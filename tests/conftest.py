@@ -11,6 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -105,6 +106,20 @@ def load_build_ffi() -> ModuleType:
         sys.modules["build_ffi"] = mod  # dataclasses look their module up while it executes
         spec.loader.exec_module(mod)
     return mod
+
+
+def chat_oracle(model_path: Path, request: dict[str, Any]) -> dict[str, Any]:
+    """llama.cpp's own chat machinery for ``request`` (common_chat_templates_apply and
+    common_chat_parse, through benchmarks/native/chat_oracle.cpp: see its usage)."""
+    import json
+
+    from benchmarks.native_tools import build_common_cpp_tool
+
+    tool = build_common_cpp_tool("chat_oracle")
+    r = subprocess.run([str(tool), str(model_path)], input=json.dumps(request), capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out: dict[str, Any] = json.loads(r.stdout)
+    return out
 
 
 def run_isolated(

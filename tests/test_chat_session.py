@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,11 +15,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from benchmarks.native_tools import build_common_cpp_tool
 from llama_cffi import ChatTemplateError, KvCacheFullError, Model
 from samplers.branch import BranchStore
 from samplers.chat import ChatSession
 from samplers.search import complete
+from tests.conftest import chat_oracle
 
 GEMMA3 = (Path(__file__).parent / "data" / "gemma3_chat_template.jinja").read_text()
 
@@ -47,15 +46,6 @@ TOOLS = [
 ]
 
 
-def oracle(model_path: Path, request: dict[str, Any]) -> dict[str, Any]:
-    """llama.cpp's common_chat_templates_apply (and common_chat_parse) for ``request``."""
-    tool = build_common_cpp_tool("chat_oracle")
-    r = subprocess.run([str(tool), str(model_path)], input=json.dumps(request), capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-2000:]
-    out: dict[str, Any] = json.loads(r.stdout)
-    return out
-
-
 @pytest.mark.parametrize("gen", [True, False])
 @pytest.mark.parametrize("conv", range(len(CONVERSATIONS)))
 @pytest.mark.parametrize("which", ["tiny-chatml", "gemma3"])
@@ -71,7 +61,9 @@ def test_format_chat_equals_llama_cpp(
         msgs = [*msgs, {"role": "assistant", "content": "Four."}]
     model = Model.load(path, vocab_only=True)
     try:
-        ref = oracle(path, {"messages": msgs, "template": template or "", "add_generation_prompt": gen, "tools": TOOLS})
+        ref = chat_oracle(
+            path, {"messages": msgs, "template": template or "", "add_generation_prompt": gen, "tools": TOOLS}
+        )
         ours = model.format_chat(msgs, gen, template=template, tools=TOOLS)
         assert ours.prompt == ref["prompt"]
         assert not ours.tools_rendered and ref["caps"]["supports_tools"] is False

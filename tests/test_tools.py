@@ -6,19 +6,18 @@ conversation in a ChatSession."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from benchmarks.native_tools import build_common_cpp_tool
 from llama_cffi import Model
 from samplers.branch import BranchStore
 from samplers.chat import ChatSession
 from samplers.grammar import Grammar
 from samplers.search import complete
 from samplers.tools import ToolCall, parse_tool_calls, tool_call_format, tool_call_grammar
+from tests.conftest import chat_oracle
 
 DATA = Path(__file__).parent / "data"
 QWEN = (DATA / "qwen2_5_chat_template.jinja").read_text()
@@ -80,21 +79,13 @@ OUTPUTS = [
 ]
 
 
-def oracle(model_path: Path, request: dict[str, Any]) -> dict[str, Any]:
-    tool = build_common_cpp_tool("chat_oracle")
-    r = subprocess.run([str(tool), str(model_path)], input=json.dumps(request), capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-2000:]
-    out: dict[str, Any] = json.loads(r.stdout)
-    return out
-
-
 @pytest.mark.parametrize("upto", [2, 4, 6])
 def test_prompt_with_tools_equals_llama_cpp(tiny_model_path: Path, tiny_model: Model, upto: int) -> None:
     """Tools, an assistant tool call (JSON-text arguments passed as an object, as llama.cpp
     passes them to a template that reads objects) and a tool result render as llama.cpp
     renders them (tojson without sorting or HTML escaping)."""
     msgs = CONVERSATION[:upto]
-    ref = oracle(tiny_model_path, {"template": QWEN, "messages": msgs, "tools": TOOLS})
+    ref = chat_oracle(tiny_model_path, {"template": QWEN, "messages": msgs, "tools": TOOLS})
     ours = tiny_model.format_chat(msgs, template=QWEN, tools=TOOLS)
     assert ours.tools_rendered and ref["caps"]["supports_tools"]
     assert ours.prompt == ref["prompt"]
@@ -117,7 +108,7 @@ def test_parsed_calls_equal_llama_cpp(tiny_model_path: Path, parallel: bool) -> 
         "name",
         "arguments",
     )
-    ref = oracle(
+    ref = chat_oracle(
         tiny_model_path,
         {
             "template": QWEN,
@@ -179,6 +170,6 @@ def test_a_tool_calling_conversation(tiny_model_path: Path, tiny_model: Model) -
         s.add_tool_result(call, "Sunny, 21 C")
         s.send(None, tools=TOOLS, max_tokens=4)
         msgs = s.messages[:-1]
-        ref = oracle(tiny_model_path, {"template": QWEN, "messages": msgs, "tools": TOOLS})
+        ref = chat_oracle(tiny_model_path, {"template": QWEN, "messages": msgs, "tools": TOOLS})
         want = [int(t) for t in tiny_model.tokenize(ref["prompt"], parse_special=True)]
         assert s.tokens[: len(want)] == want
