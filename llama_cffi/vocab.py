@@ -36,6 +36,7 @@ class Vocab:
         self._ptr = lib.llama_model_get_vocab(model_handle.get())
         self.n_vocab: int = int(lib.llama_vocab_n_tokens(self._ptr))
         self._tls = threading.local()
+        self._eog: tuple[int, ...] | None = None  # the vocabulary never changes: found once
 
     def _vocab(self) -> Any:
         self._model.get()  # raises ClosedError once the model is closed
@@ -304,9 +305,13 @@ class Vocab:
         return [] if ptr == ffi.NULL else [int(ptr[i]) for i in range(n[0])]
 
     def eog_tokens(self) -> list[int]:
-        """All end-of-generation token ids (one pass over the vocabulary, in C calls)."""
+        """All end-of-generation token ids (a new list). The first call makes one pass over
+        the vocabulary in C calls (~35 ms at 262,144 tokens); the ids are kept for later
+        calls (chat templates ask for them every turn)."""
         vocab = self._vocab()
-        return [t for t in range(self.n_vocab) if lib.llama_vocab_is_eog(vocab, t)]
+        if self._eog is None:
+            self._eog = tuple(t for t in range(self.n_vocab) if lib.llama_vocab_is_eog(vocab, t))
+        return list(self._eog)
 
     def __repr__(self) -> str:
         return f"<Vocab {self.type.name} n_vocab={self.n_vocab}>"
