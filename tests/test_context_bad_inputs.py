@@ -72,11 +72,11 @@ class Env:
         return b
 
 
-
 async def _first_piece(ctx: Any) -> str:
     async for piece in ctx.astream([5], max_tokens=2):
         return str(piece)
     return ""
+
 
 def _token_cases(e: Env) -> list[Case]:
     ctx, v = e.ctx, e.n_vocab
