@@ -38,7 +38,9 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -68,6 +70,8 @@ from ._tiny_variants import write_tiny_quantized, write_tiny_swa
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
 
+    from ._kv_machine import KvCacheMachine as KvCacheMachine
+    from ._kv_machine import KvCells as KvCells
     from .model import Model
     from .vocab import Vocab
 
@@ -86,7 +90,10 @@ __all__ = [
     "TOKENS",
     "TOKEN_TYPES",
     "UNK_ID",
+    "KvCacheMachine",
+    "KvCells",
     "decode_equivalence",
+    "expect_raises",
     "floats32",
     "logits_rows",
     "texts",
@@ -406,3 +413,41 @@ def decode_equivalence(
             f"(token {worst}: {got[worst]:.6g} against {want[worst]:.6g}; rtol={rtol:g}, atol={atol:g})"
         )
     return float(diff[worst])
+
+
+# ---------------------------------------------------------------------- state machines
+@contextmanager
+def expect_raises(
+    exc: type[BaseException] | tuple[type[BaseException], ...], match: str | None = None
+) -> Iterator[None]:
+    """Assert that the block raises ``exc`` (whose message matches the regular expression
+    ``match``, searched as ``re.search`` does): ``pytest.raises`` without pytest, for the
+    state machines, which also run under ``unittest``. Raises :class:`AssertionError`
+    when nothing is raised or the message does not match; any other exception goes
+    through unchanged."""
+    try:
+        yield
+    except exc as e:
+        if match is not None and not re.search(match, str(e)):
+            raise AssertionError(f"{type(e).__name__}({str(e)!r}) does not match {match!r}") from e
+        return
+    raise AssertionError(f"expected {_names(exc)}, nothing was raised")
+
+
+def _names(exc: type[BaseException] | tuple[type[BaseException], ...]) -> str:
+    return " or ".join(e.__name__ for e in (exc if isinstance(exc, tuple) else (exc,)))
+
+
+def __getattr__(name: str) -> Any:
+    # The state machines subclass hypothesis's RuleBasedStateMachine: imported when asked
+    # for, so that this module imports without hypothesis.
+    if name in ("KvCacheMachine", "KvCells"):
+        _require_hypothesis()
+        from . import _kv_machine
+
+        return getattr(_kv_machine, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *("KvCacheMachine", "KvCells")})

@@ -4,6 +4,10 @@
   parameters (degenerate no-op values included), ending in a selecting sampler.
 * :func:`grammars_with_examples`: GBNF grammars with strings they accept and near misses
   they reject (:class:`GrammarExample`), from a small generative grammar model.
+* :func:`json_schemas`: JSON schemas with instances they accept (:class:`SchemaExample`).
+* :class:`BranchMachine`: a hypothesis state machine of a
+  :class:`~samplers.branch.BranchStore` (tree, ids, KV cells, logits against fresh
+  decodes) to run against your model or extend with your own rules.
 
 Rows of logits, token sequences and the tiny test model are in :mod:`llama_cffi.testing`
 (``llama_cffi`` never imports ``samplers``). hypothesis is imported when a strategy is
@@ -44,11 +48,16 @@ from .truncation import XTC, MinP, TopK, TopNSigma, TopP, Typical
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
 
+    from ._branch_machine import BranchMachine as BranchMachine
+    from ._branch_machine import Node as Node
+
 __all__ = [
     "FILTERS",
     "SELECTORS",
+    "BranchMachine",
     "GrammarExample",
     "GrammarExampleMismatch",
+    "Node",
     "SchemaExample",
     "grammars_with_examples",
     "json_schemas",
@@ -734,3 +743,18 @@ def json_schemas(*, max_depth: int = 3, max_instances: int = 4) -> SearchStrateg
         return SchemaExample(schema, tuple(instances))
 
     return example()
+
+
+def __getattr__(name: str) -> Any:
+    # The state machine subclasses hypothesis's RuleBasedStateMachine: imported when asked
+    # for, so that this module imports without hypothesis.
+    if name in ("BranchMachine", "Node"):
+        _require_hypothesis()
+        from . import _branch_machine
+
+        return getattr(_branch_machine, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *("BranchMachine", "Node")})

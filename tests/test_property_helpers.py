@@ -68,4 +68,4 @@ def test_user_example_file_runs_under_pytester(pytester: pytest.Pytester) -> Non
     fixtures, passes."""
     pytester.makepyfile(test_user_properties=textwrap.dedent(EXAMPLE.read_text()))
     res = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=600)
-    res.assert_outcomes(passed=2)
+    res.assert_outcomes(passed=4)

@@ -97,7 +97,8 @@ def test_missing_optional_packages_say_what_to_install(tmp_path: Path) -> None:
         import llama_cffi.testing as lt, samplers.testing as stt
         print(lt.N_VOCAB, lt.TOKENS[lt.EOT_ID])  # the vocabulary needs neither
         for f in (lambda: lt.write_tiny_model({str(tmp_path / "m.gguf")!r}), lt.logits_rows, lt.texts,
-                  stt.sampler_chains, stt.grammars_with_examples):
+                  stt.sampler_chains, stt.grammars_with_examples,
+                  lambda: lt.KvCacheMachine, lambda: stt.BranchMachine):
             try:
                 f()
             except ImportError as e:
@@ -107,7 +108,7 @@ def test_missing_optional_packages_say_what_to_install(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0] == f"{N_VOCAB} <|im_end|>"
-    assert len(lines) == 6
+    assert len(lines) == 8
     assert "pip install gguf" in lines[1]
     assert all("pip install hypothesis" in line for line in lines[2:])
 

@@ -6,11 +6,19 @@ import json
 
 import numpy as np
 from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import rule, run_state_machine_as_test
 
-from llama_cffi.testing import decode_equivalence
+from llama_cffi.testing import KvCacheMachine, decode_equivalence
 from samplers.branch import BranchStore
 from samplers.grammar import Grammar
-from samplers.testing import json_schemas
+from samplers.testing import BranchMachine, json_schemas
+
+
+def rewind(ctx, seq, n):
+    """The user's own helper under test: forget the last ``n`` tokens of a sequence."""
+    end = ctx.memory.seq_pos_max(seq) + 1
+    ctx.memory.seq_rm(seq, max(end - n, 0), -1)
 
 
 @settings(max_examples=25, deadline=None)
@@ -30,3 +38,29 @@ def test_a_forked_branch_equals_a_fresh_decode(tiny_model):
         tok = int(np.argmax(child.logits))
         store.step({child: tok})
         decode_equivalence(tiny_model, [*prompt, tok], child.logits)
+
+
+def test_rewind_keeps_the_kv_cache_consistent(tiny_model):
+    """The exported KV-cache machine, extended with a rule for the user's helper: its
+    invariant checks every sequence's positions after each step."""
+
+    class Machine(KvCacheMachine):
+        model = tiny_model
+
+        @rule(data=st.data(), n=st.integers(0, 8))
+        def rewind(self, data, n):
+            seq = self.held(data)
+            rewind(self.ctx, seq, n)
+            self.kv.rm(seq, max(self.kv.pos_max(seq) + 1 - n, 0), -1)  # what it should do
+
+    run_state_machine_as_test(Machine, settings=settings(max_examples=10, stateful_step_count=20, deadline=None))
+
+
+def test_branch_store_on_my_settings(tiny_model):
+    """The exported branch machine as it is, on the user's choice of sizes."""
+
+    class Machine(BranchMachine):
+        model = tiny_model
+        n_seq = 2
+
+    run_state_machine_as_test(Machine, settings=settings(max_examples=5, stateful_step_count=20, deadline=None))
