@@ -6,6 +6,7 @@ from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -65,8 +66,36 @@ class BuildLlama(build_ext):
         build_ffi.log(f"extension ok: {os.path.basename(built)} with {len(written)} native files; {info['system']}")
 
 
+def bench_files(root: Path) -> list[Path]:
+    """What ``llama-cffi bench`` needs from the source tree, relative to ``root``: the
+    benchmark scripts and their README, the native programs' sources, and the build recipe
+    the reference tools are built with (``build_ffi.py``, ``patches/``). Never results."""
+    found = [Path("build_ffi.py"), *(p.relative_to(root) for p in sorted((root / "patches").glob("*.patch")))]
+    bench = root / "benchmarks"
+    found += [p.relative_to(root) for p in sorted(bench.glob("*.py"))]
+    found += [Path("benchmarks/README.md")]
+    found += [p.relative_to(root) for p in sorted((bench / "native").iterdir()) if p.suffix in (".c", ".cpp", ".h")]
+    return found
+
+
+class BuildPy(build_py):
+    """Also put a copy of the benchmark suite in the package (``llama_cffi/_bench``, laid
+    out as in the tree), so that an installed llama_cffi runs ``llama-cffi bench`` without
+    a clone (:mod:`llama_cffi.bench`). An editable install uses the tree itself."""
+
+    def run(self) -> None:
+        super().run()
+        if getattr(self, "editable_mode", False):
+            return
+        root = Path(HERE)
+        dest = Path(self.build_lib) / "llama_cffi" / "_bench"
+        for rel in bench_files(root):
+            self.mkpath(str((dest / rel).parent))
+            self.copy_file(str(root / rel), str(dest / rel))
+
+
 setup(
     ext_modules=[Extension("llama_cffi._llama", sources=[], py_limited_api=True)],  # replaced in BuildLlama
-    cmdclass={"build_ext": BuildLlama},
+    cmdclass={"build_ext": BuildLlama, "build_py": BuildPy},
     options={"bdist_wheel": {"py_limited_api": LIMITED_API}},
 )

@@ -23,6 +23,15 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+#: Whether these scripts run in a source tree (``python benchmarks/<name>.py`` from its
+#: root) or as the copy an installed llama_cffi carries (``llama_cffi/_bench``, no setup.py).
+IN_SOURCE_TREE = (ROOT / "setup.py").is_file()
+
+
+def script_path(name: str) -> str:
+    """How a command line names the script ``name``: ``benchmarks/<name>`` in a source
+    tree (run from its root), else its absolute path in the installed package."""
+    return f"benchmarks/{name}" if IN_SOURCE_TREE else str(ROOT / "benchmarks" / name)
 
 
 def maxrss_kib(ru_maxrss: int) -> int:
@@ -257,10 +266,10 @@ def command_line(argv: Sequence[str]) -> str:
         args.append(a)
     script = Path(sys.argv[0]).resolve()
     try:
-        rel = script.relative_to(ROOT)
+        rel = str(script.relative_to(ROOT)) if IN_SOURCE_TREE else str(script)
     except ValueError:
-        rel = script
-    return " ".join(["python", str(rel), *args])
+        rel = str(script)
+    return " ".join(["python", rel, *args])
 
 
 # ---------------------------------------------------------------------- the machine

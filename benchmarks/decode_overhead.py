@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="also write the results here, as JSON")
     a = ap.parse_args(argv)
     import llama_cffi
-    from tests.tiny_model import write_tiny_model
+    from llama_cffi.testing import write_tiny_model
 
     paths: dict[str, Path] = {}
     tmp = tempfile.TemporaryDirectory()

@@ -49,7 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +59,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import (  # noqa: E402
+    IN_SOURCE_TREE,
     PEER,
     ChildRun,
     cpu_cores,
@@ -68,11 +69,14 @@ from benchmarks.common import (  # noqa: E402
     peer_install_command,
     peer_skip_reason,
     run_child,
+    script_path,
     wait_quiet,
 )
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
+#: The report's default folder: ``benchmarks/results`` in a source tree; for the copy an
+#: installed package carries, ``llama-cffi-bench`` in the current directory.
+RESULTS = HERE / "results" if IN_SOURCE_TREE else Path.cwd() / "llama-cffi-bench"
 Payload = dict[str, Any]
 Comparison = dict[str, Any]
 
@@ -85,12 +89,15 @@ class Step:
     quick: tuple[str, ...]
     full: tuple[str, ...]
     about: str
+    #: The native programs it runs (prepared before any timing, only for the chosen steps):
+    #: llama.cpp tools by target name, or our C loops (``native/<name>.c``).
+    tools: tuple[str, ...] = ()
 
     def argv(self, full: bool) -> list[str]:
         return list(self.full if full else self.quick)
 
     def command(self, full: bool) -> str:
-        return " ".join(["python", f"benchmarks/{self.script}", *self.argv(full)])
+        return " ".join(["python", script_path(self.script), *self.argv(full)])
 
 
 STEPS: tuple[Step, ...] = (
@@ -100,6 +107,7 @@ STEPS: tuple[Step, ...] = (
         ("--rounds", "3", "--reps", "3", "--tokens", "64", "--quiet-wait", "5"),
         ("--rounds", "7", "--reps", "5", "--tokens", "64"),
         "generation tok/s: ours (greedy, sampled chain, decode only) vs llama-bench tg",
+        tools=("llama-bench",),
     ),
     Step(
         "peer",
@@ -114,6 +122,7 @@ STEPS: tuple[Step, ...] = (
         ("--rounds", "3", "--steps", "100"),
         ("--rounds", "7", "--steps", "200"),
         "per-token host overhead of decode_single + logits() vs the same loop in C",
+        tools=("decode_loop",),
     ),
     Step(
         "samplers",
@@ -121,6 +130,7 @@ STEPS: tuple[Step, ...] = (
         ("--quick", "--sizes", "32000,128256,152064,262144", "--rounds", "3", "--iters", "100", "--gen-tokens", "64"),
         ("--rounds", "5", "--iters", "200"),
         "sampler chain step by vocabulary size, numpy vs llama.cpp's samplers; sampled vs greedy generation",
+        tools=("sampler_loop",),
     ),
     Step(
         "grammar",
@@ -143,6 +153,7 @@ STEPS: tuple[Step, ...] = (
         ("--ns", "1,4,8", "--rounds", "2", "--tg", "32", "--fork-iters", "50", "--quiet-wait", "10", "--retries", "1"),
         ("--rounds", "3"),
         "N branches: batched BranchStore.step / one-by-one commit vs llama-batched-bench",
+        tools=("llama-batched-bench",),
     ),
     Step(
         "rpc",
@@ -157,6 +168,7 @@ STEPS: tuple[Step, ...] = (
         ("--rounds", "3", "--tokens", "2048", "-c", "128", "--quiet-wait", "5"),
         ("--rounds", "5", "--tokens", "4000", "-c", "128"),
         "perplexity time, value and memory: samplers.perplexity vs llama-perplexity",
+        tools=("llama-perplexity",),
     ),
 )
 
@@ -567,6 +579,10 @@ def measurements(name: str, payload: Payload) -> list[dict[str, Any]]:
 
 # ---------------------------------------------------------------------- the machine
 def git(*args: str) -> str:
+    """A git command's output in the source tree ("" for an installed copy, which is in no
+    repository of its own: a virtual environment inside a clone would report the clone)."""
+    if not IN_SOURCE_TREE:
+        return ""
     try:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
@@ -609,6 +625,7 @@ def environment() -> dict[str, Any]:
         "llama_cpp_pinned_commit": str(info.get("pinned_commit", llama_cffi.LLAMA_CPP_COMMIT)),
         "build_info": info,
         "llama_system_info": llama_cffi.system_info(),
+        "suite": str(ROOT) if IN_SOURCE_TREE else f"installed copy: {ROOT}",
         "git_commit": git("rev-parse", "HEAD"),
         "git_dirty_files": len([x for x in git("status", "--porcelain").splitlines() if x.strip()]),
         "model": model,
@@ -616,9 +633,10 @@ def environment() -> dict[str, Any]:
     }
 
 
-def prepare_tools(peer: bool = False) -> dict[str, Any]:
-    """Build (or find cached) every native program the scripts use, before timing anything;
-    ``peer``: also the shared-library build the peer loads and the C loop beside it."""
+def prepare_tools(steps: Sequence[Step], peer: bool = False) -> dict[str, Any]:
+    """Build (or find cached) the native programs ``steps`` use, before timing anything;
+    ``peer``: also the shared-library build the peer loads and the C loop beside it. (Only
+    those: on a machine whose cache is empty, each llama.cpp tool is a CMake build.)"""
     from benchmarks import native_tools as nt
 
     out: dict[str, Any] = {}
@@ -632,11 +650,12 @@ def prepare_tools(peer: bool = False) -> dict[str, Any]:
         t0 = time.perf_counter()
         path = nt.build_shared_c_tool("gen_workloads")
         out["gen_workloads"] = {"path": str(path), "prepare_s": time.perf_counter() - t0}
-    for tool in ("llama-bench", "llama-batched-bench", "llama-perplexity"):
+    wanted = [t for s in steps for t in s.tools]
+    for tool in dict.fromkeys(t for t in wanted if t.startswith("llama-")):
         t0 = time.perf_counter()
         out[tool] = {"path": str(nt.build_llama_tool(tool)), "prepare_s": time.perf_counter() - t0}
         out[tool]["build_s"] = nt.llama_tool_build_seconds(tool)
-    for name in ("decode_loop", "sampler_loop"):
+    for name in dict.fromkeys(t for t in wanted if not t.startswith("llama-")):
         t0 = time.perf_counter()
         out[name] = {"path": str(nt.build_c_tool(name)), "prepare_s": time.perf_counter() - t0}
     return out
@@ -985,12 +1004,13 @@ def main(argv: list[str] | None = None) -> int:
     if peer and (why := peer_skip_reason()) is not None:
         peer = False
         print(f"suite: peer {PEER} {why}: skipped (install it with: {peer_install_command()})", flush=True)
-    print(
-        "suite: building / finding the native tools (llama-bench, llama-batched-bench, llama-perplexity, C loops"
-        + (", the shared libllama the peer loads)" if peer else ")")
-    )
+    needed = [
+        *dict.fromkeys(t for s in steps for t in s.tools),
+        *(["the shared libllama the peer loads"] if peer else []),
+    ]
+    print(f"suite: building / finding the native tools ({', '.join(needed) or 'none'})", flush=True)
     try:
-        tools: dict[str, Any] = prepare_tools(peer)
+        tools: dict[str, Any] = prepare_tools(steps, peer)
     except Exception as exc:  # each benchmark will fail on its own and say why
         tools = {"error": f"{type(exc).__name__}: {exc}"}
         print(f"suite: native tools: {tools['error']}", flush=True)
@@ -1024,7 +1044,12 @@ def main(argv: list[str] | None = None) -> int:
         "started": started.isoformat(timespec="seconds"),
         "machine": machine,
         "mode": mode,
-        "command": " ".join(["python", "benchmarks/suite.py", *(sys.argv[1:] if argv is None else argv)]),
+        "command": " ".join(
+            [
+                *(["python", "benchmarks/suite.py"] if IN_SOURCE_TREE else ["llama-cffi", "bench"]),
+                *(sys.argv[1:] if argv is None else argv),
+            ]
+        ),
         "wall_s": time.perf_counter() - t_start,
         "load_average": {"start": list(load_start), "end": list(os.getloadavg())},
         "environment": env,

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from importlib.metadata import entry_points
-from pathlib import Path
 from typing import NoReturn, cast
 
 from . import LlamaError, Model, build_info, default_model_path, devices, system_info
@@ -36,22 +34,11 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
     return 0
 
 
-def _suite_path() -> Path:
-    """``benchmarks/suite.py`` of the source tree this package was built in place in, else
-    of the current directory (a clone, with the wheel installed)."""
-    beside = Path(__file__).resolve().parent.parent / "benchmarks" / "suite.py"
-    return beside if beside.is_file() else Path.cwd() / "benchmarks" / "suite.py"
-
-
 def cmd_bench(args: argparse.Namespace) -> int:
-    """Run the benchmark suite (``benchmarks/suite.py``) with the remaining arguments."""
-    suite = _suite_path()
-    if not suite.is_file():
-        raise OSError(
-            "the benchmark suite ships with the source tree, not the wheel (no benchmarks/suite.py "
-            "beside the package or in the current directory): run it from a clone"
-        )
-    return subprocess.call([sys.executable, str(suite), *args.suite_args], cwd=suite.parent.parent)
+    """Run the benchmark suite (:mod:`llama_cffi.bench`) with the remaining arguments."""
+    from .bench import main as bench_main
+
+    return bench_main(args.suite_args)
 
 
 def cmd_rpc_server(args: argparse.Namespace) -> int:
@@ -145,8 +132,9 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction[argpa
     )
     p = sub.add_parser(
         "bench",
-        help="run the benchmark suite: results JSON, Markdown table and plots in benchmarks/results/",
-        description="Runs benchmarks/suite.py (arguments are passed on: --full, --only NAME, --list ...).",
+        help="run the benchmark suite against native llama.cpp: a JSON and Markdown report (and plots)",
+        description="Runs the benchmark suite, the source tree's or the copy the installed package carries "
+        "(arguments are passed on: --full, --only NAME, --list, --out-dir DIR ...; --help lists them).",
         add_help=False,
     )
     p.add_argument("suite_args", nargs=argparse.REMAINDER)

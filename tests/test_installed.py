@@ -155,3 +155,57 @@ def test_grammar_features_work_from_the_installed_package(tiny_model: llama_cffi
     allowed = m.allowed_tokens().nonzero()[0]
     assert 0 < len(allowed) < tiny_model.n_vocab
     assert all(tiny_model.detokenize([int(t)]).lstrip().startswith("{") for t in allowed[:20])
+
+
+# ---------------------------------------------------------------------- the benchmark suite
+IN_PLACE = (PACKAGE.parent / "setup.py").is_file()  # a development checkout's in-place build
+
+
+def test_benchmark_suite_ships_with_the_package() -> None:
+    """An installed llama_cffi carries the benchmark suite (llama_cffi/_bench: every
+    script of the tree byte for byte, the native programs' sources, build_ffi.py and the
+    patches the reference tools are built with); an in-place build uses the tree."""
+    from llama_cffi.bench import bench_root
+
+    root = bench_root()
+    assert root == (PACKAGE.parent if IN_PLACE else PACKAGE / "_bench")
+    tree = SOURCE / "benchmarks"
+    wanted = [*tree.glob("*.py"), *(tree / "native").glob("*.c*"), SOURCE / "build_ffi.py", *SOURCE.glob("patches/*")]
+    assert len(wanted) > 20
+    for src in wanted:
+        rel = src.relative_to(SOURCE)
+        assert (root / rel).is_file(), f"{rel} is missing from {root}"
+        assert (root / rel).read_bytes() == src.read_bytes(), f"{rel} differs from the source tree's"
+    assert not (root / "benchmarks" / "results").exists() or IN_PLACE
+
+
+def test_bench_runs_from_the_installed_package(tmp_path: Path) -> None:
+    """``llama-cffi bench`` from a folder outside any tree lists the suite, then runs a
+    benchmark against its native reference (a C loop, compiled on demand against the
+    installed libraries) and writes the report to ./llama-cffi-bench/ (an in-place build:
+    to the folder given, not into the tree)."""
+    from llama_cffi.bench import bench_root
+
+    script = Path(sys.executable).parent / "llama-cffi"
+    listed = subprocess.run([str(script), "bench", "--list"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    line = next(x for x in listed.stdout.splitlines() if x.startswith("decode_overhead"))
+    shown = "benchmarks/decode_overhead.py" if IN_PLACE else str(bench_root() / "benchmarks" / "decode_overhead.py")
+    assert shown in line, line
+
+    args = ["--only", "decode_overhead", "--no-plots", "--quiet-wait", "0"]
+    out_dir = tmp_path / "llama-cffi-bench"
+    if IN_PLACE:
+        args += ["--out-dir", str(out_dir)]
+    run = subprocess.run([str(script), "bench", *args], capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    (report_path,) = out_dir.glob("*.json")
+    assert report_path.with_suffix(".md").is_file()
+    report = json.loads(report_path.read_text())
+    assert report["ok"] and [r["name"] for r in report["runs"]] == ["decode_overhead"]
+    ratios = [c["ratio"] for c in report["comparisons"]]
+    assert len(ratios) == 2 and all(0.2 < r < 5 for r in ratios), report["comparisons"]  # ours / the C loop
+    if not IN_PLACE:
+        assert report["command"].startswith("llama-cffi bench --only decode_overhead")
+        assert report["environment"]["suite"].startswith("installed copy")
+        assert report["environment"]["git_commit"] == ""
