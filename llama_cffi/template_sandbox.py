@@ -424,6 +424,19 @@ def _make_environment() -> Any:
 
     env.globals["raise_exception"] = raise_exception
 
+    def strftime_now(fmt: str) -> str:
+        # The local time now, as llama.cpp's engine (common/jinja/value.cpp) and transformers
+        # give templates (Llama 3.2's and Mistral's write today's date). llama.cpp formats
+        # into 100 bytes and raises when the result does not fit or is empty: so do we.
+        if not isinstance(fmt, str) or len(fmt) > 1000:
+            raise ChatTemplateError("strftime_now: the format must be a string of at most 1000 characters")
+        out = time.strftime(fmt)
+        if not out or len(out.encode()) >= 100:
+            raise ChatTemplateError(f"strftime_now: failed to format time with {fmt[:40]!r}")
+        return out
+
+    env.globals["strftime_now"] = strftime_now
+
     filters = env.filters
 
     def wrap(name: str, check: Callable[..., None]) -> None:

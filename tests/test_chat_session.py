@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -238,3 +239,23 @@ def test_every_memory_kind(tiny_model_of: Callable[[str], Path], kind: str) -> N
             assert s.tokens[: len(s.tokens) - len(r.result.tokens)] == [
                 int(t) for t in model.tokenize(full.prompt, parse_special=True)
             ]
+
+
+def test_strftime_now_as_llama_cpp(tiny_model_path: Path, tiny_model: Model) -> None:
+    """Templates that write today's date (Llama 3.2's, Mistral's) call ``strftime_now``: the
+    prompt is llama.cpp's (both read the clock: a run that crosses a minute is retried); a
+    format whose result does not fit llama.cpp's 100 bytes is refused, as there."""
+    tpl = (
+        "{{ bos_token }}[{{ strftime_now('%d %b %Y %H:%M') }}]"
+        "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+    )
+    msgs = [{"role": "user", "content": "What day is it?"}]
+    for _ in range(3):
+        ref = chat_oracle(tiny_model_path, {"messages": msgs, "template": tpl, "add_generation_prompt": True})
+        ours = tiny_model.format_chat(msgs, template=tpl).prompt
+        if ours == ref["prompt"]:
+            break
+    assert ours == ref["prompt"]
+    assert time.strftime("%d %b %Y") in ours
+    with pytest.raises(ChatTemplateError, match="strftime_now"):
+        tiny_model.format_chat(msgs, template="{{ strftime_now('%Y' * 40) }}")

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+import samplers as S
 from llama_cffi import Model
 from samplers.branch import BranchStore
 from samplers.chat import ChatSession
@@ -173,3 +174,39 @@ def test_a_tool_calling_conversation(tiny_model_path: Path, tiny_model: Model) -
         ref = chat_oracle(tiny_model_path, {"template": QWEN, "messages": msgs, "tools": TOOLS})
         want = [int(t) for t in tiny_model.tokenize(ref["prompt"], parse_special=True)]
         assert s.tokens[: len(want)] == want
+
+
+class _ForcePrefix(S.Sampler):
+    """Biases the first ``len(tokens)`` steps towards ``tokens``, one each (a model that
+    starts a call by itself; the tiny random model would not)."""
+
+    def __init__(self, n_vocab: int, tokens: list[int]) -> None:
+        self.n_vocab, self.tokens, self.i = n_vocab, tokens, 0
+
+    def apply(self, cands: S.Candidates) -> None:
+        if self.i < len(self.tokens):
+            S.LogitBias(self.n_vocab, {self.tokens[self.i]: 1e4}).apply(cands)
+
+    def accept(self, token: int) -> None:
+        self.i += 1
+
+
+@pytest.mark.parametrize("constrain", [True, False])
+def test_lazy_tool_grammar_in_a_session(tiny_model: Model, constrain: bool) -> None:
+    """With tools and no grammar of its own, a turn samples freely until the reply writes
+    the format's trigger; from there the lazy grammar keeps the call well-formed, so it
+    parses into a call of a declared tool whose arguments its schema accepts. Without the
+    grammar (``constrain_tools=False``) the same start goes on as random text: no call."""
+    trigger = [int(t) for t in tiny_model.tokenize("<tool_call>\n", add_special=False)]
+    n_vocab = tiny_model.n_vocab
+    with tiny_model.context(n_ctx=2048, n_seq_max=2, kv_unified=True) as ctx:
+        s = ChatSession(ctx, template=QWEN, max_tokens=300)
+        chain = S.SamplerChain([_ForcePrefix(n_vocab, trigger), S.TopK(40), S.Dist(7)])
+        r = s.send("Weather in Paris?", tools=SHORT, sampler=chain, constrain_tools=constrain)
+    assert r.text.startswith("<tool_call>\n") or r.tool_calls, r.text
+    if constrain:
+        assert len(r.tool_calls) == 1, r.text
+        call = r.tool_calls[0]
+        assert call.name == "get_weather" and isinstance(call.args["city"], str) and len(call.args["city"]) <= 6
+    else:
+        assert not r.tool_calls, r.text
