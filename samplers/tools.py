@@ -6,9 +6,11 @@ analysis does (``common/chat-diff-analyzer.cpp``), by rendering a probe conversa
 one tool call: the text before the call's JSON object (``<tool_call>\n`` for Hermes and
 Qwen 2.5), the keys of its name and arguments, and the text after it. It handles
 templates that write a call as a JSON object (or a JSON list of them) between markers.
-Qwen 2.5's template is checked against llama.cpp in the tests; other families of that
-shape (Llama 3.x's JSON with ``parameters``, Mistral's ``[TOOL_CALLS]`` list) go through
-the same probe but are not checked against llama.cpp yet. Templates that write calls
+Two families are checked against llama.cpp in the tests (prompts, parsed calls and the
+lazy grammar's trigger): Qwen 2.5's (one JSON object per ``<tool_call>``) and Llama 3.3
+Nemotron's (a JSON list between ``<TOOLCALL>`` and ``</TOOLCALL>``). Others of that shape
+(Mistral's ``[TOOL_CALLS]`` list) go through the same probe but are not checked: llama.cpp
+at the pinned commit cannot read Mistral Small 3.1's template. Templates that write calls
 another way (XML arguments, Python syntax) get ``None``: no tool calls are parsed, the
 reply is content. Templates that do not declare tools (the tiny model's ChatML, Gemma
 3's) render no tools and parse none, as in llama.cpp.

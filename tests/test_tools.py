@@ -23,6 +23,7 @@ from tests.conftest import chat_oracle
 DATA = Path(__file__).parent / "data"
 QWEN = (DATA / "qwen2_5_chat_template.jinja").read_text()
 GEMMA3 = (DATA / "gemma3_chat_template.jinja").read_text()
+NEMOTRON = (DATA / "llama3_3_nemotron_chat_template.jinja").read_text()  # Llama 3.3: <TOOLCALL>[...]
 
 TOOLS = [
     {
@@ -191,22 +192,73 @@ class _ForcePrefix(S.Sampler):
         self.i += 1
 
 
+@pytest.mark.parametrize("template", ["qwen", "nemotron"])
 @pytest.mark.parametrize("constrain", [True, False])
-def test_lazy_tool_grammar_in_a_session(tiny_model: Model, constrain: bool) -> None:
+def test_lazy_tool_grammar_in_a_session(tiny_model: Model, constrain: bool, template: str) -> None:
     """With tools and no grammar of its own, a turn samples freely until the reply writes
     the format's trigger; from there the lazy grammar keeps the call well-formed, so it
     parses into a call of a declared tool whose arguments its schema accepts. Without the
     grammar (``constrain_tools=False``) the same start goes on as random text: no call."""
-    trigger = [int(t) for t in tiny_model.tokenize("<tool_call>\n", add_special=False)]
+    tpl = QWEN if template == "qwen" else NEMOTRON
+    fmt = tool_call_format(tpl)
+    assert fmt is not None
+    trigger = [int(t) for t in tiny_model.tokenize(fmt.start, add_special=False)]
     n_vocab = tiny_model.n_vocab
     with tiny_model.context(n_ctx=2048, n_seq_max=2, kv_unified=True) as ctx:
-        s = ChatSession(ctx, template=QWEN, max_tokens=300)
+        s = ChatSession(ctx, template=tpl, max_tokens=300)
         chain = S.SamplerChain([_ForcePrefix(n_vocab, trigger), S.TopK(40), S.Dist(7)])
         r = s.send("Weather in Paris?", tools=SHORT, sampler=chain, constrain_tools=constrain)
-    assert r.text.startswith("<tool_call>\n") or r.tool_calls, r.text
+    assert r.text.startswith(fmt.start) or r.tool_calls, r.text
     if constrain:
         assert len(r.tool_calls) == 1, r.text
         call = r.tool_calls[0]
         assert call.name == "get_weather" and isinstance(call.args["city"], str) and len(call.args["city"]) <= 6
     else:
         assert not r.tool_calls, r.text
+
+
+# ---------------------------------------------------------------------- Llama 3.3 (Nemotron)
+NEMOTRON_CALL = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+NEMOTRON_OUTPUTS = [
+    '<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</TOOLCALL>',
+    "Hello",
+    'Sure. <TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}, '
+    '{"name": "get_time", "arguments": {}}]</TOOLCALL>',
+    '<TOOLCALL>[{"name": "get_time", "arguments": {}}]</TOOLCALL>',
+]
+
+
+@pytest.mark.parametrize("upto", [2, 4, 6])
+def test_nemotron_prompt_with_tools_equals_llama_cpp(tiny_model_path: Path, tiny_model: Model, upto: int) -> None:
+    """A second family, calls as a JSON list between markers (Llama 3.3 Nemotron): the
+    prompt with tools, a call and its result is llama.cpp's."""
+    msgs = [dict(m, tool_calls=[NEMOTRON_CALL]) if m.get("tool_calls") else m for m in CONVERSATION[:upto]]
+    ref = chat_oracle(tiny_model_path, {"template": NEMOTRON, "messages": msgs, "tools": TOOLS})
+    ours = tiny_model.format_chat(msgs, template=NEMOTRON, tools=TOOLS)
+    assert ours.tools_rendered and ref["caps"]["supports_tools"]
+    assert ours.prompt == ref["prompt"]
+
+
+def test_nemotron_parsed_calls_equal_llama_cpp(tiny_model_path: Path) -> None:
+    """Its format (found by the probe) and the calls parsed out of replies, one or several in
+    the list, with content before them, are llama.cpp's; so is the lazy grammar's trigger."""
+    fmt = tool_call_format(NEMOTRON)
+    assert fmt is not None and (fmt.start, fmt.end, fmt.in_list) == ("<TOOLCALL>", "</TOOLCALL>", True)
+    ref = chat_oracle(
+        tiny_model_path,
+        {
+            "template": NEMOTRON,
+            "messages": CONVERSATION[:2],
+            "tools": TOOLS,
+            "outputs": NEMOTRON_OUTPUTS,
+            "parallel_tool_calls": True,
+        },
+    )
+    assert ref["grammar_lazy"] and [t["value"] for t in ref["grammar_triggers"]] == [fmt.start]
+    for text, want in zip(NEMOTRON_OUTPUTS, ref["parsed"], strict=True):
+        content, calls = parse_tool_calls(text, fmt)
+        assert content == want["content"], text
+        assert [(c.name, c.args) for c in calls] == [
+            (w["name"], json.loads(w["arguments"])) for w in want["tool_calls"]
+        ]
+    assert len(ref["parsed"][2]["tool_calls"]) == 2
