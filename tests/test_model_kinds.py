@@ -184,9 +184,19 @@ def test_llama_cpps_own_tool_generates_the_same(tiny_model_of: object, kind: str
     tool = build_llama_tool("llama-completion")
     cmd = [str(tool), "-m", str(path), "-p", "hello world", "-n", "12", "-no-cnv", "--temp", "0", "-c", "256"]
     cmd += ["-t", "2", "--no-display-prompt", "-s", "0"]
-    r = subprocess.run(cmd, capture_output=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert len(ours) > 0 and r.stdout.rstrip(b"\n") == ours.rstrip(b"\n"), (kind, r.stdout, ours)
+    # llama-completion prints each piece through common/log.cpp's asynchronous worker, which
+    # once (CI, under load) printed two of the 12 pieces twice: b",,,,,,, time time all all"
+    # for our b",,,,,,, time all", 14 pieces where -n 12 allows 12 tokens. That is the
+    # printing, not the generation, so a run that differs is repeated (up to 3 runs); a real
+    # difference in the tokens is deterministic and fails every run.
+    outs = []
+    for _ in range(3):
+        r = subprocess.run(cmd, capture_output=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        outs.append(r.stdout.rstrip(b"\n"))
+        if outs[-1] == ours.rstrip(b"\n"):
+            break
+    assert len(ours) > 0 and outs[-1] == ours.rstrip(b"\n"), (kind, outs, ours)
 
 
 def _greedy(ctx: llama_cffi.Context, m: llama_cffi.Model, n: int) -> list[int]:
