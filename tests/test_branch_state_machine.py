@@ -9,7 +9,7 @@ from hypothesis import settings
 from hypothesis.stateful import rule, run_state_machine_as_test
 
 import samplers as S
-from llama_cffi import Context, Model, UnsupportedError
+from llama_cffi import Context, Model
 from llama_cffi.errors import KvCacheFullError
 from samplers.branch import BranchStore
 from samplers.testing import BranchMachine
@@ -81,18 +81,6 @@ def test_failed_prefill_keeps_a_pending_sample(tiny_model: Model) -> None:
 
 
 # ---------------------------------------------------------------------- the exported machine
-@pytest.mark.parametrize("kind", ["swa", "mamba"])
-def test_branch_machine_refuses_models_without_a_plain_kv_cache(tiny_model_of, kind: str) -> None:
-    with Model.load(str(tiny_model_of(kind))) as model:
-
-        class Machine(BranchMachine):
-            pass
-
-        Machine.model = model
-        with pytest.raises(UnsupportedError, match="plain KV cache"):
-            Machine()
-
-
 def test_branch_machine_runs_with_other_settings(tiny_model: Model) -> None:
     """Three branches, n_batch 32, and a reference context the machine makes itself."""
 

@@ -66,16 +66,16 @@ def test_saving_with_a_pending_shift_is_refused(tiny_model: Model) -> None:
 
 
 # ---------------------------------------------------------------------- the exported machine
+@pytest.mark.parametrize("machine", ["kv", "branch"])
 @pytest.mark.parametrize("kind", ["swa", "mamba", "hybrid", "t5", "bert"])
-def test_kv_machine_refuses_models_without_a_plain_kv_cache(tiny_model_of, kind: str) -> None:
-    """The cell model is llama.cpp's plain KV cache: other memories are refused by name."""
+def test_machines_refuse_models_without_a_plain_kv_cache(tiny_model_of, kind: str, machine: str) -> None:
+    """The cell model is llama.cpp's plain KV cache: both exported machines (this one and
+    samplers.testing.BranchMachine) refuse other memories, by name."""
+    from samplers.testing import BranchMachine
 
+    base = KvCacheMachine if machine == "kv" else BranchMachine
     with Model.load(str(tiny_model_of(kind))) as model:
-
-        class Machine(KvCacheMachine):
-            pass
-
-        Machine.model = model
+        Machine = type("Machine", (base,), {"model": model})
         with pytest.raises(UnsupportedError, match="plain KV cache"):
             Machine()
 

@@ -81,14 +81,22 @@ OUTPUTS = [
 ]
 
 
+@pytest.mark.parametrize("args", ["text", "object"])
+@pytest.mark.parametrize("family", ["qwen", "nemotron"])
 @pytest.mark.parametrize("upto", [2, 4, 6])
-def test_prompt_with_tools_equals_llama_cpp(tiny_model_path: Path, tiny_model: Model, upto: int) -> None:
-    """Tools, an assistant tool call (JSON-text arguments passed as an object, as llama.cpp
-    passes them to a template that reads objects) and a tool result render as llama.cpp
-    renders them (tojson without sorting or HTML escaping)."""
-    msgs = CONVERSATION[:upto]
-    ref = chat_oracle(tiny_model_path, {"template": QWEN, "messages": msgs, "tools": TOOLS})
-    ours = tiny_model.format_chat(msgs, template=QWEN, tools=TOOLS)
+def test_prompt_with_tools_equals_llama_cpp(
+    tiny_model_path: Path, tiny_model: Model, upto: int, family: str, args: str
+) -> None:
+    """Tools, an assistant tool call and a tool result render as llama.cpp renders them
+    (tojson without sorting or HTML escaping), for Qwen 2.5's template (one JSON object per
+    call) and Llama 3.3 Nemotron's (a JSON list between markers). The call's arguments are
+    JSON text (passed as an object, as llama.cpp passes them to a template that reads
+    objects) or an object."""
+    template = QWEN if family == "qwen" else NEMOTRON
+    call = CALL if args == "text" else {**CALL, "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    msgs = [dict(m, tool_calls=[call]) if m.get("tool_calls") else m for m in CONVERSATION[:upto]]
+    ref = chat_oracle(tiny_model_path, {"template": template, "messages": msgs, "tools": TOOLS})
+    ours = tiny_model.format_chat(msgs, template=template, tools=TOOLS)
     assert ours.tools_rendered and ref["caps"]["supports_tools"]
     assert ours.prompt == ref["prompt"]
 
@@ -218,7 +226,6 @@ def test_lazy_tool_grammar_in_a_session(tiny_model: Model, constrain: bool, temp
 
 
 # ---------------------------------------------------------------------- Llama 3.3 (Nemotron)
-NEMOTRON_CALL = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
 NEMOTRON_OUTPUTS = [
     '<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris"}}]</TOOLCALL>',
     "Hello",
@@ -226,17 +233,6 @@ NEMOTRON_OUTPUTS = [
     '{"name": "get_time", "arguments": {}}]</TOOLCALL>',
     '<TOOLCALL>[{"name": "get_time", "arguments": {}}]</TOOLCALL>',
 ]
-
-
-@pytest.mark.parametrize("upto", [2, 4, 6])
-def test_nemotron_prompt_with_tools_equals_llama_cpp(tiny_model_path: Path, tiny_model: Model, upto: int) -> None:
-    """A second family, calls as a JSON list between markers (Llama 3.3 Nemotron): the
-    prompt with tools, a call and its result is llama.cpp's."""
-    msgs = [dict(m, tool_calls=[NEMOTRON_CALL]) if m.get("tool_calls") else m for m in CONVERSATION[:upto]]
-    ref = chat_oracle(tiny_model_path, {"template": NEMOTRON, "messages": msgs, "tools": TOOLS})
-    ours = tiny_model.format_chat(msgs, template=NEMOTRON, tools=TOOLS)
-    assert ours.tools_rendered and ref["caps"]["supports_tools"]
-    assert ours.prompt == ref["prompt"]
 
 
 def test_nemotron_parsed_calls_equal_llama_cpp(tiny_model_path: Path) -> None:
