@@ -16,7 +16,9 @@ reply is content. Templates that do not declare tools (the tiny model's ChatML, 
 3's) render no tools and parse none, as in llama.cpp.
 
 :func:`parse_tool_calls` splits a reply into its content and :class:`ToolCall` objects;
-``tests/test_tools.py`` compares it with llama.cpp's ``common_chat_parse``.
+``tests/test_tools.py`` compares it with llama.cpp's ``common_chat_parse``. One difference:
+with parallel calls off, llama.cpp's parser for Nemotron's format refuses a reply that
+lists two calls (an error), where this returns both.
 """
 
 from __future__ import annotations
