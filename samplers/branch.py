@@ -409,6 +409,9 @@ class Branch:
         #: the model's logits when the snapshot was edited (set_logits, add_logits, contrast,
         #: a steering hook); None when the snapshot is the model's own
         self._orig: npt.NDArray[np.float32] | None = None
+        #: the buffer ``_orig`` uses, allocated at the first edit and reused by later ones
+        #: (a steering hook edits every step)
+        self._orig_buf: npt.NDArray[np.float32] | None = None
         #: called by :meth:`sample` before the sampler runs: ``steer(branch, logits)`` with
         #: the snapshot writable (see :meth:`set_logits`)
         self.steer: Callable[[Branch, npt.NDArray[np.float32]], None] | None = None
@@ -581,8 +584,12 @@ class Branch:
         return self._orig if self._orig is not None else self._logits
 
     def _editable(self) -> npt.NDArray[np.float32]:
+        """The snapshot, to be edited: the model's logits are kept in ``_orig`` first."""
         if self._orig is None:
-            self._orig = self._logits.copy()
+            if self._orig_buf is None:
+                self._orig_buf = np.empty_like(self._logits)
+            np.copyto(self._orig_buf, self._logits)
+            self._orig = self._orig_buf
         self._pending = None
         return self._logits
 
@@ -642,12 +649,12 @@ class Branch:
         a = float(alpha)
         if not np.isfinite(a):
             raise ParamError(f"alpha must be finite, not {alpha!r}")
-        mine = self._model_row().astype(np.float32, copy=True)
-        theirs = other._model_row()
+        row = self._editable()  # the model's logits are in self._orig now
+        mine, theirs = self._model_row(), other._model_row()  # (other may be self)
         with np.errstate(invalid="ignore"):
-            out = (1.0 + a) * mine - a * theirs
-        out[np.isnan(out)] = -np.inf  # -inf in both: the token stays banned
-        np.copyto(self._editable(), out)
+            np.multiply(mine, 1.0 + a, out=row)
+            row -= a * theirs
+        np.copyto(row, -np.inf, where=np.isnan(row))  # -inf in both: the token stays banned
 
     def reset_logits(self) -> None:
         """Undo every edit: the snapshot is the model's logits again."""
