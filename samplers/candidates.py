@@ -35,6 +35,25 @@ _GROUPS = 64  # a borrowed row of n >= _GROUPED_MIN is summarised by n/64 group 
 _GROUPED_MIN = 8192
 
 
+def _stable_top(vals: FloatArray, pos: IndexArray, k: int) -> IndexArray:
+    """The ``pos`` of the ``k`` largest ``vals`` (``1 <= k``, no NaN), in the order of a
+    stable sort by ``-vals``: largest first, equal values by ascending ``pos`` (``pos``
+    ascending), whichever equal values argpartition happened to pick at the cut."""
+    m = len(pos)
+    if m > k:
+        part = np.argpartition(vals, m - k)[m - k :]
+        kth = vals[part].min()
+        if np.count_nonzero(vals >= kth) > k:
+            # equal values at the cut: prefer lower positions, like a stable sort would
+            above = np.flatnonzero(vals > kth)
+            ties = np.flatnonzero(vals == kth)[: k - len(above)]
+            part = np.concatenate([above, ties])
+        pos, vals = pos[part], vals[part]
+    order = np.lexsort((pos, -vals))
+    out: IndexArray = pos[order]
+    return out
+
+
 class Candidates:
     """The candidate set of one sampling step (see the module docstring)."""
 
@@ -354,20 +373,7 @@ class Candidates:
             pos = np.flatnonzero(mask)
         else:
             pos = np.arange(n)
-        vals = lg[pos]
-        m = len(pos)
-        if m > k:
-            part = np.argpartition(vals, m - k)[m - k :]
-            kth = vals[part].min()
-            if np.count_nonzero(vals >= kth) > k:
-                # equal logits at the cut: prefer lower positions, like a stable sort would
-                above = np.flatnonzero(vals > kth)
-                ties = np.flatnonzero(vals == kth)[: k - len(above)]
-                part = np.concatenate([above, ties])
-            pos, vals = pos[part], vals[part]
-        order = np.lexsort((pos, -vals))
-        out: IndexArray = pos[order]
-        return out
+        return _stable_top(lg[pos], pos, k)
 
     # ------------------------------------------------------------------ probabilities
     def softmax(self, sort: bool = False) -> FloatArray:

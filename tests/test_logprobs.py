@@ -121,6 +121,31 @@ def test_score_property(tiny_model: Model, prompt: list[int], cont: list[int], t
     )
 
 
+@given(
+    n=st.sampled_from([262_144, 262_144 - 37, 64 * 40, 64 * 40 - 1]),
+    top=st.integers(1, 40),
+    levels=st.integers(2, 1000),
+    n_inf=st.integers(0, 300),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_reader_top_on_large_rows(default_model: Model, n: int, top: int, levels: int, n_inf: int, seed: int) -> None:
+    """The top list is the first ``top`` of a stable sort by descending logit, on rows of a
+    real vocabulary's size and on short ones, with and without a tail past the last whole
+    group of 64 (``top <= len(row) / 512`` takes the C kernel, larger the partition): ties
+    (few distinct values) go to the lower id, -inf logits come last, and each logprob is
+    ``-surprisal``; a second row through the same reader is read afresh."""
+    reader = S.logprobs.LogprobReader(default_model.vocab, top=top)
+    rng = np.random.default_rng(seed)
+    for _ in range(2):
+        row = (rng.integers(0, levels, n) * (8.0 / levels)).astype(np.float32)
+        row[rng.integers(0, n, n_inf)] = -np.inf
+        r = reader.read(row, int(rng.integers(0, n)))
+        want = [int(i) for i in np.argsort(-row, kind="stable")[:top]]
+        assert [a.token for a in r.top] == want
+        assert [a.logprob for a in r.top] == [-surprisal(row, t) for t in want]
+        assert r.logprob == -surprisal(row, r.token)
+
+
 def test_score_errors(tiny_model: Model, tiny_model_of: object) -> None:
     """Typed errors, and the context stays usable."""
     with tiny_model.context(n_ctx=256) as ctx:
