@@ -44,6 +44,9 @@ Environment switches (all optional):
                          ``LLAMA_CFFI_CUDA_ARCHS``, default ``native``)
 ``LLAMA_CFFI_RPC=0``     leave out the RPC backend (built by default: the client is
                          idle until ``rpc_servers=`` is used; see ``llama_cffi.rpc``)
+``LLAMA_CFFI_MEMORY_READER=0`` build ``Context.memory_usage()``'s reader as a stub that
+                         raises ``UnsupportedError`` (done by itself, with a warning, when
+                         ``memory.cpp`` does not compile against ``LLAMA_CPP_DIR``)
 ``LLAMA_CFFI_JOBS``      parallel compile jobs (default: CPU count)
 ``LLAMA_CFFI_CMAKE_ARGS`` extra ``-D...`` arguments, space separated
 =======================  ===========================================================
@@ -61,11 +64,12 @@ import shlex
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -1181,9 +1185,17 @@ static const char *const llama_cffi_build_info = %(build_info)s;
 
 def own_cdef() -> str:
     """The declarations of ``llama_cffi/_native/llama_cffi.h``, for the cdef: the header
-    without its preprocessor lines (include guard, includes), which cffi does not read."""
-    lines = NATIVE_HEADER.read_text().splitlines()
-    return "\n".join(line for line in lines if not line.lstrip().startswith("#")) + "\n"
+    without its preprocessor lines (include guard, includes), which cffi does not read,
+    except the integer constants (``#define NAME value``), declared as ``#define NAME ...``
+    for the compiler to fill in (``lib.NAME``)."""
+    out = []
+    for line in NATIVE_HEADER.read_text().splitlines():
+        define = re.match(r"\s*#\s*define\s+(\w+)\s+\S", line)
+        if define:
+            out.append(f"#define {define.group(1)} ...")
+        elif not line.lstrip().startswith("#"):
+            out.append(line)
+    return "\n".join(out) + "\n"
 
 
 def native_sources() -> list[Path]:
@@ -1193,7 +1205,31 @@ def native_sources() -> list[Path]:
     return sorted([*NATIVE_DIR.glob("*.c"), *NATIVE_DIR.glob("*.cpp")])
 
 
-def build_info_json(native: NativeBuild, source: Source) -> str:
+#: the one helper that reads llama.cpp's internal classes (its ``src/`` headers)
+MEMORY_READER = NATIVE_DIR / "memory.cpp"
+
+
+def memory_reader_error(include_dirs: Sequence[Path]) -> str | None:
+    """Why :data:`MEMORY_READER` cannot be built against ``include_dirs`` (the extension's),
+    or None when it can: the file compiled alone (``-fsyntax-only``, a second or two) with
+    the compiler setuptools uses. Its classes are llama.cpp's internals, which change
+    between commits; a ``LLAMA_CPP_DIR`` where they differ gets the stub, not a failed
+    build. ``LLAMA_CFFI_MEMORY_READER=0`` asks for the stub."""
+    if os.environ.get("LLAMA_CFFI_MEMORY_READER", "1").strip() == "0":
+        return "LLAMA_CFFI_MEMORY_READER=0"
+    cc = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
+    cmd = [*cc, "-fsyntax-only", *(f"-I{d}" for d in include_dirs), str(MEMORY_READER)]
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as exc:
+        return f"{cc[0]}: {exc}"
+    if res.returncode == 0:
+        return None
+    errors = [line for line in res.stderr.splitlines() if "error" in line] or res.stderr.splitlines()
+    return "\n".join(errors[:12]) or f"{cc[0]} exited with {res.returncode}"
+
+
+def build_info_json(native: NativeBuild, source: Source, memory_reader: bool = True) -> str:
     """The build stamp compiled into the extension: what was built and how, with no path of
     the build machine in it (a wheel carries it everywhere)."""
     kind, _, where = source.origin.partition(":")
@@ -1208,6 +1244,7 @@ def build_info_json(native: NativeBuild, source: Source) -> str:
             "cpu_variants": native.cpu_variants,
             "compiler": _compiler_version(),
             "native_seconds": round(native.seconds, 1),
+            "memory_reader": memory_reader,
         },
         sort_keys=True,
     )
@@ -1234,7 +1271,15 @@ def make_ffibuilder(native: NativeBuild, source: Source) -> Any:
     ffi.cdef(cdef)
     ffi.cdef(own_cdef())
     ffi.cdef(CALLBACKS_CDEF)
-    info = build_info_json(native, source)
+    include_dirs = [NATIVE_DIR, *native.include_dirs, source.root / "src"]
+    no_reader = memory_reader_error(include_dirs)
+    if no_reader is not None:
+        log(
+            f"warning: Context.memory_usage() will raise UnsupportedError in this build: "
+            f"{MEMORY_READER.name} does not compile against {source.root} (llama.cpp {native.commit[:12]}):\n"
+            f"{no_reader}"
+        )
+    info = build_info_json(native, source, memory_reader=no_reader is None)
     src = PREAMBLE % {
         "extra_includes": "".join(f'#include "{h}"\n' for h in extra),
         "build_info": json.dumps(info),  # a valid C string literal for ASCII JSON
@@ -1245,7 +1290,8 @@ def make_ffibuilder(native: NativeBuild, source: Source) -> Any:
         src,
         sources=[str(p) for p in native_sources()],
         # the source tree's src/: llama.cpp's internal headers, for memory.cpp
-        include_dirs=[str(NATIVE_DIR), *(str(d) for d in native.include_dirs), str(source.root / "src")],
+        include_dirs=[str(d) for d in include_dirs],
+        define_macros=[] if no_reader is None else [("LLAMA_CFFI_NO_MEMORY_READER", "1")],
         # linked by path: the dynamic section records their SONAMEs, found through the RUNPATH
         extra_objects=[str(p) for p in native.link_files],
         # memory.cpp is C++: the shared libstdc++ libllama uses (one copy in the process);

@@ -158,7 +158,8 @@ __all__ = [
 
 def build_info() -> dict[str, Any]:
     """How the extension was built (llama.cpp commit, CMake options, source, patches,
-    compiler, binding ABI, the CPU variants shipped) and, under ``"cpu_variant"``, which
+    compiler, binding ABI, the CPU variants shipped, whether ``Context.memory_usage()``
+    has its reader: ``"memory_reader"``) and, under ``"cpu_variant"``, which
     CPU backend library this process loaded and why (see :mod:`llama_cffi.backends`)."""
     return dict(BUILD_INFO, cpu_variant=backends.choice().as_dict())
 

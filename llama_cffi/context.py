@@ -1301,7 +1301,11 @@ class Context:
         type and device: weights, KV cache / recurrent state (K and V apart, per memory
         module and layer) and compute buffers. Read from llama.cpp's own objects, never
         estimated; see :mod:`llama_cffi.memory_usage`. ``state_size()`` is the size of a
-        saved state instead (only the cells in use)."""
+        saved state instead (only the cells in use).
+
+        Raises :class:`~llama_cffi.errors.UnsupportedError` in a build whose llama.cpp
+        source (``LLAMA_CPP_DIR`` at another commit) the reader does not compile against
+        (``build_info()["memory_reader"]`` is False; the build said why)."""
         with self._busy:
             return read_memory_usage(self._ptr())
 

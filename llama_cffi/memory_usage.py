@@ -21,6 +21,11 @@ llama.cpp logs when it makes the cache, and ``allocated`` its ``KV buffer size``
 kind. The values are a snapshot: they do not change while the context lives (llama.cpp
 allocates its memory when the context is made), except the compute buffers, which grow
 when a decode needs a larger graph.
+
+The reader (``llama_cffi/_native/memory.cpp``) reads llama.cpp's internal classes, which
+change between commits. Built against a ``LLAMA_CPP_DIR`` it does not compile with, the
+extension gets a stub instead (the build prints the compiler's error), and
+:meth:`Context.memory_usage` raises :class:`~llama_cffi.errors.UnsupportedError`.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._binding import ffi, lib
-from .errors import LlamaError
+from .errors import LlamaError, UnsupportedError
 
 __all__ = ["BufferUsage", "CacheBuffer", "CacheTensor", "MemoryUsage", "read_memory_usage"]
 
@@ -226,6 +231,8 @@ def _rows(fn: Any, ctype: str, ptr: Any) -> Iterator[Any]:
     while True:
         if n < 0:
             why = ffi.string(lib.llama_cffi_memory_error()).decode(errors="replace")
+            if n == lib.LLAMA_CFFI_MEMORY_UNAVAILABLE:
+                raise UnsupportedError(f"memory_usage() is not available: {why}")
             raise LlamaError(f"llama.cpp could not report its memory: {why}")
         out = ffi.new(f"{ctype}[]", max(n, 1))
         m = fn(ptr, out, n)

@@ -39,7 +39,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 #: What the tests need besides the installed package (never llama_cffi/ or samplers/).
-TEST_TREE = ("tests", "benchmarks", "build_ffi.py", "patches", "pyproject.toml", "README.md", "docs")
+#: What the installed tests see of the repository. ``llama_cffi/_native`` is build_ffi's C
+#: and C++ sources (tests/test_build_checks.py builds with them): no Python file, so
+#: ``import llama_cffi`` still finds the venv's package (tests/conftest.py checks).
+TEST_TREE = (
+    "tests",
+    "benchmarks",
+    "build_ffi.py",
+    "patches",
+    "llama_cffi/_native",
+    "pyproject.toml",
+    "README.md",
+    "docs",
+)
 
 #: The tests that check the installed package itself (run against the sdist install too).
 INSTALLED_TESTS = ("tests/test_installed.py", "tests/test_backends.py")
@@ -112,7 +124,7 @@ def copy_test_tree(dest: Path) -> None:
     for report in (ROOT / "benchmarks" / "results").glob("*.md"):
         shutil.copy2(report, reports / report.name)
     for pkg in ("llama_cffi", "samplers"):
-        assert not (dest / pkg).exists(), f"{pkg} must not be in the test tree"
+        assert not list((dest / pkg).rglob("*.py")), f"{pkg}'s Python files must not be in the test tree"
 
 
 def ensure_qemu() -> None:

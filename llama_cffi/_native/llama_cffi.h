@@ -76,8 +76,11 @@ int64_t llama_cffi_gguf_duplicate_string(const struct gguf_context *g, int64_t k
    "kv_swa", "recurrent" or "other" (a module whose tensors are not listed: one buffer row
    per buffer type, from its memory_breakdown); cells is the module's size in cells.
    Both return the number of rows (write at most n_max; call again with a larger array
-   when the result is larger), or -1 when llama.cpp threw (the message in
+   when the result is larger), -1 when llama.cpp threw (the message in
+   llama_cffi_memory_error()), or LLAMA_CFFI_MEMORY_UNAVAILABLE (-3) in a build whose
+   llama.cpp source memory.cpp does not compile against (the reason, too, in
    llama_cffi_memory_error()). */
+#define LLAMA_CFFI_MEMORY_UNAVAILABLE -3
 typedef struct {
     char buffer_type[64];
     char device[64];

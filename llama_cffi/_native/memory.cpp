@@ -7,7 +7,14 @@
  * modules' buffers, which are private members: they are read through the standard
  * explicit-instantiation rule (access checking does not apply to the names in an explicit
  * instantiation), with the member's type spelled out, so a change of that member's type
- * in llama.cpp fails the build instead of reading wrong memory. */
+ * in llama.cpp fails the build instead of reading wrong memory.
+ *
+ * A llama.cpp checkout (LLAMA_CPP_DIR) whose internal classes no longer match does not
+ * fail the whole extension: build_ffi compiles this file first, alone, and when that fails
+ * it builds it with LLAMA_CFFI_NO_MEMORY_READER, the stub at the end, whose functions
+ * return LLAMA_CFFI_MEMORY_UNAVAILABLE (llama_cffi.memory_usage raises UnsupportedError). */
+
+#ifndef LLAMA_CFFI_NO_MEMORY_READER
 
 #include <cstdio>
 #include <cstring>
@@ -178,3 +185,25 @@ extern "C" int32_t llama_cffi_memory_tensors(const struct llama_context * ctx, l
 extern "C" const char * llama_cffi_memory_error(void) {
     return last_error.c_str();
 }
+
+#else /* LLAMA_CFFI_NO_MEMORY_READER */
+
+extern "C" {
+#include "llama_cffi.h"
+}
+
+extern "C" int32_t llama_cffi_memory_buffers(const struct llama_context *, llama_cffi_buffer_row *, int32_t) {
+    return LLAMA_CFFI_MEMORY_UNAVAILABLE;
+}
+
+extern "C" int32_t llama_cffi_memory_tensors(const struct llama_context *, llama_cffi_tensor_row *, int32_t) {
+    return LLAMA_CFFI_MEMORY_UNAVAILABLE;
+}
+
+extern "C" const char * llama_cffi_memory_error(void) {
+    return "this build has no memory reader: llama_cffi/_native/memory.cpp did not compile against the "
+           "llama.cpp source it was built from (its internal classes differ from the pinned commit's; "
+           "build_ffi printed the compiler's error)";
+}
+
+#endif /* LLAMA_CFFI_NO_MEMORY_READER */
