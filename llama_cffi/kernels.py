@@ -92,6 +92,18 @@ def top_k_grouped(
     return _top_k_grouped(row, gmax, k, out)
 
 
+def _group_max(row: npt.NDArray[np.float32], gmax: npt.NDArray[np.float32]) -> float:
+    """Fill ``gmax`` with the summary :func:`top_k_grouped` reads (``cols = len(gmax)``,
+    ``64 * cols <= len(row)``; no argument checks) and return ``row``'s max, tail included:
+    one pass over the row, and NaN when any value is NaN (a max over a NaN is NaN)."""
+    cols = gmax.shape[0]
+    np.maximum.reduce(row[: cols * _GROUPS].reshape(_GROUPS, cols), axis=0, out=gmax)
+    m = gmax.max()
+    if cols * _GROUPS < row.shape[0]:
+        m = np.maximum(m, row[cols * _GROUPS :].max())
+    return float(m)
+
+
 def _top_k_grouped(
     row: npt.NDArray[np.float32], gmax: npt.NDArray[np.float32], k: int, out: npt.NDArray[np.intp]
 ) -> npt.NDArray[np.intp]:

@@ -23,7 +23,7 @@ from typing import cast
 import numpy as np
 import numpy.typing as npt
 
-from llama_cffi.kernels import _top_k_grouped
+from llama_cffi.kernels import _group_max, _top_k_grouped
 from llama_cffi.sampling import InvalidLogitsError
 
 IntArray = npt.NDArray[np.int32]
@@ -198,10 +198,8 @@ class Candidates:
             # one pass: the max of each of n/64 interleaved groups; serves as the NaN check
             # (a max is NaN when any member is) and lets top(k) skip most of the row
             cols = n // _GROUPS
-            gm = self._gmax[:cols]
-            np.maximum.reduce(r[: cols * _GROUPS].reshape(_GROUPS, cols), axis=0, out=gm)
-            top = gm.max()
-            if top != top or (cols * _GROUPS < n and np.isnan(r[cols * _GROUPS :]).any()):  # NaN
+            top = _group_max(r, self._gmax[:cols])
+            if top != top:  # NaN
                 raise InvalidLogitsError("the logits contain NaN")
             self._gn = n
         elif n:

@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from llama_cffi.errors import ParamError
-from llama_cffi.kernels import _GROUPS, _top_k_grouped, softmax_sum
+from llama_cffi.kernels import _GROUPS, _group_max, _top_k_grouped, softmax_sum
 
 from .candidates import _stable_top
 from .measure import _buffers, _check_base, _values_problem
@@ -98,11 +98,18 @@ class LogprobReader:
     def read(self, row: npt.NDArray[np.float32], token: int) -> TokenLogprob:
         """The record of ``token`` drawn from ``softmax(row)`` (``row``: float32, 1-D,
         contiguous; read during the call only)."""
-        m = float(row.max())
+        n = row.shape[0]
+        k = min(self.top, n)
+        cols = n // _GROUPS
+        scratch, spare = _buffers(n)
+        # top lists at a large vocabulary: the C kernel reads only the groups of 64 whose
+        # max reaches the k-th largest group max (36 us where argpartition took 356 at
+        # 262,144 tokens and top 5); the pass that makes the group maxima gives the max
+        grouped = 0 < k and k * 8 <= cols
+        m = _group_max(row, spare[:cols]) if grouped else float(row.max())
         problem = _values_problem(m)
         if problem is not None:
             raise problem
-        scratch, spare = _buffers(row.shape[0])
         log_s = math.log(softmax_sum(row, m, scratch))
         div = self.div
 
@@ -112,19 +119,9 @@ class LogprobReader:
             return -math.inf if lt == -math.inf else -((m - lt) + log_s) / div
 
         top: tuple[TopToken, ...] = ()
-        if self.top:
-            n = row.shape[0]
-            k = min(self.top, n)
-            cols = n // _GROUPS
-            if k * 8 <= cols:
-                # the maximum of each column of the first 64 * cols values, then a C kernel
-                # that reads only the columns reaching the k-th largest of them (and the
-                # tail): 36 us where argpartition took 356 at 262,144 tokens and top 5
-                gmax = spare[:cols]
-                np.max(row[: _GROUPS * cols].reshape(_GROUPS, cols), axis=0, out=gmax)
-                if len(self._idx) < k:
-                    self._idx = np.empty(k, np.intp)
-                order = _top_k_grouped(row, gmax, k, self._idx).tolist()
+        if k:
+            if grouped:
+                order = _top_k_grouped(row, spare[:cols], k, self._idx).tolist()
             else:
                 order = _stable_top(row, np.arange(n), k).tolist()
             top = tuple(TopToken(i, self.piece(i)[1], lp(i)) for i in order)

@@ -133,7 +133,8 @@ def test_reader_top_on_large_rows(default_model: Model, n: int, top: int, levels
     real vocabulary's size and on short ones, with and without a tail past the last whole
     group of 64 (``top <= len(row) / 512`` takes the C kernel, larger the partition): ties
     (few distinct values) go to the lower id, -inf logits come last, and each logprob is
-    ``-surprisal``; a second row through the same reader is read afresh."""
+    ``-surprisal``; a second row through the same reader is read afresh. A NaN or +inf
+    anywhere is refused (the group maxima are the row's only max on the kernel's path)."""
     reader = S.logprobs.LogprobReader(default_model.vocab, top=top)
     rng = np.random.default_rng(seed)
     for _ in range(2):
@@ -144,6 +145,12 @@ def test_reader_top_on_large_rows(default_model: Model, n: int, top: int, levels
         assert [a.token for a in r.top] == want
         assert [a.logprob for a in r.top] == [-surprisal(row, t) for t in want]
         assert r.logprob == -surprisal(row, r.token)
+    for bad, what in ((np.nan, "NaN"), (np.inf, r"\+inf")):
+        for at in (int(rng.integers(0, n)), n - 1):  # anywhere; the last is in the tail if any
+            poisoned = row.copy()
+            poisoned[at] = bad
+            with pytest.raises(ValueError, match=what):
+                reader.read(poisoned, 0)
 
 
 def test_score_errors(tiny_model: Model, tiny_model_of: object) -> None:
