@@ -260,10 +260,13 @@ def write_tiny_model(
     chat_template: str | None = CHATML_TEMPLATE,
     add_space_prefix: bool = False,
     extra_metadata: dict[str, Any] | None = None,
+    tied_output: int = 1,
 ) -> Path:
     """Write a tiny random-weight llama GGUF to ``path`` and return it as a ``Path``.
 
-    ``chat_template=None`` leaves ``tokenizer.chat_template`` out. ``extra_metadata``
+    ``chat_template=None`` leaves ``tokenizer.chat_template`` out. ``tied_output=g``
+    gives every run of ``g`` consecutive token ids one output row (the first one's), so
+    their logits tie exactly (for tests of ties in top-k). ``extra_metadata``
     maps GGUF keys to values that are added last, replacing same-named keys (see
     :func:`_set_kv` for how their types are chosen); for example
     ``{"tokenizer.ggml.add_bos_token": False}``.
@@ -306,7 +309,10 @@ def write_tiny_model(
         writer.add_tensor(f"{blk}.ffn_down.weight", rand(n_embd, n_ff))
         writer.add_tensor(f"{blk}.ffn_up.weight", rand(n_ff, n_embd))
     writer.add_tensor("output_norm.weight", ones(n_embd))
-    writer.add_tensor("output.weight", rand(N_VOCAB, n_embd))
+    out = rand(N_VOCAB, n_embd)
+    if tied_output > 1:
+        out = np.ascontiguousarray(out[np.arange(N_VOCAB) // tied_output * tied_output])
+    writer.add_tensor("output.weight", out)
 
     finish(writer)
     return path

@@ -32,8 +32,9 @@ import contextlib
 import logging
 import os
 import threading
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, TypeVar, cast, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -60,6 +61,7 @@ from .errors import (
 from .memory import Memory
 from .memory_usage import MemoryUsage, read_memory_usage
 from .outputs import LiveOutputError, OutputBuffer, OutputGuard, OutputView
+from .sampling import LlamaSampler
 from .vocab import StopStringStream
 
 if TYPE_CHECKING:
@@ -256,6 +258,13 @@ class Context:
                 "embeddings=True and read embeddings() or embeddings_seq()"
             )
         self._outbuf: OutputBuffer | None = None  # llama.cpp's output buffer, leased
+        # called (weakly) right before llama.cpp may replace or move the outputs: a BranchStore
+        # copies the rows it still reads out of the buffer then (see _outputs_will_change)
+        self._output_hooks: list[weakref.WeakMethod[Callable[[], None]]] = []
+        # backend sampling: the chain attached to each sequence (set_backend_sampler), and
+        # which output rows of the last decode belong to such a sequence (None: none did)
+        self._backend: dict[int, LlamaSampler] = {}
+        self._out_dev: np.ndarray | None = None
         # rows of logits llama.cpp's output buffer holds now (it reserves n_seq_max at
         # creation and grows, i.e. reallocates, when a decode needs more)
         self._out_rows_cap = self._n_seq_max
@@ -311,6 +320,10 @@ class Context:
         if self._handle is None or self._handle.closed:
             return
         with self._busy:
+            self._outputs_will_change()
+            for seq in list(self._backend):  # llama.cpp keeps only pointers to them
+                lib.llama_set_sampler(self._handle.ptr, seq, ffi.NULL)
+                self._backend.pop(seq)._handle.unpin()  # type: ignore[union-attr]
             self._guard.closed = True
             self._release_adapters()
             self._outbuf = self._last_view = None
@@ -496,6 +509,7 @@ class Context:
         """Bookkeeping shared by every decode path; maps return codes to exceptions."""
         self._guard.generation += 1
         self._last_view = None
+        self._out_dev = None
         if self._rpc_seen >= 0:  # a model split over RPC workers: did one of them fail?
             self._check_rpc()
         if rc in (0, 1, 2):  # llama_decode applies pending shifts before it can return these
@@ -544,6 +558,24 @@ class Context:
             self._last_batch_size = 0
             raise RpcError(f"{model._rpc_lost}; close this context and its model, and load the model again")
 
+    def _add_output_hook(self, fn: Callable[[], None]) -> None:
+        """Call the bound method ``fn`` (held weakly: it goes when its object does) right
+        before llama.cpp may replace, move or free this context's outputs (every decode,
+        encode, state load, and close), while the context is busy with that operation.
+        For objects that keep raw arrays into the outputs between decodes and copy what
+        they still need when told (:class:`samplers.branch.BranchStore`). ``fn`` must not
+        use this context; an exception from it stops the operation before it starts."""
+        self._output_hooks.append(weakref.WeakMethod(fn))
+
+    def _outputs_will_change(self) -> None:
+        hooks = self._output_hooks
+        for ref in list(hooks):
+            fn = ref()
+            if fn is None:
+                hooks.remove(ref)
+            else:
+                fn()
+
     def _may_grow(self, rows: int) -> bool:
         """Whether a decode with ``rows`` outputs can run as one call: False when it would make
         llama.cpp reallocate its output buffer while raw arrays still point into it."""
@@ -589,6 +621,8 @@ class Context:
                 start = self._start_pos(seq_id, pos, 1)
             if self._kind_checks:
                 self._check_kind(1, start)
+            if self._output_hooks:
+                self._outputs_will_change()
             if self._embeddings and not self._out_embd_reserved:
                 if not self._may_grow(1):
                     self._refuse_growth(1, "this decode (embeddings were switched on)")
@@ -600,6 +634,8 @@ class Context:
             self._guard.generation += 1  # earlier views go stale before llama.cpp writes
             rc = lib.llama_decode(handle.ptr, self._one[0])
             self._after_decode(rc, 1, _ZERO_INDEX, 1)
+            if self._backend:
+                self._out_dev = np.array([seq_id in self._backend])
             return self._logits_row(0)
         finally:
             busy.owner = 0
@@ -661,6 +697,7 @@ class Context:
             start = self._start_pos(seq_id, pos, n)
             if self._kind_checks:
                 self._check_kind(n, start + n - 1)
+            self._outputs_will_change()
             # chunk ends: at most n_batch tokens, and (while raw arrays point into the output
             # buffer) at most as many outputs as the buffer holds, so it is never reallocated
             out_limit = self.n_batch if self._may_grow(min(int(mask.sum()), self.n_batch)) else self._out_rows_cap
@@ -682,6 +719,8 @@ class Context:
                 self._guard.generation += 1
                 rc = lib.llama_decode(ptr, b.c)
                 self._after_decode(rc, len(out_index), out_index, m)
+                if self._backend:
+                    self._out_dev = np.full(len(out_index), seq_id in self._backend)
                 if mode in ("all", "mask") and len(out_index) and end < n:
                     chunks.append(np.array(self._all_rows(), copy=True))
                 off = end
@@ -720,6 +759,8 @@ class Context:
             self._validate_batch_positions(batch, n)
             if self._kind_checks:
                 self._check_kind(n, int(batch.pos[:n].max()))
+            if self._output_hooks:
+                self._outputs_will_change()
             out_index = np.flatnonzero(batch.logits[:n]).astype(np.int32)
             if not self._may_grow(len(out_index)):
                 self._refuse_growth(len(out_index), "this batch")
@@ -728,6 +769,8 @@ class Context:
             self._guard.generation += 1
             rc = lib.llama_decode(ptr, batch.c)
             self._after_decode(rc, len(out_index), out_index, n)
+            if self._backend:
+                self._out_dev = np.isin(batch.seq_id[out_index, 0], np.fromiter(self._backend, dtype=np.int32))
 
     def _validate_batch_positions(self, batch: Batch, n: int) -> None:
         pos = batch.pos[:n]
@@ -814,6 +857,7 @@ class Context:
                     "encode needs the decoder memory empty (llama.cpp refuses a new input while it holds "
                     "decoded tokens): clear it first with memory.clear()"
                 )
+            self._outputs_will_change()
             if not self._may_grow(n):
                 self._refuse_growth(n, "encode")
             self._grew(n)
@@ -898,10 +942,19 @@ class Context:
             return view
         if self._n_outputs == 0:
             raise IndexError("the last decode produced no logits (no token was marked for output)")
-        view = OutputView(self._output_buffer(), row * self.n_vocab, (self.n_vocab,), self._guard)
+        why = None
+        if self._out_dev is not None and self._out_dev[row]:
+            why = self._device_row_why(row)
+        view = OutputView(self._output_buffer(), row * self.n_vocab, (self.n_vocab,), self._guard, why)
         if last:
             self._last_view = view
         return view
+
+    def _device_row_why(self, row: int) -> str:
+        return (
+            f"output row {row} of the last decode belongs to a sequence sampled on the device "
+            "(set_backend_sampler): llama.cpp did not copy its logits to the host; read sampled() instead"
+        )
 
     def _check_idle(self) -> None:
         """Outputs are read only between decodes: not from another thread while one runs,
@@ -945,12 +998,112 @@ class Context:
     def _all_rows(self) -> OutputView:
         if self._n_outputs == 0:
             raise IndexError("the last decode produced no logits (no token was marked for output)")
-        return OutputView(self._output_buffer(), 0, (self._n_outputs, self.n_vocab), self._guard)
+        why = None
+        if self._out_dev is not None and self._out_dev.any():
+            why = self._device_row_why(int(np.argmax(self._out_dev)))
+        return OutputView(self._output_buffer(), 0, (self._n_outputs, self.n_vocab), self._guard, why)
 
     @property
     def n_outputs(self) -> int:
         """Rows of output (logits/embeddings) the last decode produced."""
         return self._n_outputs
+
+    # ------------------------------------------------------------------ backend sampling
+    def set_backend_sampler(self, seq_id: int, sampler: LlamaSampler | None) -> bool:
+        """Sample sequence ``seq_id`` on the device that computes the logits
+        (``llama_set_sampler``, llama.cpp's experimental backend sampling), or stop (None).
+
+        ``sampler`` is a :meth:`LlamaSampler.chain` used by no context before (llama.cpp
+        prepares a chain for one graph, once): this context keeps it alive until it is
+        replaced, removed or the context closes (closing the chain meanwhile only marks it
+        closed). llama.cpp runs the longest prefix of the chain whose samplers it can put
+        in the graph there and the rest on the host; from the next decode on, the outputs
+        of this sequence are what the chain left (:meth:`sampled`), and their logits are
+        not copied to the host: reading them raises
+        :class:`~llama_cffi.errors.UnsupportedError`. Setting a sampler makes llama.cpp
+        reserve its graphs again at the next decode.
+
+        Returns whether every sampler of the chain runs on the device (llama.cpp's
+        ``+name``/``-name`` markers, and the measuring sampler's own answer)."""
+        seq_id = self._check_seq(seq_id)
+        if self._guard.unavailable is not None:
+            raise UnsupportedError(self._guard.unavailable)
+        if sampler is not None:
+            if not isinstance(sampler, LlamaSampler) or not sampler._is_chain:
+                raise ParamError("a backend sampler must be a LlamaSampler.chain(...)")
+            if len(sampler) == 0:
+                raise ParamError("a backend sampler chain needs at least one sampler")
+            if sampler._backend_used:
+                raise ParamError(
+                    "this chain was attached to a context before (llama.cpp prepares a chain once): attach a clone()"
+                )
+        with self._busy:
+            ptr = self._ptr()
+            old = self._backend.pop(seq_id, None)
+            if sampler is None:
+                if old is not None:
+                    lib.llama_set_sampler(ptr, seq_id, ffi.NULL)
+                    assert old._handle is not None
+                    old._handle.unpin()
+                return True
+            sp = sampler._ptr()
+            assert sampler._handle is not None
+            sampler._handle.pin()
+            sampler._backend_used = True
+            with log.capture():
+                lib.llama_set_sampler(ptr, seq_id, sp)
+            self._backend[seq_id] = sampler
+            if old is not None:
+                assert old._handle is not None
+                old._handle.unpin()
+            return sampler.on_backend()
+
+    def backend_sampler(self, seq_id: int) -> LlamaSampler | None:
+        """The chain attached to ``seq_id`` by :meth:`set_backend_sampler`, or None."""
+        return self._backend.get(self._check_seq(seq_id))
+
+    def sampled(self, i: int = -1) -> SampledOutput:
+        """What the backend sampler left for output ``i`` of the last decode (``i`` as in
+        :meth:`logits`): copies of the sampled token (None if the chain selected none), the
+        probabilities, the logits and the candidate ids (empty arrays when the chain left
+        none; without candidates, logits and probabilities are over the whole
+        vocabulary in id order)."""
+        self._ptr()
+        self._check_idle()
+        n_out = self._n_outputs
+        if n_out == 0:
+            raise IndexError("the last decode produced no outputs")
+        if i < 0:
+            if i < -n_out:
+                raise IndexError(f"output {i} is out of range: the last decode has {n_out} outputs")
+            idx = int(self._out_index[n_out + i])
+            row = n_out + i
+        else:
+            if i >= self._last_batch_size or not (self._out_index == i).any():
+                raise IndexError(f"token {i} of the last batch was not an output")
+            idx = int(i)
+            row = int(np.flatnonzero(self._out_index == i)[0])
+        if self._out_dev is None or not self._out_dev[row]:
+            raise UnsupportedError(f"output {i} of the last decode belongs to a sequence without a backend sampler")
+        ptr = self._ptr()
+
+        def floats(p: Any, n: int) -> npt.NDArray[np.float32]:
+            if p == ffi.NULL or n == 0:
+                return np.zeros(0, dtype=np.float32)
+            out: npt.NDArray[np.float32] = np.frombuffer(ffi.buffer(p, 4 * n), dtype=np.float32).copy()
+            return out
+
+        tok = int(lib.llama_get_sampled_token_ith(ptr, idx))
+        probs = floats(lib.llama_get_sampled_probs_ith(ptr, idx), int(lib.llama_get_sampled_probs_count_ith(ptr, idx)))
+        logits = floats(
+            lib.llama_get_sampled_logits_ith(ptr, idx), int(lib.llama_get_sampled_logits_count_ith(ptr, idx))
+        )
+        nc = int(lib.llama_get_sampled_candidates_count_ith(ptr, idx))
+        cp = lib.llama_get_sampled_candidates_ith(ptr, idx) if nc else ffi.NULL
+        cands = np.zeros(0, np.int32)
+        if cp != ffi.NULL and nc:
+            cands = np.frombuffer(ffi.buffer(cp, 4 * nc), dtype=np.int32).copy()
+        return SampledOutput(None if tok < 0 else tok, probs, logits, cands)
 
     def embeddings(self, i: int = -1, normalize: bool = False) -> np.ndarray:
         """Embedding of output ``i`` of the last decode (needs ``embeddings=True``): a new
@@ -1154,6 +1307,7 @@ class Context:
             raise StateError(f"the state is for architecture {bytes(mv[4 : 4 + n])!r}, this model is {arch!r}")
         with self._busy, log.capture() as lines:
             ptr = self._ptr()
+            self._outputs_will_change()
             self._guard.generation += 1  # views go stale before llama.cpp replaces outputs
             n = int(lib.llama_state_set_data(ptr, ffi.from_buffer("uint8_t[]", mv), len(mv)))
             self._after_state_load()
@@ -1190,6 +1344,7 @@ class Context:
         self.memory.seq_rm(dest_seq_id)
         with self._busy, log.capture() as lines:
             ptr = self._ptr()
+            self._outputs_will_change()
             self._guard.generation += 1  # views go stale before llama.cpp replaces outputs
             n = int(
                 lib.llama_state_seq_set_data_ext(ptr, ffi.from_buffer("uint8_t[]", mv), len(mv), dest_seq_id, flags)
@@ -1429,6 +1584,15 @@ class Context:
 
 _ZERO_INDEX = np.zeros(1, dtype=np.int32)
 _SEQ_STATE_MAGIC = 0xAF143CD8  # llama-context.cpp io_magic: first 4 bytes of a sequence state
+
+
+class SampledOutput(NamedTuple):
+    """What a backend sampler left for one output (:meth:`Context.sampled`), copied."""
+
+    token: int | None
+    probs: npt.NDArray[np.float32]
+    logits: npt.NDArray[np.float32]
+    candidates: npt.NDArray[np.int32]
 
 
 def _read_session_file(

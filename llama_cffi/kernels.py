@@ -1,10 +1,14 @@
-"""Vectorised numeric kernels over one row of float32 logits, in C inside ``_llama``.
+"""Vectorised numeric kernels over rows of float32 logits, in C inside ``_llama``.
 
 numpy's float32 ``exp`` is not vectorised on most x86 builds (about 2.5 ns per value:
 0.7 ms for a 262,144-token vocabulary), which made per-token measurement the largest
 host cost of batched branch generation. These kernels run ggml's own ``soft_max``
 loop (``ggml_vec_soft_max_f32``, built for the instruction sets the native build
 chose; :data:`SOFTMAX_IMPL` says which one is linked) with the GIL released.
+
+:class:`RowMeasures` handles many rows in one call (a batch of branches after one
+decode): each row's maximum, log-normaliser and entropy, and its best candidates,
+shared among threads.
 
 Arguments are checked here (1-D, C-contiguous, float32, equal lengths) so a wrong
 array raises instead of reading out of bounds. Values are not checked: callers pass
@@ -15,12 +19,18 @@ Ownership: nothing is retained; ``out`` is written, ``row`` only read.
 
 from __future__ import annotations
 
+import enum
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 
 from ._binding import ffi, lib
 
-__all__ = ["SOFTMAX_IMPL", "softmax_dot", "softmax_sum", "top_k_grouped"]
+__all__ = ["SOFTMAX_IMPL", "RowMeasures", "RowStatus", "rows_reference", "softmax_dot", "softmax_sum", "top_k_grouped"]
 
 #: ``"ggml_vec_soft_max_f32"`` (ggml's SIMD kernel) or ``"scalar"`` (a plain C loop,
 #: when the static libraries did not define it).
@@ -119,3 +129,308 @@ def _top_k_grouped(
     if got != k:
         raise MemoryError("top_k_grouped: out of memory")
     return out[:k]
+
+
+# ---------------------------------------------------------------------- many rows at once
+class RowStatus(enum.IntEnum):
+    """What :class:`RowMeasures` found in a row."""
+
+    OK = 0
+    NAN = 1  #: a value is NaN: no measure and no candidates
+    POS_INF = 2  #: a value is +inf: no measure (the distribution is undefined)
+    ALL_NEG_INF = 3  #: every value is -inf: no measure
+    #: read from the device (:meth:`RowMeasures.read_device`): measures as OK, but the logit
+    #: at the cut is shared up to the last candidate that came back, so tokens beyond may
+    #: tie with it and which of them a stable sort keeps is unknown
+    TIE_AT_CUT = 4
+
+
+def default_threads() -> int:
+    """Threads :class:`RowMeasures` uses unless told: the cores this process may run on."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return max(os.cpu_count() or 1, 1)
+
+
+class RowMeasures:
+    """Measures and best candidates of many logits rows, computed in one call, kept per
+    *slot* (a caller's index: a branch's sequence id, say) until that slot is computed again.
+
+    For each row of ``n_vocab`` float32 logits :meth:`compute` finds, in C on up to
+    ``n_threads`` threads with the GIL released:
+
+    * ``max``: the largest logit;
+    * ``log_norm``: ``log(sum(exp(row - max)))``, so the log-partition function is
+      ``max + log_norm`` and the surprisal of token ``t`` is
+      ``(max - row[t]) + log_norm`` nats (:meth:`surprisal`);
+    * ``entropy``: ``-sum(p log p)`` of ``softmax(row)`` in nats, clamped to ``[0, log n]``;
+    * the ``k`` largest logits and their ids, descending, ties by lower id (the order of a
+      stable sort by ``-row``: :class:`samplers.TopK` keeps the same ones), when asked.
+
+    Arithmetic: the exponentials are ggml's soft_max kernel with the row's maximum, as
+    :func:`softmax_sum` computes them (bit for bit); the sums are float64, taken in blocks
+    of 4,096 values, and the entropy's products are summed in vector lanes, so
+    ``log_norm`` and ``entropy`` differ from :mod:`samplers.measure`'s one-row functions by
+    rounding in float64's last digits (a relative difference near 1e-15). The row is read
+    once from memory (a group-maximum pass), then block by block from cache.
+
+    Rows are only read, during the call; nothing refers to them afterwards. The result
+    arrays are owned here and overwritten slot by slot; read them, or :meth:`copy_slot`,
+    before the next :meth:`compute` of the same slot.
+
+    ``status[slot]`` is a :class:`RowStatus`: rows with NaN get no measure and no
+    candidates; rows with ``+inf`` or only ``-inf`` get candidates but NaN measures.
+    """
+
+    __slots__ = (
+        "_addrs",
+        "_cap",
+        "_dest",
+        "_k",
+        "_measure",
+        "entropy",
+        "k_stride",
+        "log_norm",
+        "max",
+        "n_threads",
+        "n_top",
+        "n_vocab",
+        "slots",
+        "status",
+        "top_ids",
+        "top_logits",
+    )
+
+    def __init__(self, n_vocab: int, slots: int, k: int = 0, n_threads: int | None = None) -> None:
+        if isinstance(n_vocab, bool) or not isinstance(n_vocab, int) or n_vocab < 1:
+            raise ValueError(f"n_vocab must be an int >= 1, not {n_vocab!r}")
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise ValueError(f"slots must be an int >= 1, not {slots!r}")
+        self.n_vocab = n_vocab
+        self.slots = slots
+        self.n_threads = default_threads() if n_threads is None else _positive("n_threads", n_threads)
+        self.max = np.full(slots, np.nan, dtype=np.float32)
+        self.log_norm = np.full(slots, np.nan, dtype=np.float64)
+        self.entropy = np.full(slots, np.nan, dtype=np.float64)
+        self.status = np.zeros(slots, dtype=np.int32)
+        self.n_top = np.zeros(slots, dtype=np.int32)
+        self.k_stride = 0
+        self.top_ids = np.zeros((slots, 0), dtype=np.int32)
+        self.top_logits = np.zeros((slots, 0), dtype=np.float32)
+        self._cap = 0
+        self._addrs = np.zeros(0, dtype=np.uintp)
+        self._k = np.zeros(0, dtype=np.int32)
+        self._dest = np.zeros(0, dtype=np.int32)
+        self._measure = np.zeros(0, dtype=np.int32)
+        self.reserve(k)
+
+    def reserve(self, k: int) -> None:
+        """Make room for ``k`` candidates per slot (kept candidates stay)."""
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
+            raise ValueError(f"k must be an int >= 0, not {k!r}")
+        k = min(int(k), self.n_vocab)
+        if k <= self.k_stride:
+            return
+        ids = np.zeros((self.slots, k), dtype=np.int32)
+        lg = np.zeros((self.slots, k), dtype=np.float32)
+        ids[:, : self.k_stride] = self.top_ids
+        lg[:, : self.k_stride] = self.top_logits
+        self.top_ids, self.top_logits, self.k_stride = ids, lg, k
+
+    def _grow(self, n: int) -> None:
+        if n > self._cap:
+            cap = max(n, 2 * self._cap, 16)
+            self._addrs = np.zeros(cap, dtype=np.uintp)
+            self._k = np.zeros(cap, dtype=np.int32)
+            self._dest = np.zeros(cap, dtype=np.int32)
+            self._measure = np.zeros(cap, dtype=np.int32)
+            self._cap = cap
+
+    def compute(
+        self,
+        rows: npt.NDArray[np.float32] | Sequence[npt.NDArray[np.float32]],
+        slots: Sequence[int] | npt.NDArray[np.integer[Any]],
+        k: int | Sequence[int] | npt.NDArray[np.integer[Any]] = 0,
+        measure: bool | Sequence[bool] | npt.NDArray[np.bool_] = True,
+    ) -> None:
+        """Compute row ``i`` of ``rows`` (a C-contiguous ``(m, n_vocab)`` float32 array, or a
+        sequence of 1-D ones) into slot ``slots[i]``, with ``k`` (one for all, or one per row)
+        candidates; ``measure`` (one for all, or one per row) False skips ``log_norm`` and
+        ``entropy`` (left NaN), which are most of the work. Raises :class:`ValueError`/:class:`TypeError` on arguments
+        that do not fit, before any row is read; :class:`MemoryError` when C runs out."""
+        addrs, m = self._addresses(rows)
+        sl = np.asarray(slots)
+        if sl.shape != (m,) or (m and not np.issubdtype(sl.dtype, np.integer)):
+            raise ValueError(f"slots must be {m} ints, not {slots!r}")
+        if m and (int(sl.min()) < 0 or int(sl.max()) >= self.slots):
+            raise ValueError(f"a slot is outside [0, {self.slots})")
+        if m > 1 and len(np.unique(sl)) != m:
+            raise ValueError("two rows cannot share a slot")
+        ks = np.asarray(k)
+        if ks.ndim == 0:
+            ks = np.full(m, int(ks), dtype=np.int64)
+        if ks.shape != (m,) or (m and not np.issubdtype(ks.dtype, np.integer)):
+            raise ValueError(f"k must be an int or {m} ints, not {k!r}")
+        if m and (int(ks.min()) < 0 or int(ks.max()) > self.k_stride):
+            raise ValueError(f"k must be in [0, {self.k_stride}] (reserve() more first)")
+        ms = np.asarray(measure)
+        if ms.ndim == 0:
+            ms = np.full(m, bool(ms))
+        if ms.shape != (m,):
+            raise ValueError(f"measure must be a bool or {m} bools, not {measure!r}")
+        if m == 0:
+            return
+        self._grow(m)
+        self._addrs[:m] = addrs
+        self._dest[:m] = sl
+        self._k[:m] = ks
+        self._measure[:m] = ms
+        rc = lib.llama_cffi_rows_measure(
+            m,
+            ffi.from_buffer("float *[]", self._addrs),
+            self.n_vocab,
+            ffi.from_buffer("int32_t[]", self._k),
+            ffi.from_buffer("int32_t[]", self._dest),
+            self.k_stride,
+            ffi.from_buffer("int32_t[]", self._measure),
+            self.n_threads,
+            ffi.from_buffer("float[]", self.max),
+            ffi.from_buffer("double[]", self.log_norm),
+            ffi.from_buffer("double[]", self.entropy),
+            ffi.from_buffer("int32_t[]", self.status),
+            ffi.from_buffer("int32_t[]", self.n_top),
+            ffi.from_buffer("int32_t[]", self.top_ids) if self.k_stride else ffi.NULL,
+            ffi.from_buffer("float[]", self.top_logits) if self.k_stride else ffi.NULL,
+        )
+        del rows  # the rows were read during the call only
+        if rc == -2:
+            raise MemoryError("RowMeasures.compute: out of memory")
+        if rc != 0:  # pragma: no cover - the arguments were checked above
+            raise ValueError("RowMeasures.compute: arguments refused by the kernel")
+
+    def _addresses(self, rows: Any) -> tuple[npt.NDArray[np.uintp], int]:
+        n = self.n_vocab
+        if isinstance(rows, np.ndarray):
+            if rows.dtype != np.float32 or rows.ndim != 2 or not rows.flags.c_contiguous or rows.shape[1] != n:
+                raise TypeError(f"rows must be a C-contiguous (m, {n}) float32 array, not {rows.dtype} {rows.shape}")
+            m = rows.shape[0]
+            base = rows.__array_interface__["data"][0]
+            return np.uintp(base) + np.arange(m, dtype=np.uintp) * np.uintp(4 * n), m
+        seq = list(rows)
+        out = np.zeros(len(seq), dtype=np.uintp)
+        for i, r in enumerate(seq):
+            if not isinstance(r, np.ndarray) or r.dtype != np.float32 or r.shape != (n,) or not r.flags.c_contiguous:
+                raise TypeError(f"row {i} must be a C-contiguous 1-D float32 array of {n} values")
+            out[i] = r.__array_interface__["data"][0]
+        return out, len(seq)
+
+    def read_device(
+        self,
+        ctx_ptr: Any,
+        idx: Sequence[int] | npt.NDArray[np.integer[Any]],
+        slots: Sequence[int] | npt.NDArray[np.integer[Any]],
+        k: int | Sequence[int] | npt.NDArray[np.integer[Any]],
+    ) -> None:
+        """Fill ``slots[i]`` from what a backend sampling chain (``[LlamaSampler.measure(),
+        top_k(K)]``, see :meth:`llama_cffi.Context.set_backend_sampler`) left for output
+        ``idx[i]`` (a batch index) of the last decode of the context ``ctx_ptr`` (a
+        ``llama_context *``): the measures the device computed, and the candidates that came
+        back (up to ``k_stride``; none where ``k`` is 0) sorted by descending logit, then
+        ascending id; ``k`` is where the branch's sampler cuts (status
+        :attr:`RowStatus.TIE_AT_CUT` when the logit there is tied up to the last candidate
+        that came back). The device's arithmetic is ggml's (float32 sums on a GPU), so the
+        measures equal :meth:`compute`'s to float32 precision, not bit for bit."""
+        ix = np.asarray(idx, dtype=np.int64)
+        sl = np.asarray(slots)
+        m = len(ix)
+        if ix.shape != (m,) or sl.shape != (m,) or (m and not np.issubdtype(sl.dtype, np.integer)):
+            raise ValueError("idx and slots must be 1-D and of one length")
+        if m and (int(sl.min()) < 0 or int(sl.max()) >= self.slots or int(ix.min()) < 0):
+            raise ValueError(f"a slot is outside [0, {self.slots}) or an index is negative")
+        ks = np.asarray(k)
+        if ks.ndim == 0:
+            ks = np.full(m, int(ks), dtype=np.int64)
+        if ks.shape != (m,) or (m and int(ks.min()) < 0):
+            raise ValueError(f"k must be an int >= 0 or {m} of them, not {k!r}")
+        if m == 0:
+            return
+        self._grow(m)
+        idx32 = self._measure[:m]  # the measure flags' buffer holds the indices here
+        idx32[:] = ix
+        self._dest[:m] = sl
+        self._k[:m] = ks
+        rc = lib.llama_cffi_rows_from_device(
+            ctx_ptr,
+            m,
+            ffi.from_buffer("int32_t[]", idx32),
+            ffi.from_buffer("int32_t[]", self._dest),
+            ffi.from_buffer("int32_t[]", self._k),
+            self.k_stride,
+            self.n_vocab,
+            ffi.from_buffer("float[]", self.max),
+            ffi.from_buffer("double[]", self.log_norm),
+            ffi.from_buffer("double[]", self.entropy),
+            ffi.from_buffer("int32_t[]", self.status),
+            ffi.from_buffer("int32_t[]", self.n_top),
+            ffi.from_buffer("int32_t[]", self.top_ids) if self.k_stride else ffi.NULL,
+            ffi.from_buffer("float[]", self.top_logits) if self.k_stride else ffi.NULL,
+        )
+        if rc == -2:
+            raise MemoryError("RowMeasures.read_device: out of memory")
+        if rc != 0:  # pragma: no cover - checked above
+            raise ValueError("RowMeasures.read_device: arguments refused")
+
+    # -- reading one slot
+    def surprisal(self, slot: int, logit: float) -> float:
+        """``-log softmax(row)[t]`` in nats for the token whose logit in the row of
+        ``slot`` is ``logit`` (``(max - logit) + log_norm``, as
+        :func:`samplers.measure.surprisal` computes it); ``inf`` for a ``-inf`` logit or
+        an all ``-inf`` row; NaN when the row had NaN or ``+inf``, or was not measured."""
+        m = float(self.max[slot])
+        if m == -math.inf or logit == -math.inf:
+            return math.inf
+        return (m - float(logit)) + float(self.log_norm[slot])
+
+    def candidates(self, slot: int, k: int | None = None) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.float32]]:
+        """Views of the first ``k`` (default: all) candidates of ``slot``: ids and logits."""
+        n = int(self.n_top[slot]) if k is None else min(int(k), int(self.n_top[slot]))
+        return self.top_ids[slot, :n], self.top_logits[slot, :n]
+
+    def copy_slot(self, src: int, dst: int) -> None:
+        """Slot ``dst`` becomes a copy of slot ``src`` (a forked branch shares its parent's row)."""
+        for a in (self.max, self.log_norm, self.entropy, self.status, self.n_top):
+            a[dst] = a[src]
+        if self.k_stride:
+            self.top_ids[dst] = self.top_ids[src]
+            self.top_logits[dst] = self.top_logits[src]
+
+
+def _positive(name: str, v: object) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or int(v) < 1:
+        raise ValueError(f"{name} must be an int >= 1, not {v!r}")
+    return int(v)
+
+
+def rows_reference(
+    row: npt.NDArray[np.float32], k: int = 0
+) -> tuple[float, float, float, RowStatus, npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+    """What :class:`RowMeasures` computes for one row, in plain numpy (float64
+    exponentials): ``(max, log_norm, entropy, status, top ids, top logits)``. The tested
+    reference of the C kernel."""
+    x = np.asarray(row, dtype=np.float32)
+    if np.isnan(x).any():
+        return math.nan, math.nan, math.nan, RowStatus.NAN, np.zeros(0, np.int64), np.zeros(0, np.float32)
+    m = float(x.max())
+    order = np.argsort(-x, kind="stable")[: min(k, len(x))]
+    top = (order.astype(np.int64), x[order])
+    if m == math.inf:
+        return m, math.nan, math.nan, RowStatus.POS_INF, *top
+    if m == -math.inf:
+        return m, math.nan, math.nan, RowStatus.ALL_NEG_INF, *top
+    d = (x - np.float32(m)).astype(np.float64)  # the shift in float32, as llama.cpp
+    e = np.exp(d)
+    s = float(e.sum())
+    fin = np.isfinite(d)
+    h = math.log(s) - float((e[fin] * d[fin]).sum()) / s
+    return m, math.log(s), min(max(h, 0.0), math.log(len(x))), RowStatus.OK, *top

@@ -74,15 +74,20 @@ class OutputBuffer:
 class OutputView(NDArrayOperatorsMixin):
     """A guarded, zero-copy float32 view of one decode's outputs (see the module docstring)."""
 
-    __slots__ = ("__weakref__", "_buf", "_gen", "_guard", "_off", "_shape")
+    __slots__ = ("__weakref__", "_buf", "_gen", "_guard", "_off", "_shape", "_why")
     __array_priority__ = 100
 
-    def __init__(self, buf: OutputBuffer, offset: int, shape: tuple[int, ...], guard: OutputGuard) -> None:
+    def __init__(
+        self, buf: OutputBuffer, offset: int, shape: tuple[int, ...], guard: OutputGuard, why: str | None = None
+    ) -> None:
         self._buf = buf
         self._off = offset
         self._shape = shape
         self._guard = guard
         self._gen = guard.generation
+        #: why these rows may not be read (llama.cpp did not write them: a sequence sampled
+        #: on the device), raised as UnsupportedError on any read; None: readable
+        self._why = why
 
     # -- the guard
     def _check(self) -> None:
@@ -91,6 +96,8 @@ class OutputView(NDArrayOperatorsMixin):
             raise ClosedError("this output view belongs to a closed context")
         if g.unavailable is not None:
             raise UnsupportedError(g.unavailable)
+        if self._why is not None:
+            raise UnsupportedError(self._why)
         if g.generation != self._gen:
             raise StaleOutputError(
                 "this output view is from an earlier decode; llama.cpp has reused its buffer "

@@ -313,6 +313,7 @@ class LlamaSampler:
         ptr = lib.llama_sampler_clone(self._ptr())
         parent = self._handle._parent if self._handle else None
         out = LlamaSampler(ptr, self._handle.what if self._handle else "sampler", parent=parent)
+        out._is_chain = self._is_chain
         out._keep = list(self._keep)
         out._n_vocab = self._n_vocab
         out._guard_accept = self._guard_accept
@@ -356,6 +357,26 @@ class LlamaSampler:
         return ch
 
     _is_chain = False
+    #: attached to a context as its backend sampler once (llama.cpp prepares a chain for
+    #: one graph: it must not be attached again)
+    _backend_used = False
+
+    def on_backend(self) -> bool:
+        """After :meth:`Context.set_backend_sampler`: whether llama.cpp runs every sampler
+        of this chain in its graph (on the device), not some of them on the host."""
+        if not self._is_chain:
+            return bool(lib.llama_cffi_sampler_on_backend(self._ptr()) == 1)
+        return all(self[i].on_backend() for i in range(len(self)))
+
+    @classmethod
+    def measure(cls) -> LlamaSampler:
+        """llama_cffi's measuring sampler, for the first place of a backend sampling chain
+        (:meth:`Context.set_backend_sampler`): in llama.cpp's graph it sets the output's
+        probabilities to ``[max, log(sum(exp(x - max))), entropy]`` of the row (nats) and
+        leaves the logits to the samplers after it; on the host it does nothing. A sampler
+        after it must not set probabilities (``top_k`` and ``temp`` do not; ``dist`` and
+        ``top_p`` do)."""
+        return cls(lib.llama_cffi_measure_sampler(), "measure")
 
     def _check_chain(self) -> Any:
         if not self._is_chain:

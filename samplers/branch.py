@@ -2,17 +2,33 @@
 
 A :class:`BranchStore` owns a context's sequence ids. Each :class:`Branch` is one
 sequence with its own token history, sampler chain (grammar included), perplexity
-tracker and a **logits snapshot** (an owned copy of the logits that follow its last
-token, so a branch can be sampled any time, whatever was decoded since). Branches
-advance together through :meth:`BranchStore.step`: one ``llama_decode`` for all::
+tracker and a **logits snapshot** (the logits that follow its last token, so a branch
+can be sampled any time, whatever was decoded since). Branches advance together
+through :meth:`BranchStore.step`: one ``llama_decode`` for all::
 
     store = BranchStore(ctx)            # ctx made with n_seq_max=N, kv_unified=True
     root = store.create(prompt, sampler=SamplerChain([TopK(40), Dist(1)]))
     kids = [root.fork(seed=i) for i in range(4)]
     for _ in range(32):
-        store.step({b: b.sample() for b in kids})
+        store.step(store.sample(kids))  # or {b: b.sample() for b in kids}
     best = min(kids, key=lambda b: b.perplexity)
     store.retain_only(best)
+
+The host work of a step is done once for all its rows. Right after the decode one C
+call (:class:`llama_cffi.kernels.RowMeasures`, on ``n_threads`` threads, GIL released)
+reads each branch's new row once: its maximum, log-normaliser and entropy (what the
+metrics need), and the ``k`` best candidates when the branch's chain begins with
+``TopK(k)``. Such a chain then runs on those ``k`` candidates only: the same tokens as
+on the whole row (top-k keeps exactly these, in this order), for microseconds instead
+of a pass over the vocabulary. Chains that need the whole row (penalties over the
+vocabulary, logit bias, DRY, a grammar, a steering hook or edited logits) get it, as
+before: they cost a pass over ``n_vocab`` logits per token (a grammar's masks more).
+
+Snapshots are **zero-copy** while they can be: a branch's row stays in the context's
+output buffer, where the decode wrote it, until llama.cpp is about to overwrite it (any
+other decode on the context, a state load, close); the store then copies the rows its
+branches still need (the context tells it: ``Context._add_output_hook``). Stepping
+every live branch each time copies nothing.
 
 Forking copies no KV data when the context's KV cache is unified
 (``kv_unified=True``): llama.cpp's ``seq_cp`` then only tags the parent's cells with
@@ -38,13 +54,16 @@ import numpy as np
 import numpy.typing as npt
 
 from llama_cffi import Batch
-from llama_cffi.errors import ClosedError, LlamaError, ParamError
+from llama_cffi.errors import ClosedError, LlamaError, ParamError, UnsupportedError
+from llama_cffi.kernels import RowMeasures, RowStatus
+from llama_cffi.sampling import InvalidLogitsError, LlamaSampler
 
 from .base import Sampler
 from .candidates import Candidates
 from .chain import SamplerChain, surprisal_of
 from .measure import PerplexityTracker, entropy
 from .selection import Greedy
+from .truncation import TopK
 
 if TYPE_CHECKING:
     from llama_cffi import Context
@@ -56,6 +75,39 @@ class BranchError(LlamaError, RuntimeError):
 
 class CapacityError(BranchError):
     """Every sequence id of the context is in use (``n_seq_max`` branches live)."""
+
+
+#: A chain that begins with ``TopK(k)`` for ``k`` up to this many samples from the ``k``
+#: candidates found when its row was measured; a larger ``k`` reads the whole row.
+FAST_K_MAX = 1024
+
+#: With ``device=True`` the device returns ``k + DEVICE_MARGIN`` candidates per row: the
+#: host then finds the ``k`` a stable sort keeps (ties at the cut go to the lower id) unless
+#: more than this many tokens tie with the ``k``-th logit, and knows the logit (so the
+#: surprisal) of a token taken from a little past the cut.
+DEVICE_MARGIN = 16
+
+# plain ints: an Enum attribute read can swallow a KeyboardInterrupt in CPython 3.11 (a
+# signal handled inside EnumType.__getattr__, which the lookup then discards)
+_ST_OK = int(RowStatus.OK)
+_ST_NAN = int(RowStatus.NAN)
+_ST_TIE = int(RowStatus.TIE_AT_CUT)
+
+
+def _lead_k(chain: SamplerChain, n_vocab: int) -> int:
+    """``min(k, n_vocab)`` when ``chain`` can run on its row's ``k`` best candidates (it
+    begins with a plain ``TopK(k)``, ``0 < k <= FAST_K_MAX``, and checks no token against a
+    grammar), else 0."""
+    samplers = chain.samplers
+    if not samplers:
+        return 0
+    first = samplers[0]
+    if type(first) is not TopK or not 0 < first.k <= FAST_K_MAX:
+        return 0
+    for s in samplers:
+        if getattr(s, "allows", None) is not None:
+            return 0
+    return min(first.k, n_vocab)
 
 
 def _as_chain(sampler: Sampler | None, grammar: Any, vocab: Any) -> SamplerChain:
@@ -100,15 +152,129 @@ def _sigint_deferred() -> Iterator[None]:
 class BranchStore:
     """The branches of one context (see the module docstring). ``ctx`` should have
     ``n_seq_max`` at least the number of live branches you want, and ``kv_unified=True``
-    for forks that copy no KV data."""
+    for forks that copy no KV data.
 
-    def __init__(self, ctx: Context) -> None:
+    ``n_threads``: threads that measure a step's rows (default: the cores this process may
+    use). ``batched=False`` turns the step's row kernel off: every branch then samples
+    from its whole row and is measured row by row (the reference path, with the same
+    tokens; metrics differ by float64 rounding, relatively ~1e-15).
+
+    ``device=True`` moves the truncation and the measures into llama.cpp's graph (its
+    backend sampling, on the device that computes the logits; ggml's CPU backend too):
+    each branch's sequence gets a chain of llama_cffi's measuring sampler and
+    ``top_k(k + DEVICE_MARGIN)``, so only those candidates and three measures per row
+    come back to the host, and the branch's own chain runs on them. Every chain must then
+    begin with ``TopK(k)`` (``k <= FAST_K_MAX``) and hold no grammar; what needs a whole
+    row (the ``logits`` snapshot, edits, steering, speculative steps, metrics of a forced
+    token past the candidates) raises :class:`BranchError`. Tokens are the host path's
+    (the candidates are the same logits, sorted the same way; see :data:`DEVICE_MARGIN`
+    for ties); measures are ggml's float32 arithmetic, equal to the host's to about 1e-6
+    (relative, perplexities)."""
+
+    def __init__(
+        self, ctx: Context, *, n_threads: int | None = None, batched: bool = True, device: bool = False
+    ) -> None:
+        if device and not batched:
+            raise ParamError("device=True measures rows on the device: it needs batched=True")
         self.ctx = ctx
         self.n_vocab = ctx.n_vocab
+        self.batched = bool(batched)
+        self.device = bool(device)
+        self._attached: dict[int, int] = {}  # device mode: seq id -> candidates its chain returns
         self._free: list[int] = list(range(ctx.n_seq_max - 1, -1, -1))  # pop() gives the lowest
         self._live: dict[int, Branch] = {}
         self._batch = Batch(ctx.n_batch)
         self._cands = Candidates(ctx.n_vocab)
+        #: each branch's row, measured (slot = sequence id): max, log-normaliser, entropy and
+        #: best candidates; n_threads: the threads that share a step's rows (default: the
+        #: cores this process may use)
+        self.measures = RowMeasures(ctx.n_vocab, ctx.n_seq_max, 0, n_threads)
+        self._has_cands = np.zeros(ctx.n_seq_max, dtype=bool)  # slot holds the row's candidates
+        self._has_stats = np.zeros(ctx.n_seq_max, dtype=bool)  # slot holds the row's measures
+        #: the last decode's rows (a raw array into the context's output buffer) while
+        #: branches read their snapshot from it; _lazy: those branches
+        self._rows: npt.NDArray[np.float32] | None = None
+        self._lazy: set[Branch] = set()
+        self._consuming: frozenset[int] | None = None  # during step(): the branches decoded now
+        ctx._add_output_hook(self._outputs_changing)
+
+    def _outputs_changing(self) -> None:
+        """The context's outputs are about to be overwritten (a decode, a state load,
+        close): copy the rows branches still read from them. During :meth:`step` the
+        stepped branches are left: they get new rows, and on failure their old ones are
+        still there (see :meth:`step`)."""
+        keep = self._consuming
+        for b in list(self._lazy):
+            if keep is None or b.seq_id not in keep:
+                b._materialize()
+        if keep is None:
+            self._rows = None
+
+    def _measure(self, branches: Sequence[Branch], rows: Any, stats: bool = True) -> None:
+        """Measure ``rows`` (row i: branch i's snapshot, the model's logits) into the
+        branches' slots: measures where they track metrics, candidates where their chain
+        begins with top-k. A failure leaves the slots marked unmeasured (computed again
+        when needed)."""
+        if not self.batched:
+            return
+        slots = np.fromiter((b.seq_id for b in branches), dtype=np.int32, count=len(branches))
+        ks = np.fromiter((b._want_k() for b in branches), dtype=np.int32, count=len(branches))
+        track = np.fromiter((stats and b.tracker is not None for b in branches), dtype=bool, count=len(branches))
+        self._has_cands[slots] = False
+        self._has_stats[slots] = False
+        kmax = int(ks.max()) if len(ks) else 0
+        if kmax > self.measures.k_stride:
+            self.measures.reserve(kmax)
+        self.measures.compute(rows, slots, ks, track)
+        self._has_cands[slots] = ks > 0
+        self._has_stats[slots] = track
+
+    def _attach(self, sid: int, chain: SamplerChain) -> None:
+        """Device mode: give sequence ``sid`` the backend chain that ``chain`` needs (the
+        measures and ``top_k(k + DEVICE_MARGIN)``), unless it has it."""
+        if not self.device:
+            return
+        k = _lead_k(chain, self.n_vocab)
+        if not k:
+            raise BranchError(
+                f"a store made with device=True samples from each row's top-k on the device: {chain!r} must begin "
+                f"with TopK(k), 1 <= k <= {FAST_K_MAX}, and hold no grammar"
+            )
+        want = min(k + DEVICE_MARGIN, self.n_vocab)
+        if self._attached.get(sid, 0) >= want:
+            return
+        dev = LlamaSampler.chain([LlamaSampler.measure(), LlamaSampler.top_k(want)])
+        if not self.ctx.set_backend_sampler(sid, dev):
+            self.ctx.set_backend_sampler(sid, None)
+            self._attached.pop(sid, None)
+            raise UnsupportedError(
+                "this context's device cannot run top-k and llama_cffi's measures in llama.cpp's sampling graph: "
+                "use BranchStore(ctx) (device=False)"
+            )
+        self._attached[sid] = want
+        self.measures.reserve(want)
+
+    def _detach(self, sid: int) -> None:
+        if self._attached.pop(sid, None) is not None:
+            self.ctx.set_backend_sampler(sid, None)
+
+    def _read_device(self, branches: Sequence[Branch], idx: Sequence[int]) -> None:
+        """Device mode: the branches' new rows are outputs ``idx`` (batch indices) of the
+        last decode: read what their backend chains left into their slots."""
+        slots = np.fromiter((b.seq_id for b in branches), dtype=np.int32, count=len(branches))
+        ks = np.fromiter((_lead_k(b.sampler, self.n_vocab) for b in branches), dtype=np.int32, count=len(branches))
+        self._has_cands[slots] = False
+        self._has_stats[slots] = False
+        meas = self.measures
+        meas.read_device(self.ctx.underlying, idx, slots, ks)
+        self._has_cands[slots] = (meas.n_top[slots] >= ks) & (ks > 0)
+        self._has_stats[slots] = np.isfinite(meas.log_norm[slots])
+
+    def sample(self, branches: Iterable[Branch] | None = None) -> dict[Branch, int]:
+        """A token for each of ``branches`` (default: every live branch), chosen by its own
+        sampler as :meth:`Branch.sample` does; ready for :meth:`step`."""
+        todo = self.branches if branches is None else list(branches)
+        return {b: b.sample() for b in todo}
 
     # ------------------------------------------------------------------ ids and KV
     def _take_id(self) -> int:
@@ -122,6 +288,7 @@ class BranchStore:
         return sid
 
     def _give_id(self, sid: int) -> None:
+        self._detach(sid)
         self._free.append(sid)
         self._free.sort(reverse=True)
 
@@ -202,11 +369,13 @@ class BranchStore:
         if model.has_encoder and model.has_decoder:
             return self._create_decoder(tokens, chain, seed, tracker, track)
         with self._fresh_id() as sid:
+            self._attach(sid, chain)
             row = self.ctx.decode(tokens, pos=0, seq_id=sid)  # Ctrl-C here aborts the prefill
             with _sigint_deferred():  # after it, the branch is made in full first
-                snapshot = np.array(row, dtype=np.float32, copy=True)
                 metrics = (tracker or PerplexityTracker()) if track else None
-                b = Branch(self, sid, None, [int(t) for t in tokens], chain, metrics, snapshot)
+                b = Branch(self, sid, None, [int(t) for t in tokens], chain, metrics, None)
+                b._set_output(row, int(self.ctx._out_index[-1]))
+                del row
                 if seed is not None:
                     b.reseed(seed)
                 self._register(b)
@@ -225,13 +394,15 @@ class BranchStore:
             )
         ctx = self.ctx
         with self._fresh_id() as sid:
+            self._attach(sid, chain)
             row = ctx.start_decoder(tokens, seq_id=sid)
             with _sigint_deferred():
-                snapshot = np.array(row, dtype=np.float32, copy=True)
                 metrics = (tracker or PerplexityTracker()) if track else None
                 first = ctx.model.decoder_start_token
                 start = first if first is not None else ctx.model.vocab.bos
-                b = Branch(self, sid, None, [int(start if start is not None else 0)], chain, metrics, snapshot)
+                b = Branch(self, sid, None, [int(start if start is not None else 0)], chain, metrics, None)
+                b._set_output(row, 0)
+                del row
                 if seed is not None:
                     b.reseed(seed)
                 self._register(b)
@@ -241,7 +412,8 @@ class BranchStore:
     def step(self, moves: Mapping[Branch, int] | Iterable[tuple[Branch, int]]) -> None:
         """Append one token to each branch with one ``llama_decode`` for all of them, then
         accept each token (sampler, grammar, metrics on the snapshot that produced it) and
-        capture each branch's new logits. On failure no branch changes."""
+        take each branch's new logits (measured in one call for all). On failure no branch
+        changes."""
         items = list(moves.items()) if isinstance(moves, Mapping) else [(b, int(t)) for b, t in moves]
         if not items:
             return
@@ -254,8 +426,11 @@ class BranchStore:
                 raise BranchError(f"{b!r} appears twice in one step")
             seen.add(b.seq_id)
             b._check_token(int(tok))
+        # measured now, on the rows that produced the tokens (the decode replaces them)
+        accepted = [b._measure_accept(int(t)) for b, t in items]
         n = len(items)
         cap = self._batch.capacity
+        ctx = self.ctx
         for start in range(0, n, cap):
             part = items[start : start + cap]
             batch = self._batch
@@ -266,14 +441,40 @@ class BranchStore:
             batch.seq_id[:m, 0] = [b.seq_id for b, _ in part]
             batch.logits[:m] = 1
             batch.n_tokens = m
-            ctx = self.ctx
+            branches = [b for b, _ in part]
+            # a failed decode of one micro-batch that does not grow the output buffer leaves
+            # the rows there as they were (llama.cpp writes outputs after a ubatch completes):
+            # the stepped branches keep reading theirs; otherwise every row is copied first
+            safe = self.device or (m <= ctx.n_ubatch and m <= ctx._out_rows_cap)
+            if not safe:
+                self._outputs_changing()
             done = 0
             try:
-                self._decode(batch, [b for b, _ in part])
+                self._consuming = frozenset(b.seq_id for b in branches) if safe else None
+                try:
+                    self._decode(batch, branches)
+                finally:
+                    self._consuming = None
                 with _sigint_deferred():  # Ctrl-C lands after every branch took its token
+                    if self.device:
+                        for i, (b, tok) in enumerate(part):
+                            b._advance(int(tok), accepted[start + i], None)
+                            done = i + 1
+                        self._read_device(branches, range(m))
+                        continue
+                    rows = np.asarray(ctx.logits_all())
+                    for b in branches:  # their old rows are gone: the new ones replace them
+                        self._lazy.discard(b)
+                        b._row_i = None
+                    self._rows = rows
                     for i, (b, tok) in enumerate(part):
-                        b._advance(int(tok), ctx.logits(i))
+                        b._advance(int(tok), accepted[start + i], i)
                         done = i + 1
+                    del rows
+                    try:
+                        self._measure(branches, self._rows)
+                    except MemoryError:  # pragma: no cover - measured again when needed
+                        pass
             except BaseException:
                 with _sigint_deferred():
                     for b, _ in part[done:]:  # decoded but not advanced (or not decoded): no cell stays
@@ -304,7 +505,7 @@ class BranchStore:
             arr = [int(t) for t in self.ctx.model.vocab.check_tokens(toks)]
             if arr:
                 work.append((b, arr))
-        saved = {b.seq_id: (b._kv_len, len(b._tokens), b._logits.copy(), b._pending, b._orig) for b, _ in work}
+        saved = {b.seq_id: (b._kv_len, len(b._tokens), b._save_row(), b._pending, b._orig) for b, _ in work}
         cap = self._batch.capacity
         offsets = [0] * len(work)
         try:
@@ -334,7 +535,7 @@ class BranchStore:
                     b._kv_len += take
                     offsets[i] += take
                     if offsets[i] == len(toks):
-                        b._set_row(self.ctx.logits(first + take - 1))
+                        b._set_output(self.ctx.logits(first + take - 1), first + take - 1)
                         b._pending = None
         except BaseException:
             with _sigint_deferred():
@@ -343,7 +544,7 @@ class BranchStore:
                     self.ctx.memory.seq_rm(b.seq_id, kv)
                     b._kv_len = kv
                     del b._tokens[nt:]
-                    np.copyto(b._logits, snap)
+                    b._restore_row(snap)
                     b._orig = orig
                     b._pending = pending
             raise
@@ -365,6 +566,7 @@ class BranchStore:
             self.ctx.memory.seq_keep(keep.seq_id)
             for sid, b in list(self._live.items()):
                 if b is not keep:
+                    self._lazy.discard(b)
                     b._dead = True
                     b._children.clear()
                     del self._live[sid]
@@ -377,6 +579,7 @@ class BranchStore:
         with _sigint_deferred():
             for sid, b in list(self._live.items()):
                 self.ctx.memory.seq_rm(sid)
+                self._lazy.discard(b)
                 b._dead = True
                 b._children.clear()
                 del self._live[sid]
@@ -395,7 +598,7 @@ class Branch:
         tokens: list[int],
         sampler: SamplerChain,
         tracker: PerplexityTracker | None,
-        logits: npt.NDArray[np.float32],
+        logits: npt.NDArray[np.float32] | None,
     ) -> None:
         self.store = store
         self.seq_id = seq_id
@@ -405,7 +608,11 @@ class Branch:
         self._kv_len = len(tokens)  # tokens whose KV this sequence holds
         self.sampler = sampler
         self.tracker = tracker
-        self._logits = logits
+        #: the snapshot, owned; None while the row is read from the store's rows (_row_i)
+        self._logits: npt.NDArray[np.float32] | None = logits
+        self._row_i: int | None = None  # index of the snapshot in store._rows, while zero-copy
+        store._has_cands[seq_id] = False  # a new row: its slot is measured when needed
+        store._has_stats[seq_id] = False
         #: the model's logits when the snapshot was edited (set_logits, add_logits, contrast,
         #: a steering hook); None when the snapshot is the model's own
         self._orig: npt.NDArray[np.float32] | None = None
@@ -457,8 +664,10 @@ class Branch:
 
     @property
     def logits(self) -> npt.NDArray[np.float32]:
-        """The logits snapshot (read-only view of the branch's own copy)."""
-        v: npt.NDArray[np.float32] = self._logits.view()
+        """The logits snapshot (read-only view of the branch's own copy, made now if the
+        row was still read from the context's outputs)."""
+        self._materialize()
+        v: npt.NDArray[np.float32] = self._row().view()
         v.flags.writeable = False
         return v
 
@@ -481,6 +690,9 @@ class Branch:
     def entropy(self) -> float:
         """Entropy (nats) of the model's distribution for the next token (edits to the
         snapshot aside; :attr:`sampling_entropy` is the sampler's)."""
+        st = self.store
+        if st._has_stats[self.seq_id] and st.measures.status[self.seq_id] in (_ST_OK, _ST_TIE):
+            return float(st.measures.entropy[self.seq_id])
         return float(entropy(self._model_row()))
 
     # ------------------------------------------------------------------ sampling
@@ -500,18 +712,50 @@ class Branch:
 
     def sample(self) -> int:
         """Choose a token from the snapshot with this branch's sampler (not accepted yet).
-        A :attr:`steer` hook is called first, with the snapshot writable."""
+        A :attr:`steer` hook is called first, with the snapshot writable. A chain that
+        begins with ``TopK(k)`` runs on the row's ``k`` best candidates (measured once per
+        row), otherwise on the whole row."""
         self._check_live()
         if self.steer is not None:
             self.steer(self, self._editable())
         cands = self.store._cands
+        track = self.tracker is not None
         try:
-            cands.reset(self._logits)
-            token, sampling = self.sampler.choose(cands, self._logits, self.tracker is not None)
+            row = self._fill(cands, self.sampler, track)
+            token, sampling = self.sampler.choose(cands, row, track)
         finally:
             cands.release()
         self._pending = (token, sampling)
         return token
+
+    def _fill(self, cands: Candidates, chain: SamplerChain, track: bool) -> npt.NDArray[np.float32] | None:
+        """Set ``cands`` to what ``chain`` starts from: the row's ``k`` best candidates
+        (sorted) when the chain begins with ``TopK(k)`` and the snapshot is the model's,
+        else the whole row (returned: the chain's grammar check may reset to it)."""
+        store = self.store
+        seq = self.seq_id
+        k = _lead_k(chain, store.n_vocab) if self._orig is None and store.batched else 0
+        if not k:
+            row = self._row()
+            cands.reset(row)
+            return row
+        meas = store.measures
+        if not store._has_cands[seq] or meas.n_top[seq] < k:
+            if store.device:
+                raise BranchError(
+                    f"branch {seq} samples on the device and its row brought {int(meas.n_top[seq])} candidates "
+                    f"to the host, fewer than its chain's top-{k} (a chain changed since): step it first"
+                )
+            store._measure([self], [self._row()], stats=track and not store._has_stats[seq])
+        if meas.status[seq] == _ST_NAN:
+            raise InvalidLogitsError("the logits contain NaN")
+        ids, lg = meas.candidates(seq, k)
+        cands.assign(ids, lg, sorted=True)
+        return None
+
+    def _want_k(self) -> int:
+        """Candidates to find when this branch's next row is measured."""
+        return _lead_k(self.sampler, self.store.n_vocab) if self._orig is None and self.steer is None else 0
 
     def accept(self, token: int) -> None:
         """Advance sampler, grammar and metrics by ``token`` (measured on the snapshot)
@@ -520,43 +764,64 @@ class Branch:
         self._check_token(int(token))
         self._accept(int(token))
 
-    def _accept(self, token: int) -> None:
+    def _model_surprisal(self, token: int) -> float:
+        """The model-level surprisal of ``token`` under the snapshot (its row's measures when
+        the row was measured, else a pass over it)."""
+        st = self.store
+        seq = self.seq_id
+        if st.device and self._orig is None:
+            meas = st.measures
+            ids, lg = meas.candidates(seq)
+            hit = np.flatnonzero(ids == token)
+            if not st._has_stats[seq] or not len(hit):
+                raise BranchError(
+                    f"branch {seq} samples on the device: token {token} is not among the {len(ids)} candidates that "
+                    "reached the host, so its surprisal is unknown (create the branch with track=False to force it)"
+                )
+            return meas.surprisal(seq, float(lg[hit[0]]))
+        row = self._model_row()
+        if st._has_stats[seq]:
+            return st.measures.surprisal(seq, float(row[token]))
+        return surprisal_of(row, token)
+
+    def _measure_accept(self, token: int) -> tuple[float | None, float | None]:
+        """(model surprisal, sampling surprisal argument) that accepting ``token`` records,
+        measured on the snapshot now; changes nothing."""
         model: float | None = None
         samp: float | None = None
         if self.tracker is not None:
-            model = surprisal_of(self._model_row(), token)
+            model = self._model_surprisal(token)
             pending = self._pending
             if pending is not None and pending[0] == token:
                 samp = model if pending[1] is None else pending[1]
+        return model, samp
+
+    def _accept(self, token: int, measured: tuple[float | None, float | None] | None = None) -> None:
+        model, samp = measured if measured is not None else self._measure_accept(token)
+        if self.tracker is not None:
+            assert model is not None
             self.tracker.add(model, samp)
         self.sampler.accept(token)
         self._accepted.append((len(self._tokens), token, model, samp))
         self._pending = None
 
-    def _advance(self, token: int, row: Any) -> None:
-        self._accept(token)
+    def _advance(self, token: int, measured: tuple[float | None, float | None], row_i: int | None) -> None:
+        """``token`` was decoded (a :meth:`BranchStore.step`): accept it as measured before
+        the decode, and read the new snapshot from row ``row_i`` of the store's rows (None:
+        on the device)."""
+        self._accept(token, measured)
         self._tokens.append(token)
         self._kv_len += 1
-        self._set_row(row)
+        self._orig = None
+        if row_i is not None:
+            self._row_i = row_i
+            self.store._lazy.add(self)
 
     def commit(self, token: int) -> None:
         """Accept ``token``, decode it, capture the new logits (one ``llama_decode`` of one
-        token). On failure nothing changes."""
+        token: :meth:`BranchStore.step` of this branch alone). On failure nothing changes."""
         self._check_live()
-        token = int(token)
-        self._check_token(token)
-        ctx = self.store.ctx
-        advanced = False
-        try:
-            row = ctx.decode_single(token, pos=self._kv_len, seq_id=self.seq_id)
-            with _sigint_deferred():
-                self._advance(token, row)
-                advanced = True
-        except BaseException:
-            if not advanced:
-                with _sigint_deferred():
-                    ctx.memory.seq_rm(self.seq_id, self._kv_len)
-            raise
+        self.store.step([(self, int(token))])
 
     decode = commit
 
@@ -575,16 +840,92 @@ class Branch:
 
     # ------------------------------------------------------------------ steering
     def _set_row(self, row: Any) -> None:
-        """The model's new logits (after a decode): the snapshot is the model's own again."""
+        """The model's new logits (after a decode), copied: the snapshot is the model's own
+        again, its slot not measured yet."""
+        if self._row_i is not None:
+            self._row_i = None
+            self.store._lazy.discard(self)
+        if self._logits is None:
+            self._logits = np.empty(self.store.n_vocab, dtype=np.float32)
         np.copyto(self._logits, row)
         self._orig = None
+        self.store._has_cands[self.seq_id] = False
+        self.store._has_stats[self.seq_id] = False
+
+    def _row(self) -> npt.NDArray[np.float32]:
+        """The snapshot: the owned copy, or the row in the context's outputs (valid until
+        the next decode; do not keep it)."""
+        i = self._row_i
+        if i is not None:
+            rows = self.store._rows
+            assert rows is not None
+            row: npt.NDArray[np.float32] = rows[i]
+            return row
+        if self._logits is None:
+            raise BranchError(
+                f"branch {self.seq_id} samples on the device (BranchStore(device=True)): only its row's "
+                "candidates and measures reach the host, not the whole row"
+            )
+        return self._logits
+
+    def _set_output(self, row: Any, batch_idx: int) -> None:
+        """The new snapshot is output ``batch_idx`` of the last decode (``row``, its view)."""
+        if self.store.device:
+            self._orig = None
+            self.store._read_device([self], [batch_idx])
+        else:
+            self._set_row(row)
+
+    def _save_row(self) -> Any:
+        """What :meth:`_restore_row` needs to bring the snapshot back (a copy of the row, or
+        in device mode its slot)."""
+        if self.store.device:
+            st, seq = self.store, self.seq_id
+            meas = st.measures
+            return (
+                st._has_cands[seq],
+                st._has_stats[seq],
+                *(a[seq].copy() for a in (meas.max, meas.log_norm, meas.entropy, meas.status, meas.n_top)),
+                meas.top_ids[seq].copy(),
+                meas.top_logits[seq].copy(),
+            )
+        return self._row().copy()
+
+    def _restore_row(self, saved: Any) -> None:
+        if not self.store.device:
+            self._set_row(saved)
+            return
+        st, seq = self.store, self.seq_id
+        meas = st.measures
+        st._has_cands[seq], st._has_stats[seq] = saved[0], saved[1]
+        arrays: tuple[npt.NDArray[Any], ...] = (meas.max, meas.log_norm, meas.entropy, meas.status, meas.n_top)
+        for a, v in zip(arrays, saved[2:7], strict=True):
+            a[seq] = v
+        meas.top_ids[seq, : len(saved[7])] = saved[7]
+        meas.top_logits[seq, : len(saved[8])] = saved[8]
+
+    def _materialize(self) -> None:
+        """Copy the snapshot out of the context's outputs (before they are overwritten)."""
+        i = self._row_i
+        if i is None:
+            return
+        rows = self.store._rows
+        assert rows is not None
+        if self._logits is None:
+            self._logits = np.empty(self.store.n_vocab, dtype=np.float32)
+        np.copyto(self._logits, rows[i])
+        self._row_i = None
+        self.store._lazy.discard(self)
 
     def _model_row(self) -> npt.NDArray[np.float32]:
         """The model's logits for the next token (the snapshot before any edit)."""
-        return self._orig if self._orig is not None else self._logits
+        return self._orig if self._orig is not None else self._row()
 
     def _editable(self) -> npt.NDArray[np.float32]:
         """The snapshot, to be edited: the model's logits are kept in ``_orig`` first."""
+        self._materialize()
+        self._row()  # raises on the device
+        assert self._logits is not None
         if self._orig is None:
             if self._orig_buf is None:
                 self._orig_buf = np.empty_like(self._logits)
@@ -597,6 +938,7 @@ class Branch:
     def model_logits(self) -> npt.NDArray[np.float32]:
         """The model's logits for the next token, whatever edits the snapshot has
         (read-only view)."""
+        self._materialize()
         v: npt.NDArray[np.float32] = self._model_row().view()
         v.flags.writeable = False
         return v
@@ -613,8 +955,8 @@ class Branch:
         next decode of this branch replaces both."""
         self._check_live()
         arr = np.asarray(logits, dtype=np.float32)
-        if arr.shape != self._logits.shape:
-            raise ParamError(f"logits must have shape {self._logits.shape}, not {arr.shape}")
+        if arr.shape != (self.store.n_vocab,):
+            raise ParamError(f"logits must have shape {(self.store.n_vocab,)}, not {arr.shape}")
         if np.isnan(arr).any():
             raise ParamError("logits contain NaN")
         np.copyto(self._editable(), arr)
@@ -634,8 +976,8 @@ class Branch:
                 row[t] += np.float32(b)
             return
         arr = np.asarray(bias, dtype=np.float32)
-        if arr.shape != self._logits.shape or np.isnan(arr).any():
-            raise ParamError(f"a bias must be {self._logits.shape[0]} floats without NaN")
+        if arr.shape != (self.store.n_vocab,) or np.isnan(arr).any():
+            raise ParamError(f"a bias must be {self.store.n_vocab} floats without NaN")
         self._editable()[...] += arr
 
     def contrast(self, other: Branch, alpha: float = 1.0) -> None:
@@ -659,6 +1001,7 @@ class Branch:
     def reset_logits(self) -> None:
         """Undo every edit: the snapshot is the model's logits again."""
         if self._orig is not None:
+            assert self._logits is not None
             np.copyto(self._logits, self._orig)
             self._orig = None
 
@@ -669,7 +1012,9 @@ class Branch:
         stays."""
         self._check_live()
         tracker = self.sampler.tracker
-        self.sampler = _as_chain(sampler, grammar, self.store.ctx.model)
+        chain = _as_chain(sampler, grammar, self.store.ctx.model)
+        self.store._attach(self.seq_id, chain)
+        self.sampler = chain
         if tracker is not None and self.sampler.tracker is None:
             self.sampler.tracker = tracker
         self._pending = None
@@ -681,7 +1026,9 @@ class Branch:
         self._check_live()
         rest = [s for s in self.sampler.samplers if getattr(s, "matcher", None) is None]
         chain = SamplerChain(rest, tracker=self.sampler.tracker) if rest else None
-        self.sampler = _as_chain(chain, grammar, self.store.ctx.model)
+        new = _as_chain(chain, grammar, self.store.ctx.model)
+        self.store._attach(self.seq_id, new)
+        self.sampler = new
         self._pending = None
 
     @property
@@ -693,8 +1040,9 @@ class Branch:
         self._check_live()
         cands = self.store._cands
         try:
-            cands.reset(self._logits)
-            for s in self.sampler.clone().samplers:
+            chain = self.sampler.clone()
+            self._fill(cands, chain, False)
+            for s in chain.samplers:
                 s.apply(cands)
             return float(entropy(np.ascontiguousarray(cands.read_logits(), dtype=np.float32)))
         finally:
@@ -730,7 +1078,7 @@ class Branch:
             ctx.memory.seq_rm(self.seq_id)  # chunks that fitted: the sequence is empty now
             self._kv_len = 0
             raise
-        self._set_row(row)
+        self._set_output(row, int(ctx._out_index[-1]))
         self._kv_len = len(keep)
         self._pending = None
 
@@ -791,7 +1139,7 @@ class Branch:
             self._pending = None
         row = ctx.decode_single(last, pos=position - 1, seq_id=self.seq_id)
         with _sigint_deferred():
-            self._set_row(row)
+            self._set_output(row, 0)
             self._tokens.append(last)
             self._kv_len = position
 
@@ -832,10 +1180,22 @@ class Branch:
                 return self._fork_prefix(at, seed)
         store = self.store
         with store._fresh_id() as sid, _sigint_deferred():  # no decode: Ctrl-C waits for it all
+            store._attach(sid, self.sampler)
             store.ctx.memory.seq_cp(self.seq_id, sid)
-            logits = self._logits.copy() if clone_logits else np.zeros_like(self._logits)
+            shared = clone_logits and self._row_i is not None  # the child reads the same row
+            if shared or not clone_logits or store.device:
+                logits = None if shared or store.device else np.zeros(store.n_vocab, dtype=np.float32)
+            else:
+                logits = self._row().copy()
             metrics = self.tracker.clone() if self.tracker is not None else None
             child = Branch(store, sid, self, list(self._tokens), self.sampler.clone(), metrics, logits)
+            if shared:
+                child._row_i = self._row_i
+                store._lazy.add(child)
+            if clone_logits:  # same row, same measures
+                store.measures.copy_slot(self.seq_id, sid)
+                store._has_cands[sid] = store._has_cands[self.seq_id]
+                store._has_stats[sid] = store._has_stats[self.seq_id]
             child._kv_len = self._kv_len
             child._accepted = list(self._accepted)
             child._orig = self._orig.copy() if self._orig is not None and clone_logits else None
@@ -849,11 +1209,12 @@ class Branch:
         store = self.store
         ctx = store.ctx
         with store._fresh_id() as sid:
+            store._attach(sid, self.sampler)
             if at > 1:
                 ctx.memory.seq_cp(self.seq_id, sid, 0, at - 1)
             row = ctx.decode_single(self._tokens[at - 1], pos=at - 1, seq_id=sid)
             with _sigint_deferred():
-                logits = np.array(row, dtype=np.float32, copy=True)
+                logits = None if store.device else np.array(row, dtype=np.float32, copy=True)
                 del row
                 k = 0
                 while k < len(self._accepted) and self._accepted[k][0] < at:
@@ -871,6 +1232,8 @@ class Branch:
                         if model is not None:
                             metrics.add(model, samp)
                 child = Branch(store, sid, self, self._tokens[:at], sampler, metrics, logits)
+                if store.device:
+                    store._read_device([child], [0])
                 child._accepted = accepted
                 if seed is not None:
                     child.reseed(seed)
@@ -911,6 +1274,7 @@ class Branch:
             self._release()
 
     def _release(self) -> None:
+        self.store._lazy.discard(self)
         if self._parent is not None and self in self._parent._children:
             self._parent._children.remove(self)
         self._parent = None

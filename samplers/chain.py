@@ -99,14 +99,18 @@ class SamplerChain(Sampler):
         """llama.cpp's chain of each sampler's :meth:`~samplers.base.Sampler.native` (fresh state)."""
         return LlamaSampler.chain([s.native() for s in self.samplers])
 
-    def choose(self, cands: Candidates, row: np.ndarray, surprisal: bool = True) -> tuple[int, float | None]:
+    def choose(self, cands: Candidates, row: np.ndarray | None, surprisal: bool = True) -> tuple[int, float | None]:
         """Select a token from candidates freshly reset to ``row`` (apply, select, with the
         fast path for constraints) without accepting it. Returns the token and its
         sampling-level surprisal (nats, under the final candidates), or None when not
         asked for, or when the final candidates are still the untouched row (then it
-        equals the model-level surprisal, which the caller computes anyway)."""
+        equals the model-level surprisal, which the caller computes anyway). ``row`` may
+        be None when the candidates were set otherwise (a row's top-k, found beforehand)
+        and no sampler of the chain checks tokens (a grammar)."""
         checks = [c for c in (getattr(s, "allows", None) for s in self.samplers) if c is not None]
         if checks:
+            if row is None:
+                raise ValueError("a chain with a grammar needs the whole row to choose from")
             for s in self.samplers:
                 if getattr(s, "allows", None) is None:
                     s.apply(cands)

@@ -116,3 +116,146 @@ def test_top_k_grouped_checks_its_arguments() -> None:
         kernels.top_k_grouped(row.astype(np.float64), gmax, 2, out)
     with pytest.raises(TypeError, match="contiguous"):
         kernels.top_k_grouped(np.zeros(64 * 8, dtype=np.float32)[::2], gmax, 2, out)
+
+
+# ---------------------------------------------------------------------- RowMeasures
+def _row_cases() -> st.SearchStrategy[tuple[np.ndarray, int]]:
+    """A batch of rows (with ties, -inf, NaN, +inf, all -inf) and a k."""
+
+    @st.composite
+    def build(draw: st.DrawFn) -> tuple[np.ndarray, int]:
+        n = draw(st.sampled_from([1, 7, 64, 200, 8191, 8192, 8192 + 37, 20000]))
+        m = draw(st.integers(1, 5))
+        seed = draw(st.integers(0, 2**32 - 1))
+        distinct = draw(st.sampled_from([3, 50, 100000]))
+        rng = np.random.default_rng(seed)
+        rows = (rng.integers(0, distinct, size=(m, n)) / 7 - 5).astype(np.float32)
+        for r in range(m):
+            kind = draw(st.sampled_from(["plain", "plain", "ninf", "nan", "pinf", "allninf"]))
+            if kind == "ninf":
+                rows[r, rng.integers(0, n, size=max(n // 3, 1))] = -math.inf
+            elif kind == "nan":
+                rows[r, rng.integers(0, n)] = math.nan
+            elif kind == "pinf":
+                rows[r, rng.integers(0, n)] = math.inf
+            elif kind == "allninf":
+                rows[r, :] = -math.inf
+        k = draw(st.integers(0, min(n, 70)))
+        return rows, k
+
+    return build()
+
+
+@given(_row_cases(), st.integers(1, 4))
+def test_row_measures_equal_the_reference(case: tuple[np.ndarray, int], threads: int) -> None:
+    """Every row's max, status and top-k equal a float64 numpy reference exactly (top-k: a
+    stable sort's first k); log-normaliser and entropy equal it to float32 exponentials'
+    precision, and samplers.measure's one-row functions to float64 rounding."""
+    from samplers.measure import entropy, surprisal
+
+    rows, k = case
+    m, n = rows.shape
+    meas = kernels.RowMeasures(n, m + 3, k=max(k, 1), n_threads=threads)
+    slots = np.arange(m)[::-1] + 2  # out of order, not from 0
+    meas.compute(rows, slots, k=k)
+    for i in range(m):
+        s = int(slots[i])
+        mx, ln, h, status, ids, lg = kernels.rows_reference(rows[i], k)
+        assert meas.status[s] == status
+        if status == kernels.RowStatus.NAN:
+            assert math.isnan(meas.max[s]) and meas.n_top[s] == 0
+            continue
+        assert meas.max[s] == np.float32(mx)
+        assert meas.n_top[s] == k
+        np.testing.assert_array_equal(meas.top_ids[s, :k], ids)
+        np.testing.assert_array_equal(meas.top_logits[s, :k], lg)
+        if status != kernels.RowStatus.OK:
+            assert math.isnan(meas.log_norm[s]) and math.isnan(meas.entropy[s])
+            continue
+        assert meas.log_norm[s] == pytest.approx(ln, rel=1e-6, abs=1e-6)
+        assert meas.entropy[s] == pytest.approx(h, rel=1e-5, abs=1e-6)
+        assert meas.entropy[s] == pytest.approx(entropy(rows[i]), rel=1e-12, abs=1e-12)
+        t = int(np.argmax(rows[i] > -math.inf))
+        assert meas.surprisal(s, float(rows[i][t])) == pytest.approx(surprisal(rows[i], t), rel=1e-12, abs=1e-12)
+
+
+def test_row_measures_threads_agree_bit_for_bit() -> None:
+    """Rows shared among threads give what one thread gives, bit for bit (each row is one
+    thread's work, in one order)."""
+    rng = np.random.default_rng(7)
+    rows = (rng.standard_normal((37, 40000)) * 4).astype(np.float32)
+    out = []
+    for threads in (1, 2, 5):
+        meas = kernels.RowMeasures(40000, 37, k=40, n_threads=threads)
+        meas.compute(rows, np.arange(37), k=np.arange(37) % 41, measure=np.arange(37) % 3 != 0)
+        out.append((meas.max.copy(), meas.log_norm.copy(), meas.entropy.copy(), meas.top_ids.copy()))
+    for other in out[1:]:
+        for a, b in zip(out[0], other, strict=True):
+            np.testing.assert_array_equal(a, b)
+    assert np.isnan(out[0][1][::3]).all() and not np.isnan(out[0][1][1::3]).any()
+
+
+def test_row_measures_from_a_list_and_slot_helpers() -> None:
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal(9000).astype(np.float32)
+    b = rng.standard_normal(9000).astype(np.float32)
+    meas = kernels.RowMeasures(9000, 4, k=5)
+    meas.compute([a, b], [3, 0], k=[5, 2], measure=[False, True])
+    ids, lg = meas.candidates(3)
+    np.testing.assert_array_equal(ids, np.argsort(-a, kind="stable")[:5])
+    np.testing.assert_array_equal(lg, a[ids])
+    assert len(meas.candidates(0)[0]) == 2 and len(meas.candidates(3, 2)[0]) == 2
+    assert math.isnan(meas.log_norm[3]) and not math.isnan(meas.log_norm[0])
+    meas.copy_slot(0, 1)
+    assert meas.log_norm[1] == meas.log_norm[0] and (meas.top_ids[1] == meas.top_ids[0]).all()
+    assert meas.surprisal(0, -math.inf) == math.inf
+    meas.reserve(8)  # grows, keeping what is there
+    assert meas.k_stride == 8 and (meas.candidates(3)[0] == ids).all()
+
+
+@pytest.mark.parametrize(
+    "rows, slots, k, err",
+    [
+        (np.zeros((2, 100), np.float64), [0, 1], 0, TypeError),
+        (np.zeros((2, 99), np.float32), [0, 1], 0, TypeError),
+        (np.zeros((2, 200), np.float32)[:, ::2], [0, 1], 0, TypeError),
+        ([np.zeros(100, np.float32), np.zeros(101, np.float32)], [0, 1], 0, TypeError),
+        (np.zeros((2, 100), np.float32), [0, 4], 0, ValueError),
+        (np.zeros((2, 100), np.float32), [1, 1], 0, ValueError),
+        (np.zeros((2, 100), np.float32), [0], 0, ValueError),
+        (np.zeros((2, 100), np.float32), [0, 1], 9, ValueError),
+        (np.zeros((2, 100), np.float32), [0, 1], [1, -1], ValueError),
+    ],
+)
+def test_row_measures_check_arguments(rows: object, slots: object, k: object, err: type[Exception]) -> None:
+    meas = kernels.RowMeasures(100, 4, k=8)
+    before = meas.max.copy()
+    with pytest.raises(err):
+        meas.compute(rows, slots, k)  # type: ignore[arg-type]
+    np.testing.assert_array_equal(meas.max, before)  # nothing was written
+
+
+def test_row_pool_survives_fork() -> None:
+    """The kernel's worker threads do not exist in a child made by fork(): it starts its own
+    pool there instead of waiting on threads that are gone."""
+    from tests.conftest import run_isolated
+
+    res = run_isolated(
+        """
+        import os, numpy as np
+        from llama_cffi import kernels
+        rows = np.random.default_rng(0).standard_normal((8, 9000)).astype(np.float32)
+        meas = kernels.RowMeasures(9000, 8, k=4, n_threads=3)
+        meas.compute(rows, np.arange(8), k=4)
+        want = meas.log_norm.copy()
+        pid = os.fork()
+        if pid == 0:
+            meas.compute(rows, np.arange(8), k=4)
+            os._exit(0 if (meas.log_norm == want).all() else 3)
+        _, status = os.waitpid(pid, 0)
+        print("child", os.waitstatus_to_exitcode(status))
+        """,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "child 0" in res.stdout

@@ -40,6 +40,44 @@ const char *llama_cffi_softmax_impl(void);
    group maxima (kernels.c; see samplers.candidates.Candidates.top); k or -1 */
 int llama_cffi_top_k_grouped(int n, const float *row, int cols, const float *gmax, int k, int64_t *out);
 
+/* many logits rows at once (rows.c; see llama_cffi.kernels.RowMeasures). Row r (n
+   floats at rows[r]) writes slot dest[r] (r when dest is NULL): its max (NaN when it
+   holds NaN), status (0 ok, 1 NaN, 2 +inf, 3 every value -inf), and, where measure[r] is
+   nonzero (every row when measure is NULL), the
+   log-normaliser log(sum(exp(x - max))) and the entropy (nats; NaN unless status is 0);
+   and its k[r] best candidates (at most k_stride; none for a NaN row): ids and logits,
+   descending, ties by lower id, into top_ids/top_logits[slot * k_stride ...], their
+   number in out_n_top[slot]. Rows are shared among n_threads threads (the caller's and a
+   pool kept for the process). 0, -1 on bad arguments, -2 out of memory. */
+int llama_cffi_rows_measure(int n_rows, const float *const *rows, int n, const int32_t *k, const int32_t *dest,
+                            int k_stride, const int32_t *measure, int n_threads, float *out_max, double *out_log_norm,
+                            double *out_entropy, int32_t *out_status, int32_t *out_n_top, int32_t *top_ids,
+                            float *top_logits);
+/* worker threads the pool holds now (it grows on demand, never shrinks) */
+int llama_cffi_rows_pool_size(void);
+
+/* backend sampling (measure_sampler.c; see llama_cffi.kernels.RowMeasures.read_device and
+   samplers.branch). llama_cffi_measure_sampler: a new sampler for the first place of a
+   backend sampling chain; in llama.cpp's graph it sets the row's probs output to three
+   floats [max, log(sum(exp(x - max))), entropy] and leaves the logits to the samplers
+   after it (on the host it does nothing). llama_cffi_rows_from_device: after a decode,
+   for output idx[r] (a batch index) of a sequence with such a chain, write slot dest[r]
+   as llama_cffi_rows_measure would (max, log-normaliser, entropy, status; NaN measures
+   when the output has none), and the candidates the chain left (at most k_stride; none
+   when k[r] is 0), sorted by descending logit then ascending id; status 4 when the logit
+   at position k[r] (a sampler's cut) is tied up to the last candidate that came back
+   (tokens beyond may share it). 0, -1 on bad arguments, -2 out of memory. */
+struct llama_sampler;
+struct llama_context;
+struct llama_sampler *llama_cffi_measure_sampler(void);
+/* after backend_init: 1 when the sampler runs in the graph, 0 when its device cannot run
+   it, -1 when it was not prepared for a graph (or has no backend implementation) */
+int llama_cffi_sampler_on_backend(const struct llama_sampler *smpl);
+int llama_cffi_rows_from_device(struct llama_context *ctx, int n_rows, const int32_t *idx, const int32_t *dest,
+                                const int32_t *k, int k_stride, int n_vocab, float *out_max, double *out_log_norm,
+                                double *out_entropy, int32_t *out_status, int32_t *out_n_top, int32_t *top_ids,
+                                float *top_logits);
+
 /* the whole vocabulary (vocab.c): every token's piece concatenated into buf, offsets
    (n_vocab + 1) and end-of-generation flags; the total bytes, minus the bytes needed
    when cap is too small, or INT64_MIN on a piece that cannot be read */

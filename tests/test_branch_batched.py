@@ -1,0 +1,190 @@
+"""A step's rows measured at once (the batched host path) against the row-by-row path:
+same tokens, metrics equal to float64 rounding; zero-copy snapshots that survive other
+decodes and failed steps."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+import samplers as S
+from llama_cffi import Model
+from llama_cffi.errors import DecodeAbortedError
+from samplers.branch import Branch, BranchStore
+from samplers.measure import entropy, surprisal
+
+GRAMMAR = 'root ::= [a-z ]+ "."'
+
+
+def chains(vocab_size: int) -> list[Callable[[int], S.SamplerChain]]:
+    """One chain of each kind a store meets: top-k first (sampled from the row's best
+    candidates), and chains that need the whole row."""
+    return [
+        lambda seed: S.SamplerChain([S.TopK(20), S.TopP(0.9), S.Temperature(0.7), S.Dist(seed)]),
+        lambda seed: S.SamplerChain([S.TopK(5), S.MinP(0.05), S.Dist(seed)]),
+        lambda seed: S.SamplerChain([S.TopK(3), S.Greedy()]),
+        lambda seed: S.SamplerChain([S.Penalties(16, 1.3), S.TopK(30), S.Dist(seed)]),  # whole row
+        lambda seed: S.SamplerChain([S.Temperature(0.9), S.Dist(seed)]),  # whole row
+        lambda seed: S.SamplerChain([S.TopK(vocab_size + 5), S.Dist(seed)]),  # k > vocabulary
+    ]
+
+
+def run(model: Model, batched: bool, n_steps: int, prompt: list[int], with_grammar: bool) -> list[tuple]:
+    kinds = chains(model.n_vocab)
+    n = len(kinds) + (1 if with_grammar else 0)
+    with model.context(n_ctx=512, n_batch=64, n_seq_max=n, kv_unified=True, n_threads=2) as ctx:
+        store = BranchStore(ctx, batched=batched, n_threads=2)
+        root = store.create(prompt, sampler=kinds[0](0))
+        branches = [root]
+        for i, make in enumerate(kinds[1:], start=1):
+            b = root.fork()
+            b.set_sampler(make(100 + i))
+            branches.append(b)
+        if with_grammar:
+            g = root.fork(seed=7)
+            g.set_grammar(GRAMMAR)
+            branches.append(g)
+        entropies = []
+        for _ in range(n_steps):
+            entropies.append([b.entropy for b in branches])
+            store.step(store.sample(branches))
+        out = [
+            (b.tokens, b.perplexity, b.sampling_perplexity, b.tracker.stderr if b.tracker else None) for b in branches
+        ]
+        out.append(tuple(map(tuple, entropies)))
+        return out
+
+
+@pytest.mark.parametrize("with_grammar", [False, True])
+def test_batched_equals_row_by_row_on_the_tiny_model(tiny_model: Model, with_grammar: bool) -> None:
+    """Every chain kind, mixed in one store: the batched path draws the same tokens as the
+    row-by-row one; perplexities and entropies agree to float64 rounding (the normaliser's
+    sums are taken in other groupings)."""
+    prompt = [int(t) for t in tiny_model.tokenize("once upon a time")]
+    a = run(tiny_model, True, 10, prompt, with_grammar)
+    b = run(tiny_model, False, 10, prompt, with_grammar)
+    for x, y in zip(a[:-1], b[:-1], strict=True):
+        assert x[0] == y[0]
+        for u, v in zip(x[1:], y[1:], strict=True):
+            assert u == pytest.approx(v, rel=1e-12, abs=1e-12)
+    np.testing.assert_allclose(np.array(a[-1]), np.array(b[-1]), rtol=1e-12, atol=1e-12)
+    assert len({tuple(x[0]) for x in a[:-1]}) > 2  # the branches went different ways
+
+
+@pytest.mark.default_model
+def test_batched_equals_row_by_row_on_the_default_vocabulary(default_model: Model) -> None:
+    """At 262,144 tokens the candidates come from the block-maximum summary (the large-row
+    path of the kernel): the same tokens and metrics as reading every row whole."""
+    prompt = [int(t) for t in default_model.tokenize("The three primary colours are")]
+    a = run(default_model, True, 6, prompt, False)
+    b = run(default_model, False, 6, prompt, False)
+    for x, y in zip(a[:-1], b[:-1], strict=True):
+        assert x[0] == y[0]
+        for u, v in zip(x[1:], y[1:], strict=True):
+            assert u == pytest.approx(v, rel=1e-12, abs=1e-12)
+    np.testing.assert_allclose(np.array(a[-1]), np.array(b[-1]), rtol=1e-12, atol=1e-12)
+
+
+def test_metrics_are_the_reference_measures(tiny_model: Model) -> None:
+    """Tracked surprisals and the branch entropy are samplers.measure's, on the row that
+    produced each token (kept as a copy here to check against)."""
+    with tiny_model.context(n_ctx=256, n_seq_max=4, kv_unified=True) as ctx:
+        store = BranchStore(ctx)
+        root = store.create(tiny_model.tokenize("the cat"), sampler=S.SamplerChain([S.TopK(10), S.Dist(3)]))
+        kids = [root, root.fork(seed=1), root.fork(seed=2)]
+        totals = dict.fromkeys(kids, 0.0)
+        for _ in range(5):
+            moves = store.sample()
+            for b, t in moves.items():
+                row = b.logits.copy()
+                assert b.entropy == pytest.approx(entropy(row), rel=1e-12)
+                totals[b] += surprisal(row, t)
+            store.step(moves)
+        for b in kids:
+            assert b.tracker is not None
+            assert b.tracker.total_surprisal == pytest.approx(totals[b], rel=1e-12)
+
+
+def test_snapshots_are_zero_copy_until_something_else_decodes(tiny_model: Model) -> None:
+    """After a step every stepped branch reads its row where llama.cpp wrote it; a decode
+    of anything else on the context copies those rows out first, so they keep their values."""
+    with tiny_model.context(n_ctx=256, n_seq_max=5, kv_unified=True) as ctx:
+        store = BranchStore(ctx)
+        root = store.create(tiny_model.tokenize("a b c"))
+        kids = [root] + [root.fork() for _ in range(2)]
+        store.step(store.sample(kids))
+        assert all(b._row_i is not None for b in kids)  # nothing copied
+        kids.append(kids[1].fork())
+        assert kids[-1]._logits is None  # a fork of a zero-copy row shares it
+        before = [np.array(store._rows[b._row_i], copy=True) for b in kids]  # type: ignore[index]
+        ctx.decode(tiny_model.tokenize("x y z"), pos=0, seq_id=4)  # someone else's decode
+        assert store._rows is None and not store._lazy
+        for b, want in zip(kids, before, strict=True):
+            np.testing.assert_array_equal(b.logits, want)
+        other = store.create(tiny_model.tokenize("q"))  # a create decodes too
+        np.testing.assert_array_equal(kids[0].logits, before[0])
+        other.prune()
+
+
+def test_a_failed_step_keeps_every_row(tiny_model: Model) -> None:
+    """A decode aborted inside llama.cpp changes no branch: tokens, metrics and the rows
+    (still read zero-copy from the output buffer, which llama.cpp left as it was)."""
+    with tiny_model.context(n_ctx=256, n_seq_max=4, kv_unified=True) as ctx:
+        store = BranchStore(ctx)
+        root = store.create(tiny_model.tokenize("a b c"), sampler=S.SamplerChain([S.TopK(8), S.Dist(1)]))
+        kids = [root, root.fork(seed=5), root.fork(seed=6)]
+        store.step(store.sample(kids))
+        lazy = [b._row_i is not None for b in kids]
+        rows = [np.array(store._rows[b._row_i], copy=True) for b in kids]  # type: ignore[index]
+        state = [(b.tokens, b.position, b.perplexity, b.entropy) for b in kids]
+        moves = store.sample(kids)
+        ctx.set_abort_callback(lambda: True)
+        with pytest.raises(DecodeAbortedError):
+            store.step(moves)
+        ctx.set_abort_callback(None)
+        assert lazy == [True] * 3 and all(b._row_i is not None for b in kids)  # still zero-copy
+        for b, row, st in zip(kids, rows, state, strict=True):
+            assert (b.tokens, b.position, b.perplexity, b.entropy) == st
+            np.testing.assert_array_equal(b.logits, row)
+            assert ctx.memory.seq_pos_max(b.seq_id) == b.position - 1
+        store.step(moves)  # the same moves go through now
+        assert all(b.position == st[1] + 1 for b, st in zip(kids, state, strict=True))
+
+
+def test_forks_share_their_parents_row_and_measures(tiny_model: Model) -> None:
+    with tiny_model.context(n_ctx=256, n_seq_max=4, kv_unified=True) as ctx:
+        store = BranchStore(ctx)
+        root = store.create(tiny_model.tokenize("a b"), sampler=S.SamplerChain([S.TopK(4), S.Dist(2)]))
+        store.step(store.sample([root]))
+        child = root.fork(seed=9)
+        assert child._row_i == root._row_i and child._logits is None
+        assert child.entropy == root.entropy
+        np.testing.assert_array_equal(child.logits, root.logits)
+        empty = root.fork(clone_logits=False)
+        assert not store._has_cands[empty.seq_id] and not empty.logits.any()
+
+
+def test_nan_rows_raise_on_both_paths(tiny_model: Model) -> None:
+    from llama_cffi.sampling import InvalidLogitsError
+
+    with tiny_model.context(n_ctx=128, n_seq_max=2, kv_unified=True) as ctx:
+        for batched in (True, False):
+            store = BranchStore(ctx, batched=batched)
+            b = store.create([1, 2], sampler=S.SamplerChain([S.TopK(3), S.Greedy()]))
+            b._set_row(np.full(tiny_model.n_vocab, math.nan, dtype=np.float32))
+            with pytest.raises(InvalidLogitsError, match="NaN"):
+                b.sample()
+            store.drain()
+
+
+def test_store_sample_defaults_to_every_live_branch(tiny_model: Model) -> None:
+    with tiny_model.context(n_ctx=128, n_seq_max=3, kv_unified=True) as ctx:
+        store = BranchStore(ctx)
+        root = store.create([1, 2, 3])
+        kids = [root, root.fork()]
+        moves = store.sample()
+        assert set(moves) == set(kids) and all(isinstance(t, int) for t in moves.values())
+        assert isinstance(next(iter(moves)), Branch)
