@@ -1,9 +1,17 @@
 """Branches: batched ``BranchStore.step`` vs one-by-one ``Branch.commit`` vs llama.cpp's
-``llama-batched-bench``, generation throughput on the same model, same run.
+``llama-batched-bench`` and ``llama-batched``, generation throughput on the same model,
+same run.
 
 One shared prompt of ``--pp`` random tokens is decoded into a root branch, forked into
 N branches (``seq_cp`` on a unified KV cache), then each branch generates ``--tg``
-tokens with greedy sampling:
+tokens:
+
+* chain: ``store.step(store.sample())`` with every branch's own chain
+  ``TopK(40) -> TopP(0.95) -> Temperature(0.8) -> Dist`` (reseeded per fork) and its
+  perplexity tracked: the headline, against batched-bench's S_TG;
+* device: the same with ``BranchStore(ctx, device=True)`` (top-k and the measures in
+  llama.cpp's sampling graph);
+* the modes below, with greedy sampling:
 
 * native: ``llama-batched-bench -pps -kvu`` (shared prompt copied to N sequences with
   ``llama_memory_seq_cp``, unified KV, one ``llama_decode`` of N random tokens per step,
@@ -19,6 +27,15 @@ tokens with greedy sampling:
   branch, no metrics): what the batched path costs without BranchStore's extras;
 * raw: ``ctx.decode_batch`` of N random tokens per step, no sampling (native's exact
   workload through llama_cffi: the ceiling for batched).
+
+And, with ``--examples`` (on by default), llama.cpp's own parallel generation:
+``llama-batched -np N`` (examples/batched: every sequence sampled on the host by
+llama.cpp's sampler chain, top-k 40, top-p 0.95, temperature 0.8, dist, one seed) and
+``llama-batched -np N --backend-sampling`` (the same chain in its sampling graph),
+against ours doing exactly that loop (same prompt text, seed, length, unified KV,
+sequences that end at an end-of-generation token): ``example`` (host) and
+``example-device``. Their speed is what llama-batched prints: tokens decoded / time of
+the generation loop.
 
 ``samplers.branch.BranchStore`` is used when it imports (``--impl auto``); otherwise
 (or with ``--impl standin``) the stand-in plays its part. For each round and each N,
@@ -44,6 +61,7 @@ import importlib
 import inspect
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -60,12 +78,22 @@ sys.path.insert(0, str(ROOT))
 import llama_cffi  # noqa: E402
 import samplers as S  # noqa: E402
 from benchmarks.common import command_line, run_child, self_peak_rss_kib  # noqa: E402
-from benchmarks.native_tools import build_llama_tool  # noqa: E402
-from samplers.branch import Branch  # noqa: E402
+from benchmarks.native_tools import build_llama_example, build_llama_tool  # noqa: E402
+from samplers.branch import Branch, BranchStore  # noqa: E402
 
 TOOL = "llama-batched-bench"
-MODES = ("batched", "notrack", "onebyone", "standin", "raw")
-LABELS = {"batched": "batched", "notrack": "no-track", "onebyone": "1-by-1", "standin": "stand-in", "raw": "raw"}
+MODES = ("chain", "device", "batched", "notrack", "onebyone", "standin", "raw")
+LABELS = {
+    "chain": "chain",
+    "device": "device",
+    "batched": "batched",
+    "notrack": "no-track",
+    "onebyone": "1-by-1",
+    "standin": "stand-in",
+    "raw": "raw",
+}
+EXAMPLE_PROMPT = "The history of the printing press begins in"
+EXAMPLE_SEED = 1234
 IntArray = npt.NDArray[np.int32]
 T = TypeVar("T")
 
@@ -179,6 +207,92 @@ def make_store_factory(impl: str) -> tuple[str, Callable[[llama_cffi.Context], S
     return "stand-in", StandInStore, False
 
 
+def sampled_chain(seed: int) -> S.SamplerChain:
+    """The chain of the ``chain``/``device``/``example`` modes (llama-batched's)."""
+    return S.SamplerChain([S.TopK(40), S.TopP(0.95), S.Temperature(0.8), S.Dist(seed)])
+
+
+# ---------------------------------------------------------------------- llama-batched
+def example_command(
+    tool: Path, model: Path, n: int, n_predict: int, args: argparse.Namespace, device: bool
+) -> list[str]:
+    cmd = [
+        str(tool),
+        "-m",
+        str(model),
+        "-p",
+        EXAMPLE_PROMPT,
+        "-n",
+        str(n_predict),
+        "-np",
+        str(n),
+        "--top-k",
+        "40",
+        "--top-p",
+        "0.95",
+        "--temp",
+        "0.8",
+        "-s",
+        str(EXAMPLE_SEED),
+        "-kvu",
+        "-t",
+        str(args.threads),
+        "-tb",
+        str(args.threads),
+    ]
+    return [*cmd, "--backend-sampling"] if device else cmd
+
+
+_SPEED = re.compile(r"decoded (\d+) tokens in ([0-9.]+) s, speed: ([0-9.]+) t/s")
+
+
+def run_example_native(cmd: list[str]) -> dict[str, float]:
+    """llama-batched's own figures: tokens decoded in its generation loop, and tok/s."""
+    out = run_child(cmd)
+    if out.returncode != 0:
+        raise RuntimeError(f"llama-batched failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    m = _SPEED.search(out.stdout + "\n" + out.stderr)
+    if m is None:
+        raise RuntimeError(f"no speed line in llama-batched's output:\n{out.stderr[-2000:]}")
+    return {"tokens": float(m.group(1)), "loop_s": float(m.group(2)), "tps": float(m.group(3))}
+
+
+def run_example_ours(
+    model: llama_cffi.Model, n: int, tg: int, args: argparse.Namespace, device: bool
+) -> dict[str, float]:
+    """llama-batched's loop with a BranchStore: the same prompt, context sizes, seed for
+    every sequence and ending rule; tok/s = tokens decoded / time of the loop."""
+    toks = model.tokenize(EXAMPLE_PROMPT)
+    n_predict = len(toks) + tg
+    ctx = model.context(
+        n_ctx=len(toks) + tg * n,
+        n_batch=max(n_predict, n),
+        n_seq_max=n,
+        kv_unified=True,
+        n_threads=args.threads,
+        n_threads_batch=args.threads,
+    )
+    try:
+        store = BranchStore(ctx, device=device)
+        root = store.create(toks, sampler=sampled_chain(EXAMPLE_SEED))
+        active = [root] + [root.fork() for _ in range(n - 1)]  # one seed, as llama-batched's samplers
+        is_eog = model.vocab.is_eog
+        n_cur, n_decode = len(toks), 0
+        t0 = time.perf_counter()
+        while n_cur <= n_predict:
+            moves = {b: t for b, t in store.sample(active).items() if not (is_eog(t) or n_cur == n_predict)}
+            if not moves:
+                break
+            n_decode += len(moves)
+            active = list(moves)
+            n_cur += 1
+            store.step(moves)
+        wall = time.perf_counter() - t0
+    finally:
+        ctx.close()
+    return {"tokens": float(n_decode), "loop_s": wall, "tps": n_decode / wall}
+
+
 # ---------------------------------------------------------------------- native
 def native_command(tool: Path, model: Path, ns: Sequence[int | str], args: argparse.Namespace, tgs: bool) -> list[str]:
     cmd = [
@@ -270,14 +384,27 @@ def run_ours(
         c1 = in_llama_ms(ctx)
         ctx.memory.clear(data=False)
         return {"tps": n * tg / wall, "host_us_step": (wall * 1e3 - (c1 - c0)) * 1e3 / tg}
-    store = StandInStore(ctx) if mode == "standin" else make_store(ctx)
-    chain = S.SamplerChain([S.Greedy()])
-    root = store.create(prompt, sampler=chain, track=False) if mode == "notrack" else store.create(prompt, chain)
-    branches = [root] + [root.fork() for _ in range(n - 1)]
+    if mode in ("chain", "device"):
+        store = BranchStore(ctx, device=mode == "device")
+        root = store.create(prompt, sampler=sampled_chain(0))
+        branches = [root] + [root.fork(seed=j) for j in range(1, n)]
+    else:
+        store = StandInStore(ctx) if mode == "standin" else make_store(ctx)
+        chain = S.SamplerChain([S.Greedy()])
+        root = store.create(prompt, sampler=chain, track=False) if mode == "notrack" else store.create(prompt, chain)
+        branches = [root] + [root.fork() for _ in range(n - 1)]
     t_sample = t_decode = 0.0
     c0 = in_llama_ms(ctx)
     t0 = time.perf_counter()
-    if mode in ("batched", "notrack", "standin"):
+    if mode in ("chain", "device"):
+        for _ in range(tg):
+            a = time.perf_counter()
+            moves = store.sample(branches)
+            b_ = time.perf_counter()
+            store.step(moves)
+            t_sample += b_ - a
+            t_decode += time.perf_counter() - b_
+    elif mode in ("batched", "notrack", "standin"):
         for _ in range(tg):
             a = time.perf_counter()
             moves = {b: b.sample() for b in branches}
@@ -416,6 +543,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--retries", type=int, default=3, help="runs again when other processes used more")
     ap.add_argument("--quiet-wait", type=float, default=60.0, help="seconds to wait for a quiet machine per run")
     ap.add_argument("--quick", action="store_true", help="N in 1,4,8 and one round")
+    ap.add_argument(
+        "--examples",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also llama-batched -np N, with and without --backend-sampling, against ours doing its loop",
+    )
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args(argv)
     if args.quick:
@@ -433,7 +566,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"skipped: {exc}")
         return 0
     tool = build_llama_tool(TOOL)
+    example_tool = build_llama_example("batched") if args.examples else None
     impl, make_store, can_untrack = make_store_factory(args.impl)
+    if impl == "stand-in":  # no BranchStore: the chain modes need it
+        modes = [m for m in modes if m not in ("chain", "device")]
     if impl == "stand-in":  # "batched" is the stand-in already, and it has no metrics
         modes = [m for m in modes if m not in ("standin", "notrack")]
     elif "notrack" in modes and not can_untrack:  # an older BranchStore: metrics always on
@@ -471,6 +607,9 @@ def main(argv: list[str] | None = None) -> int:
     ours: dict[tuple[str, int], list[dict[str, float]]] = {(m, n): [] for m in modes for n in ns}
     forks: list[dict[str, float]] = []
     foreign: list[float] = []  # other processes' load (cores) during each kept run
+    ex: dict[tuple[str, int], list[dict[str, float]]] = {
+        (side, n): [] for side in ("native", "native-bs", "ours", "ours-device") for n in ns
+    }
     for r in range(args.rounds):
         order = modes[r % len(modes) :] + modes[: r % len(modes)]
         for i, n in enumerate(ns):
@@ -495,6 +634,34 @@ def main(argv: list[str] | None = None) -> int:
                         foreign.append(fl)
             line = "  ".join(f"{m} {ours[(m, n)][-1]['tps']:.1f}" for m in modes)
             print(f"round {r + 1} N={n}: native {nat[n][-1]:.1f}  {line}", flush=True)
+            if example_tool is not None:
+                n_predict = len(model.tokenize(EXAMPLE_PROMPT)) + args.tg
+                runs: list[tuple[str, Any]] = [
+                    (
+                        "native",
+                        functools.partial(
+                            run_example_native, example_command(example_tool, model_path, n, n_predict, args, False)
+                        ),
+                    ),
+                    (
+                        "native-bs",
+                        functools.partial(
+                            run_example_native, example_command(example_tool, model_path, n, n_predict, args, True)
+                        ),
+                    ),
+                    ("ours", functools.partial(run_example_ours, model, n, args.tg, args, False)),
+                    ("ours-device", functools.partial(run_example_ours, model, n, args.tg, args, True)),
+                ]
+                k = (r + i) % len(runs)
+                for side, fn in runs[k:] + runs[:k]:
+                    d, fl = measured(fn, args)
+                    ex[(side, n)].append({**d, "foreign": fl})
+                    foreign.append(fl)
+                print(
+                    f"round {r + 1} N={n} llama-batched loop tok/s: "
+                    + "  ".join(f"{side} {ex[(side, n)][-1]['tps']:.1f}" for side, _ in runs),
+                    flush=True,
+                )
         forks.append(measured(lambda: fork_latency(ctx, make_store, history, args.fork_iters), args)[0])
 
     def med(mode: str, n: int, key: str = "tps") -> float:
@@ -552,6 +719,33 @@ def main(argv: list[str] | None = None) -> int:
         for row, e in zip(rows, ests, strict=True):
             row[f"{m}_est_over_native"] = e
         print(f"{LABELS[m]:>9}: " + ", ".join(f"N={n} {e:.3f}" for n, e in zip(ns, ests, strict=True)))
+    if example_tool is not None:
+        print()
+        print(
+            f"llama-batched's loop (prompt {EXAMPLE_PROMPT!r}, {args.tg} tokens, one seed, unified KV; tok/s = "
+            "tokens decoded / loop time, medians)"
+        )
+        print(f"{'N':>3} {'llama-batched':>13} {'-bs':>9} {'ours':>9} {'ours dev':>9} {'ours/lb':>8} {'dev/-bs':>8}")
+        for n, row in zip(ns, rows, strict=True):
+            v = {
+                side: _median([d["tps"] for d in ex[(side, n)]])
+                for side in ("native", "native-bs", "ours", "ours-device")
+            }
+            row["example"] = {
+                "llama_batched_tps": v["native"],
+                "llama_batched_bs_tps": v["native-bs"],
+                "ours_tps": v["ours"],
+                "ours_device_tps": v["ours-device"],
+                "ours_over_llama_batched": v["ours"] / v["native"],
+                "ours_device_over_bs": v["ours-device"] / v["native-bs"],
+                "ours_over_bs": v["ours"] / v["native-bs"],
+                "tokens": {side: [d["tokens"] for d in ex[(side, n)]] for side in ("native", "ours")},
+                "samples": {side: ex[(side, n)] for side in ("native", "native-bs", "ours", "ours-device")},
+            }
+            print(
+                f"{n:>3} {v['native']:>13.1f} {v['native-bs']:>9.1f} {v['ours']:>9.1f} {v['ours-device']:>9.1f} "
+                f"{v['ours'] / v['native']:>8.3f} {v['ours-device'] / v['native-bs']:>8.3f}"
+            )
     n8 = 8 if 8 in ns else max(ns)
     scale8 = med("batched", n8) / med("batched", 1) if 1 in ns else float("nan")
     nat8 = _median(nat[n8]) / _median(nat[1]) if 1 in ns else float("nan")

@@ -15,7 +15,11 @@ Runs, one after another, each as a subprocess with ``--json``:
   vocabulary size, and sampled against greedy generation;
 * ``bench_grammar.py``: grammar masks and constrained generation against llama.cpp's
   grammar sampler;
-* ``bench_branches.py``: N branches batched / one by one against ``llama-batched-bench``;
+* ``bench_branches.py``: N branches (each its own chain, tracked; batched / one by one)
+  against ``llama-batched-bench``, and llama.cpp's own parallel generation
+  (``llama-batched``, host and backend sampling) against ours doing its loop;
+* ``bench_step_host.py``: the host work of a branch step (all but ``llama_decode``) at the
+  default model's 262,144 tokens: row by row, the batched row kernel, device truncation;
 * ``bench_perplexity.py``: ``samplers.perplexity`` against ``llama-perplexity`` (time,
   value, memory).
 
@@ -90,7 +94,8 @@ class Step:
     full: tuple[str, ...]
     about: str
     #: The native programs it runs (prepared before any timing, only for the chosen steps):
-    #: llama.cpp tools by target name, or our C loops (``native/<name>.c``).
+    #: llama.cpp tools by target name, llama.cpp's examples as ``example:<name>``, or our C
+    #: loops (``native/<name>.c``).
     tools: tuple[str, ...] = ()
 
     def argv(self, full: bool) -> list[str]:
@@ -152,8 +157,17 @@ STEPS: tuple[Step, ...] = (
         "bench_branches.py",
         ("--ns", "1,4,8", "--rounds", "2", "--tg", "32", "--fork-iters", "50", "--quiet-wait", "10", "--retries", "1"),
         ("--rounds", "3"),
-        "N branches: batched BranchStore.step / one-by-one commit vs llama-batched-bench",
-        tools=("llama-batched-bench",),
+        "N branches, each its own chain and tracking: BranchStore (host row kernel, device truncation) vs "
+        "llama-batched-bench; llama-batched -np N (host / backend sampling) vs ours doing its loop",
+        tools=("llama-batched-bench", "example:batched"),
+    ),
+    Step(
+        "step_host",
+        "bench_step_host.py",
+        ("--ns", "1,8,64", "--rounds", "2", "--steps", "4"),
+        ("--ns", "1,8,64,256", "--rounds", "3", "--steps", "6"),
+        "host work of a branch step (all but llama_decode) at 262,144 tokens: the batched row kernel and device "
+        "truncation vs the row-by-row path",
     ),
     Step(
         "rpc",
@@ -414,7 +428,12 @@ def comparisons_branches(step: Step, full: bool, d: Payload) -> list[Comparison]
     out: list[Comparison] = []
     for r in d["rows"]:
         n = r["n"]
-        for mode, what in (("batched", "batched `BranchStore.step`"), ("onebyone", "one-by-one `Branch.commit`")):
+        for mode, what in (
+            ("chain", "`store.step(store.sample())`, each branch its own chain + tracking"),
+            ("device", "the same with `BranchStore(device=True)`"),
+            ("batched", "batched `BranchStore.step`, greedy"),
+            ("onebyone", "one-by-one `Branch.commit`"),
+        ):
             if f"{mode}_tps" in r:
                 out.append(
                     comparison(
@@ -428,6 +447,61 @@ def comparisons_branches(step: Step, full: bool, d: Payload) -> list[Comparison]
                         native_label="llama-batched-bench",
                     )
                 )
+        ex = r.get("example")
+        if ex:
+            for ours, nat, what, label in (
+                ("ours_tps", "llama_batched_tps", "ours (host row kernel)", "llama-batched -np N"),
+                (
+                    "ours_tps",
+                    "llama_batched_bs_tps",
+                    "ours (host row kernel)",
+                    "llama-batched -np N --backend-sampling",
+                ),
+                (
+                    "ours_device_tps",
+                    "llama_batched_bs_tps",
+                    "ours (device=True)",
+                    "llama-batched -np N --backend-sampling",
+                ),
+            ):
+                out.append(
+                    comparison(
+                        step,
+                        full,
+                        f"llama-batched's loop, {n} sequence{'s' if n > 1 else ''} x {tg} tokens: {what} vs {label}",
+                        _f(ex[ours]),
+                        _f(ex[nat]),
+                        "tok/s",
+                        "higher",
+                        native_label=label,
+                    )
+                )
+    return out
+
+
+def comparisons_step_host(step: Step, full: bool, d: Payload) -> list[Comparison]:
+    out: list[Comparison] = []
+    base = {r["n"]: r for r in d["rows"] if r["mode"] == "row"}
+    for r in d["rows"]:
+        n, mode = r["n"], r["mode"]
+        if mode == "row" or n not in base:
+            continue
+        what = (
+            "batched row kernel + chains on the top-k" if mode == "batched" else "device truncation (backend sampling)"
+        )
+        out.append(
+            comparison(
+                step,
+                full,
+                f"host work per step, {n} branch{'es' if n > 1 else ''} at {d['n_vocab']:,} tokens: {what} "
+                "vs row by row",
+                _f(r["host_ms"]),
+                _f(base[n]["host_ms"]),
+                "ms",
+                "lower",
+                native_label="row by row (BranchStore(batched=False))",
+            )
+        )
     return out
 
 
@@ -518,6 +592,7 @@ EXTRACT: dict[str, Callable[[Step, bool, Payload], list[Comparison]]] = {
     "grammar": comparisons_grammar,
     "grammar_peers": comparisons_grammar_peers,
     "branches": comparisons_branches,
+    "step_host": comparisons_step_host,
     "rpc": comparisons_rpc,
     "perplexity": comparisons_perplexity,
 }
@@ -655,7 +730,10 @@ def prepare_tools(steps: Sequence[Step], peer: bool = False) -> dict[str, Any]:
         t0 = time.perf_counter()
         out[tool] = {"path": str(nt.build_llama_tool(tool)), "prepare_s": time.perf_counter() - t0}
         out[tool]["build_s"] = nt.llama_tool_build_seconds(tool)
-    for name in dict.fromkeys(t for t in wanted if not t.startswith("llama-")):
+    for name in dict.fromkeys(t for t in wanted if t.startswith("example:")):
+        t0 = time.perf_counter()
+        out[name] = {"path": str(nt.build_llama_example(name.split(":", 1)[1])), "prepare_s": time.perf_counter() - t0}
+    for name in dict.fromkeys(t for t in wanted if not t.startswith(("llama-", "example:"))):
         t0 = time.perf_counter()
         out[name] = {"path": str(nt.build_c_tool(name)), "prepare_s": time.perf_counter() - t0}
     return out

@@ -773,6 +773,8 @@ class Context:
                 self._out_dev = np.isin(batch.seq_id[out_index, 0], np.fromiter(self._backend, dtype=np.int32))
 
     def _validate_batch_positions(self, batch: Batch, n: int) -> None:
+        if not self._mrope and self._positions_fine(batch, n):
+            return
         pos = batch.pos[:n]
         if (pos < 0).any():
             raise InvalidBatchError(f"negative position {int(pos.min())} in the batch")
@@ -795,6 +797,32 @@ class Context:
                 raise InvalidBatchError(f"positions of sequence {s} in the batch are not consecutive: {ps[:8]}...")
             if max(ps) >= self._n_ctx_seq:
                 raise KvCacheFullError(f"sequence {s} would reach position {max(ps)}, past n_ctx_seq={self._n_ctx_seq}")
+
+    def _positions_fine(self, batch: Batch, n: int) -> bool:
+        """The usual batch checked with numpy: each token of one sequence, and either one
+        token per sequence (a step of many branches) or one sequence (a prompt chunk). True
+        when every position is fine; False sends the batch through the token-by-token
+        check, which names the first problem."""
+        if not (batch.n_seq_id[:n] == 1).all():
+            return False
+        pos = batch.pos[:n]
+        seqs = batch.seq_id[:n, 0]
+        lo, hi = int(seqs.min()), int(seqs.max())
+        if lo < 0 or hi >= self._n_seq_max or int(pos.min()) < 0:
+            return False
+        mem = self._memory
+        if lo == hi:  # one sequence: consecutive positions from its end on
+            last = int(lib.llama_memory_seq_pos_max(mem, lo))
+            p0 = int(pos[0])
+            return (
+                (last < 0 or p0 == last + 1)
+                and p0 + n - 1 < self._n_ctx_seq
+                and (n == 1 or bool((np.diff(pos) == 1).all()))
+            )
+        if n > self._n_seq_max or len(set(seqs.tolist())) != n:
+            return False  # a sequence with several tokens among others: token by token
+        ends = np.fromiter((lib.llama_memory_seq_pos_max(mem, s) for s in seqs.tolist()), dtype=np.int64, count=n)
+        return bool((((ends < 0) | (pos == ends + 1)) & (pos < self._n_ctx_seq)).all())
 
     def eval(self, tokens: Any, n_past: int) -> OutputView:
         """Evaluate ``tokens`` at positions ``n_past...`` of sequence 0, dropping whatever
@@ -1025,6 +1053,7 @@ class Context:
 
         Returns whether every sampler of the chain runs on the device (llama.cpp's
         ``+name``/``-name`` markers, and the measuring sampler's own answer)."""
+        self._ptr()
         seq_id = self._check_seq(seq_id)
         if self._guard.unavailable is not None:
             raise UnsupportedError(self._guard.unavailable)
@@ -1060,6 +1089,7 @@ class Context:
 
     def backend_sampler(self, seq_id: int) -> LlamaSampler | None:
         """The chain attached to ``seq_id`` by :meth:`set_backend_sampler`, or None."""
+        self._ptr()
         return self._backend.get(self._check_seq(seq_id))
 
     def sampled(self, i: int = -1) -> SampledOutput:

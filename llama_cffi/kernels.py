@@ -30,7 +30,16 @@ import numpy.typing as npt
 
 from ._binding import ffi, lib
 
-__all__ = ["SOFTMAX_IMPL", "RowMeasures", "RowStatus", "rows_reference", "softmax_dot", "softmax_sum", "top_k_grouped"]
+__all__ = [
+    "SOFTMAX_IMPL",
+    "RowMeasures",
+    "RowStatus",
+    "rows_log_sum",
+    "rows_reference",
+    "softmax_dot",
+    "softmax_sum",
+    "top_k_grouped",
+]
 
 #: ``"ggml_vec_soft_max_f32"`` (ggml's SIMD kernel) or ``"scalar"`` (a plain C loop,
 #: when the static libraries did not define it).
@@ -257,7 +266,8 @@ class RowMeasures:
         """Compute row ``i`` of ``rows`` (a C-contiguous ``(m, n_vocab)`` float32 array, or a
         sequence of 1-D ones) into slot ``slots[i]``, with ``k`` (one for all, or one per row)
         candidates; ``measure`` (one for all, or one per row) False skips ``log_norm`` and
-        ``entropy`` (left NaN), which are most of the work. Raises :class:`ValueError`/:class:`TypeError` on arguments
+        ``entropy`` (most of the work; the slot keeps the ones it had: whoever reads
+        them knows which row they belong to). Raises :class:`ValueError`/:class:`TypeError` on arguments
         that do not fit, before any row is read; :class:`MemoryError` when C runs out."""
         addrs, m = self._addresses(rows)
         sl = np.asarray(slots)
@@ -286,6 +296,24 @@ class RowMeasures:
         self._dest[:m] = sl
         self._k[:m] = ks
         self._measure[:m] = ms
+        self._run(m)
+        del rows  # the rows were read during the call only
+
+    def _compute(self, rows: npt.NDArray[np.float32], slots: list[int], ks: list[int], measure: list[bool]) -> None:
+        """:meth:`compute` without the argument checks, for a caller that made the arguments
+        (a C-contiguous ``(m, n_vocab)`` float32 ``rows``; distinct slots in range; ``0 <=
+        k <= k_stride``): the per-step path of a branch store, a few microseconds shorter."""
+        m = len(slots)
+        self._grow(m)
+        base = int(ffi.cast("uintptr_t", ffi.from_buffer("float[]", rows)))
+        np.multiply(np.arange(m, dtype=np.uintp), np.uintp(4 * self.n_vocab), out=self._addrs[:m])
+        self._addrs[:m] += np.uintp(base)
+        self._dest[:m] = slots
+        self._k[:m] = ks
+        self._measure[:m] = measure
+        self._run(m)
+
+    def _run(self, m: int) -> None:
         rc = lib.llama_cffi_rows_measure(
             m,
             ffi.from_buffer("float *[]", self._addrs),
@@ -303,7 +331,6 @@ class RowMeasures:
             ffi.from_buffer("int32_t[]", self.top_ids) if self.k_stride else ffi.NULL,
             ffi.from_buffer("float[]", self.top_logits) if self.k_stride else ffi.NULL,
         )
-        del rows  # the rows were read during the call only
         if rc == -2:
             raise MemoryError("RowMeasures.compute: out of memory")
         if rc != 0:  # pragma: no cover - the arguments were checked above
@@ -315,14 +342,14 @@ class RowMeasures:
             if rows.dtype != np.float32 or rows.ndim != 2 or not rows.flags.c_contiguous or rows.shape[1] != n:
                 raise TypeError(f"rows must be a C-contiguous (m, {n}) float32 array, not {rows.dtype} {rows.shape}")
             m = rows.shape[0]
-            base = rows.__array_interface__["data"][0]
+            base = int(ffi.cast("uintptr_t", ffi.from_buffer("float[]", rows)))
             return np.uintp(base) + np.arange(m, dtype=np.uintp) * np.uintp(4 * n), m
         seq = list(rows)
         out = np.zeros(len(seq), dtype=np.uintp)
         for i, r in enumerate(seq):
             if not isinstance(r, np.ndarray) or r.dtype != np.float32 or r.shape != (n,) or not r.flags.c_contiguous:
                 raise TypeError(f"row {i} must be a C-contiguous 1-D float32 array of {n} values")
-            out[i] = r.__array_interface__["data"][0]
+            out[i] = int(ffi.cast("uintptr_t", ffi.from_buffer("float[]", r)))
         return out, len(seq)
 
     def read_device(
@@ -404,6 +431,37 @@ class RowMeasures:
         if self.k_stride:
             self.top_ids[dst] = self.top_ids[src]
             self.top_logits[dst] = self.top_logits[src]
+
+
+def rows_log_sum(
+    x: npt.NDArray[np.float32], n: npt.NDArray[np.int32], max_values: npt.NDArray[np.float32]
+) -> npt.NDArray[np.float64]:
+    """``log(softmax_sum(x[r, :n[r]], max_values[r]))`` for every row ``r`` of the C-contiguous
+    float32 matrix ``x``: what :func:`samplers.measure` computes for one row, for many
+    (the same kernel, so the same bits). NaN where ``n[r]`` is 0."""
+    _check2 = x.dtype == np.float32 and x.ndim == 2 and x.flags.c_contiguous
+    if not isinstance(x, np.ndarray) or not _check2:
+        raise TypeError("x must be a C-contiguous 2-D float32 array")
+    g, stride = x.shape
+    nn = np.ascontiguousarray(n, dtype=np.int32)
+    mx = np.ascontiguousarray(max_values, dtype=np.float32)
+    if nn.shape != (g,) or mx.shape != (g,) or (g and (int(nn.min()) < 0 or int(nn.max()) > stride)):
+        raise ValueError(f"n and max_values must hold {g} values, n within [0, {stride}]")
+    out = np.empty(g, dtype=np.float64)
+    if g == 0 or stride == 0:
+        out[:] = math.nan
+        return out
+    rc = lib.llama_cffi_rows_log_sum(
+        g,
+        ffi.from_buffer("float[]", x),
+        stride,
+        ffi.from_buffer("int32_t[]", nn),
+        ffi.from_buffer("float[]", mx),
+        ffi.from_buffer("double[]", out),
+    )
+    if rc == -2:
+        raise MemoryError("rows_log_sum: out of memory")
+    return out
 
 
 def _positive(name: str, v: object) -> int:

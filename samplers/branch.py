@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -58,6 +59,7 @@ from llama_cffi.errors import ClosedError, LlamaError, ParamError, UnsupportedEr
 from llama_cffi.kernels import RowMeasures, RowStatus
 from llama_cffi.sampling import InvalidLogitsError, LlamaSampler
 
+from . import chain_batch
 from .base import Sampler
 from .candidates import Candidates
 from .chain import SamplerChain, surprisal_of
@@ -67,6 +69,9 @@ from .truncation import TopK
 
 if TYPE_CHECKING:
     from llama_cffi import Context
+
+# the C module: signal.signal/getsignal wrap every call in enum conversions (~10 us)
+_signal: Any = getattr(signal, "_signal", None) or signal
 
 
 class BranchError(LlamaError, RuntimeError):
@@ -86,6 +91,8 @@ FAST_K_MAX = 1024
 #: more than this many tokens tie with the ``k``-th logit, and knows the logit (so the
 #: surprisal) of a token taken from a little past the cut.
 DEVICE_MARGIN = 16
+
+_SIGINT = int(signal.SIGINT)
 
 # plain ints: an Enum attribute read can swallow a KeyboardInterrupt in CPython 3.11 (a
 # signal handled inside EnumType.__getattr__, which the lookup then discards)
@@ -126,6 +133,20 @@ def _as_chain(sampler: Sampler | None, grammar: Any, vocab: Any) -> SamplerChain
     return chain
 
 
+def _detach_all(ctx_ref: weakref.ref[Context], attached: dict[int, int]) -> None:
+    """A device store's finalizer: take its backend samplers off the context (best effort:
+    a context closed or busy meanwhile keeps them until it closes)."""
+    ctx = ctx_ref()
+    if ctx is None or ctx.closed:
+        return
+    for sid in list(attached):
+        try:
+            ctx.set_backend_sampler(sid, None)
+        except LlamaError:
+            return
+        del attached[sid]
+
+
 @contextmanager
 def _sigint_deferred() -> Iterator[None]:
     """Hold Ctrl-C (SIGINT's KeyboardInterrupt) until the block is done, then raise it.
@@ -135,18 +156,18 @@ def _sigint_deferred() -> Iterator[None]:
     default handler is installed (a user's own handler is left alone); elsewhere a no-op.
     """
     if threading.current_thread() is not threading.main_thread() or (
-        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+        _signal.getsignal(_SIGINT) is not _signal.default_int_handler
     ):
         yield
         return
     hit: list[bool] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: hit.append(True))
+    _signal.signal(_SIGINT, lambda signum, frame: hit.append(True))
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    if hit:
-        raise KeyboardInterrupt
+        _signal.signal(_SIGINT, _signal.default_int_handler)
+        if hit:  # also when the block raised: the interrupt is not lost (the error is its context)
+            raise KeyboardInterrupt
 
 
 class BranchStore:
@@ -197,6 +218,8 @@ class BranchStore:
         self._lazy: set[Branch] = set()
         self._consuming: frozenset[int] | None = None  # during step(): the branches decoded now
         ctx._add_output_hook(self._outputs_changing)
+        if self.device:  # a store dropped without drain(): its sequences sample on the host again
+            weakref.finalize(self, _detach_all, weakref.ref(ctx), self._attached)
 
     def _outputs_changing(self) -> None:
         """The context's outputs are about to be overwritten (a decode, a state load,
@@ -213,21 +236,28 @@ class BranchStore:
     def _measure(self, branches: Sequence[Branch], rows: Any, stats: bool = True) -> None:
         """Measure ``rows`` (row i: branch i's snapshot, the model's logits) into the
         branches' slots: measures where they track metrics, candidates where their chain
-        begins with top-k. A failure leaves the slots marked unmeasured (computed again
-        when needed)."""
+        begins with top-k. ``stats=False``: candidates only, for rows measured before (their
+        measures stay). A failure leaves the slots marked unmeasured (computed again when
+        needed)."""
         if not self.batched:
             return
-        slots = np.fromiter((b.seq_id for b in branches), dtype=np.int32, count=len(branches))
-        ks = np.fromiter((b._want_k() for b in branches), dtype=np.int32, count=len(branches))
-        track = np.fromiter((stats and b.tracker is not None for b in branches), dtype=bool, count=len(branches))
-        self._has_cands[slots] = False
-        self._has_stats[slots] = False
-        kmax = int(ks.max()) if len(ks) else 0
+        slots = [b.seq_id for b in branches]
+        ks = [b._want_k() for b in branches]
+        track = [stats and b.tracker is not None for b in branches]
+        has_cands, has_stats = self._has_cands, self._has_stats
+        has_cands[slots] = False
+        if stats:  # new rows (a stats=False call re-reads rows whose measures are kept)
+            has_stats[slots] = False
+        kmax = max(ks, default=0)
         if kmax > self.measures.k_stride:
             self.measures.reserve(kmax)
-        self.measures.compute(rows, slots, ks, track)
-        self._has_cands[slots] = ks > 0
-        self._has_stats[slots] = track
+        if isinstance(rows, np.ndarray) and rows.ndim == 2:
+            self.measures._compute(rows, slots, ks, track)  # the step's rows: made here, checked
+        else:
+            self.measures.compute(rows, slots, ks, track)
+        has_cands[slots] = [k > 0 for k in ks]
+        if stats:
+            has_stats[slots] = track
 
     def _attach(self, sid: int, chain: SamplerChain) -> None:
         """Device mode: give sequence ``sid`` the backend chain that ``chain`` needs (the
@@ -272,9 +302,61 @@ class BranchStore:
 
     def sample(self, branches: Iterable[Branch] | None = None) -> dict[Branch, int]:
         """A token for each of ``branches`` (default: every live branch), chosen by its own
-        sampler as :meth:`Branch.sample` does; ready for :meth:`step`."""
+        sampler as :meth:`Branch.sample` does; ready for :meth:`step`.
+
+        Branches whose chains share one configuration that :mod:`samplers.chain_batch` can
+        run row-wise (``TopK`` first, then top-p, min-p, temperature, and dist or greedy)
+        are sampled together, in a few numpy calls over their candidates: the same tokens
+        and sampling surprisals as one by one. The others go one by one."""
         todo = self.branches if branches is None else list(branches)
-        return {b: b.sample() for b in todo}
+        if not self.batched or len(todo) < 2:
+            return {b: b.sample() for b in todo}
+        groups: dict[chain_batch.Signature, list[Branch]] = {}
+        single: list[Branch] = []
+        for b in todo:
+            b._check_live()
+            if b.store is not self:
+                raise BranchError(f"{b!r} belongs to another store")
+            sig = chain_batch.signature(b.sampler) if b.steer is None and b._orig is None else None
+            if sig is None:
+                single.append(b)
+            else:
+                groups.setdefault(sig, []).append(b)
+        out: dict[Branch, int] = {}
+        for sig, group in groups.items():
+            if len(group) == 1:
+                single.extend(group)
+                continue
+            self._sample_group(sig, group, out)
+        for b in single:
+            out[b] = b.sample()
+        return {b: out[b] for b in todo}
+
+    def _sample_group(self, sig: chain_batch.Signature, group: list[Branch], out: dict[Branch, int]) -> None:
+        """Sample branches whose chains have signature ``sig`` together (see :meth:`sample`)."""
+        k = min(int(sig[0][1]), self.n_vocab)  # type: ignore[call-overload]
+        meas = self.measures
+        slots = np.fromiter((b.seq_id for b in group), dtype=np.intp, count=len(group))
+        need = [b for b, ok in zip(group, self._has_cands[slots] & (meas.n_top[slots] >= k), strict=True) if not ok]
+        if need:
+            if self.device:
+                need[0]._fill(self._cands, need[0].sampler, False)  # raises the device's error
+            self._measure(need, [b._row() for b in need])
+        status = meas.status[slots]
+        if (status == _ST_NAN).any():
+            raise InvalidLogitsError("the logits contain NaN")
+        lg = meas.top_logits[slots, :k]  # a copy (fancy indexing), sorted
+        ids = meas.top_ids[slots, :k]
+        if not np.isfinite(lg[:, 0]).all():  # a row without a finite candidate: one by one
+            for b in group:
+                out[b] = b.sample()
+            return
+        track = np.fromiter((b.tracker is not None for b in group), dtype=bool, count=len(group))
+        tokens, samp = chain_batch.choose(sig, [b.sampler for b in group], ids, lg, bool(track.any()))
+        for i, b in enumerate(group):
+            t = int(tokens[i])
+            b._pending = (t, float(samp[i]) if samp is not None and track[i] else None)
+            out[b] = t
 
     # ------------------------------------------------------------------ ids and KV
     def _take_id(self) -> int:
@@ -746,7 +828,10 @@ class Branch:
                     f"branch {seq} samples on the device and its row brought {int(meas.n_top[seq])} candidates "
                     f"to the host, fewer than its chain's top-{k} (a chain changed since): step it first"
                 )
-            store._measure([self], [self._row()], stats=track and not store._has_stats[seq])
+            if track and not store._has_stats[seq]:
+                store._measure([self], [self._row()])
+            else:
+                store._measure([self], [self._row()], stats=False)
         if meas.status[seq] == _ST_NAN:
             raise InvalidLogitsError("the logits contain NaN")
         ids, lg = meas.candidates(seq, k)

@@ -644,6 +644,11 @@ def speculative_step(
     """
     if not moves:
         return {}
+    if store.device:
+        raise BranchError(
+            "speculative steps verify drafts against whole rows, which a store made with device=True keeps on "
+            "the device: use a BranchStore(ctx) (device=False) for speculative decoding"
+        )
     ctx = store.ctx
     vocab = ctx.model.vocab
     end = is_end if is_end is not None else vocab.is_eog

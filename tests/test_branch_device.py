@@ -187,3 +187,30 @@ def test_device_store_tree_operations(tiny_model: Model) -> None:
     for d, h in zip(*out, strict=True):
         assert d[0] == h[0] and d[3] == h[3]
         assert d[1] == pytest.approx(h[1], rel=2e-5) and d[2] == pytest.approx(h[2], rel=2e-5)
+
+
+def test_a_dropped_device_store_gives_its_sequences_back(tiny_model: Model) -> None:
+    """A device store that goes without drain() takes its backend samplers off the
+    context: the sequences' logits reach the host again."""
+    import gc
+
+    with tiny_model.context(n_ctx=128, n_seq_max=2, kv_unified=True) as ctx:
+        store = BranchStore(ctx, device=True)
+        store.create([1, 5, 6], sampler=chain(1))
+        assert ctx.backend_sampler(0) is not None
+        del store
+        gc.collect()
+        assert ctx.backend_sampler(0) is None
+        ctx.memory.clear()
+        assert np.isfinite(np.asarray(ctx.decode([1, 5, 6], seq_id=0))).all()
+
+
+def test_speculative_steps_need_the_host_rows(tiny_model: Model) -> None:
+    from samplers.speculative import PromptLookup
+
+    with tiny_model.context(n_ctx=128, n_seq_max=2, kv_unified=True) as ctx:
+        store = BranchStore(ctx, device=True)
+        b = store.create([1, 5, 6, 5, 6], sampler=chain(1))
+        with pytest.raises(BranchError, match="device=True"):
+            b.speculate(b.sample(), PromptLookup())
+        assert b.position == 5

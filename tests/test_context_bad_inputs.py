@@ -25,6 +25,7 @@ import pytest
 
 import llama_cffi
 from llama_cffi import Batch, Context, Memory
+from llama_cffi.sampling import LlamaSampler
 from tests.conftest import run_isolated
 from tests.tiny_model import write_tiny_model
 
@@ -148,6 +149,8 @@ def _seq_id_cases(e: Env) -> list[Case]:
             Case(f"memory.seq_pos_min({bad})", "ParamError", lambda b=bad: mem.seq_pos_min(b)),
             Case(f"memory.seq_pos_max({bad})", "ParamError", lambda b=bad: mem.seq_pos_max(b)),
             Case(f"decode_single seq_id={bad}", "ParamError", lambda b=bad: ctx.decode_single(5, seq_id=b)),
+            Case(f"set_backend_sampler({bad}, None)", "ParamError", lambda b=bad: ctx.set_backend_sampler(b, None)),
+            Case(f"backend_sampler({bad})", "ParamError", lambda b=bad: ctx.backend_sampler(b)),
         ]
     for bad in (-2, N_SEQ, True):  # -1 means "every sequence" for seq_rm
         cases.append(Case(f"memory.seq_rm({bad})", "ParamError", lambda b=bad: mem.seq_rm(b)))
@@ -296,6 +299,18 @@ def _output_cases(e: Env) -> list[Case]:
         Case("mask None", "ParamError", mask(None)),
         Case("logits='first'", "ParamError", mask("first")),
         Case("logits=''", "ParamError", mask("")),
+        Case("sampled() without a backend sampler", "UnsupportedError", lambda: ctx.sampled()),
+        Case("sampled(0): not an output", "IndexError", lambda: ctx.sampled(0)),
+        Case("sampled(-2): one output only", "IndexError", lambda: ctx.sampled(-2)),
+        Case(
+            "set_backend_sampler: not a chain", "ParamError", lambda: ctx.set_backend_sampler(1, LlamaSampler.top_k(3))
+        ),
+        Case(
+            "set_backend_sampler: an empty chain",
+            "ParamError",
+            lambda: ctx.set_backend_sampler(1, LlamaSampler.chain()),
+        ),
+        Case("set_backend_sampler: not a sampler", "ParamError", lambda: ctx.set_backend_sampler(1, "top-k")),  # type: ignore[arg-type]
         Case("stale view .sum()", "StaleOutputError", stale(lambda v: v.sum()), keeps_memory=False),
         Case("stale view [0]", "StaleOutputError", stale(lambda v: v[0]), keeps_memory=False),
         Case("stale view np.argmax", "StaleOutputError", stale(np.argmax), keeps_memory=False),
@@ -432,6 +447,7 @@ def _closed_cases(e: Env) -> list[Case]:
         "agenerate": lambda: asyncio.run(ctx.agenerate([5], max_tokens=2)),
         "arun": lambda: asyncio.run(ctx.arun(lambda: ctx.decode([5]))),
         "astream": lambda: asyncio.run(_first_piece(ctx)),
+        "backend_sampler": lambda: ctx.backend_sampler(0),
         "causal_attn": lambda: ctx.causal_attn,
         "decode": lambda: ctx.decode([5]),
         "decode_batch": lambda: ctx.decode_batch(batch),
@@ -449,6 +465,7 @@ def _closed_cases(e: Env) -> list[Case]:
         "logits": lambda: ctx.logits(),
         "logits_all": lambda: ctx.logits_all(),
         "rerank": lambda: ctx.rerank("q", ["d"]),
+        "sampled": lambda: ctx.sampled(),
         "start_decoder": lambda: ctx.start_decoder([5]),
         "memory_usage": lambda: ctx.memory_usage(),
         "n_ctx": lambda: ctx.n_ctx,
@@ -468,6 +485,7 @@ def _closed_cases(e: Env) -> list[Case]:
         "save_state_file": lambda: ctx.save_state_file(e.tmp / "s2.bin"),
         "seq_state_size": lambda: ctx.seq_state_size(0),
         "set_abort_callback": lambda: ctx.set_abort_callback(None),
+        "set_backend_sampler": lambda: ctx.set_backend_sampler(0, None),
         "set_causal_attn": lambda: ctx.set_causal_attn(True),
         "set_control_vector": lambda: ctx.set_control_vector(None),
         "set_embeddings": lambda: ctx.set_embeddings(False),

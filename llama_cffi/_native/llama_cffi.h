@@ -44,7 +44,8 @@ int llama_cffi_top_k_grouped(int n, const float *row, int cols, const float *gma
    floats at rows[r]) writes slot dest[r] (r when dest is NULL): its max (NaN when it
    holds NaN), status (0 ok, 1 NaN, 2 +inf, 3 every value -inf), and, where measure[r] is
    nonzero (every row when measure is NULL), the
-   log-normaliser log(sum(exp(x - max))) and the entropy (nats; NaN unless status is 0);
+   log-normaliser log(sum(exp(x - max))) and the entropy (nats; NaN unless status is 0;
+   where measure[r] is 0 the slot's earlier ones are left as they were);
    and its k[r] best candidates (at most k_stride; none for a NaN row): ids and logits,
    descending, ties by lower id, into top_ids/top_logits[slot * k_stride ...], their
    number in out_n_top[slot]. Rows are shared among n_threads threads (the caller's and a
@@ -55,6 +56,10 @@ int llama_cffi_rows_measure(int n_rows, const float *const *rows, int n, const i
                             float *top_logits);
 /* worker threads the pool holds now (it grows on demand, never shrinks) */
 int llama_cffi_rows_pool_size(void);
+/* log(sum(exp(x - max[r]))) over the first n[r] of each stride floats of x, the sum
+   with llama_cffi_softmax_sum (samplers.chain_batch: a chain's sampling surprisal for
+   many rows); 0, -1 bad arguments, -2 out of memory */
+int llama_cffi_rows_log_sum(int n_rows, const float *x, int stride, const int32_t *n, const float *max, double *out);
 
 /* backend sampling (measure_sampler.c; see llama_cffi.kernels.RowMeasures.read_device and
    samplers.branch). llama_cffi_measure_sampler: a new sampler for the first place of a

@@ -332,8 +332,9 @@ static void rows_one(rows_job *j, int r, float *scratch, float *bmax, float *sel
     else if (m == -INFINITY) status = 3;
     j->out_max[slot] = nan ? NAN : m;
     j->out_status[slot] = status;
+    const int measure = j->measure == NULL || j->measure[r];
     double log_norm = NAN, ent = NAN;
-    if ((j->measure == NULL || j->measure[r]) && status == 0) {
+    if (measure && status == 0) {
         double s = 0.0, d = 0.0;
         for (int off = 0; off < n; off += ROWS_BLOCK) {
             const int b = n - off < ROWS_BLOCK ? n - off : ROWS_BLOCK;
@@ -345,8 +346,8 @@ static void rows_one(rows_job *j, int r, float *scratch, float *bmax, float *sel
         const double hi = log((double)n);
         ent = ent < 0.0 ? 0.0 : (ent > hi ? hi : ent);
     }
-    if (j->out_log_norm != NULL) j->out_log_norm[slot] = log_norm;
-    if (j->out_entropy != NULL) j->out_entropy[slot] = ent;
+    if (measure && j->out_log_norm != NULL) j->out_log_norm[slot] = log_norm;
+    if (measure && j->out_entropy != NULL) j->out_entropy[slot] = ent;
     int got = 0;
     if (k > 0 && status != 1) {
         int32_t *ids = j->top_ids + (size_t)slot * j->k_stride;
@@ -523,4 +524,19 @@ int llama_cffi_rows_pool_size(void) {
     const int n = pool_workers;
     pthread_mutex_unlock(&pool_mu);
     return n;
+}
+
+/* log(sum(exp(x - max[r]))) over the first n[r] values of row r of a (n_rows, stride)
+   matrix, with llama_cffi_softmax_sum (ggml's kernel when bound: the arithmetic of the
+   one-row measures); -inf rows give NaN. 0, -1 on bad arguments, -2 out of memory. */
+int llama_cffi_rows_log_sum(int n_rows, const float *x, int stride, const int32_t *n, const float *max, double *out) {
+    if (n_rows < 0 || stride <= 0 || x == NULL || n == NULL || max == NULL || out == NULL) return -1;
+    float *scratch = (float *)malloc(sizeof(float) * (size_t)stride);
+    if (scratch == NULL) return -2;
+    for (int r = 0; r < n_rows; ++r) {
+        const int m = n[r] < stride ? n[r] : stride;
+        out[r] = m > 0 ? log(llama_cffi_softmax_sum(m, scratch, x + (size_t)r * stride, max[r])) : NAN;
+    }
+    free(scratch);
+    return 0;
 }

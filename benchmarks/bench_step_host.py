@@ -1,0 +1,194 @@
+"""Host work of a batched branch step: everything but ``llama_decode``, per step, for N
+branches that each sample with their own chain and track perplexity, at the default
+model's 262,144-token vocabulary, with logits from a real decode.
+
+Every branch runs ``TopK(40) -> TopP(0.95) -> Temperature(0.8) -> Dist`` (its own seed)
+and a perplexity tracker; a step is ``store.step(store.sample())``. Modes, each on the
+same model, prompt and context settings:
+
+* ``row``: ``BranchStore(ctx, batched=False)``, the reference path: every branch samples
+  from its whole row and is measured row by row (a pass over 262,144 logits per branch
+  for the chain, one for the surprisal);
+* ``batched``: ``BranchStore(ctx)``: after each decode one C call reads every row once on
+  ``--threads`` threads (max, log-normaliser, entropy, top-40), then each chain runs on
+  its 40 candidates;
+* ``device``: ``BranchStore(ctx, device=True)``: top-k and the measures run in llama.cpp's
+  graph (backend sampling; on a CPU, ggml's CPU ops inside ``llama_decode``), so only 56
+  candidates and 3 numbers per row reach the host.
+
+Host work per step = wall time of ``sample`` + ``step`` minus the time llama.cpp spent in
+the decode (``llama_perf_context``: prompt + eval time, to the synchronisation the first
+read of the outputs makes). Medians over ``--steps`` steps and ``--rounds`` rounds, modes
+in rotating order; the decode's own time is reported beside it (device mode moves work
+into it).
+
+    python benchmarks/bench_step_host.py [--ns 1,8,64,256] [--modes row,batched,device] [--steps 6] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import llama_cffi  # noqa: E402
+import samplers as S  # noqa: E402
+from benchmarks.common import command_line, cpu_model, write_json  # noqa: E402
+from samplers.branch import BranchStore  # noqa: E402
+
+MODES = ("row", "batched", "device")
+
+
+def chain(seed: int, k: int) -> S.SamplerChain:
+    return S.SamplerChain([S.TopK(k), S.TopP(0.95), S.Temperature(0.8), S.Dist(seed)])
+
+
+def in_llama_ms(ctx: llama_cffi.Context) -> float:
+    p = ctx.perf()
+    return float(p["t_p_eval_ms"]) + float(p["t_eval_ms"])
+
+
+def run_mode(
+    ctx: llama_cffi.Context, mode: str, n: int, prompt: np.ndarray, steps: int, k: int, threads: int
+) -> dict[str, list[float]]:
+    """One generation of ``steps`` timed steps (after one untimed) with ``n`` branches."""
+    ctx.memory.clear(data=False)
+    store = BranchStore(ctx, batched=mode != "row", device=mode == "device", n_threads=threads)
+    root = store.create(prompt, sampler=chain(0, k))
+    branches = [root] + [root.fork(seed=i) for i in range(1, n)]
+    store.step(store.sample(branches))  # untimed: the first step with every row
+    out: dict[str, list[float]] = {"host_ms": [], "sample_ms": [], "step_host_ms": [], "llama_ms": []}
+    for _ in range(steps):
+        c0 = in_llama_ms(ctx)
+        t0 = time.perf_counter()
+        moves = store.sample(branches)
+        t1 = time.perf_counter()
+        store.step(moves)
+        t2 = time.perf_counter()
+        llama = in_llama_ms(ctx) - c0
+        out["llama_ms"].append(llama)
+        out["sample_ms"].append((t1 - t0) * 1e3)
+        out["step_host_ms"].append((t2 - t1) * 1e3 - llama)
+        out["host_ms"].append((t2 - t0) * 1e3 - llama)
+    store.drain()
+    ctx.memory.clear(data=False)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ns", default="1,8,64,256", help="numbers of branches (comma separated)")
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--steps", type=int, default=6, help="timed steps per run")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--k", type=int, default=40, help="the chains' top-k")
+    ap.add_argument("--pp", type=int, default=32, help="prompt tokens")
+    ap.add_argument("--threads", type=int, default=0, help="threads (llama.cpp's and the row kernel's; 0: all cores)")
+    ap.add_argument("--model", type=Path, help="a GGUF file (default: the default model)")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    ns = [int(x) for x in args.ns.split(",") if x]
+    modes = [m for m in args.modes.split(",") if m]
+    if bad := [m for m in modes if m not in MODES]:
+        ap.error(f"unknown modes {bad}")
+    threads = args.threads or len(os.sched_getaffinity(0))
+    try:
+        path = args.model or Path(llama_cffi.default_model_path())
+    except llama_cffi.LlamaError as exc:
+        print(f"skipped: {exc}")
+        return 0
+    model = llama_cffi.Model.load(str(path))
+    rng = np.random.default_rng(7)
+    prompt = rng.integers(0, model.n_vocab, size=args.pp, dtype=np.int32)
+    print(
+        f"model {model.desc} (vocabulary {model.n_vocab}); chain TopK({args.k}) -> TopP(0.95) -> Temperature(0.8) -> "
+        f"Dist, tracking; {threads} threads; {args.steps} timed steps x {args.rounds} rounds; CPU {cpu_model()}",
+        flush=True,
+    )
+    res: dict[tuple[str, int], dict[str, list[float]]] = {}
+    for n in ns:
+        n_ctx = args.pp + n * (args.steps + 2) + 64
+        ctx = model.context(
+            n_ctx=n_ctx,
+            n_batch=max(n, 512),
+            n_ubatch=max(n, 512),
+            n_seq_max=n,
+            kv_unified=True,
+            no_perf=False,
+            n_threads=threads,
+            n_threads_batch=threads,
+        )
+        for r in range(args.rounds):
+            order = modes[r % len(modes) :] + modes[: r % len(modes)]
+            for mode in order:
+                d = run_mode(ctx, mode, n, prompt, args.steps, args.k, threads)
+                agg = res.setdefault((mode, n), {k: [] for k in d})
+                for key, v in d.items():
+                    agg[key].extend(v)
+                med = {key: statistics.median(v) for key, v in d.items()}
+                print(
+                    f"round {r + 1} N={n:>3} {mode:>7}: host {med['host_ms']:8.3f} ms/step "
+                    f"(sample {med['sample_ms']:.3f}, step {med['step_host_ms']:.3f}); "
+                    f"llama.cpp {med['llama_ms']:.1f} ms/step",
+                    flush=True,
+                )
+        ctx.close()
+    print()
+    print(f"host work per step (ms, median of {args.steps} x {args.rounds} steps), N branches, {model.n_vocab} tokens")
+    head = ("N", "mode", "host ms", "us/branch", "sample", "step", "llama ms", "vs row")
+    print(" ".join(f"{h:>{w}}" for h, w in zip(head, (4, 8, 9, 10, 8, 8, 9, 7), strict=True)))
+    rows: list[dict[str, Any]] = []
+    for n in ns:
+        base = statistics.median(res[("row", n)]["host_ms"]) if ("row", n) in res else None
+        for mode in modes:
+            d = res[(mode, n)]
+            host = statistics.median(d["host_ms"])
+            row = {
+                "n": n,
+                "mode": mode,
+                "host_ms": host,
+                "branch_host_us": host * 1e3 / n,
+                "sample_ms": statistics.median(d["sample_ms"]),
+                "step_host_ms": statistics.median(d["step_host_ms"]),
+                "llama_ms": statistics.median(d["llama_ms"]),
+                "row_over_mode": base / host if base else None,
+                "samples": d,
+            }
+            rows.append(row)
+            ratio = f"{base / host:6.1f}x" if base else "      -"
+            print(
+                f"{n:>4} {mode:>8} {host:9.3f} {host * 1e3 / n:10.1f} {row['sample_ms']:8.3f} "
+                f"{row['step_host_ms']:8.3f} {row['llama_ms']:9.1f} {ratio}"
+            )
+    if args.json:
+        write_json(
+            args.json,
+            {
+                "config": {
+                    **{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "json"},
+                    "threads_used": threads,
+                },
+                "model": model.desc,
+                "n_vocab": model.n_vocab,
+                "rows": rows,
+                "command": command_line(sys.argv[1:] if argv is None else argv),
+                "build": llama_cffi.build_info()["commit"],
+            },
+        )
+        print(f"wrote {args.json}")
+    model.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

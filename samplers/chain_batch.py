@@ -1,0 +1,143 @@
+"""One chain configuration run over many branches' candidates at once.
+
+A :class:`~samplers.branch.BranchStore` step samples N branches. When their chains are of
+one configuration made of samplers with a row-wise form here (``TopK`` first, then any of
+``TopP``, ``MinP``, ``Temperature``, ``TopK``, ending in ``Dist`` or ``Greedy``), the
+chains run as numpy operations over an ``(N, k)`` matrix of the rows' best candidates
+instead of N Python loops: each sampler applied to every row in one call, each branch's
+random engine drawing its own number.
+
+The arithmetic is each sampler's own, element for element (float32 shifts, exponentials
+and divisions, float32 running sums, the draw's float64 running sum), and a row's
+dropped candidates are ``-inf`` at the end of it, which adds exact zeros to every running
+sum: so every row gets the token, and the sampling surprisal, that its chain gives on its
+own (:meth:`SamplerChain.choose` on the same candidates), bit for bit. The tests run both
+on random rows and chains.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from llama_cffi.kernels import rows_log_sum
+
+from .chain import SamplerChain
+from .selection import Dist, Greedy
+from .temperature import Temperature
+from .truncation import MinP, TopK, TopP
+
+#: A chain's configuration: one entry per sampler, its kind and parameters (not its state).
+Signature = tuple[tuple[object, ...], ...]
+
+_F32 = np.float32
+
+
+def signature(chain: SamplerChain) -> Signature | None:
+    """The configuration of ``chain`` when :func:`choose` can run it (a plain ``TopK(k > 0)``
+    first, then ``TopP``/``MinP``/``Temperature``/``TopK``, a ``Dist`` or ``Greedy`` last),
+    else None. Chains with equal signatures differ only in their random engines' states."""
+    samplers = chain.samplers
+    if len(samplers) < 2 or type(samplers[0]) is not TopK or samplers[0].k <= 0:
+        return None
+    sig: list[tuple[object, ...]] = []
+    for s in samplers[:-1]:
+        t = type(s)
+        if t is TopK:
+            sig.append(("top_k", s.k))  # type: ignore[attr-defined]
+        elif t is TopP:
+            sig.append(("top_p", s.p, s.min_keep))  # type: ignore[attr-defined]
+        elif t is MinP:
+            sig.append(("min_p", s.p, s.min_keep))  # type: ignore[attr-defined]
+        elif t is Temperature:
+            sig.append(("temp", s.t))  # type: ignore[attr-defined]
+        else:
+            return None
+    last = type(samplers[-1])
+    if last is Dist:
+        sig.append(("dist",))
+    elif last is Greedy:
+        sig.append(("greedy",))
+    else:
+        return None
+    return tuple(sig)
+
+
+def choose(
+    sig: Signature,
+    chains: Sequence[SamplerChain],
+    ids: npt.NDArray[np.int32],
+    logits: npt.NDArray[np.float32],
+    surprisal: bool,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64] | None]:
+    """Run the chains (all of signature ``sig``) on their rows of candidates: row ``r`` of
+    ``ids``/``logits`` holds chain ``r``'s ``k`` best candidates sorted by descending logit
+    (ties by lower id), ``k`` the first sampler's. Returns each row's token and, with
+    ``surprisal``, its sampling-level surprisal (nats, under the final candidates), as
+    :meth:`SamplerChain.choose` would. Draws one number from each ``Dist`` chain's engine.
+    ``logits`` is overwritten; every row's first logit must be finite."""
+    g, k = logits.shape
+    rows = np.arange(g)
+    n = np.full(g, k, dtype=np.int64)  # candidates left in each row
+    lg = logits
+    cols = np.arange(k)
+    for step in sig:
+        kind = step[0]
+        if kind == "top_k":
+            kk = int(step[1])  # type: ignore[call-overload]
+            if kk > 0:
+                n = np.minimum(n, kk)
+                lg[cols[None, :] >= n[:, None]] = -np.inf
+        elif kind == "top_p":
+            p, min_keep = float(step[1]), int(step[2])  # type: ignore[arg-type, call-overload]
+            if p >= 1.0:
+                continue
+            pr = np.subtract(lg, lg[:, :1])
+            np.exp(pr, out=pr)
+            total = np.cumsum(pr, axis=1, dtype=np.float32)[rows, n - 1]
+            pr /= total[:, None]
+            ok = np.cumsum(pr, axis=1, dtype=np.float32) >= _F32(p)
+            ok &= cols[None, :] < n[:, None]
+            if min_keep > 1:
+                ok[:, : min_keep - 1] = False
+            hit = ok.argmax(axis=1)
+            n = np.where(ok[rows, hit], hit + 1, n)
+            lg[cols[None, :] >= n[:, None]] = -np.inf
+        elif kind == "min_p":
+            p, min_keep = float(step[1]), int(step[2])  # type: ignore[arg-type, call-overload]
+            if p <= 0.0:
+                continue
+            floor = lg[:, 0] + _F32(math.log(p))
+            count = np.count_nonzero(lg >= floor[:, None], axis=1)
+            n = np.minimum(np.maximum(np.maximum(count, min_keep), 1), n)
+            lg[cols[None, :] >= n[:, None]] = -np.inf
+        elif kind == "temp":
+            t = float(step[1])  # type: ignore[arg-type]
+            if t == 1.0:
+                continue
+            if t <= 0.0:
+                lg[:, 1:] = -np.inf  # sorted: the first is the (first) highest
+            else:
+                with np.errstate(over="ignore"):
+                    np.divide(lg, _F32(t), out=lg)
+        elif kind == "dist":
+            pr = np.subtract(lg, lg[:, :1])
+            np.exp(pr, out=pr)
+            cum = np.cumsum(pr, axis=1, dtype=np.float64)
+            mass = cum[rows, n - 1]
+            u = np.fromiter((c.samplers[-1].rng.canonical() for c in chains), dtype=np.float64, count=g)  # type: ignore[attr-defined]
+            sel = np.count_nonzero(cum < (mass * u)[:, None], axis=1)
+            sel = np.minimum(sel, n - 1)
+        else:  # greedy
+            sel = lg.argmax(axis=1)
+    tokens = ids[rows, sel].astype(np.int64)
+    if not surprisal:
+        return tokens, None
+    top = lg[:, 0].copy()  # sorted: the final candidates' max
+    lt = lg[rows, sel]
+    out = (top.astype(np.float64) - lt.astype(np.float64)) + rows_log_sum(lg, n.astype(np.int32), top)
+    out[(top == -np.inf) | (lt == -np.inf)] = math.inf
+    return tokens, out

@@ -1,0 +1,112 @@
+"""samplers.chain_batch: one chain configuration run over many rows of candidates equals
+each chain run on its own row (SamplerChain.choose), token and sampling surprisal, bit for
+bit; and only the chains it can run are given a signature."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import samplers as S
+from samplers import chain_batch
+from samplers.candidates import Candidates
+
+
+@st.composite
+def configs(draw: st.DrawFn) -> list[tuple[str, tuple[float, ...]]]:
+    """A chain of the kinds chain_batch runs: top-k first, a few middle samplers, a selector."""
+    k = draw(st.integers(1, 60))
+    middle = draw(
+        st.lists(
+            st.one_of(
+                st.tuples(st.just("top_p"), st.tuples(st.sampled_from([0.0, 0.3, 0.9, 0.95, 1.0]), st.integers(0, 4))),
+                st.tuples(st.just("min_p"), st.tuples(st.sampled_from([0.0, 0.01, 0.2, 0.9]), st.integers(0, 4))),
+                st.tuples(st.just("temp"), st.tuples(st.sampled_from([-1.0, 0.0, 0.1, 0.7, 1.0, 1.5]))),
+                st.tuples(st.just("top_k"), st.tuples(st.integers(0, 70))),
+            ),
+            max_size=4,
+        )
+    )
+    last = draw(st.sampled_from(["dist", "greedy"]))
+    return [("top_k", (k,)), *middle, (last, ())]
+
+
+def build(config: list[tuple[str, tuple[float, ...]]], seed: int) -> S.SamplerChain:
+    make = {
+        "top_k": lambda a: S.TopK(int(a[0])),
+        "top_p": lambda a: S.TopP(a[0], int(a[1])),
+        "min_p": lambda a: S.MinP(a[0], int(a[1])),
+        "temp": lambda a: S.Temperature(a[0]),
+        "dist": lambda a: S.Dist(seed),
+        "greedy": lambda a: S.Greedy(),
+    }
+    return S.SamplerChain([make[kind](args) for kind, args in config])
+
+
+@given(
+    configs(),
+    st.integers(1, 7),
+    st.integers(0, 2**32 - 1),
+    st.sampled_from([3, 40, 100000]),
+    st.booleans(),
+    st.integers(0, 3),
+)
+def test_rows_equal_one_by_one(
+    config: list[tuple[str, tuple[float, ...]]], g: int, seed: int, distinct: int, ninf: bool, draws: int
+) -> None:
+    k = int(config[0][1][0])
+    rng = np.random.default_rng(seed)
+    values = (rng.integers(0, distinct, size=(g, k)) / 9 - 3).astype(np.float32)
+    if ninf and k > 1:
+        values[:, rng.integers(1, k, size=max(k // 3, 1))] = -math.inf
+    order = np.argsort(-values, axis=1, kind="stable")
+    logits = np.take_along_axis(values, order, axis=1)
+    ids = (order + 1000 * np.arange(g)[:, None]).astype(np.int32)
+    one = [build(config, (seed + r) % 2**32) for r in range(g)]
+    many = [c.clone() for c in one]
+    for c, d in zip(one, many, strict=True):  # engines part-way through their sequences
+        for _ in range(draws):
+            c.samplers[-1].rng.canonical() if hasattr(c.samplers[-1], "rng") else None
+            d.samplers[-1].rng.canonical() if hasattr(d.samplers[-1], "rng") else None
+    sig = chain_batch.signature(many[0])
+    assert sig is not None
+    tokens, surprisal = chain_batch.choose(sig, many, ids, logits.copy(), True)
+    assert surprisal is not None
+    cands = Candidates(k)
+    for r in range(g):
+        cands.assign(ids[r], logits[r], sorted=True)
+        tok, samp = one[r].choose(cands, None, True)
+        assert int(tokens[r]) == tok
+        assert samp is not None
+        assert surprisal[r] == samp or (math.isnan(samp) and math.isnan(surprisal[r]))
+    for c, d in zip(one, many, strict=True):  # the engines drew alike
+        if hasattr(c.samplers[-1], "rng"):
+            assert c.samplers[-1].rng.canonical() == d.samplers[-1].rng.canonical()
+
+
+@pytest.mark.parametrize(
+    "chain, ok",
+    [
+        (S.SamplerChain([S.TopK(40), S.TopP(0.9), S.Temperature(0.8), S.Dist(1)]), True),
+        (S.SamplerChain([S.TopK(4), S.Greedy()]), True),
+        (S.SamplerChain([S.TopK(40)]), False),  # no selector
+        (S.SamplerChain([S.TopK(0), S.Dist(1)]), False),  # top-k off: the whole row
+        (S.SamplerChain([S.Temperature(0.8), S.TopK(40), S.Dist(1)]), False),
+        (S.SamplerChain([S.TopK(40), S.Typical(0.9), S.Dist(1)]), False),
+        (S.SamplerChain([S.TopK(40), S.Dist(1), S.Greedy()]), False),
+        (S.SamplerChain([S.TopK(40), S.XTC(0.5, 0.1), S.Dist(1)]), False),
+    ],
+)
+def test_signature(chain: S.SamplerChain, ok: bool) -> None:
+    assert (chain_batch.signature(chain) is not None) is ok
+
+
+def test_equal_configurations_share_a_signature() -> None:
+    a = S.SamplerChain([S.TopK(40), S.TopP(0.9), S.Dist(1)])
+    b = S.SamplerChain([S.TopK(40), S.TopP(0.9), S.Dist(99)])
+    c = S.SamplerChain([S.TopK(40), S.TopP(0.8), S.Dist(1)])
+    assert chain_batch.signature(a) == chain_batch.signature(b) != chain_batch.signature(c)
