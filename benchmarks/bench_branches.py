@@ -77,7 +77,7 @@ sys.path.insert(0, str(ROOT))
 
 import llama_cffi  # noqa: E402
 import samplers as S  # noqa: E402
-from benchmarks.common import command_line, run_child, self_peak_rss_kib  # noqa: E402
+from benchmarks.common import command_line, llama_batched_loop, run_child, self_peak_rss_kib  # noqa: E402
 from benchmarks.native_tools import build_llama_example, build_llama_tool  # noqa: E402
 from samplers.branch import Branch, BranchStore  # noqa: E402
 
@@ -260,37 +260,8 @@ def run_example_native(cmd: list[str]) -> dict[str, float]:
 def run_example_ours(
     model: llama_cffi.Model, n: int, tg: int, args: argparse.Namespace, device: bool
 ) -> dict[str, float]:
-    """llama-batched's loop with a BranchStore: the same prompt, context sizes, seed for
-    every sequence and ending rule; tok/s = tokens decoded / time of the loop."""
-    toks = model.tokenize(EXAMPLE_PROMPT)
-    n_predict = len(toks) + tg
-    ctx = model.context(
-        n_ctx=len(toks) + tg * n,
-        n_batch=max(n_predict, n),
-        n_seq_max=n,
-        kv_unified=True,
-        n_threads=args.threads,
-        n_threads_batch=args.threads,
-    )
-    try:
-        store = BranchStore(ctx, device=device)
-        root = store.create(toks, sampler=sampled_chain(EXAMPLE_SEED))
-        active = [root] + [root.fork() for _ in range(n - 1)]  # one seed, as llama-batched's samplers
-        is_eog = model.vocab.is_eog
-        n_cur, n_decode = len(toks), 0
-        t0 = time.perf_counter()
-        while n_cur <= n_predict:
-            moves = {b: t for b, t in store.sample(active).items() if not (is_eog(t) or n_cur == n_predict)}
-            if not moves:
-                break
-            n_decode += len(moves)
-            active = list(moves)
-            n_cur += 1
-            store.step(moves)
-        wall = time.perf_counter() - t0
-    finally:
-        ctx.close()
-    return {"tokens": float(n_decode), "loop_s": wall, "tps": n_decode / wall}
+    """llama-batched's loop with a BranchStore (:func:`benchmarks.common.llama_batched_loop`)."""
+    return llama_batched_loop(model, EXAMPLE_PROMPT, n, tg, EXAMPLE_SEED, args.threads, device)
 
 
 # ---------------------------------------------------------------------- native

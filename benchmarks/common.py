@@ -339,3 +339,48 @@ def peer_skip_reason() -> str | None:
     if version != want:
         return f"version {version} installed; the benchmarks need {want} (the pinned llama.cpp's llama.h)"
     return None
+
+
+def llama_batched_loop(
+    model: Any, prompt: str, n: int, tg: int, seed: int, threads: int, device: bool
+) -> dict[str, float]:
+    """llama.cpp's ``llama-batched -np n`` loop (examples/batched) with a BranchStore: the
+    prompt decoded once for ``n`` sequences (forks of one branch, so one seed for every
+    sequence, as its samplers have), ``TopK(40) -> TopP(0.95) -> Temperature(0.8) ->
+    Dist(seed)`` per sequence, its context sizes (``n_ctx`` = prompt + ``tg`` * n, unified
+    KV), and its rule: a sequence ends at an end-of-generation token or at ``tg`` tokens.
+    Returns the tokens decoded, the loop's seconds and tokens/s, as it prints them.
+    ``device``: ``BranchStore(device=True)`` (llama-batched's ``--backend-sampling``)."""
+    import samplers as S
+    from samplers.branch import BranchStore
+
+    toks = model.tokenize(prompt)
+    n_predict = len(toks) + tg
+    ctx = model.context(
+        n_ctx=len(toks) + tg * n,
+        n_batch=max(n_predict, n),
+        n_seq_max=n,
+        kv_unified=True,
+        n_threads=threads,
+        n_threads_batch=threads,
+    )
+    try:
+        store = BranchStore(ctx, device=device)
+        chain = S.SamplerChain([S.TopK(40), S.TopP(0.95), S.Temperature(0.8), S.Dist(seed)])
+        root = store.create(toks, sampler=chain)
+        active = [root] + [root.fork() for _ in range(n - 1)]
+        is_eog = model.vocab.is_eog
+        n_cur, n_decode = len(toks), 0
+        t0 = time.perf_counter()
+        while n_cur <= n_predict:
+            moves = {b: t for b, t in store.sample(active).items() if not (is_eog(t) or n_cur == n_predict)}
+            if not moves:
+                break
+            n_decode += len(moves)
+            active = list(moves)
+            n_cur += 1
+            store.step(moves)
+        wall = time.perf_counter() - t0
+    finally:
+        ctx.close()
+    return {"tokens": float(n_decode), "loop_s": wall, "tps": n_decode / wall}

@@ -265,6 +265,10 @@ class Context:
         # which output rows of the last decode belong to such a sequence (None: none did)
         self._backend: dict[int, LlamaSampler] = {}
         self._out_dev: np.ndarray | None = None
+        #: llama_decode's return code in the last decode (None: none ran); 0 means the
+        #: outputs were written even when the decode then raised (an abort callback's error
+        #: that came after its last node): callers that keep rows there need to know
+        self._last_rc: int | None = None
         # rows of logits llama.cpp's output buffer holds now (it reserves n_seq_max at
         # creation and grows, i.e. reallocates, when a decode needs more)
         self._out_rows_cap = self._n_seq_max
@@ -507,6 +511,7 @@ class Context:
     # ------------------------------------------------------------------ decoding
     def _after_decode(self, rc: int, n_outputs: int, out_index: np.ndarray | None, batch_size: int) -> None:
         """Bookkeeping shared by every decode path; maps return codes to exceptions."""
+        self._last_rc = rc  # 0: llama.cpp wrote this decode's outputs (even if an error follows)
         self._guard.generation += 1
         self._last_view = None
         self._out_dev = None

@@ -323,6 +323,16 @@ class RowMeasures:
             self.k_stride,
             ffi.from_buffer("int32_t[]", self._measure),
             self.n_threads,
+            *self._outputs(),
+        )
+        if rc == -2:
+            raise MemoryError("RowMeasures.compute: out of memory")
+        if rc != 0:  # pragma: no cover - the arguments were checked above
+            raise ValueError("RowMeasures.compute: arguments refused by the kernel")
+
+    def _outputs(self) -> tuple[Any, ...]:
+        """The per-slot result arrays, as the C functions take them (in their order)."""
+        return (
             ffi.from_buffer("float[]", self.max),
             ffi.from_buffer("double[]", self.log_norm),
             ffi.from_buffer("double[]", self.entropy),
@@ -331,10 +341,6 @@ class RowMeasures:
             ffi.from_buffer("int32_t[]", self.top_ids) if self.k_stride else ffi.NULL,
             ffi.from_buffer("float[]", self.top_logits) if self.k_stride else ffi.NULL,
         )
-        if rc == -2:
-            raise MemoryError("RowMeasures.compute: out of memory")
-        if rc != 0:  # pragma: no cover - the arguments were checked above
-            raise ValueError("RowMeasures.compute: arguments refused by the kernel")
 
     def _addresses(self, rows: Any) -> tuple[npt.NDArray[np.uintp], int]:
         n = self.n_vocab
@@ -395,13 +401,7 @@ class RowMeasures:
             ffi.from_buffer("int32_t[]", self._k),
             self.k_stride,
             self.n_vocab,
-            ffi.from_buffer("float[]", self.max),
-            ffi.from_buffer("double[]", self.log_norm),
-            ffi.from_buffer("double[]", self.entropy),
-            ffi.from_buffer("int32_t[]", self.status),
-            ffi.from_buffer("int32_t[]", self.n_top),
-            ffi.from_buffer("int32_t[]", self.top_ids) if self.k_stride else ffi.NULL,
-            ffi.from_buffer("float[]", self.top_logits) if self.k_stride else ffi.NULL,
+            *self._outputs(),
         )
         if rc == -2:
             raise MemoryError("RowMeasures.read_device: out of memory")

@@ -133,7 +133,7 @@ def _as_chain(sampler: Sampler | None, grammar: Any, vocab: Any) -> SamplerChain
     return chain
 
 
-def _detach_all(ctx_ref: weakref.ref[Context], attached: dict[int, int]) -> None:
+def _detach_all(ctx_ref: weakref.ref[Context], attached: dict[int, tuple[int, bool]]) -> None:
     """A device store's finalizer: take its backend samplers off the context (best effort:
     a context closed or busy meanwhile keeps them until it closes)."""
     ctx = ctx_ref()
@@ -148,12 +148,15 @@ def _detach_all(ctx_ref: weakref.ref[Context], attached: dict[int, int]) -> None
 
 
 @contextmanager
-def _sigint_deferred() -> Iterator[None]:
-    """Hold Ctrl-C (SIGINT's KeyboardInterrupt) until the block is done, then raise it.
+def _sigint_deferred(on_hit: Callable[[], object] | None = None) -> Iterator[None]:
+    """Hold Ctrl-C (SIGINT's KeyboardInterrupt) until the block is done, then raise it
+    (also when the block raised: its error becomes the interrupt's context).
 
     A branch's bookkeeping after a successful decode (sampler, grammar, metrics, history,
-    snapshot) must not stop half-way. Only in the main thread and only while Python's
-    default handler is installed (a user's own handler is left alone); elsewhere a no-op.
+    snapshot) must not stop half-way. ``on_hit`` is called when the interrupt arrives
+    (``Context.request_abort``: a decode in the block stops at its next graph node). Only
+    in the main thread and only while Python's default handler is installed (a user's own
+    handler is left alone); elsewhere a no-op.
     """
     if threading.current_thread() is not threading.main_thread() or (
         _signal.getsignal(_SIGINT) is not _signal.default_int_handler
@@ -161,7 +164,13 @@ def _sigint_deferred() -> Iterator[None]:
         yield
         return
     hit: list[bool] = []
-    _signal.signal(_SIGINT, lambda signum, frame: hit.append(True))
+
+    def held(signum: int, frame: object) -> None:
+        hit.append(True)
+        if on_hit is not None:
+            on_hit()
+
+    _signal.signal(_SIGINT, held)
     try:
         yield
     finally:
@@ -182,7 +191,8 @@ class BranchStore:
 
     ``device=True`` moves the truncation and the measures into llama.cpp's graph (its
     backend sampling, on the device that computes the logits; ggml's CPU backend too):
-    each branch's sequence gets a chain of llama_cffi's measuring sampler and
+    each branch's sequence gets a chain of llama_cffi's measuring sampler (for a branch
+    that tracks metrics; without one, its :attr:`Branch.entropy` is not known) and
     ``top_k(k + DEVICE_MARGIN)``, so only those candidates and three measures per row
     come back to the host, and the branch's own chain runs on them. Every chain must then
     begin with ``TopK(k)`` (``k <= FAST_K_MAX``) and hold no grammar; what needs a whole
@@ -201,7 +211,8 @@ class BranchStore:
         self.n_vocab = ctx.n_vocab
         self.batched = bool(batched)
         self.device = bool(device)
-        self._attached: dict[int, int] = {}  # device mode: seq id -> candidates its chain returns
+        #: device mode: seq id -> (candidates its backend chain returns, whether it measures)
+        self._attached: dict[int, tuple[int, bool]] = {}
         self._free: list[int] = list(range(ctx.n_seq_max - 1, -1, -1))  # pop() gives the lowest
         self._live: dict[int, Branch] = {}
         self._batch = Batch(ctx.n_batch)
@@ -259,9 +270,10 @@ class BranchStore:
         if stats:
             has_stats[slots] = track
 
-    def _attach(self, sid: int, chain: SamplerChain) -> None:
-        """Device mode: give sequence ``sid`` the backend chain that ``chain`` needs (the
-        measures and ``top_k(k + DEVICE_MARGIN)``), unless it has it."""
+    def _attach(self, sid: int, chain: SamplerChain, track: bool) -> None:
+        """Device mode: give sequence ``sid`` the backend chain that ``chain`` needs
+        (``top_k(k + DEVICE_MARGIN)``, after the measures when ``track``: the branch tracks its
+        metrics), unless it has it."""
         if not self.device:
             return
         k = _lead_k(chain, self.n_vocab)
@@ -271,9 +283,11 @@ class BranchStore:
                 f"with TopK(k), 1 <= k <= {FAST_K_MAX}, and hold no grammar"
             )
         want = min(k + DEVICE_MARGIN, self.n_vocab)
-        if self._attached.get(sid, 0) >= want:
+        have = self._attached.get(sid)
+        if have is not None and have[0] >= want and have[1] == track:
             return
-        dev = LlamaSampler.chain([LlamaSampler.measure(), LlamaSampler.top_k(want)])
+        top = LlamaSampler.top_k(want)
+        dev = LlamaSampler.chain([LlamaSampler.measure(), top] if track else [top])
         if not self.ctx.set_backend_sampler(sid, dev):
             self.ctx.set_backend_sampler(sid, None)
             self._attached.pop(sid, None)
@@ -281,7 +295,7 @@ class BranchStore:
                 "this context's device cannot run top-k and llama_cffi's measures in llama.cpp's sampling graph: "
                 "use BranchStore(ctx) (device=False)"
             )
-        self._attached[sid] = want
+        self._attached[sid] = (want, track)
         self.measures.reserve(want)
 
     def _detach(self, sid: int) -> None:
@@ -451,7 +465,7 @@ class BranchStore:
         if model.has_encoder and model.has_decoder:
             return self._create_decoder(tokens, chain, seed, tracker, track)
         with self._fresh_id() as sid:
-            self._attach(sid, chain)
+            self._attach(sid, chain, track)
             row = self.ctx.decode(tokens, pos=0, seq_id=sid)  # Ctrl-C here aborts the prefill
             with _sigint_deferred():  # after it, the branch is made in full first
                 metrics = (tracker or PerplexityTracker()) if track else None
@@ -476,7 +490,7 @@ class BranchStore:
             )
         ctx = self.ctx
         with self._fresh_id() as sid:
-            self._attach(sid, chain)
+            self._attach(sid, chain, track)
             row = ctx.start_decoder(tokens, seq_id=sid)
             with _sigint_deferred():
                 metrics = (tracker or PerplexityTracker()) if track else None
@@ -531,20 +545,31 @@ class BranchStore:
             if not safe:
                 self._outputs_changing()
             done = 0
-            try:
-                self._consuming = frozenset(b.seq_id for b in branches) if safe else None
+            # Ctrl-C aborts the decode in flight (a decode that fails changes no branch and
+            # leaves the old rows in place); once the decode has written the new rows, the
+            # interrupt lands after every branch took its token
+            with _sigint_deferred(ctx.request_abort):
+                late: BaseException | None = None
                 try:
-                    self._decode(batch, branches)
-                finally:
-                    self._consuming = None
-                with _sigint_deferred():  # Ctrl-C lands after every branch took its token
+                    self._consuming = frozenset(b.seq_id for b in branches) if safe else None
+                    ctx._last_rc = None
+                    try:
+                        ctx.decode_batch(batch)
+                    except BaseException as exc:
+                        if ctx._last_rc != 0:
+                            raise
+                        late = exc  # llama.cpp wrote the new rows: the step completes, then this is raised
+                    finally:
+                        self._consuming = None
                     if self.device:
                         for i, (b, tok) in enumerate(part):
                             b._advance(int(tok), accepted[start + i], None)
                             done = i + 1
                         self._read_device(branches, range(m))
+                        if late is not None:
+                            raise late
                         continue
-                    rows = np.asarray(ctx.logits_all())
+                    rows = np.asarray(ctx._all_rows())
                     for b in branches:  # their old rows are gone: the new ones replace them
                         self._lazy.discard(b)
                         b._row_i = None
@@ -557,11 +582,13 @@ class BranchStore:
                         self._measure(branches, self._rows)
                     except MemoryError:  # pragma: no cover - measured again when needed
                         pass
-            except BaseException:
-                with _sigint_deferred():
-                    for b, _ in part[done:]:  # decoded but not advanced (or not decoded): no cell stays
-                        ctx.memory.seq_rm(b.seq_id, b._kv_end())
-                raise
+                    if late is not None:
+                        raise late
+                except BaseException as exc:
+                    if exc is not late:
+                        for b, _ in part[done:]:  # decoded but not advanced (or not decoded): no cell stays
+                            ctx.memory.seq_rm(b.seq_id, b._kv_end())
+                    raise
 
     commit = step
 
@@ -1098,7 +1125,7 @@ class Branch:
         self._check_live()
         tracker = self.sampler.tracker
         chain = _as_chain(sampler, grammar, self.store.ctx.model)
-        self.store._attach(self.seq_id, chain)
+        self.store._attach(self.seq_id, chain, self.tracker is not None)
         self.sampler = chain
         if tracker is not None and self.sampler.tracker is None:
             self.sampler.tracker = tracker
@@ -1112,7 +1139,7 @@ class Branch:
         rest = [s for s in self.sampler.samplers if getattr(s, "matcher", None) is None]
         chain = SamplerChain(rest, tracker=self.sampler.tracker) if rest else None
         new = _as_chain(chain, grammar, self.store.ctx.model)
-        self.store._attach(self.seq_id, new)
+        self.store._attach(self.seq_id, new, self.tracker is not None)
         self.sampler = new
         self._pending = None
 
@@ -1265,7 +1292,7 @@ class Branch:
                 return self._fork_prefix(at, seed)
         store = self.store
         with store._fresh_id() as sid, _sigint_deferred():  # no decode: Ctrl-C waits for it all
-            store._attach(sid, self.sampler)
+            store._attach(sid, self.sampler, self.tracker is not None)
             store.ctx.memory.seq_cp(self.seq_id, sid)
             shared = clone_logits and self._row_i is not None  # the child reads the same row
             if shared or not clone_logits or store.device:
@@ -1294,7 +1321,7 @@ class Branch:
         store = self.store
         ctx = store.ctx
         with store._fresh_id() as sid:
-            store._attach(sid, self.sampler)
+            store._attach(sid, self.sampler, self.tracker is not None)
             if at > 1:
                 ctx.memory.seq_cp(self.seq_id, sid, 0, at - 1)
             row = ctx.decode_single(self._tokens[at - 1], pos=at - 1, seq_id=sid)

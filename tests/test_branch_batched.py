@@ -58,6 +58,16 @@ def run(model: Model, batched: bool, n_steps: int, prompt: list[int], with_gramm
         return out
 
 
+def assert_same_runs(a: list[tuple], b: list[tuple]) -> None:
+    """Tokens equal; perplexities, stderr and entropies equal to float64 rounding (the
+    normaliser's sums are grouped differently)."""
+    for x, y in zip(a[:-1], b[:-1], strict=True):
+        assert x[0] == y[0]
+        for u, v in zip(x[1:], y[1:], strict=True):
+            assert u == pytest.approx(v, rel=1e-12, abs=1e-12)
+    np.testing.assert_allclose(np.array(a[-1]), np.array(b[-1]), rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("with_grammar", [False, True])
 def test_batched_equals_row_by_row_on_the_tiny_model(tiny_model: Model, with_grammar: bool) -> None:
     """Every chain kind, mixed in one store: the batched path draws the same tokens as the
@@ -65,12 +75,7 @@ def test_batched_equals_row_by_row_on_the_tiny_model(tiny_model: Model, with_gra
     sums are taken in other groupings)."""
     prompt = [int(t) for t in tiny_model.tokenize("once upon a time")]
     a = run(tiny_model, True, 10, prompt, with_grammar)
-    b = run(tiny_model, False, 10, prompt, with_grammar)
-    for x, y in zip(a[:-1], b[:-1], strict=True):
-        assert x[0] == y[0]
-        for u, v in zip(x[1:], y[1:], strict=True):
-            assert u == pytest.approx(v, rel=1e-12, abs=1e-12)
-    np.testing.assert_allclose(np.array(a[-1]), np.array(b[-1]), rtol=1e-12, atol=1e-12)
+    assert_same_runs(a, run(tiny_model, False, 10, prompt, with_grammar))
     assert len({tuple(x[0]) for x in a[:-1]}) > 2  # the branches went different ways
 
 
@@ -79,13 +84,7 @@ def test_batched_equals_row_by_row_on_the_default_vocabulary(default_model: Mode
     """At 262,144 tokens the candidates come from the block-maximum summary (the large-row
     path of the kernel): the same tokens and metrics as reading every row whole."""
     prompt = [int(t) for t in default_model.tokenize("The three primary colours are")]
-    a = run(default_model, True, 6, prompt, False)
-    b = run(default_model, False, 6, prompt, False)
-    for x, y in zip(a[:-1], b[:-1], strict=True):
-        assert x[0] == y[0]
-        for u, v in zip(x[1:], y[1:], strict=True):
-            assert u == pytest.approx(v, rel=1e-12, abs=1e-12)
-    np.testing.assert_allclose(np.array(a[-1]), np.array(b[-1]), rtol=1e-12, atol=1e-12)
+    assert_same_runs(run(default_model, True, 6, prompt, False), run(default_model, False, 6, prompt, False))
 
 
 def test_metrics_are_the_reference_measures(tiny_model: Model) -> None:
@@ -188,3 +187,31 @@ def test_store_sample_defaults_to_every_live_branch(tiny_model: Model) -> None:
         moves = store.sample()
         assert set(moves) == set(kids) and all(isinstance(t, int) for t in moves.values())
         assert isinstance(next(iter(moves)), Branch)
+
+
+def test_an_error_after_a_completed_decode_keeps_the_step(tiny_model: Model) -> None:
+    """When a decode has written its rows and an error comes after (an abort callback's
+    exception from a poll llama.cpp did not act on), the step is kept whole and the error
+    raised: the rows the branches read and their measures stay one row's."""
+    with tiny_model.context(n_ctx=256, n_seq_max=3, kv_unified=True) as ctx:
+        store = BranchStore(ctx)
+        root = store.create(tiny_model.tokenize("a b c"), sampler=S.SamplerChain([S.TopK(8), S.Dist(1)]))
+        kids = [root, root.fork(seed=3)]
+        store.step(store.sample(kids))
+        before = [b.position for b in kids]
+        orig = ctx._after_decode
+
+        def late(rc: int, *a: object) -> None:
+            orig(rc, *a)
+            if rc == 0:
+                raise RuntimeError("late")
+
+        ctx._after_decode = late  # type: ignore[method-assign]
+        with pytest.raises(RuntimeError, match="late"):
+            store.step(store.sample(kids))
+        ctx._after_decode = orig  # type: ignore[method-assign]
+        for b, p in zip(kids, before, strict=True):
+            assert b.position == p + 1 == ctx.memory.seq_pos_max(b.seq_id) + 1
+            assert b.entropy == pytest.approx(entropy(b.logits), rel=1e-12)
+        store.step(store.sample(kids))
+        assert all(b.tracker is not None and b.tracker.count == 3 for b in kids)

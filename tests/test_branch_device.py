@@ -214,3 +214,24 @@ def test_speculative_steps_need_the_host_rows(tiny_model: Model) -> None:
         with pytest.raises(BranchError, match="device=True"):
             b.speculate(b.sample(), PromptLookup())
         assert b.position == 5
+
+
+def test_untracked_branches_skip_the_measures_on_the_device(tiny_model: Model) -> None:
+    """A branch made with track=False gets top-k alone on the device (no measuring
+    sampler): the same tokens as on the host, and no measures for its rows."""
+    out = []
+    for device in (False, True):
+        with tiny_model.context(n_ctx=256, n_seq_max=3, kv_unified=True) as ctx:
+            store = BranchStore(ctx, device=device)
+            root = store.create(tiny_model.tokenize("a b c"), sampler=chain(2), track=False)
+            kids = [root, root.fork(seed=4)]
+            if device:
+                assert len(ctx.backend_sampler(root.seq_id)) == 1  # top-k only
+            for _ in range(5):
+                store.step(store.sample(kids))
+            if device:
+                assert not store._has_stats[root.seq_id]
+                with pytest.raises(BranchError, match="device"):
+                    root.entropy  # noqa: B018
+            out.append([b.tokens for b in kids])
+    assert out[0] == out[1]

@@ -247,39 +247,16 @@ print("RESULT " + json.dumps({"load_s": load_s, "rows": rows}))
 #: sizes, one seed for every sequence (as its samplers), sequences that end at an
 #: end-of-generation token; tok/s = tokens decoded / time of the loop, as it prints.
 OURS_EXAMPLE = r"""
-import json, sys, time
+import json, sys
 cfg = json.loads(sys.argv[1])
 import llama_cffi as lc
-import samplers as S
-from samplers.branch import BranchStore
-pc = time.perf_counter
+from benchmarks.common import llama_batched_loop
 m = lc.Model.load(cfg["model"], n_gpu_layers=cfg["ngl"])
-toks = m.tokenize(cfg["prompt"])
 out = {}
 for device in (False, True):
     for n in cfg["npl"]:
-        n_predict = len(toks) + cfg["ntg"]
-        ctx = m.context(n_ctx=len(toks) + cfg["ntg"] * n, n_batch=max(n_predict, n), n_seq_max=n, kv_unified=True,
-                        n_threads=cfg["threads"], n_threads_batch=cfg["threads"])
-        store = BranchStore(ctx, device=device)
-        chain = S.SamplerChain([S.TopK(40), S.TopP(0.95), S.Temperature(0.8), S.Dist(cfg["seed"])])
-        root = store.create(toks, sampler=chain)
-        active = [root] + [root.fork() for _ in range(n - 1)]
-        is_eog = m.vocab.is_eog
-        n_cur, n_decode = len(toks), 0
-        t0 = pc()
-        while n_cur <= n_predict:
-            moves = {b: t for b, t in store.sample(active).items() if not (is_eog(t) or n_cur == n_predict)}
-            if not moves:
-                break
-            n_decode += len(moves)
-            active = list(moves)
-            n_cur += 1
-            store.step(moves)
-        wall = pc() - t0
-        ctx.close()
         key = f"{'device' if device else 'host'}-{n}"
-        out[key] = {"n_decode": n_decode, "seconds": wall, "tps": n_decode / wall}
+        out[key] = llama_batched_loop(m, cfg["prompt"], n, cfg["ntg"], cfg["seed"], cfg["threads"], device)
         print("ROW " + json.dumps({key: out[key]}), flush=True)
 print("RESULT " + json.dumps(out))
 """
@@ -587,8 +564,8 @@ class Runner:
                     self.res["errors"].append(f"llama-batched: no speed line: {p.stderr[-1500:]}")
                     continue
                 r[f"{'device' if bs else 'host'}-{n}"] = {
-                    "n_decode": int(m.group(1)),
-                    "seconds": float(m.group(2)),
+                    "tokens": int(m.group(1)),
+                    "loop_s": float(m.group(2)),
                     "tps": float(m.group(3)),
                 }
         if r:

@@ -24,4 +24,18 @@ void llama_cffi_bind_late(void *handle);
 typedef double (*llama_cffi_softmax_fn)(const int n, float *y, const float *x, float max);
 void llama_cffi_set_softmax(llama_cffi_softmax_fn f);
 
+/* kernels.c: top-k helpers shared with rows.c and measure_sampler.c. A candidate is a
+   value and its position; candidates order by descending value, then ascending position
+   (a stable sort by -value). llama_cffi_select: the value of rank r (0-based, ascending)
+   among a[0..n), reordering a (Hoare's select); llama_cffi_vp_push: append to *cand (m
+   used of *cap), doubling it when full, 0 or -1 when out of memory. */
+typedef struct {
+    float v;
+    int64_t pos;
+} llama_cffi_vp;
+int llama_cffi_vp_cmp(const void *x, const void *y);
+void llama_cffi_vp_sort(llama_cffi_vp *cand, size_t m);
+int llama_cffi_vp_push(llama_cffi_vp **cand, size_t *m, size_t *cap, float v, int64_t pos);
+float llama_cffi_select(float *a, int n, int r);
+
 #endif

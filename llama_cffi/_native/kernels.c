@@ -45,23 +45,18 @@ const char *llama_cffi_softmax_impl(void) {
 
 /* ---- top-k over a row summarised by interleaved group maxima (samplers.candidates) ---- */
 
-typedef struct {
-    float v;
-    int64_t pos;
-} llama_cffi_vp;
-
 /* descending value, then ascending position (a stable sort by -value) */
 static int llama_cffi_vp_before(const llama_cffi_vp *a, const llama_cffi_vp *b) {
     return a->v > b->v || (a->v == b->v && a->pos < b->pos);
 }
 
-static int llama_cffi_vp_cmp(const void *x, const void *y) {
+int llama_cffi_vp_cmp(const void *x, const void *y) {
     const llama_cffi_vp *a = (const llama_cffi_vp *)x, *b = (const llama_cffi_vp *)y;
     return llama_cffi_vp_before(a, b) ? -1 : (llama_cffi_vp_before(b, a) ? 1 : 0);
 }
 
 /* the value of rank r (0-based, ascending) among a[0..n), reordering a (Hoare's select) */
-static float llama_cffi_select(float *a, int n, int r) {
+float llama_cffi_select(float *a, int n, int r) {
     int lo = 0, hi = n - 1;
     while (lo < hi) {
         float pivot = a[lo + (hi - lo) / 2];
@@ -84,8 +79,26 @@ static float llama_cffi_select(float *a, int n, int r) {
     return a[r];
 }
 
+/* sort by descending value, then ascending position: an insertion sort for the usual few
+   (about k) candidates, qsort beyond */
+void llama_cffi_vp_sort(llama_cffi_vp *cand, size_t m) {
+    if (m > 96) {
+        qsort(cand, m, sizeof(llama_cffi_vp), llama_cffi_vp_cmp);
+        return;
+    }
+    for (size_t i = 1; i < m; ++i) {
+        const llama_cffi_vp x = cand[i];
+        size_t j = i;
+        while (j > 0 && llama_cffi_vp_before(&x, &cand[j - 1])) {
+            cand[j] = cand[j - 1];
+            --j;
+        }
+        cand[j] = x;
+    }
+}
+
 /* append (v, pos) to *cand (m used of *cap), doubling it when full; 0, or -1 when out of memory */
-static int llama_cffi_vp_push(llama_cffi_vp **cand, size_t *m, size_t *cap, float v, int64_t pos) {
+int llama_cffi_vp_push(llama_cffi_vp **cand, size_t *m, size_t *cap, float v, int64_t pos) {
     if (*m == *cap) {
         llama_cffi_vp *grown = (llama_cffi_vp *)realloc(*cand, sizeof(llama_cffi_vp) * *cap * 2);
         if (grown == NULL) return -1;
@@ -130,19 +143,7 @@ int llama_cffi_top_k_grouped(int n, const float *row, int cols, const float *gma
         free(cand);
         return -1;
     }
-    if (m <= 64) { /* insertion sort: the usual case, about k candidates */
-        for (size_t i = 1; i < m; ++i) {
-            llama_cffi_vp x = cand[i];
-            size_t j = i;
-            while (j > 0 && llama_cffi_vp_before(&x, &cand[j - 1])) {
-                cand[j] = cand[j - 1];
-                --j;
-            }
-            cand[j] = x;
-        }
-    } else {
-        qsort(cand, m, sizeof(llama_cffi_vp), llama_cffi_vp_cmp);
-    }
+    llama_cffi_vp_sort(cand, m);
     const int got = (size_t)k < m ? k : (int)m; /* m >= k: k values reach th */
     for (int i = 0; i < got; ++i) out[i] = cand[i].pos;
     free(cand);

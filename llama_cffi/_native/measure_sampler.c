@@ -139,21 +139,9 @@ int llama_cffi_sampler_on_backend(const struct llama_sampler *smpl) {
 
 /* ---------------------------------------------------------------- reading the outputs */
 
-typedef struct {
-    float v;
-    int32_t id;
-} device_vi;
-
-static int device_vi_cmp(const void *a, const void *b) {
-    const device_vi *x = (const device_vi *)a, *y = (const device_vi *)b;
-    if (x->v > y->v) return -1;
-    if (x->v < y->v) return 1;
-    return (x->id > y->id) - (x->id < y->id);
-}
-
 int llama_cffi_rows_from_device(struct llama_context *ctx, int n_rows, const int32_t *idx, const int32_t *dest, const int32_t *k, int k_stride, int n_vocab, float *out_max, double *out_log_norm, double *out_entropy, int32_t *out_status, int32_t *out_n_top, int32_t *top_ids, float *top_logits) {
     if (ctx == NULL || n_rows < 0 || idx == NULL || dest == NULL || k == NULL || k_stride < 0 || n_vocab <= 0) return -1;
-    device_vi *buf = NULL;
+    llama_cffi_vp *buf = NULL;
     size_t cap = 0;
     int err = 0;
     for (int r = 0; r < n_rows && err == 0; ++r) {
@@ -187,7 +175,7 @@ int llama_cffi_rows_from_device(struct llama_context *ctx, int n_rows, const int
             if (nl > 0 && nc == nl) { /* else no candidates came back: none */
                 if (nl > cap) {
                     free(buf);
-                    buf = (device_vi *)malloc(sizeof(device_vi) * nl);
+                    buf = (llama_cffi_vp *)malloc(sizeof(llama_cffi_vp) * nl);
                     cap = buf != NULL ? nl : 0;
                     if (buf == NULL) {
                         err = -2;
@@ -196,9 +184,9 @@ int llama_cffi_rows_from_device(struct llama_context *ctx, int n_rows, const int
                 }
                 for (uint32_t j = 0; j < nl; ++j) {
                     buf[j].v = lg[j];
-                    buf[j].id = ids[j];
+                    buf[j].pos = ids[j];
                 }
-                qsort(buf, nl, sizeof(device_vi), device_vi_cmp);
+                llama_cffi_vp_sort(buf, nl);
                 got = k_stride < (int)nl ? k_stride : (int)nl;
                 /* a tie at the cut that may reach past what the device returned: other tokens
                    may hold the same logit, and which of them a stable sort keeps is unknown */
@@ -208,7 +196,7 @@ int llama_cffi_rows_from_device(struct llama_context *ctx, int n_rows, const int
                 int32_t *oi = top_ids + (size_t)slot * k_stride;
                 float *ol = top_logits + (size_t)slot * k_stride;
                 for (int j = 0; j < got; ++j) {
-                    oi[j] = buf[j].id;
+                    oi[j] = (int32_t)buf[j].pos;
                     ol[j] = buf[j].v;
                 }
             }

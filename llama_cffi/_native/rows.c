@@ -149,54 +149,17 @@ static double rows_dot(int n, const float *y, const float *x, float max) {
     return rows_dot_scalar(n, y, x, max);
 }
 
-typedef struct {
-    float v;
-    int32_t pos;
-} rows_vp;
-
-/* descending value, then ascending position (a stable sort by -value) */
-static int rows_vp_cmp(const void *a, const void *b) {
-    const rows_vp *x = (const rows_vp *)a, *y = (const rows_vp *)b;
-    if (x->v > y->v) return -1;
-    if (x->v < y->v) return 1;
-    return (x->pos > y->pos) - (x->pos < y->pos);
-}
-
-/* the value of rank r (0-based, ascending) among a[0..n), reordering a (Hoare's select) */
-static float rows_select(float *a, int n, int r) {
-    int lo = 0, hi = n - 1;
-    while (lo < hi) {
-        const float pivot = a[lo + (hi - lo) / 2];
-        int i = lo, j = hi;
-        while (i <= j) {
-            while (a[i] < pivot) ++i;
-            while (a[j] > pivot) --j;
-            if (i <= j) {
-                const float t = a[i];
-                a[i] = a[j];
-                a[j] = t;
-                ++i;
-                --j;
-            }
-        }
-        if (r <= j) hi = j;
-        else if (r >= i) lo = i;
-        else return a[r];
-    }
-    return a[r];
-}
-
 /* the k best of a NaN-free row without a group summary: a threshold from a selection
    over a copy, then the values that reach it, sorted. 0, or -1 when out of memory. */
 static int rows_top_k_select(const float *x, int n, int k, int32_t *ids, float *logits) {
     float *tmp = (float *)malloc(sizeof(float) * (size_t)n);
     if (tmp == NULL) return -1;
     memcpy(tmp, x, sizeof(float) * (size_t)n);
-    const float th = rows_select(tmp, n, n - k);
+    const float th = llama_cffi_select(tmp, n, n - k);
     free(tmp);
     size_t m = 0;
     for (int i = 0; i < n; ++i) m += x[i] >= th;
-    rows_vp *cand = (rows_vp *)malloc(sizeof(rows_vp) * m);
+    llama_cffi_vp *cand = (llama_cffi_vp *)malloc(sizeof(llama_cffi_vp) * m);
     if (cand == NULL) return -1;
     m = 0;
     for (int i = 0; i < n; ++i) {
@@ -206,26 +169,12 @@ static int rows_top_k_select(const float *x, int n, int k, int32_t *ids, float *
             ++m;
         }
     }
-    qsort(cand, m, sizeof(rows_vp), rows_vp_cmp);
+    llama_cffi_vp_sort(cand, m);
     for (int i = 0; i < k; ++i) {
-        ids[i] = cand[i].pos;
+        ids[i] = (int32_t)cand[i].pos;
         logits[i] = cand[i].v;
     }
     free(cand);
-    return 0;
-}
-
-/* append (v, pos) to *cand (m used of *cap), doubling it when full; 0, or -1 out of memory */
-static int rows_push(rows_vp **cand, size_t *m, size_t *cap, float v, int32_t pos) {
-    if (*m == *cap) {
-        rows_vp *grown = (rows_vp *)realloc(*cand, sizeof(rows_vp) * *cap * 2);
-        if (grown == NULL) return -1;
-        *cand = grown;
-        *cap *= 2;
-    }
-    (*cand)[*m].v = v;
-    (*cand)[*m].pos = pos;
-    ++*m;
     return 0;
 }
 
@@ -267,38 +216,26 @@ static int rows_top_k_blocks(const float *x, int n, int nb, const float *bmax, f
     }
     const float th = heap[0];
     size_t cap = (size_t)k * 4 + 64, m = 0;
-    rows_vp *cand = (rows_vp *)malloc(sizeof(rows_vp) * cap);
+    llama_cffi_vp *cand = (llama_cffi_vp *)malloc(sizeof(llama_cffi_vp) * cap);
     if (cand == NULL) return -1;
     int ok = 0;
     for (int c = 0; c < nb && ok == 0; ++c) {
         if (!(bmax[c] >= th)) continue;
         const float *xb = x + (size_t)c * 64;
         for (int i = 0; i < 64 && ok == 0; ++i) {
-            if (xb[i] >= th) ok = rows_push(&cand, &m, &cap, xb[i], c * 64 + i);
+            if (xb[i] >= th) ok = llama_cffi_vp_push(&cand, &m, &cap, xb[i], c * 64 + i);
         }
     }
     for (int p = nb * 64; p < n && ok == 0; ++p) {
-        if (x[p] >= th) ok = rows_push(&cand, &m, &cap, x[p], p);
+        if (x[p] >= th) ok = llama_cffi_vp_push(&cand, &m, &cap, x[p], p);
     }
     if (ok != 0) {
         free(cand);
         return -1;
     }
-    if (m <= 96) { /* insertion sort: the usual case, about k candidates */
-        for (size_t i = 1; i < m; ++i) {
-            const rows_vp v = cand[i];
-            size_t j = i;
-            while (j > 0 && rows_vp_cmp(&v, &cand[j - 1]) < 0) {
-                cand[j] = cand[j - 1];
-                --j;
-            }
-            cand[j] = v;
-        }
-    } else {
-        qsort(cand, m, sizeof(rows_vp), rows_vp_cmp);
-    }
+    llama_cffi_vp_sort(cand, m);
     for (int i = 0; i < k; ++i) { /* m >= k: k values reach th */
-        ids[i] = cand[i].pos;
+        ids[i] = (int32_t)cand[i].pos;
         logits[i] = cand[i].v;
     }
     free(cand);
