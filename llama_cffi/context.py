@@ -264,6 +264,7 @@ class Context:
         # backend sampling: the chain attached to each sequence (set_backend_sampler), and
         # which output rows of the last decode belong to such a sequence (None: none did)
         self._backend: dict[int, LlamaSampler] = {}
+        self._backend_mask = np.zeros(self._n_seq_max, dtype=bool)  # the same, as a mask by seq id
         self._out_dev: np.ndarray | None = None
         #: llama_decode's return code in the last decode (None: none ran); 0 means the
         #: outputs were written even when the decode then raised (an abort callback's error
@@ -328,6 +329,7 @@ class Context:
             for seq in list(self._backend):  # llama.cpp keeps only pointers to them
                 lib.llama_set_sampler(self._handle.ptr, seq, ffi.NULL)
                 self._backend.pop(seq)._handle.unpin()  # type: ignore[union-attr]
+                self._backend_mask[seq] = False
             self._guard.closed = True
             self._release_adapters()
             self._outbuf = self._last_view = None
@@ -775,7 +777,7 @@ class Context:
             rc = lib.llama_decode(ptr, batch.c)
             self._after_decode(rc, len(out_index), out_index, n)
             if self._backend:
-                self._out_dev = np.isin(batch.seq_id[out_index, 0], np.fromiter(self._backend, dtype=np.int32))
+                self._out_dev = self._backend_mask[batch.seq_id[out_index, 0]]
 
     def _validate_batch_positions(self, batch: Batch, n: int) -> None:
         if not self._mrope and self._positions_fine(batch, n):
@@ -1074,6 +1076,7 @@ class Context:
         with self._busy:
             ptr = self._ptr()
             old = self._backend.pop(seq_id, None)
+            self._backend_mask[seq_id] = False
             if sampler is None:
                 if old is not None:
                     lib.llama_set_sampler(ptr, seq_id, ffi.NULL)
@@ -1087,6 +1090,7 @@ class Context:
             with log.capture():
                 lib.llama_set_sampler(ptr, seq_id, sp)
             self._backend[seq_id] = sampler
+            self._backend_mask[seq_id] = True
             if old is not None:
                 assert old._handle is not None
                 old._handle.unpin()

@@ -183,6 +183,9 @@ class BranchMachine(RuleBasedStateMachine):
     #: a busy two-core machine OpenMP's barrier makes every two-thread decode wait for a
     #: time slice (100 one-token decodes of the tiny model: 17 s with two, 0.02 s with one).
     context_params: ClassVar[Mapping[str, object]] = {"n_threads": 1, "n_threads_batch": 1}
+    #: Keyword arguments of the store under test (``{"batched": False}``: the row-by-row
+    #: path; ``device=True`` refuses this machine's greedy chains and snapshots).
+    store_options: ClassVar[Mapping[str, object]] = {}
     #: The reference context's size: positions there grow past :attr:`n_cells` after
     #: ``shift_context``; longer recipes are not checked.
     reference_n_ctx: ClassVar[int] = 1024
@@ -221,7 +224,7 @@ class BranchMachine(RuleBasedStateMachine):
         #: ``self.ctx.memory``.
         self.mem = self.ctx.memory
         #: The store under test.
-        self.store = BranchStore(self.ctx)
+        self.store = BranchStore(self.ctx, **self.store_options)  # type: ignore[arg-type]
         #: What the model knows of every branch ever made (pruned ones too).
         self.nodes: dict[Branch, Node] = {}
         #: Ids of detached branches, not reused since (their cells may remain).

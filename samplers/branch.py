@@ -133,7 +133,7 @@ def _as_chain(sampler: Sampler | None, grammar: Any, vocab: Any) -> SamplerChain
     return chain
 
 
-def _detach_all(ctx_ref: weakref.ref[Context], attached: dict[int, tuple[int, bool]]) -> None:
+def _detach_all(ctx_ref: weakref.ref[Context], attached: dict[int, tuple[int, bool, int]]) -> None:
     """A device store's finalizer: take its backend samplers off the context (best effort:
     a context closed or busy meanwhile keeps them until it closes)."""
     ctx = ctx_ref()
@@ -211,8 +211,9 @@ class BranchStore:
         self.n_vocab = ctx.n_vocab
         self.batched = bool(batched)
         self.device = bool(device)
-        #: device mode: seq id -> (candidates its backend chain returns, whether it measures)
-        self._attached: dict[int, tuple[int, bool]] = {}
+        #: device mode: seq id -> (candidates its backend chain returns, whether it measures,
+        #: the top-k of the branch's chain)
+        self._attached: dict[int, tuple[int, bool, int]] = {}
         self._free: list[int] = list(range(ctx.n_seq_max - 1, -1, -1))  # pop() gives the lowest
         self._live: dict[int, Branch] = {}
         self._batch = Batch(ctx.n_batch)
@@ -285,6 +286,7 @@ class BranchStore:
         want = min(k + DEVICE_MARGIN, self.n_vocab)
         have = self._attached.get(sid)
         if have is not None and have[0] >= want and have[1] == track:
+            self._attached[sid] = (have[0], track, k)
             return
         top = LlamaSampler.top_k(want)
         dev = LlamaSampler.chain([LlamaSampler.measure(), top] if track else [top])
@@ -295,7 +297,7 @@ class BranchStore:
                 "this context's device cannot run top-k and llama_cffi's measures in llama.cpp's sampling graph: "
                 "use BranchStore(ctx) (device=False)"
             )
-        self._attached[sid] = (want, track)
+        self._attached[sid] = (want, track, k)
         self.measures.reserve(want)
 
     def _detach(self, sid: int) -> None:
@@ -306,7 +308,8 @@ class BranchStore:
         """Device mode: the branches' new rows are outputs ``idx`` (batch indices) of the
         last decode: read what their backend chains left into their slots."""
         slots = np.fromiter((b.seq_id for b in branches), dtype=np.int32, count=len(branches))
-        ks = np.fromiter((_lead_k(b.sampler, self.n_vocab) for b in branches), dtype=np.int32, count=len(branches))
+        attached = self._attached
+        ks = np.fromiter((attached[b.seq_id][2] for b in branches), dtype=np.int32, count=len(branches))
         self._has_cands[slots] = False
         self._has_stats[slots] = False
         meas = self.measures
@@ -366,10 +369,12 @@ class BranchStore:
                 out[b] = b.sample()
             return
         track = np.fromiter((b.tracker is not None for b in group), dtype=bool, count=len(group))
-        tokens, samp = chain_batch.choose(sig, [b.sampler for b in group], ids, lg, bool(track.any()))
+        tokens, samp, pos = chain_batch.choose(sig, [b.sampler for b in group], ids, lg, bool(track.any()))
+        raw = meas.top_logits[slots, pos]  # the model's logits of the chosen tokens
         for i, b in enumerate(group):
             t = int(tokens[i])
-            b._pending = (t, float(samp[i]) if samp is not None and track[i] else None)
+            pending = b._pending = (t, float(samp[i]) if samp is not None and track[i] else None)
+            b._pending_logit = (pending, float(raw[i]))
             out[b] = t
 
     # ------------------------------------------------------------------ ids and KV
@@ -732,6 +737,9 @@ class Branch:
         #: the snapshot writable (see :meth:`set_logits`)
         self.steer: Callable[[Branch, npt.NDArray[np.float32]], None] | None = None
         self._pending: tuple[int, float | None] | None = None  # (token, sampling surprisal) of sample()
+        #: (that very ``_pending`` tuple, the model's logit of its token) when the sampling
+        #: knew it: the accept measures the token without looking it up
+        self._pending_logit: tuple[object, float] | None = None
         # (history index, token, model surprisal or None untracked, sampling surprisal argument)
         # of every accepted token, replayed by fork(at=...)
         self._accepted: list[tuple[int, int, float | None, float | None]] = []
@@ -881,6 +889,10 @@ class Branch:
         the row was measured, else a pass over it)."""
         st = self.store
         seq = self.seq_id
+        known = self._pending_logit
+        if known is not None and known[0] is self._pending and self._pending is not None:
+            if self._pending[0] == token and st._has_stats[seq] and self._orig is None:
+                return st.measures.surprisal(seq, known[1])
         if st.device and self._orig is None:
             meas = st.measures
             ids, lg = meas.candidates(seq)
@@ -910,9 +922,13 @@ class Branch:
 
     def _accept(self, token: int, measured: tuple[float | None, float | None] | None = None) -> None:
         model, samp = measured if measured is not None else self._measure_accept(token)
-        if self.tracker is not None:
+        tracker = self.tracker
+        if tracker is not None:
             assert model is not None
-            self.tracker.add(model, samp)
+            if type(tracker) is PerplexityTracker:
+                tracker._add_nats(model, samp)
+            else:
+                tracker.add(model, samp)
         self.sampler.accept(token)
         self._accepted.append((len(self._tokens), token, model, samp))
         self._pending = None

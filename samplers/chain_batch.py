@@ -37,9 +37,12 @@ _F32 = np.float32
 
 
 def signature(chain: SamplerChain) -> Signature | None:
-    """The configuration of ``chain`` when :func:`choose` can run it (a plain ``TopK(k > 0)``
-    first, then ``TopP``/``MinP``/``Temperature``/``TopK``, a ``Dist`` or ``Greedy`` last),
-    else None. Chains with equal signatures differ only in their random engines' states."""
+    """The configuration of ``chain`` when :func:`choose` can run it (a plain
+    :class:`SamplerChain` of a plain ``TopK(k > 0)`` first, then ``TopP``/``MinP``/
+    ``Temperature``/``TopK``, a ``Dist`` or ``Greedy`` last), else None. Chains with equal
+    signatures differ only in their random engines' states."""
+    if type(chain) is not SamplerChain:  # a subclass may choose otherwise
+        return None
     samplers = chain.samplers
     if len(samplers) < 2 or type(samplers[0]) is not TopK or samplers[0].k <= 0:
         return None
@@ -72,13 +75,14 @@ def choose(
     ids: npt.NDArray[np.int32],
     logits: npt.NDArray[np.float32],
     surprisal: bool,
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64] | None]:
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64] | None, npt.NDArray[np.intp]]:
     """Run the chains (all of signature ``sig``) on their rows of candidates: row ``r`` of
     ``ids``/``logits`` holds chain ``r``'s ``k`` best candidates sorted by descending logit
-    (ties by lower id), ``k`` the first sampler's. Returns each row's token and, with
-    ``surprisal``, its sampling-level surprisal (nats, under the final candidates), as
-    :meth:`SamplerChain.choose` would. Draws one number from each ``Dist`` chain's engine.
-    ``logits`` is overwritten; every row's first logit must be finite."""
+    (ties by lower id), ``k`` the first sampler's. Returns each row's token, with
+    ``surprisal`` its sampling-level surprisal (nats, under the final candidates), as
+    :meth:`SamplerChain.choose` would, and its position among the row's candidates (the
+    samplers here keep a prefix, in order). Draws one number from each ``Dist`` chain's
+    engine. ``logits`` is overwritten; every row's first logit must be finite."""
     g, k = logits.shape
     rows = np.arange(g)
     n = np.full(g, k, dtype=np.int64)  # candidates left in each row
@@ -135,9 +139,9 @@ def choose(
             sel = lg.argmax(axis=1)
     tokens = ids[rows, sel].astype(np.int64)
     if not surprisal:
-        return tokens, None
+        return tokens, None, sel
     top = lg[:, 0].copy()  # sorted: the final candidates' max
     lt = lg[rows, sel]
     out = (top.astype(np.float64) - lt.astype(np.float64)) + rows_log_sum(lg, n.astype(np.int32), top)
     out[(top == -np.inf) | (lt == -np.inf)] = math.inf
-    return tokens, out
+    return tokens, out, sel

@@ -275,6 +275,20 @@ class PerplexityTracker:
             self._ss += y
             self._ss2 += y * y
 
+    def _add_nats(self, x: float, y: float | None) -> None:
+        """:meth:`add` for callers whose values are floats already (a branch store's step):
+        the same refusals, a few microseconds fewer."""
+        if not x >= 0.0 or (y is not None and not y >= 0.0):  # NaN or negative: add() says which
+            self.add(x, y)
+            return
+        self._n += 1
+        self._s += x
+        self._s2 += x * x
+        if y is not None:
+            self._sn += 1
+            self._ss += y
+            self._ss2 += y * y
+
     def add_token(self, logits: Any, token: int, sampling_logits: Any = None) -> float:
         """Compute and record the surprisal of ``token`` under ``logits`` (and under
         ``sampling_logits``, the sampler's filtered logits, when given). Returns the

@@ -25,14 +25,17 @@ def budget() -> int:
     return 2 * settings().max_examples
 
 
-def test_branch_store_state_machine(tiny_model: Model) -> None:
+@pytest.mark.parametrize("options", [{}, {"batched": False}], ids=["batched", "row-by-row"])
+def test_branch_store_state_machine(tiny_model: Model, options: dict[str, object]) -> None:
     """Random create/fork/step/commit/prefill/prune/detach/retain_only/drain (and the
     context-edge operations) keep the store's tree, ids and KV exactly where the model
-    puts them; every refused or failed operation changes nothing."""
+    puts them; every refused or failed operation changes nothing. On the batched path
+    (rows measured at once, zero-copy snapshots) and the row-by-row one."""
     with tiny_model.context(n_ctx=BranchMachine.reference_n_ctx, n_batch=N_BATCH, n_seq_max=1, **THREADS) as reference:
 
         class Machine(BranchMachine):
             model = tiny_model
+            store_options = options
 
         Machine.reference = reference
         run_state_machine_as_test(

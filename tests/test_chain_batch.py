@@ -74,7 +74,8 @@ def test_rows_equal_one_by_one(
             d.samplers[-1].rng.canonical() if hasattr(d.samplers[-1], "rng") else None
     sig = chain_batch.signature(many[0])
     assert sig is not None
-    tokens, surprisal = chain_batch.choose(sig, many, ids, logits.copy(), True)
+    tokens, surprisal, pos = chain_batch.choose(sig, many, ids, logits.copy(), True)
+    np.testing.assert_array_equal(ids[np.arange(g), pos], tokens)
     assert surprisal is not None
     cands = Candidates(k)
     for r in range(g):
@@ -103,6 +104,13 @@ def test_rows_equal_one_by_one(
 )
 def test_signature(chain: S.SamplerChain, ok: bool) -> None:
     assert (chain_batch.signature(chain) is not None) is ok
+
+
+def test_a_chain_subclass_goes_alone() -> None:
+    class Mine(S.SamplerChain):
+        pass
+
+    assert chain_batch.signature(Mine([S.TopK(40), S.Dist(1)])) is None
 
 
 def test_equal_configurations_share_a_signature() -> None:
