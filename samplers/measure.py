@@ -267,13 +267,7 @@ class PerplexityTracker:
         surprisal (both nats, ``>= 0``; ``inf`` is allowed and makes the perplexity inf)."""
         x = self._check("surprisal", surprisal)
         y = None if sampling_surprisal is None else self._check("sampling_surprisal", sampling_surprisal)
-        self._n += 1
-        self._s += x
-        self._s2 += x * x
-        if y is not None:
-            self._sn += 1
-            self._ss += y
-            self._ss2 += y * y
+        self._record(x, y)
 
     def _add_nats(self, x: float, y: float | None) -> None:
         """:meth:`add` for callers whose values are floats already (a branch store's step):
@@ -281,6 +275,10 @@ class PerplexityTracker:
         if not x >= 0.0 or (y is not None and not y >= 0.0):  # NaN or negative: add() says which
             self.add(x, y)
             return
+        self._record(x, y)
+
+    def _record(self, x: float, y: float | None) -> None:
+        """Add checked values to the running sums."""
         self._n += 1
         self._s += x
         self._s2 += x * x
