@@ -24,12 +24,21 @@ from tests.conftest import DEFAULT_SIGINT, ROOT, greedy_child
 #: qemu CPU model -> the variant it must get (AVX2, AVX, SSE4.2: no AVX-512 anywhere)
 CPUS = {"Haswell": "haswell", "SandyBridge": "sandybridge", "Nehalem": "sse42"}
 
+#: qemu CPU model -> the OpenBLAS core numpy's bundled OpenBLAS must use there. Under
+#: ``qemu-x86_64 -cpu Nehalem`` its DYNAMIC_ARCH detection says "Core: Haswell" (it does
+#: not reach the AVX check qemu's cpuid would fail) and ``import numpy`` dies of SIGILL
+#: (vxorps) before llama_cffi is imported: numpy's fault under emulation, not ours, so the
+#: child names its core, as ``OPENBLAS_CORETYPE`` lets any user on such a machine do.
+OPENBLAS_CORE = {"Haswell": "Haswell", "SandyBridge": "Sandybridge", "Nehalem": "Nehalem"}
+
 
 def run(tiny_model_path: Path, qemu_cpu: str | None = None) -> dict[str, object]:
     code = DEFAULT_SIGINT + greedy_child(tiny_model_path)
     prefix = [str(shutil.which("qemu-x86_64")), "-cpu", qemu_cpu] if qemu_cpu else []
     env = dict(os.environ, GGML_NO_BACKTRACE="1", PYTHONPATH=str(ROOT))
     env.pop("LLAMA_CFFI_CPU_VARIANT", None)
+    if qemu_cpu:
+        env["OPENBLAS_CORETYPE"] = OPENBLAS_CORE[qemu_cpu]
     r = subprocess.run(
         [*prefix, sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env
     )
