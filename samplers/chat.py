@@ -226,7 +226,7 @@ class ChatSession:
         *,
         max_tokens: int | None = None,
         grammar: Any = None,
-        json_schema: Mapping[str, Any] | bool | None = None,
+        json_schema: Any = None,
         sampler: Sampler | SamplingParams | None = None,
         stop: Sequence[str] = (),
         tools: Sequence[Mapping[str, Any]] | None = None,
@@ -261,7 +261,7 @@ class ChatSession:
             raise
         branch = self._branch
         assert branch is not None
-        constraint = grammar if json_schema is None else json_schema
+        constraint = grammar if json_schema is None else _schema_grammar(json_schema)
         chain = self._chain(sampler, constraint)
         fmt = tool_call_format(prompt.template, self._jinja_engine()) if prompt.tools_rendered else None
         if fmt is not None and tools and constraint is None and constrain_tools:
@@ -472,3 +472,10 @@ class ChatSession:
             self.store.prefill({b: new})
         self._kv_prompt, self._kv_reply = prompt.prompt, ""
         return prompt, reused, len(new)
+
+
+def _schema_grammar(schema: Any) -> Any:
+    """The grammar of a JSON schema (a dict, a bool, JSON text or a pydantic model)."""
+    from .grammar import Grammar
+
+    return Grammar.from_json_schema(schema)

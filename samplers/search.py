@@ -321,7 +321,7 @@ def _setup(
     store: BranchStore,
     prompt: str | Sequence[int],
     grammar: Any,
-    json_schema: dict[str, Any] | None,
+    json_schema: Any,
     logprobs: bool,
     top_logprobs: int,
     unit: Literal["nats", "bits"],
@@ -329,7 +329,11 @@ def _setup(
     if grammar is not None and json_schema is not None:
         raise ParamError("give grammar or json_schema, not both")
     reader = LogprobReader(store.ctx.model.vocab, top_logprobs, unit) if logprobs or top_logprobs else None
-    return _prompt_tokens(store, prompt), grammar if json_schema is None else json_schema, reader
+    if json_schema is not None:
+        from .grammar import Grammar
+
+        grammar = Grammar.from_json_schema(json_schema)
+    return _prompt_tokens(store, prompt), grammar, reader
 
 
 def complete(
@@ -338,7 +342,7 @@ def complete(
     max_tokens: int = 128,
     sampler: Sampler | None = None,
     grammar: Any = None,
-    json_schema: dict[str, Any] | None = None,
+    json_schema: Any = None,
     stop: Iterable[str] = (),
     seed: int | None = None,
     drafter: Drafter | None = None,
@@ -374,7 +378,7 @@ def generate(
     max_tokens: int = 128,
     sampler: Sampler | None = None,
     grammar: Any = None,
-    json_schema: dict[str, Any] | None = None,
+    json_schema: Any = None,
     stop: Iterable[str] = (),
     seed: int | None = None,
     drafter: Drafter | None = None,
@@ -452,7 +456,7 @@ async def acomplete(
     max_tokens: int = 128,
     sampler: Sampler | None = None,
     grammar: Any = None,
-    json_schema: dict[str, Any] | None = None,
+    json_schema: Any = None,
     stop: Iterable[str] = (),
     seed: int | None = None,
     drafter: Drafter | None = None,
@@ -489,7 +493,7 @@ async def agenerate(
     max_tokens: int = 128,
     sampler: Sampler | None = None,
     grammar: Any = None,
-    json_schema: dict[str, Any] | None = None,
+    json_schema: Any = None,
     stop: Iterable[str] = (),
     seed: int | None = None,
     drafter: Drafter | None = None,

@@ -218,7 +218,7 @@ def tool_call_grammar(
     lazily from the first trigger (the start marker), as llama.cpp applies its tool-call
     grammars. Use it as ``GrammarSampler(Grammar.from_gbnf(gbnf), model, lazy=True,
     trigger_words=trigger_words)``."""
-    from .grammar.json_schema import json_schema_to_gbnf
+    from .grammar.json_schema import llama_cpp_json_schema_to_gbnf
 
     variants = []
     for t in tools:
@@ -240,7 +240,7 @@ def tool_call_grammar(
     schema: dict[str, Any] = variants[0] if len(variants) == 1 else {"anyOf": variants}
     if fmt.in_list:
         schema = {"type": "array", "items": schema, "minItems": 1, **({} if parallel else {"maxItems": 1})}
-    body = json_schema_to_gbnf(schema)
+    body = llama_cpp_json_schema_to_gbnf(schema)
     body = re.sub(r"^root ::=", "tool-call-json ::=", body, flags=re.M)
     start, end = _gbnf_literal(fmt.start), _gbnf_literal(fmt.end.strip())
     call = f"tool-call ::= {start} tool-call-ws tool-call-json tool-call-ws" + (f" {end}" if fmt.end.strip() else "")

@@ -29,7 +29,8 @@ from llama_cffi.errors import ParamError
 from llama_cffi.sampling import LlamaSampler, SamplingError, TokenDataArray
 from samplers.grammar.builtin import JSON, JSON_ARRAY, JSON_VALUE, choice, json_schema, regex
 from samplers.grammar.errors import SchemaError
-from samplers.grammar.json_schema import SPACE_RULE, SchemaWarning, gbnf_format_literal, json_schema_to_gbnf
+from samplers.grammar.json_schema import SPACE_RULE, SchemaWarning, gbnf_format_literal
+from samplers.grammar.json_schema import llama_cpp_json_schema_to_gbnf as json_schema_to_gbnf
 
 SPACE_LINE = f"space ::= {SPACE_RULE}\n"
 

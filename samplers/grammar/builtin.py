@@ -21,7 +21,13 @@ from llama_cffi.gbnf import GrammarError
 
 from .errors import SchemaError
 from .json_schema import _Converter as _SchemaConverter
-from .json_schema import _from_bytes_str, _InvalidPattern, _to_bytes_str, _UnsupportedPattern, json_schema_to_gbnf
+from .json_schema import (
+    _from_bytes_str,
+    _InvalidPattern,
+    _to_bytes_str,
+    _UnsupportedPattern,
+    llama_cpp_json_schema_to_gbnf,
+)
 
 __all__ = ["JSON", "JSON_ARRAY", "JSON_VALUE", "choice", "json_schema", "regex"]
 
@@ -126,5 +132,6 @@ def regex(pattern: str, *, dotall: bool = False) -> str:
 
 def json_schema(schema: Mapping[str, Any] | str | bool, *, dotall: bool = False) -> str:
     """The grammar of JSON documents accepted by ``schema``: an alias of
-    :func:`~samplers.grammar.json_schema.json_schema_to_gbnf` (llama.cpp's converter)."""
-    return json_schema_to_gbnf(schema, dotall=dotall)
+    :func:`~samplers.grammar.json_schema.llama_cpp_json_schema_to_gbnf` (llama.cpp's converter;
+    the complete one is :func:`samplers.grammar.schema.schema_to_gbnf`)."""
+    return llama_cpp_json_schema_to_gbnf(schema, dotall=dotall)

@@ -37,9 +37,11 @@ class Grammar:
         return cls(parse_gbnf(text), root)
 
     @classmethod
-    def from_json_schema(cls, schema: dict[str, Any] | str | bool, **options: Any) -> Grammar:
-        """The grammar of a JSON schema (llama.cpp's converter; see
-        :func:`samplers.grammar.json_schema.json_schema_to_gbnf`)."""
+    def from_json_schema(cls, schema: Any, **options: Any) -> Grammar:
+        """The grammar of a JSON schema: a dict, a bool, JSON text, or a pydantic model
+        class or ``TypeAdapter``. The complete converter by default (options:
+        :func:`samplers.grammar.schema.schema_to_gbnf`), llama.cpp's with
+        ``compat="llama.cpp"`` (see :func:`samplers.grammar.json_schema.json_schema_to_gbnf`)."""
         from .json_schema import json_schema_to_gbnf
 
         return cls.from_gbnf(json_schema_to_gbnf(schema, **options))

@@ -1,6 +1,8 @@
 """JSON schema to GBNF, with exactly the output of llama.cpp's converter.
 
-:func:`json_schema_to_gbnf` turns a JSON schema into a GBNF grammar whose text is
+:func:`json_schema_to_gbnf` is the entry point: by default it runs the complete
+converter (:mod:`samplers.grammar.schema`); with ``compat="llama.cpp"`` it runs this
+module's :func:`llama_cpp_json_schema_to_gbnf`, which turns a JSON schema into a GBNF grammar whose text is
 byte for byte what llama.cpp's ``json_schema_to_grammar()`` (``common/json-schema.cpp``
 builds the schema tree, ``common/json-schema-to-grammar.cpp`` writes the rules) prints
 at the pinned commit: the same rule names (collisions numbered ``name0``, ``name1``,
@@ -62,7 +64,13 @@ from typing import Any
 
 from .errors import SchemaError
 
-__all__ = ["SPACE_RULE", "SchemaWarning", "gbnf_format_literal", "json_schema_to_gbnf"]
+__all__ = [
+    "SPACE_RULE",
+    "SchemaWarning",
+    "gbnf_format_literal",
+    "json_schema_to_gbnf",
+    "llama_cpp_json_schema_to_gbnf",
+]
 
 # Every string inside this module is a "byte string": the UTF-8 encoding of the text,
 # decoded as Latin-1 (one character per byte). llama.cpp works on the bytes of UTF-8
@@ -1355,7 +1363,26 @@ class _Converter:
 
 
 # ---------------------------------------------------------------------------- the API
-def json_schema_to_gbnf(schema: Mapping[str, Any] | str | bool, *, dotall: bool = False) -> str:
+def json_schema_to_gbnf(schema: Any, *, compat: str | None = None, **options: Any) -> str:
+    """The GBNF grammar (rule ``root``) for the JSON documents ``schema`` accepts.
+
+    By default the complete converter, :func:`samplers.grammar.schema.schema_to_gbnf`
+    (every keyword a grammar can enforce, any draft, ``$ref`` resolution, warnings for the
+    rest; ``options`` are its keyword arguments: ``property_order``,
+    ``additional_properties``, ``formats``, ``validator``, ``strict``, ``default_draft``,
+    ``registry``, ``resources``, ``retrieve``). ``compat="llama.cpp"`` gives llama.cpp's
+    converter instead, byte for byte (:func:`llama_cpp_json_schema_to_gbnf`; its one
+    option is ``dotall``)."""
+    if compat is None:
+        from .schema import schema_to_gbnf
+
+        return schema_to_gbnf(schema, **options)
+    if compat != "llama.cpp":
+        raise ValueError(f"compat must be None or 'llama.cpp', not {compat!r}")
+    return llama_cpp_json_schema_to_gbnf(schema, **options)
+
+
+def llama_cpp_json_schema_to_gbnf(schema: Mapping[str, Any] | str | bool, *, dotall: bool = False) -> str:
     """The GBNF grammar (rule ``root``) for JSON documents that ``schema`` accepts,
     identical to llama.cpp's ``json_schema_to_grammar(schema)``.
 

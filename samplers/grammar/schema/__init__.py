@@ -1,0 +1,232 @@
+"""JSON Schema to GBNF: the complete converter.
+
+:func:`schema_to_gbnf` writes a grammar that accepts the JSON texts whose values the
+schema accepts, for drafts 2020-12, 2019-09, 7, 6 and 4 (the ``$schema`` keyword, else
+``default_draft``). Every keyword a context-free grammar can enforce is enforced (the
+private modules ``_lower`` and ``_emit`` say how); what it cannot enforce raises a
+:class:`SchemaWarning` naming the keyword and its JSON pointer, or, with ``strict=True``,
+an :class:`UnsupportedSchemaError`.
+
+Choices for generation, each a keyword argument:
+
+* ``property_order``: ``"schema"`` (default: the declared keys in llama.cpp's order, the
+  required ones then the optional ones, each in the order of ``properties``; optional ones
+  may be left out; undeclared keys after them) or ``"any"`` (keys in any order, each at
+  most once: what a validator accepts);
+* ``additional_properties``: ``"declared"`` (default: undeclared keys only where the
+  schema names them: ``additionalProperties``, ``patternProperties``,
+  ``unevaluatedProperties``, or an object schema without ``properties``) or ``"schema"``
+  (JSON Schema's default: undeclared keys allowed unless the schema says otherwise);
+* ``formats``: ``"assert"`` (default: ``date``, ``time``, ``date-time``, ``duration``,
+  ``email``, ``hostname``, ``ipv4``, ``ipv6``, ``uuid``, ``uri`` enforced, other formats
+  warned about) or ``"annotate"`` (formats ignored, as validators do by default since
+  2019-09).
+
+``validator=True`` makes a validator's semantics the defaults of all three (``"any"``,
+``"schema"``, ``"annotate"``); an option given explicitly still wins. It also accepts an
+integer written with a zero fraction (``1.0``, an integer to JSON Schema), which
+generation leaves out (a model could append zeros without end).
+
+References: ``$ref`` and ``$dynamicRef`` are resolved with ``referencing`` (``$id``
+bases, ``$anchor``, ``$dynamicAnchor``, JSON-pointer escapes, recursion); documents
+outside the schema come only from ``registry`` (a ``referencing.Registry``),
+``resources`` (URI -> schema) or ``retrieve`` (a function from URI to schema), never
+from the network.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ..errors import SchemaError
+from ..json_schema import SchemaWarning
+from ._emit import Emitter
+from ._lower import Lowering
+from ._rules import RuleSet
+
+__all__ = ["SchemaWarning", "UnsupportedSchemaError", "schema_of", "schema_to_gbnf"]
+
+DRAFT_URIS = {
+    "2020-12": "https://json-schema.org/draft/2020-12/schema",
+    "2019-09": "https://json-schema.org/draft/2019-09/schema",
+    "7": "http://json-schema.org/draft-07/schema#",
+    "6": "http://json-schema.org/draft-06/schema#",
+    "4": "http://json-schema.org/draft-04/schema#",
+}
+
+
+class UnsupportedSchemaError(SchemaError):
+    """A keyword the grammar cannot enforce, under ``strict=True``: ``keyword`` and
+    ``pointer`` (a JSON pointer into the schema) name it."""
+
+    def __init__(self, keyword: str, pointer: str, message: str) -> None:
+        super().__init__(f"{pointer}: {message}")
+        self.keyword = keyword
+        self.pointer = pointer
+
+
+def schema_of(schema: Any) -> Any:
+    """A schema as JSON data: a dict or bool as is, a JSON string parsed, a pydantic model
+    class or ``TypeAdapter`` through its ``model_json_schema()`` / ``json_schema()``
+    (pydantic is never imported here)."""
+    if isinstance(schema, str):
+        try:
+            return json.loads(schema)
+        except json.JSONDecodeError as e:
+            raise SchemaError(f"the schema is not JSON: {e}") from None
+    if schema is None or isinstance(schema, dict | bool | list | int | float):
+        return schema  # JSON data: anything but an object or a boolean is refused as a schema
+    maker = getattr(schema, "model_json_schema", None) or getattr(schema, "json_schema", None)
+    if callable(maker):
+        return maker()
+    raise TypeError(f"schema: expected a dict, a bool, a JSON string or a pydantic model, not {type(schema).__name__}")
+
+
+def schema_to_gbnf(
+    schema: Any,
+    *,
+    property_order: str | None = None,
+    additional_properties: str | None = None,
+    formats: str | None = None,
+    validator: bool = False,
+    strict: bool = False,
+    default_draft: str = "2020-12",
+    registry: Any = None,
+    resources: Mapping[str, Any] | None = None,
+    retrieve: Callable[[str], Any] | None = None,
+) -> str:
+    """GBNF text (start rule ``root``) for the JSON values ``schema`` accepts (see the
+    module's docstring for the options). Raises :class:`SchemaError` for an invalid
+    schema or an unresolvable reference, :class:`UnsupportedSchemaError` under ``strict``."""
+    from referencing import Registry, Resource
+    from referencing.exceptions import NoSuchResource
+    from referencing.jsonschema import specification_with
+
+    defaults = ("any", "schema", "annotate") if validator else ("schema", "declared", "assert")
+    property_order = property_order or defaults[0]
+    additional_properties = additional_properties or defaults[1]
+    formats = formats or defaults[2]
+    if property_order not in ("schema", "any"):
+        raise ValueError(f"property_order must be 'schema' or 'any', not {property_order!r}")
+    if additional_properties not in ("declared", "schema"):
+        raise ValueError(f"additional_properties must be 'declared' or 'schema', not {additional_properties!r}")
+    if formats not in ("assert", "annotate"):
+        raise ValueError(f"formats must be 'assert' or 'annotate', not {formats!r}")
+    if default_draft not in DRAFT_URIS:
+        raise ValueError(f"default_draft must be one of {sorted(DRAFT_URIS)}, not {default_draft!r}")
+    data = schema_of(schema)
+    try:
+        json.dumps(data, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise SchemaError(f"the schema is not JSON data: {e}") from None
+    if not isinstance(data, dict | bool):
+        raise SchemaError(
+            f"JSON schema error at #: a schema must be an object or a boolean, not {json.dumps(data)[:60]}"
+        )
+    default_spec = specification_with(DRAFT_URIS[default_draft])
+    dialect = data.get("$schema") if isinstance(data, dict) else None
+    try:
+        spec = specification_with(dialect, default=default_spec) if isinstance(dialect, str) else default_spec
+    except Exception:
+        spec = default_spec
+
+    def fetch(uri: str) -> Any:
+        if retrieve is None:
+            raise NoSuchResource(ref=uri)  # type: ignore[call-arg]
+        doc = retrieve(uri)
+        if isinstance(doc, Resource):
+            return doc
+        return Resource.from_contents(doc, default_specification=spec)
+
+    reg = registry if registry is not None else Registry(retrieve=fetch)  # type: ignore[call-arg]
+    try:  # the drafts' metaschemas, as jsonschema resolves them
+        from jsonschema_specifications import REGISTRY as METASCHEMAS
+
+        reg = METASCHEMAS.combine(reg)
+    except ImportError:
+        pass
+    if resources:
+        reg = reg.with_resources(
+            (u, Resource.from_contents(d, default_specification=spec)) for u, d in resources.items()
+        )
+    _check_schema(data, spec)
+    root = Resource(contents=data, specification=spec)  # type: ignore[call-arg]
+    try:
+        base = root.id() or ""
+    except (TypeError, AttributeError, ValueError) as e:
+        raise SchemaError(f"JSON schema error at #: invalid $id: {e}") from None
+    if not isinstance(base, str):
+        raise SchemaError(f"JSON schema error at #: $id must be a string, not {base!r:.60}")
+    reg = reg.with_resource(base, root)
+    resolver = reg.resolver(base_uri=base)
+
+    found: list[tuple[str, str, str]] = []
+
+    def warn(keyword: str, pointer: str, message: str) -> None:
+        if strict:
+            raise UnsupportedSchemaError(keyword, pointer, message)
+        if (keyword, pointer, message) not in found:
+            found.append((keyword, pointer, message))
+
+    low = Lowering(warn, formats == "assert")
+    low.specification = spec
+    text = json.dumps(data)
+    low.annotations = "unevaluated" in text
+    low.dynamic = "$dynamicAnchor" in text or "$dynamicAnchor" in json.dumps(resources or {}) or registry is not None
+    rs = RuleSet()
+    em = Emitter(low, rs, warn, property_order, additional_properties)
+    em.integer_fraction = validator
+    try:
+        node = low.node(data, resolver, "#")
+        rule = em.node(node)
+    except RecursionError:
+        raise SchemaError("the schema is nested too deeply") from None
+    except OverflowError as e:
+        raise SchemaError(f"the grammar would be too large: {e}") from None
+    for keyword, pointer, message in found:
+        warnings.warn(SchemaWarning(f"{pointer}: {keyword}: {message}"), stacklevel=2)
+    if rule is None:
+        # no JSON value meets the schema: a grammar that accepts nothing
+        return "root ::= [^\\x00-\\U0010FFFF]\n"
+    return rs.text(f"ws {rule} ws" if False else rule)
+
+
+def _check_schema(data: Any, spec: Any) -> None:
+    """Refuse a schema its draft's metaschema refuses (SchemaError: the first error, where)."""
+    from jsonschema.exceptions import SchemaError as MetaError
+
+    cls = _VALIDATORS.get(spec.name)
+    if cls is None:
+        return
+    try:
+        cls.check_schema(data)
+    except MetaError as e:
+        where = "#" + "".join(f"/{p}" for p in e.absolute_path)
+        raise SchemaError(f"JSON schema error at {where}: {e.message}") from None
+    except RecursionError:
+        raise SchemaError("the schema is nested too deeply") from None
+
+
+def _validators() -> dict[str, Any]:
+    import jsonschema
+
+    return {
+        "draft2020-12": jsonschema.Draft202012Validator,
+        "draft2019-09": jsonschema.Draft201909Validator,
+        "draft-07": jsonschema.Draft7Validator,
+        "draft-06": jsonschema.Draft6Validator,
+        "draft-04": jsonschema.Draft4Validator,
+    }
+
+
+class _Lazy(dict):  # type: ignore[type-arg]
+    def get(self, key: Any, default: Any = None) -> Any:
+        if not self:
+            self.update(_validators())
+        return super().get(key, default)
+
+
+_VALIDATORS = _Lazy()

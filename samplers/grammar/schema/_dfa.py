@@ -1,0 +1,257 @@
+"""Deterministic automata over code points, for what a grammar cannot say by itself
+about strings: the complement of a pattern (``not``, keys outside ``patternProperties``),
+the intersection of several (two patterns, ``propertyNames`` and a pattern, a pattern and
+a length), and "any key but these names".
+
+A :class:`DFA` has its states numbered from 0 (the start); ``edges[s]`` lists
+(code-point intervals, next state), the intervals of a state disjoint; a missing
+transition rejects. Built from :mod:`.regex` trees (an anchored tree: whole strings) by
+the subset construction, with at most ``max_states`` states (:class:`OverflowError`
+beyond).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ._regex import MAX_CP, Alt, Anchor, CharSet, Intervals, Node, Repeat, Seq, complement, intersect, norm
+from ._rules import RuleSet
+
+__all__ = ["DFA", "MAX_STATES", "from_regex", "length", "literals"]
+
+MAX_STATES = 600
+
+
+@dataclass
+class DFA:
+    edges: list[list[tuple[Intervals, int]]]
+    accepting: set[int]
+
+    def accepts(self, text: str) -> bool:
+        s = 0
+        for c in text:
+            cp = ord(c)
+            for ivs, nxt in self.edges[s]:
+                if any(lo <= cp <= hi for lo, hi in ivs):
+                    s = nxt
+                    break
+            else:
+                return False
+        return s in self.accepting
+
+    def complement(self) -> DFA:
+        """Every string this DFA rejects (a dead state completes the transitions)."""
+        dead = len(self.edges)
+        edges = []
+        for row in [*self.edges, []]:
+            covered = norm([iv for ivs, _ in row for iv in ivs])
+            rest = complement(covered)
+            edges.append([*row, (rest, dead)] if rest else list(row))
+        accepting = {s for s in range(len(edges)) if s not in self.accepting}
+        return DFA(edges, accepting).trimmed()
+
+    def intersect(self, other: DFA, max_states: int = MAX_STATES) -> DFA:
+        index = {(0, 0): 0}
+        order = [(0, 0)]
+        edges: list[list[tuple[Intervals, int]]] = []
+        i = 0
+        while i < len(order):
+            a, b = order[i]
+            row = []
+            for ia, na in self.edges[a]:
+                for ib, nb in other.edges[b]:
+                    both = intersect(ia, ib)
+                    if both:
+                        key = (na, nb)
+                        if key not in index:
+                            if len(order) >= max_states:
+                                raise OverflowError(f"an automaton of over {max_states} states")
+                            index[key] = len(order)
+                            order.append(key)
+                        row.append((both, index[key]))
+            edges.append(row)
+            i += 1
+        acc = {index[k] for k in order if k[0] in self.accepting and k[1] in other.accepting}
+        return DFA(edges, acc).trimmed()
+
+    def empty(self) -> bool:
+        return not self.accepting
+
+    def trimmed(self) -> DFA:
+        """Only the states that are reachable and can reach an accepting state."""
+        len(self.edges)
+        reach = {0}
+        stack = [0]
+        while stack:
+            s = stack.pop()
+            for _, t in self.edges[s]:
+                if t not in reach:
+                    reach.add(t)
+                    stack.append(t)
+        live = set(self.accepting & reach)
+        changed = True
+        while changed:
+            changed = False
+            for s in reach - live:
+                if any(t in live for _, t in self.edges[s]):
+                    live.add(s)
+                    changed = True
+        if 0 not in live:
+            return DFA([[]], set())
+        keep = [0, *sorted(live - {0})]
+        new = {s: i for i, s in enumerate(keep)}
+        edges = [[(ivs, new[t]) for ivs, t in self.edges[s] if t in live] for s in keep]
+        return DFA(edges, {new[s] for s in self.accepting if s in live})
+
+
+# --- NFA (Thompson) and the subset construction -------------------------------------
+
+
+class _NFA:
+    def __init__(self) -> None:
+        self.eps: list[list[int]] = []
+        self.moves: list[list[tuple[Intervals, int]]] = []
+
+    def state(self) -> int:
+        self.eps.append([])
+        self.moves.append([])
+        return len(self.eps) - 1
+
+    def build(self, node: Node, start: int, end: int, budget: list[int]) -> None:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise OverflowError("a pattern too large for an automaton")
+        if isinstance(node, CharSet):
+            self.moves[start].append((node.ivs, end))
+        elif isinstance(node, Seq):
+            cur = start
+            for i, it in enumerate(node.items):
+                nxt = end if i == len(node.items) - 1 else self.state()
+                self.build(it, cur, nxt, budget)
+                cur = nxt
+            if not node.items:
+                self.eps[start].append(end)
+        elif isinstance(node, Alt):
+            for it in node.items:
+                self.build(it, start, end, budget)
+        elif isinstance(node, Repeat):
+            cur = start
+            for _ in range(node.min):
+                nxt = self.state()
+                self.build(node.item, cur, nxt, budget)
+                cur = nxt
+            if node.max is None:
+                loop = self.state()
+                self.eps[cur].append(loop)
+                self.build(node.item, loop, loop, budget)
+                self.eps[loop].append(end)
+            else:
+                self.eps[cur].append(end)
+                for _ in range(node.max - node.min):
+                    nxt = self.state()
+                    self.build(node.item, cur, nxt, budget)
+                    self.eps[nxt].append(end)
+                    cur = nxt
+        elif isinstance(node, Anchor):
+            raise ValueError("anchors are removed by regex.anchored")
+        else:
+            raise TypeError(node)
+
+    def closure(self, states: frozenset[int]) -> frozenset[int]:
+        out = set(states)
+        stack = list(states)
+        while stack:
+            s = stack.pop()
+            for t in self.eps[s]:
+                if t not in out:
+                    out.add(t)
+                    stack.append(t)
+        return frozenset(out)
+
+
+def _split(sets: list[Intervals]) -> list[tuple[int, int]]:
+    """The coarsest intervals on which every set in ``sets`` is constant."""
+    cuts = {0, MAX_CP + 1}
+    for ivs in sets:
+        for lo, hi in ivs:
+            cuts.add(lo)
+            cuts.add(hi + 1)
+    pts = sorted(cuts)
+    return [(a, b - 1) for a, b in itertools.pairwise(pts)]
+
+
+def from_regex(node: Node, max_states: int = MAX_STATES) -> DFA:
+    """The DFA of an anchored regex tree (whole strings)."""
+    nfa = _NFA()
+    start, end = nfa.state(), nfa.state()
+    nfa.build(node, start, end, [max_states * 20])
+    first = nfa.closure(frozenset({start}))
+    index = {first: 0}
+    order = [first]
+    edges: list[list[tuple[Intervals, int]]] = []
+    i = 0
+    while i < len(order):
+        cur = order[i]
+        moves = [(ivs, t) for s in cur for ivs, t in nfa.moves[s]]
+        by_target: dict[frozenset[int], list[tuple[int, int]]] = {}
+        for piece in _split([ivs for ivs, _ in moves]):
+            lo = piece[0]
+            targets = frozenset(t for ivs, t in moves if any(a <= lo <= b for a, b in ivs))
+            if targets:
+                by_target.setdefault(nfa.closure(targets), []).append(piece)
+        row = []
+        for target, pieces in by_target.items():
+            if target not in index:
+                if len(order) >= max_states:
+                    raise OverflowError(f"an automaton of over {max_states} states")
+                index[target] = len(order)
+                order.append(target)
+            row.append((norm(pieces), index[target]))
+        edges.append(row)
+        i += 1
+    return DFA(edges, {index[s] for s in order if end in s}).trimmed()
+
+
+def literals(words: list[str]) -> DFA:
+    """Exactly the given strings (a trie)."""
+    edges: list[list[tuple[Intervals, int]]] = [[]]
+    children: list[dict[int, int]] = [{}]
+    acc = set()
+    for w in words:
+        s = 0
+        for c in w:
+            cp = ord(c)
+            if cp not in children[s]:
+                children.append({})
+                edges.append([])
+                children[s][cp] = len(edges) - 1
+                edges[s].append((((cp, cp),), len(edges) - 1))
+            s = children[s][cp]
+        acc.add(s)
+    return DFA(edges, acc)
+
+
+def length(lo: int, hi: int | None, max_states: int = MAX_STATES) -> DFA:
+    """Strings of ``lo`` to ``hi`` (None: any number of) characters."""
+    n = (hi if hi is not None else lo) + 1
+    if n > max_states:
+        raise OverflowError(f"an automaton of over {max_states} states")
+    anyc: Intervals = ((0, MAX_CP),)
+    edges: list[list[tuple[Intervals, int]]] = [[(anyc, i + 1)] if (hi is None or i < hi) else [] for i in range(n)]
+    if hi is None:
+        edges[n - 1] = [(anyc, n - 1)]
+    return DFA(edges, {i for i in range(n) if i >= lo})
+
+
+def to_gbnf(dfa: DFA, rs: RuleSet, prefix: str, char_rule: Callable[[RuleSet, Intervals], str]) -> str:
+    """Define one rule per state (``char_rule(rs, intervals)`` names a character rule)
+    and return the start rule's name; each rule ends at the closing quote."""
+    names = [rs.reserve(f"{prefix}-s{i}") for i in range(len(dfa.edges))]
+    for s, row in enumerate(dfa.edges):
+        alts = [f"{char_rule(rs, ivs)} {names[t]}" for ivs, t in row]
+        if s in dfa.accepting:
+            alts.append('"\\""')
+        rs.define(names[s], " | ".join(alts))
+    return names[0]

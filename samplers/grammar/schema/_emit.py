@@ -1,0 +1,569 @@
+"""Atoms to GBNF: one rule per node, objects and arrays as small automata.
+
+Objects: with ``property_order="any"`` the keys come in any order, each at most once;
+the automaton's state is the set of keys seen (the required ones, and every declared
+one while there are at most :data:`MAX_TRACKED` of them) and, under
+``minProperties``/``maxProperties``, the count. With ``"schema"`` the declared keys come
+in the schema's order (optional ones may be left out) and other keys after them.
+Undeclared keys are split into classes by the ``patternProperties`` they match (key
+languages from :mod:`.dfa`), each with its value schema.
+
+Arrays: positions of ``prefixItems`` one by one, then the tail; ``contains`` counts
+(with ``minContains``/``maxContains``) are part of the state.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from fractions import Fraction
+from typing import Any
+
+from . import _dfa as dfa_mod
+from ._lower import (
+    ANY,
+    FALSE,
+    Arr,
+    Atom,
+    Bool,
+    Const,
+    Lowering,
+    Node,
+    Null,
+    Num,
+    Obj,
+    Str,
+    all_of,
+    any_of,
+    const_node,
+    json_type,
+    not_node,
+    value_node,
+)
+from ._numbers import NumberSpec, automaton
+from ._regex import RegexSyntaxError, RegexUnsupported, anchored, parse
+from ._rules import RuleSet, literal
+from ._strings import ANY_CHAR, format_rule, json_char, regex_body, string_literal
+
+__all__ = ["SPACE", "Emitter"]
+
+SPACE = '| " " | "\\n"{1,2} [ \\t]{0,20}'
+NEVER = "[^\\x00-\\U0010FFFF]"
+MAX_TRACKED = 8
+MAX_STATES = 4096
+MAX_PATTERN_CLASSES = 4
+
+
+class Emitter:
+    def __init__(
+        self,
+        low: Lowering,
+        rs: RuleSet,
+        warn: Callable[[str, str, str], None],
+        property_order: str,
+        additional_properties: str,
+    ) -> None:
+        self.low = low
+        self.rs = rs
+        self.warn = warn
+        self.order = property_order
+        self.extra = additional_properties
+        self.rules: dict[tuple[Any, ...], str | None] = {}
+        self.dfa_rules: dict[Any, str] = {}
+        #: whether an integer may be written with a zero fraction (``1.0``): a validator's
+        #: view; off for generation, where a model could append zeros without end
+        self.integer_fraction = False
+        rs.fixed("ws", SPACE)
+
+    # nodes -----------------------------------------------------------------------------
+
+    def node(self, n: Node) -> str | None:
+        """The rule of a JSON value of node ``n``; None when no value can meet it."""
+        if n.key in self.rules:
+            return self.rules[n.key]
+        atoms = self.low.lower(n)
+        if not atoms:
+            self.rules[n.key] = None
+            return None
+        name = self.rs.reserve("value" if n.op == "true" else _hint(n))
+        self.rules[n.key] = name
+        body = self.atoms(atoms, n.ptr)
+        self.rs.define(name, body if body else NEVER)
+        if not body:
+            self.rules[n.key] = None
+        return name if body else None
+
+    def atoms(self, atoms: tuple[Atom, ...], ptr: str) -> str:
+        if atoms == ANY:
+            return self.any_value()
+        alts = [b for a in atoms if (b := self.atom(a, ptr))]
+        return " | ".join(dict.fromkeys(alts))
+
+    def any_value(self) -> str:
+        rs = self.rs
+        if "json-value" not in rs.bodies:
+            rs.fixed("json-value", "")
+            ch = json_char(rs, ANY_CHAR)
+            rs.fixed("json-string", f'"\\"" {ch}* "\\""')
+            rs.fixed("json-number", '"-"? ("0" | [1-9] [0-9]*) ("." [0-9]+)? ([eE] [+-]? [0-9]+)?')
+            rs.fixed(
+                "json-object",
+                '"{" ws (json-string ws ":" ws json-value ws ("," ws json-string ws ":" ws json-value ws)*)? "}"',
+            )
+            rs.fixed("json-array", '"[" ws (json-value ws ("," ws json-value ws)*)? "]"')
+            rs.bodies["json-value"] = 'json-object | json-array | json-string | json-number | "true" | "false" | "null"'
+        return "json-value"
+
+    def atom(self, a: Atom, ptr: str) -> str:
+        if isinstance(a, Null):
+            return '"null"'
+        if isinstance(a, Bool):
+            return " | ".join('"true"' if v else '"false"' for v in sorted(a.values, reverse=True))
+        if isinstance(a, Num):
+            return self.number(a, ptr)
+        if isinstance(a, Str):
+            return self.string(a, ptr)
+        if isinstance(a, Const):
+            return " | ".join(dict.fromkeys(b for v in a.values if (b := self.const(v, ptr))))
+        if isinstance(a, Arr):
+            return self.array(a, ptr)
+        if isinstance(a, Obj):
+            return self.object(a, ptr)
+        raise AssertionError(a)
+
+    # scalars ---------------------------------------------------------------------------
+
+    def number(self, a: Num, ptr: str) -> str:
+        def warn(keyword: str, msg: str) -> None:
+            self.warn(keyword, ptr, msg)
+
+        specs = [a.spec]
+        for v in sorted(set(a.excluded)):
+            nxt = []
+            for s in specs:
+                nxt += [s.intersect(NumberSpec(hi=v, hi_strict=True)), s.intersect(NumberSpec(lo=v, lo_strict=True))]
+            specs = [s for s in nxt if not s.empty()]
+        bodies = []
+        for s in specs:
+            body = s.body(self.rs, warn, non_integer=a.non_integer, zero_fraction=self.integer_fraction)
+            if body:
+                bodies.append(body)
+        return " | ".join(f"({b})" if "|" in b else b for b in bodies)
+
+    def string(self, a: Str, ptr: str) -> str:
+        rs = self.rs
+        complex_ = bool(a.not_patterns or a.excluded or a.not_lengths or len(a.patterns) > 1)
+        complex_ = complex_ or bool(a.patterns and (a.min_len or a.max_len is not None))
+        fmt_rule = None
+        for f in a.formats:
+            r = format_rule(rs, f)
+            if r is None:
+                self.warn("format", ptr, f"unknown format {f!r} is not enforced")
+            elif fmt_rule is None:
+                fmt_rule = r
+        if fmt_rule is not None:
+            if a.patterns or a.min_len or a.max_len is not None or complex_:
+                self.warn("format", ptr, "a format together with other string keywords: only the format is enforced")
+            return fmt_rule
+        if complex_:
+            try:
+                d = dfa_mod.length(a.min_len, a.max_len) if (a.min_len or a.max_len is not None) else None
+                for p in a.patterns:
+                    d = _and(d, dfa_mod.from_regex(anchored(parse(p))))
+                for p in a.not_patterns:
+                    d = _and(d, dfa_mod.from_regex(anchored(parse(p))).complement())
+                if a.excluded:
+                    d = _and(d, dfa_mod.literals(list(a.excluded)).complement())
+                for lo, hi in a.not_lengths:
+                    d = _and(d, dfa_mod.length(lo, hi).complement())
+                assert d is not None
+                if d.empty():
+                    return ""
+                return '"\\"" ' + dfa_mod.to_gbnf(d, rs, "str", json_char)
+            except (OverflowError, RegexUnsupported, RegexSyntaxError) as e:
+                self.warn(
+                    "pattern",
+                    ptr,
+                    f"string constraints not enforced together ({e}): the first pattern or the length is",
+                )
+        if a.patterns:
+            try:
+                body = regex_body(rs, anchored(parse(a.patterns[0])))
+                return f'"\\"" {body} "\\""'
+            except (RegexUnsupported, OverflowError) as e:
+                self.warn("pattern", ptr, f"pattern {a.patterns[0]!r} is not enforced: {e}")
+            except RegexSyntaxError as e:
+                from ..errors import SchemaError
+
+                raise SchemaError(f"JSON schema error at {ptr}/pattern: {e}") from None
+        ch = json_char(rs, ANY_CHAR)
+        lo, hi = a.min_len, a.max_len
+        if hi is None:
+            rep = "*" if lo == 0 else "+" if lo == 1 else f"{{{lo},}}"
+        elif lo == hi:
+            rep = f"{{{lo}}}"
+        else:
+            rep = f"{{{lo},{hi}}}"
+        if hi == 0:
+            return '"\\"\\""'
+        return f'"\\"" {ch}{rep} "\\""'
+
+    def const(self, v: Any, ptr: str) -> str:
+        t = json_type(v)
+        if t == "null":
+            return '"null"'
+        if t == "boolean":
+            return '"true"' if v else '"false"'
+        if t == "string":
+            return string_literal(self.rs, v)
+        if t == "number":
+            x = Fraction(str(v)) if isinstance(v, float) else Fraction(v)
+            return self.number(Num(NumberSpec(lo=x, hi=x)), ptr)
+        if t == "array":
+            return self.array(
+                Arr(prefix=tuple(const_node(x) for x in v), items=FALSE, min_items=len(v), max_items=len(v)), ptr
+            )
+        obj = Obj(
+            props=tuple((k, const_node(x)) for k, x in v.items()),
+            required=frozenset(v),
+            min_props=len(v),
+            max_props=len(v),
+        )
+        return self.object(obj, ptr, closed=True)
+
+    # arrays ------------------------------------------------------------------------------
+
+    def array(self, a: Arr, ptr: str) -> str:
+        if a.unique and (a.max_items is None or a.max_items > 1):
+            self.warn("uniqueItems", ptr, "uniqueItems is not enforced")
+        n = len(a.prefix)
+        contains = list(a.contains)
+        if len(contains) > 3:
+            self.warn("contains", ptr, "more than 3 contains keywords together: only the first 3 are enforced")
+            contains = contains[:3]
+
+        def elem(i: int, subset: tuple[int, ...]) -> str | None:
+            node = a.prefix[i] if i < n else a.items
+            parts = [node]
+            for p0, cs, u in a.uneval:
+                if i >= p0:
+                    parts.append(any_of(u, *cs))
+            for j, (c, _lo, hi) in enumerate(contains):
+                if j in subset:
+                    parts.append(c)
+                elif hi is not None:
+                    parts.append(not_node(c))
+            return self.node(all_of(*parts))
+
+        if not contains:
+            return self._array_simple(a, n, elem)
+        caps = [max(lo, hi + 1 if hi is not None else 0) for _, lo, hi in contains]
+        last = max(n, a.min_items) if a.max_items is None else a.max_items
+        n_states = (last + 1) * 2 * max(1, _prod(c + 1 for c in caps))
+        if n_states > MAX_STATES:
+            self.warn("contains", ptr, "contains with these counts makes too many states: not enforced")
+            return self._array_simple(a, n, lambda i, s: elem(i, ()) if not s else None)
+        pre = self.rs.fresh("arr")
+        states: dict[str, list[tuple[str, str | None]]] = {}
+        for pos in range(last + 1):
+            for counts in itertools.product(*(range(c + 1) for c in caps)):
+                for first in (True, False) if pos == 0 else (False,):
+                    name = _st(pos, counts, first)
+                    alts: list[tuple[str, str | None]] = []
+                    ok = pos >= a.min_items and all(k >= lo for k, (_, lo, _) in zip(counts, contains, strict=True))
+                    if ok:
+                        alts.append(('"]"', None))
+                    if a.max_items is None or pos < a.max_items:
+                        npos = min(pos + 1, last) if a.max_items is None else pos + 1
+                        sep = "" if first else '"," ws'
+                        for subset in _subsets(len(contains)):
+                            nc = list(counts)
+                            bad = False
+                            for j in subset:
+                                _, _lo, hi = contains[j]
+                                nc[j] = nc[j] + 1
+                                if hi is not None and nc[j] > hi:
+                                    bad = True
+                                nc[j] = min(nc[j], caps[j])
+                            if bad:
+                                continue
+                            rule = elem(pos, subset)
+                            if rule is None:
+                                continue
+                            alts.append((f"{sep} {rule} ws".strip(), _st(npos, tuple(nc), False)))
+                    states[name] = alts
+        live = automaton(self.rs, pre, states)
+        start = _st(0, tuple(0 for _ in caps), True)
+        if start not in live:
+            return ""
+        return f'"[" ws {pre}-{start}'
+
+    def _array_simple(self, a: Arr, n: int, elem: Callable[[int, tuple[int, ...]], str | None]) -> str:
+        lo, hi = a.min_items, a.max_items
+        if hi is not None:
+            n = min(n, hi)
+        pre = self.rs.fresh("arr")
+
+        def sep(i: int) -> str:
+            return "" if i == 0 else '"," ws '
+
+        states: dict[str, list[tuple[str, str | None]]] = {}
+        for i in range(n):
+            alts: list[tuple[str, str | None]] = [('"]"', None)] if i >= lo else []
+            r = elem(i, ())
+            if r:
+                alts.append((f"{sep(i)}{r} ws", str(i + 1)))
+            states[str(i)] = alts
+        t_lo = max(lo - n, 0)
+        t_hi = None if hi is None else hi - n
+        r = elem(n, ()) if (t_hi is None or t_hi > 0) else None
+        alts = [('"]"', None)] if t_lo == 0 else []
+        if r:
+            rest_hi = None if t_hi is None else t_hi - 1
+            rest = f'("," ws {r} ws){_rep(max(t_lo - 1, 0), rest_hi)} ' if rest_hi != 0 else ""
+            alts.append((f'{sep(n)}{r} ws {rest}"]"', None))
+        states[str(n)] = alts
+        live = automaton(self.rs, pre, states)
+        if "0" not in live:
+            return ""
+        return f'"[" ws {pre}-0'
+
+    # objects -----------------------------------------------------------------------------
+
+    def object(self, a: Obj, ptr: str, closed: bool = False) -> str:
+        low = self.low
+        rs = self.rs
+        # llama.cpp's order: the required keys (in the order of properties), then the
+        # optional ones (the same order); required keys without a properties entry in between
+        listed = list(dict.fromkeys(k for k, _ in a.props))
+        declared = list(
+            dict.fromkeys(
+                [k for k in listed if k in a.required]
+                + sorted(a.required - set(listed))
+                + [k for k in listed if k not in a.required]
+            )
+        )
+        pairs: dict[str, str] = {}
+        for k in declared:
+            if k in a.forbidden:
+                continue
+            if a.names and not all(low.matches_node(nn, k) for nn in a.names):
+                continue
+            rule = self.node(value_node(a, k))
+            if rule is None:
+                continue
+            pairs[k] = f'{string_literal(rs, k)} ws ":" ws {rule} ws'
+        if not a.required <= set(pairs):
+            return ""
+        # undeclared keys
+        others: list[str] = []
+        explicit = bool(a.additional or a.patterns or a.uneval) or not a.props
+        if not closed and (self.extra == "schema" or explicit):
+            others = self._other_pairs(a, set(declared) | set(a.forbidden), ptr)
+        if self.order == "any":
+            return self._any_order(a, pairs, others, ptr)
+        return self._schema_order(a, declared, pairs, others, ptr)
+
+    def _other_pairs(self, a: Obj, known: set[str], ptr: str) -> list[str]:
+        pats = list(dict.fromkeys([p for p, _ in a.patterns]))
+        if len(pats) > MAX_PATTERN_CLASSES:
+            self.warn(
+                "patternProperties",
+                ptr,
+                f"more than {MAX_PATTERN_CLASSES} patterns: keys matching the later ones"
+                " get the additionalProperties schema",
+            )
+            pats = pats[:MAX_PATTERN_CLASSES]
+        try:
+            base = dfa_mod.literals(sorted(known)).complement() if known else None
+            names_dfa = self._names_dfa(a, ptr)
+            if names_dfa is not None:
+                base = names_dfa if base is None else base.intersect(names_dfa)
+            pat_dfas = [dfa_mod.from_regex(anchored(parse(p))) for p in pats]
+        except (OverflowError, RegexUnsupported, RegexSyntaxError) as e:
+            self.warn("patternProperties", ptr, f"undeclared keys are not checked against the patterns ({e})")
+            rule = self.node(all_of(*(n for _, _, n in a.additional), *(n for _, _, n in a.uneval)))
+            if rule is None:
+                return []
+            key = self._key_rule(None)
+            return [f'{key} ws ":" ws {rule} ws']
+        out = []
+        for matched in itertools.product((True, False), repeat=len(pats)):
+            d = base
+            parts: list[Node] = []
+            for p, pd, m in zip(pats, pat_dfas, matched, strict=True):
+                d = _and(d, pd if m else pd.complement())
+                if m:
+                    parts += [n for q, n in a.patterns if q == p]
+            if d is not None and d.empty():
+                continue
+            hit = [p for p, m in zip(pats, matched, strict=True) if m]
+            for _names, ps, n in a.additional + a.uneval:
+                if not any(p in ps for p in hit):
+                    parts.append(n)
+            rule = self.node(all_of(*parts))
+            if rule is None:
+                continue
+            out.append(f'{self._key_rule(d)} ws ":" ws {rule} ws')
+        return out
+
+    def _names_dfa(self, a: Obj, ptr: str) -> dfa_mod.DFA | None:
+        d = None
+        for n in a.names:
+            atoms = [x for x in self.low.lower(n) if isinstance(x, Str | Const)]
+            union: dfa_mod.DFA | None = None
+            for x in atoms:
+                xd: dfa_mod.DFA | None
+                if isinstance(x, Const):
+                    xd = dfa_mod.literals([v for v in x.values if isinstance(v, str)])
+                else:
+                    xd = _str_dfa(x)
+                    if xd is None:
+                        self.warn("propertyNames", ptr, "propertyNames with a format is not enforced")
+                        return None
+                union = xd if union is None else union.complement().intersect(xd.complement()).complement()
+            if union is None:
+                union = dfa_mod.DFA([[]], set())
+            d = union if d is None else d.intersect(union)
+        return d
+
+    def _key_rule(self, d: dfa_mod.DFA | None) -> str:
+        if d is None:
+            return f'"\\"" {json_char(self.rs, ANY_CHAR)}* "\\""'
+        sig = (tuple(tuple(row) for row in d.edges), frozenset(d.accepting))
+        hit = self.dfa_rules.get(sig)
+        if hit is None:
+            hit = self.dfa_rules[sig] = dfa_mod.to_gbnf(d, self.rs, "key", json_char)
+        return '"\\"" ' + hit
+
+    def _any_order(self, a: Obj, pairs: dict[str, str], others: list[str], ptr: str) -> str:
+        keys = list(pairs)
+        tracked = [k for k in keys if k in a.required]
+        if len(keys) <= MAX_TRACKED:
+            tracked = keys
+        if len(tracked) > 12:
+            self.warn("required", ptr, "more than 12 required keys: they must come in the schema's order")
+            return self._schema_order(a, keys, pairs, others, ptr)
+        counted = a.max_props is not None or a.min_props > len(a.required)
+        cap = (a.max_props if a.max_props is not None else a.min_props) if counted else 0
+        if (2 ** len(tracked)) * (cap + 1) * 2 > MAX_STATES:
+            tracked = [k for k in keys if k in a.required]
+            if (2 ** len(tracked)) * (cap + 1) * 2 > MAX_STATES:
+                self.warn("maxProperties", ptr, "too many states: property counts are not enforced")
+                counted, cap = False, 0
+        tracked_set = set(tracked)
+        untracked = [pairs[k] for k in keys if k not in tracked_set] + others
+        free = self.rs.add("pair", " | ".join(untracked)) if untracked else ""
+        pre = self.rs.fresh("obj")
+        states: dict[str, list[tuple[str, str | None]]] = {}
+        index = {k: i for i, k in enumerate(tracked)}
+        for mask in range(2 ** len(tracked)):
+            seen = {k for k in tracked if mask >> index[k] & 1}
+            for count in range(cap + 1):
+                for first in (True, False):
+                    name = f"{mask}-{count}-{int(first)}"
+                    alts: list[tuple[str, str | None]] = []
+                    if a.required <= seen | (set(keys) - tracked_set) and (not counted or count >= a.min_props):
+                        if a.required <= seen:
+                            alts.append(('"}"', None))
+                    if counted and a.max_props is not None and count >= a.max_props:
+                        states[name] = alts
+                        continue
+                    nc = min(count + 1, cap) if counted else 0
+                    sep = "" if first else '"," ws '
+                    for k in tracked:
+                        if k not in seen:
+                            alts.append((f"{sep}{pairs[k]}", f"{mask | (1 << index[k])}-{nc}-0"))
+                    if free:
+                        alts.append((f"{sep}{free}", f"{mask}-{nc}-0"))
+                    states[name] = alts
+        live = automaton(self.rs, pre, states)
+        if "0-0-1" not in live:
+            return ""
+        return f'"{{" ws {pre}-0-0-1'
+
+    def _schema_order(self, a: Obj, keys: list[str], pairs: dict[str, str], others: list[str], ptr: str) -> str:
+        keys = [k for k in keys if k in pairs]
+        n = len(keys)
+        counted = a.max_props is not None or a.min_props > len(a.required)
+        cap = (a.max_props if a.max_props is not None else a.min_props) if counted else 0
+        if (n + 2) * (cap + 1) * 2 > MAX_STATES:
+            self.warn("maxProperties", ptr, "too many states: property counts are not enforced")
+            counted, cap = False, 0
+        free = self.rs.add("pair", " | ".join(others)) if others else ""
+        pre = self.rs.fresh("obj")
+        states: dict[str, list[tuple[str, str | None]]] = {}
+        for i in range(n + 1):
+            rest_optional = all(k not in a.required for k in keys[i:])
+            for count in range(cap + 1):
+                for first in (True, False):
+                    name = f"{i}-{count}-{int(first)}"
+                    alts: list[tuple[str, str | None]] = []
+                    if rest_optional and (not counted or count >= a.min_props):
+                        alts.append(('"}"', None))
+                    if counted and a.max_props is not None and count >= a.max_props:
+                        states[name] = alts
+                        continue
+                    nc = min(count + 1, cap) if counted else 0
+                    sep = "" if first else '"," ws '
+                    for j in range(i, n):
+                        alts.append((f"{sep}{pairs[keys[j]]}", f"{j + 1}-{nc}-0"))
+                        if keys[j] in a.required:
+                            break
+                    if rest_optional and free:
+                        alts.append((f"{sep}{free}", f"{n}-{nc}-0"))
+                    states[name] = alts
+        live = automaton(self.rs, pre, states)
+        if "0-0-1" not in live:
+            return ""
+        return f'"{{" ws {pre}-0-0-1'
+
+
+def _rep(lo: int, hi: int | None) -> str:
+    if hi is None:
+        return "*" if lo == 0 else "+" if lo == 1 else f"{{{lo},}}"
+    if lo == hi:
+        return f"{{{lo}}}"
+    return "?" if (lo, hi) == (0, 1) else f"{{{lo},{hi}}}"
+
+
+def _and(d: dfa_mod.DFA | None, e: dfa_mod.DFA) -> dfa_mod.DFA:
+    return e if d is None else d.intersect(e)
+
+
+def _str_dfa(a: Str) -> dfa_mod.DFA | None:
+    if a.formats:
+        return None
+    d = dfa_mod.length(a.min_len, a.max_len) if (a.min_len or a.max_len is not None) else dfa_mod.length(0, None)
+    for p in a.patterns:
+        d = d.intersect(dfa_mod.from_regex(anchored(parse(p))))
+    for p in a.not_patterns:
+        d = d.intersect(dfa_mod.from_regex(anchored(parse(p))).complement())
+    if a.excluded:
+        d = d.intersect(dfa_mod.literals(list(a.excluded)).complement())
+    for lo, hi in a.not_lengths:
+        d = d.intersect(dfa_mod.length(lo, hi).complement())
+    return d
+
+
+def _st(pos: int, counts: tuple[int, ...], first: bool) -> str:
+    return f"{pos}-{'-'.join(map(str, counts)) or 'x'}-{int(first)}"
+
+
+def _subsets(k: int) -> list[tuple[int, ...]]:
+    return [tuple(j for j in range(k) if m >> j & 1) for m in range(2**k)]
+
+
+def _prod(xs: Any) -> int:
+    out = 1
+    for x in xs:
+        out *= x
+    return out
+
+
+def _hint(n: Node) -> str:
+    tail = n.ptr.rsplit("/", 1)[-1] if n.ptr else "value"
+    return tail if tail and not tail.startswith("#") else "value"
+
+
+del literal

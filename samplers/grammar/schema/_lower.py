@@ -1,0 +1,996 @@
+"""A JSON schema lowered to a union of per-type constraints ("atoms"), the form a
+grammar is written from.
+
+Every schema denotes a set of JSON values; this module writes that set as a list of
+atoms, each one JSON type with its constraints (:class:`Null`, :class:`Bool`,
+:class:`Num`, :class:`Str`, :class:`Arr`, :class:`Obj`, and :class:`Const` for finite
+sets of values). ``allOf`` intersects atoms of the same type, ``anyOf`` unites lists,
+``oneOf``, ``not`` and ``if``/``then``/``else`` use complements, which exist for most
+constraints (a number's bounds, ``required``, ``minItems``, ``items`` against
+``contains``, a pattern through :mod:`.dfa`, ...). Subschemas of arrays and objects stay
+:class:`Node` s (a schema in its resolution scope, or an operation on nodes) until the
+grammar writer asks for them, so recursive schemas terminate.
+
+``$ref``, ``$dynamicRef``, ``$id``, ``$anchor`` and remote documents are resolved by
+``referencing`` (the library ``jsonschema`` uses), with jsonschema's scoping rules.
+What a grammar cannot enforce is reported through ``warn(keyword, pointer, message)``.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from fractions import Fraction
+from typing import Any
+
+from ..errors import SchemaError
+from ._numbers import NumberSpec
+
+__all__ = ["Lowering", "Node"]
+
+Warn = Callable[[str, str, str], None]
+MAX_UNION = 1024
+
+
+# --- nodes: subschemas, lazily lowered ----------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class Node:
+    """A subschema in scope (``op == "schema"``: ``schema`` and ``resolver``), or an
+    operation on nodes: ``allOf``, ``anyOf``, ``not``, or ``const`` (``value``)."""
+
+    op: str
+    parts: tuple[Node, ...] = ()
+    schema: Any = None
+    resolver: Any = None
+    ptr: str = "#"
+    key: tuple[Any, ...] = ()
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Node) and self.key == other.key
+
+
+def op_node(op: str, parts: tuple[Node, ...]) -> Node:
+    flat: list[Node] = []
+    for p in parts:
+        if p.op == op and op in ("allOf", "anyOf"):
+            flat.extend(p.parts)
+        else:
+            flat.append(p)
+    uniq = tuple(dict.fromkeys(flat))
+    if op in ("allOf", "anyOf") and len(uniq) == 1:
+        return uniq[0]
+    return Node(op, uniq, key=(op, tuple(p.key for p in uniq)))
+
+
+TRUE = Node("true", key=("true",))
+FALSE = Node("false", key=("false",))
+
+
+def all_of(*parts: Node | None) -> Node:
+    ps = tuple(p for p in parts if p is not None and p is not TRUE and p.key != ("true",))
+    if any(p.key == ("false",) for p in ps):
+        return FALSE
+    if not ps:
+        return TRUE
+    return op_node("allOf", ps)
+
+
+def any_of(*parts: Node) -> Node:
+    ps = tuple(p for p in parts if p.key != ("false",))
+    if any(p.key == ("true",) for p in ps):
+        return TRUE
+    if not ps:
+        return FALSE
+    return op_node("anyOf", ps)
+
+
+def not_node(p: Node) -> Node:
+    if p.key == ("true",):
+        return FALSE
+    if p.key == ("false",):
+        return TRUE
+    if p.op == "not":
+        return p.parts[0]
+    return Node("not", (p,), key=("not", p.key))
+
+
+def const_node(value: Any) -> Node:
+    return Node("const", schema=value, key=("const", _canon(value)))
+
+
+# --- atoms ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Null:
+    type = "null"
+
+
+@dataclass(frozen=True)
+class Bool:
+    values: frozenset[bool] = frozenset({True, False})
+    type = "boolean"
+
+
+@dataclass(frozen=True)
+class Num:
+    spec: NumberSpec = field(default_factory=NumberSpec)
+    non_integer: bool = False
+    excluded: tuple[Fraction, ...] = ()
+    type = "number"
+
+
+@dataclass(frozen=True)
+class Str:
+    min_len: int = 0
+    max_len: int | None = None
+    patterns: tuple[str, ...] = ()
+    not_patterns: tuple[str, ...] = ()
+    formats: tuple[str, ...] = ()
+    excluded: tuple[str, ...] = ()
+    #: (min, max) length ranges the length must avoid (from complements)
+    not_lengths: tuple[tuple[int, int | None], ...] = ()
+    type = "string"
+
+
+@dataclass(frozen=True)
+class Arr:
+    prefix: tuple[Node, ...] = ()
+    items: Node = TRUE
+    min_items: int = 0
+    max_items: int | None = None
+    contains: tuple[tuple[Node, int, int | None], ...] = ()
+    unique: bool = False
+    #: unevaluatedItems in scope: (evaluated prefix length, contains nodes, schema)
+    uneval: tuple[tuple[int, tuple[Node, ...], Node], ...] = ()
+    ev_prefix: int = 0
+    ev_all: bool = False
+    ev_contains: tuple[Node, ...] = ()
+    type = "array"
+
+
+@dataclass(frozen=True)
+class Obj:
+    props: tuple[tuple[str, Node], ...] = ()
+    patterns: tuple[tuple[str, Node], ...] = ()
+    #: additionalProperties: (the names and patterns it does not apply to, schema)
+    additional: tuple[tuple[frozenset[str], tuple[str, ...], Node], ...] = ()
+    required: frozenset[str] = frozenset()
+    forbidden: frozenset[str] = frozenset()
+    min_props: int = 0
+    max_props: int | None = None
+    names: tuple[Node, ...] = ()
+    uneval: tuple[tuple[frozenset[str], tuple[str, ...], Node], ...] = ()
+    ev_names: frozenset[str] = frozenset()
+    ev_patterns: tuple[str, ...] = ()
+    ev_all: bool = False
+    type = "object"
+
+    def prop(self, name: str) -> Node:
+        return all_of(*(n for k, n in self.props if k == name))
+
+
+@dataclass(frozen=True)
+class Const:
+    """One of a finite set of JSON values (canonical JSON texts)."""
+
+    values: tuple[Any, ...]
+    type = "const"
+
+
+Atom = Null | Bool | Num | Str | Arr | Obj | Const
+ANY: tuple[Atom, ...] = (Null(), Bool(), Num(), Str(), Arr(), Obj())
+TYPE_ATOM = {a.type: a for a in ANY}
+
+
+def _canon(value: Any) -> str:
+    import json
+
+    def norm(v: Any) -> Any:
+        if isinstance(v, bool) or v is None or isinstance(v, str):
+            return v
+        if isinstance(v, int | float):
+            f = Fraction(v) if not isinstance(v, float) or math.isfinite(v) else v
+            return ["#num", str(f)]
+        if isinstance(v, list):
+            return [norm(x) for x in v]
+        if isinstance(v, dict):
+            return {k: norm(x) for k, x in v.items()}
+        return v
+
+    return json.dumps(norm(value), sort_keys=True)
+
+
+def json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+# --- the lowering ---------------------------------------------------------------------
+
+_DRAFT_KEYWORDS = {
+    "draft4": {"const": False, "contains": False, "propertyNames": False, "if": False, "2019": False},
+    "draft6": {"const": True, "contains": True, "propertyNames": True, "if": False, "2019": False},
+    "draft7": {"const": True, "contains": True, "propertyNames": True, "if": True, "2019": False},
+    "draft2019-09": {"const": True, "contains": True, "propertyNames": True, "if": True, "2019": True},
+    "draft2020-12": {"const": True, "contains": True, "propertyNames": True, "if": True, "2019": True},
+}
+_SPEC_DRAFT = {
+    "draft-04": "draft4",
+    "draft-03": "draft4",
+    "draft-06": "draft6",
+    "draft-07": "draft7",
+    "draft2019-09": "draft2019-09",
+    "draft2020-12": "draft2020-12",
+}
+
+
+class Lowering:
+    """Lowers nodes of one document (and its registry) to atom lists, memoised."""
+
+    def __init__(self, warn: Warn, formats: bool, max_union: int = MAX_UNION) -> None:
+        self.warn = warn
+        self.formats = formats
+        self.max_union = max_union
+        self._memo: dict[tuple[Any, ...], tuple[Atom, ...]] = {}
+        self._busy: set[tuple[Any, ...]] = set()
+
+    # nodes ------------------------------------------------------------------------
+
+    def node(self, schema: Any, resolver: Any, ptr: str, enter: bool = True) -> Node:
+        """The node of ``schema`` in ``resolver``'s scope (entering its ``$id`` if any,
+        unless ``enter`` is false: a resolver from a reference lookup is already there)."""
+        if schema is True:
+            return TRUE
+        if schema is False:
+            return FALSE
+        if not isinstance(schema, dict):
+            raise SchemaError(
+                f"JSON schema error at {ptr}: a schema must be an object or a boolean, not {schema!r:.60}"
+            )
+        try:
+            sub = resolver.in_subresource(self.specification.create_resource(schema)) if enter else resolver
+        except Exception as e:
+            raise SchemaError(f"JSON schema error at {ptr}: invalid identifier: {type(e).__name__}: {e}") from None
+        scope = tuple(dict.fromkeys(u for u, _ in sub.dynamic_scope())) if self.dynamic else ()
+        return Node("schema", schema=schema, resolver=sub, ptr=ptr, key=("schema", id(schema), sub._base_uri, scope))
+
+    def draft(self) -> str:
+        return _SPEC_DRAFT.get(self.specification.name, "draft2020-12")
+
+    # lowering ---------------------------------------------------------------------
+
+    def lower(self, n: Node) -> tuple[Atom, ...]:
+        if n.op == "true":
+            return ANY
+        if n.op == "false":
+            return ()
+        hit = self._memo.get(n.key)
+        if hit is not None:
+            return hit
+        if n.key in self._busy:
+            raise SchemaError(f"JSON schema error at {n.ptr}: a schema that refers to itself without nesting")
+        self._busy.add(n.key)
+        try:
+            if n.op == "schema":
+                out = self._schema(n)
+            elif n.op == "allOf":
+                out = ANY
+                for p in n.parts:
+                    out = self.intersect(out, self.lower(p))
+            elif n.op == "anyOf":
+                out = self.union(*(self.lower(p) for p in n.parts))
+            elif n.op == "not":
+                out = self.complement(self.lower(n.parts[0]), n.parts[0].ptr)
+            elif n.op == "const":
+                out = (Const((n.schema,)),)
+            else:
+                raise AssertionError(n.op)
+        finally:
+            self._busy.discard(n.key)
+        self._memo[n.key] = out
+        return out
+
+    def union(self, *lists: tuple[Atom, ...]) -> tuple[Atom, ...]:
+        out: list[Atom] = []
+        for atoms in lists:
+            for a in atoms:
+                if a not in out:
+                    out.append(a)
+        if len(out) > 8:
+            out = self.prune(out)
+        return tuple(out)
+
+    def intersect(self, xs: tuple[Atom, ...], ys: tuple[Atom, ...]) -> tuple[Atom, ...]:
+        if xs is ANY:
+            return ys
+        if ys is ANY:
+            return xs
+        out: list[Atom] = []
+        for x, y in itertools.product(xs, ys):
+            z = self.meet(x, y)
+            if z is not None and z not in out:
+                out.append(z)
+        if len(out) > 8:
+            out = self.prune(out)
+        if len(out) > self.max_union:
+            raise SchemaError(f"the schema's alternatives multiply past {self.max_union} (anyOf/oneOf inside allOf)")
+        return tuple(out)
+
+    def prune(self, atoms: list[Atom]) -> list[Atom]:
+        """Drop the atoms another atom of the list contains (x within y: meet(x, y) == x)."""
+        keep: list[Atom] = []
+        for i, x in enumerate(atoms):
+            inside = False
+            for j, y in enumerate(atoms):
+                if i != j and x.type == y.type and not isinstance(x, Const) and self.meet(x, y) == x:
+                    if x != y or j < i:
+                        inside = True
+                        break
+            if not inside:
+                keep.append(x)
+        return keep
+
+    def meet(self, x: Atom, y: Atom) -> Atom | None:
+        if isinstance(x, Const) or isinstance(y, Const):
+            c, other = (x, y) if isinstance(x, Const) else (y, x)
+            assert isinstance(c, Const)
+            if isinstance(other, Const):
+                keys = {_canon(v) for v in other.values}
+                vals = tuple(v for v in c.values if _canon(v) in keys)
+            else:
+                vals = tuple(v for v in c.values if self.matches(other, v))
+            return Const(vals) if vals else None
+        if x.type != y.type:
+            return None
+        if isinstance(x, Null):
+            return x
+        if isinstance(x, Bool):
+            v = x.values & y.values  # type: ignore[union-attr]
+            return Bool(v) if v else None
+        if isinstance(x, Num):
+            assert isinstance(y, Num)
+            spec = x.spec.intersect(y.spec)
+            if spec.empty() or (spec.integer and (x.non_integer or y.non_integer)):
+                return None
+            return Num(spec, x.non_integer or y.non_integer, tuple(sorted(set(x.excluded) | set(y.excluded))))
+        if isinstance(x, Str):
+            assert isinstance(y, Str)
+            lo = max(x.min_len, y.min_len)
+            hi = x.max_len if y.max_len is None else y.max_len if x.max_len is None else min(x.max_len, y.max_len)
+            if hi is not None and hi < lo:
+                return None
+            return Str(
+                lo,
+                hi,
+                tuple(dict.fromkeys(x.patterns + y.patterns)),
+                tuple(dict.fromkeys(x.not_patterns + y.not_patterns)),
+                tuple(dict.fromkeys(x.formats + y.formats)),
+                tuple(dict.fromkeys(x.excluded + y.excluded)),
+                tuple(dict.fromkeys(x.not_lengths + y.not_lengths)),
+            )
+        if isinstance(x, Arr):
+            assert isinstance(y, Arr)
+            n = max(len(x.prefix), len(y.prefix))
+            prefix = tuple(
+                all_of(x.prefix[i] if i < len(x.prefix) else x.items, y.prefix[i] if i < len(y.prefix) else y.items)
+                for i in range(n)
+            )
+            lo = max(x.min_items, y.min_items)
+            hi = (
+                x.max_items
+                if y.max_items is None
+                else y.max_items
+                if x.max_items is None
+                else min(x.max_items, y.max_items)
+            )
+            if hi is not None and hi < lo:
+                return None
+            return Arr(
+                prefix,
+                all_of(x.items, y.items),
+                lo,
+                hi,
+                _merge(x.contains, y.contains),
+                x.unique or y.unique,
+                _merge(x.uneval, y.uneval),
+                max(x.ev_prefix, y.ev_prefix),
+                x.ev_all or y.ev_all,
+                _merge(x.ev_contains, y.ev_contains),
+            )
+        if isinstance(x, Obj):
+            assert isinstance(y, Obj)
+            req = x.required | y.required
+            forb = x.forbidden | y.forbidden
+            if req & forb:
+                return None
+            hi = (
+                x.max_props
+                if y.max_props is None
+                else y.max_props
+                if x.max_props is None
+                else min(x.max_props, y.max_props)
+            )
+            lo = max(x.min_props, y.min_props, len(req))
+            if hi is not None and hi < lo:
+                return None
+            return Obj(
+                _merge(x.props, y.props),
+                _merge(x.patterns, y.patterns),
+                _merge(x.additional, y.additional),
+                req,
+                forb,
+                lo,
+                hi,
+                _merge(x.names, y.names),
+                _merge(x.uneval, y.uneval),
+                x.ev_names | y.ev_names,
+                tuple(dict.fromkeys(x.ev_patterns + y.ev_patterns)),
+                x.ev_all or y.ev_all,
+            )
+        raise AssertionError((x, y))
+
+    # complements -----------------------------------------------------------------------
+
+    def complement(self, atoms: tuple[Atom, ...], ptr: str) -> tuple[Atom, ...]:
+        out = ANY
+        for a in atoms:
+            out = self.intersect(out, self.complement_atom(a, ptr))
+        return out
+
+    def complement_atom(self, a: Atom, ptr: str) -> tuple[Atom, ...]:
+        if isinstance(a, Const):
+            out: list[Atom] = []
+            by_type: dict[str, list[Any]] = {}
+            for v in a.values:
+                by_type.setdefault(json_type(v), []).append(v)
+            for t, base in TYPE_ATOM.items():
+                vals = by_type.get(t)
+                if not vals:
+                    out.append(base)
+                elif t == "null":
+                    continue
+                elif t == "boolean":
+                    rest = frozenset({True, False}) - {bool(v) for v in vals}
+                    if rest:
+                        out.append(Bool(rest))
+                elif t == "number":
+                    out.append(Num(excluded=tuple(sorted(Fraction(v) for v in vals))))
+                elif t == "string":
+                    out.append(Str(excluded=tuple(vals)))
+                else:
+                    self.warn("not", ptr, f"the complement of a constant {t} is not enforced: any {t} is accepted")
+                    out.append(base)
+            return tuple(out)
+        others = tuple(b for b in ANY if b.type != a.type)
+        inner = self._complement_within(a, ptr)
+        return others + inner
+
+    def _complement_within(self, a: Atom, ptr: str) -> tuple[Atom, ...]:
+        base = TYPE_ATOM[a.type]
+        if a == base:
+            return ()
+        if isinstance(a, Bool):
+            return (Bool(frozenset({True, False}) - a.values),)
+        if isinstance(a, Num):
+            s = a.spec
+            parts: list[Atom] = []
+            if s.lo is not None:
+                parts.append(Num(NumberSpec(hi=s.lo, hi_strict=not s.lo_strict)))
+            if s.hi is not None:
+                parts.append(Num(NumberSpec(lo=s.hi, lo_strict=not s.hi_strict)))
+            if s.integer:
+                parts.append(Num(non_integer=True))
+            if a.non_integer:
+                parts.append(Num(NumberSpec(integer=True)))
+            for v in a.excluded:
+                parts.append(Num(NumberSpec(lo=v, hi=v)))
+            if s.multiple_of:
+                self.warn("not", ptr, "the complement of multipleOf is not enforced: any number is accepted")
+                return (base,)
+            return tuple(parts)
+        if isinstance(a, Str):
+            parts = []
+            if a.min_len:
+                parts.append(Str(max_len=a.min_len - 1))
+            if a.max_len is not None:
+                parts.append(Str(min_len=a.max_len + 1))
+            for p in a.patterns:
+                parts.append(Str(not_patterns=(p,)))
+            for p in a.not_patterns:
+                parts.append(Str(patterns=(p,)))
+            for word in a.excluded:
+                parts.append(Const((word,)))
+            for lo, hi in a.not_lengths:
+                parts.append(Str(min_len=lo, max_len=hi))
+            if a.formats:
+                self.warn("not", ptr, "the complement of a format is not enforced: any string is accepted")
+                return (base,)
+            return tuple(parts)
+        if isinstance(a, Arr):
+            parts = []
+            if a.min_items:
+                parts.append(Arr(max_items=a.min_items - 1))
+            if a.max_items is not None:
+                parts.append(Arr(min_items=a.max_items + 1))
+            simple = not a.prefix and not a.uneval and not a.unique
+            if a.items.key != ("true",):
+                if a.prefix:
+                    simple = False
+                else:
+                    parts.append(Arr(contains=((not_node(a.items), 1, None),)))
+            for c, lo, hi in a.contains:
+                if lo == 1 and hi is None:
+                    parts.append(Arr(items=not_node(c)))
+                else:
+                    simple = False
+            if a.prefix:
+                if len(a.prefix) == 1 and a.items.key == ("true",):
+                    parts.append(Arr(prefix=(not_node(a.prefix[0]),), min_items=1))
+                    simple = True
+            if not simple:
+                self.warn("not", ptr, "the complement of this array schema is not enforced: any array is accepted")
+                return (base,)
+            return tuple(parts)
+        if isinstance(a, Obj):
+            parts = []
+            for k in a.required:
+                parts.append(Obj(forbidden=frozenset({k})))
+            for k in a.forbidden:
+                parts.append(Obj(required=frozenset({k})))
+            if a.min_props > len(a.required):
+                parts.append(Obj(max_props=a.min_props - 1))
+            if a.max_props is not None:
+                parts.append(Obj(min_props=a.max_props + 1))
+            for k, n in a.props:
+                parts.append(Obj(props=((k, not_node(n)),), required=frozenset({k})))
+            if a.patterns or a.additional or a.names or a.uneval:
+                self.warn("not", ptr, "the complement of this object schema is not enforced: any object is accepted")
+                return (base,)
+            return tuple(parts)
+        raise AssertionError(a)
+
+    # membership of concrete values (enum/const filtering) -------------------------------
+
+    def matches_node(self, n: Node, value: Any) -> bool:
+        return any(self.matches(a, value) for a in self.lower(n))
+
+    def matches(self, a: Atom, v: Any) -> bool:
+        t = json_type(v)
+        if isinstance(a, Const):
+            return _canon(v) in {_canon(x) for x in a.values}
+        if a.type != t:
+            return False
+        if isinstance(a, Null):
+            return True
+        if isinstance(a, Bool):
+            return v in a.values
+        if isinstance(a, Num):
+            if isinstance(v, float) and not math.isfinite(v):
+                return False
+            x = Fraction(v)
+            s = a.spec
+            if s.integer and x.denominator != 1:
+                return False
+            if a.non_integer and x.denominator == 1:
+                return False
+            if s.lo is not None and (x < s.lo or (s.lo_strict and x == s.lo)):
+                return False
+            if s.hi is not None and (x > s.hi or (s.hi_strict and x == s.hi)):
+                return False
+            if any((x / m).denominator != 1 for m in s.multiple_of):
+                return False
+            return x not in a.excluded
+        if isinstance(a, Str):
+            n = len(v)
+            if n < a.min_len or (a.max_len is not None and n > a.max_len):
+                return False
+            if any(lo <= n and (hi is None or n <= hi) for lo, hi in a.not_lengths):
+                return False
+            if v in a.excluded:
+                return False
+            for p in a.patterns:
+                if _search(p, v) is False:
+                    return False
+            for p in a.not_patterns:
+                if _search(p, v) is True:
+                    return False
+            return True
+        if isinstance(a, Arr):
+            n = len(v)
+            if n < a.min_items or (a.max_items is not None and n > a.max_items):
+                return False
+            for i, item in enumerate(v):
+                node = a.prefix[i] if i < len(a.prefix) else a.items
+                if not self.matches_node(node, item):
+                    return False
+            for c, lo, hi in a.contains:
+                k = sum(self.matches_node(c, item) for item in v)
+                if k < lo or (hi is not None and k > hi):
+                    return False
+            if a.unique and len({_canon(x) for x in v}) != n:
+                return False
+            return True
+        if isinstance(a, Obj):
+            keys = set(v)
+            if not a.required <= keys or a.forbidden & keys:
+                return False
+            if len(keys) < a.min_props or (a.max_props is not None and len(keys) > a.max_props):
+                return False
+            for k, item in v.items():
+                if not self.matches_node(value_node(a, k), item):
+                    return False
+                if any(not self.matches_node(n, k) for n in a.names):
+                    return False
+            return True
+        return False
+
+    # schema objects --------------------------------------------------------------------
+
+    def _schema(self, n: Node) -> tuple[Atom, ...]:
+        s: dict[str, Any] = n.schema
+        r = n.resolver
+        ptr = n.ptr
+        draft = self.draft()
+        kw = _DRAFT_KEYWORDS[draft]
+
+        def sub(key: str, value: Any, suffix: str = "") -> Node:
+            return self.node(value, r, f"{ptr}/{key}{suffix}")
+
+        parts: list[tuple[Atom, ...]] = []
+        if "$ref" in s:
+            target = self._ref(r, s["$ref"], ptr)
+            if not kw["2019"]:
+                return self.lower(target)  # siblings of $ref are ignored before 2019-09
+            parts.append(self.lower(target))
+        if "$dynamicRef" in s and draft == "draft2020-12":
+            parts.append(self.lower(self._ref(r, s["$dynamicRef"], ptr)))
+        if "$recursiveRef" in s and draft == "draft2019-09":
+            self.warn("$recursiveRef", ptr, "$recursiveRef is resolved as a plain $ref")
+            parts.append(self.lower(self._ref(r, s["$recursiveRef"], ptr)))
+
+        local = self._local(s, sub, ptr, draft)
+        if local is not ANY:
+            parts.append(local)
+        for i, x in enumerate(s.get("allOf", []) if isinstance(s.get("allOf"), list) else []):
+            parts.append(self.lower(sub("allOf", x, f"/{i}")))
+        if isinstance(s.get("anyOf"), list):
+            parts.append(self.union(*(self.lower(sub("anyOf", x, f"/{i}")) for i, x in enumerate(s["anyOf"]))))
+        if isinstance(s.get("oneOf"), list):
+            parts.append(self._one_of([sub("oneOf", x, f"/{i}") for i, x in enumerate(s["oneOf"])], ptr))
+        if "not" in s:
+            parts.append(self.complement(self.lower(sub("not", s["not"])), f"{ptr}/not"))
+        if kw["if"] and "if" in s and ("then" in s or "else" in s or self.annotations):
+            cond = self.lower(sub("if", s["if"]))
+            then = self.lower(sub("then", s["then"])) if "then" in s else ANY
+            other = self.lower(sub("else", s["else"])) if "else" in s else ANY
+            parts.append(
+                self.union(self.intersect(cond, then), self.intersect(self.complement(cond, f"{ptr}/if"), other))
+            )
+        deps = self._dependencies(s, sub, ptr, draft)
+        parts.extend(deps)
+
+        out = ANY
+        for p in parts:
+            out = self.intersect(out, p)
+        if kw["2019"] and ("unevaluatedProperties" in s or "unevaluatedItems" in s):
+            out = tuple(self._unevaluated(a, s, sub) for a in out)
+        return out
+
+    def _ref(self, r: Any, ref: Any, ptr: str) -> Node:
+        if not isinstance(ref, str):
+            raise SchemaError(f"JSON schema error at {ptr}: $ref must be a string")
+        from referencing.exceptions import Unresolvable
+
+        try:
+            resolved = r.lookup(ref)
+        except Unresolvable as e:
+            raise SchemaError(f"JSON schema error at {ptr}: cannot resolve $ref {ref!r}: {e}") from None
+        except Exception as e:
+            raise SchemaError(
+                f"JSON schema error at {ptr}: cannot resolve $ref {ref!r}: {type(e).__name__}: {e}"
+            ) from None
+        return self.node(resolved.contents, resolved.resolver, f"{ptr}/$ref({ref})", enter=False)
+
+    def _one_of(self, nodes: list[Node], ptr: str) -> tuple[Atom, ...]:
+        lowered = [self.lower(x) for x in nodes]
+        alts = []
+        for i, a in enumerate(lowered):
+            cur = a
+            for j, b in enumerate(lowered):
+                if i != j and cur:
+                    if _disjoint_types(cur, b):
+                        continue
+                    cur = self.intersect(cur, self.complement(b, f"{ptr}/oneOf/{j}"))
+            alts.append(cur)
+        return self.union(*alts)
+
+    def _dependencies(
+        self, s: dict[str, Any], sub: Callable[..., Node], ptr: str, draft: str
+    ) -> list[tuple[Atom, ...]]:
+        reqs: dict[str, list[str]] = {}
+        schemas: dict[str, Any] = {}
+        if draft in ("draft2019-09", "draft2020-12"):
+            if isinstance(s.get("dependentRequired"), dict):
+                reqs.update(s["dependentRequired"])
+            if isinstance(s.get("dependentSchemas"), dict):
+                schemas.update({k: ("dependentSchemas", v) for k, v in s["dependentSchemas"].items()})
+        elif isinstance(s.get("dependencies"), dict):
+            for k, v in s["dependencies"].items():
+                if isinstance(v, list):
+                    reqs[k] = v
+                else:
+                    schemas[k] = ("dependencies", v)
+        out = []
+        non_obj = tuple(a for a in ANY if a.type != "object")
+        for k, names in reqs.items():
+            out.append((*non_obj, Obj(forbidden=frozenset({k})), Obj(required=frozenset({k, *names}))))
+        for k, (kw, v) in schemas.items():
+            cond = self.lower(sub(kw, v, f"/{_esc(k)}"))
+            present = self.intersect((Obj(required=frozenset({k})),), cond)
+            out.append((*non_obj, Obj(forbidden=frozenset({k})), *present))
+        return out
+
+    def _local(self, s: dict[str, Any], sub: Callable[..., Node], ptr: str, draft: str) -> tuple[Atom, ...]:
+        """The atoms of the keywords that constrain one type each (and type/enum/const)."""
+        kw = _DRAFT_KEYWORDS[draft]
+        atoms = {t: a for t, a in TYPE_ATOM.items()}
+        integer_only = False
+        if "type" in s:
+            ts = s["type"] if isinstance(s["type"], list) else [s["type"]]
+            allowed = set()
+            for t in ts:
+                if t == "integer":
+                    allowed.add("number")
+                elif t in atoms:
+                    allowed.add(t)
+                else:
+                    raise SchemaError(f"JSON schema error at {ptr}/type: unknown type {t!r}")
+            integer_only = "integer" in ts and "number" not in ts
+            atoms = {t: a for t, a in atoms.items() if t in allowed}
+        num = self._number(s, draft, ptr)
+        if integer_only:
+            num = num.intersect(NumberSpec(integer=True))
+        if "number" in atoms and num.key() != NumberSpec().key():
+            atoms["number"] = None if num.empty() else Num(num)  # type: ignore[assignment]
+        if "string" in atoms:
+            atoms["string"] = self._string(s, ptr)  # type: ignore[assignment]
+        if "array" in atoms:
+            atoms["array"] = self._array(s, sub, ptr, draft)  # type: ignore[assignment]
+        if "object" in atoms:
+            atoms["object"] = self._object(s, sub, ptr, draft)  # type: ignore[assignment]
+        out = tuple(a for a in atoms.values() if a is not None)
+        consts: list[Any] | None = None
+        if kw["const"] and "const" in s:
+            consts = [s["const"]]
+        if "enum" in s:
+            if not isinstance(s["enum"], list):
+                raise SchemaError(f"JSON schema error at {ptr}/enum: enum must be an array")
+            consts = s["enum"] if consts is None else [v for v in consts if _canon(v) in {_canon(e) for e in s["enum"]}]
+        if consts is not None:
+            out = self.intersect(out, (Const(tuple(consts)),)) if consts else ()
+        if out == ANY:
+            return ANY
+        return out
+
+    def _number(self, s: dict[str, Any], draft: str, ptr: str) -> NumberSpec:
+        def num(key: str) -> Fraction | None:
+            v = s.get(key)
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                return None
+            if isinstance(v, float) and not math.isfinite(v):
+                return None
+            return Fraction(str(v)) if isinstance(v, float) else Fraction(v)
+
+        spec = NumberSpec()
+        lo, hi = num("minimum"), num("maximum")
+        if draft == "draft4":
+            spec = NumberSpec(
+                lo=lo, lo_strict=s.get("exclusiveMinimum") is True, hi=hi, hi_strict=s.get("exclusiveMaximum") is True
+            )
+        else:
+            spec = NumberSpec(lo=lo, hi=hi)
+            elo, ehi = num("exclusiveMinimum"), num("exclusiveMaximum")
+            if elo is not None:
+                spec = spec.intersect(NumberSpec(lo=elo, lo_strict=True))
+            if ehi is not None:
+                spec = spec.intersect(NumberSpec(hi=ehi, hi_strict=True))
+        m = num("multipleOf")
+        if m is not None and m > 0:
+            spec = spec.intersect(NumberSpec(multiple_of=(m,)))
+        return spec
+
+    def _string(self, s: dict[str, Any], ptr: str) -> Str | None:
+        lo = _count(s.get("minLength"))
+        hi = _count(s.get("maxLength"))
+        if hi is not None and lo is not None and hi < lo:
+            return None
+        patterns: tuple[str, ...] = ()
+        if isinstance(s.get("pattern"), str):
+            patterns = (s["pattern"],)
+        formats: tuple[str, ...] = ()
+        if isinstance(s.get("format"), str) and self.formats:
+            formats = (s["format"],)
+        return Str(lo or 0, hi, patterns, (), formats)
+
+    def _array(self, s: dict[str, Any], sub: Callable[..., Node], ptr: str, draft: str) -> Arr | None:
+        kw = _DRAFT_KEYWORDS[draft]
+        prefix: tuple[Node, ...] = ()
+        items = TRUE
+        ev_all = False
+        if draft == "draft2020-12":
+            if isinstance(s.get("prefixItems"), list):
+                prefix = tuple(sub("prefixItems", x, f"/{i}") for i, x in enumerate(s["prefixItems"]))
+            if "items" in s and not isinstance(s["items"], list):
+                items = sub("items", s["items"])
+                ev_all = True
+        else:
+            if isinstance(s.get("items"), list):
+                prefix = tuple(sub("items", x, f"/{i}") for i, x in enumerate(s["items"]))
+                if "additionalItems" in s:
+                    items = sub("additionalItems", s["additionalItems"])
+                    ev_all = True
+            elif "items" in s:
+                items = sub("items", s["items"])
+                ev_all = True
+        lo = _count(s.get("minItems")) or 0
+        hi = _count(s.get("maxItems"))
+        if hi is not None and hi < lo:
+            return None
+        contains: tuple[tuple[Node, int, int | None], ...] = ()
+        if kw["contains"] and "contains" in s:
+            c_lo, c_hi = 1, None
+            if kw["2019"]:
+                if _count(s.get("minContains")) is not None:
+                    c_lo = _count(s.get("minContains"))  # type: ignore[assignment]
+                c_hi = _count(s.get("maxContains"))
+            if c_hi is not None and c_hi < c_lo:
+                return None
+            contains = ((sub("contains", s["contains"]), c_lo, c_hi),)
+        unique = s.get("uniqueItems") is True
+        return Arr(prefix, items, lo, hi, contains, unique, (), len(prefix), ev_all, tuple(c for c, _, _ in contains))
+
+    def _object(self, s: dict[str, Any], sub: Callable[..., Node], ptr: str, draft: str) -> Obj | None:
+        kw = _DRAFT_KEYWORDS[draft]
+        props = (
+            tuple((k, sub("properties", v, f"/{_esc(k)}")) for k, v in (s.get("properties") or {}).items())
+            if isinstance(s.get("properties"), dict)
+            else ()
+        )
+        patterns = (
+            tuple(
+                (p, sub("patternProperties", v, f"/{_esc(p)}")) for p, v in (s.get("patternProperties") or {}).items()
+            )
+            if isinstance(s.get("patternProperties"), dict)
+            else ()
+        )
+        additional: tuple[tuple[frozenset[str], tuple[str, ...], Node], ...] = ()
+        if "additionalProperties" in s:
+            additional = (
+                (
+                    frozenset(k for k, _ in props),
+                    tuple(p for p, _ in patterns),
+                    sub("additionalProperties", s["additionalProperties"]),
+                ),
+            )
+        required = frozenset(s["required"]) if isinstance(s.get("required"), list) else frozenset()
+        lo = _count(s.get("minProperties")) or 0
+        hi = _count(s.get("maxProperties"))
+        names = (sub("propertyNames", s["propertyNames"]),) if kw["propertyNames"] and "propertyNames" in s else ()
+        if hi is not None and hi < max(lo, len(required)):
+            return None
+        return Obj(
+            props,
+            patterns,
+            additional,
+            required,
+            frozenset(),
+            max(lo, len(required)),
+            hi,
+            names,
+            (),
+            frozenset(k for k, _ in props),
+            tuple(p for p, _ in patterns),
+            bool(additional),
+        )
+
+    def _unevaluated(self, a: Atom, s: dict[str, Any], sub: Callable[..., Node]) -> Atom:
+        if isinstance(a, Obj) and "unevaluatedProperties" in s:
+            if a.ev_all:
+                return a
+            u = sub("unevaluatedProperties", s["unevaluatedProperties"])
+            return replace(a, uneval=(*a.uneval, (a.ev_names, a.ev_patterns, u)), ev_all=True)
+        if isinstance(a, Arr) and "unevaluatedItems" in s:
+            if a.ev_all:
+                return a
+            u = sub("unevaluatedItems", s["unevaluatedItems"])
+            return replace(a, uneval=(*a.uneval, (a.ev_prefix, a.ev_contains, u)), ev_all=True)
+        return a
+
+    # set by the converter
+    specification: Any = None
+    dynamic: bool = False
+    #: whether the document has unevaluated* keywords (then annotations of a lone ``if`` count)
+    annotations: bool = False
+
+
+def value_node(a: Obj, key: str) -> Node:
+    """The schema a property ``key``'s value must meet in an object atom."""
+    parts = [n for k, n in a.props if k == key]
+    declared = bool(parts)
+    matched = False
+    for p, n in a.patterns:
+        if _search(p, key) is not False:
+            parts.append(n)
+            matched = True
+    del matched
+    for names, pats, n in a.additional:
+        if key not in names and not any(_search(p, key) is True for p in pats):
+            parts.append(n)
+    for names, pats, n in a.uneval:
+        if key not in names and not any(_search(p, key) is True for p in pats):
+            parts.append(n)
+    del declared
+    return all_of(*parts)
+
+
+@functools.lru_cache(maxsize=4096)
+def _search(pattern: str, text: str) -> bool | None:
+    """Whether the ECMA ``pattern`` is found in ``text`` (None: no DFA and no Python regex)."""
+    from ._dfa import from_regex
+    from ._regex import anchored, parse
+
+    try:
+        return from_regex(anchored(parse(pattern))).accepts(text)
+    except (ValueError, OverflowError):
+        try:
+            return re.search(pattern, text) is not None
+        except re.error:
+            return None
+
+
+def _merge(a: tuple[Any, ...], b: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The union of two tuples, deduplicated, in a canonical order."""
+    if not b or a == b:
+        return a
+    if not a:
+        return b
+    return tuple(sorted(set(a) | set(b), key=repr))
+
+
+def _count(v: Any) -> int | None:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    if isinstance(v, float) and (not math.isfinite(v) or v != int(v)):
+        return None
+    return max(int(v), 0)
+
+
+def _esc(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _disjoint_types(xs: tuple[Atom, ...], ys: tuple[Atom, ...]) -> bool:
+    tx = {a.type for a in xs if not isinstance(a, Const)}
+    ty = {a.type for a in ys if not isinstance(a, Const)}
+    if any(isinstance(a, Const) for a in xs + ys):
+        return False
+    return not (tx & ty)

@@ -1,0 +1,446 @@
+"""The complete JSON-schema converter (samplers.grammar.schema): agreement with a validator
+(``jsonschema``) on generated schemas and values, the numeric, string and regular-expression
+grammars against exact arithmetic and Python, the generation options, warnings and strict
+mode, references, pydantic input, and no crash on arbitrary input."""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import warnings
+from fractions import Fraction
+from typing import Any
+
+import jsonschema
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from samplers.grammar import Grammar, SchemaError
+from samplers.grammar.json_schema import SchemaWarning, json_schema_to_gbnf, llama_cpp_json_schema_to_gbnf
+from samplers.grammar.schema import UnsupportedSchemaError, schema_to_gbnf
+from samplers.grammar.schema._dfa import from_regex
+from samplers.grammar.schema._numbers import NumberSpec
+from samplers.grammar.schema._regex import anchored, parse
+from samplers.grammar.schema._rules import RuleSet
+from samplers.testing import SchemaExample, json_schemas
+
+
+def grammar(schema: Any, **options: Any) -> Grammar:
+    return Grammar.from_gbnf(schema_to_gbnf(schema, **options))
+
+
+def both(g: Grammar, value: Any) -> bool:
+    """Whether the grammar accepts the value's compact and default json.dumps spellings
+    (they must agree)."""
+    a = g.accepts(json.dumps(value, separators=(",", ":")))
+    b = g.accepts(json.dumps(value))
+    assert a == b, value
+    return a
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**20), 10**20)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=6),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(["a", "b", "c", "é", "x y"]), inner, max_size=4)
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(json_schemas(max_depth=2), st.lists(json_values, min_size=1, max_size=6))
+def test_grammar_agrees_with_a_validator(example: SchemaExample, others: list[Any]) -> None:
+    """With validator semantics, wherever the converter raised no warning, the grammar
+    accepts exactly the values ``jsonschema`` says are valid: the example's instances and
+    arbitrary JSON values (mostly invalid)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        g = grammar(example.schema, validator=True)
+    assume(not [w for w in caught if issubclass(w.category, SchemaWarning)])
+    validator = jsonschema.Draft202012Validator(example.schema)
+    for value in [*example.instances, *others]:
+        assert both(g, value) == validator.is_valid(value), (example.schema, value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.recursive(
+        json_values,
+        lambda inner: st.dictionaries(
+            st.sampled_from(
+                [
+                    "type",
+                    "items",
+                    "properties",
+                    "required",
+                    "anyOf",
+                    "allOf",
+                    "oneOf",
+                    "not",
+                    "enum",
+                    "const",
+                    "minimum",
+                    "maximum",
+                    "pattern",
+                    "minLength",
+                    "$ref",
+                    "contains",
+                    "prefixItems",
+                    "if",
+                    "then",
+                    "else",
+                    "additionalProperties",
+                    "patternProperties",
+                    "multipleOf",
+                    "format",
+                    "$defs",
+                    "unevaluatedProperties",
+                ]
+            ),
+            inner,
+            max_size=4,
+        ),
+        max_leaves=12,
+    )
+)
+def test_arbitrary_input_never_crashes(schema: Any) -> None:
+    """Any JSON value as a schema gives a grammar or a SchemaError, nothing else."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            text = schema_to_gbnf(schema, validator=True)
+    except SchemaError:
+        return
+    Grammar.from_gbnf(text)
+
+
+# --- numbers ----------------------------------------------------------------------------
+
+SPECS = [
+    {"minimum": 1.1},
+    {"maximum": 3.0},
+    {"exclusiveMinimum": 1.1},
+    {"minimum": -2, "exclusiveMaximum": 2.55},
+    {"minimum": 0.05, "maximum": 0.25},
+    {"exclusiveMinimum": -2.5, "maximum": -0.5},
+    {"multipleOf": 0.01},
+    {"multipleOf": 1.5},
+    {"type": "integer", "multipleOf": 3},
+    {"type": "integer", "minimum": 1.5, "maximum": 7},
+    {"type": "integer", "multipleOf": 2, "minimum": 0, "maximum": 20},
+    {"exclusiveMinimum": 0},
+    {"type": "integer", "minimum": -(10**25), "maximum": 10**30},
+    {"type": "integer", "exclusiveMinimum": 99999999999999999999},
+]
+
+
+@functools.cache
+def _cached_grammar(schema_json: str) -> Grammar:
+    return grammar(json.loads(schema_json))
+
+
+def _spellings(x: Fraction) -> list[str]:
+    out = [repr(float(x))] if Fraction(repr(float(x))) == x else []
+    if x.denominator == 1:
+        out.append(str(int(x)))
+    return out
+
+
+@pytest.mark.parametrize("kw", SPECS, ids=[json.dumps(s) for s in SPECS])
+@settings(max_examples=120, deadline=None)
+@given(
+    num=st.integers(-(10**32), 10**32),
+    den=st.sampled_from([1, 2, 4, 10, 20, 100, 1000, 10**18]),
+    scale=st.sampled_from([1, 10**-30, 10**20]),
+)
+def test_number_grammars_are_exact(kw: dict[str, Any], num: int, den: int, scale: float) -> None:
+    """Bounds (inclusive, exclusive, fractional, beyond 64 bits) and multipleOf accept a
+    number exactly when ``jsonschema`` does, in every spelling json.dumps gives it
+    (plain digits, ``1.5e+20``, ``1e-05``)."""
+    g = _cached_grammar(json.dumps(kw))
+    rest = {k: v for k, v in kw.items() if k != "multipleOf"}
+    validator = jsonschema.Draft202012Validator(rest)
+    x = Fraction(num, den) * Fraction(scale)
+    for text in _spellings(x):
+        if "e" in text and (kw.get("type") == "integer" or kw.get("multipleOf") not in (None, 0.01)):
+            continue  # documented: integers and multiples of anything but 10**-k are written in plain digits
+        value = json.loads(text)
+        if isinstance(value, float) and Fraction(value) != x:
+            continue
+        # multipleOf exactly: jsonschema divides floats (10026683796472108 / 1.5 rounds to an integer)
+        multiple = "multipleOf" not in kw or (Fraction(text) / Fraction(str(kw["multipleOf"]))).denominator == 1
+        assert g.accepts(text) == (validator.is_valid(value) and multiple), (kw, text)
+
+
+def test_number_spec_intersection_and_emptiness() -> None:
+    a = NumberSpec(lo=Fraction(1), hi=Fraction(5), hi_strict=True)
+    b = NumberSpec(lo=Fraction(5))
+    assert a.intersect(b).empty()
+    assert not a.intersect(NumberSpec(lo=Fraction(4))).empty()
+    assert NumberSpec(integer=True, lo=Fraction(1, 3), hi=Fraction(2, 3)).empty()
+    rs = RuleSet()
+    assert "dec" in NumberSpec(multiple_of=(Fraction("0.25"),)).body(rs, lambda k, m: None)
+
+
+# --- strings, patterns, formats ------------------------------------------------------------
+
+PATTERNS = ["^a*$", "a+", "^[a-c]{2,3}$", "^(ab|cd)+x?$", "[0-9]", "^\\d{3}-\\w+$", "^.$", "^[^a]*$", "^é+", "x|^y$"]
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+@settings(max_examples=150, deadline=None)
+@given(text=st.text(alphabet="abcdxyé0123-_\n ", max_size=7))
+def test_patterns_match_like_a_search(pattern: str, text: str) -> None:
+    """A pattern is searched for, as ECMA-262 (and Python's re, on this subset) does: the
+    automaton, the grammar and re.search agree."""
+    # Python's $ also matches before a final newline, ECMA's only at the end: \Z
+    py = pattern.replace("\\d", "[0-9]").replace("\\w", "[A-Za-z0-9_]").replace("$", "\\Z")
+    expect = re.search(py, text) is not None
+    assert from_regex(anchored(parse(pattern))).accepts(text) == expect
+    g = grammar({"type": "string", "pattern": pattern})
+    assert both(g, text) == expect
+
+
+def test_string_keywords_together() -> None:
+    """Two patterns, a pattern with lengths, and a not-pattern are enforced together (an
+    automaton product), with escapes and characters outside the BMP counted as one."""
+    g = grammar(
+        {
+            "type": "string",
+            "pattern": "^[a-z💩]+$",
+            "allOf": [{"pattern": "b"}],
+            "maxLength": 3,
+            "not": {"pattern": "^bb"},
+        }
+    )
+    assert both(g, "abc") and both(g, "💩b") and both(g, "b")
+    assert not both(g, "abcd") and not both(g, "bbc") and not both(g, "ac") and not both(g, "aB")
+    g = grammar({"maxLength": 2})
+    assert both(g, "💩💩") and both(g, 'a"') and not both(g, "💩💩💩") and both(g, 12345)
+
+
+FORMAT_CASES = {
+    "date": (
+        ["2020-02-29", "1999-12-31", "2000-02-29"],
+        ["2021-02-29", "1900-02-29", "2020-13-01", "2020-1-01", "20200101"],
+    ),
+    "time": (
+        ["12:34:56Z", "23:59:60Z", "01:02:03.123456+05:30", "00:00:00z"],
+        ["24:00:00Z", "12:60:00Z", "12:00:00", "22:59:60Z"],
+    ),
+    "date-time": (
+        ["2020-01-01T00:00:00Z", "2020-01-01t10:00:00.5-01:00"],
+        ["2020-01-01 00:00:00Z", "2020-01-01T25:00:00Z"],
+    ),
+    "duration": (["P1D", "PT1H30M", "P1Y2M3DT4H5M6S", "P4W"], ["P", "PT", "P1H", "1D", "P1DT"]),
+    "email": (["joe@example.com", "a.b+c@d-e.org", "x@[127.0.0.1]"], ["joe", "@example.com", "a..b@c.com", "joe@"]),
+    "hostname": (["example.com", "a-b.c", "localhost"], ["-a.com", "a-.com", "a..b", "a" * 64]),
+    "ipv4": (["127.0.0.1", "255.255.255.255", "0.0.0.0"], ["256.0.0.1", "01.2.3.4", "1.2.3", "1.2.3.4.5"]),
+    "ipv6": (
+        ["::1", "2001:db8::ff00:42:8329", "::ffff:127.0.0.1", "1:2:3:4:5:6:7:8"],
+        ["1:2:3:4:5:6:7:8:9", ":::", "12345::", "1::2::3"],
+    ),
+    "uuid": (
+        ["2eb8aa08-aa98-11ea-b4aa-73b441d16380"],
+        ["2eb8aa08aa9811eab4aa73b441d16380", "2eb8aa08-aa98-11ea-b4aa-73b441d1638"],
+    ),
+    "uri": (
+        ["http://example.com/a?b#c", "urn:isbn:0451450523", "mailto:x@y.z"],
+        ["//example.com", "http://a b", "1http://x"],
+    ),
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMAT_CASES))
+def test_formats_are_enforced(fmt: str) -> None:
+    """Each asserted format accepts its valid spellings and refuses invalid ones
+    (RFC 3339 leap years and leap seconds, ISO 8601 durations, RFC 4291 addresses, ...)."""
+    g = grammar({"type": "string", "format": fmt})
+    good, bad = FORMAT_CASES[fmt]
+    for s in good:
+        assert both(g, s), (fmt, s)
+    for s in bad:
+        assert not both(g, s), (fmt, s)
+    # as annotations (a validator's default since 2019-09), anything goes
+    assert both(grammar({"format": fmt}, formats="annotate"), bad[0])
+
+
+def test_format_suite_coverage() -> None:
+    """The suite's optional/format groups of draft 2020-12, with formats asserted, for the
+    formats we enforce: at least 90% of the instances right."""
+    from benchmarks import schema_suite as ss
+
+    ours = {"date", "time", "date-time", "duration", "email", "hostname", "ipv4", "ipv6", "uuid", "uri"}
+    root = ss.suite_dir() / "tests" / "draft2020-12" / "optional" / "format"
+    right = total = 0
+    for fmt in sorted(ours):
+        for group in json.loads((root / f"{fmt}.json").read_text(encoding="utf-8")):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                g = grammar(group["schema"], validator=True, formats="assert")
+            for t in group["tests"]:
+                total += 1
+                right += both(g, t["data"]) == t["valid"]
+    assert right >= 0.9 * total, (right, total)
+
+
+# --- objects and arrays --------------------------------------------------------------------
+
+
+def test_property_order_and_undeclared_keys() -> None:
+    """Generation defaults: declared keys in llama.cpp's order (required, then optional),
+    none invented; validator semantics: any order, each key once, undeclared keys as JSON
+    Schema allows them."""
+    schema = {"properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["b"]}
+    gen = grammar(schema)
+    assert both(gen, {"b": 1, "a": 2}) and both(gen, {"b": 1})
+    assert not both(gen, {"a": 2, "b": 1}) and not both(gen, {"b": 1, "z": 0}) and not both(gen, {"a": 1})
+    val = grammar(schema, validator=True)
+    assert both(val, {"a": 2, "b": 1}) and both(val, {"b": 1, "z": [0]})
+    assert not both(val, {"a": "x", "b": 1}) and not both(val, {"a": 1})
+    assert not val.accepts('{"b": 1, "b": 2}')
+    anyorder = grammar(schema, property_order="any")
+    assert both(anyorder, {"a": 2, "b": 1}) and not both(anyorder, {"b": 1, "z": 0})
+    extra = grammar(schema, additional_properties="schema")
+    assert both(extra, {"b": 1, "z": 0}) and not both(extra, {"a": 2, "b": 1})
+
+
+def test_objects_with_patterns_names_and_dependencies() -> None:
+    g = grammar(
+        {
+            "properties": {"id": {"type": "integer"}},
+            "patternProperties": {"^x-": {"type": "string"}},
+            "additionalProperties": {"type": "boolean"},
+            "propertyNames": {"maxLength": 4},
+            "dependentRequired": {"id": ["x-a"]},
+            "minProperties": 1,
+        },
+        validator=True,
+    )
+    assert both(g, {"id": 1, "x-a": "s"}) and both(g, {"zz": True}) and both(g, {"x-b": "s", "q": False})
+    assert not both(g, {"id": 1}) and not both(g, {"x-a": 1}) and not both(g, {"zz": 1})
+    assert not both(g, {"longer": True}) and not both(g, {})
+
+
+def test_arrays_with_prefix_items_and_contains() -> None:
+    g = grammar(
+        {
+            "prefixItems": [{"type": "string"}],
+            "items": {"type": "integer"},
+            "contains": {"const": 7},
+            "minContains": 2,
+            "maxContains": 3,
+        },
+        validator=True,
+    )
+    assert both(g, ["a", 7, 7]) and both(g, ["a", 7, 1, 7, 7])
+    assert (
+        not both(g, ["a", 7]) and not both(g, ["a", 7, 7, 7, 7]) and not both(g, [1, 7, 7]) and not both(g, ["a", "b"])
+    )
+
+
+def test_enum_and_const_compare_values() -> None:
+    """const/enum compare JSON values: 1 equals 1.0, object keys in any order."""
+    g = grammar({"enum": [1, {"a": [1, "x"], "b": None}]}, validator=True)
+    assert both(g, 1.0) and both(g, {"b": None, "a": [1, "x"]})
+    assert not both(g, 2) and not both(g, {"a": [1, "x"]}) and not both(g, True)
+
+
+def test_references() -> None:
+    """$ref through $id bases, $anchor, escaped pointers, recursion and caller-supplied
+    documents; never the network."""
+    schema = {
+        "$id": "https://example.com/root.json",
+        "$defs": {
+            "a~b/c%": {"type": "integer"},
+            "node": {
+                "$anchor": "node",
+                "type": "object",
+                "properties": {"next": {"$ref": "#node"}, "v": {"$ref": "#/$defs/a~0b~1c%25"}},
+            },
+            "remote": {"$ref": "other.json"},
+        },
+        "properties": {"n": {"$ref": "#node"}, "r": {"$ref": "#/$defs/remote"}},
+    }
+    g = grammar(schema, validator=True, resources={"https://example.com/other.json": {"type": "string"}})
+    assert both(g, {"n": {"v": 1, "next": {"v": 2}}, "r": "s"})
+    assert not both(g, {"n": {"next": {"v": "x"}}}) and not both(g, {"r": 1})
+    with pytest.raises(SchemaError, match="cannot resolve"):
+        schema_to_gbnf(schema)
+    seen = []
+    g = grammar(schema, retrieve=lambda uri: seen.append(uri) or {"type": "string"})
+    assert seen == ["https://example.com/other.json"]
+
+
+def test_warnings_and_strict_mode() -> None:
+    """What a grammar cannot enforce is named with its JSON pointer; strict=True refuses it."""
+    with pytest.warns(SchemaWarning, match=r"#/properties/tags: uniqueItems"):
+        schema_to_gbnf({"properties": {"tags": {"type": "array", "uniqueItems": True}}})
+    with pytest.raises(UnsupportedSchemaError) as info:
+        schema_to_gbnf({"properties": {"tags": {"type": "array", "uniqueItems": True}}}, strict=True)
+    assert info.value.keyword == "uniqueItems" and info.value.pointer == "#/properties/tags"
+    with pytest.warns(SchemaWarning, match="unknown format"):
+        schema_to_gbnf({"type": "string", "format": "color"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        schema_to_gbnf({"type": "string", "format": "color"}, formats="annotate")
+        schema_to_gbnf({"type": "array", "items": {"type": "integer"}, "maxItems": 3})
+
+
+def test_compat_mode_is_llama_cpp() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 3}}}
+    assert json_schema_to_gbnf(schema, compat="llama.cpp") == llama_cpp_json_schema_to_gbnf(schema)
+    assert json_schema_to_gbnf(schema) == schema_to_gbnf(schema)
+    with pytest.raises(ValueError, match="compat"):
+        json_schema_to_gbnf(schema, compat="xgrammar")
+
+
+def test_unsatisfiable_schema_accepts_nothing() -> None:
+    g = grammar({"allOf": [{"type": "string"}, {"type": "integer"}]})
+    assert not both(g, "a") and not both(g, 1) and not g.accepts("")
+
+
+def test_pydantic_models() -> None:
+    """A pydantic model class or TypeAdapter is a schema (pydantic is imported only by the
+    caller)."""
+    pydantic = pytest.importorskip("pydantic")
+
+    class Pet(pydantic.BaseModel):
+        name: str = pydantic.Field(max_length=8)
+        kind: str = pydantic.Field(pattern="^(cat|dog)$")
+        age: int | None = None
+
+    g = Grammar.from_json_schema(Pet)
+    doc = Pet(name="Rex", kind="dog", age=3).model_dump_json()
+    assert g.accepts(doc)
+    assert not g.accepts('{"name": "Rex", "kind": "cow"}')
+    ta = pydantic.TypeAdapter(list[Pet])
+    assert Grammar.from_json_schema(ta).accepts(f"[{doc}]")
+    with pytest.raises(TypeError, match="pydantic model"):
+        schema_to_gbnf(object())
+
+
+def test_generate_with_a_pydantic_model(tiny_model: Any) -> None:
+    """generate(..., json_schema=Model) writes text Model.model_validate_json accepts."""
+    pydantic = pytest.importorskip("pydantic")
+    from samplers import Dist, SamplerChain, TopK
+    from samplers.branch import BranchStore
+    from samplers.search import complete
+
+    class Answer(pydantic.BaseModel):
+        ok: bool
+        level: int = pydantic.Field(ge=0, le=9)
+
+    with tiny_model.context(n_ctx=512, n_threads=2) as ctx:
+        store = BranchStore(ctx)
+        r = complete(
+            store, "answer:", max_tokens=200, sampler=SamplerChain([TopK(5), Dist(seed=3)]), json_schema=Answer
+        )
+    assert r.stop_reason in ("eog", "grammar"), r
+    Answer.model_validate_json(r.text)
