@@ -41,8 +41,8 @@ from ._lower import (
     value_node,
 )
 from ._numbers import NumberSpec, automaton
-from ._regex import RegexSyntaxError, RegexUnsupported, anchored, parse
-from ._rules import RuleSet, literal
+from ._regex import CharSet, RegexSyntaxError, RegexUnsupported, Repeat, anchored, parse
+from ._rules import RuleSet, literal, repeat
 from ._strings import ANY_CHAR, format_rule, json_char, regex_body, string_literal
 
 __all__ = ["SPACE", "Emitter"]
@@ -165,6 +165,9 @@ class Emitter:
             if a.patterns or a.min_len or a.max_len is not None or complex_:
                 self.warn("format", ptr, "a format together with other string keywords: only the format is enforced")
             return fmt_rule
+        simple = self._class_run(a)
+        if simple is not None:
+            return simple
         if complex_:
             try:
                 d = dfa_mod.length(a.min_len, a.max_len) if (a.min_len or a.max_len is not None) else None
@@ -197,16 +200,34 @@ class Emitter:
 
                 raise SchemaError(f"JSON schema error at {ptr}/pattern: {e}") from None
         ch = json_char(rs, ANY_CHAR)
-        lo, hi = a.min_len, a.max_len
-        if hi is None:
-            rep = "*" if lo == 0 else "+" if lo == 1 else f"{{{lo},}}"
-        elif lo == hi:
-            rep = f"{{{lo}}}"
-        else:
-            rep = f"{{{lo},{hi}}}"
-        if hi == 0:
-            return '"\\"\\""'
-        return f'"\\"" {ch}{rep} "\\""'
+        try:
+            body = repeat(rs, ch, a.min_len, a.max_len)
+        except OverflowError as e:
+            self.warn("maxLength", ptr, f"string lengths are not enforced: {e}")
+            body = f"{ch}*"
+        return '"\\"" ' + body + ' "\\""'
+
+    def _class_run(self, a: Str) -> str | None:
+        """A single pattern ``^[class]{m,n}$`` (or ``*``, ``+``) with lengths: one bounded
+        run of the class, the bounds intersected (what pydantic's ``constr`` writes)."""
+        if len(a.patterns) != 1 or a.not_patterns or a.excluded or a.not_lengths:
+            return None
+        try:
+            node = anchored(parse(a.patterns[0]))
+        except (RegexUnsupported, RegexSyntaxError):
+            return None
+        if not (isinstance(node, Repeat) and isinstance(node.item, CharSet)):
+            return None
+        lo = max(node.min, a.min_len)
+        his = [h for h in (node.max, a.max_len) if h is not None]
+        hi = min(his) if his else None
+        if hi is not None and hi < lo:
+            return ""
+        try:
+            body = repeat(self.rs, json_char(self.rs, node.item.ivs), lo, hi)
+        except OverflowError:
+            return None
+        return '"\\"" ' + body + ' "\\""'
 
     def const(self, v: Any, ptr: str) -> str:
         t = json_type(v)
@@ -320,7 +341,13 @@ class Emitter:
         alts = [('"]"', None)] if t_lo == 0 else []
         if r:
             rest_hi = None if t_hi is None else t_hi - 1
-            rest = f'("," ws {r} ws){_rep(max(t_lo - 1, 0), rest_hi)} ' if rest_hi != 0 else ""
+            rest = ""
+            if rest_hi != 0:
+                try:
+                    rest = repeat(self.rs, f'("," ws {r} ws)', max(t_lo - 1, 0), rest_hi) + " "
+                except OverflowError as e:
+                    self.warn("maxItems", "#", f"array lengths are not enforced: {e}")
+                    rest = f'("," ws {r} ws)* '
             alts.append((f'{sep(n)}{r} ws {rest}"]"', None))
         states[str(n)] = alts
         live = automaton(self.rs, pre, states)
@@ -517,14 +544,6 @@ class Emitter:
         if "0-0-1" not in live:
             return ""
         return f'"{{" ws {pre}-0-0-1'
-
-
-def _rep(lo: int, hi: int | None) -> str:
-    if hi is None:
-        return "*" if lo == 0 else "+" if lo == 1 else f"{{{lo},}}"
-    if lo == hi:
-        return f"{{{lo}}}"
-    return "?" if (lo, hi) == (0, 1) else f"{{{lo},{hi}}}"
 
 
 def _and(d: dfa_mod.DFA | None, e: dfa_mod.DFA) -> dfa_mod.DFA:

@@ -109,3 +109,54 @@ class RuleSet:
         lines = [f"root ::= {root_body}"]
         lines += [f"{name} ::= {body}" for name, body in sorted(self.bodies.items())]
         return "\n".join(lines) + "\n"
+
+
+#: a repetition count GBNF writes directly; larger ones go through named chunks of this many
+CHUNK = 1000
+#: the largest count :func:`repeat` writes (llama.cpp's parser caps a count at 2000, so the
+#: chunks are themselves repeated at most 2000 times)
+MAX_COUNT = 2000 * CHUNK
+
+
+def quantifier(lo: int, hi: int | None) -> str:
+    """``*``, ``+``, ``?``, ``{m}``, ``{m,}`` or ``{m,n}`` for counts up to :data:`CHUNK`."""
+    if hi is None:
+        return "*" if lo == 0 else "+" if lo == 1 else f"{{{lo},}}"
+    if (lo, hi) == (0, 1):
+        return "?"
+    return f"{{{lo}}}" if lo == hi else f"{{{lo},{hi}}}"
+
+
+def repeat(rs: RuleSet, item: str, lo: int, hi: int | None) -> str:
+    """GBNF for ``lo`` to ``hi`` (None: any number of) repetitions of ``item``, exact for
+    counts up to :data:`MAX_COUNT` (beyond: :class:`OverflowError`). llama.cpp's parser
+    reads a count above 2000 as "no maximum" and refuses a minimum above it, so large
+    counts are written as named rules of :data:`CHUNK` items, repeated."""
+    if hi is not None and hi < lo:
+        raise ValueError(f"{hi} < {lo}")
+    if hi == 0:
+        return '""'
+    if lo <= CHUNK and (hi is None or hi <= CHUNK):
+        return f"{item}{quantifier(lo, hi)}"
+    if lo > MAX_COUNT or (hi is not None and hi > MAX_COUNT):
+        raise OverflowError(f"a repetition count over {MAX_COUNT}")
+    unit = rs.add("item", item)
+    parts = []
+    q, r = divmod(lo, CHUNK)
+    if q:
+        chunk = rs.add("chunk", f"{unit}{{{CHUNK}}}")
+        parts.append(chunk if q == 1 else f"{chunk}{{{q}}}")
+    rest = None if hi is None else hi - q * CHUNK
+    if rest is None or rest <= CHUNK:
+        if rest != 0:
+            parts.append(f"{unit}{quantifier(r, rest)}")
+    else:
+        if r:
+            parts.append(f"{unit}{{{r}}}")
+        n = rest - r  # 0..n more
+        levels = -(-n // CHUNK)
+        cur = f"{unit}{{0,{n - (levels - 1) * CHUNK}}}"
+        for _ in range(levels - 1):
+            cur = rs.add("upto", f"{unit}{{{CHUNK}}} {cur} | {unit}{{0,{CHUNK - 1}}}")
+        parts.append(cur)
+    return " ".join(p for p in parts if p) or '""'

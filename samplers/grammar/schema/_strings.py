@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable
 
 from ._regex import MAX_CP, Alt, Anchor, CharSet, Intervals, Node, Repeat, Seq, intersect, norm
-from ._rules import RuleSet, char_class, literal
+from ._rules import RuleSet, char_class, literal, repeat
 
 __all__ = ["FORMATS", "format_rule", "json_char", "regex_body", "string_literal"]
 
@@ -145,39 +145,26 @@ def string_literal(rs: RuleSet, value: str) -> str:
     return " ".join(['"\\""', *parts, '"\\""'])
 
 
-def regex_body(rs: RuleSet, node: Node, max_repeat: int = 1000) -> str:
+def regex_body(rs: RuleSet, node: Node) -> str:
     """A GBNF expression for the string contents ``node`` (an anchored tree) accepts."""
     if isinstance(node, CharSet):
         return json_char(rs, node.ivs)
     if isinstance(node, Seq):
         if not node.items:
             return '""'
-        return " ".join(_group(rs, it, max_repeat) for it in node.items)
+        return " ".join(_group(rs, it) for it in node.items)
     if isinstance(node, Alt):
-        return "(" + " | ".join(regex_body(rs, it, max_repeat) for it in node.items) + ")"
+        return "(" + " | ".join(regex_body(rs, it) for it in node.items) + ")"
     if isinstance(node, Repeat):
-        inner = _group(rs, node.item, max_repeat)
-        lo, hi = node.min, node.max
-        if lo > max_repeat or (hi is not None and hi > max_repeat):
-            raise OverflowError(f"a repetition count over {max_repeat}")
-        if (lo, hi) == (0, None):
-            return f"{inner}*"
-        if (lo, hi) == (1, None):
-            return f"{inner}+"
-        if (lo, hi) == (0, 1):
-            return f"{inner}?"
-        if hi is None:
-            return f"{inner}{{{lo},}}"
-        if lo == hi:
-            return f"{inner}{{{lo}}}" if lo else '""'
-        return f"{inner}{{{lo},{hi}}}"
+        inner = _group(rs, node.item)
+        return repeat(rs, inner, node.min, node.max)
     if isinstance(node, Anchor):
         raise ValueError("anchors are removed by regex.anchored")
     raise TypeError(node)
 
 
-def _group(rs: RuleSet, node: Node, max_repeat: int) -> str:
-    body = regex_body(rs, node, max_repeat)
+def _group(rs: RuleSet, node: Node) -> str:
+    body = regex_body(rs, node)
     if isinstance(node, Seq) and len(node.items) > 1:
         return f"({body})"
     return body
