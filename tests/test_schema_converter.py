@@ -137,12 +137,14 @@ SPECS = [
     {"exclusiveMinimum": 0},
     {"type": "integer", "minimum": -(10**25), "maximum": 10**30},
     {"type": "integer", "exclusiveMinimum": 99999999999999999999},
+    {"type": "integer", "multipleOf": 7, "minimum": -100, "maximum": 12345},
+    {"type": "number", "multipleOf": 2, "minimum": 0},
 ]
 
 
 @functools.cache
 def _cached_grammar(schema_json: str) -> Grammar:
-    return grammar(json.loads(schema_json))
+    return grammar(json.loads(schema_json), validator=True)  # 1.0 is an integer too
 
 
 def _spellings(x: Fraction) -> list[str]:

@@ -341,7 +341,13 @@ class Lowering:
         for i, x in enumerate(atoms):
             inside = False
             for j, y in enumerate(atoms):
-                if i != j and x.type == y.type and not isinstance(x, Const) and self.meet(x, y) == x:
+                if (
+                    i != j
+                    and x.type == y.type
+                    and not isinstance(x, Const)
+                    and _annotations(x) == _annotations(y)  # unevaluated* sees these
+                    and self.meet(x, y) == x
+                ):
                     if x != y or j < i:
                         inside = True
                         break
@@ -531,21 +537,20 @@ class Lowering:
                 parts.append(Arr(max_items=a.min_items - 1))
             if a.max_items is not None:
                 parts.append(Arr(min_items=a.max_items + 1))
-            simple = not a.prefix and not a.uneval and not a.unique
+            simple = not a.uneval and not a.unique
             if a.items.key != ("true",):
                 if a.prefix:
-                    simple = False
+                    simple = False  # "an item after the prefix outside items": no keyword says it
                 else:
                     parts.append(Arr(contains=((not_node(a.items), 1, None),)))
             for c, lo, hi in a.contains:
                 if lo == 1 and hi is None:
                     parts.append(Arr(items=not_node(c)))
-                else:
+                elif not (lo == 0 and hi is None):
                     simple = False
-            if a.prefix:
-                if len(a.prefix) == 1 and a.items.key == ("true",):
-                    parts.append(Arr(prefix=(not_node(a.prefix[0]),), min_items=1))
-                    simple = True
+            for i, item in enumerate(a.prefix):
+                # the first position whose item fails its prefix schema
+                parts.append(Arr(prefix=(*(TRUE,) * i, not_node(item)), min_items=i + 1))
             if not simple:
                 self.warn("not", ptr, "the complement of this array schema is not enforced: any array is accepted")
                 return (base,)
@@ -678,7 +683,10 @@ class Lowering:
             parts.append(self._one_of([sub("oneOf", x, f"/{i}") for i, x in enumerate(s["oneOf"])], ptr))
         if "not" in s:
             parts.append(self.complement(self.lower(sub("not", s["not"])), f"{ptr}/not"))
-        if kw["if"] and "if" in s and ("then" in s or "else" in s or self.annotations):
+        if kw["if"] and "if" in s and self.annotations and "then" not in s and "else" not in s:
+            # a lone if constrains nothing, but its annotations count where it matches
+            parts.append(self.union(self.lower(sub("if", s["if"])), ANY))
+        elif kw["if"] and "if" in s and ("then" in s or "else" in s):
             cond = self.lower(sub("if", s["if"]))
             then = self.lower(sub("then", s["then"])) if "then" in s else ANY
             other = self.lower(sub("else", s["else"])) if "else" in s else ANY
@@ -965,6 +973,15 @@ def _search(pattern: str, text: str) -> bool | None:
             return re.search(pattern, text) is not None
         except re.error:
             return None
+
+
+def _annotations(a: Atom) -> tuple[Any, ...]:
+    """What an atom tells an enclosing unevaluatedProperties/unevaluatedItems."""
+    if isinstance(a, Obj):
+        return (a.ev_names, a.ev_patterns, a.ev_all)
+    if isinstance(a, Arr):
+        return (a.ev_prefix, a.ev_all, a.ev_contains)
+    return ()
 
 
 def _merge(a: tuple[Any, ...], b: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -336,7 +336,10 @@ class NumberSpec:
                         return ""
                     return "(" + " | ".join(f'"{v}"' for v in vals) + f") {zero}".rstrip()
                 if bounded:
-                    warn("multipleOf", f"multipleOf {d} together with bounds: only the bounds are enforced")
+                    body = _bounded_multiples(rs, d, ilo, ihi)
+                    if body is not None:
+                        return f"{body} {zero}".rstrip() if body else ""
+                    warn("multipleOf", f"multipleOf {d} together with these bounds: only the bounds are enforced")
                 elif d <= MAX_DIVISOR:
                     return f"{_divisible(rs, d)} {zero}".rstrip()
                 else:
@@ -421,6 +424,96 @@ def automaton(rs: RuleSet, prefix: str, states: dict[str, list[tuple[str, str | 
                 body.append(f"{item} {prefix}-{nxt}".strip())
         rs.fixed(f"{prefix}-{name}", " | ".join(body))
     return live
+
+
+Positions = list[tuple[int, int]]  # per digit position, the digit range
+
+
+def _fixed_positions(lo: int, hi: int, width: int) -> list[Positions]:
+    """The ``width``-digit numerals in [lo, hi] as sequences of per-position digit ranges."""
+    if width == 0:
+        return [[]]
+    unit = 10 ** (width - 1)
+    lo_d, lo_r = divmod(lo, unit)
+    hi_d, hi_r = divmod(hi, unit)
+    if lo_d == hi_d:
+        return [[(lo_d, lo_d), *rest] for rest in _fixed_positions(lo_r, hi_r, width - 1)]
+    out: list[Positions] = []
+    start, end = lo_d, hi_d
+    if lo_r != 0:
+        out += [[(lo_d, lo_d), *rest] for rest in _fixed_positions(lo_r, unit - 1, width - 1)]
+        start += 1
+    if hi_r != unit - 1:
+        end -= 1
+    if start <= end:
+        out.append([(start, end), *[(0, 9)] * (width - 1)])
+    if hi_r != unit - 1:
+        out += [[(hi_d, hi_d), *rest] for rest in _fixed_positions(0, hi_r, width - 1)]
+    return out
+
+
+def _nat_positions(lo: int, hi: int | None) -> list[tuple[Positions, bool]]:
+    """The numerals of [lo, hi] as (digit ranges, whether any further digits may follow)."""
+    lo = max(lo, 0)
+    if hi is not None and hi < lo:
+        return []
+    out: list[tuple[Positions, bool]] = []
+    width = len(str(lo))
+    while True:
+        w_lo = max(lo, 10 ** (width - 1) if width > 1 else 0)
+        if hi is not None and hi <= 10**width - 1:
+            return out + [(p, False) for p in _fixed_positions(w_lo, hi, width)]
+        if hi is None and width > 1 and w_lo == 10 ** (width - 1):
+            return [*out, ([(1, 9), *[(0, 9)] * (width - 1)], True)]
+        out += [(p, False) for p in _fixed_positions(w_lo, 10**width - 1, width)]
+        width += 1
+
+
+#: the most automaton states (digit positions x remainders) a bounded multipleOf gets
+MAX_MULTIPLE_STATES = 20000
+
+
+def _bounded_multiples(rs: RuleSet, d: int, lo: int | None, hi: int | None) -> str | None:
+    """The multiples of d in [lo, hi]: each digit-range alternative of the range crossed
+    with the remainder automaton; None when that is too large."""
+    sides: list[tuple[str, list[tuple[Positions, bool]]]] = []
+    if hi is None or hi >= 0:
+        sides.append(("", _nat_positions(max(lo if lo is not None else 0, 0), hi)))
+    if lo is None or lo < 0:
+        sides.append(('"-" ', _nat_positions(max(1, -hi) if hi is not None else 1, None if lo is None else -lo)))
+    cost = sum(len(p) + 1 for _, alts in sides for p, _ in alts) * d
+    if cost > MAX_MULTIPLE_STATES:
+        return None
+    heads = []
+    for sign, alts in sides:
+        for positions, open_end in alts:
+            pre = rs.fresh(f"mult{d}")
+            states: dict[str, list[tuple[str, str | None]]] = {}
+            for i, (a, b) in enumerate(positions):
+                for r in range(d if i else 1):
+                    by_next: dict[int, list[int]] = {}
+                    for dig in range(a, b + 1):
+                        by_next.setdefault((r * 10 + dig) % d, []).append(dig)
+                    states[f"{i}-{r}"] = [(_digit_set(ds), f"{i + 1}-{r2}") for r2, ds in by_next.items()]
+            w = len(positions)
+            for r in range(d):
+                alts_end: list[tuple[str, str | None]] = [("", None)] if r == 0 else []
+                if open_end:
+                    by_next = {}
+                    for dig in range(10):
+                        by_next.setdefault((r * 10 + dig) % d, []).append(dig)
+                    alts_end += [(_digit_set(ds), f"{w}-{r2}") for r2, ds in by_next.items()]
+                states[f"{w}-{r}"] = alts_end
+            live = automaton(rs, pre, states)
+            if "0-0" in live:
+                heads.append(f"{sign}{pre}-0-0")
+    return "(" + " | ".join(heads) + ")" if heads else ""
+
+
+def _digit_set(ds: list[int]) -> str:
+    if len(ds) == 1:
+        return f'"{ds[0]}"'
+    return "[" + "".join(str(x) for x in ds) + "]"
 
 
 def _divisible(rs: RuleSet, d: int) -> str:
