@@ -446,3 +446,13 @@ def test_generate_with_a_pydantic_model(tiny_model: Any) -> None:
         )
     assert r.stop_reason in ("eog", "grammar"), r
     Answer.model_validate_json(r.text)
+
+
+def test_unique_items_over_a_few_values() -> None:
+    """uniqueItems is enforced where the items are a few values (enums, booleans, null):
+    an automaton over the values used; elsewhere it is a warning."""
+    g = grammar({"type": "array", "items": {"enum": ["a", "b", 1]}, "uniqueItems": True, "minItems": 1}, validator=True)
+    assert both(g, ["a"]) and both(g, [1.0, "b", "a"]) and both(g, ["b", "a"])
+    assert not both(g, ["a", "a"]) and not both(g, [1, 1.0]) and not both(g, []) and not both(g, ["c"])
+    g = grammar({"prefixItems": [{"type": "boolean"}, {"type": "boolean"}], "items": False, "uniqueItems": True})
+    assert both(g, [False, True]) and both(g, [True]) and not both(g, [True, True])

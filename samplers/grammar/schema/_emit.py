@@ -35,12 +35,13 @@ from ._lower import (
     Str,
     all_of,
     any_of,
+    canon,
     const_node,
     json_type,
     not_node,
     value_node,
 )
-from ._numbers import NumberSpec, automaton
+from ._numbers import GENERATION_DIGITS, NumberSpec, automaton, cap_digits
 from ._regex import CharSet, RegexSyntaxError, RegexUnsupported, Repeat, anchored, parse
 from ._rules import RuleSet, literal, repeat
 from ._strings import ANY_CHAR, format_rule, json_char, regex_body, string_literal
@@ -52,6 +53,8 @@ NEVER = "[^\\x00-\\U0010FFFF]"
 MAX_TRACKED = 8
 MAX_STATES = 4096
 MAX_PATTERN_CLASSES = 4
+#: the most distinct values uniqueItems is enforced over
+MAX_UNIQUE_VALUES = 10
 
 
 class Emitter:
@@ -70,8 +73,10 @@ class Emitter:
         self.extra = additional_properties
         self.rules: dict[tuple[Any, ...], str | None] = {}
         self.dfa_rules: dict[Any, str] = {}
-        #: whether an integer may be written with a zero fraction (``1.0``): a validator's
-        #: view; off for generation, where a model could append zeros without end
+        #: whether an integer may be written with a zero fraction (``1.0``) and numbers with
+        #: any number of digits: a validator's view; off for generation, where a model could
+        #: write zeros or digits without end (each part then has at most 16 digits where the
+        #: schema sets no bound, as in llama.cpp's converter)
         self.integer_fraction = False
         rs.fixed("ws", SPACE)
 
@@ -146,6 +151,8 @@ class Emitter:
         bodies = []
         for s in specs:
             body = s.body(self.rs, warn, non_integer=a.non_integer, zero_fraction=self.integer_fraction)
+            if not self.integer_fraction:  # generation: no endless digits
+                body = cap_digits(body, GENERATION_DIGITS)
             if body:
                 bodies.append(body)
         return " | ".join(f"({b})" if "|" in b else b for b in bodies)
@@ -256,7 +263,10 @@ class Emitter:
 
     def array(self, a: Arr, ptr: str) -> str:
         if a.unique and (a.max_items is None or a.max_items > 1):
-            self.warn("uniqueItems", ptr, "uniqueItems is not enforced")
+            body = self._unique_finite(a, ptr)
+            if body is not None:
+                return body
+            self.warn("uniqueItems", ptr, "uniqueItems is not enforced (items of more than a few values)")
         n = len(a.prefix)
         contains = list(a.contains)
         if len(contains) > 3:
@@ -318,6 +328,54 @@ class Emitter:
         if start not in live:
             return ""
         return f'"[" ws {pre}-{start}'
+
+    def _unique_finite(self, a: Arr, ptr: str) -> str | None:
+        """uniqueItems where every position holds one of a few values (enums, booleans,
+        null; at most :data:`MAX_UNIQUE_VALUES`): an automaton whose state is the position
+        and the set of values used. None when that does not apply."""
+        if a.contains or a.uneval:
+            return None
+        doms: list[list[Any]] = []
+        for node in (*a.prefix, a.items):
+            vals: list[Any] = []
+            for atom in self.low.lower(node):
+                if isinstance(atom, Const):
+                    vals += list(atom.values)
+                elif isinstance(atom, Bool):
+                    vals += sorted(atom.values)
+                elif isinstance(atom, Null):
+                    vals.append(None)
+                else:
+                    return None
+            doms.append(list({canon(v): v for v in vals}.values()))
+        universe = list({canon(v): v for d in doms for v in d}.values())
+        if len(universe) > MAX_UNIQUE_VALUES:
+            return None
+        keys = [canon(v) for v in universe]
+        n = len(a.prefix)
+        longest = n + len(universe) if a.max_items is None else min(a.max_items, n + len(universe))
+        pre = self.rs.fresh("uniq")
+        states: dict[str, list[tuple[str, str | None]]] = {}
+        lits = [self.const(v, ptr) for v in universe]
+        for used in range(2 ** len(universe)):
+            pos = bin(used).count("1")  # the array's length so far: one item per value used
+            if pos > longest:
+                continue
+            for first in (True, False) if pos == 0 else (False,):
+                alts: list[tuple[str, str | None]] = []
+                if pos >= a.min_items:
+                    alts.append(('"]"', None))
+                if a.max_items is None or pos < a.max_items:
+                    dom = {canon(v) for v in doms[min(pos, n)]}
+                    sep = "" if first else '"," ws '
+                    for i, k in enumerate(keys):
+                        if k in dom and not used >> i & 1:
+                            alts.append((f"{sep}({lits[i]}) ws", f"{used | 1 << i}-{pos + 1}-0"))
+                states[f"{used}-{pos}-{int(first)}"] = alts
+        live = automaton(self.rs, pre, states)
+        if "0-0-1" not in live:
+            return ""
+        return f'"[" ws {pre}-0-0-1'
 
     def _array_simple(self, a: Arr, n: int, elem: Callable[[int, tuple[int, ...]], str | None]) -> str:
         lo, hi = a.min_items, a.max_items

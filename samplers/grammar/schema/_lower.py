@@ -104,7 +104,7 @@ def not_node(p: Node) -> Node:
 
 
 def const_node(value: Any) -> Node:
-    return Node("const", schema=value, key=("const", _canon(value)))
+    return Node("const", schema=value, key=("const", canon(value)))
 
 
 # --- atoms ----------------------------------------------------------------------------
@@ -192,7 +192,7 @@ ANY: tuple[Atom, ...] = (Null(), Bool(), Num(), Str(), Arr(), Obj())
 TYPE_ATOM = {a.type: a for a in ANY}
 
 
-def _canon(value: Any) -> str:
+def canon(value: Any) -> str:
     import json
 
     def norm(v: Any) -> Any:
@@ -360,8 +360,8 @@ class Lowering:
             c, other = (x, y) if isinstance(x, Const) else (y, x)
             assert isinstance(c, Const)
             if isinstance(other, Const):
-                keys = {_canon(v) for v in other.values}
-                vals = tuple(v for v in c.values if _canon(v) in keys)
+                keys = {canon(v) for v in other.values}
+                vals = tuple(v for v in c.values if canon(v) in keys)
             else:
                 vals = tuple(v for v in c.values if self.matches(other, v))
             return Const(vals) if vals else None
@@ -581,7 +581,7 @@ class Lowering:
     def matches(self, a: Atom, v: Any) -> bool:
         t = json_type(v)
         if isinstance(a, Const):
-            return _canon(v) in {_canon(x) for x in a.values}
+            return canon(v) in {canon(x) for x in a.values}
         if a.type != t:
             return False
         if isinstance(a, Null):
@@ -631,7 +631,7 @@ class Lowering:
                 k = sum(self.matches_node(c, item) for item in v)
                 if k < lo or (hi is not None and k > hi):
                     return False
-            if a.unique and len({_canon(x) for x in v}) != n:
+            if a.unique and len({canon(x) for x in v}) != n:
                 return False
             return True
         if isinstance(a, Obj):
@@ -792,7 +792,7 @@ class Lowering:
         if "enum" in s:
             if not isinstance(s["enum"], list):
                 raise SchemaError(f"JSON schema error at {ptr}/enum: enum must be an array")
-            consts = s["enum"] if consts is None else [v for v in consts if _canon(v) in {_canon(e) for e in s["enum"]}]
+            consts = s["enum"] if consts is None else [v for v in consts if canon(v) in {canon(e) for e in s["enum"]}]
         if consts is not None:
             out = self.intersect(out, (Const(tuple(consts)),)) if consts else ()
         if out == ANY:

@@ -12,13 +12,14 @@ Schema counts 1.0 an integer.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from fractions import Fraction
 
 from ._rules import RuleSet
 from ._strings import _fixed_range
 
-__all__ = ["NumberSpec", "automaton", "int_range"]
+__all__ = ["GENERATION_DIGITS", "NumberSpec", "automaton", "cap_digits", "int_range"]
 
 #: ``warn(keyword, message)``: what a number grammar does not enforce
 Warn = Callable[[str, str], None]
@@ -225,9 +226,13 @@ def _exp_range(a: int | None, b: int | None) -> str:
     return _alt(alts)
 
 
-def _exponent_forms(lo: Fraction | None, lo_s: bool, hi: Fraction | None, hi_s: bool) -> list[str]:
+def _exponent_forms(
+    lo: Fraction | None, lo_s: bool, hi: Fraction | None, hi_s: bool, integer: bool = False
+) -> list[str]:
     """Numbers within the bounds written ``d(.ddd)?e[+-]?n`` (one non-zero leading digit,
-    as ``json.dumps`` writes floats at or over 1e16 and under 1e-4)."""
+    as ``json.dumps`` writes floats at or over 1e16 and under 1e-4). ``integer``: only
+    exponents of 16 or more with at most 16 fraction digits (integers, as ``json.dumps``
+    writes integral floats from 1e16 on), away from a bound's decade."""
     out = []
     for sign in (1, -1):
         # bounds on |x| for this sign
@@ -244,13 +249,15 @@ def _exponent_forms(lo: Fraction | None, lo_s: bool, hi: Fraction | None, hi_s: 
         emin = _floor_log10(a) if a is not None else None
         emax = _floor_log10(b) if b is not None else None
         forms = []
-        mant_any = '[1-9] ("." [0-9]+)?'
+        mant_any = '[1-9] ("." [0-9]{1,16})?' if integer else '[1-9] ("." [0-9]+)?'
         # exponents strictly inside: any mantissa
         inner_lo = None if emin is None else emin + 1
         inner_hi = None if emax is None else emax - 1
+        if integer:
+            inner_lo = 16 if inner_lo is None else max(inner_lo, 16)
         if inner_lo is None or inner_hi is None or inner_lo <= inner_hi:
             forms.append(f"{mant_any} [eE] {_exp_range(inner_lo, inner_hi)}")
-        for e in sorted({x for x in (emin, emax) if x is not None}):
+        for e in sorted({x for x in (emin, emax) if x is not None and not integer}):
             scale = Fraction(10) ** e
             m_lo, m_lo_s = Fraction(1), False
             m_hi, m_hi_s = Fraction(10), True
@@ -345,6 +352,10 @@ class NumberSpec:
                 else:
                     warn("multipleOf", f"multipleOf {d}: a divisor over {MAX_DIVISOR} is not enforced")
             r = int_range(ilo, ihi)
+            if zero_fraction and divisor is None:
+                # a validator's view: integral floats from 1e16 on, as json.dumps writes them
+                # (a multipleOf number is written in plain digits)
+                r = _alt([r, *_exponent_forms(self.lo, self.lo_strict, self.hi, self.hi_strict, integer=True)])
             return f"{r} {zero}".rstrip() if r else ""
         if divisor is not None:
             m = divisor[0]
@@ -424,6 +435,23 @@ def automaton(rs: RuleSet, prefix: str, states: dict[str, list[tuple[str, str | 
                 body.append(f"{item} {prefix}-{nxt}".strip())
         rs.fixed(f"{prefix}-{name}", " | ".join(body))
     return live
+
+
+#: digits a generated number may have in each part where the schema sets no bound
+#: (llama.cpp's converter allows 16): a model could otherwise write digits without end
+GENERATION_DIGITS = 16
+_OPEN_RUN = re.compile(r'(\[0-9\]|"0")([*+]|\{(\d+),\})')
+
+
+def cap_digits(body: str, cap: int) -> str:
+    """``body`` with each open-ended run of digits (``[0-9]*``, ``[0-9]+``, ``[0-9]{k,}``,
+    ``"0"*``, ``"0"+``) limited to ``cap`` digits."""
+
+    def one(m: re.Match[str]) -> str:
+        lo = {"*": 0, "+": 1}.get(m.group(2), int(m.group(3) or 0))
+        return f"{m.group(1)}{{{lo},{max(lo, cap)}}}"
+
+    return _OPEN_RUN.sub(one, body)
 
 
 Positions = list[tuple[int, int]]  # per digit position, the digit range
