@@ -33,12 +33,14 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
+import os
 import statistics
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +128,47 @@ def run(engine: str, draft: str) -> dict[str, Any]:
     }
 
 
+def payload_row(r: dict[str, Any]) -> dict[str, Any]:
+    """One engine and draft as the suite's JSON: percentages, counts, compile times."""
+    if "skipped" in r:
+        return {"engine": r["engine"], "draft": r["draft"], "status": "skipped", "reason": r["skipped"]}
+    t = r["totals"]
+
+    def pct(a: int, b: int) -> float | None:
+        return 100 * a / b if b else None
+
+    return {
+        "engine": r["engine"],
+        "draft": r["draft"],
+        "status": "ok",
+        "compiled_pct": pct(t["compiled"], t["groups"]),
+        "valid_accepted_pct": pct(t["valid_accepted"], t["valid"]),
+        "invalid_rejected_pct": pct(t["invalid_rejected"], t["invalid_compiled"]),
+        "right_pct": pct(t["right"], t["instances"]),
+        "counts": {f"{k}_count": v for k, v in t.items()},
+        "compile_ms": r["compile_ms"],
+        "wall_s": r["seconds"],
+        "warnings": {f"{k}_count": n for k, n in r["warnings"].items()},
+    }
+
+
+@contextlib.contextmanager
+def quiet_stderr(on: bool) -> Iterator[None]:
+    """Silence the native stderr (xgrammar prints a warning per unsupported keyword)."""
+    if not on:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
 def table(results: list[dict[str, Any]]) -> str:
     cols = ["groups compiled", "valid accepted (of all)", "invalid rejected (of compiled)", "instances right (of all)"]
     lines = ["| engine | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
@@ -153,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
             if reason is not None:
                 results.append({"engine": engine, "draft": draft, "skipped": reason})
                 continue
-            results.append(run(engine, draft))
+            with quiet_stderr(engine not in ("ours", "ours-generation", "llama.cpp")):
+                results.append(run(engine, draft))
         print(f"\n## {draft} ({len(ss.groups(draft))} groups, remote references served)\n")
         print(table(results))
         for r in results:
@@ -169,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
         everything += results
     if args.json:
-        Path(args.json).write_text(json.dumps(everything, indent=1))
+        Path(args.json).write_text(json.dumps({"results": [payload_row(r) for r in everything]}, indent=1))
     if args.write_baseline:
         base = {r["draft"]: r["per_group"] for r in everything if r.get("engine") == "ours" and "per_group" in r}
         Path(args.write_baseline).write_text(json.dumps(base, indent=1, sort_keys=True) + "\n")

@@ -153,6 +153,14 @@ STEPS: tuple[Step, ...] = (
         "xgrammar, outlines-core; compile, first mask, mask median/p99 (peers not installed: skipped)",
     ),
     Step(
+        "schema_coverage",
+        "bench_schema_coverage.py",
+        ("--drafts", "draft2020-12"),
+        ("--drafts", "draft2020-12,draft7,draft6,draft4"),
+        "JSON-Schema-Test-Suite coverage: ours (validator semantics, generation defaults, llama.cpp-compatible) "
+        "vs xgrammar, llguidance, outlines-core; instances right, valid accepted, invalid rejected, compile time",
+    ),
+    Step(
         "branches",
         "bench_branches.py",
         ("--ns", "1,4,8", "--rounds", "2", "--tg", "32", "--fork-iters", "50", "--quiet-wait", "10", "--retries", "1"),
@@ -423,6 +431,31 @@ def comparisons_grammar_peers(step: Step, full: bool, d: Payload) -> list[Compar
     return out
 
 
+def comparisons_schema_coverage(step: Step, full: bool, d: Payload) -> list[Comparison]:
+    """Per draft and peer: the share of instances right and of valid instances accepted,
+    ours (validator semantics) against the peer (higher is better)."""
+    by = {(r["engine"], r["draft"]): r for r in d["results"] if r.get("status") == "ok"}
+    out: list[Comparison] = []
+    for (engine, draft), r in sorted(by.items()):
+        mine = by.get(("ours", draft))
+        if engine == "ours" or mine is None:
+            continue
+        for key, what in (("right_pct", "instances right"), ("valid_accepted_pct", "valid instances accepted")):
+            out.append(
+                comparison(
+                    step,
+                    full,
+                    f"{draft} {what}: ours vs {engine}",
+                    _f(mine[key]),
+                    _f(r[key]),
+                    "%",
+                    "higher",
+                    native_label=engine,
+                )
+            )
+    return out
+
+
 def comparisons_branches(step: Step, full: bool, d: Payload) -> list[Comparison]:
     tg = d["config"]["tg"]
     out: list[Comparison] = []
@@ -591,6 +624,7 @@ EXTRACT: dict[str, Callable[[Step, bool, Payload], list[Comparison]]] = {
     "samplers": comparisons_samplers,
     "grammar": comparisons_grammar,
     "grammar_peers": comparisons_grammar_peers,
+    "schema_coverage": comparisons_schema_coverage,
     "branches": comparisons_branches,
     "step_host": comparisons_step_host,
     "rpc": comparisons_rpc,
@@ -605,6 +639,8 @@ UNIT_RULES: tuple[tuple[str, str], ...] = (
     (r"(^|_)ms$", "ms"),
     (r"(^|_)s$", "s"),
     (r"(^|_)tps$", "tokens/s"),
+    (r"(^|_)pct$", "%"),
+    (r"(^|_)count$", "count"),
     (r"(^|_)kib$", "KiB"),
     (r"(^|_)(ratio|paired)$|_over_|^over_|(^|_)ratios?$", "ratio"),
     (r"^(ppl|stderr)$", "perplexity"),
