@@ -134,6 +134,10 @@ def schema_to_gbnf(
         spec = default_spec
 
     def fetch(uri: str) -> Any:
+        if uri.startswith(_METASCHEMA_HOSTS):  # the drafts' metaschemas, as jsonschema has them
+            found = _metaschema(uri)
+            if found is not None:
+                return found
         if retrieve is None:
             raise NoSuchResource(ref=uri)  # type: ignore[call-arg]
         doc = retrieve(uri)
@@ -141,13 +145,12 @@ def schema_to_gbnf(
             return doc
         return Resource.from_contents(doc, default_specification=spec)
 
-    reg = registry if registry is not None else Registry(retrieve=fetch)  # type: ignore[call-arg]
-    try:  # the drafts' metaschemas, as jsonschema resolves them
+    if registry is None:
+        reg = Registry(retrieve=fetch)  # type: ignore[call-arg]
+    else:
         from jsonschema_specifications import REGISTRY as METASCHEMAS
 
-        reg = METASCHEMAS.combine(reg)
-    except ImportError:
-        pass
+        reg = METASCHEMAS.combine(registry)
     if resources:
         reg = reg.with_resources(
             (u, Resource.from_contents(d, default_specification=spec)) for u, d in resources.items()
@@ -192,6 +195,20 @@ def schema_to_gbnf(
         # no JSON value meets the schema: a grammar that accepts nothing
         return "root ::= [^\\x00-\\U0010FFFF]\n"
     return rs.text(f"ws {rule} ws" if False else rule)
+
+
+_METASCHEMA_HOSTS = ("https://json-schema.org/", "http://json-schema.org/")
+
+
+def _metaschema(uri: str) -> Any:
+    """A draft's metaschema (or vocabulary) by URI, from ``jsonschema_specifications``
+    (imported only when a schema refers to one); None if it has no such document."""
+    from jsonschema_specifications import REGISTRY
+
+    try:
+        return REGISTRY[uri.rstrip("#")]
+    except LookupError:
+        return None
 
 
 def _check_schema(data: Any, spec: Any) -> None:

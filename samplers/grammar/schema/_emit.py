@@ -437,7 +437,7 @@ class Emitter:
             rule = self.node(value_node(a, k))
             if rule is None:
                 continue
-            pairs[k] = f'{string_literal(rs, k)} ws ":" ws {rule} ws'
+            pairs[k] = rs.add("kv", f'{string_literal(rs, k)} ws ":" ws {rule} ws')
         if not a.required <= set(pairs):
             return ""
         # undeclared keys
@@ -471,7 +471,7 @@ class Emitter:
             if rule is None:
                 return []
             key = self._key_rule(None)
-            return [f'{key} ws ":" ws {rule} ws']
+            return [self.rs.add("kv", f'{key} ws ":" ws {rule} ws')]
         out = []
         for matched in itertools.product((True, False), repeat=len(pats)):
             d = base
@@ -489,7 +489,7 @@ class Emitter:
             rule = self.node(all_of(*parts))
             if rule is None:
                 continue
-            out.append(f'{self._key_rule(d)} ws ":" ws {rule} ws')
+            out.append(self.rs.add("kv", f'{self._key_rule(d)} ws ":" ws {rule} ws'))
         return out
 
     def _names_dfa(self, a: Obj, ptr: str) -> dfa_mod.DFA | None:
@@ -578,25 +578,27 @@ class Emitter:
         free = self.rs.add("pair", " | ".join(others)) if others else ""
         pre = self.rs.fresh("obj")
         states: dict[str, list[tuple[str, str | None]]] = {}
+        # state (i, count, first): key i comes next or, if optional, is skipped (an empty
+        # step: one derivation per text, and O(n) alternatives in all); undeclared keys
+        # and the closing brace come after the last declared key
         for i in range(n + 1):
-            rest_optional = all(k not in a.required for k in keys[i:])
             for count in range(cap + 1):
                 for first in (True, False):
                     name = f"{i}-{count}-{int(first)}"
                     alts: list[tuple[str, str | None]] = []
-                    if rest_optional and (not counted or count >= a.min_props):
-                        alts.append(('"}"', None))
-                    if counted and a.max_props is not None and count >= a.max_props:
-                        states[name] = alts
-                        continue
+                    full = counted and a.max_props is not None and count >= a.max_props
                     nc = min(count + 1, cap) if counted else 0
                     sep = "" if first else '"," ws '
-                    for j in range(i, n):
-                        alts.append((f"{sep}{pairs[keys[j]]}", f"{j + 1}-{nc}-0"))
-                        if keys[j] in a.required:
-                            break
-                    if rest_optional and free:
-                        alts.append((f"{sep}{free}", f"{n}-{nc}-0"))
+                    if i < n:
+                        if not full:
+                            alts.append((f"{sep}{pairs[keys[i]]}", f"{i + 1}-{nc}-0"))
+                        if keys[i] not in a.required:
+                            alts.append(("", f"{i + 1}-{count}-{int(first)}"))
+                    else:
+                        if not counted or count >= a.min_props:
+                            alts.append(('"}"', None))
+                        if free and not full:
+                            alts.append((f"{sep}{free}", f"{n}-{nc}-0"))
                     states[name] = alts
         live = automaton(self.rs, pre, states)
         if "0-0-1" not in live:
