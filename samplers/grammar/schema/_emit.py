@@ -562,6 +562,11 @@ class Emitter:
                     if free:
                         alts.append((f"{sep}{free}", f"{mask}-{nc}-0"))
                     states[name] = alts
+        return self._opened(pre, states)
+
+    def _opened(self, pre: str, states: dict[str, list[tuple[str, str | None]]]) -> str:
+        """An object automaton's rules, entered after ``{`` at state ``0-0-1`` ("" when it
+        accepts nothing)."""
         live = automaton(self.rs, pre, states)
         if "0-0-1" not in live:
             return ""
@@ -600,10 +605,7 @@ class Emitter:
                         if free and not full:
                             alts.append((f"{sep}{free}", f"{n}-{nc}-0"))
                     states[name] = alts
-        live = automaton(self.rs, pre, states)
-        if "0-0-1" not in live:
-            return ""
-        return f'"{{" ws {pre}-0-0-1'
+        return self._opened(pre, states)
 
 
 def _and(d: dfa_mod.DFA | None, e: dfa_mod.DFA) -> dfa_mod.DFA:
