@@ -110,5 +110,7 @@ def test_branch_machine_catches_a_rule_that_forgets_the_model(tiny_model: Model)
 
     with pytest.raises(AssertionError, match="the model predicts"):
         run_state_machine_as_test(
-            Forgetful, settings=settings(max_examples=30, stateful_step_count=20, deadline=None, database=None)
+            # derandomized: the same (finding) search every run, not a chance of missing it
+            Forgetful,
+            settings=settings(max_examples=60, stateful_step_count=20, deadline=None, database=None, derandomize=True),
         )

@@ -109,7 +109,9 @@ def test_kv_machine_catches_a_rule_that_forgets_the_model(tiny_model: Model) -> 
 
     with pytest.raises(AssertionError, match="the model predicts"):
         run_state_machine_as_test(
-            Forgetful, settings=settings(max_examples=50, stateful_step_count=20, deadline=None, database=None)
+            # derandomized: the same (finding) search every run, not a chance of missing it
+            Forgetful,
+            settings=settings(max_examples=100, stateful_step_count=20, deadline=None, database=None, derandomize=True),
         )
 
 
