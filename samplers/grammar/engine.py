@@ -135,10 +135,10 @@ class Engine:
         #: per state: does some stack have a token element on top / is some stack empty
         self._token_tops: list[tuple[tuple[int, int], ...]] = []
         self._complete: list[bool] = []
-        start: list[Stack] = []
+        start: dict[Stack, None] = {}
         for alt in self._alternatives(self.rule_start[grammar.symbol_ids[root]]):
             self._advance(() if self._is_end(alt) else (alt,), start)
-        self.start = self.intern(start)
+        self.start = self.intern(tuple(start))
 
     # ------------------------------------------------------------------ elements
     def _is_end(self, pos: int) -> bool:
@@ -232,12 +232,14 @@ class Engine:
         return int(self.classes_of([cp])[0])
 
     # ------------------------------------------------------------------ stacks
-    def _advance(self, stack: Stack, out: list[Stack]) -> None:
+    def _advance(self, stack: Stack, out: dict[Stack, None]) -> None:
         """``llama_grammar_advance_stack``: expand rule references on top of ``stack`` until
-        every resulting stack is empty or has a terminal on top; append new ones to ``out``."""
+        every resulting stack is empty or has a terminal on top; add new ones to ``out`` (an
+        ordered set: an ambiguous grammar can have thousands of stacks, and a list's
+        membership test made each step quadratic in them)."""
         res = self._advance_cache.get(stack)
         if res is None:
-            acc: list[Stack] = []
+            acc: dict[Stack, None] = {}
             todo = [stack]
             seen: set[Stack] = set()
             types, values, is_end = self.types, self.values, self._is_end
@@ -247,8 +249,7 @@ class Engine:
                     continue
                 seen.add(cur)
                 if not cur:
-                    if cur not in acc:
-                        acc.append(cur)
+                    acc[cur] = None
                     continue
                 pos = cur[-1]
                 t = types[pos]
@@ -259,14 +260,12 @@ class Engine:
                     for sub in self._alternatives(self.rule_start[values[pos]]):
                         todo.append(base if is_end(sub) else (*base, sub))
                 elif t in (_CHAR, _CHAR_NOT, _ANY, _TOKEN, _TOKEN_NOT):
-                    if cur not in acc:
-                        acc.append(cur)
+                    acc[cur] = None
                 else:  # pragma: no cover - a parsed grammar never leaves a stack here
                     raise GrammarError(f"internal error: stack top on element type {t}")
             res = self._advance_cache[stack] = tuple(acc)
         for s in res:
-            if s not in out:
-                out.append(s)
+            out[s] = None
 
     def intern(self, stacks: Sequence[Stack]) -> int:
         """The state of a stack set (``DEAD`` if empty)."""
@@ -328,7 +327,7 @@ class Engine:
 
     def _compute_one_locked(self, state: int, cls: int) -> None:
         """One transition (``llama_grammar_accept_chr`` then advance, over the stacks)."""
-        out: list[Stack] = []
+        out: dict[Stack, None] = {}
         types, member, char_pos, after = self.types, self._member, self._char_pos, self._after
         for stack in self._stacks[state]:
             if not stack:
@@ -339,7 +338,7 @@ class Engine:
             if member[char_pos[pos], cls]:
                 nxt = after[pos]
                 self._advance(stack[:-1] if self._is_end(nxt) else (*stack[:-1], nxt), out)
-        sid = self.intern(out)  # may grow the table: index it afresh
+        sid = self.intern(tuple(out))  # may grow the table: index it afresh
         self._trans[state, cls] = sid
 
     def fill_row(self, state: int) -> None:
@@ -363,12 +362,12 @@ class Engine:
         if groups is None:
             groups = self._groups[tops] = self._class_groups(tops)
         for hits, classes in groups:
-            out: list[Stack] = []
+            out: dict[Stack, None] = {}
             for k in hits:
                 stack = live[k]
                 nxt = after[stack[-1]]
                 self._advance(stack[:-1] if self._is_end(nxt) else (*stack[:-1], nxt), out)
-            sid = self.intern(out)  # may grow the table: index it afresh
+            sid = self.intern(tuple(out))  # may grow the table: index it afresh
             self._trans[state, classes] = sid
 
     def _class_groups(self, tops: tuple[int, ...]) -> list[tuple[list[int], npt.NDArray[np.int64]]]:
@@ -423,14 +422,14 @@ class Engine:
         ``t != token``) on top, advanced (``llama_grammar_accept_token``'s token branch)."""
         if state == DEAD or not self._token_tops[state]:
             return DEAD
-        out: list[Stack] = []
+        out: dict[Stack, None] = {}
         types, values = self.types, self.values
         for stack in self._stacks[state]:
             if stack and types[stack[-1]] in (_TOKEN, _TOKEN_NOT):
                 pos = stack[-1]
                 if (types[pos] == _TOKEN) == (values[pos] == token):
                     self._advance(stack[:-1] if self._is_end(pos + 1) else (*stack[:-1], pos + 1), out)
-        return self.intern(out)
+        return self.intern(tuple(out))
 
     def union(self, a: int, b: int) -> int:
         """The state whose stacks are those of ``a`` and ``b``."""
