@@ -79,7 +79,7 @@ def suite_dir() -> Path:
             try:
                 tf.extractall(out, members=members, filter="data")
             except TypeError:  # a Python without extraction filters (before 3.10.12): the members are checked above
-                tf.extractall(out, members=members)  # noqa: S202
+                tf.extractall(out, members=members)
         (out / f"jsonschema-{VERSION}").rename(Path(tmp) / "suite")
         try:
             (Path(tmp) / "suite").rename(target)
