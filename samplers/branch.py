@@ -123,8 +123,9 @@ def _as_chain(sampler: Sampler | None, grammar: Any, vocab: Any) -> SamplerChain
         from .grammar import Grammar, GrammarMatcher, GrammarSampler
         from .grammar.compiled import CompiledGrammar
 
-        if isinstance(grammar, (dict, bool)):
-            grammar = Grammar.from_json_schema(grammar)
+        pydantic = any(callable(getattr(grammar, a, None)) for a in ("model_json_schema", "json_schema"))
+        if isinstance(grammar, (dict, bool)) or pydantic:
+            grammar = Grammar.from_json_schema(grammar)  # a schema, or a pydantic model or TypeAdapter
         elif isinstance(grammar, str):
             grammar = Grammar.from_gbnf(grammar)
         if not isinstance(grammar, (Grammar, CompiledGrammar, GrammarMatcher)):

@@ -446,6 +446,15 @@ def test_generate_with_a_pydantic_model(tiny_model: Any) -> None:
         )
     assert r.stop_reason in ("eog", "grammar"), r
     Answer.model_validate_json(r.text)
+    with tiny_model.context(n_ctx=512, n_threads=2) as ctx:  # a branch's grammar= takes a model too
+        store = BranchStore(ctx)
+        b = store.create(tiny_model.tokenize("answer:"), sampler=SamplerChain([TopK(5), Dist(seed=4)]), grammar=Answer)
+        for _ in range(200):
+            t = b.sample()
+            if tiny_model.vocab.is_eog(t):
+                break
+            store.step({b: t})
+        Answer.model_validate_json(tiny_model.vocab.detokenize(b.tokens[len(tiny_model.tokenize("answer:")) :]))
 
 
 def test_unique_items_over_a_few_values() -> None:
