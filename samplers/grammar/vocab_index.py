@@ -268,7 +268,7 @@ class VocabIndex:
         if not ok:
             return False
         for k, a in got.items():
-            setattr(self, k, a.astype(_SAVED[k][1]))
+            setattr(self, k, a.astype(_SAVED[k][1], copy=False))  # no copy: the file has these dtypes
         n_nodes = len(self.parent)
         # spot checks against the pieces: a foreign file fails them
         for t in np.linspace(0, n - 1, num=min(n, 64), dtype=np.int64).tolist():
