@@ -79,7 +79,7 @@ class Grammar:
         plus a mask cache of ``mask_cache_size`` masks (0: every mask computed). Cached
         per llama_cffi vocabulary and cache size. The vocabulary's index is built once
         per vocabulary (about half a second at 262,144 tokens, then loaded from the disk
-        cache in ~60 ms); a compile on it takes ~15 ms."""
+        cache in ~55 ms); a compile on it takes ~10-15 ms."""
         index = VocabIndex.of(vocab)
         # cached per llama_cffi Vocab (a weak key: the compiled grammar holds only the
         # index); a VocabIndex or a list of pieces is compiled afresh each call
