@@ -352,6 +352,10 @@ def test_enum_and_const_compare_values() -> None:
     g = grammar({"enum": [1, {"a": [1, "x"], "b": None}]}, validator=True)
     assert both(g, 1.0) and both(g, {"b": None, "a": [1, "x"]})
     assert not both(g, 2) and not both(g, {"a": [1, "x"]}) and not both(g, True)
+    # a JSON number is its decimal value, not the nearest double (1.1 <= 1.1; 1.1 is excluded)
+    assert both(grammar({"enum": [1.1, 2], "maximum": 1.1}, validator=True), 1.1)
+    g = grammar({"type": "number", "not": {"const": 1.1}}, validator=True)
+    assert not both(g, 1.1) and both(g, 1.2)
 
 
 def test_references() -> None:

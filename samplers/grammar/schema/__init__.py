@@ -194,7 +194,7 @@ def schema_to_gbnf(
     if rule is None:
         # no JSON value meets the schema: a grammar that accepts nothing
         return "root ::= [^\\x00-\\U0010FFFF]\n"
-    return rs.text(f"ws {rule} ws" if False else rule)
+    return rs.text(rule)
 
 
 _METASCHEMA_HOSTS = ("https://json-schema.org/", "http://json-schema.org/")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from fractions import Fraction
 from typing import Any
 
 from . import _dfa as dfa_mod
@@ -37,6 +36,7 @@ from ._lower import (
     any_of,
     canon,
     const_node,
+    decimal,
     json_type,
     not_node,
     value_node,
@@ -245,7 +245,7 @@ class Emitter:
         if t == "string":
             return string_literal(self.rs, v)
         if t == "number":
-            x = Fraction(str(v)) if isinstance(v, float) else Fraction(v)
+            x = decimal(v)
             return self.number(Num(NumberSpec(lo=x, hi=x)), ptr)
         if t == "array":
             return self.array(

@@ -199,7 +199,7 @@ def canon(value: Any) -> str:
         if isinstance(v, bool) or v is None or isinstance(v, str):
             return v
         if isinstance(v, int | float):
-            f = Fraction(v) if not isinstance(v, float) or math.isfinite(v) else v
+            f = decimal(v) if not isinstance(v, float) or math.isfinite(v) else v
             return ["#num", str(f)]
         if isinstance(v, list):
             return [norm(x) for x in v]
@@ -208,6 +208,12 @@ def canon(value: Any) -> str:
         return v
 
     return json.dumps(norm(value), sort_keys=True)
+
+
+def decimal(v: int | float) -> Fraction:
+    """A JSON number's exact value as written: ``1.1`` is 11/10, not the binary double
+    nearest to it (bounds, constants and the grammar's digits all mean the decimal)."""
+    return Fraction(str(v)) if isinstance(v, float) else Fraction(v)
 
 
 def json_type(value: Any) -> str:
@@ -479,7 +485,7 @@ class Lowering:
                     if rest:
                         out.append(Bool(rest))
                 elif t == "number":
-                    out.append(Num(excluded=tuple(sorted(Fraction(v) for v in vals))))
+                    out.append(Num(excluded=tuple(sorted(decimal(v) for v in vals))))
                 elif t == "string":
                     out.append(Str(excluded=tuple(vals)))
                 else:
@@ -591,7 +597,7 @@ class Lowering:
         if isinstance(a, Num):
             if isinstance(v, float) and not math.isfinite(v):
                 return False
-            x = Fraction(v)
+            x = decimal(v)
             s = a.spec
             if s.integer and x.denominator != 1:
                 return False
@@ -806,7 +812,7 @@ class Lowering:
                 return None
             if isinstance(v, float) and not math.isfinite(v):
                 return None
-            return Fraction(str(v)) if isinstance(v, float) else Fraction(v)
+            return decimal(v)
 
         spec = NumberSpec()
         lo, hi = num("minimum"), num("maximum")
@@ -943,20 +949,15 @@ class Lowering:
 def value_node(a: Obj, key: str) -> Node:
     """The schema a property ``key``'s value must meet in an object atom."""
     parts = [n for k, n in a.props if k == key]
-    declared = bool(parts)
-    matched = False
     for p, n in a.patterns:
         if _search(p, key) is not False:
             parts.append(n)
-            matched = True
-    del matched
     for names, pats, n in a.additional:
         if key not in names and not any(_search(p, key) is True for p in pats):
             parts.append(n)
     for names, pats, n in a.uneval:
         if key not in names and not any(_search(p, key) is True for p in pats):
             parts.append(n)
-    del declared
     return all_of(*parts)
 
 

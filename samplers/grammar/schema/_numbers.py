@@ -112,9 +112,6 @@ def _frac_set(lo: Bound | None, hi: Bound | None) -> tuple[bool, str]:
         return False, '"0"* [1-9] [0-9]*'
     first_lo = a if a is not None else 0
     first_hi = b if b is not None else 9
-    if lo_d == "" and lo_s:
-        # > 0 with an upper bound: first digit 0 then > 0 rest, or first digit in 1..
-        pass
     for f in range(first_lo, first_hi + 1):
         sub_lo: Bound | None = None
         sub_hi: Bound | None = None

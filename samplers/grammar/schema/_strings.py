@@ -173,10 +173,6 @@ def _group(rs: RuleSet, node: Node) -> str:
 # --- formats (RFC 3339 dates and times, ISO 8601 durations, hosts, addresses, URIs) ---------
 
 
-def _digits(a: str, b: str) -> str:
-    return f"[{a}-{b}]"
-
-
 def _two(lo: int, hi: int) -> str:
     return "(" + " | ".join(_fixed_range(lo, hi, 2, 10, lambda a, b: f"[{a}-{b}]")) + ")"
 
