@@ -91,7 +91,7 @@ def bench_masks(m: llama_cffi.Model, gbnf: str, seq: list[int]) -> dict[str, flo
         warm.allowed_tokens()
         t_warm.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        compiled._compute_mask(warm.state, warm.partial)  # no mask cache: the trie walk itself
+        compiled._walk_packed(warm.state, warm.partial)  # no mask cache: the trie walk itself
         t_walk.append(time.perf_counter() - t0)
         warm.accept_token(tok)
     res = {

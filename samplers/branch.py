@@ -327,6 +327,7 @@ class BranchStore:
         are sampled together, in a few numpy calls over their candidates: the same tokens
         and sampling surprisals as one by one. The others go one by one."""
         todo = self.branches if branches is None else list(branches)
+        self._give_masks(todo)
         if not self.batched or len(todo) < 2:
             return {b: b.sample() for b in todo}
         groups: dict[chain_batch.Signature, list[Branch]] = {}
@@ -349,6 +350,27 @@ class BranchStore:
         for b in single:
             out[b] = b.sample()
         return {b: out[b] for b in todo}
+
+    def _give_masks(self, todo: list[Branch]) -> None:
+        """Branches whose chain begins with an active grammar get this step's masks from one
+        :func:`~samplers.grammar.fill_masks` call (their grammars then check the sampled
+        token and mask candidates by reading it)."""
+        gs = []
+        for b in todo:
+            chain = b.sampler
+            first = chain.samplers[0] if isinstance(chain, SamplerChain) and chain.samplers else None
+            if getattr(first, "use_mask", None) is not None and not first.awaiting and not first.matcher.ended:  # type: ignore[union-attr]
+                gs.append(first)
+        if len(gs) < 2:
+            return
+        from .grammar.masks import fill_masks
+
+        n_words = {g.matcher.compiled.n_words for g in gs}  # type: ignore[union-attr]
+        if len(n_words) != 1:
+            return
+        rows = fill_masks([g.matcher for g in gs])  # type: ignore[union-attr]
+        for g, row in zip(gs, rows, strict=True):
+            g.use_mask(row)  # type: ignore[union-attr]
 
     def _sample_group(self, sig: chain_batch.Signature, group: list[Branch], out: dict[Branch, int]) -> None:
         """Sample branches whose chains have signature ``sig`` together (see :meth:`sample`)."""

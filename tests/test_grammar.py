@@ -296,8 +296,8 @@ def test_self_loop_walks_equal_the_plain_walk(data: st.DataObject) -> None:
     vocab = sorted(pieces)
     text = data.draw(st.sampled_from(_SELF_LOOP_GRAMMARS), label="grammar")
     grammar = Grammar.from_gbnf(text)
-    compiled = grammar.compile(vocab, mask_cache_size=0)
-    plain = grammar.compile(vocab, mask_cache_size=0)  # a list of pieces: compiled afresh, same engine
+    compiled = grammar.compile(vocab, mask_cache_size=0, kernel="numpy")
+    plain = grammar.compile(vocab, mask_cache_size=0, kernel="numpy")  # a list of pieces: compiled afresh, same engine
     assert plain is not compiled and plain.engine is compiled.engine
     plain._absorb = False
     m = compiled.matcher()

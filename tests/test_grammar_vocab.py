@@ -105,21 +105,25 @@ def test_no_mask_cache_computes_every_mask(vocab_model: llama_cffi.Model) -> Non
     assert normal.stats["mask_hits"] >= 1
 
 
-def test_no_garbage_collection_inside_a_mask(vocab_model: llama_cffi.Model, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("kernel", ["c", "numpy"])
+def test_no_garbage_collection_inside_a_mask(
+    vocab_model: llama_cffi.Model, monkeypatch: pytest.MonkeyPatch, kernel: str
+) -> None:
     """The collector is paused while a mask is computed and restored after (left off when
-    the program had turned it off)."""
+    the program had turned it off), with either walk."""
     import gc
 
     seen: list[bool] = []
     g = Grammar.from_gbnf('root ::= [a-z]+ "!"')
-    c = g.compile(vocab_model, mask_cache_size=0)
-    real = c._compute_mask
+    c = g.compile(vocab_model, mask_cache_size=0, kernel=kernel)
+    name = "_mask_words_c" if kernel == "c" else "_compute_mask"
+    real = getattr(c, name)
 
-    def spy(state: int, partial: tuple[int, int]) -> np.ndarray:
+    def spy(*args: object) -> np.ndarray:
         seen.append(gc.isenabled())
-        return real(state, partial)
+        return real(*args)  # type: ignore[no-any-return]
 
-    monkeypatch.setattr(c, "_compute_mask", spy)
+    monkeypatch.setattr(c, name, spy)
     assert gc.isenabled()
     c.matcher().allowed_tokens()
     assert seen == [False] and gc.isenabled()

@@ -148,4 +148,101 @@ int32_t llama_cffi_memory_buffers(const struct llama_context *ctx, llama_cffi_bu
 int32_t llama_cffi_memory_tensors(const struct llama_context *ctx, llama_cffi_tensor_row *out, int32_t n_max);
 const char *llama_cffi_memory_error(void);
 
+/* grammar masks (trie_walk.c; see llama_cffi.trie_walk and samplers.grammar.compiled):
+   walks of a vocabulary's code-point trie under a grammar's transition table. Trie
+   nodes are numbered level by level, the root is n_nodes; arrays marked + have
+   n_nodes + 1 entries. max_depth: the deepest level (the longest token, in code
+   points). pchar_slot[token]: the token's partial UTF-8 character (an index below
+   n_pchars), -1 for a token that ends on a whole character. root_pt: the tokens that
+   are only a partial character. */
+#define LLAMA_CFFI_TRANS_UNKNOWN -2
+#define LLAMA_CFFI_PEND_TRANS 1
+#define LLAMA_CFFI_PEND_RUN 2
+#define LLAMA_CFFI_PEND_PCHAR 3
+typedef struct {
+    int32_t n_nodes;
+    int32_t n_vocab;
+    int32_t max_depth;
+    int32_t n_pchars;
+    int32_t n_root_pt;
+    const int32_t *node_cpi;    /* per node: its code point's index */
+    const int32_t *parent;      /* per node */
+    const int32_t *first_child; /* + */
+    const int32_t *n_child;     /* + */
+    const int32_t *row_start;   /* + */
+    const int32_t *row_end;     /* + */
+    const int32_t *n_term;      /* + */
+    const uint8_t *has_pt;      /* +: a token ending inside a character ends here */
+    const int32_t *height;      /* +: the most code points below the node */
+    const int32_t *order;       /* per row: the token */
+    const int32_t *pchar_slot;  /* per token */
+    const int32_t *root_pt;     /* n_root_pt tokens */
+} llama_cffi_trie;
+/* one grammar on one trie. trans[state * n_classes + class]: the successor state, -1
+   none, LLAMA_CFFI_TRANS_UNKNOWN not computed yet (n_states rows). A state s below
+   n_run_states with run_known[s] has its run in run_words[s * W ..] and run_len[s]: every
+   string of at most run_len[s] characters of those classes leaves it alive (see
+   trie_walk.c); one below n_pchar_states with pchar_known[s] says in
+   pchar_ok[s * n_pchars + slot] whether it can complete each partial character. */
+typedef struct {
+    int32_t n_classes;
+    int32_t W;               /* n_classes / 64 + 1 words per class set */
+    int32_t n_states;
+    int32_t n_run_states;
+    int32_t n_pchar_states;
+    int32_t absorb_min_rows; /* a subtree this large waits for its state's run */
+    const int32_t *cls;      /* per node: its character class */
+    const uint64_t *E;       /* +: W words per node, the classes below it (bit n_classes: a partial token) */
+    const int32_t *trans;
+    const uint8_t *run_known;
+    const uint64_t *run_words;
+    const int32_t *run_len;
+    const uint8_t *pchar_known;
+    const uint8_t *pchar_ok;
+} llama_cffi_trie_grammar;
+/* per node its class (cls_of_cp[node_cpi[node]]) into out_cls, and its E into out_E
+   (W * (n_nodes + 1) words). 0, -1 bad data */
+int llama_cffi_trie_bind(const llama_cffi_trie *t, const int32_t *cls_of_cp, int32_t n_cps, int32_t n_classes,
+                         int32_t W, int32_t *out_cls, uint64_t *out_E);
+/* the tokens of at most k characters made only of the classes in run: whole ones as
+   bits of mask (OR-ed), those ending inside a character into pt_tokens with their depth
+   in characters (pt_depth); the nodes where such paths leave the run (a class not in it,
+   or a (k+1)-th character) into frontier, grouped by the parent's depth d and the class
+   c (group d * n_classes + c: frontier[group_start[g] .. group_start[g + 1]],
+   (k + 1) * n_classes + 1 entries); scratch holds 2 * frontier_cap values.
+   0, -1 bad data, -2 out of memory, -3 a buffer too small */
+int llama_cffi_trie_run_scan(const llama_cffi_trie *t, const int32_t *cls, int32_t n_classes, const uint64_t *run,
+                             int32_t k, uint32_t *mask, int32_t *frontier, int32_t frontier_cap, int32_t *n_frontier,
+                             int32_t *group_start, int32_t *pt_tokens, int32_t *pt_depth, int32_t pt_cap, int32_t *n_pt,
+                             int32_t *scratch);
+/* the tokens allowed below the given nodes, OR-ed into mask (bit t % 32 of word t / 32).
+   Node i is entered from state states[i] (start when states is NULL; the root is
+   entered with no character); with group_start the nodes are grouped as
+   llama_cffi_trie_run_scan leaves them, those of depth d entered from depth_states[d]
+   (d = 0 .. k). A subtree the walk cannot decide yet is left untouched and reported in
+   pending, 4 values each: (node, state before it, LLAMA_CFFI_PEND_*, the class / the
+   state whose run or partial characters are missing). frames: 3 * (max_depth + 2)
+   values or more. 0, -1 bad data, -3 pending full (the mask is then incomplete) */
+int llama_cffi_trie_walk(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, const int32_t *nodes,
+                         const int32_t *states, int32_t n, const int32_t *group_start, const int32_t *depth_states,
+                         int32_t k, int32_t start, uint32_t *mask, int32_t *pending, int32_t pending_cap,
+                         int32_t *n_pending, int32_t *frames, int32_t frames_cap);
+/* a mask from one start state in one call: base (the run scan's mask) copied into mask,
+   the extra tokens set, then the walk of the scan's frontier (llama_cffi_trie_walk with
+   group_start). Same results. */
+typedef struct {
+    int32_t start;
+    int32_t k;
+    const int32_t *depth_states; /* k + 1 states */
+    const int32_t *frontier;
+    int32_t n_frontier;
+    const int32_t *group_start;  /* (k + 1) * n_classes + 1 */
+    const uint32_t *base;        /* ceil(n_vocab / 32) words */
+    const int32_t *extra;        /* tokens set besides the walk's */
+    int32_t n_extra;
+} llama_cffi_trie_plan;
+int llama_cffi_trie_mask(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, const llama_cffi_trie_plan *p,
+                         uint32_t *mask, int32_t *pending, int32_t pending_cap, int32_t *n_pending, int32_t *frames,
+                         int32_t frames_cap);
+
 #endif

@@ -20,6 +20,7 @@ from .errors import SchemaError
 from .gbnf import format_gbnf
 from .grammar import Grammar
 from .json_schema import json_schema_to_gbnf
+from .masks import fill_masks
 from .matcher import GrammarMatcher
 from .sampler import GrammarSampler
 from .vocab_index import VocabIndex
@@ -36,6 +37,7 @@ __all__ = [
     "SchemaError",
     "VocabIndex",
     "check_grammar",
+    "fill_masks",
     "format_gbnf",
     "json_schema_to_gbnf",
     "parse_gbnf",

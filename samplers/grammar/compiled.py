@@ -25,9 +25,10 @@ stack matched by id even mid-token (as ``llama_grammar_reject_candidates_for_sta
 from __future__ import annotations
 
 import gc
+import os
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -41,6 +42,20 @@ if TYPE_CHECKING:
 _TOKEN_NOT = 9
 _ABSORB_MIN_ROWS = 64  # subtrees smaller than this are walked rather than absorbed
 _SPINE_MAX = 32768  # at most this many undecided tokens are walked one by one
+
+#: the mask walks: ``"c"`` (the trie walk in C, :mod:`llama_cffi.trie_walk`) or ``"numpy"``
+#: (the vectorised walk in this module, the reference the C walk is tested against)
+KERNELS = ("c", "numpy")
+
+
+def default_kernel() -> str:
+    """``"numpy"`` when the environment variable ``LLAMA_CFFI_GRAMMAR_KERNEL`` says so,
+    else ``"c"`` (on a big-endian machine always ``"numpy"``: the C walk writes
+    little-endian bit masks)."""
+    want = os.environ.get("LLAMA_CFFI_GRAMMAR_KERNEL", "c").strip().lower() or "c"
+    if want not in KERNELS:
+        raise ValueError(f"LLAMA_CFFI_GRAMMAR_KERNEL must be one of {KERNELS}, not {want!r}")
+    return want if np.little_endian else "numpy"
 
 
 def _unique_inverse(a: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
@@ -80,12 +95,22 @@ class CompiledGrammar:
     module docstring). Shared by all matchers of the grammar on this vocabulary, from
     any threads (a lock guards the walk buffer and the mask cache); make matchers with
     :meth:`matcher`. ``mask_cache_size`` bounds the cached masks (each
-    ``n_vocab / 8`` bytes)."""
+    ``n_vocab / 8`` bytes). ``kernel``: ``"c"`` or ``"numpy"`` (see :data:`KERNELS`;
+    default :func:`default_kernel`)."""
 
-    def __init__(self, engine: Engine, vocab: VocabIndex, mask_cache_size: int = 4096) -> None:
+    def __init__(
+        self, engine: Engine, vocab: VocabIndex, mask_cache_size: int = 4096, kernel: str | None = None
+    ) -> None:
+        kernel = default_kernel() if kernel is None else kernel
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}, not {kernel!r}")
+        if not np.little_endian:  # pragma: no cover - the C walk's masks are little-endian words
+            kernel = "numpy"
+        self.kernel = kernel
         self.engine = engine
         self.vocab = vocab
         self.n_vocab = vocab.n_vocab
+        self.n_words = (vocab.n_vocab + 31) // 32
         self._masks: OrderedDict[tuple[int, Partial], npt.NDArray[np.uint8]] = OrderedDict()
         self._mask_cache_size = mask_cache_size
         self._last: tuple[tuple[int, Partial], npt.NDArray[np.bool_]] | None = None
@@ -102,23 +127,54 @@ class CompiledGrammar:
         character class at each node: the only per-grammar work besides the class sets."""
         v, eng = self.vocab, self.engine
         self._cls_of_cp = eng.classes_of(v.uniq_cps).astype(np.int32)
-        self._cls = self._cls_of_cp[v.node_cpi]
         self.n_nodes = n_nodes = v.n_nodes
         self._root = n_nodes
         self._level_base = v.level_base.tolist()
         self._parent, self._term, self._order = v.parent, v.term, v.order
         self._lcp, self._slen = v.lcp, v.slen
         self._usable = v.usable
-        self._partial_tokens = np.flatnonzero(v.usable & v.has_partial)
+        self._partial_tokens = v.partial_tokens
         self._states: npt.NDArray[np.int32] | None = None  # the plain walk's buffer, made on first use
         base, rs = self._level_base, v.row_start
         #: per level, the first sorted row of each node (views; for the token-element walk)
         self._level_rows = [rs[base[j] : base[j + 1]] for j in range(len(base) - 1)]
-        self._prepare_absorb()
+        self._partial_bit = pb = eng.n_classes
+        self._W = w = pb // 64 + 1
+        # partial tokens by their partial character: one check per (state, character)
+        self._pchars, self._pchar_slot = v.pchars, v.pchar_slot
+        self._pchar_ok: dict[int, npt.NDArray[np.bool_]] = {}  # per state
+        self._pos_pchar: dict[int, npt.NDArray[np.bool_]] = {}  # per grammar position
+        self._loops: dict[int, npt.NDArray[np.uint64]] = {}
+        self._loop_known = np.zeros(64, dtype=bool)  # per state id (grown as states appear)
+        self._loop_words = np.zeros((64, w), dtype=np.uint64)
+        self._nonpartial = ~v.has_partial
+        self._eog_ids = np.flatnonzero(v.eog)
+        self._absorb_ready = False
+        if self.kernel == "c":
+            trie = v.trie()
+            self._cls, self._E = trie.bind(self._cls_of_cp, eng.n_classes)
+            from llama_cffi.trie_walk import TrieGrammar
+
+            self._tg = TrieGrammar(trie, self._cls, self._E, eng.n_classes, _ABSORB_MIN_ROWS)
+            self._run_cap = trie.max_depth + 1  # a run this long covers every token
+            self._class_weight = np.bincount(self._cls, minlength=eng.n_classes)[: eng.n_classes]
+            self._run_known = np.zeros(64, dtype=bool)
+            self._run_words = np.zeros((64, w), dtype=np.uint64)
+            self._run_len = np.zeros(64, dtype=np.int32)
+            self._run_chain: dict[int, npt.NDArray[np.int32]] = {}
+            self._run_scans: dict[tuple[bytes, int], Any] = {}
+            self._plans: dict[int, Any] = {}
+            self._pchar_known = np.zeros(64, dtype=bool)
+            self._pchar_tab = np.zeros((64, max(len(self._pchars), 1)), dtype=bool)
+        else:
+            self._cls = self._cls_of_cp[v.node_cpi]
+            self._prepare_absorb()
 
     # ------------------------------------------------------------------ absorbing walk
     def _prepare_absorb(self) -> None:
-        """Per-node sets of character classes, for walks that skip whole subtrees.
+        """Per-node sets of character classes, for walks that skip whole subtrees (the
+        numpy walk's; made at compile time for the ``"numpy"`` kernel, on first use for
+        the ``"c"`` one, which has its own from :meth:`llama_cffi.trie_walk.Trie.bind`).
 
         Classes are bits of ``W`` uint64 words; bit ``n_classes`` (``PARTIAL``) stands for
         "a token ending inside a UTF-8 character", which no state's self-loops contain.
@@ -130,11 +186,12 @@ class CompiledGrammar:
         cached mask per ``L``). ``_root_by_cls``: the root's children grouped by class, so
         a walk starts only at the first classes its start state takes.
         """
+        if self._absorb_ready:
+            return
         v = self.vocab
         n_nodes, base, parent, cls = self.n_nodes, self._level_base, self._parent, self._cls
         n_levels = len(base) - 1
-        self._partial_bit = pb = self.engine.n_classes
-        self._W = w = pb // 64 + 1
+        pb, w = self._partial_bit, self._W
         one = np.uint64(1)
         # one-hot class bits per node (the root: none)
         bits = np.zeros((n_nodes + 1, w), dtype=np.uint64)
@@ -154,7 +211,7 @@ class CompiledGrammar:
             contrib = bits[lo:hi] | below[lo:hi] | ptflag[lo:hi]
             starts = np.flatnonzero(np.r_[True, par[1:] != par[:-1]])
             below[par[starts]] = np.bitwise_or.reduceat(contrib, starts, axis=0)
-        self._E = below | ptflag
+        self._E_np = below | ptflag
         self._first_child, self._n_child = first_child, n_child
         self._tokset_cache: npt.NDArray[np.uint64] | None = None
         self._tokset  # noqa: B018 -- made now (~4 ms): inside a first mask it would be its tail
@@ -173,20 +230,9 @@ class CompiledGrammar:
         for t, node in zip(pt_tokens.tolist(), pt_nodes.tolist(), strict=True):
             by_node.setdefault(node, []).append(t)
         self._pt_at: dict[int, npt.NDArray[np.int64]] = {k: np.array(x, dtype=np.int64) for k, x in by_node.items()}
-        # partial tokens by their partial character: one check per (state, character)
-        keys = v.partial_value[pt_tokens] * 4 + v.partial_remain[pt_tokens]
-        self._pchars, pchar_of = _unique_inverse(keys)
-        self._pchar_slot = np.full(v.n_vocab, -1, dtype=np.int64)
-        self._pchar_slot[pt_tokens] = pchar_of.ravel()
-        self._pchar_ok: dict[int, npt.NDArray[np.bool_]] = {}  # per state
-        self._pos_pchar: dict[int, npt.NDArray[np.bool_]] = {}  # per grammar position
-        self._loops: dict[int, npt.NDArray[np.uint64]] = {}
-        self._loop_known = np.zeros(64, dtype=bool)  # per state id (grown as states appear)
-        self._loop_words = np.zeros((64, w), dtype=np.uint64)
         self._spines: dict[bytes, _Spine | None] = {}
         self._lmasks: dict[bytes, npt.NDArray[np.bool_]] = {}
-        self._nonpartial = ~v.has_partial
-        self._eog_ids = np.flatnonzero(v.eog)
+        self._absorb_ready = True
 
     @property
     def _tokset(self) -> npt.NDArray[np.uint64]:
@@ -374,7 +420,7 @@ class CompiledGrammar:
             if spine is not None:
                 return self._compute_mask_spine(start, loops0, spine)
         mask = self._lmask(loops0).copy() if loops0.any() else np.zeros(n_vocab, dtype=bool)
-        cls_all, E, first_child, n_child = self._cls, self._E, self._first_child, self._n_child
+        cls_all, E, first_child, n_child = self._cls, self._E_np, self._first_child, self._n_child
         root = self.n_nodes
         # start at the root's children whose class the start state takes (its row of
         # transitions is complete: _self_loops computed it)
@@ -486,43 +532,230 @@ class CompiledGrammar:
             self.stats["mask_hits"] += 1
             return last[1]
         with self._lock:
-            return self._allowed_locked(key)
-
-    def _allowed_locked(self, key: tuple[int, Partial]) -> npt.NDArray[np.bool_]:
-        state, partial = key
-        packed = self._masks.get(key)
-        if packed is not None:
-            self._masks.move_to_end(key)
-            self.stats["mask_hits"] += 1
-            mask = np.unpackbits(packed, count=self.n_vocab, bitorder="little").view(np.bool_)
-        else:
-            self.stats["mask_misses"] += 1
-            # no garbage collection inside a mask (a full collection of a large program is
-            # milliseconds): a collection that falls due runs after it, at the next allocation
-            paused = gc.isenabled()
-            if paused:
-                gc.disable()
-            try:
-                mask = self._compute_mask(state, partial)
-            finally:
-                if paused:
-                    gc.enable()
-            if self._mask_cache_size > 0:
-                self._masks[key] = np.packbits(mask, bitorder="little")
-                if len(self._masks) > self._mask_cache_size:
-                    self._masks.popitem(last=False)
-        mask.flags.writeable = False
-        self._last = (key, mask)
-        return mask
+            packed, mask = self._packed_locked(key)
+            if mask is None:
+                mask = np.unpackbits(packed, count=self.n_vocab, bitorder="little").view(np.bool_)
+            mask.flags.writeable = False
+            self._last = (key, mask)
+            return mask
 
     def packed(self, state: int, partial: Partial = NO_PARTIAL) -> npt.NDArray[np.uint8]:
         """The mask packed 8 tokens per byte, little bit order (bit ``t % 8`` of byte
         ``t // 8``); viewed as ``uint32`` on a little-endian machine, bit ``t % 32`` of
-        word ``t // 32`` (the layout of xgrammar and llguidance bitmasks)."""
+        word ``t // 32`` (the layout of xgrammar and llguidance bitmasks). Shared with
+        the cache: do not modify it."""
         with self._lock:
-            mask = self.allowed(state, partial)
-            packed = self._masks.get((state, partial))
-            return packed if packed is not None else np.packbits(mask, bitorder="little")
+            return self._packed_locked((state, partial))[0]
+
+    def fill_words(self, state: int, partial: Partial, out: npt.NDArray[np.uint32]) -> npt.NDArray[np.uint32]:
+        """The mask written into ``out`` as ``uint32`` words (bit ``t % 32`` of word ``t // 32``;
+        the first ``ceil(n_vocab / 32)`` words are overwritten, padding bits cleared) and
+        returned. A cached mask is copied; with no cache and the C walk, the walk writes
+        into ``out`` directly."""
+        n = self.n_words
+        if not isinstance(out, np.ndarray) or out.dtype != np.uint32 or out.ndim != 1 or len(out) < n:
+            raise ValueError(f"out must be a 1-D uint32 array of at least {n} words")
+        if not out.flags.writeable or not out.flags.c_contiguous:
+            raise ValueError("out must be writeable and C-contiguous")
+        with self._lock:
+            key = (state, partial)
+            if self._mask_cache_size == 0 and self._c_walks(state, partial):
+                self.stats["mask_misses"] += 1
+                paused = gc.isenabled()
+                if paused:
+                    gc.disable()
+                try:
+                    self._mask_words_c(state, out[:n])
+                finally:
+                    if paused:
+                        gc.enable()
+                return out
+            packed = self._packed_locked(key)[0]
+        words = out[:n].view(np.uint8)
+        words[len(packed) :] = 0
+        words[: len(packed)] = packed
+        if not np.little_endian:  # pragma: no cover - bytes were packed little-endian
+            out[:n].byteswap(inplace=True)
+        return out
+
+    def _packed_locked(self, key: tuple[int, Partial]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_] | None]:
+        """The packed mask of ``key`` (cached or computed) and, when the walk made one,
+        the boolean mask too."""
+        packed = self._masks.get(key)
+        if packed is not None:
+            self._masks.move_to_end(key)
+            self.stats["mask_hits"] += 1
+            return packed, None
+        self.stats["mask_misses"] += 1
+        packed, mask = self._walk_packed(*key)
+        packed.flags.writeable = False
+        if self._mask_cache_size > 0:
+            self._masks[key] = packed
+            if len(self._masks) > self._mask_cache_size:
+                self._masks.popitem(last=False)
+        return packed, mask
+
+    def _walk_packed(self, state: int, partial: Partial) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_] | None]:
+        """The packed mask computed (no cache), and the boolean one when the walk made it."""
+        mask: npt.NDArray[np.bool_] | None = None
+        # no garbage collection inside a mask (a full collection of a large program is
+        # milliseconds): a collection that falls due runs after it, at the next allocation
+        paused = gc.isenabled()
+        if paused:
+            gc.disable()
+        try:
+            if self._c_walks(state, partial):
+                packed = self._mask_words_c(state).view(np.uint8)[: (self.n_vocab + 7) // 8]
+            else:
+                mask = self._compute_mask(state, partial)
+                packed = np.packbits(mask, bitorder="little")
+        finally:
+            if paused:
+                gc.enable()
+        return packed, mask
+
+    # ------------------------------------------------------------------ the C walk
+    def _c_walks(self, state: int, partial: Partial) -> bool:
+        """Whether the C walk computes this mask: the ``"c"`` kernel, a live state, no
+        partial character pending and no token elements in the grammar (those masks,
+        rare, take the numpy walk)."""
+        return self.kernel == "c" and state != DEAD and partial[1] == 0 and not self.engine.has_token_elements
+
+    def _mask_words_c(self, start: int, out: npt.NDArray[np.uint32] | None = None) -> npt.NDArray[np.uint32]:
+        """The mask from ``start`` as ``uint32`` words (into ``out`` when given), by the C
+        walk: the tokens made of the start state's run (its self-loop classes, or the
+        classes that lead it down a chain of states, as inside a bounded string) from one
+        cached scan; the walk below the nodes where those paths leave the run (grouped by
+        depth and class: a class the state at that depth does not take drops its nodes at
+        once); subtrees the walk could not decide (a transition, a run or partial
+        characters not computed yet) computed here and walked again. What a start state
+        needs besides the walk (its run's scan, its chain, the tokens ending inside a
+        character on its run, end-of-generation) is prepared once per state."""
+        from llama_cffi.trie_walk import PEND_PCHAR, PEND_RUN, PEND_TRANS
+
+        eng, tg = self.engine, self._tg
+        plan = self._plans.get(start)
+        if plan is None:
+            plan = self._plans[start] = self._plan(start)
+        words = np.empty(self.n_words, dtype=np.uint32) if out is None else out
+        nodes: npt.NDArray[np.int32] | None = None
+        states: npt.NDArray[np.int32] | None = None
+        while True:
+            tg.set_tables(
+                eng.table(), self._run_known, self._run_words, self._run_len, self._pchar_known, self._pchar_tab
+            )
+            if nodes is None:
+                pend, full = tg.mask(plan, words)
+            else:
+                pend, full = tg.walk(words, start, nodes, states)
+            if len(pend):
+                why = pend[:, 2]
+                sel = why == PEND_TRANS
+                if sel.any():
+                    eng.fill(pend[sel, 1], pend[sel, 3])
+                for s_ in set(pend[why == PEND_RUN, 3].tolist()):
+                    self._run(s_)
+                for s_ in set(pend[why == PEND_PCHAR, 3].tolist()):
+                    self._pchar_row(s_)
+            if full:  # the walk stopped early: everything again, with what it missed now known
+                nodes = states = None
+                continue
+            if not len(pend):
+                return words
+            nodes, states = pend[:, 0].copy(), pend[:, 1].copy()
+
+    def _plan(self, start: int) -> Any:
+        """:meth:`llama_cffi.trie_walk.TrieGrammar.plan` for ``start``: its run's scan and
+        chain; the tokens to set besides the walk's: those ending inside a character on
+        the run's paths whose state down the chain can complete that character, and the
+        end-of-generation tokens when ``start`` is complete."""
+        chain = self._run(start)  # also completes the rows of the chain's states
+        scan = self._run_scan(start, len(chain) - 1)
+        extra = [self._eog_ids] if self.engine.is_complete(start) else []
+        pt = scan.pt_tokens
+        if len(pt):  # their whole characters lead down the chain
+            at = chain[scan.pt_depth]
+            for s_ in set(at.tolist()):
+                sel = pt[at == s_]
+                extra.append(sel[self._state_pchar_ok(s_)[self._pchar_slot[sel]]])
+        toks = np.concatenate(extra).astype(np.int32) if extra else np.zeros(0, dtype=np.int32)
+        return self._tg.plan(start, scan, chain, toks)
+
+    def _run(self, state: int) -> npt.NDArray[np.int32]:
+        """The run of ``state`` (see :mod:`llama_cffi.trie_walk`), put into the tables the C
+        walk reads: ``L``, the classes that lead ``state`` to the same successor (of the
+        successors, the one whose classes cover the most trie nodes; itself on a tie),
+        followed while every class of ``L`` leads the state reached to one successor, at
+        most to the longest token. Returns the chain: the state after ``d`` characters of
+        ``L``, ``d = 0 .. k`` (cached)."""
+        chain = self._run_chain.get(state)
+        if chain is not None:
+            return chain
+        eng, nc, cap = self.engine, self.engine.n_classes, self._run_cap
+        eng.fill_row(state)
+        row = eng.table()[state, :nc]
+        live = np.flatnonzero(row >= 0)
+        states = [state]
+        run = np.zeros(self._W, dtype=np.uint64)
+        if len(live):
+            succ, inv = _unique_inverse(row[live].astype(np.int64))
+            weight = np.bincount(inv, weights=self._class_weight[live], minlength=len(succ))
+            weight[succ == state] += 0.5  # itself on a tie
+            best = int(np.argmax(weight))
+            classes = live[inv == best]
+            np.bitwise_or.at(run, classes >> 6, np.left_shift(np.uint64(1), (classes & 63).astype(np.uint64)))
+            cur = state
+            while len(states) <= cap:
+                if cur != state:
+                    eng.fill_row(cur)
+                nxt = eng.table()[cur, classes]
+                if (nxt < 0).any() or (nxt != nxt[0]).any():
+                    break
+                nx = int(nxt[0])
+                if nx == cur:  # a self-loop: the chain stays here
+                    states.extend([nx] * (cap + 1 - len(states)))
+                    break
+                states.append(nx)
+                cur = nx
+        else:  # nothing follows: the empty run covers the leaves of any length
+            states.extend([state] * cap)
+        chain = np.asarray(states, dtype=np.int32)
+        if state >= len(self._run_known):
+            grow = max(2 * len(self._run_known), state + 1)
+            known = np.zeros(grow, dtype=bool)
+            known[: len(self._run_known)] = self._run_known
+            words = np.zeros((grow, self._W), dtype=np.uint64)
+            words[: len(self._run_words)] = self._run_words
+            lens = np.zeros(grow, dtype=np.int32)
+            lens[: len(self._run_len)] = self._run_len
+            self._run_known, self._run_words, self._run_len = known, words, lens
+        self._run_words[state] = run
+        self._run_len[state] = len(chain) - 1
+        self._run_known[state] = True
+        self._run_chain[state] = chain
+        return chain
+
+    def _run_scan(self, state: int, k: int) -> Any:
+        """:meth:`llama_cffi.trie_walk.Trie.run_scan` for the run of ``state`` (cached per
+        run: states with the same classes and length share it)."""
+        run = self._run_words[state]
+        key = (run.tobytes(), k)
+        got = self._run_scans.get(key)
+        if got is None:
+            got = self._run_scans[key] = self.vocab.trie().run_scan(self._cls, self.engine.n_classes, run, k)
+        return got
+
+    def _pchar_row(self, state: int) -> None:
+        """Put :meth:`_state_pchar_ok` of ``state`` into the table the C walk reads."""
+        if state >= len(self._pchar_known):
+            cap = max(2 * len(self._pchar_known), state + 1)
+            known = np.zeros(cap, dtype=bool)
+            known[: len(self._pchar_known)] = self._pchar_known
+            tab = np.zeros((cap, self._pchar_tab.shape[1]), dtype=bool)
+            tab[: len(self._pchar_tab)] = self._pchar_tab
+            self._pchar_known, self._pchar_tab = known, tab
+        self._pchar_tab[state, : len(self._pchars)] = self._state_pchar_ok(state)
+        self._pchar_known[state] = True
 
     def _walk_trie(self, start: int) -> npt.NDArray[np.int32]:
         """The state reached at every trie node from ``start`` (``DEAD`` where none)."""
@@ -555,6 +788,7 @@ class CompiledGrammar:
     def _compute_mask(self, state: int, partial: Partial) -> npt.NDArray[np.bool_]:
         eng, v = self.engine, self.vocab
         if partial[1] == 0 and not eng.has_token_elements and state != DEAD and self._absorb:
+            self._prepare_absorb()
             return self._compute_mask_absorbing(state)
         if partial[1] != 0:
             mask = np.zeros(self.n_vocab, dtype=bool)

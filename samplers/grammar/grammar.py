@@ -29,7 +29,9 @@ class Grammar:
         self.root = root
         self._engine = Engine(resolve_tokens(parsed, lambda _name: _NO_TOKEN), root)
         #: per llama_cffi vocabulary, per mask cache size
-        self._compiled: weakref.WeakKeyDictionary[Any, dict[int, CompiledGrammar]] = weakref.WeakKeyDictionary()
+        self._compiled: weakref.WeakKeyDictionary[Any, dict[tuple[int, str], CompiledGrammar]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     @classmethod
     def from_gbnf(cls, text: str, root: str = "root") -> Grammar:
@@ -73,19 +75,24 @@ class Grammar:
             cps = [ord(c) for c in text]
         return eng.is_complete(eng.walk(eng.start, cps))
 
-    def compile(self, vocab: Any, mask_cache_size: int = 4096) -> CompiledGrammar:
+    def compile(self, vocab: Any, mask_cache_size: int = 4096, kernel: str | None = None) -> CompiledGrammar:
         """The grammar for a vocabulary (a :class:`llama_cffi.Model` or ``Vocab``, or a
         :class:`VocabIndex`): the vocabulary's code-point trie with this grammar's classes,
         plus a mask cache of ``mask_cache_size`` masks (0: every mask computed). Cached
         per llama_cffi vocabulary and cache size. The vocabulary's index is built once
         per vocabulary (about half a second at 262,144 tokens, then loaded from the disk
-        cache in ~55 ms); a compile on it takes ~10-15 ms."""
+        cache in ~55 ms); a compile on it takes ~10-15 ms. ``kernel``: the mask walk,
+        ``"c"`` or ``"numpy"`` (the reference; default: ``"c"`` unless the environment
+        variable ``LLAMA_CFFI_GRAMMAR_KERNEL`` says ``numpy``)."""
+        from .compiled import default_kernel
+
+        kernel = default_kernel() if kernel is None else kernel
         index = VocabIndex.of(vocab)
         # cached per llama_cffi Vocab (a weak key: the compiled grammar holds only the
         # index); a VocabIndex or a list of pieces is compiled afresh each call
         key: Any = getattr(vocab, "vocab", vocab)
         cacheable = hasattr(key, "tokenize")
-        hit = self._compiled.get(key, {}).get(mask_cache_size) if cacheable else None
+        hit = self._compiled.get(key, {}).get((mask_cache_size, kernel)) if cacheable else None
         if hit is not None:
             return hit
         if self.parsed.token_names:
@@ -102,9 +109,9 @@ class Grammar:
             engine = Engine(resolve_tokens(self.parsed, token_id), self.root)
         else:
             engine = self._engine
-        compiled = CompiledGrammar(engine, index, mask_cache_size)
+        compiled = CompiledGrammar(engine, index, mask_cache_size, kernel)
         if cacheable:
-            self._compiled.setdefault(key, {})[mask_cache_size] = compiled
+            self._compiled.setdefault(key, {})[(mask_cache_size, kernel)] = compiled
         return compiled
 
     def matcher(self, vocab: Any) -> GrammarMatcher:

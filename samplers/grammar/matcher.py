@@ -72,18 +72,14 @@ class GrammarMatcher:
         """The allowed tokens as a packed bitmask: bit ``t % 32`` of word ``t // 32``
         (``uint32`` words, xgrammar's layout). Writes into ``bitmask`` when given (at
         least ``ceil(n_vocab / 32)`` words) and returns it."""
-        n_words = (self._compiled.n_vocab + 31) // 32
-        out = np.zeros(n_words, dtype=np.uint32) if bitmask is None else bitmask
-        if out.dtype != np.uint32 or out.ndim != 1 or len(out) < n_words:
+        n_words = self._compiled.n_words
+        out = np.empty(n_words, dtype=np.uint32) if bitmask is None else bitmask
+        if not isinstance(out, np.ndarray) or out.dtype != np.uint32 or out.ndim != 1 or len(out) < n_words:
             raise ValueError(f"bitmask must be a 1-D uint32 array of at least {n_words} words")
-        words = out[:n_words].view(np.uint8)
-        words[:] = 0
-        if not self.ended:
-            packed = self._compiled.packed(self.state, self.partial)
-            words[: len(packed)] = packed
-            if not np.little_endian:  # pragma: no cover - bytes were packed little-endian
-                out[:n_words].byteswap(inplace=True)
-        return out
+        if self.ended:
+            out[:n_words] = 0
+            return out
+        return self._compiled.fill_words(self.state, self.partial, out)
 
     def apply(self, cands: Candidates) -> None:
         """Set the logits of disallowed candidates to -inf, in place (like applying

@@ -17,6 +17,10 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
+from llama_cffi.errors import InvalidTokenError
 from llama_cffi.sampling import LlamaSampler, SamplingError
 
 from ..base import Sampler
@@ -73,19 +77,59 @@ class GrammarSampler(Sampler):
         self.awaiting = self.lazy
         self._buffer = b""
         self._buffer_tokens: list[tuple[int, int, int]] = []  # (token, start, end) in _buffer
+        self._given: tuple[tuple[int, tuple[int, int], bool], npt.NDArray[np.uint32]] | None = None
 
     @property
     def compiled(self) -> CompiledGrammar:
         return self.matcher.compiled
 
+    def use_mask(self, words: npt.NDArray[np.uint32]) -> None:
+        """Take ``words`` (the matcher's :meth:`~GrammarMatcher.fill_mask` for its current
+        state, e.g. a row of :func:`~samplers.grammar.fill_masks`) as this step's mask:
+        :meth:`allows` and :meth:`apply` read it instead of walking, until the matcher
+        moves. Borrowed, not copied: leave it unchanged until the step is done."""
+        m = self.matcher
+        if not isinstance(words, np.ndarray) or words.dtype != np.uint32 or words.ndim != 1:
+            raise TypeError("words must be a 1-D uint32 array")
+        if len(words) < m.compiled.n_words:
+            raise ValueError(f"words has {len(words)} words, {m.compiled.n_words} needed")
+        self._given = ((m.state, m.partial, m.ended), words)
+
+    def _words(self) -> npt.NDArray[np.uint32] | None:
+        """The mask given by :meth:`use_mask` if the matcher is still where it was."""
+        given = self._given
+        if given is None:
+            return None
+        m = self.matcher
+        if given[0] != (m.state, m.partial, m.ended):
+            self._given = None
+            return None
+        return given[1]
+
     def allows(self, token: int) -> bool:
         """Whether the grammar allows ``token`` next (always, while a lazy grammar waits)."""
-        return self.awaiting or self.matcher.allows(token)
+        if self.awaiting:
+            return True
+        words = self._words()
+        if words is not None and 0 <= token < self.matcher.compiled.n_vocab:
+            return bool((int(words[token >> 5]) >> (token & 31)) & 1)
+        return self.matcher.allows(token)
 
     def apply(self, cands: Candidates) -> None:
         """Mask every candidate the grammar does not allow (no-op while waiting)."""
-        if not self.awaiting:
+        if self.awaiting or cands.size == 0:
+            return
+        words = self._words()
+        if words is None:
             self.matcher.apply(cands)
+            return
+        ids = cands.read_ids()
+        n = self.matcher.compiled.n_vocab
+        if int(ids.max()) >= n or int(ids.min()) < 0:
+            raise InvalidTokenError(f"candidate ids must lie in [0, {n})")
+        banned = ((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1) == 0
+        if banned.any():
+            cands.logits[banned] = -np.inf
 
     def accept(self, token: int) -> None:
         """Advance the grammar (or, while waiting, the trigger search). Raises
@@ -142,6 +186,7 @@ class GrammarSampler(Sampler):
         out.__dict__.update(self.__dict__)
         out.matcher = self.matcher.clone()
         out._buffer_tokens = list(self._buffer_tokens)
+        out._given = None
         return out
 
     def native(self) -> LlamaSampler:

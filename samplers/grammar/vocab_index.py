@@ -292,6 +292,45 @@ class VocabIndex:
         self.has_partial = self.partial_remain > 0
         self.usable = ~self.never & ~self.invalid & ~self.eog
         self.n_nodes = len(self.parent)
+        #: the usable tokens that end inside a character, and per token the index of its
+        #: partial character among the vocabulary's distinct ones, ``pchars`` (each
+        #: ``value * 4 + bytes still needed``; -1: the token ends on a whole character)
+        self.partial_tokens = np.flatnonzero(self.usable & self.has_partial)
+        keys = self.partial_value[self.partial_tokens] * 4 + self.partial_remain[self.partial_tokens]
+        srt = np.sort(keys)  # np.unique would import numpy.ma (~13 ms) on a first use
+        self.pchars = srt[np.r_[True, srt[1:] != srt[:-1]]] if len(srt) else srt
+        self.pchar_slot = np.full(self.n_vocab, -1, dtype=np.int64)
+        self.pchar_slot[self.partial_tokens] = np.searchsorted(self.pchars, keys)
+        self._trie: Any = None
+
+    def trie(self) -> Any:
+        """The trie in the layout of the C walks (:class:`llama_cffi.trie_walk.Trie`; made
+        on first use, then shared by every grammar compiled for the vocabulary)."""
+        if self._trie is None:
+            from llama_cffi.trie_walk import Trie
+
+            n = self.n_nodes
+            pt_nodes = self.term[self.partial_tokens]
+            has_pt = np.zeros(n + 1, dtype=np.uint8)
+            has_pt[pt_nodes] = 1
+            self._trie = Trie(
+                n_vocab=self.n_vocab,
+                max_depth=len(self.level_base) - 1,
+                n_pchars=len(self.pchars),
+                level_base=self.level_base,
+                node_cpi=self.node_cpi,
+                parent=self.parent,
+                first_child=self.first_child,
+                n_child=self.n_child,
+                row_start=self.row_start,
+                row_end=self.row_end,
+                n_term=self.n_term,
+                has_pt=has_pt,
+                order=self.order,
+                pchar_slot=self.pchar_slot,
+                root_pt=self.partial_tokens[pt_nodes == n],
+            )
+        return self._trie
 
     def arrays(self) -> dict[str, npt.NDArray[Any]]:
         """The arrays a cache file holds, in their disk dtypes."""

@@ -1,0 +1,353 @@
+/* The innermost loops of grammar masks: walks of a vocabulary's code-point trie under a
+ * grammar's transition table (see llama_cffi/trie_walk.py for the Python side and
+ * samplers/grammar/compiled.py for the algorithm, whose numpy version is the reference).
+ *
+ * The trie (one per vocabulary) numbers its nodes level by level; the root is node
+ * n_nodes; a node's children are nodes first_child .. first_child + n_child; in the
+ * sorted token order (row r is token order[r]) its subtree is rows row_start ..
+ * row_end, of which the first n_term end at the node. A grammar gives each node a
+ * character class (cls) and, per node, the set of classes below it (E: W words per
+ * node, bit n_classes marks a token ending inside a UTF-8 character at or below it).
+ *
+ * A state's run (L, k): the classes L that all lead it to one successor, and the length
+ * k up to which every string over L stays alive that way (a state with self-loops:
+ * every length). A node whose subtree is no deeper than k and uses only classes of L
+ * is accepted whole when reached in that state.
+ *
+ * Everything Python cannot cheaply know in advance -- a transition not computed yet, a
+ * state's run, which partial characters a state can complete -- is not guessed:
+ * the walk leaves that node's subtree untouched and reports it as pending, with the
+ * reason; Python computes what was missing and walks the pending nodes again. Nothing
+ * is allocated inside the loops; every index read from an array is bounds-checked. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "llama_cffi.h"
+
+#define SET_BIT(mask, t) ((mask)[(uint32_t)(t) >> 5] |= (uint32_t)1 << ((uint32_t)(t)&31u))
+
+int llama_cffi_trie_bind(const llama_cffi_trie *t, const int32_t *cls_of_cp, int32_t n_cps, int32_t n_classes,
+                         int32_t W, int32_t *out_cls, uint64_t *out_E) {
+    if (!t || !cls_of_cp || !out_cls || !out_E || n_classes < 0 || W != n_classes / 64 + 1) return -1;
+    const int32_t n_nodes = t->n_nodes;
+    for (int32_t n = 0; n < n_nodes; n++) {
+        int32_t cpi = t->node_cpi[n];
+        if (cpi < 0 || cpi >= n_cps) return -1;
+        int32_t c = cls_of_cp[cpi];
+        if (c < 0 || c >= n_classes) return -1;
+        out_cls[n] = c;
+    }
+    memset(out_E, 0, sizeof(uint64_t) * (size_t)W * (size_t)(n_nodes + 1));
+    const uint64_t pbit = (uint64_t)1 << (n_classes % 64);
+    const int32_t pword = n_classes / 64;
+    /* children have larger numbers than their parent (levels in order), except that the
+       root, whose children are level 0, is last: walking down from the last node, a
+       node's E is complete before it is added to its parent's */
+    for (int32_t n = n_nodes - 1; n >= 0; n--) {
+        int32_t p = t->parent[n];
+        if (p < 0 || p > n_nodes || (p != n_nodes && p >= n)) return -1;
+        uint64_t *ep = out_E + (size_t)p * (size_t)W;
+        const uint64_t *en = out_E + (size_t)n * (size_t)W;
+        if (t->has_pt[n]) out_E[(size_t)n * (size_t)W + (size_t)pword] |= pbit;
+        for (int32_t w = 0; w < W; w++) ep[w] |= en[w];
+        int32_t c = out_cls[n];
+        ep[c / 64] |= (uint64_t)1 << (c % 64);
+    }
+    if (t->has_pt[n_nodes]) out_E[(size_t)n_nodes * (size_t)W + (size_t)pword] |= pbit;
+    return 0;
+}
+
+/* does every class of E[node] lie in the set? (W words each) */
+static inline int covered(const uint64_t *E, int32_t node, int32_t W, const uint64_t *set) {
+    const uint64_t *e = E + (size_t)node * (size_t)W;
+    for (int32_t w = 0; w < W; w++)
+        if (e[w] & ~set[w]) return 0;
+    return 1;
+}
+
+static inline int in_set(const uint64_t *words, int32_t c) { return (int)((words[c >> 6] >> (c & 63)) & 1u); }
+
+int llama_cffi_trie_run_scan(const llama_cffi_trie *t, const int32_t *cls, int32_t n_classes, const uint64_t *run,
+                             int32_t k, uint32_t *mask, int32_t *frontier, int32_t frontier_cap, int32_t *n_frontier,
+                             int32_t *group_start, int32_t *pt_tokens, int32_t *pt_depth, int32_t pt_cap, int32_t *n_pt,
+                             int32_t *scratch) {
+    if (!t || !cls || !run || !mask || !frontier || !n_frontier || !group_start || !pt_tokens || !pt_depth || !n_pt ||
+        !scratch || k < 0 || k > t->max_depth + 1 || n_classes < 0)
+        return -1;
+    const int32_t n_nodes = t->n_nodes, n_vocab = t->n_vocab;
+    const int64_t n_groups = (int64_t)(k + 1) * n_classes;
+    if (n_groups >= (int64_t)1 << 30) return -1;
+    int32_t nf = 0, np_ = 0;
+    /* depth-first over the nodes whose path from the root is at most k characters, all
+       in the run: their whole tokens go into mask, their partial tokens (with their
+       depth) into pt_tokens; their other children are the frontier, each with its group
+       (parent's depth * n_classes + class; scratch holds the pairs, unsorted) */
+    int32_t depth_cap = t->max_depth + 2;
+    int32_t *fr_node = (int32_t *)malloc(sizeof(int32_t) * 2 * (size_t)depth_cap);
+    if (!fr_node) return -2;
+    int32_t *fr_next = fr_node + depth_cap;
+    int32_t d = 0; /* the depth of fr_node[d] */
+    fr_node[0] = n_nodes;
+    fr_next[0] = 0;
+    int rc = 0;
+    while (d >= 0) {
+        int32_t node = fr_node[d];
+        if (fr_next[d] == 0) {
+            if (node != n_nodes) {
+                int32_t rs = t->row_start[node], nt = t->n_term[node];
+                if (rs < 0 || nt < 0 || rs + nt > n_vocab) { rc = -1; break; }
+                for (int32_t r = rs; r < rs + nt; r++) {
+                    int32_t tok = t->order[r];
+                    if (tok < 0 || tok >= n_vocab) { rc = -1; goto done; }
+                    if (t->pchar_slot[tok] < 0) SET_BIT(mask, tok);
+                    else {
+                        if (np_ >= pt_cap) { rc = -3; goto done; }
+                        pt_depth[np_] = d;
+                        pt_tokens[np_++] = tok;
+                    }
+                }
+            } else {
+                for (int32_t i = 0; i < t->n_root_pt; i++) {
+                    if (np_ >= pt_cap) { rc = -3; goto done; }
+                    pt_depth[np_] = 0;
+                    pt_tokens[np_++] = t->root_pt[i];
+                }
+            }
+        }
+        int32_t fc = t->first_child[node], nc = t->n_child[node];
+        if (fc < 0 || nc < 0 || fc + nc > n_nodes) { rc = -1; break; }
+        int32_t j = fr_next[d];
+        int32_t pushed = 0;
+        while (j < nc) {
+            int32_t ch = fc + j;
+            j++;
+            int32_t c = cls[ch];
+            if (c < 0 || c >= n_classes) { rc = -1; goto done; }
+            if (d < k && in_set(run, c)) {
+                if (d + 1 >= depth_cap) { rc = -1; goto done; }
+                fr_next[d] = j;
+                d++;
+                fr_node[d] = ch;
+                fr_next[d] = 0;
+                pushed = 1;
+                break;
+            }
+            if (nf >= frontier_cap) { rc = -3; goto done; }
+            scratch[2 * (size_t)nf] = ch;
+            scratch[2 * (size_t)nf + 1] = d * n_classes + c;
+            nf++;
+        }
+        if (!pushed) d--;
+    }
+done:
+    free(fr_node);
+    if (rc) return rc;
+    /* a counting sort by group: group g's nodes are frontier[group_start[g] ..
+       group_start[g + 1]] */
+    memset(group_start, 0, sizeof(int32_t) * (size_t)(n_groups + 1));
+    for (int32_t i = 0; i < nf; i++) group_start[scratch[2 * (size_t)i + 1] + 1]++;
+    for (int64_t g = 0; g < n_groups; g++) group_start[g + 1] += group_start[g];
+    for (int32_t i = 0; i < nf; i++) frontier[group_start[scratch[2 * (size_t)i + 1]]++] = scratch[2 * (size_t)i];
+    for (int64_t g = n_groups; g > 0; g--) group_start[g] = group_start[g - 1];
+    group_start[0] = 0;
+    *n_frontier = nf;
+    *n_pt = np_;
+    return 0;
+}
+
+/* a pending entry: (node, state before the node's character, reason, detail) */
+#define PEND(node_, ps_, why_, what_)                                                                                  \
+    do {                                                                                                               \
+        if (*n_pending >= pending_cap) return -3;                                                                      \
+        int32_t *p_ = pending + 4 * (size_t)(*n_pending);                                                             \
+        p_[0] = (node_);                                                                                               \
+        p_[1] = (ps_);                                                                                                 \
+        p_[2] = (why_);                                                                                                \
+        p_[3] = (what_);                                                                                               \
+        (*n_pending)++;                                                                                                \
+    } while (0)
+
+/* the tokens ending at node (reached in state s): 1 done, 0 pending (pchar of s unknown),
+   -1 bad data */
+static inline int node_tokens(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, int32_t node, int32_t s,
+                              uint32_t *mask) {
+    int32_t rs = t->row_start[node], nt = t->n_term[node];
+    if (rs < 0 || nt < 0 || rs + nt > t->n_vocab) return -1;
+    const uint8_t *ok = NULL;
+    if (t->has_pt[node]) {
+        if (s >= g->n_pchar_states || !g->pchar_known[s]) return 0;
+        ok = g->pchar_ok + (size_t)s * (size_t)t->n_pchars;
+    }
+    for (int32_t r = rs; r < rs + nt; r++) {
+        int32_t tok = t->order[r];
+        if (tok < 0 || tok >= t->n_vocab) return -1;
+        int32_t slot = t->pchar_slot[tok];
+        if (slot < 0) SET_BIT(mask, tok);
+        else {
+            if (!ok || slot >= t->n_pchars) return -1;
+            if (ok[slot]) SET_BIT(mask, tok);
+        }
+    }
+    return 1;
+}
+
+/* after node's character, in live state s (reached from ps): absorb, or take the tokens
+   ending here; 1: descend into the children, 0: done with this subtree, <0 error */
+static inline int visit(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, int32_t node, int32_t ps,
+                        int32_t s, uint32_t *mask, int32_t *pending, int32_t pending_cap, int32_t *n_pending) {
+    const int32_t W = g->W;
+    int32_t rs = t->row_start[node], re = t->row_end[node];
+    if (rs < 0 || re < rs || re > t->n_vocab) return -1;
+    if (s < g->n_run_states && g->run_known[s]) {
+        if (t->height[node] <= g->run_len[s] && covered(g->E, node, W, g->run_words + (size_t)s * (size_t)W)) {
+            /* every token below continues in s's run: the whole subtree */
+            for (int32_t r = rs; r < re; r++) {
+                int32_t tok = t->order[r];
+                if (tok < 0 || tok >= t->n_vocab) return -1;
+                SET_BIT(mask, tok);
+            }
+            return 0;
+        }
+    } else if (re - rs >= g->absorb_min_rows) {
+        PEND(node, ps, LLAMA_CFFI_PEND_RUN, s); /* worth knowing s's run */
+        return 0;
+    }
+    int k = node_tokens(t, g, node, s, mask);
+    if (k < 0) return -1;
+    if (k == 0) {
+        PEND(node, ps, LLAMA_CFFI_PEND_PCHAR, s);
+        return 0;
+    }
+    return 1;
+}
+
+/* the subtree below node (its character taken: live state s, from ps), depth first */
+static int descend(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, int32_t node, int32_t ps, int32_t s,
+                   int root, uint32_t *mask, int32_t *pending, int32_t pending_cap, int32_t *n_pending,
+                   int32_t *f_node, int32_t *f_state, int32_t *f_next, int32_t depth_cap) {
+    const int32_t n_nodes = t->n_nodes, nc_ = g->n_classes;
+    if (!root) {
+        int v = visit(t, g, node, ps, s, mask, pending, pending_cap, n_pending);
+        if (v <= 0) return v;
+    }
+    int32_t d = 0;
+    f_node[0] = node;
+    f_state[0] = s;
+    f_next[0] = 0;
+    while (d >= 0) {
+        int32_t cur = f_node[d], cs = f_state[d];
+        int32_t fc = t->first_child[cur], ncld = t->n_child[cur];
+        if (fc < 0 || ncld < 0 || fc + ncld > n_nodes) return -1;
+        const int32_t *row = g->trans + (size_t)cs * (size_t)nc_;
+        int32_t k = f_next[d];
+        int descended = 0;
+        while (k < ncld) {
+            int32_t ch = fc + k;
+            k++;
+            int32_t c = g->cls[ch];
+            if (c < 0 || c >= nc_) return -1;
+            int32_t s2 = row[c];
+            if (s2 == LLAMA_CFFI_TRANS_UNKNOWN) {
+                PEND(ch, cs, LLAMA_CFFI_PEND_TRANS, c);
+                continue;
+            }
+            if (s2 < 0) continue;
+            if (s2 >= g->n_states) return -1;
+            int v = visit(t, g, ch, cs, s2, mask, pending, pending_cap, n_pending);
+            if (v < 0) return v;
+            if (v == 0) continue;
+            if (d + 1 >= depth_cap) return -1;
+            f_next[d] = k;
+            d++;
+            f_node[d] = ch;
+            f_state[d] = s2;
+            f_next[d] = 0;
+            descended = 1;
+            break;
+        }
+        if (!descended) d--;
+    }
+    return 0;
+}
+
+int llama_cffi_trie_walk(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, const int32_t *nodes,
+                         const int32_t *states, int32_t n, const int32_t *group_start, const int32_t *depth_states,
+                         int32_t k, int32_t start, uint32_t *mask, int32_t *pending, int32_t pending_cap,
+                         int32_t *n_pending, int32_t *frames, int32_t frames_cap) {
+    if (!t || !g || (!nodes && n) || !mask || !pending || !n_pending || !frames) return -1;
+    if (!states && !group_start && (start < 0 || start >= g->n_states)) return -1;
+    if (group_start && (!depth_states || k < 0 || k > t->max_depth + 1)) return -1;
+    const int32_t n_nodes = t->n_nodes, nc_ = g->n_classes;
+    const int32_t depth_cap = frames_cap / 3;
+    if (depth_cap < t->max_depth + 2) return -1;
+    int32_t *f_node = frames, *f_state = frames + depth_cap, *f_next = frames + 2 * depth_cap;
+    *n_pending = 0;
+    if (group_start) {
+        /* nodes grouped by (depth of the parent, class), entered from the state at that
+           depth: a class that state does not take skips its group at once */
+        for (int32_t d = 0; d <= k; d++) {
+            int32_t ps = depth_states[d];
+            if (ps < 0 || ps >= g->n_states) return -1;
+            const int32_t *row = g->trans + (size_t)ps * (size_t)nc_;
+            for (int32_t c = 0; c < nc_; c++) {
+                int64_t gi = (int64_t)d * nc_ + c;
+                int32_t a = group_start[gi], b = group_start[gi + 1];
+                if (a < 0 || b < a || b > n) return -1;
+                if (a == b) continue;
+                int32_t s = row[c];
+                if (s == LLAMA_CFFI_TRANS_UNKNOWN) {
+                    for (int32_t i = a; i < b; i++) PEND(nodes[i], ps, LLAMA_CFFI_PEND_TRANS, c);
+                    continue;
+                }
+                if (s < 0) continue;
+                if (s >= g->n_states) return -1;
+                for (int32_t i = a; i < b; i++) {
+                    int32_t node = nodes[i];
+                    if (node < 0 || node >= n_nodes || g->cls[node] != c) return -1;
+                    int rc = descend(t, g, node, ps, s, 0, mask, pending, pending_cap, n_pending, f_node, f_state,
+                                     f_next, depth_cap);
+                    if (rc < 0) return rc;
+                }
+            }
+        }
+        return 0;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        int32_t node = nodes[i];
+        int32_t ps = states ? states[i] : start;
+        if (node < 0 || node > n_nodes || ps < 0 || ps >= g->n_states) return -1;
+        int rc;
+        if (node == n_nodes) { /* the root: no character (its partial tokens are decided by the caller) */
+            rc = descend(t, g, node, ps, ps, 1, mask, pending, pending_cap, n_pending, f_node, f_state, f_next,
+                         depth_cap);
+        } else {
+            int32_t c = g->cls[node];
+            if (c < 0 || c >= nc_) return -1;
+            int32_t s = g->trans[(size_t)ps * (size_t)nc_ + (size_t)c];
+            if (s == LLAMA_CFFI_TRANS_UNKNOWN) {
+                PEND(node, ps, LLAMA_CFFI_PEND_TRANS, c);
+                continue;
+            }
+            if (s < 0) continue;
+            if (s >= g->n_states) return -1;
+            rc = descend(t, g, node, ps, s, 0, mask, pending, pending_cap, n_pending, f_node, f_state, f_next,
+                         depth_cap);
+        }
+        if (rc < 0) return rc;
+    }
+    return 0;
+}
+
+int llama_cffi_trie_mask(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, const llama_cffi_trie_plan *p,
+                         uint32_t *mask, int32_t *pending, int32_t pending_cap, int32_t *n_pending, int32_t *frames,
+                         int32_t frames_cap) {
+    if (!t || !g || !p || !mask || !p->base || (!p->extra && p->n_extra) || p->n_extra < 0) return -1;
+    memcpy(mask, p->base, sizeof(uint32_t) * (((size_t)t->n_vocab + 31) / 32));
+    for (int32_t i = 0; i < p->n_extra; i++) {
+        int32_t tok = p->extra[i];
+        if (tok < 0 || tok >= t->n_vocab) return -1;
+        SET_BIT(mask, tok);
+    }
+    return llama_cffi_trie_walk(t, g, p->frontier, NULL, p->n_frontier, p->group_start, p->depth_states, p->k,
+                                p->start, mask, pending, pending_cap, n_pending, frames, frames_cap);
+}

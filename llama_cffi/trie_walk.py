@@ -1,0 +1,456 @@
+"""Token-trie walks for grammar masks, in C inside ``_llama`` (``_native/trie_walk.c``).
+
+A grammar mask asks, for every token of a vocabulary, whether a parser state can take
+the token's characters. :mod:`samplers.grammar.compiled` answers it by walking the
+vocabulary's code-point trie under the grammar's transition table; this module is the
+innermost loop of that walk, with the GIL released (the algorithm, what the arrays
+mean, and the numpy walk kept as the reference, are in ``samplers.grammar``).
+
+* :class:`Trie` holds one vocabulary's trie in the layout the C reads (``int32``
+  arrays, checked once when it is made).
+* :meth:`Trie.bind` gives one grammar's per-node arrays: each node's character class
+  and the set of classes below it.
+* :meth:`Trie.run_scan` finds the tokens of at most ``k`` characters made only of a
+  set of classes (a state's *run*: the classes that all lead it to one successor, for
+  as many characters as every string of them stays alive; a state's self-loops are a
+  run of any length) and the nodes where such paths leave the run.
+* :class:`TrieGrammar` walks: it writes allowed tokens as bits (bit ``t % 32`` of
+  ``uint32`` word ``t // 32``) and returns, instead of guessing, the subtrees it
+  could not decide because something was not computed yet (a transition, a state's
+  run, which partial characters a state completes); the caller computes those and
+  walks them again.
+
+Arguments are checked here (dtype, shape, contiguity, lengths); indices read from the
+arrays are bounds-checked in C, so bad data raises :class:`ValueError` instead of
+reading out of bounds. Ownership: a :class:`Trie` or :class:`TrieGrammar` keeps the
+arrays it was given alive and reads them in place (do not modify them while a walk
+runs); ``mask`` arrays are written, nothing else is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ._binding import ffi, lib
+
+__all__ = ["PEND_PCHAR", "PEND_RUN", "PEND_TRANS", "TRANS_UNKNOWN", "RunScan", "Trie", "TrieGrammar"]
+
+#: the transition table's "not computed yet" value
+TRANS_UNKNOWN: int = int(lib.LLAMA_CFFI_TRANS_UNKNOWN)
+#: reasons a subtree is pending: a transition (the detail is the class), a state's run,
+#: a state's partial characters (the detail is the state)
+PEND_TRANS: int = int(lib.LLAMA_CFFI_PEND_TRANS)
+PEND_RUN: int = int(lib.LLAMA_CFFI_PEND_RUN)
+PEND_PCHAR: int = int(lib.LLAMA_CFFI_PEND_PCHAR)
+
+_PENDING_CAP = 16384  # entries per walk call; more are walked in further calls
+_NO_PENDING = np.zeros((0, 4), dtype=np.int32)
+_NO_PENDING.flags.writeable = False
+
+I32 = npt.NDArray[np.int32]
+U64 = npt.NDArray[np.uint64]
+U32 = npt.NDArray[np.uint32]
+
+
+def _i32(name: str, a: npt.ArrayLike, n: int | None = None) -> I32:
+    arr = np.ascontiguousarray(a, dtype=np.int32)
+    if arr.ndim != 1 or (n is not None and len(arr) != n):
+        raise ValueError(f"{name} must be a 1-D array of {n} values, not shape {arr.shape}")
+    return arr
+
+
+def _words(name: str, a: Any, n: int) -> U32:
+    if not isinstance(a, np.ndarray) or a.dtype != np.uint32 or a.ndim != 1 or not a.flags.c_contiguous:
+        raise TypeError(f"{name} must be a 1-D C-contiguous uint32 ndarray")
+    if len(a) < n:
+        raise ValueError(f"{name} has {len(a)} words, {n} needed")
+    if not a.flags.writeable:
+        raise ValueError(f"{name} is read-only")
+    return a
+
+
+def _check_rc(rc: int, what: str) -> None:
+    if rc == -1:
+        raise ValueError(f"{what}: an index in the trie or grammar arrays is out of range")
+    if rc == -2:
+        raise MemoryError(f"{what}: out of memory")
+    if rc != 0:
+        raise RuntimeError(f"{what} failed ({rc})")
+
+
+@dataclass(frozen=True)
+class RunScan:
+    """What :meth:`Trie.run_scan` found for a run ``(L, k)``: ``mask`` (the whole tokens
+    of at most ``k`` characters, all of classes in ``L``, as bits), ``frontier`` (the
+    nodes whose parent's path is such a path and that leave it: their class is not in
+    ``L``, or their parent is ``k`` deep), grouped by the parent's depth ``d`` and the
+    node's class ``c``: group ``d * n_classes + c`` is
+    ``frontier[group_start[g]:group_start[g + 1]]``; and ``pt_tokens`` (such tokens that
+    end inside a character, decided by the partial character alone), with their depth
+    in characters ``pt_depth``."""
+
+    k: int
+    mask: U32
+    frontier: I32
+    group_start: I32
+    pt_tokens: I32
+    pt_depth: I32
+
+
+class Trie:
+    """One vocabulary's code-point trie for the C walks (the layout of
+    :class:`samplers.grammar.vocab_index.VocabIndex`; see ``llama_cffi.h``). Node
+    arrays marked + below have ``n_nodes + 1`` entries (the root is node ``n_nodes``).
+
+    ``level_base``: level ``j``'s nodes are ``level_base[j] .. level_base[j + 1]``
+    (``max_depth + 1`` values); ``node_cpi``, ``parent``: per node; ``first_child``, ``n_child``, ``row_start``,
+    ``row_end``, ``n_term``, ``has_pt``: +; ``order``: per row, the token;
+    ``pchar_slot``: per token, its partial character's index (``-1``: none);
+    ``root_pt``: the tokens that are only a partial character; ``n_pchars``: the
+    number of distinct partial characters; ``max_depth``: the longest token in code
+    points. ``height`` (+: the most code points below each node) is computed here."""
+
+    def __init__(
+        self,
+        *,
+        n_vocab: int,
+        max_depth: int,
+        n_pchars: int,
+        level_base: npt.ArrayLike,
+        node_cpi: npt.ArrayLike,
+        parent: npt.ArrayLike,
+        first_child: npt.ArrayLike,
+        n_child: npt.ArrayLike,
+        row_start: npt.ArrayLike,
+        row_end: npt.ArrayLike,
+        n_term: npt.ArrayLike,
+        has_pt: npt.ArrayLike,
+        order: npt.ArrayLike,
+        pchar_slot: npt.ArrayLike,
+        root_pt: npt.ArrayLike,
+    ) -> None:
+        node_cpi_a = _i32("node_cpi", node_cpi)
+        n_nodes = len(node_cpi_a)
+        if not 0 <= n_vocab < 2**31 - 64 or not 0 <= max_depth < 2**20 or n_nodes >= 2**31 - 2:
+            raise ValueError("the trie is too large")
+        self.n_vocab, self.n_nodes, self.max_depth, self.n_pchars = n_vocab, n_nodes, max_depth, n_pchars
+        self._arrays = {
+            "node_cpi": node_cpi_a,
+            "parent": _i32("parent", parent, n_nodes),
+            "first_child": _i32("first_child", first_child, n_nodes + 1),
+            "n_child": _i32("n_child", n_child, n_nodes + 1),
+            "row_start": _i32("row_start", row_start, n_nodes + 1),
+            "row_end": _i32("row_end", row_end, n_nodes + 1),
+            "n_term": _i32("n_term", n_term, n_nodes + 1),
+            "order": _i32("order", order, n_vocab),
+            "pchar_slot": _i32("pchar_slot", pchar_slot, n_vocab),
+            "root_pt": _i32("root_pt", root_pt),
+        }
+        self._has_pt = np.ascontiguousarray(has_pt, dtype=np.uint8)
+        if self._has_pt.shape != (n_nodes + 1,):
+            raise ValueError(f"has_pt must have {n_nodes + 1} values")
+        slots = self._arrays["pchar_slot"]
+        if len(slots) and (int(slots.max(initial=-1)) >= n_pchars or int(slots.min(initial=-1)) < -1):
+            raise ValueError(f"pchar_slot must lie in [-1, {n_pchars})")
+        root_pt_a = self._arrays["root_pt"]
+        if len(root_pt_a) and (int(root_pt_a.min()) < 0 or int(root_pt_a.max()) >= n_vocab):
+            raise ValueError("root_pt holds a token out of range")
+        # the most code points below each node, level by level from the deepest
+        par = self._arrays["parent"]
+        if n_nodes and (int(par.min()) < 0 or int(par.max()) > n_nodes):
+            raise ValueError("parent holds a node out of range")
+        base = np.asarray(level_base, dtype=np.int64)
+        if base.shape != (max_depth + 1,) or (len(base) and (base[0] != 0 or base[-1] != n_nodes)):
+            raise ValueError(f"level_base must hold {max_depth + 1} values from 0 to {n_nodes}")
+        if (np.diff(base) < 0).any():
+            raise ValueError("level_base must not decrease")
+        height = np.zeros(n_nodes + 1, dtype=np.int32)
+        for lo, hi in zip(base[-2::-1].tolist(), base[:0:-1].tolist(), strict=True):
+            if hi == lo:
+                continue
+            p = par[lo:hi]
+            if len(p) > 1 and (p[1:] < p[:-1]).any():
+                raise ValueError("the parents of a level must not decrease")
+            starts = np.flatnonzero(np.r_[True, p[1:] != p[:-1]])
+            height[p[starts]] = np.maximum(height[p[starts]], np.maximum.reduceat(height[lo:hi] + 1, starts))
+        self._arrays["height"] = height
+        t = self._struct = ffi.new("llama_cffi_trie *")
+        t.n_nodes, t.n_vocab, t.max_depth = n_nodes, n_vocab, max_depth
+        t.n_pchars, t.n_root_pt = n_pchars, len(root_pt_a)
+        self._keep = []
+        for name, arr in self._arrays.items():
+            buf = ffi.from_buffer("int32_t[]", arr)
+            self._keep.append(buf)
+            setattr(t, name, buf)
+        buf = ffi.from_buffer("uint8_t[]", self._has_pt)
+        self._keep.append(buf)
+        t.has_pt = buf
+        self._frames_n = 3 * (max_depth + 2)
+
+    @property
+    def n_words(self) -> int:
+        """``uint32`` words of a mask: ``ceil(n_vocab / 32)``."""
+        return (self.n_vocab + 31) // 32
+
+    def bind(self, cls_of_cp: npt.ArrayLike, n_classes: int) -> tuple[I32, U64]:
+        """One grammar's node arrays: each node's class (``cls_of_cp[node_cpi[node]]``) and
+        ``E`` (``(n_nodes + 1, W)`` words, ``W = n_classes // 64 + 1``: the classes below
+        each node, bit ``n_classes`` where a token ending inside a character ends at or
+        below it). About a millisecond for 460,000 nodes."""
+        cc = _i32("cls_of_cp", cls_of_cp)
+        if not 0 <= n_classes < 2**24:
+            raise ValueError(f"n_classes {n_classes} is out of range")
+        w = n_classes // 64 + 1
+        cls = np.empty(self.n_nodes, dtype=np.int32)
+        e = np.empty((self.n_nodes + 1, w), dtype=np.uint64)
+        rc = lib.llama_cffi_trie_bind(
+            self._struct,
+            ffi.from_buffer("int32_t[]", cc),
+            len(cc),
+            n_classes,
+            w,
+            ffi.from_buffer("int32_t[]", cls),
+            ffi.from_buffer("uint64_t[]", e),
+        )
+        _check_rc(rc, "trie bind")
+        return cls, e
+
+    def run_scan(self, cls: I32, n_classes: int, run: U64, k: int) -> RunScan:
+        """See :class:`RunScan`. ``cls``: :meth:`bind`'s classes; ``run``: ``W`` words;
+        ``0 <= k <= max_depth + 1`` (``max_depth + 1``: any length)."""
+        cls = _i32("cls", cls, self.n_nodes)
+        w = n_classes // 64 + 1
+        run = np.ascontiguousarray(run, dtype=np.uint64)
+        if run.shape != (w,):
+            raise ValueError(f"run must be {w} uint64 words")
+        if not 0 <= k <= self.max_depth + 1:
+            raise ValueError(f"k must lie in [0, {self.max_depth + 1}], not {k}")
+        mask = np.zeros(self.n_words, dtype=np.uint32)
+        cap = self.n_nodes + 1
+        scratch = np.empty(2 * cap, dtype=np.int32)
+        frontier = np.empty(cap, dtype=np.int32)
+        group_start = np.empty((k + 1) * n_classes + 1, dtype=np.int32)
+        pt = np.empty(self.n_vocab + 1, dtype=np.int32)
+        pt_depth = np.empty(self.n_vocab + 1, dtype=np.int32)
+        n_front = ffi.new("int32_t *")
+        n_pt = ffi.new("int32_t *")
+        rc = lib.llama_cffi_trie_run_scan(
+            self._struct,
+            ffi.from_buffer("int32_t[]", cls),
+            n_classes,
+            ffi.from_buffer("uint64_t[]", run),
+            k,
+            ffi.from_buffer("uint32_t[]", mask),
+            ffi.from_buffer("int32_t[]", frontier),
+            cap,
+            n_front,
+            ffi.from_buffer("int32_t[]", group_start),
+            ffi.from_buffer("int32_t[]", pt),
+            ffi.from_buffer("int32_t[]", pt_depth),
+            len(pt),
+            n_pt,
+            ffi.from_buffer("int32_t[]", scratch),
+        )
+        _check_rc(rc, "trie run scan")
+        n = n_pt[0]
+        return RunScan(k, mask, frontier[: n_front[0]].copy(), group_start, pt[:n].copy(), pt_depth[:n].copy())
+
+
+class TrieGrammar:
+    """One grammar's walks over a :class:`Trie`: ``cls`` and ``E`` from
+    :meth:`Trie.bind`; the tables that grow as the grammar is explored are given with
+    :meth:`set_tables` (again whenever one of them is replaced). Not thread-safe: one
+    walk at a time (the caller's lock)."""
+
+    def __init__(self, trie: Trie, cls: I32, E: U64, n_classes: int, absorb_min_rows: int = 64) -> None:
+        self.trie = trie
+        w = n_classes // 64 + 1
+        self.n_classes, self.W = n_classes, w
+        self._cls = _i32("cls", cls, trie.n_nodes)
+        if not isinstance(E, np.ndarray) or E.dtype != np.uint64 or E.shape != (trie.n_nodes + 1, w):
+            raise ValueError(f"E must be a ({trie.n_nodes + 1}, {w}) uint64 array")
+        self._E = np.ascontiguousarray(E)
+        g = self._g = ffi.new("llama_cffi_trie_grammar *")
+        g.n_classes, g.W, g.absorb_min_rows = n_classes, w, absorb_min_rows
+        self._keep: dict[str, Any] = {"cls": ffi.from_buffer("int32_t[]", self._cls)}
+        self._keep["E"] = ffi.from_buffer("uint64_t[]", self._E)
+        g.cls, g.E = self._keep["cls"], self._keep["E"]
+        self._tables: tuple[Any, ...] = ()
+        self._pending = np.empty(4 * _PENDING_CAP, dtype=np.int32)
+        self._pending_c = ffi.from_buffer("int32_t[]", self._pending)
+        self._n_pending = ffi.new("int32_t *")
+        self._frames = np.empty(trie._frames_n, dtype=np.int32)
+        self._frames_c = ffi.from_buffer("int32_t[]", self._frames)
+
+    def set_tables(
+        self,
+        trans: npt.NDArray[np.int32],
+        run_known: npt.NDArray[np.bool_],
+        run_words: U64,
+        run_len: I32,
+        pchar_known: npt.NDArray[np.bool_],
+        pchar_ok: npt.NDArray[np.bool_],
+    ) -> None:
+        """The grammar's growing tables, read in place: ``trans`` ``(n_states,
+        n_classes)`` int32; per state ``run_known``, ``run_words`` ``(n, W)`` and
+        ``run_len`` (see ``llama_cffi.h``); ``pchar_known`` per state and ``pchar_ok``
+        ``(n, max(n_pchars, 1))``. A no-op when the same arrays are given again."""
+        old = self._tables
+        if (
+            old
+            and trans is old[0]
+            and run_known is old[1]
+            and run_words is old[2]
+            and run_len is old[3]
+            and pchar_known is old[4]
+            and pchar_ok is old[5]
+        ):
+            return
+        tables = (trans, run_known, run_words, run_len, pchar_known, pchar_ok)
+        nc, w, npc = self.n_classes, self.W, max(self.trie.n_pchars, 1)
+        for name, a, dt, cols in (
+            ("trans", trans, np.int32, nc),
+            ("run_words", run_words, np.uint64, w),
+            ("pchar_ok", pchar_ok, np.bool_, npc),
+        ):
+            if not isinstance(a, np.ndarray) or a.dtype != dt or a.ndim != 2 or a.shape[1] != cols:
+                raise ValueError(f"{name} must be a 2-D {np.dtype(dt).name} array of {cols} columns")
+            if not a.flags.c_contiguous:
+                raise ValueError(f"{name} must be C-contiguous")
+        for name, a, dt in (
+            ("run_known", run_known, np.bool_),
+            ("run_len", run_len, np.int32),
+            ("pchar_known", pchar_known, np.bool_),
+        ):
+            if not isinstance(a, np.ndarray) or a.dtype != dt or a.ndim != 1 or not a.flags.c_contiguous:
+                raise ValueError(f"{name} must be a 1-D C-contiguous {np.dtype(dt).name} array")
+        if len(run_known) > min(len(run_words), len(run_len)) or len(pchar_known) > len(pchar_ok):
+            raise ValueError("a known-flags array is longer than its table")
+        g = self._g
+        keep = [
+            ffi.from_buffer("int32_t[]", trans),
+            ffi.from_buffer("uint8_t[]", run_known),
+            ffi.from_buffer("uint64_t[]", run_words),
+            ffi.from_buffer("int32_t[]", run_len),
+            ffi.from_buffer("uint8_t[]", pchar_known),
+            ffi.from_buffer("uint8_t[]", pchar_ok),
+        ]
+        g.trans, g.run_known, g.run_words, g.run_len, g.pchar_known, g.pchar_ok = keep
+        g.n_states, g.n_run_states, g.n_pchar_states = len(trans), len(run_known), len(pchar_known)
+        self._tables = tables
+        self._keep["tables"] = keep
+
+    def walk(
+        self,
+        mask: U32,
+        start: int,
+        nodes: I32 | None = None,
+        states: I32 | None = None,
+        scan: RunScan | None = None,
+        depth_states: I32 | None = None,
+    ) -> tuple[I32, bool]:
+        """OR into ``mask`` the tokens allowed below ``nodes``, each entered from
+        ``states[i]`` (``start`` when None). Or, with ``scan`` (and no ``nodes``), below its
+        frontier, the nodes of depth ``d`` entered from ``depth_states[d]`` (``k + 1``
+        states).
+        Returns the pending entries ``(p, 4)``: node, state before it, reason (``PEND_*``),
+        detail; and whether the walk stopped early because too many were pending (the
+        mask is then incomplete: compute what the entries miss, then walk the whole
+        input again into a fresh mask)."""
+        if not self._tables:
+            raise RuntimeError("set_tables() first")
+        trie = self.trie
+        _words("mask", mask, trie.n_words)
+        if scan is not None and nodes is None:
+            nodes = scan.frontier
+        elif scan is not None or nodes is None:
+            raise ValueError("give nodes or a scan")
+        nodes = _i32("nodes", nodes)
+        n = len(nodes)
+        st = gs = ds = ffi.NULL
+        k = 0
+        if states is not None:
+            states = _i32("states", states, n)
+            st = ffi.from_buffer("int32_t[]", states)
+        if scan is not None:
+            k = scan.k
+            if depth_states is None or states is not None:
+                raise ValueError("a scan's walk takes depth_states, not states")
+            if len(scan.group_start) != (k + 1) * self.n_classes + 1:
+                raise ValueError("the scan was made for another number of classes")
+            depth_states = _i32("depth_states", depth_states, k + 1)
+            gs = ffi.from_buffer("int32_t[]", scan.group_start)
+            ds = ffi.from_buffer("int32_t[]", depth_states)
+        rc = lib.llama_cffi_trie_walk(
+            trie._struct,
+            self._g,
+            ffi.from_buffer("int32_t[]", nodes),
+            st,
+            n,
+            gs,
+            ds,
+            k,
+            int(start),
+            ffi.from_buffer("uint32_t[]", mask),
+            self._pending_c,
+            _PENDING_CAP,
+            self._n_pending,
+            self._frames_c,
+            len(self._frames),
+        )
+        full = rc == -3
+        if not full:
+            _check_rc(rc, "trie walk")
+        p = self._n_pending[0]
+        return self._pending[: 4 * p].reshape(p, 4).copy(), full
+
+    def plan(self, start: int, scan: RunScan, depth_states: I32, extra: I32) -> Any:
+        """What :meth:`mask` needs to compute the mask from ``start`` in one call: the run
+        scan of its run, the states down its chain (``depth_states``, ``k + 1``) and the
+        tokens to set besides the walk's (``extra``). An opaque object; keeps its arrays
+        alive."""
+        if len(scan.group_start) != (scan.k + 1) * self.n_classes + 1 or scan.mask.shape != (self.trie.n_words,):
+            raise ValueError("the scan was made for another grammar or vocabulary")
+        ds = _i32("depth_states", depth_states, scan.k + 1)
+        ex = _i32("extra", extra)
+        p = ffi.new("llama_cffi_trie_plan *")
+        keep = [
+            ffi.from_buffer("int32_t[]", ds),
+            ffi.from_buffer("int32_t[]", scan.frontier),
+            ffi.from_buffer("int32_t[]", scan.group_start),
+            ffi.from_buffer("uint32_t[]", scan.mask),
+            ffi.from_buffer("int32_t[]", ex),
+        ]
+        p.depth_states, p.frontier, p.group_start, p.base, p.extra = keep
+        p.start, p.k, p.n_frontier, p.n_extra = int(start), scan.k, len(scan.frontier), len(ex)
+        return (p, keep, ds, ex, scan)
+
+    def mask(self, plan: Any, out: U32) -> tuple[I32, bool]:
+        """The mask of :meth:`plan` into ``out`` (overwritten). Returns what :meth:`walk`
+        returns: pending entries (walk them with :meth:`walk` once computed) and whether
+        the walk stopped early (then call again once they are computed)."""
+        if not self._tables:
+            raise RuntimeError("set_tables() first")
+        _words("out", out, self.trie.n_words)
+        rc = lib.llama_cffi_trie_mask(
+            self.trie._struct,
+            self._g,
+            plan[0],
+            ffi.from_buffer("uint32_t[]", out),
+            self._pending_c,
+            _PENDING_CAP,
+            self._n_pending,
+            self._frames_c,
+            len(self._frames),
+        )
+        full = rc == -3
+        if not full:
+            _check_rc(rc, "trie mask")
+        p = self._n_pending[0]
+        if p == 0:
+            return _NO_PENDING, full
+        return self._pending[: 4 * p].reshape(p, 4).copy(), full

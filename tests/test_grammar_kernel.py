@@ -1,0 +1,365 @@
+"""The C mask walk (``llama_cffi.trie_walk``) against the numpy walk it replaced, which
+stays as the reference (``kernel="numpy"`` / ``LLAMA_CFFI_GRAMMAR_KERNEL=numpy``): mask
+for mask on random grammars over random vocabularies (partial characters included), on
+the tiny model's vocabulary, and on the default model's 262,144 tokens with the schemas
+whose masks were slowest (bounded strings, patterns with counts, bounded arrays). Bad
+arrays given to the C walk raise instead of reading out of bounds."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+import llama_cffi
+from samplers.grammar import Grammar, GrammarError
+from samplers.grammar.compiled import CompiledGrammar
+from samplers.grammar.vocab_index import VocabIndex
+
+from .conftest import run_isolated
+from .test_gbnf import Node, budget, grammar_text, grammars
+from .test_grammar import _PARTIALS, _PIECE_PARTS, _SELF_LOOP_GRAMMARS
+
+
+@pytest.fixture(scope="module")
+def vocab_model(tiny_model_path: Path) -> Iterator[llama_cffi.Model]:
+    m = llama_cffi.Model.load(tiny_model_path, vocab_only=True)
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="module")
+def big_vocab(default_model_path: Path) -> Iterator[llama_cffi.Model]:
+    m = llama_cffi.Model.load(default_model_path, vocab_only=True)
+    yield m
+    m.close()
+
+
+def _unpack(c: CompiledGrammar, packed: np.ndarray) -> np.ndarray:
+    return np.unpackbits(packed, count=c.n_vocab, bitorder="little").astype(bool)
+
+
+def compare_walk(c: CompiledGrammar, n: CompiledGrammar, rng: random.Random, steps: int, label: str = "") -> int:
+    """Walk random allowed tokens; at every step the two kernels' masks (packed and
+    boolean) must be equal. Returns the steps taken."""
+    assert c.kernel == "c" and n.kernel == "numpy"
+    mc, mn = c.matcher(), n.matcher()
+    for step in range(steps):
+        got, want = c.packed(mc.state, mc.partial), n.packed(mn.state, mn.partial)
+        if not np.array_equal(got, want):
+            diff = np.flatnonzero(_unpack(c, got) != _unpack(n, want))
+            pieces = [(c.vocab.piece(int(t)), bool(_unpack(n, want)[t])) for t in diff[:6]]
+            raise AssertionError(f"{label} step {step}: {len(diff)} tokens differ, e.g. (piece, numpy) {pieces}")
+        assert np.array_equal(mc.allowed_tokens(), mn.allowed_tokens())
+        allowed = np.flatnonzero(_unpack(n, want) & ~c.vocab.eog)
+        if len(allowed) == 0:
+            return step
+        tok = int(rng.choice(allowed.tolist()))
+        ok_c, ok_n = mc.accept_token(tok), mn.accept_token(tok)
+        assert ok_c == ok_n
+        if not ok_c:
+            # llama.cpp's quirk (see tests/test_grammar.walk_and_compare): a token element
+            # matched the token's id after some of its characters, no parse takes it whole
+            assert c.engine.has_token_elements
+            return step
+        if c.engine is n.engine:  # (named tokens give each compile its own engine)
+            assert (mc.state, mc.partial) == (mn.state, mn.partial)
+    return steps
+
+
+def both(grammar: Grammar, vocab: Any) -> tuple[CompiledGrammar, CompiledGrammar]:
+    return (
+        grammar.compile(vocab, mask_cache_size=0, kernel="c"),
+        grammar.compile(vocab, mask_cache_size=0, kernel="numpy"),
+    )
+
+
+@settings(
+    max_examples=budget(80),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(grammars(dag=False, tokens=True), st.randoms(use_true_random=False))
+def test_random_grammars_tiny_vocabulary(
+    vocab_model: llama_cffi.Model, rules: dict[str, tuple[tuple[Node, ...], ...]], rng: random.Random
+) -> None:
+    """Random grammars (classes, repetitions, recursion, token elements) on the tiny
+    model's vocabulary (byte-fallback tokens: partial characters too)."""
+    try:
+        g = Grammar.from_gbnf(grammar_text(rules))
+        c, n = both(g, vocab_model)
+    except GrammarError:
+        event("refused")
+        return
+    event(f"steps {compare_walk(c, n, rng, 10)}")
+
+
+@settings(max_examples=budget(80), deadline=None)
+@given(st.data())
+def test_random_vocabularies(data: st.DataObject) -> None:
+    """Random vocabularies (pieces that end inside a character, lone lead bytes) with
+    grammars of self-loops, chains of optional characters (bounded repetitions) and
+    alternatives, every mask along a random walk."""
+    rng = random.Random(data.draw(st.integers(0, 2**32 - 1), label="seed"))
+    pieces = {b"".join(rng.choice(_PIECE_PARTS) for _ in range(rng.randint(1, 8))) for _ in range(500)}
+    pieces |= {p + rng.choice(_PARTIALS) for p in list(pieces)[:40]} | set(_PARTIALS) | set(_PIECE_PARTS)
+    vocab = sorted(pieces)
+    hi = data.draw(st.integers(0, 12), label="max")
+    lo = data.draw(st.integers(0, 4), label="min")
+    bounded = [
+        f'root ::= "\\"" [^"\\\\]{{0,{hi}}} "\\""\n',
+        f'root ::= [a-z0-9 ]{{{lo},{lo + hi}}} ("é" | "!")\n',
+        'root ::= "[" ([0-9]{1,3} ("," [0-9]{1,3}){0,4})? "]"\n',
+    ]
+    text = data.draw(st.sampled_from([*_SELF_LOOP_GRAMMARS, *bounded]), label="grammar")
+    c, n = both(Grammar.from_gbnf(text), vocab)
+    compare_walk(c, n, rng, 12, text)
+
+
+_BIG_SCHEMAS: dict[str, dict[str, Any]] = {
+    "bounded string": {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 40},
+            "bio": {"type": "string", "minLength": 3, "maxLength": 256},
+        },
+        "required": ["name", "bio"],
+    },
+    "pattern with counts": {
+        "type": "object",
+        "properties": {
+            "code": {"type": "string", "pattern": "^[A-Z]{2,4}-[0-9]{3,8}$"},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 1, "maxItems": 6},
+        },
+        "required": ["code", "tags"],
+    },
+    "free json": {"type": "object"},
+}
+
+
+@pytest.mark.parametrize("name", list(_BIG_SCHEMAS))
+def test_default_vocabulary_schemas(big_vocab: llama_cffi.Model, name: str) -> None:
+    """The default model's vocabulary (262,144 tokens) with the schemas whose masks were
+    slowest: random walks of 40 tokens, every mask equal."""
+    g = Grammar.from_json_schema(_BIG_SCHEMAS[name])
+    c, n = both(g, big_vocab)
+    for seed in range(2):
+        compare_walk(c, n, random.Random(seed), 40, f"{name} seed {seed}")
+
+
+def test_a_document_through_a_bounded_string(big_vocab: llama_cffi.Model) -> None:
+    """Tokens of a real document (escapes, non-ASCII, a string near its maximum)."""
+    schema = _BIG_SCHEMAS["bounded string"]
+    doc = json.dumps({"name": 'Zoë "the" tester of things, and more!!', "bio": "日本語 text\nwith a newline"})
+    c, n = both(Grammar.from_json_schema(schema), big_vocab)
+    mc, mn = c.matcher(), n.matcher()
+    for tok in [*big_vocab.tokenize(doc, add_special=False).tolist(), None]:
+        assert np.array_equal(c.packed(mc.state, mc.partial), n.packed(mn.state, mn.partial))
+        if tok is None:
+            break
+        assert mc.accept_token(tok) and mn.accept_token(tok)
+    assert mc.can_end()
+
+
+def test_kernel_selection(vocab_model: llama_cffi.Model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``kernel=`` or the environment variable picks the walk; compiled grammars are cached
+    per kernel; a wrong name is refused."""
+    g = Grammar.from_gbnf('root ::= [a-z]+ "!"')
+    monkeypatch.delenv("LLAMA_CFFI_GRAMMAR_KERNEL", raising=False)
+    assert g.compile(vocab_model).kernel == "c"
+    monkeypatch.setenv("LLAMA_CFFI_GRAMMAR_KERNEL", "numpy")
+    assert g.compile(vocab_model).kernel == "numpy"
+    assert g.compile(vocab_model, kernel="c").kernel == "c"
+    assert g.compile(vocab_model, kernel="c") is g.compile(vocab_model, kernel="c")
+    monkeypatch.setenv("LLAMA_CFFI_GRAMMAR_KERNEL", "fortran")
+    with pytest.raises(ValueError, match="LLAMA_CFFI_GRAMMAR_KERNEL"):
+        g.compile(vocab_model)
+    with pytest.raises(ValueError, match="kernel"):
+        g.compile(vocab_model, kernel="rust")
+
+
+def test_bad_arrays_raise_not_crash() -> None:
+    """Out-of-range values in the arrays the C walk reads (a token, a node, a state, a
+    class) raise ValueError; the process survives (checked in a child)."""
+    code = """
+    import numpy as np
+    from llama_cffi.trie_walk import Trie, TrieGrammar
+    from samplers.grammar import Grammar
+    from samplers.grammar.vocab_index import VocabIndex
+
+    v = VocabIndex([b"a", b"ab", b"b", b"ba", b"abc"])
+    c = Grammar.from_gbnf('root ::= [ab]+ "c"?').compile(v, mask_cache_size=0, kernel="c")
+    m = c.matcher()
+    for piece in (b"a", b"b", b"c"):  # transitions and runs known: the walks below reach every array
+        c.packed(m.state)
+        m.accept_bytes(piece)
+    base = dict(n_vocab=v.n_vocab, max_depth=len(v.level_base) - 1, n_pchars=len(v.pchars),
+                level_base=v.level_base, node_cpi=v.node_cpi, parent=v.parent, first_child=v.first_child,
+                n_child=v.n_child, row_start=v.row_start, row_end=v.row_end, n_term=v.n_term,
+                has_pt=np.zeros(v.n_nodes + 1, np.uint8), order=v.order, pchar_slot=v.pchar_slot,
+                root_pt=np.zeros(0, np.int32))
+    def attempt(label, f):
+        try:
+            f()
+        except (ValueError, TypeError) as e:
+            print(label, "raised", type(e).__name__)
+        else:
+            print(label, "passed")
+    for name, value in [("order", np.full(v.n_vocab, 10**6)), ("first_child", np.full(v.n_nodes + 1, 10**6)),
+                        ("row_end", np.full(v.n_nodes + 1, 10**6)), ("node_cpi", np.full(v.n_nodes, 10**6))]:
+        def go(name=name, value=value):
+            t = Trie(**{**base, name: value})
+            cls, e = t.bind(c._cls_of_cp, c.engine.n_classes)
+            tg = TrieGrammar(t, cls, e, c.engine.n_classes)
+            tg.set_tables(c.engine.table(), c._run_known, c._run_words, c._run_len, c._pchar_known, c._pchar_tab)
+            m = np.zeros(t.n_words, np.uint32)
+            tg.walk(m, c.engine.start, np.array([t.n_nodes], np.int32))
+        attempt(name, go)
+    t = Trie(**base)
+    cls, e = t.bind(c._cls_of_cp, c.engine.n_classes)
+    tg = TrieGrammar(t, cls, e, c.engine.n_classes)
+    bad = np.full_like(c.engine.table(), 10**6)
+    tg.set_tables(bad, c._run_known, c._run_words, c._run_len, c._pchar_known, c._pchar_tab)
+    attempt("trans", lambda: tg.walk(np.zeros(t.n_words, np.uint32), c.engine.start, np.array([t.n_nodes], np.int32)))
+    attempt("start", lambda: tg.walk(np.zeros(t.n_words, np.uint32), 10**6, np.array([0], np.int32)))
+    attempt("node", lambda: tg.walk(np.zeros(t.n_words, np.uint32), 0, np.array([10**6], np.int32)))
+    attempt("mask", lambda: tg.walk(np.zeros(1, np.uint32), 0, np.array([0], np.int32)))
+    def bad_cls():
+        tg2 = TrieGrammar(t, np.full(t.n_nodes, 10**6, np.int32), e, c.engine.n_classes)
+        tg2.set_tables(c.engine.table(), c._run_known, c._run_words, c._run_len, c._pchar_known, c._pchar_tab)
+        tg2.walk(np.zeros(t.n_words, np.uint32), c.engine.start, np.array([t.n_nodes], np.int32))
+    attempt("cls", bad_cls)
+    attempt("bind", lambda: t.bind(np.full(len(c._cls_of_cp), 10**6, np.int32), c.engine.n_classes))
+    print("alive")
+    """
+    r = run_isolated(code)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.split("\n")
+    assert lines[-2] == "alive"
+    for label in ("order", "first_child", "row_end", "node_cpi", "trans", "start", "node", "mask", "cls", "bind"):
+        assert f"{label} raised ValueError" in lines, (label, r.stdout)
+
+
+def test_index_of_every_kind_builds_a_trie() -> None:
+    """An empty vocabulary, one of only partial characters, and one with a token longer
+    than any other: the C trie is built and walked."""
+    for pieces in ([b""], [b"\xe6", b"\xe6\x97"], [b"a" * 300, b"a", b"b"]):
+        v = VocabIndex(pieces)
+        g = Grammar.from_gbnf("root ::= [^x]*")
+        c, n = both(g, v)
+        assert np.array_equal(c.packed(c.engine.start), n.packed(n.engine.start))
+
+
+def test_fill_masks_of_many_matchers(big_vocab: llama_cffi.Model) -> None:
+    """One call for matchers of different grammars and states (and kernels, caches, an
+    ended one): row ``i`` is matcher ``i``'s own mask; bad arguments are refused."""
+    from samplers.grammar import fill_masks
+
+    rng = random.Random(7)
+    matchers = []
+    for name, schema in _BIG_SCHEMAS.items():
+        g = Grammar.from_json_schema(schema)
+        for kernel, size in (("c", 0), ("numpy", 0), ("c", 16)):
+            m = g.compile(big_vocab, mask_cache_size=size, kernel=kernel).matcher()
+            for _ in range(rng.randint(0, 12)):
+                allowed = np.flatnonzero(m.allowed_tokens() & ~m.compiled.vocab.eog)
+                m.accept_token(int(rng.choice(allowed.tolist())))
+            matchers.append(m)
+            matchers.append(m.clone())  # the same state: computed once, copied
+        del name
+    ended = Grammar.from_gbnf('root ::= "a"').matcher(big_vocab)
+    assert ended.accept_bytes(b"a") and ended.accept_token(big_vocab.vocab.eog_tokens()[0])
+    matchers.append(ended)
+    got = fill_masks(matchers)
+    assert got.shape == (len(matchers), matchers[0].compiled.n_words)
+    for i, m in enumerate(matchers):
+        assert np.array_equal(got[i], m.fill_mask()), i
+    assert not got[-1].any()
+    out = np.full((len(matchers), got.shape[1] + 3), 0xFFFFFFFF, dtype=np.uint32)
+    assert fill_masks(matchers, out) is out and np.array_equal(out[:, : got.shape[1]], got)
+    with pytest.raises(TypeError, match=r"matchers\[1\]"):
+        fill_masks([matchers[0], "not a matcher"])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="shape"):
+        fill_masks(matchers, np.zeros((1, got.shape[1]), dtype=np.uint32))
+    tiny = Grammar.from_gbnf("root ::= [a-z]+").matcher(VocabIndex([b"a", b"b"]))
+    with pytest.raises(ValueError, match="another size"):
+        fill_masks([matchers[0], tiny])
+
+
+def test_a_given_mask_is_used_while_the_state_holds(vocab_model: llama_cffi.Model) -> None:
+    """``GrammarSampler.use_mask``: ``allows`` and ``apply`` read the given words while the
+    matcher stays in the state they were made for, and walk again once it moves."""
+    from samplers import Candidates
+    from samplers.grammar import GrammarSampler
+
+    g = Grammar.from_gbnf('root ::= [a-c]+ "!"')
+    s = GrammarSampler(g, vocab_model)
+    n = vocab_model.vocab.n_vocab
+    fake = np.zeros(s.compiled.n_words, dtype=np.uint32)
+    fake[0] = 1  # only token 0: a mask the grammar would never give, to see it used
+    s.use_mask(fake)
+    assert s.allows(0) and not any(s.allows(t) for t in range(1, n))
+    row = np.zeros(n, dtype=np.float32)
+    cands = Candidates()
+    cands.reset(row)
+    s.apply(cands)
+    assert np.flatnonzero(cands.read_logits() > -np.inf).tolist() == [0]
+    tok = next(t for t in range(n) if vocab_model.vocab.token_to_piece(t) == b"a")
+    assert s.matcher.accept_token(tok)  # moved: the given mask no longer applies
+    cands.reset(row)
+    s.apply(cands)
+    want = s.matcher.allowed_tokens()
+    assert np.array_equal(cands.read_logits() > -np.inf, want)
+    assert [s.allows(t) for t in range(n)] == want.tolist()
+    with pytest.raises(ValueError, match="words"):
+        s.use_mask(np.zeros(1, dtype=np.uint32))
+    with pytest.raises(TypeError, match="uint32"):
+        s.use_mask(np.zeros(s.compiled.n_words, dtype=np.int64))  # type: ignore[arg-type]
+
+
+def test_branch_store_gives_grammars_their_masks_in_one_call(
+    tiny_model: llama_cffi.Model, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step of several grammar-constrained branches computes their masks with one
+    ``fill_masks`` call, and samples the same tokens as branches that walk on their own."""
+    import samplers.grammar.masks as masks_mod
+    from samplers import Dist, SamplerChain, TopK
+    from samplers.branch import BranchStore
+    from samplers.grammar import GrammarSampler
+
+    calls: list[int] = []
+    real = masks_mod.fill_masks
+
+    def spy(ms: Any, out: Any = None) -> Any:
+        calls.append(len(ms))
+        return real(ms, out)
+
+    monkeypatch.setattr(masks_mod, "fill_masks", spy)
+    gbnfs = ['root ::= [a-z ]+ "."', 'root ::= ("the" | "a" | " ")+', 'root ::= [^x]{1,5} "!"']
+    prompt = tiny_model.tokenize("hello", add_special=False)
+    with tiny_model.context(n_ctx=256, n_seq_max=8) as ctx, tiny_model.context(n_ctx=256, n_seq_max=8) as ctx2:
+        store = BranchStore(ctx)
+        branches = [store.create(prompt, sampler=SamplerChain([TopK(5), Dist(seed=3)]), grammar=g) for g in gbnfs]
+        alone = BranchStore(ctx2)
+        twins = [alone.create(prompt, sampler=SamplerChain([TopK(5), Dist(seed=3)]), grammar=g) for g in gbnfs]
+        for _ in range(4):
+            live = [b for b in branches if not b.sampler.samplers[0].matcher.is_complete()]
+            if len(live) < 2:
+                break
+            n_calls = len(calls)
+            got = store.sample(live)
+            assert calls[n_calls:] == [len(live)]
+            for b in live:
+                assert isinstance(b.sampler.samplers[0], GrammarSampler)
+                assert b.sampler.samplers[0]._given is not None
+            want = {b: twins[branches.index(b)].sample() for b in live}
+            assert [got[b] for b in live] == [want[b] for b in live]
+            store.step(got)
+            alone.step({twins[branches.index(b)]: t for b, t in got.items()})
