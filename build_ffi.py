@@ -1357,9 +1357,13 @@ def main(argv: list[str]) -> int:
         tmp = HERE / "build" / "cffi"
         so = ffi.compile(tmpdir=str(tmp), verbose="-v" in argv)
         target = HERE / "llama_cffi" / Path(so).name
-        shutil.copy2(so, target)
+        # staged beside the target and renamed over it: a process that has the old one
+        # loaded keeps its pages (copying over it in place would crash that process)
+        staged = target.with_name(f".{target.name}.new")
+        shutil.copy2(so, staged)
+        fix_extension_rpath(staged)
+        os.replace(staged, target)
         remove_other_extensions(target)
-        fix_extension_rpath(target)
         install_native(native, HERE / "llama_cffi")
         info = check_import(target)
     except BuildError as exc:

@@ -253,6 +253,125 @@ CASES: dict[str, Case] = {
             '"allergens": ["milk", "egg"], "source": {"db": "USDA", "verified": false, "id": -17}}, '
             '"path": "C:\\\\recipes\\\\brulee.txt", "rating": -1.5e+3, "comment": "smooth\\tand rich 🍮"}',
         ),
+        Case(
+            "bounded",
+            "bounded strings (maxLength 24/40/256, minLength), patterns with counts, bounded arrays",
+            _obj(
+                {
+                    "username": {
+                        "type": "string",
+                        "minLength": 3,
+                        "maxLength": 24,
+                        "pattern": "^[a-z][a-z0-9_]{2,23}$",
+                    },
+                    "display": {"type": "string", "maxLength": 40},
+                    "about": {"type": "string", "minLength": 10, "maxLength": 256},
+                    "sku": {"type": "string", "pattern": "^[A-Z]{2,4}-[0-9]{3,6}$"},
+                    "scores": {
+                        "type": "array",
+                        "items": {"type": "integer", "minimum": 0, "maximum": 100},
+                        "minItems": 2,
+                        "maxItems": 8,
+                    },
+                    "labels": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 5},
+                }
+            ),
+            '{"username": "grace_h1906", "display": "Grace \\"Amazing\\" Hopper", "about": "Computer scientist '
+            'and US Navy rear admiral; she wrote the first compiler (A-0) and made \\"debugging\\" famous: a moth '
+            'in the Mark II, 1947. Zürich, Tōkyō, naïve.", "sku": "NAVY-1906", "scores": [100, 97, 88, 0], '
+            '"labels": ["cobol", "navy", "compilers"]}',
+        ),
+        Case(
+            "catalog",
+            "catalog: $defs and $ref, oneOf, formats (uuid, uri, date-time, email), enums, number ranges",
+            {
+                "$defs": {
+                    "money": _obj(
+                        {"amount": {"type": "number", "minimum": 0}, "currency": {"enum": ["EUR", "USD", "JPY"]}}
+                    ),
+                    "variant": _obj(
+                        {
+                            "sku": {"type": "string", "pattern": "^[A-Z0-9-]{4,12}$"},
+                            "price": {"$ref": "#/$defs/money"},
+                            "stock": {"type": "integer", "minimum": 0},
+                        }
+                    ),
+                },
+                **_obj(
+                    {
+                        "id": {"type": "string", "format": "uuid"},
+                        "name": {"type": "string", "maxLength": 80},
+                        "url": {"type": "string", "format": "uri"},
+                        "updated": {"type": "string", "format": "date-time"},
+                        "contact": {"type": "string", "format": "email"},
+                        "category": {"enum": ["books", "music", "garden", "tools"]},
+                        "variants": {
+                            "type": "array",
+                            "items": {"$ref": "#/$defs/variant"},
+                            "minItems": 1,
+                            "maxItems": 10,
+                        },
+                        "shipping": {
+                            "oneOf": [
+                                _obj({"kind": {"const": "pickup"}, "store": _S}),
+                                _obj(
+                                    {
+                                        "kind": {"const": "post"},
+                                        "days": {"type": "integer", "minimum": 1, "maximum": 30},
+                                    }
+                                ),
+                            ]
+                        },
+                        "rating": {"type": "number", "minimum": 0, "maximum": 5},
+                    }
+                ),
+            },
+            '{"id": "3f2b8c1e-9a4d-4e7b-b1c2-5d6e7f8a9b0c", "name": "Gärtnerei-Schere \\"Profi\\" 20 cm", '
+            '"url": "https://example.com/shop/garden/scissors?id=42", "updated": "2026-11-27T10:43:00Z", '
+            '"contact": "sales@example.com", "category": "garden", "variants": [{"sku": "GS-20-RED", "price": '
+            '{"amount": 24.9, "currency": "EUR"}, "stock": 12}, {"sku": "GS-20-BLU", "price": {"amount": 27.5, '
+            '"currency": "USD"}, "stock": 0}], "shipping": {"kind": "post", "days": 3}, "rating": 4.5}',
+        ),
+        Case(
+            "config",
+            "config: patternProperties, free-form maps, multipleOf, deep nesting",
+            _obj(
+                {
+                    "version": {"type": "integer", "minimum": 1, "maximum": 3},
+                    "services": {
+                        "type": "object",
+                        "patternProperties": {
+                            "^[a-z][a-z0-9-]{0,30}$": {
+                                **_obj(
+                                    {
+                                        "image": {"type": "string", "pattern": "^[a-z0-9./-]+:[a-z0-9.-]+$"},
+                                        "replicas": {"type": "integer", "minimum": 1, "maximum": 64},
+                                        "cpu": {"type": "number", "multipleOf": 0.25, "minimum": 0.25, "maximum": 16},
+                                        "env": {
+                                            "type": "object",
+                                            "additionalProperties": {"type": "string", "maxLength": 64},
+                                        },
+                                        "ports": {
+                                            "type": "array",
+                                            "items": {"type": "integer", "minimum": 1, "maximum": 65535},
+                                            "maxItems": 4,
+                                        },
+                                    },
+                                    required=["image", "replicas"],
+                                ),
+                            }
+                        },
+                        "additionalProperties": False,
+                        "minProperties": 1,
+                    },
+                    "debug": _B,
+                },
+                required=["version", "services"],
+            ),
+            '{"version": 2, "services": {"web": {"image": "nginx:1.27", "replicas": 3, "cpu": 0.75, "env": '
+            '{"MODE": "prod", "GREETING": "Grüß Gott \\"world\\""}, "ports": [80, 443]}, "db-main": {"image": '
+            '"postgres:17.2", "replicas": 1, "cpu": 2.5, "ports": [5432]}}, "debug": false}',
+        ),
     ]
 }
 

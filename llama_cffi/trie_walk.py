@@ -29,7 +29,6 @@ runs); ``mask`` arrays are written, nothing else is.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -82,7 +81,6 @@ def _check_rc(rc: int, what: str) -> None:
         raise RuntimeError(f"{what} failed ({rc})")
 
 
-@dataclass(frozen=True)
 class RunScan:
     """What :meth:`Trie.run_scan` found for a run ``(L, k)``: ``mask`` (the whole tokens
     of at most ``k`` characters, all of classes in ``L``, as bits), ``frontier`` (the
@@ -91,14 +89,25 @@ class RunScan:
     node's class ``c``: group ``d * n_classes + c`` is
     ``frontier[group_start[g]:group_start[g + 1]]``; and ``pt_tokens`` (such tokens that
     end inside a character, decided by the partial character alone), with their depth
-    in characters ``pt_depth``."""
+    in characters ``pt_depth``. (A plain class: a dataclass would cost milliseconds of
+    code generation at the first import.)"""
 
-    k: int
-    mask: U32
-    frontier: I32
-    group_start: I32
-    pt_tokens: I32
-    pt_depth: I32
+    __slots__ = ("frontier", "group_start", "k", "mask", "on", "pt_depth", "pt_tokens")
+
+    def __init__(
+        self,
+        k: int,
+        mask: U32,
+        frontier: I32,
+        group_start: I32,
+        pt_tokens: I32,
+        pt_depth: I32,
+        on: npt.NDArray[np.uint8] | None = None,
+    ) -> None:
+        self.k, self.mask, self.frontier, self.group_start = k, mask, frontier, group_start
+        self.pt_tokens, self.pt_depth = pt_tokens, pt_depth
+        #: which nodes are on the run's paths (kept by scans that shorter ones derive from)
+        self.on = on
 
 
 class Trie:
@@ -112,7 +121,8 @@ class Trie:
     ``pchar_slot``: per token, its partial character's index (``-1``: none);
     ``root_pt``: the tokens that are only a partial character; ``n_pchars``: the
     number of distinct partial characters; ``max_depth``: the longest token in code
-    points. ``height`` (+: the most code points below each node) is computed here."""
+    points. ``height`` (+: the most code points below each node) is computed when not
+    given. ``lengths`` (per token, its whole code points) lets :meth:`run_derive` work."""
 
     def __init__(
         self,
@@ -132,6 +142,8 @@ class Trie:
         order: npt.ArrayLike,
         pchar_slot: npt.ArrayLike,
         root_pt: npt.ArrayLike,
+        height: npt.ArrayLike | None = None,
+        lengths: npt.ArrayLike | None = None,
     ) -> None:
         node_cpi_a = _i32("node_cpi", node_cpi)
         n_nodes = len(node_cpi_a)
@@ -168,16 +180,27 @@ class Trie:
             raise ValueError(f"level_base must hold {max_depth + 1} values from 0 to {n_nodes}")
         if (np.diff(base) < 0).any():
             raise ValueError("level_base must not decrease")
-        height = np.zeros(n_nodes + 1, dtype=np.int32)
-        for lo, hi in zip(base[-2::-1].tolist(), base[:0:-1].tolist(), strict=True):
-            if hi == lo:
-                continue
-            p = par[lo:hi]
-            if len(p) > 1 and (p[1:] < p[:-1]).any():
-                raise ValueError("the parents of a level must not decrease")
-            starts = np.flatnonzero(np.r_[True, p[1:] != p[:-1]])
-            height[p[starts]] = np.maximum(height[p[starts]], np.maximum.reduceat(height[lo:hi] + 1, starts))
-        self._arrays["height"] = height
+        if height is not None:
+            height_a = _i32("height", height, n_nodes + 1)
+            if n_nodes and (int(height_a.min()) < 0 or int(height_a.max()) > max_depth):
+                raise ValueError(f"height must lie in [0, {max_depth}]")
+        else:
+            height_a = np.zeros(n_nodes + 1, dtype=np.int32)
+            for lo, hi in zip(base[-2::-1].tolist(), base[:0:-1].tolist(), strict=True):
+                if hi == lo:
+                    continue
+                p = par[lo:hi]
+                if len(p) > 1 and (p[1:] < p[:-1]).any():
+                    raise ValueError("the parents of a level must not decrease")
+                starts = np.flatnonzero(np.r_[True, p[1:] != p[:-1]])
+                top = np.maximum.reduceat(height_a[lo:hi] + 1, starts)
+                height_a[p[starts]] = np.maximum(height_a[p[starts]], top)
+        self._arrays["height"] = height_a
+        self._arrays["level_base"] = base.astype(np.int32)
+        self._lengths = None if lengths is None else np.asarray(lengths)
+        if self._lengths is not None and self._lengths.shape != (n_vocab,):
+            raise ValueError(f"lengths must have {n_vocab} values")
+        self._len_masks: dict[int, U32] = {}
         t = self._struct = ffi.new("llama_cffi_trie *")
         t.n_nodes, t.n_vocab, t.max_depth = n_nodes, n_vocab, max_depth
         t.n_pchars, t.n_root_pt = n_pchars, len(root_pt_a)
@@ -219,9 +242,10 @@ class Trie:
         _check_rc(rc, "trie bind")
         return cls, e
 
-    def run_scan(self, cls: I32, n_classes: int, run: U64, k: int) -> RunScan:
+    def run_scan(self, cls: I32, n_classes: int, run: U64, k: int, keep_on: bool = False) -> RunScan:
         """See :class:`RunScan`. ``cls``: :meth:`bind`'s classes; ``run``: ``W`` words;
-        ``0 <= k <= max_depth + 1`` (``max_depth + 1``: any length)."""
+        ``0 <= k <= max_depth + 1`` (``max_depth + 1``: any length). ``keep_on``: keep which
+        nodes are on the run's paths, for :meth:`run_derive`."""
         cls = _i32("cls", cls, self.n_nodes)
         w = n_classes // 64 + 1
         run = np.ascontiguousarray(run, dtype=np.uint64)
@@ -238,6 +262,7 @@ class Trie:
         pt_depth = np.empty(self.n_vocab + 1, dtype=np.int32)
         n_front = ffi.new("int32_t *")
         n_pt = ffi.new("int32_t *")
+        on = np.empty(self.n_nodes + 1, dtype=np.uint8) if keep_on else None
         rc = lib.llama_cffi_trie_run_scan(
             self._struct,
             ffi.from_buffer("int32_t[]", cls),
@@ -254,10 +279,57 @@ class Trie:
             len(pt),
             n_pt,
             ffi.from_buffer("int32_t[]", scratch),
+            ffi.NULL if on is None else ffi.from_buffer("uint8_t[]", on),
         )
         _check_rc(rc, "trie run scan")
         n = n_pt[0]
-        return RunScan(k, mask, frontier[: n_front[0]].copy(), group_start, pt[:n].copy(), pt_depth[:n].copy())
+        return RunScan(k, mask, frontier[: n_front[0]].copy(), group_start, pt[:n].copy(), pt_depth[:n].copy(), on)
+
+    def len_mask(self, k: int) -> U32:
+        """The tokens of at most ``k`` whole code points, as mask words (cached)."""
+        got = self._len_masks.get(k)
+        if got is None:
+            if self._lengths is None:
+                raise ValueError("this trie was made without the tokens' lengths")
+            bits = np.packbits(self._lengths <= k, bitorder="little")
+            got = np.zeros(self.n_words, dtype=np.uint32)
+            got.view(np.uint8)[: len(bits)] = bits
+            self._len_masks[k] = got
+        return got
+
+    def run_derive(self, base: RunScan, cls: I32, n_classes: int, run: U64, k: int) -> RunScan:
+        """:meth:`run_scan` of the same run for a length ``k`` below ``base.k``, from ``base``
+        (made with ``keep_on``): no pass over the trie, only over the nodes ``k`` deep."""
+        if base.on is None or not 0 <= k < base.k:
+            raise ValueError("run_derive needs a scan made with keep_on, of a greater length")
+        cls = _i32("cls", cls, self.n_nodes)
+        run = np.ascontiguousarray(run, dtype=np.uint64)
+        if run.shape != (n_classes // 64 + 1,) or len(base.group_start) != (base.k + 1) * n_classes + 1:
+            raise ValueError("run or base does not fit n_classes")
+        cap = len(base.frontier) + self.n_nodes + 1
+        frontier = np.empty(cap, dtype=np.int32)
+        group_start = np.empty((k + 1) * n_classes + 1, dtype=np.int32)
+        n_front = ffi.new("int32_t *")
+        rc = lib.llama_cffi_trie_run_derive(
+            self._struct,
+            ffi.from_buffer("int32_t[]", cls),
+            n_classes,
+            ffi.from_buffer("uint64_t[]", run),
+            k,
+            ffi.from_buffer("uint8_t[]", base.on),
+            ffi.from_buffer("int32_t[]", base.frontier),
+            len(base.frontier),
+            ffi.from_buffer("int32_t[]", base.group_start),
+            base.k,
+            ffi.from_buffer("int32_t[]", frontier),
+            cap,
+            n_front,
+            ffi.from_buffer("int32_t[]", group_start),
+        )
+        _check_rc(rc, "trie run derive")
+        keep = base.pt_depth <= k
+        mask = base.mask & self.len_mask(k)
+        return RunScan(k, mask, frontier[: n_front[0]].copy(), group_start, base.pt_tokens[keep], base.pt_depth[keep])
 
 
 class TrieGrammar:

@@ -3,6 +3,7 @@ loaded), the same arrays either way; the no-mask-cache mode computes every mask.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 
 import llama_cffi
 from samplers.grammar import Grammar
-from samplers.grammar.vocab_index import _SAVED, VocabIndex, _cache_path
+from samplers.grammar.vocab_index import _MAGIC, _SAVED, VocabIndex, _cache_path, _load, _save
 
 
 @pytest.fixture(scope="module")
@@ -39,13 +40,14 @@ def test_disk_cache_round_trip(vocab_model: llama_cffi.Model, tmp_path: Path, mo
     monkeypatch.delenv("LLAMA_CFFI_GRAMMAR_CACHE", raising=False)
     built = _index(vocab_model)
     assert not built.from_cache
-    files = list((tmp_path / "grammar-vocab").glob("*.npz"))
+    files = list((tmp_path / "grammar-vocab").glob("*.vocab"))
     assert len(files) == 1
     loaded = _index(vocab_model)
     assert loaded.from_cache
-    for name, (_disk, mem) in _SAVED.items():
+    for name, dt in _SAVED.items():
         a, b = getattr(built, name), getattr(loaded, name)
-        assert a.dtype == b.dtype == np.dtype(mem), name
+        assert a.dtype == b.dtype == np.dtype(dt), name
+        assert not b.flags.writeable, name  # a view of the memory-mapped file
         np.testing.assert_array_equal(a, b, err_msg=name)
     gbnf = 'root ::= "{" [a-z "\\\\]* "}" | [^x]+'
     g = Grammar.from_gbnf(gbnf)
@@ -71,8 +73,24 @@ def test_bad_cache_files_are_rebuilt(
     assert path.read_bytes() == good  # rewritten whole
     # another vocabulary's arrays under this one's name
     other = VocabIndex([b"a", b"bb", "é".encode(), b"\xc3"])
-    np.savez(path, **other.arrays())
+    _save(path, other.arrays())
     assert not _index(vocab_model).from_cache
+    assert _index(vocab_model).from_cache
+    # a header that promises more than the file holds; one naming a dtype never saved; junk
+    good = path.read_bytes()
+    n = int.from_bytes(good[len(_MAGIC) : len(_MAGIC) + 8], "little")
+    header = json.loads(good[len(_MAGIC) + 8 : len(_MAGIC) + 8 + n])
+    start = -(-(len(_MAGIC) + 8 + n) // 64) * 64
+    data = good[start:]
+    for bad in ({**header, "order": [header["order"][0], 10**9, 0]}, {**header, "order": ["|O", 4, 0]}):
+        raw = json.dumps(bad).encode()
+        pad = -(-(len(_MAGIC) + 8 + len(raw)) // 64) * 64 - (len(_MAGIC) + 8 + len(raw))
+        path.write_bytes(_MAGIC + len(raw).to_bytes(8, "little") + raw + b"\0" * pad + data)
+        assert _load(path) is None
+        assert not _index(vocab_model).from_cache
+    assert _load(path) is not None  # rewritten good
+    path.write_bytes(b"junk" * 100)
+    assert _load(path) is None and not _index(vocab_model).from_cache
     assert _index(vocab_model).from_cache
 
 

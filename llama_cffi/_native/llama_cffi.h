@@ -165,6 +165,7 @@ typedef struct {
     int32_t max_depth;
     int32_t n_pchars;
     int32_t n_root_pt;
+    const int32_t *level_base;  /* max_depth + 1: level j is nodes level_base[j] .. level_base[j + 1] */
     const int32_t *node_cpi;    /* per node: its code point's index */
     const int32_t *parent;      /* per node */
     const int32_t *first_child; /* + */
@@ -209,12 +210,22 @@ int llama_cffi_trie_bind(const llama_cffi_trie *t, const int32_t *cls_of_cp, int
    in characters (pt_depth); the nodes where such paths leave the run (a class not in it,
    or a (k+1)-th character) into frontier, grouped by the parent's depth d and the class
    c (group d * n_classes + c: frontier[group_start[g] .. group_start[g + 1]],
-   (k + 1) * n_classes + 1 entries); scratch holds 2 * frontier_cap values.
+   (k + 1) * n_classes + 1 entries); scratch holds 2 * frontier_cap values. on_out
+   (n_nodes + 1 bytes, or NULL): which nodes are on such paths.
    0, -1 bad data, -2 out of memory, -3 a buffer too small */
 int llama_cffi_trie_run_scan(const llama_cffi_trie *t, const int32_t *cls, int32_t n_classes, const uint64_t *run,
                              int32_t k, uint32_t *mask, int32_t *frontier, int32_t frontier_cap, int32_t *n_frontier,
                              int32_t *group_start, int32_t *pt_tokens, int32_t *pt_depth, int32_t pt_cap, int32_t *n_pt,
-                             int32_t *scratch);
+                             int32_t *scratch, uint8_t *on_out);
+/* the frontier of the same run for a shorter length k < base_k, from a scan of length
+   base_k (its frontier, group_start and on_out): groups of depth below k copied, those of
+   depth k made of the base's off-run nodes and of its on-path nodes of level k. (The
+   mask and partial tokens of length k are the base's limited to k characters.)
+   0, -1 bad data, -3 frontier_cap too small */
+int llama_cffi_trie_run_derive(const llama_cffi_trie *t, const int32_t *cls, int32_t n_classes, const uint64_t *run,
+                               int32_t k, const uint8_t *on, const int32_t *base_frontier, int32_t n_base,
+                               const int32_t *base_group_start, int32_t base_k, int32_t *frontier,
+                               int32_t frontier_cap, int32_t *n_frontier, int32_t *group_start);
 /* the tokens allowed below the given nodes, OR-ed into mask (bit t % 32 of word t / 32).
    Node i is entered from state states[i] (start when states is NULL; the root is
    entered with no character); with group_start the nodes are grouped as

@@ -70,77 +70,64 @@ static inline int in_set(const uint64_t *words, int32_t c) { return (int)((words
 int llama_cffi_trie_run_scan(const llama_cffi_trie *t, const int32_t *cls, int32_t n_classes, const uint64_t *run,
                              int32_t k, uint32_t *mask, int32_t *frontier, int32_t frontier_cap, int32_t *n_frontier,
                              int32_t *group_start, int32_t *pt_tokens, int32_t *pt_depth, int32_t pt_cap, int32_t *n_pt,
-                             int32_t *scratch) {
+                             int32_t *scratch, uint8_t *on_out) {
     if (!t || !cls || !run || !mask || !frontier || !n_frontier || !group_start || !pt_tokens || !pt_depth || !n_pt ||
         !scratch || k < 0 || k > t->max_depth + 1 || n_classes < 0)
         return -1;
     const int32_t n_nodes = t->n_nodes, n_vocab = t->n_vocab;
     const int64_t n_groups = (int64_t)(k + 1) * n_classes;
-    if (n_groups >= (int64_t)1 << 30) return -1;
+    if (n_groups >= (int64_t)1 << 30 || frontier_cap < n_nodes) return -1;
     int32_t nf = 0, np_ = 0;
-    /* depth-first over the nodes whose path from the root is at most k characters, all
-       in the run: their whole tokens go into mask, their partial tokens (with their
-       depth) into pt_tokens; their other children are the frontier, each with its group
-       (parent's depth * n_classes + class; scratch holds the pairs, unsorted) */
-    int32_t depth_cap = t->max_depth + 2;
-    int32_t *fr_node = (int32_t *)malloc(sizeof(int32_t) * 2 * (size_t)depth_cap);
-    if (!fr_node) return -2;
-    int32_t *fr_next = fr_node + depth_cap;
-    int32_t d = 0; /* the depth of fr_node[d] */
-    fr_node[0] = n_nodes;
-    fr_next[0] = 0;
+    /* level by level (a parent's level comes before its children's): a node is on a run
+       path when its parent is (the root is) and its class is in the run, at most k deep.
+       Its whole tokens go into mask, its partial tokens (with their depth) into
+       pt_tokens; a child of an on-path node that is not on the path is in the frontier,
+       with its group (parent's depth * n_classes + class; scratch holds the pairs) */
+    uint8_t *on = on_out ? on_out : (uint8_t *)calloc((size_t)n_nodes + 1, 1);
+    if (!on) return -2;
+    if (on_out) memset(on, 0, (size_t)n_nodes + 1);
+    on[n_nodes] = 1;
     int rc = 0;
-    while (d >= 0) {
-        int32_t node = fr_node[d];
-        if (fr_next[d] == 0) {
-            if (node != n_nodes) {
-                int32_t rs = t->row_start[node], nt = t->n_term[node];
-                if (rs < 0 || nt < 0 || rs + nt > n_vocab) { rc = -1; break; }
+    for (int32_t i = 0; i < t->n_root_pt; i++) {
+        if (np_ >= pt_cap) { rc = -3; goto done; }
+        pt_depth[np_] = 0;
+        pt_tokens[np_++] = t->root_pt[i];
+    }
+    for (int32_t j = 0; j < t->max_depth; j++) {
+        int32_t lo = t->level_base[j], hi = t->level_base[j + 1];
+        if (lo < 0 || hi < lo || hi > n_nodes) { rc = -1; goto done; }
+        int any = 0;
+        for (int32_t n = lo; n < hi; n++) {
+            int32_t p = t->parent[n];
+            if (p < 0 || p > n_nodes) { rc = -1; goto done; }
+            if (!on[p]) continue;
+            int32_t c = cls[n];
+            if (c < 0 || c >= n_classes) { rc = -1; goto done; }
+            if (j < k && in_set(run, c)) {
+                on[n] = 1;
+                any = 1;
+                int32_t rs = t->row_start[n], nt = t->n_term[n];
+                if (rs < 0 || nt < 0 || rs + nt > n_vocab) { rc = -1; goto done; }
                 for (int32_t r = rs; r < rs + nt; r++) {
                     int32_t tok = t->order[r];
                     if (tok < 0 || tok >= n_vocab) { rc = -1; goto done; }
                     if (t->pchar_slot[tok] < 0) SET_BIT(mask, tok);
                     else {
                         if (np_ >= pt_cap) { rc = -3; goto done; }
-                        pt_depth[np_] = d;
+                        pt_depth[np_] = j + 1;
                         pt_tokens[np_++] = tok;
                     }
                 }
             } else {
-                for (int32_t i = 0; i < t->n_root_pt; i++) {
-                    if (np_ >= pt_cap) { rc = -3; goto done; }
-                    pt_depth[np_] = 0;
-                    pt_tokens[np_++] = t->root_pt[i];
-                }
+                scratch[2 * (size_t)nf] = n;
+                scratch[2 * (size_t)nf + 1] = j * n_classes + c;
+                nf++;
             }
         }
-        int32_t fc = t->first_child[node], nc = t->n_child[node];
-        if (fc < 0 || nc < 0 || fc + nc > n_nodes) { rc = -1; break; }
-        int32_t j = fr_next[d];
-        int32_t pushed = 0;
-        while (j < nc) {
-            int32_t ch = fc + j;
-            j++;
-            int32_t c = cls[ch];
-            if (c < 0 || c >= n_classes) { rc = -1; goto done; }
-            if (d < k && in_set(run, c)) {
-                if (d + 1 >= depth_cap) { rc = -1; goto done; }
-                fr_next[d] = j;
-                d++;
-                fr_node[d] = ch;
-                fr_next[d] = 0;
-                pushed = 1;
-                break;
-            }
-            if (nf >= frontier_cap) { rc = -3; goto done; }
-            scratch[2 * (size_t)nf] = ch;
-            scratch[2 * (size_t)nf + 1] = d * n_classes + c;
-            nf++;
-        }
-        if (!pushed) d--;
+        if (!any) break; /* nothing deeper hangs below an on-path node */
     }
 done:
-    free(fr_node);
+    if (!on_out) free(on);
     if (rc) return rc;
     /* a counting sort by group: group g's nodes are frontier[group_start[g] ..
        group_start[g + 1]] */
@@ -350,4 +337,47 @@ int llama_cffi_trie_mask(const llama_cffi_trie *t, const llama_cffi_trie_grammar
     }
     return llama_cffi_trie_walk(t, g, p->frontier, NULL, p->n_frontier, p->group_start, p->depth_states, p->k,
                                 p->start, mask, pending, pending_cap, n_pending, frames, frames_cap);
+}
+
+int llama_cffi_trie_run_derive(const llama_cffi_trie *t, const int32_t *cls, int32_t n_classes, const uint64_t *run,
+                               int32_t k, const uint8_t *on, const int32_t *base_frontier, int32_t n_base,
+                               const int32_t *base_group_start, int32_t base_k, int32_t *frontier,
+                               int32_t frontier_cap, int32_t *n_frontier, int32_t *group_start) {
+    if (!t || !cls || !run || !on || !base_frontier || !base_group_start || !frontier || !n_frontier ||
+        !group_start || k < 0 || k >= base_k || base_k > t->max_depth + 1 || n_classes < 0)
+        return -1;
+    const int32_t nc = n_classes, n_nodes = t->n_nodes;
+    /* groups of parents shallower than k: the base scan's */
+    int32_t upto = base_group_start[(int64_t)k * nc];
+    if (upto < 0 || upto > n_base || upto > frontier_cap) return -1;
+    memcpy(frontier, base_frontier, sizeof(int32_t) * (size_t)upto);
+    for (int64_t g = 0; g <= (int64_t)k * nc; g++) group_start[g] = base_group_start[g];
+    /* parents k deep: a class off the run, as in the base scan; a class of the run, the
+       nodes the base scan went on through (level k, on its paths) */
+    int32_t n = upto;
+    int32_t lo = 0, hi = 0;
+    if (k < t->max_depth) {
+        lo = t->level_base[k];
+        hi = t->level_base[k + 1];
+        if (lo < 0 || hi < lo || hi > n_nodes) return -1;
+    }
+    for (int32_t c = 0; c < nc; c++) {
+        int64_t g = (int64_t)k * nc + c;
+        group_start[g] = n;
+        if (!in_set(run, c)) {
+            int32_t a = base_group_start[g], b = base_group_start[g + 1];
+            if (a < 0 || b < a || b > n_base || n + (b - a) > frontier_cap) return -1;
+            memcpy(frontier + n, base_frontier + a, sizeof(int32_t) * (size_t)(b - a));
+            n += b - a;
+        } else {
+            for (int32_t x = lo; x < hi; x++) {
+                if (!on[x] || cls[x] != c) continue;
+                if (n >= frontier_cap) return -3;
+                frontier[n++] = x;
+            }
+        }
+    }
+    group_start[(int64_t)(k + 1) * nc] = n;
+    *n_frontier = n;
+    return 0;
 }

@@ -653,8 +653,8 @@ class CompiledGrammar:
                 sel = why == PEND_TRANS
                 if sel.any():
                     eng.fill(pend[sel, 1], pend[sel, 3])
-                for s_ in set(pend[why == PEND_RUN, 3].tolist()):
-                    self._run(s_)
+                for s_ in sorted(set(pend[why == PEND_RUN, 3].tolist()), reverse=True):
+                    self._run(s_)  # newest first: down a chain, the later states' runs serve the earlier
                 for s_ in set(pend[why == PEND_PCHAR, 3].tolist()):
                     self._pchar_row(s_)
             if full:  # the walk stopped early: everything again, with what it missed now known
@@ -665,13 +665,15 @@ class CompiledGrammar:
             nodes, states = pend[:, 0].copy(), pend[:, 1].copy()
 
     def _plan(self, start: int) -> Any:
-        """:meth:`llama_cffi.trie_walk.TrieGrammar.plan` for ``start``: its run's scan and
-        chain; the tokens to set besides the walk's: those ending inside a character on
-        the run's paths whose state down the chain can complete that character, and the
-        end-of-generation tokens when ``start`` is complete."""
+        """:meth:`llama_cffi.trie_walk.TrieGrammar.plan` for ``start``: its run's chain and
+        scan (see :meth:`_run_scan`), and the tokens to set besides the walk's: those
+        ending inside a character on the run's paths whose state down the chain can
+        complete that character, and the end-of-generation tokens when ``start`` is
+        complete."""
+        eng = self.engine
         chain = self._run(start)  # also completes the rows of the chain's states
         scan = self._run_scan(start, len(chain) - 1)
-        extra = [self._eog_ids] if self.engine.is_complete(start) else []
+        extra = [self._eog_ids] if eng.is_complete(start) else []
         pt = scan.pt_tokens
         if len(pt):  # their whole characters lead down the chain
             at = chain[scan.pt_depth]
@@ -680,6 +682,17 @@ class CompiledGrammar:
                 extra.append(sel[self._state_pchar_ok(s_)[self._pchar_slot[sel]]])
         toks = np.concatenate(extra).astype(np.int32) if extra else np.zeros(0, dtype=np.int32)
         return self._tg.plan(start, scan, chain, toks)
+
+    def _run_key(self, state: int, row: npt.NDArray[np.int32]) -> bytes:
+        """The classes of the run of ``state`` (see :meth:`_run`) as a key, from its row."""
+        live = np.flatnonzero(row >= 0)
+        if not len(live):
+            return b""
+        succ, inv = _unique_inverse(row[live].astype(np.int64))
+        weight = np.bincount(inv, weights=self._class_weight[live], minlength=len(succ))
+        weight[succ == state] += 0.5  # itself on a tie
+        key: bytes = live[inv == int(np.argmax(weight))].astype(np.int32).tobytes()
+        return key
 
     def _run(self, state: int) -> npt.NDArray[np.int32]:
         """The run of ``state`` (see :mod:`llama_cffi.trie_walk`), put into the tables the C
@@ -698,20 +711,22 @@ class CompiledGrammar:
         states = [state]
         run = np.zeros(self._W, dtype=np.uint64)
         if len(live):
-            succ, inv = _unique_inverse(row[live].astype(np.int64))
-            weight = np.bincount(inv, weights=self._class_weight[live], minlength=len(succ))
-            weight[succ == state] += 0.5  # itself on a tie
-            best = int(np.argmax(weight))
-            classes = live[inv == best]
+            classes = np.frombuffer(self._run_key(state, row), dtype=np.int32).astype(np.int64)
             np.bitwise_or.at(run, classes >> 6, np.left_shift(np.uint64(1), (classes & 63).astype(np.uint64)))
+            key = run.tobytes()
             cur = state
             while len(states) <= cap:
                 if cur != state:
-                    eng.fill_row(cur)
-                nxt = eng.table()[cur, classes]
-                if (nxt < 0).any() or (nxt != nxt[0]).any():
+                    known = self._run_chain.get(cur)
+                    if known is not None and self._run_words[cur].tobytes() == key:
+                        # the same run from here on (as down a bounded string): its chain
+                        states.pop()
+                        states.extend(known[: cap + 1 - len(states)].tolist())
+                        break
+                step = eng.group_step(cur, classes)  # not the whole row: the run's group
+                if step is None or step < 0:
                     break
-                nx = int(nxt[0])
+                nx = step
                 if nx == cur:  # a self-loop: the chain stays here
                     states.extend([nx] * (cap + 1 - len(states)))
                     break
@@ -737,12 +752,22 @@ class CompiledGrammar:
 
     def _run_scan(self, state: int, k: int) -> Any:
         """:meth:`llama_cffi.trie_walk.Trie.run_scan` for the run of ``state`` (cached per
-        run: states with the same classes and length share it)."""
+        run: states with the same classes and length share it). A run is scanned once at
+        its full length (every token's); shorter lengths of it (the positions near the end
+        of a bounded string) are derived from that scan."""
         run = self._run_words[state]
         key = (run.tobytes(), k)
         got = self._run_scans.get(key)
         if got is None:
-            got = self._run_scans[key] = self.vocab.trie().run_scan(self._cls, self.engine.n_classes, run, k)
+            trie, nc, cap = self.vocab.trie(), self.engine.n_classes, self._run_cap
+            if k == cap:
+                got = trie.run_scan(self._cls, nc, run, k, keep_on=True)
+            else:
+                base = self._run_scans.get((key[0], cap))
+                if base is None:
+                    base = self._run_scans[(key[0], cap)] = trie.run_scan(self._cls, nc, run, cap, keep_on=True)
+                got = trie.run_derive(base, self._cls, nc, run, k)
+            self._run_scans[key] = got
         return got
 
     def _pchar_row(self, state: int) -> None:

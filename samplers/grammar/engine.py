@@ -131,6 +131,7 @@ class Engine:
         self._state_ids: dict[tuple[Stack, ...], int] = {}
         self._advance_cache: dict[Stack, tuple[Stack, ...]] = {}
         self._groups: dict[tuple[int, ...], list[tuple[list[int], npt.NDArray[np.int64]]]] = {}
+        self._group_of: dict[tuple[int, ...], npt.NDArray[np.int32]] = {}  # per tops: class -> group
         self._trans = np.full((64, self.n_classes), _UNKNOWN, dtype=np.int32)
         #: per state: does some stack have a token element on top / is some stack empty
         self._token_tops: list[tuple[tuple[int, int], ...]] = []
@@ -369,6 +370,47 @@ class Engine:
                 self._advance(stack[:-1] if self._is_end(nxt) else (*stack[:-1], nxt), out)
             sid = self.intern(tuple(out))  # may grow the table: index it afresh
             self._trans[state, classes] = sid
+
+    def group_step(self, state: int, classes: npt.NDArray[np.int64]) -> int | None:
+        """The successor of ``state`` on every class of ``classes`` when they all have the
+        same one (``DEAD`` when none of them is taken), else None. Cheaper than a whole
+        row: only the group of classes that ``classes[0]`` belongs to is advanced (classes
+        the same stacks accept share a successor, see :meth:`_fill_row_locked`); its
+        transitions are kept."""
+        if state == DEAD or not len(classes):
+            return None
+        t = self._trans
+        known = t[state, classes]
+        if (known != _UNKNOWN).all():
+            return int(known[0]) if (known == known[0]).all() else None
+        with self._lock:
+            types, after = self.types, self._after
+            live = [st for st in self._stacks[state] if st and types[st[-1]] not in (_TOKEN, _TOKEN_NOT)]
+            if not live:
+                self._trans[state, :] = DEAD
+                return DEAD
+            tops = tuple(st[-1] for st in live)
+            groups = self._groups.get(tops)
+            if groups is None:
+                groups = self._groups[tops] = self._class_groups(tops)
+            gidx = self._group_of.get(tops)
+            if gidx is None:
+                gidx = np.empty(self.n_classes, dtype=np.int32)
+                for i, (_hits, cls) in enumerate(groups):
+                    gidx[cls] = i
+                self._group_of[tops] = gidx
+            g = gidx[classes]
+            if (g != g[0]).any():
+                return None
+            hits, members = groups[int(g[0])]
+            out: dict[Stack, None] = {}
+            for k in hits:
+                stack = live[k]
+                nxt = after[stack[-1]]
+                self._advance(stack[:-1] if self._is_end(nxt) else (*stack[:-1], nxt), out)
+            sid = self.intern(tuple(out))  # may grow the table: index it afresh
+            self._trans[state, members] = sid
+            return sid
 
     def _class_groups(self, tops: tuple[int, ...]) -> list[tuple[list[int], npt.NDArray[np.int64]]]:
         """The classes grouped by which of the character elements ``tops`` match them:

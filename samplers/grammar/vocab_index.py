@@ -11,16 +11,20 @@ None of it depends on a grammar: a grammar maps each distinct code point to its
 character class and walks this trie (:mod:`samplers.grammar.compiled`).
 
 Building it takes about half a second for 262,144 tokens; it is cached for the
-vocabulary's lifetime and **on disk** (``<cache_dir>/grammar-vocab/<hash>.npz``, the
-hash of the pieces and end-of-generation flags), so a new process loads it in tens of
-milliseconds. A corrupt or foreign cache file is rebuilt, never trusted blindly: the
-arrays are checked against the pieces before use.
+vocabulary's lifetime and **on disk** (``<cache_dir>/grammar-vocab/<hash>.vocab``, the
+hash of the pieces and end-of-generation flags): one file of raw arrays behind a small
+JSON header, memory-mapped, so a new process takes the arrays without reading or
+copying them (milliseconds; the pages are read as the walks touch them). A corrupt or
+foreign cache file is rebuilt, never trusted blindly: the header is checked against the
+file's size, and the arrays against the pieces, before use.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
+import json
+import mmap
 import os
 import tempfile
 import weakref
@@ -36,33 +40,36 @@ from .engine import NO_PARTIAL, decode_utf8
 I64 = npt.NDArray[np.int64]
 
 #: Bump when the arrays or how they are built change: old cache files are then ignored.
-_FORMAT = 1
+_FORMAT = 2
+_MAGIC = b"LLAMA_CFFI_VOCAB\n"
+_ALIGN = 64
 
-#: The arrays saved to (and loaded from) the disk cache, besides the pieces: name ->
-#: (dtype on disk, dtype in memory). Disk dtypes are compact (the file is read whole).
-_SAVED: dict[str, tuple[str, str]] = {
-    "eog": ("bool", "bool"),
-    "never": ("bool", "bool"),
-    "invalid": ("bool", "bool"),
-    "offsets": ("<i4", "int64"),
-    "lengths": ("<i4", "int64"),
-    "cps": ("<i4", "int64"),
-    "partial_value": ("<i4", "int64"),
-    "partial_remain": ("<i1", "int64"),
-    "uniq_cps": ("<i4", "int64"),
-    "cp_idx": ("<i4", "int32"),
-    "order": ("<i4", "int64"),
-    "lcp": ("<i2", "int64"),
-    "slen": ("<i2", "int64"),
-    "level_base": ("<i8", "int64"),
-    "parent": ("<i4", "int64"),
-    "node_cpi": ("<i4", "int32"),
-    "term": ("<i4", "int64"),
-    "row_start": ("<i4", "int64"),
-    "row_end": ("<i4", "int64"),
-    "n_term": ("<i4", "int64"),
-    "first_child": ("<i4", "int64"),
-    "n_child": ("<i4", "int64"),
+#: The arrays saved to (and loaded from) the disk cache, besides the pieces: name -> dtype,
+#: the same on disk and in memory (a loaded index uses the file's pages as they are).
+_SAVED: dict[str, str] = {
+    "eog": "bool",
+    "never": "bool",
+    "invalid": "bool",
+    "offsets": "<i4",
+    "lengths": "<i4",
+    "cps": "<i4",
+    "partial_value": "<i4",
+    "partial_remain": "<i1",
+    "uniq_cps": "<i4",
+    "cp_idx": "<i4",
+    "order": "<i4",
+    "lcp": "<i2",
+    "slen": "<i2",
+    "level_base": "<i8",
+    "parent": "<i4",
+    "node_cpi": "<i4",
+    "term": "<i4",
+    "row_start": "<i4",
+    "row_end": "<i4",
+    "n_term": "<i4",
+    "first_child": "<i4",
+    "n_child": "<i4",
+    "height": "<i4",
 }
 
 
@@ -245,6 +252,18 @@ class VocabIndex:
         self.term = term
         self.row_start, self.row_end, self.n_term = row_start, row_end, n_term
         self.first_child, self.n_child = first_child, n_child
+        # the most code points below each node, level by level from the deepest
+        height = np.zeros(n_nodes + 1, dtype=np.int64)
+        for j in range(lmax - 1, -1, -1):
+            lo, hi = base[j], base[j + 1]
+            if hi == lo:
+                continue
+            par = parent[lo:hi]
+            starts = np.flatnonzero(np.r_[True, par[1:] != par[:-1]])
+            height[par[starts]] = np.maximum(height[par[starts]], np.maximum.reduceat(height[lo:hi] + 1, starts))
+        self.height = height
+        for name, saved in _SAVED.items():  # the cache file's dtypes: a loaded index has the same
+            setattr(self, name, np.ascontiguousarray(getattr(self, name), dtype=saved))
 
     def _adopt(self, arrays: dict[str, npt.NDArray[Any]], eog: npt.NDArray[np.bool_]) -> bool:
         """Take the arrays of a cache file if they fit these pieces; False otherwise."""
@@ -264,11 +283,14 @@ class VocabIndex:
             and len(got["cp_idx"]) == len(got["cps"])
             and len(got["node_cpi"]) == len(got["parent"])
             and len(got["row_start"]) == len(got["parent"]) + 1
+            and len(got["height"]) == len(got["parent"]) + 1
         )
         if not ok:
             return False
         for k, a in got.items():
-            setattr(self, k, a.astype(_SAVED[k][1], copy=False))  # no copy: the file has these dtypes
+            if a.dtype != np.dtype(_SAVED[k]) or a.ndim != 1:
+                return False
+            setattr(self, k, a)
         n_nodes = len(self.parent)
         # spot checks against the pieces: a foreign file fails them
         for t in np.linspace(0, n - 1, num=min(n, 64), dtype=np.int64).tolist():
@@ -299,7 +321,7 @@ class VocabIndex:
         keys = self.partial_value[self.partial_tokens] * 4 + self.partial_remain[self.partial_tokens]
         srt = np.sort(keys)  # np.unique would import numpy.ma (~13 ms) on a first use
         self.pchars = srt[np.r_[True, srt[1:] != srt[:-1]]] if len(srt) else srt
-        self.pchar_slot = np.full(self.n_vocab, -1, dtype=np.int64)
+        self.pchar_slot = np.full(self.n_vocab, -1, dtype=np.int32)
         self.pchar_slot[self.partial_tokens] = np.searchsorted(self.pchars, keys)
         self._trie: Any = None
 
@@ -329,12 +351,14 @@ class VocabIndex:
                 order=self.order,
                 pchar_slot=self.pchar_slot,
                 root_pt=self.partial_tokens[pt_nodes == n],
+                height=self.height,
+                lengths=self.lengths,
             )
         return self._trie
 
     def arrays(self) -> dict[str, npt.NDArray[Any]]:
-        """The arrays a cache file holds, in their disk dtypes."""
-        return {k: np.asarray(getattr(self, k)).astype(disk) for k, (disk, _mem) in _SAVED.items()}
+        """The arrays a cache file holds."""
+        return {k: np.asarray(getattr(self, k), dtype=dt) for k, dt in _SAVED.items()}
 
     # ------------------------------------------------------------------ cache
     @classmethod
@@ -365,19 +389,11 @@ class VocabIndex:
     @classmethod
     def _load_or_build(cls, blob: bytes, offsets: I64, eog: npt.NDArray[np.bool_], disk_cache: bool) -> VocabIndex:
         path = _cache_path(blob, offsets, eog) if disk_cache and _disk_cache_enabled() else None
-        if path is not None and path.is_file():
-            try:
-                with np.load(path, allow_pickle=False) as z:
-                    arrays = {k: z[k] for k in z.files}
-            except Exception:  # a truncated or foreign file (zipfile errors are not OSError): rebuild
-                arrays = None
-            index = cls((blob, offsets), eog, arrays=arrays)
-            if index.from_cache:
-                return index
-        else:
-            index = cls((blob, offsets), eog)
-        if path is not None:
+        arrays = _load(path) if path is not None and path.is_file() else None
+        index = cls((blob, offsets), eog, arrays=arrays)  # built when the arrays do not fit
+        if path is not None and not index.from_cache:
             _save(path, index.arrays())
+        index.trie()  # the C walks' view of it, made now rather than inside a first compile
         return index
 
 
@@ -393,24 +409,75 @@ def _cache_path(blob: bytes, offsets: I64, eog: npt.NDArray[np.bool_]) -> Path:
     h.update(blob)
     h.update(np.ascontiguousarray(offsets, dtype="<i8").tobytes())
     h.update(np.ascontiguousarray(eog, dtype=np.uint8).tobytes())
-    return cache_dir() / "grammar-vocab" / f"{h.hexdigest()}.npz"
+    return cache_dir() / "grammar-vocab" / f"{h.hexdigest()}.vocab"
 
 
 def _save(path: Path, arrays: dict[str, npt.NDArray[Any]]) -> None:
-    """Write atomically (a temporary file in the same directory, then rename); a cache
+    """Write the arrays as one file (:data:`_MAGIC`, the header's length as 8 bytes, a JSON
+    header ``{name: [dtype, length, offset]}``, then each array's bytes at its offset,
+    aligned), atomically (a temporary file in the same directory, then rename); a cache
     that cannot be written is only a slower next start."""
     try:
+        entries: dict[str, list[Any]] = {}
+        offset = 0
+        for name, a in arrays.items():
+            entries[name] = [a.dtype.str, len(a), offset]
+            offset += -(-a.nbytes // _ALIGN) * _ALIGN
+        header = json.dumps(entries, separators=(",", ":")).encode()
+        start = -(-(len(_MAGIC) + 8 + len(header)) // _ALIGN) * _ALIGN
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".npz")
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".vocab")
         try:
             with os.fdopen(fd, "wb") as f:
-                np.savez(f, allow_pickle=False, **arrays)
+                f.write(_MAGIC + len(header).to_bytes(8, "little") + header)
+                for name, a in arrays.items():
+                    f.seek(start + entries[name][2])
+                    f.write(np.ascontiguousarray(a).tobytes())
+                f.truncate(start + offset)
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
     except OSError:
         pass
+
+
+def _load(path: Path) -> dict[str, npt.NDArray[Any]] | None:
+    """The arrays of a file :func:`_save` wrote, as read-only views of its memory map (the
+    map stays open while a view does); None when the file is not one (a truncated file, a
+    header that does not fit the file, a dtype not saved by :func:`_save`)."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < len(_MAGIC) + 8:
+                return None
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        return None
+    if mm[: len(_MAGIC)] != _MAGIC:
+        return None
+    n = int.from_bytes(mm[len(_MAGIC) : len(_MAGIC) + 8], "little")
+    if n > size:
+        return None
+    try:
+        entries = json.loads(mm[len(_MAGIC) + 8 : len(_MAGIC) + 8 + n])
+    except ValueError:
+        return None
+    start = -(-(len(_MAGIC) + 8 + n) // _ALIGN) * _ALIGN
+    allowed = {np.dtype(dt).str for dt in _SAVED.values()}
+    out: dict[str, npt.NDArray[Any]] = {}
+    if not isinstance(entries, dict):
+        return None
+    for name, entry in entries.items():
+        if not (isinstance(entry, list) and len(entry) == 3 and entry[0] in allowed):
+            return None
+        dt, count, offset = np.dtype(entry[0]), entry[1], entry[2]
+        if not (isinstance(count, int) and isinstance(offset, int) and count >= 0 and offset >= 0):
+            return None
+        if start + offset + count * dt.itemsize > size:
+            return None
+        out[name] = np.frombuffer(mm, dtype=dt, count=count, offset=start + offset)
+    return out
 
 
 _cache: weakref.WeakKeyDictionary[Any, VocabIndex] = weakref.WeakKeyDictionary()
