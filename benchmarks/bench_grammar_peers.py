@@ -436,9 +436,16 @@ class Ours(Runner):
         self.cache = cache
 
     def load(self) -> None:
+        # the JSON-schema converter and the metaschema checker (jsonschema) are imported on
+        # first use in the package; here at load, as each peer imports its engine whole, so
+        # that compile times compare the work of compiling
+        import jsonschema
+
         import samplers.grammar
+        import samplers.grammar.schema
 
         self.sg = samplers.grammar
+        del jsonschema
 
     def setup(self, vocab: Vocabulary) -> None:
         # what g.compile(model) does once per vocabulary (VocabIndex.of), from the same

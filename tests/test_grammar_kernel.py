@@ -216,14 +216,14 @@ def test_bad_arrays_raise_not_crash() -> None:
                         ("row_end", np.full(v.n_nodes + 1, 10**6)), ("node_cpi", np.full(v.n_nodes, 10**6))]:
         def go(name=name, value=value):
             t = Trie(**{**base, name: value})
-            cls, e = t.bind(c._cls_of_cp, c.engine.n_classes)
+            cls, e, _ = t.bind(c._cls_of_cp, c.engine.n_classes)
             tg = TrieGrammar(t, cls, e, c.engine.n_classes)
             tg.set_tables(c.engine.table(), c._run_known, c._run_words, c._run_len, c._pchar_known, c._pchar_tab)
             m = np.zeros(t.n_words, np.uint32)
             tg.walk(m, c.engine.start, np.array([t.n_nodes], np.int32))
         attempt(name, go)
     t = Trie(**base)
-    cls, e = t.bind(c._cls_of_cp, c.engine.n_classes)
+    cls, e, _ = t.bind(c._cls_of_cp, c.engine.n_classes)
     tg = TrieGrammar(t, cls, e, c.engine.n_classes)
     bad = np.full_like(c.engine.table(), 10**6)
     tg.set_tables(bad, c._run_known, c._run_words, c._run_len, c._pchar_known, c._pchar_tab)

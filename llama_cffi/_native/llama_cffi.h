@@ -202,9 +202,10 @@ typedef struct {
     const uint8_t *pchar_ok;
 } llama_cffi_trie_grammar;
 /* per node its class (cls_of_cp[node_cpi[node]]) into out_cls, and its E into out_E
-   (W * (n_nodes + 1) words). 0, -1 bad data */
+   (W * (n_nodes + 1) words); out_count: the nodes of each class (n_classes + 1 values).
+   0, -1 bad data */
 int llama_cffi_trie_bind(const llama_cffi_trie *t, const int32_t *cls_of_cp, int32_t n_cps, int32_t n_classes,
-                         int32_t W, int32_t *out_cls, uint64_t *out_E);
+                         int32_t W, int32_t *out_cls, uint64_t *out_E, int64_t *out_count);
 /* the tokens of at most k characters made only of the classes in run: whole ones as
    bits of mask (OR-ed), those ending inside a character into pt_tokens with their depth
    in characters (pt_depth); the nodes where such paths leave the run (a class not in it,

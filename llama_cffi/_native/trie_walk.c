@@ -27,15 +27,17 @@
 #define SET_BIT(mask, t) ((mask)[(uint32_t)(t) >> 5] |= (uint32_t)1 << ((uint32_t)(t)&31u))
 
 int llama_cffi_trie_bind(const llama_cffi_trie *t, const int32_t *cls_of_cp, int32_t n_cps, int32_t n_classes,
-                         int32_t W, int32_t *out_cls, uint64_t *out_E) {
-    if (!t || !cls_of_cp || !out_cls || !out_E || n_classes < 0 || W != n_classes / 64 + 1) return -1;
+                         int32_t W, int32_t *out_cls, uint64_t *out_E, int64_t *out_count) {
+    if (!t || !cls_of_cp || !out_cls || !out_E || !out_count || n_classes < 0 || W != n_classes / 64 + 1) return -1;
     const int32_t n_nodes = t->n_nodes;
+    memset(out_count, 0, sizeof(int64_t) * (size_t)(n_classes + 1));
     for (int32_t n = 0; n < n_nodes; n++) {
         int32_t cpi = t->node_cpi[n];
         if (cpi < 0 || cpi >= n_cps) return -1;
         int32_t c = cls_of_cp[cpi];
         if (c < 0 || c >= n_classes) return -1;
         out_cls[n] = c;
+        out_count[c]++;
     }
     memset(out_E, 0, sizeof(uint64_t) * (size_t)W * (size_t)(n_nodes + 1));
     const uint64_t pbit = (uint64_t)1 << (n_classes % 64);
@@ -43,15 +45,25 @@ int llama_cffi_trie_bind(const llama_cffi_trie *t, const int32_t *cls_of_cp, int
     /* children have larger numbers than their parent (levels in order), except that the
        root, whose children are level 0, is last: walking down from the last node, a
        node's E is complete before it is added to its parent's */
-    for (int32_t n = n_nodes - 1; n >= 0; n--) {
-        int32_t p = t->parent[n];
-        if (p < 0 || p > n_nodes || (p != n_nodes && p >= n)) return -1;
-        uint64_t *ep = out_E + (size_t)p * (size_t)W;
-        const uint64_t *en = out_E + (size_t)n * (size_t)W;
-        if (t->has_pt[n]) out_E[(size_t)n * (size_t)W + (size_t)pword] |= pbit;
-        for (int32_t w = 0; w < W; w++) ep[w] |= en[w];
-        int32_t c = out_cls[n];
-        ep[c / 64] |= (uint64_t)1 << (c % 64);
+    if (W == 1) { /* one word (fewer than 64 classes): the common case, without the inner loop */
+        for (int32_t n = n_nodes - 1; n >= 0; n--) {
+            int32_t p = t->parent[n];
+            if (p < 0 || p > n_nodes || (p != n_nodes && p >= n)) return -1;
+            uint64_t e = out_E[n] | (t->has_pt[n] ? pbit : 0);
+            out_E[n] = e;
+            out_E[p] |= e | ((uint64_t)1 << out_cls[n]);
+        }
+    } else {
+        for (int32_t n = n_nodes - 1; n >= 0; n--) {
+            int32_t p = t->parent[n];
+            if (p < 0 || p > n_nodes || (p != n_nodes && p >= n)) return -1;
+            uint64_t *ep = out_E + (size_t)p * (size_t)W;
+            const uint64_t *en = out_E + (size_t)n * (size_t)W;
+            if (t->has_pt[n]) out_E[(size_t)n * (size_t)W + (size_t)pword] |= pbit;
+            for (int32_t w = 0; w < W; w++) ep[w] |= en[w];
+            int32_t c = out_cls[n];
+            ep[c / 64] |= (uint64_t)1 << (c % 64);
+        }
     }
     if (t->has_pt[n_nodes]) out_E[(size_t)n_nodes * (size_t)W + (size_t)pword] |= pbit;
     return 0;

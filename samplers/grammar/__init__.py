@@ -7,8 +7,9 @@
     chain = SamplerChain([GrammarSampler(g, model), TopK(40), Dist(seed=1)])
 
 Semantics are llama.cpp's grammar sampler's (tested mask for mask against it); masks
-come from a vectorised walk of a trie of the vocabulary's character-class sequences
-and are cached by parser state (see :mod:`samplers.grammar.compiled`). GBNF text is
+come from a walk of the vocabulary's token trie in C (the numpy walk kept as the
+reference) and are cached by parser state (see :mod:`samplers.grammar.compiled`);
+:func:`fill_masks` computes many matchers' masks in one call. GBNF text is
 parsed and checked by the project's one GBNF front end, :mod:`llama_cffi.gbnf` (its
 names are re-exported here).
 """

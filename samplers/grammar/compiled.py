@@ -1,17 +1,27 @@
-"""A grammar compiled for one vocabulary: token masks by a vectorised walk of a class trie.
+"""A grammar compiled for one vocabulary: token masks by walks of the vocabulary's trie.
 
 llama.cpp decides, for every candidate token, whether the grammar's stacks can consume
 the token's code points (``llama_grammar_reject_candidates``): a per-token, per-code-point
 walk in C++, ~25-300 ms per full 262,144-token mask. Here:
 
-* every token's code points are mapped to the grammar's character classes (see
-  :mod:`samplers.grammar.engine`), and the class sequences of the whole vocabulary
-  are arranged as a **trie** (built once per grammar and vocabulary; tokens sharing a
-  class prefix share nodes: a token trie over class ids is far smaller than one
-  over bytes);
-* a mask is one breadth-first sweep of that trie, level by level, in numpy: the
-  state of each node is ``table[state of parent, class of node]`` (transitions missing
-  from the table are computed once and kept), dead subtrees drop out;
+* the vocabulary's tokens, as code points, form a **trie** (:class:`VocabIndex`, built
+  once per vocabulary and memory-mapped from a disk cache); compiling a grammar gives
+  each node its character class (see :mod:`samplers.grammar.engine`) and the set of
+  classes below it;
+* a mask is a walk of that trie from the parser state: the state at a node is
+  ``table[state at its parent, class of the node]`` (transitions missing from the table
+  are computed once and kept), dead subtrees drop out;
+* a state's **run** (the classes that lead it to one successor, and for how many
+  characters that holds: a state with self-loops, forever; inside ``maxLength: 40``, the
+  characters left) makes whole subtrees decidable at once: a node reached in a state
+  whose run covers every class below it, no deeper than the run, accepts its subtree.
+  The tokens made only of the start state's run, and the nodes where such paths leave
+  it, are scanned once per run and shared by every state with that run;
+* the walk runs in C (:mod:`llama_cffi.trie_walk`, ``kernel="c"``, the default): what it
+  cannot decide yet (a transition, a run, partial characters) it returns as pending
+  subtrees, computed here and walked again. The numpy walk it replaced stays as the
+  reference (``kernel="numpy"`` or ``LLAMA_CFFI_GRAMMAR_KERNEL=numpy``), tested equal
+  mask for mask;
 * masks are cached by ``(state, partial UTF-8)``: in JSON and most structured output
   the same parser states recur, and a cached mask is a dictionary lookup.
 
@@ -20,6 +30,8 @@ quirks included: EOG tokens only when some stack is complete, empty / NUL-first 
 invalid-UTF-8 pieces never, a token ending inside a UTF-8 character only when a
 character class could still accept its completion, and a token element on top of a
 stack matched by id even mid-token (as ``llama_grammar_reject_candidates_for_stack``).
+Masks that start inside a character, and grammars with token elements, take the numpy
+walk (both rare).
 """
 
 from __future__ import annotations
@@ -42,6 +54,7 @@ if TYPE_CHECKING:
 _TOKEN_NOT = 9
 _ABSORB_MIN_ROWS = 64  # subtrees smaller than this are walked rather than absorbed
 _SPINE_MAX = 32768  # at most this many undecided tokens are walked one by one
+_SCAN_SHORT = 4  # a run this short is scanned on its own, not derived from its full-length scan
 
 #: the mask walks: ``"c"`` (the trie walk in C, :mod:`llama_cffi.trie_walk`) or ``"numpy"``
 #: (the vectorised walk in this module, the reference the C walk is tested against)
@@ -152,12 +165,11 @@ class CompiledGrammar:
         self._absorb_ready = False
         if self.kernel == "c":
             trie = v.trie()
-            self._cls, self._E = trie.bind(self._cls_of_cp, eng.n_classes)
+            self._cls, self._E, self._class_weight = trie.bind(self._cls_of_cp, eng.n_classes)
             from llama_cffi.trie_walk import TrieGrammar
 
             self._tg = TrieGrammar(trie, self._cls, self._E, eng.n_classes, _ABSORB_MIN_ROWS)
             self._run_cap = trie.max_depth + 1  # a run this long covers every token
-            self._class_weight = np.bincount(self._cls, minlength=eng.n_classes)[: eng.n_classes]
             self._run_known = np.zeros(64, dtype=bool)
             self._run_words = np.zeros((64, w), dtype=np.uint64)
             self._run_len = np.zeros(64, dtype=np.int32)
@@ -760,10 +772,12 @@ class CompiledGrammar:
         got = self._run_scans.get(key)
         if got is None:
             trie, nc, cap = self.vocab.trie(), self.engine.n_classes, self._run_cap
+            base = self._run_scans.get((key[0], cap))
             if k == cap:
                 got = trie.run_scan(self._cls, nc, run, k, keep_on=True)
+            elif base is None and k <= _SCAN_SHORT:  # a few levels: cheaper than the full scan
+                got = trie.run_scan(self._cls, nc, run, k)
             else:
-                base = self._run_scans.get((key[0], cap))
                 if base is None:
                     base = self._run_scans[(key[0], cap)] = trie.run_scan(self._cls, nc, run, cap, keep_on=True)
                 got = trie.run_derive(base, self._cls, nc, run, k)

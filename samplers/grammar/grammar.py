@@ -79,9 +79,9 @@ class Grammar:
         """The grammar for a vocabulary (a :class:`llama_cffi.Model` or ``Vocab``, or a
         :class:`VocabIndex`): the vocabulary's code-point trie with this grammar's classes,
         plus a mask cache of ``mask_cache_size`` masks (0: every mask computed). Cached
-        per llama_cffi vocabulary and cache size. The vocabulary's index is built once
-        per vocabulary (about half a second at 262,144 tokens, then loaded from the disk
-        cache in ~55 ms); a compile on it takes ~10-15 ms. ``kernel``: the mask walk,
+        per llama_cffi vocabulary, cache size and kernel. The vocabulary's index is built
+        once per vocabulary (about half a second at 262,144 tokens, then memory-mapped from
+        the disk cache in ~15-30 ms); a compile on it takes 1-2 ms. ``kernel``: the mask walk,
         ``"c"`` or ``"numpy"`` (the reference; default: ``"c"`` unless the environment
         variable ``LLAMA_CFFI_GRAMMAR_KERNEL`` says ``numpy``)."""
         from .compiled import default_kernel

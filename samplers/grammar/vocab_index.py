@@ -451,7 +451,11 @@ def _load(path: Path) -> dict[str, npt.NDArray[Any]] | None:
             size = os.fstat(f.fileno()).st_size
             if size < len(_MAGIC) + 8:
                 return None
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            populate = getattr(mmap, "MAP_POPULATE", 0)  # Linux: the pages mapped now, not at first touch
+            if populate:
+                mm = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_SHARED | populate, prot=mmap.PROT_READ)
+            else:  # pragma: no cover - other systems
+                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except (OSError, ValueError):
         return None
     if mm[: len(_MAGIC)] != _MAGIC:
