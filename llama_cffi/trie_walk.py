@@ -36,7 +36,16 @@ import numpy.typing as npt
 
 from ._binding import ffi, lib
 
-__all__ = ["PEND_PCHAR", "PEND_RUN", "PEND_TRANS", "TRANS_UNKNOWN", "RunScan", "Trie", "TrieGrammar"]
+__all__ = [
+    "PEND_PCHAR",
+    "PEND_RUN",
+    "PEND_TRANS",
+    "TRANS_UNKNOWN",
+    "RunScan",
+    "Trie",
+    "TrieGrammar",
+    "mask_logits",
+]
 
 #: the transition table's "not computed yet" value
 TRANS_UNKNOWN: int = int(lib.LLAMA_CFFI_TRANS_UNKNOWN)
@@ -79,6 +88,42 @@ def _check_rc(rc: int, what: str) -> None:
         raise MemoryError(f"{what}: out of memory")
     if rc != 0:
         raise RuntimeError(f"{what} failed ({rc})")
+
+
+def mask_logits(logits: npt.NDArray[np.float32], ids: I32 | None, words: U32, n_vocab: int) -> int:
+    """Set ``logits[i] = -inf`` where token ``ids[i]`` (``i`` when ``ids`` is None) has its bit
+    clear in the mask ``words`` (bit ``t % 32`` of word ``t // 32``), in place, in one C pass.
+    Returns how many were set. An id outside ``[0, n_vocab)`` raises
+    :class:`~llama_cffi.errors.InvalidTokenError` (candidates before it are already masked)."""
+    from .errors import InvalidTokenError
+
+    if not isinstance(logits, np.ndarray) or logits.dtype != np.float32 or logits.ndim != 1:
+        raise TypeError("logits must be a 1-D float32 ndarray")
+    if not logits.flags.c_contiguous or not logits.flags.writeable:
+        raise ValueError("logits must be writeable and C-contiguous")
+    n = len(logits)
+    if not 0 <= n_vocab < 2**31 - 32:
+        raise ValueError(f"n_vocab {n_vocab} is out of range")
+    if not isinstance(words, np.ndarray) or words.dtype != np.uint32 or words.ndim != 1:
+        raise TypeError("words must be a 1-D uint32 ndarray")
+    words = np.ascontiguousarray(words)
+    if len(words) < (n_vocab + 31) // 32:
+        raise ValueError(f"words has {len(words)} words, {(n_vocab + 31) // 32} needed")
+    id_ptr = ffi.NULL
+    if ids is None:
+        if n > n_vocab:
+            raise ValueError(f"{n} logits but a vocabulary of {n_vocab}")
+    else:
+        ids = _i32("ids", ids, n)
+        id_ptr = ffi.from_buffer("int32_t[]", ids)
+    got = int(
+        lib.llama_cffi_mask_logits(
+            n, ffi.from_buffer("float[]", logits), id_ptr, ffi.from_buffer("uint32_t[]", words), n_vocab
+        )
+    )
+    if got < 0:
+        raise InvalidTokenError(f"candidate ids must lie in [0, {n_vocab})")
+    return got
 
 
 class RunScan:

@@ -367,8 +367,20 @@ class Candidates:
             sub.partition(m - k)
             th = sub[m - k]  # k sampled values are >= th, so at least k candidates are
             mask = self._mask[:n]
-            np.greater_equal(lg, th, out=mask)
-            pos = np.flatnonzero(mask)
+            if th == -np.inf:
+                # most logits are -inf (a grammar's mask): the finite ones, then as many -inf
+                # ones as are missing, lowest positions first (the order of equal logits)
+                np.greater(lg, th, out=mask)
+                fin = np.flatnonzero(mask)
+                if len(fin) < k:
+                    np.equal(lg, th, out=mask)
+                    rest = np.flatnonzero(mask)[: k - len(fin)]
+                    head = _stable_top(lg[fin], fin, len(fin)) if len(fin) else np.empty(0, np.intp)
+                    return np.concatenate([head, rest]).astype(np.intp)
+                pos = fin
+            else:
+                np.greater_equal(lg, th, out=mask)
+                pos = np.flatnonzero(mask)
         else:
             pos = np.arange(n)
         return _stable_top(lg[pos], pos, k)

@@ -363,3 +363,58 @@ def test_branch_store_gives_grammars_their_masks_in_one_call(
             assert [got[b] for b in live] == [want[b] for b in live]
             store.step(got)
             alone.step({twins[branches.index(b)]: t for b, t in got.items()})
+
+
+@settings(max_examples=budget(60), deadline=None)
+@given(
+    st.integers(8192, 40000),
+    st.integers(1, 30),
+    st.floats(0.0, 1.0),
+    st.randoms(use_true_random=False),
+)
+def test_top_k_of_a_masked_row(n: int, k: int, allowed: float, rng: random.Random) -> None:
+    """After a grammar mask most logits are -inf: ``Candidates.top`` takes the finite ones
+    and then the lowest-positioned -inf ones, as a stable sort would (fewer than ``k``
+    allowed included), whatever the share allowed."""
+    from samplers import Candidates
+
+    r = np.random.default_rng(rng.randrange(2**32))
+    row = r.normal(size=n).astype(np.float32)
+    row[r.random(n) >= allowed] = -np.inf
+    row[r.integers(0, n, size=5)] = 1.5  # ties among the finite
+    cands = Candidates()
+    cands.reset(row)
+    words = np.zeros((n + 31) // 32, dtype=np.uint32)  # every token allowed: the logits kept
+    words[:] = 0xFFFFFFFF
+    from llama_cffi.trie_walk import mask_logits
+
+    assert mask_logits(cands.logits, None, words, n) == 0  # a copy: no longer the identity row
+    got = cands.top(k)
+    want = np.argsort(-row, kind="stable")[:k]
+    assert got.tolist() == want.tolist()
+
+
+@settings(max_examples=budget(60), deadline=None)
+@given(st.integers(0, 3000), st.booleans(), st.randoms(use_true_random=False))
+def test_mask_logits_equals_numpy(n_vocab: int, identity: bool, rng: random.Random) -> None:
+    """The C pass that applies a packed mask to candidates equals the numpy expression it
+    replaced; an id outside the vocabulary raises."""
+    from llama_cffi.errors import InvalidTokenError
+    from llama_cffi.trie_walk import mask_logits
+
+    r = np.random.default_rng(rng.randrange(2**32))
+    allowed = r.random(n_vocab) < 0.3
+    words = np.zeros((n_vocab + 31) // 32 + 1, dtype=np.uint32)
+    words.view(np.uint8)[: (n_vocab + 7) // 8] = np.packbits(allowed, bitorder="little")
+    ids = None if identity else r.integers(0, max(n_vocab, 1), size=r.integers(0, 2 * n_vocab + 1)).astype(np.int32)
+    if ids is not None and n_vocab == 0:
+        ids = ids[:0]
+    logits = r.normal(size=n_vocab if ids is None else len(ids)).astype(np.float32)
+    want = logits.copy()
+    ban = ~(allowed if ids is None else allowed[ids])
+    want[ban] = -np.inf
+    assert mask_logits(logits, ids, words, n_vocab) == int(ban.sum())
+    assert np.array_equal(logits, want)
+    if n_vocab:
+        with pytest.raises(InvalidTokenError):
+            mask_logits(np.zeros(1, np.float32), np.array([n_vocab], np.int32), words, n_vocab)

@@ -256,5 +256,9 @@ typedef struct {
 int llama_cffi_trie_mask(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, const llama_cffi_trie_plan *p,
                          uint32_t *mask, int32_t *pending, int32_t pending_cap, int32_t *n_pending, int32_t *frames,
                          int32_t frames_cap);
+/* a mask applied to candidates: logits[i] = -inf where the bit of token ids[i] (of i when
+   ids is NULL) is clear in words (ceil(n_vocab / 32) words). Returns how many were set,
+   -1 for an id outside [0, n_vocab) (logits before it already masked) or bad arguments */
+int32_t llama_cffi_mask_logits(int32_t n, float *logits, const int32_t *ids, const uint32_t *words, int32_t n_vocab);
 
 #endif

@@ -393,3 +393,27 @@ int llama_cffi_trie_run_derive(const llama_cffi_trie *t, const int32_t *cls, int
     *n_frontier = n;
     return 0;
 }
+
+int32_t llama_cffi_mask_logits(int32_t n, float *logits, const int32_t *ids, const uint32_t *words, int32_t n_vocab) {
+    if (n < 0 || (n && (!logits || !words)) || n_vocab < 0 || (!ids && n > n_vocab)) return -1;
+    int32_t banned = 0;
+    const float ninf = -__builtin_inff();
+    if (!ids) {
+        for (int32_t i = 0; i < n; i++) {
+            if (!((words[(uint32_t)i >> 5] >> ((uint32_t)i & 31u)) & 1u)) {
+                logits[i] = ninf;
+                banned++;
+            }
+        }
+        return banned;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        int32_t t = ids[i];
+        if (t < 0 || t >= n_vocab) return -1;
+        if (!((words[(uint32_t)t >> 5] >> ((uint32_t)t & 31u)) & 1u)) {
+            logits[i] = ninf;
+            banned++;
+        }
+    }
+    return banned;
+}

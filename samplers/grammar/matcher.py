@@ -19,6 +19,20 @@ from .compiled import CompiledGrammar
 from .engine import DEAD, NO_PARTIAL, Partial, decode_utf8
 
 
+def apply_words(cands: Candidates, words: npt.NDArray[np.uint32], n_vocab: int) -> None:
+    """Set the logits of the candidates whose bit is clear in ``words`` to -inf, in place,
+    in one C pass (:func:`llama_cffi.trie_walk.mask_logits`); ids outside the vocabulary
+    raise :class:`~llama_cffi.errors.InvalidTokenError` and change nothing."""
+    from llama_cffi.trie_walk import mask_logits
+
+    ids = None if cands.is_identity else cands.read_ids()
+    if ids is not None and (int(ids.max()) >= n_vocab or int(ids.min()) < 0):
+        raise InvalidTokenError(f"candidate ids must lie in [0, {n_vocab})")
+    if cands.is_identity and cands.size > n_vocab:
+        raise InvalidTokenError(f"candidate ids must lie in [0, {n_vocab})")
+    mask_logits(cands.logits, ids, words, n_vocab)
+
+
 class GrammarMatcher:
     """Accepts tokens (or bytes) one at a time and tells which tokens may come next.
 
@@ -86,13 +100,14 @@ class GrammarMatcher:
         llama.cpp's grammar sampler)."""
         if cands.size == 0:
             return
-        ids = cands.read_ids()
-        mask = self.allowed_tokens()
-        if int(ids.max()) >= len(mask) or int(ids.min()) < 0:
-            raise InvalidTokenError(f"candidate ids must lie in [0, {len(mask)})")
-        banned = ~mask[ids]
-        if banned.any():
-            cands.logits[banned] = -np.inf
+        c = self._compiled
+        if self.ended:
+            words = np.zeros(c.n_words, dtype=np.uint32)
+        else:
+            packed = c.packed(self.state, self.partial)
+            words = np.zeros(c.n_words, dtype=np.uint32)
+            words.view(np.uint8)[: len(packed)] = packed
+        apply_words(cands, words, c.n_vocab)
 
     # ------------------------------------------------------------------ moves
     def accept_token(self, token: int) -> bool:

@@ -20,14 +20,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from llama_cffi.errors import InvalidTokenError
 from llama_cffi.sampling import LlamaSampler, SamplingError
 
 from ..base import Sampler
 from ..candidates import Candidates
 from .compiled import CompiledGrammar
 from .grammar import Grammar
-from .matcher import GrammarMatcher
+from .matcher import GrammarMatcher, apply_words
 
 
 class GrammarSampler(Sampler):
@@ -123,13 +122,7 @@ class GrammarSampler(Sampler):
         if words is None:
             self.matcher.apply(cands)
             return
-        ids = cands.read_ids()
-        n = self.matcher.compiled.n_vocab
-        if int(ids.max()) >= n or int(ids.min()) < 0:
-            raise InvalidTokenError(f"candidate ids must lie in [0, {n})")
-        banned = ((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1) == 0
-        if banned.any():
-            cands.logits[banned] = -np.inf
+        apply_words(cands, words, self.matcher.compiled.n_vocab)
 
     def accept(self, token: int) -> None:
         """Advance the grammar (or, while waiting, the trigger search). Raises
