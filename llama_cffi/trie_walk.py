@@ -56,6 +56,7 @@ PEND_RUN: int = int(lib.LLAMA_CFFI_PEND_RUN)
 PEND_PCHAR: int = int(lib.LLAMA_CFFI_PEND_PCHAR)
 
 _PENDING_CAP = 16384  # entries per walk call; more are walked in further calls
+_BATCH_PENDING_CAP = 256  # per job of a batch: a job with more is done again on its own
 _NO_PENDING = np.zeros((0, 4), dtype=np.int32)
 _NO_PENDING.flags.writeable = False
 
@@ -333,6 +334,47 @@ class Trie:
         n = n_pt[0]
         return RunScan(k, mask, frontier[: n_front[0]].copy(), group_start, pt[:n].copy(), pt_depth[:n].copy(), on)
 
+    def masks(self, grammars: list[TrieGrammar], plans: list[Any], rows: list[U32], n_threads: int) -> tuple[I32, I32]:
+        """The masks of many :meth:`TrieGrammar.plan` s in one call, shared among ``n_threads``
+        threads (the GIL released): ``rows[i]`` (a writeable C-contiguous uint32 array of at
+        least ``n_words``) gets what ``grammars[i].mask(plans[i], rows[i])`` writes. Returns,
+        per job, the C result (0: done) and how many subtrees were left pending: a job with
+        either not zero is to be done again on its own (:meth:`TrieGrammar.mask`, then
+        :meth:`TrieGrammar.walk`)."""
+        n = len(plans)
+        if len(grammars) != n or len(rows) != n:
+            raise ValueError("one grammar and one row per plan")
+        for i, (g, p, row) in enumerate(zip(grammars, plans, rows, strict=True)):
+            if g.trie is not self or p[5] is not g or not g._tables:
+                raise ValueError(f"job {i}: its grammar is not on this trie, its plan not its grammar's, or no tables")
+            _words(f"rows[{i}]", row, self.n_words)
+            if not row.flags.c_contiguous:
+                raise ValueError(f"rows[{i}] must be C-contiguous")
+        rcs = np.zeros(n, dtype=np.int32)
+        n_pending = np.zeros(n, dtype=np.int32)
+        if n == 0:
+            return rcs, n_pending
+        pending = np.empty(n * 4 * _BATCH_PENDING_CAP, dtype=np.int32)
+        frames = np.empty(n * self._frames_n, dtype=np.int32)
+        bufs = [ffi.from_buffer("uint32_t[]", r) for r in rows]  # kept alive for the call
+        rc = lib.llama_cffi_trie_masks(
+            self._struct,
+            n,
+            ffi.new("llama_cffi_trie_grammar *[]", [g._g for g in grammars]),
+            ffi.new("llama_cffi_trie_plan *[]", [p[0] for p in plans]),
+            ffi.new("uint32_t *[]", bufs),
+            ffi.from_buffer("int32_t[]", pending),
+            _BATCH_PENDING_CAP,
+            ffi.from_buffer("int32_t[]", n_pending),
+            ffi.from_buffer("int32_t[]", frames),
+            self._frames_n,
+            ffi.from_buffer("int32_t[]", rcs),
+            max(1, int(n_threads)),
+        )
+        del bufs
+        _check_rc(rc, "trie masks")
+        return rcs, n_pending
+
     def len_mask(self, k: int) -> U32:
         """The tokens of at most ``k`` whole code points, as mask words (cached)."""
         got = self._len_masks.get(k)
@@ -547,7 +589,7 @@ class TrieGrammar:
         ]
         p.depth_states, p.frontier, p.group_start, p.base, p.extra = keep
         p.start, p.k, p.n_frontier, p.n_extra = int(start), scan.k, len(scan.frontier), len(ex)
-        return (p, keep, ds, ex, scan)
+        return (p, keep, ds, ex, scan, self)
 
     def mask(self, plan: Any, out: U32) -> tuple[I32, bool]:
         """The mask of :meth:`plan` into ``out`` (overwritten). Returns what :meth:`walk`

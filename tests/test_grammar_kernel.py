@@ -418,3 +418,28 @@ def test_mask_logits_equals_numpy(n_vocab: int, identity: bool, rng: random.Rand
     if n_vocab:
         with pytest.raises(InvalidTokenError):
             mask_logits(np.zeros(1, np.float32), np.array([n_vocab], np.int32), words, n_vocab)
+
+
+@pytest.mark.parametrize("n_threads", [1, 2, 4])
+def test_fill_masks_in_one_c_call_first_visits_included(big_vocab: llama_cffi.Model, n_threads: int) -> None:
+    """Matchers of fresh grammars (their states met for the first time: the batched walk
+    leaves them pending and they are finished one by one) and of warm ones, masks from
+    one call on 1, 2 and 4 threads equal each matcher's own; a mask cache is filled."""
+    from samplers.grammar import fill_masks
+
+    rng = random.Random(n_threads)
+    matchers = []
+    for schema in _BIG_SCHEMAS.values():
+        g = Grammar.from_json_schema(schema)
+        fresh = g.compile(big_vocab, mask_cache_size=8, kernel="c")  # a new Grammar: compiled afresh
+        for _ in range(6):
+            m = fresh.matcher()
+            for _ in range(rng.randint(0, 8)):  # the last state reached is new to the grammar
+                allowed = np.flatnonzero(m.allowed_tokens() & ~fresh.vocab.eog)
+                if not len(allowed) or not m.accept_token(int(rng.choice(allowed.tolist()))):
+                    break
+            matchers.append(m)
+    got = fill_masks(matchers, n_threads=n_threads)
+    for i, m in enumerate(matchers):
+        assert np.array_equal(got[i], m.fill_mask()), i
+    assert any(m.compiled._masks for m in matchers)

@@ -256,6 +256,15 @@ typedef struct {
 int llama_cffi_trie_mask(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, const llama_cffi_trie_plan *p,
                          uint32_t *mask, int32_t *pending, int32_t pending_cap, int32_t *n_pending, int32_t *frames,
                          int32_t frames_cap);
+/* many masks in one call, shared among n_threads threads (the caller's and a pool kept for
+   the process): job i is llama_cffi_trie_mask(t, gs[i], plans[i], masks[i], ...)
+   with its own pending (4 * pending_cap values at pending + i * 4 * pending_cap, their
+   number in n_pending[i]) and frames (frames_cap values at frames + i * frames_cap); its
+   result in rcs[i]. Jobs may share a grammar (walks only read it). 0, -1 bad arguments */
+int llama_cffi_trie_masks(const llama_cffi_trie *t, int32_t n, const llama_cffi_trie_grammar *const *gs,
+                          const llama_cffi_trie_plan *const *plans, uint32_t *const *masks, int32_t *pending,
+                          int32_t pending_cap, int32_t *n_pending, int32_t *frames, int32_t frames_cap,
+                          int32_t *rcs, int32_t n_threads);
 /* a mask applied to candidates: logits[i] = -inf where the bit of token ids[i] (of i when
    ids is NULL) is clear in words (ceil(n_vocab / 32) words). Returns how many were set,
    -1 for an id outside [0, n_vocab) (logits before it already masked) or bad arguments */

@@ -676,6 +676,39 @@ class CompiledGrammar:
                 return words
             nodes, states = pend[:, 0].copy(), pend[:, 1].copy()
 
+    def _batch_plan(self, state: int) -> Any:
+        """For :func:`~samplers.grammar.fill_masks` (under the lock): the plan of ``state``,
+        made if needed."""
+        plan = self._plans.get(state)
+        if plan is None:
+            plan = self._plans[state] = self._plan(state)
+        return plan
+
+    def _batch_tables(self) -> None:
+        """For :func:`~samplers.grammar.fill_masks` (under the lock, after its plans): the C
+        walk's view of the tables, current."""
+        self._tg.set_tables(
+            self.engine.table(), self._run_known, self._run_words, self._run_len, self._pchar_known, self._pchar_tab
+        )
+
+    def _cached_packed(self, key: tuple[int, Partial]) -> npt.NDArray[np.uint8] | None:
+        """A cached mask (counted as a hit), or None (under the lock)."""
+        packed = self._masks.get(key)
+        if packed is not None:
+            self._masks.move_to_end(key)
+            self.stats["mask_hits"] += 1
+        return packed
+
+    def _store(self, key: tuple[int, Partial], words: npt.NDArray[np.uint32]) -> None:
+        """Count a computed mask and, with a cache, keep a copy (under the lock)."""
+        self.stats["mask_misses"] += 1
+        if self._mask_cache_size > 0:
+            packed = words[: self.n_words].view(np.uint8)[: (self.n_vocab + 7) // 8].copy()
+            packed.flags.writeable = False
+            self._masks[key] = packed
+            if len(self._masks) > self._mask_cache_size:
+                self._masks.popitem(last=False)
+
     def _plan(self, start: int) -> Any:
         """:meth:`llama_cffi.trie_walk.TrieGrammar.plan` for ``start``: its run's chain and
         scan (see :meth:`_run_scan`), and the tokens to set besides the walk's: those

@@ -3,30 +3,47 @@ grammar and state.
 
 :func:`fill_masks` writes one row of ``uint32`` words per matcher (bit ``t % 32`` of word
 ``t // 32``, the layout of :meth:`GrammarMatcher.fill_mask`, xgrammar and llguidance).
-Rows are computed by each grammar's C walk (:mod:`llama_cffi.trie_walk`) straight into
-the output, or copied from a grammar's mask cache; matchers at the same parser state of
-the same compiled grammar share one computation (branches forked from one another are
-often in the same state). :class:`samplers.BranchStore` uses it to give the grammar of
-every branch its mask for a step at once (see :meth:`GrammarSampler.use_mask`).
+Matchers at the same parser state of the same compiled grammar share one computation
+(branches forked from one another often are); cached masks are copied; the others are
+computed by their grammars' C walks in **one** call (:meth:`llama_cffi.trie_walk.Trie.masks`),
+shared among threads with the GIL released. A walk that needs something not computed yet
+(a parser state met for the first time) is finished on its own afterwards, so the result
+is always each matcher's own mask. :class:`samplers.BranchStore` uses it to give the
+grammar of every branch its mask for a step at once (see :meth:`GrammarSampler.use_mask`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from .compiled import CompiledGrammar
 from .matcher import GrammarMatcher
 
-__all__ = ["fill_masks"]
+__all__ = ["THREADS_FROM", "fill_masks"]
+
+#: by default, fewer matchers than this are walked on the calling thread alone
+THREADS_FROM = 16
 
 
-def fill_masks(matchers: Sequence[GrammarMatcher], out: npt.NDArray[np.uint32] | None = None) -> npt.NDArray[np.uint32]:
+def _default_threads() -> int:
+    return max(1, min(16, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
+def fill_masks(
+    matchers: Sequence[GrammarMatcher], out: npt.NDArray[np.uint32] | None = None, n_threads: int | None = None
+) -> npt.NDArray[np.uint32]:
     """Row ``i`` of the result is ``matchers[i].fill_mask()`` (all zeros for a matcher
     whose grammar has ended). Every matcher must be for the same vocabulary size.
     ``out``: a C-contiguous ``uint32`` array of shape ``(len(matchers), n_words)`` or more
-    columns (written and returned); made when None."""
+    columns (written and returned); made when None. ``n_threads``: threads for the C walks
+    (default: the CPUs this process may use, at most 16; one below :data:`THREADS_FROM`
+    walks, where waking threads costs more than it saves)."""
     ms = list(matchers)
     for i, m in enumerate(ms):
         if not isinstance(m, GrammarMatcher):
@@ -49,17 +66,59 @@ def fill_masks(matchers: Sequence[GrammarMatcher], out: npt.NDArray[np.uint32] |
         or not out.flags.writeable
     ):
         raise ValueError(f"out must be a writeable C-contiguous uint32 array of shape ({len(ms)}, >= {n_words})")
-    done: dict[tuple[int, int, tuple[int, int]], int] = {}
+    threads = (_default_threads() if len(ms) >= THREADS_FROM else 1) if n_threads is None else int(n_threads)
+    first: dict[tuple[int, int, tuple[int, int]], int] = {}  # (grammar, state, partial) -> row
+    copies: list[tuple[int, int]] = []  # (row, row it repeats)
+    walks: dict[Any, list[tuple[int, CompiledGrammar, tuple[int, tuple[int, int]]]]] = {}  # per trie
     for i, m in enumerate(ms):
         row = out[i]
         if m.ended:
             row[:n_words] = 0
             continue
-        key = (id(m.compiled), m.state, m.partial)
-        j = done.get(key)
+        c = m.compiled
+        key = (id(c), m.state, m.partial)
+        j = first.get(key)
         if j is not None:
-            row[:n_words] = out[j, :n_words]
+            copies.append((i, j))
             continue
-        m.compiled.fill_words(m.state, m.partial, row)
-        done[key] = i
+        first[key] = i
+        if c._c_walks(m.state, m.partial):
+            walks.setdefault(c.vocab.trie(), []).append((i, c, (m.state, m.partial)))
+        else:
+            c.fill_words(m.state, m.partial, row)
+    for trie, jobs in walks.items():
+        _walk_jobs(trie, jobs, out, threads)
+    for i, j in copies:
+        out[i, :n_words] = out[j, :n_words]
     return out
+
+
+def _walk_jobs(
+    trie: Any, jobs: list[tuple[int, CompiledGrammar, tuple[int, tuple[int, int]]]], out: Any, threads: int
+) -> None:
+    """The C walks of ``jobs`` (row, compiled grammar, key) in one call, under every
+    grammar's lock (taken in a fixed order); cached masks copied instead; a walk left
+    unfinished done again on its own."""
+    grammars = sorted({id(c): c for _, c, _ in jobs}.items())
+    with contextlib.ExitStack() as stack:
+        for _, c in grammars:
+            stack.enter_context(c._lock)
+        todo = []
+        for i, c, key in jobs:
+            packed = c._cached_packed(key)
+            if packed is not None:
+                words = out[i].view(np.uint8)
+                words[len(packed) : 4 * c.n_words] = 0
+                words[: len(packed)] = packed
+            else:
+                todo.append((i, c, key, c._batch_plan(key[0])))
+        if not todo:
+            return
+        for _, c in grammars:
+            c._batch_tables()
+        rows = [out[i, : c.n_words] for i, c, _, _ in todo]
+        rcs, pending = trie.masks([c._tg for _, c, _, _ in todo], [p for *_, p in todo], rows, threads)
+        for (_i, c, key, _), rc, n_pending, row in zip(todo, rcs.tolist(), pending.tolist(), rows, strict=True):
+            if rc != 0 or n_pending:
+                c._mask_words_c(key[0], row)  # finished on its own: what it waits for is computed there
+            c._store(key, row)
