@@ -55,6 +55,7 @@ _TOKEN_NOT = 9
 _ABSORB_MIN_ROWS = 64  # subtrees smaller than this are walked rather than absorbed
 _SPINE_MAX = 32768  # at most this many undecided tokens are walked one by one
 _SCAN_SHORT = 4  # a run this short is scanned on its own, not derived from its full-length scan
+_RUN_STACKS_MAX = 256  # a run's chain stops at a state with more stacks than this
 
 #: the mask walks: ``"c"`` (the trie walk in C, :mod:`llama_cffi.trie_walk`) or ``"numpy"``
 #: (the vectorised walk in this module, the reference the C walk is tested against)
@@ -768,6 +769,8 @@ class CompiledGrammar:
                         states.pop()
                         states.extend(known[: cap + 1 - len(states)].tolist())
                         break
+                if len(eng.stacks(cur)) > _RUN_STACKS_MAX:
+                    break  # an ambiguous grammar: each step multiplies the stacks (a shorter run is as correct)
                 step = eng.group_step(cur, classes)  # not the whole row: the run's group
                 if step is None or step < 0:
                     break
