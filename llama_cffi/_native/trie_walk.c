@@ -106,25 +106,31 @@ int llama_cffi_trie_run_scan(const llama_cffi_trie *t, const int32_t *cls, int32
         pt_depth[np_] = 0;
         pt_tokens[np_++] = t->root_pt[i];
     }
-    for (int32_t j = 0; j < t->max_depth; j++) {
-        int32_t lo = t->level_base[j], hi = t->level_base[j + 1];
+    /* locals: the byte writes to on and mask may alias anything, and would make the
+       compiler reload every pointer of t after each one */
+    const int32_t *const parent = t->parent, *const row_start = t->row_start, *const n_term = t->n_term;
+    const int32_t *const order = t->order, *const pchar_slot = t->pchar_slot, *const level_base = t->level_base;
+    const int32_t max_depth = t->max_depth;
+    for (int32_t j = 0; j < max_depth; j++) {
+        int32_t lo = level_base[j], hi = level_base[j + 1];
         if (lo < 0 || hi < lo || hi > n_nodes) { rc = -1; goto done; }
         int any = 0;
+        const int in_run = j < k;
         for (int32_t n = lo; n < hi; n++) {
-            int32_t p = t->parent[n];
-            if (p < 0 || p > n_nodes) { rc = -1; goto done; }
+            const int32_t p = parent[n];
+            if ((uint32_t)p > (uint32_t)n_nodes) { rc = -1; goto done; }
             if (!on[p]) continue;
-            int32_t c = cls[n];
-            if (c < 0 || c >= n_classes) { rc = -1; goto done; }
-            if (j < k && in_set(run, c)) {
+            const int32_t c = cls[n];
+            if ((uint32_t)c >= (uint32_t)n_classes) { rc = -1; goto done; }
+            if (in_run && in_set(run, c)) {
                 on[n] = 1;
                 any = 1;
-                int32_t rs = t->row_start[n], nt = t->n_term[n];
+                const int32_t rs = row_start[n], nt = n_term[n];
                 if (rs < 0 || nt < 0 || rs + nt > n_vocab) { rc = -1; goto done; }
                 for (int32_t r = rs; r < rs + nt; r++) {
-                    int32_t tok = t->order[r];
-                    if (tok < 0 || tok >= n_vocab) { rc = -1; goto done; }
-                    if (t->pchar_slot[tok] < 0) SET_BIT(mask, tok);
+                    const int32_t tok = order[r];
+                    if ((uint32_t)tok >= (uint32_t)n_vocab) { rc = -1; goto done; }
+                    if (pchar_slot[tok] < 0) SET_BIT(mask, tok);
                     else {
                         if (np_ >= pt_cap) { rc = -3; goto done; }
                         pt_depth[np_] = j + 1;
