@@ -448,6 +448,44 @@ class TrieGrammar:
         self._frames = np.empty(trie._frames_n, dtype=np.int32)
         self._frames_c = ffi.from_buffer("int32_t[]", self._frames)
 
+    def run_scan(self, run: U64, k: int) -> RunScan:
+        """:meth:`Trie.run_scan` for this grammar, faster (subtrees wholly of the run are set
+        at once, not visited); without ``on``, so not a base for :meth:`Trie.run_derive`."""
+        trie = self.trie
+        run = np.ascontiguousarray(run, dtype=np.uint64)
+        if run.shape != (self.W,):
+            raise ValueError(f"run must be {self.W} uint64 words")
+        if not 0 <= k <= trie.max_depth + 1:
+            raise ValueError(f"k must lie in [0, {trie.max_depth + 1}], not {k}")
+        mask = np.zeros(trie.n_words, dtype=np.uint32)
+        cap = trie.n_nodes + 1
+        scratch = np.empty(2 * cap, dtype=np.int32)
+        frontier = np.empty(cap, dtype=np.int32)
+        group_start = np.empty((k + 1) * self.n_classes + 1, dtype=np.int32)
+        pt = np.empty(trie.n_vocab + 1, dtype=np.int32)
+        pt_depth = np.empty(trie.n_vocab + 1, dtype=np.int32)
+        n_front = ffi.new("int32_t *")
+        n_pt = ffi.new("int32_t *")
+        rc = lib.llama_cffi_trie_run_scan_skip(
+            trie._struct,
+            self._g,
+            ffi.from_buffer("uint64_t[]", run),
+            k,
+            ffi.from_buffer("uint32_t[]", mask),
+            ffi.from_buffer("int32_t[]", frontier),
+            cap,
+            n_front,
+            ffi.from_buffer("int32_t[]", group_start),
+            ffi.from_buffer("int32_t[]", pt),
+            ffi.from_buffer("int32_t[]", pt_depth),
+            len(pt),
+            n_pt,
+            ffi.from_buffer("int32_t[]", scratch),
+        )
+        _check_rc(rc, "trie run scan")
+        n = n_pt[0]
+        return RunScan(k, mask, frontier[: n_front[0]].copy(), group_start, pt[:n].copy(), pt_depth[:n].copy())
+
     def set_tables(
         self,
         trans: npt.NDArray[np.int32],

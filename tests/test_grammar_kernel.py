@@ -121,6 +121,18 @@ def test_random_vocabularies(data: st.DataObject) -> None:
     text = data.draw(st.sampled_from([*_SELF_LOOP_GRAMMARS, *bounded]), label="grammar")
     c, n = both(Grammar.from_gbnf(text), vocab)
     compare_walk(c, n, rng, 12, text)
+    # the scans the walks start from: the one that skips whole subtrees equals the plain
+    # one (the same tokens, partial tokens and groups), at every length of every run met
+    trie, nc = c.vocab.trie(), c.engine.n_classes
+    for state in list(c._run_chain)[:6]:
+        run = c._run_words[state]
+        for k in sorted({0, 1, len(c._run_chain[state]) - 1, trie.max_depth + 1}):
+            fast, plain = c._tg.run_scan(run, k), trie.run_scan(c._cls, nc, run, k)
+            assert np.array_equal(fast.mask, plain.mask) and np.array_equal(fast.group_start, plain.group_start)
+            assert sorted(fast.frontier.tolist()) == sorted(plain.frontier.tolist())
+            assert sorted(zip(fast.pt_tokens.tolist(), fast.pt_depth.tolist(), strict=True)) == sorted(
+                zip(plain.pt_tokens.tolist(), plain.pt_depth.tolist(), strict=True)
+            )
 
 
 _BIG_SCHEMAS: dict[str, dict[str, Any]] = {

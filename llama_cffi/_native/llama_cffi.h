@@ -218,6 +218,14 @@ int llama_cffi_trie_run_scan(const llama_cffi_trie *t, const int32_t *cls, int32
                              int32_t k, uint32_t *mask, int32_t *frontier, int32_t frontier_cap, int32_t *n_frontier,
                              int32_t *group_start, int32_t *pt_tokens, int32_t *pt_depth, int32_t pt_cap, int32_t *n_pt,
                              int32_t *scratch, uint8_t *on_out);
+/* llama_cffi_trie_run_scan without on_out, faster: a node whose whole subtree is of the
+   run's classes (g's E) and within k characters has its tokens set at once, unvisited.
+   The same mask, partial tokens and groups (the nodes within a group may come in another
+   order). */
+int llama_cffi_trie_run_scan_skip(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, const uint64_t *run,
+                                  int32_t k, uint32_t *mask, int32_t *frontier, int32_t frontier_cap,
+                                  int32_t *n_frontier, int32_t *group_start, int32_t *pt_tokens, int32_t *pt_depth,
+                                  int32_t pt_cap, int32_t *n_pt, int32_t *scratch);
 /* the frontier of the same run for a shorter length k < base_k, from a scan of length
    base_k (its frontier, group_start and on_out): groups of depth below k copied, those of
    depth k made of the base's off-run nodes and of its on-path nodes of level k. (The

@@ -80,6 +80,17 @@ static inline int covered(const uint64_t *E, int32_t node, int32_t W, const uint
 
 static inline int in_set(const uint64_t *words, int32_t c) { return (int)((words[c >> 6] >> (c & 63)) & 1u); }
 
+/* a counting sort of (node, group) pairs by group: group g's nodes are
+   frontier[group_start[g] .. group_start[g + 1]] */
+static void group_sort(const int32_t *pairs, int32_t nf, int64_t n_groups, int32_t *frontier, int32_t *group_start) {
+    memset(group_start, 0, sizeof(int32_t) * (size_t)(n_groups + 1));
+    for (int32_t i = 0; i < nf; i++) group_start[pairs[2 * (size_t)i + 1] + 1]++;
+    for (int64_t g = 0; g < n_groups; g++) group_start[g + 1] += group_start[g];
+    for (int32_t i = 0; i < nf; i++) frontier[group_start[pairs[2 * (size_t)i + 1]]++] = pairs[2 * (size_t)i];
+    for (int64_t g = n_groups; g > 0; g--) group_start[g] = group_start[g - 1];
+    group_start[0] = 0;
+}
+
 int llama_cffi_trie_run_scan(const llama_cffi_trie *t, const int32_t *cls, int32_t n_classes, const uint64_t *run,
                              int32_t k, uint32_t *mask, int32_t *frontier, int32_t frontier_cap, int32_t *n_frontier,
                              int32_t *group_start, int32_t *pt_tokens, int32_t *pt_depth, int32_t pt_cap, int32_t *n_pt,
@@ -148,14 +159,7 @@ int llama_cffi_trie_run_scan(const llama_cffi_trie *t, const int32_t *cls, int32
 done:
     if (!on_out) free(on);
     if (rc) return rc;
-    /* a counting sort by group: group g's nodes are frontier[group_start[g] ..
-       group_start[g + 1]] */
-    memset(group_start, 0, sizeof(int32_t) * (size_t)(n_groups + 1));
-    for (int32_t i = 0; i < nf; i++) group_start[scratch[2 * (size_t)i + 1] + 1]++;
-    for (int64_t g = 0; g < n_groups; g++) group_start[g + 1] += group_start[g];
-    for (int32_t i = 0; i < nf; i++) frontier[group_start[scratch[2 * (size_t)i + 1]]++] = scratch[2 * (size_t)i];
-    for (int64_t g = n_groups; g > 0; g--) group_start[g] = group_start[g - 1];
-    group_start[0] = 0;
+    group_sort(scratch, nf, n_groups, frontier, group_start);
     *n_frontier = nf;
     *n_pt = np_;
     return 0;
@@ -356,6 +360,97 @@ int llama_cffi_trie_mask(const llama_cffi_trie *t, const llama_cffi_trie_grammar
     }
     return llama_cffi_trie_walk(t, g, p->frontier, NULL, p->n_frontier, p->group_start, p->depth_states, p->k,
                                 p->start, mask, pending, pending_cap, n_pending, frames, frames_cap);
+}
+
+int llama_cffi_trie_run_scan_skip(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, const uint64_t *run,
+                                  int32_t k, uint32_t *mask, int32_t *frontier, int32_t frontier_cap,
+                                  int32_t *n_frontier, int32_t *group_start, int32_t *pt_tokens, int32_t *pt_depth,
+                                  int32_t pt_cap, int32_t *n_pt, int32_t *scratch) {
+    if (!t || !g || !run || !mask || !frontier || !n_frontier || !group_start || !pt_tokens || !pt_depth || !n_pt ||
+        !scratch || k < 0 || k > t->max_depth + 1)
+        return -1;
+    const int32_t n_nodes = t->n_nodes, n_vocab = t->n_vocab, nc = g->n_classes, W = g->W;
+    const int64_t n_groups = (int64_t)(k + 1) * nc;
+    if (n_groups >= (int64_t)1 << 30 || frontier_cap < n_nodes) return -1;
+    const int32_t *const cls = g->cls, *const first_child = t->first_child, *const n_child = t->n_child;
+    const int32_t *const row_start = t->row_start, *const row_end = t->row_end, *const n_term = t->n_term;
+    const int32_t *const order = t->order, *const pchar_slot = t->pchar_slot, *const height = t->height;
+    int32_t nf = 0, np_ = 0;
+    for (int32_t i = 0; i < t->n_root_pt; i++) {
+        if (np_ >= pt_cap) return -3;
+        pt_depth[np_] = 0;
+        pt_tokens[np_++] = t->root_pt[i];
+    }
+    /* depth first over the run's paths, as llama_cffi_trie_run_scan, but a node whose
+       whole subtree is made of the run's classes and ends within k characters has its
+       tokens set at once (rows row_start .. row_end: no token below it ends inside a
+       character, E says so) and is not descended into */
+    const int32_t depth_cap = t->max_depth + 2;
+    int32_t *fr_node = (int32_t *)malloc(sizeof(int32_t) * 2 * (size_t)depth_cap);
+    if (!fr_node) return -2;
+    int32_t *fr_next = fr_node + depth_cap;
+    int32_t d = 0; /* the depth of fr_node[d] */
+    fr_node[0] = n_nodes;
+    fr_next[0] = 0;
+    int rc = 0;
+    while (d >= 0) {
+        const int32_t node = fr_node[d];
+        const int32_t fc = first_child[node], ncld = n_child[node];
+        if (fc < 0 || ncld < 0 || fc + ncld > n_nodes) { rc = -1; break; }
+        int32_t j = fr_next[d];
+        int pushed = 0;
+        while (j < ncld) {
+            const int32_t ch = fc + j;
+            j++;
+            const int32_t c = cls[ch];
+            if ((uint32_t)c >= (uint32_t)nc) { rc = -1; goto done; }
+            if (d >= k || !in_set(run, c)) {
+                scratch[2 * (size_t)nf] = ch;
+                scratch[2 * (size_t)nf + 1] = d * nc + c;
+                nf++;
+                continue;
+            }
+            /* on the run's path, d + 1 characters deep */
+            const int32_t rs = row_start[ch];
+            if (d + 1 + height[ch] <= k && covered(g->E, ch, W, run)) {
+                const int32_t re = row_end[ch];
+                if (rs < 0 || re < rs || re > n_vocab) { rc = -1; goto done; }
+                for (int32_t r = rs; r < re; r++) {
+                    const int32_t tok = order[r];
+                    if ((uint32_t)tok >= (uint32_t)n_vocab) { rc = -1; goto done; }
+                    SET_BIT(mask, tok);
+                }
+                continue;
+            }
+            const int32_t nt = n_term[ch];
+            if (rs < 0 || nt < 0 || rs + nt > n_vocab) { rc = -1; goto done; }
+            for (int32_t r = rs; r < rs + nt; r++) {
+                const int32_t tok = order[r];
+                if ((uint32_t)tok >= (uint32_t)n_vocab) { rc = -1; goto done; }
+                if (pchar_slot[tok] < 0) SET_BIT(mask, tok);
+                else {
+                    if (np_ >= pt_cap) { rc = -3; goto done; }
+                    pt_depth[np_] = d + 1;
+                    pt_tokens[np_++] = tok;
+                }
+            }
+            if (d + 1 >= depth_cap) { rc = -1; goto done; }
+            fr_next[d] = j;
+            d++;
+            fr_node[d] = ch;
+            fr_next[d] = 0;
+            pushed = 1;
+            break;
+        }
+        if (!pushed) d--;
+    }
+done:
+    free(fr_node);
+    if (rc) return rc;
+    group_sort(scratch, nf, n_groups, frontier, group_start);
+    *n_frontier = nf;
+    *n_pt = np_;
+    return 0;
 }
 
 int llama_cffi_trie_run_derive(const llama_cffi_trie *t, const int32_t *cls, int32_t n_classes, const uint64_t *run,

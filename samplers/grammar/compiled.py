@@ -177,6 +177,7 @@ class CompiledGrammar:
             self._run_chain: dict[int, npt.NDArray[np.int32]] = {}
             self._run_scans: dict[tuple[bytes, int], Any] = {}
             self._plans: dict[int, Any] = {}
+            self._run_bases: dict[bytes, Any] = {}  # per run: its full-length scan with its paths
             self._pchar_known = np.zeros(64, dtype=bool)
             self._pchar_tab = np.zeros((64, max(len(self._pchars), 1)), dtype=bool)
         else:
@@ -800,22 +801,21 @@ class CompiledGrammar:
 
     def _run_scan(self, state: int, k: int) -> Any:
         """:meth:`llama_cffi.trie_walk.Trie.run_scan` for the run of ``state`` (cached per
-        run: states with the same classes and length share it). A run is scanned once at
-        its full length (every token's); shorter lengths of it (the positions near the end
-        of a bounded string) are derived from that scan."""
+        run: states with the same classes and length share it). Full-length and short runs
+        are scanned (subtrees wholly of the run taken at once); the other lengths (the
+        positions near the end of a bounded string) are derived from a full-length scan
+        that kept which nodes are on the run's paths (made once per run)."""
         run = self._run_words[state]
         key = (run.tobytes(), k)
         got = self._run_scans.get(key)
         if got is None:
             trie, nc, cap = self.vocab.trie(), self.engine.n_classes, self._run_cap
-            base = self._run_scans.get((key[0], cap))
-            if k == cap:
-                got = trie.run_scan(self._cls, nc, run, k, keep_on=True)
-            elif base is None and k <= _SCAN_SHORT:  # a few levels: cheaper than the full scan
-                got = trie.run_scan(self._cls, nc, run, k)
-            else:
+            if k == cap or k <= _SCAN_SHORT:
+                got = self._tg.run_scan(run, k)  # subtrees wholly of the run set at once
+            else:  # derived from the full-length scan that kept its paths (made once per run)
+                base = self._run_bases.get(key[0])
                 if base is None:
-                    base = self._run_scans[(key[0], cap)] = trie.run_scan(self._cls, nc, run, cap, keep_on=True)
+                    base = self._run_bases[key[0]] = trie.run_scan(self._cls, nc, run, cap, keep_on=True)
                 got = trie.run_derive(base, self._cls, nc, run, k)
             self._run_scans[key] = got
         return got
