@@ -353,7 +353,9 @@ class Model:
         """Render ``messages`` (dicts with ``role`` and ``content``) with a chat template.
 
         ``template``: None for the model's own, a builtin name (see
-        :func:`llama_cffi.chat.builtin_templates`), or template text. ``engine``:
+        :func:`llama_cffi.chat.builtin_templates`), the name of a template the model's file
+        ships (``tokenizer.chat_template.NAME``), or template text; another name is refused
+        with the known ones (a typo is never rendered as text). ``engine``:
         ``"native"`` (llama.cpp's ``llama_chat_apply_template``), ``"jinja"`` (needs the
         ``jinja`` extra), or ``"auto"``: native, then jinja for templates llama.cpp
         cannot apply natively. The Jinja path renders in a sandbox with resource
@@ -370,7 +372,7 @@ class Model:
                     + ")"
                 )
         return _chat.apply_template(
-            template,
+            self._template_text(template),
             messages,
             add_generation_prompt,
             engine=engine,
@@ -402,15 +404,16 @@ class Model:
         """Render ``messages`` and say how the reply ends: a :class:`~llama_cffi.chat.ChatPrompt`
         with the prompt, the template's end-of-turn text and the tokens that end a turn.
 
-        ``template``: None for :meth:`chat_template_or_default`, a builtin name or template
-        text. ``engine="auto"`` renders builtin names natively and template text with Jinja
-        (natively when Jinja2 is not installed), as llama.cpp's current tools do; the
+        ``template``: None for :meth:`chat_template_or_default`, a builtin name, the name of a
+        template the model ships, or template text. ``engine="auto"`` renders builtin names
+        natively and template text with Jinja (natively when Jinja2 is not installed), as
+        llama.cpp's current tools do; the
         model's BOS text at the start of the rendering is removed, since tokenizing with
         ``add_special=True`` adds the token. Message content may be a str or a list of ``{"type": "text", "text": ...}``
         parts. ``tools`` (OpenAI-style function specs) are rendered when the template
         declares them (Jinja templates that use ``tools``), as llama.cpp does; ``context``:
         more template variables. Every failure is a :class:`ChatTemplateError`."""
-        tmpl = self.chat_template_or_default() if template is None else template
+        tmpl = self.chat_template_or_default() if template is None else self._template_text(template)
         msgs = list(messages)
         extra = {
             "bos_token": self._token_text_or_empty(self.vocab.bos),
@@ -444,7 +447,7 @@ class Model:
     ) -> _chat.TemplateReport:
         """:func:`llama_cffi.chat.validate_template` of ``template`` (None: the model's own
         or its family's default), with the model's BOS/EOS texts."""
-        tmpl = self.chat_template_or_default() if template is None else template
+        tmpl = self.chat_template_or_default() if template is None else self._template_text(template)
         return _chat.validate_template(
             tmpl,
             engine,
@@ -452,6 +455,19 @@ class Model:
             bos_token=self._token_text_or_empty(self.vocab.bos),
             eos_token=self._token_text_or_empty(self.vocab.eos),
         )
+
+    def _template_text(self, template: str) -> str:
+        """``template`` as the chat functions take it: a name of a template this model's file
+        ships becomes its text; a builtin name or template text stays; any other name is
+        refused, listing the names there are."""
+        if not _chat.is_template_name(template) or template in _chat.builtin_templates():
+            return template
+        shipped = self.chat_template(template)
+        if shipped is not None:
+            return shipped
+        prefix = "tokenizer.chat_template."
+        names = [k[len(prefix) :] for k in self.metadata if k.startswith(prefix)]
+        raise _chat.unknown_template_name(template, names)
 
     def _token_text_or_empty(self, token: int | None) -> str:
         return "" if token is None else self.vocab.token_text(token)
