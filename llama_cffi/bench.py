@@ -17,6 +17,7 @@ is the same as ``llama-cffi bench ARGS``; ``--help`` lists the suite's options.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -55,7 +56,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the suite with ``argv`` (default: ``sys.argv[1:]``) in the current directory;
     returns its exit status (0: every benchmark ran)."""
     args = sys.argv[1:] if argv is None else list(argv)
-    return subprocess.call(suite_command(args))
+    # the suite's usage lines then name this command, not its file (suite.py's PROG_ENV)
+    env = {**os.environ, "LLAMA_CFFI_BENCH_PROG": "llama-cffi bench"}
+    return subprocess.call(suite_command(args), env=env)
 
 
 if __name__ == "__main__":
