@@ -1,4 +1,4 @@
-"""``llama-cffi generate`` and ``llama-cffi demo``: the command-line face of the toolkit.
+"""``llama-cffi generate``, ``demo`` and ``perplexity``: the command-line face of the toolkit.
 
 Registered as ``llama_cffi.commands`` plugins (see :func:`llama_cffi.__main__.load_plugins`):
 ``llama_cffi`` itself never imports ``samplers``. Generated text goes to stdout as it
@@ -36,7 +36,7 @@ from .speculative import Drafter, DraftModel, PromptLookup, SpeculativeStats
 from .temperature import Temperature
 from .truncation import TopK, TopP
 
-__all__ = ["build_chain", "register_demo", "register_generate"]
+__all__ = ["build_chain", "register_demo", "register_generate", "register_perplexity"]
 
 
 def load_model(path: str | None, quiet: bool = False) -> Model:
@@ -271,3 +271,21 @@ def register_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("prompt", nargs="?", default=DEMO_PROMPT)
     p.set_defaults(func=cmd_demo)
+
+
+# ---------------------------------------------------------------------- perplexity
+def register_perplexity(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Entry point of the ``llama_cffi.commands`` plugin group: adds ``perplexity``, the
+    command of :mod:`samplers.perplexity` with ``--ray`` and ``--workers`` from the
+    optional :mod:`samplers.distributed` (which imports ``ray`` only when a pool is made).
+    The front end composes the two: the core never imports the optional layer."""
+    from . import distributed, perplexity
+
+    parser = subparsers.add_parser(
+        "perplexity",
+        help="corpus perplexity, computed as llama.cpp's llama-perplexity does",
+        description="Corpus perplexity, computed as llama.cpp's llama-perplexity does.",
+    )
+    perplexity.add_arguments(parser)
+    distributed.add_cli_arguments(parser)
+    parser.set_defaults(func=lambda args: perplexity.run_cli(args, distributed.cli_scoring(args)))

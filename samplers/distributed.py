@@ -52,13 +52,17 @@ connect to a running cluster (``ray start --head`` on one machine, ``ray start
 --address=HEAD:PORT`` on the others). Every node needs llama_cffi installed and the model
 file at the same path (or pass a path that exists on each).
 
-Command line: ``llama-cffi perplexity -f FILE --ray auto --workers 8`` (see
-:mod:`samplers.perplexity`).
+Command line: ``llama-cffi perplexity -f FILE --ray auto --workers 8``: the command of
+:mod:`samplers.perplexity` with this module's options (:func:`add_cli_arguments`) and
+scorer (:func:`cli_scoring`); :mod:`samplers.cli` registers it. This module is an optional
+layer over the core: it imports :mod:`samplers.perplexity`, never the other way round.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -85,6 +89,8 @@ __all__ = [
     "Request",
     "StopReason",
     "Workers",
+    "add_cli_arguments",
+    "cli_scoring",
     "map_generate",
     "perplexity",
 ]
@@ -695,3 +701,41 @@ def map_generate(
             n_ctx=n_ctx,
             progress=progress,
         )
+
+
+# ---------------------------------------------------------------------- command line
+def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--ray`` and ``--workers``, for the ``perplexity`` command (on ``parser``)."""
+    parser.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        default=None,
+        help="score the chunks on a Ray cluster (samplers.distributed): 'auto' or HOST:PORT connects to a "
+        "running one, 'local' starts one on this machine (needs: pip install 'llama-cffi[ray]'); "
+        "-t is then the threads of each worker (default 1)",
+    )
+    parser.add_argument("--workers", type=int, default=2, help="with --ray: workers, one model each (default 2)")
+
+
+def cli_scoring(args: argparse.Namespace) -> _ppl.RemoteScoring | None:
+    """The ``perplexity`` command's scorer for its options (:func:`add_cli_arguments`):
+    None without ``--ray`` (the command scores in its own process), else a pool of
+    ``--workers`` Ray workers made for the run (``-t`` threads each, default 1)."""
+    if args.ray is None:
+        return None
+
+    def score(
+        model_path: str,
+        tokens: npt.NDArray[np.int32],
+        n_ctx: int,
+        n_batch: int,
+        n_chunks: int,
+        progress: _ppl.ProgressCallback,
+        started: Callable[[], None],
+    ) -> _ppl.PerplexityResult:
+        with Workers(model_path, args.workers, args.threads or 1, cluster=args.ray) as pool:
+            print(f"perplexity: {args.workers} Ray workers: {pool.info()}", file=sys.stderr, flush=True)
+            started()
+            return pool.perplexity(tokens, n_ctx, n_batch, n_chunks, progress)
+
+    return score

@@ -23,15 +23,18 @@ A context created here is sized as ``llama-perplexity`` sizes its own:
 ``n_seq_max = n_seq``, ``n_ubatch = 512`` (llama.cpp's default), ``swa_full=False``
 (common's default), one KV stream per sequence.
 
-Command line (a ``llama_cffi`` plugin command, also ``python -m samplers.perplexity``)::
+Command line (``python -m samplers.perplexity``, and the ``llama_cffi`` plugin command
+``llama-cffi perplexity``, registered by :func:`samplers.cli.register_perplexity`)::
 
     python -m llama_cffi perplexity [-m MODEL] -f FILE [-c 512] [-b 2048] [--chunks N] [-t THREADS]
                                     [--ray auto|HOST:PORT|local --workers N]
 
 prints the running estimates as ``llama-perplexity`` does (``[1]12.3456,[2]...``, on
 stdout as each chunk finishes), progress information on stderr, and finally
-``Final estimate: PPL = X +/- Y`` on stdout. With ``--ray`` the chunks are scored by Ray
-workers (:mod:`samplers.distributed`); the output is the same, digit for digit.
+``Final estimate: PPL = X +/- Y`` on stdout. The plugin command adds ``--ray``: the chunks
+are then scored by Ray workers (:mod:`samplers.distributed`, the optional layer built on
+this module: :func:`run_cli` takes its :class:`RemoteScoring`); the output is the same,
+digit for digit. ``python -m samplers.perplexity`` is the single-process command.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -59,13 +62,14 @@ __all__ = [
     "PerplexityResult",
     "Plan",
     "ProgressCallback",
+    "RemoteScoring",
     "Scorer",
+    "add_arguments",
     "groups",
     "main",
     "perplexity",
     "plan",
     "prepare",
-    "register_cli",
     "run_cli",
 ]
 
@@ -408,23 +412,34 @@ def _score(
 
 
 # ---------------------------------------------------------------------- command line
-def _add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command's options (``llama-perplexity``'s names), on ``parser``."""
     parser.add_argument("-m", "--model", help="GGUF file (default: the default model)")
     parser.add_argument("-f", "--file", required=True, help="text file (one trailing newline is dropped)")
     parser.add_argument("-c", "--ctx-size", type=int, default=512, help="tokens per chunk (default 512)")
     parser.add_argument("-b", "--batch-size", type=int, default=2048, help="logical batch size (default 2048)")
     parser.add_argument("--chunks", type=int, default=-1, help="at most this many chunks (default: all)")
-    parser.add_argument(
-        "-t", "--threads", type=int, default=None, help="threads (default: llama_cffi's; with --ray: per worker, 1)"
-    )
-    parser.add_argument(
-        "--ray",
-        metavar="ADDRESS",
-        default=None,
-        help="score the chunks on a Ray cluster (samplers.distributed): 'auto' or HOST:PORT connects to a "
-        "running one, 'local' starts one on this machine (needs: pip install 'llama-cffi[ray]')",
-    )
-    parser.add_argument("--workers", type=int, default=2, help="with --ray: workers, one model each (default 2)")
+    parser.add_argument("-t", "--threads", type=int, default=None, help="threads (default: llama_cffi's)")
+
+
+class RemoteScoring(Protocol):
+    """Scores the command's chunks somewhere else (``llama-cffi perplexity --ray`` passes
+    :func:`samplers.distributed.cli_scoring`'s): called with the model's path, the tokens
+    and the command's ``n_ctx``, ``n_batch`` and ``n_chunks``; it calls ``started()`` once
+    its workers are ready (the first pass's time, and so the ETA, counts from there) and
+    ``progress`` after each chunk, as :func:`perplexity` does, and returns the same
+    :class:`PerplexityResult`."""
+
+    def __call__(
+        self,
+        model_path: str,
+        tokens: npt.NDArray[np.int32],
+        n_ctx: int,
+        n_batch: int,
+        n_chunks: int,
+        progress: ProgressCallback,
+        started: Callable[[], None],
+    ) -> PerplexityResult: ...
 
 
 def _read_text(path: str) -> bytes:
@@ -433,13 +448,14 @@ def _read_text(path: str) -> bytes:
     return data[:-1] if data.endswith(b"\n") else data
 
 
-def run_cli(args: argparse.Namespace) -> int:
+def run_cli(args: argparse.Namespace, remote: RemoteScoring | None = None) -> int:
     """The ``perplexity`` command: prints like ``llama-perplexity``; returns the exit status.
-    User errors propagate as exceptions (the caller prints one line and exits 2)."""
+    ``remote``: score the chunks there (only the vocabulary is loaded here). User errors
+    propagate as exceptions (the caller prints one line and exits 2)."""
     p = plan(args.ctx_size, args.batch_size)
     text = _read_text(args.file)
     path = args.model if args.model else str(default_model_path())
-    with Model.load(path, vocab_only=args.ray is not None) as model:  # with --ray: the tokenizer only
+    with Model.load(path, vocab_only=remote is not None) as model:  # remote: the tokenizer only
         tokens = model.tokenize(text, add_special=True, parse_special=False)
         if len(tokens) >= 2 * p.n_ctx:
             n_max = len(tokens) // p.n_ctx
@@ -450,12 +466,15 @@ def run_cli(args: argparse.Namespace) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-        t_start = time.perf_counter()
+        clock = [time.perf_counter()]
         first_pass: list[float] = []
+
+        def started() -> None:
+            clock[0] = time.perf_counter()
 
         def show(done: int, total: int, ppl: float) -> None:
             if not first_pass:
-                first_pass.append(time.perf_counter() - t_start)
+                first_pass.append(time.perf_counter() - clock[0])
                 eta = first_pass[0] * total / p.n_seq
                 print(
                     f"perplexity: {first_pass[0]:.2f} seconds per pass - ETA {eta / 60:.2f} minutes",
@@ -464,15 +483,10 @@ def run_cli(args: argparse.Namespace) -> int:
                 )
             print(f"[{done}]{ppl:.4f},", end="", flush=True)
 
-        if args.ray is None:
+        if remote is None:
             res = perplexity(model, tokens, p.n_ctx, args.batch_size, args.chunks, args.threads, show)
         else:
-            from .distributed import Workers
-
-            with Workers(path, args.workers, args.threads or 1, cluster=args.ray) as pool:
-                print(f"perplexity: {args.workers} Ray workers: {pool.info()}", file=sys.stderr, flush=True)
-                t_start = time.perf_counter()
-                res = pool.perplexity(tokens, p.n_ctx, args.batch_size, args.chunks, show)
+            res = remote(path, tokens, p.n_ctx, args.batch_size, args.chunks, show, started)
     print(flush=True)
     if math.isnan(res.stderr):
         print("Unexpected negative standard deviation of log(prob)", file=sys.stderr)
@@ -481,23 +495,13 @@ def run_cli(args: argparse.Namespace) -> int:
     return 0
 
 
-def register_cli(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Entry point of the ``llama_cffi.commands`` plugin group: adds ``perplexity``."""
-    parser = subparsers.add_parser(
-        "perplexity",
-        help="corpus perplexity, computed as llama.cpp's llama-perplexity does",
-        description="Corpus perplexity, computed as llama.cpp's llama-perplexity does.",
-    )
-    _add_arguments(parser)
-    parser.set_defaults(func=run_cli)
-
-
 def main(argv: list[str] | None = None) -> int:
-    """``python -m samplers.perplexity``: the same command on its own."""
+    """``python -m samplers.perplexity``: the command on its own, in this process (the
+    plugin command ``llama-cffi perplexity`` also takes ``--ray``)."""
     parser = argparse.ArgumentParser(
         prog="python -m samplers.perplexity", description="Corpus perplexity, as llama-perplexity computes it."
     )
-    _add_arguments(parser)
+    add_arguments(parser)
     args = parser.parse_args(argv)
     try:
         return run_cli(args)

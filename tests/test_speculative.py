@@ -454,7 +454,7 @@ def test_encoder_models_cannot_draft(tmp_path: Path) -> None:
 
 
 def test_incompatible_draft_vocabularies_are_refused(tiny: llama_cffi.Model, tmp_path: Path) -> None:
-    from llama_cffi._tiny_model import TOKENS
+    from llama_cffi.testing import TOKENS
 
     renamed = list(TOKENS)
     renamed[100] = renamed[100] + "x"

@@ -35,10 +35,10 @@ from llama_cffi import Context, Model
 from llama_cffi.errors import KvCacheFullError, ParamError
 from llama_cffi.testing import KvCells, expect_raises
 
-from .branch import Branch, BranchError, BranchStore, CapacityError
-from .chain import SamplerChain
-from .selection import Dist
-from .truncation import TopK
+from ..branch import Branch, BranchError, BranchStore, CapacityError
+from ..chain import SamplerChain
+from ..selection import Dist
+from ..truncation import TopK
 
 __all__ = ["BranchMachine", "Node"]
 
