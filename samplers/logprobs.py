@@ -197,9 +197,9 @@ def score(
     (BOS), the continuation without; pass token ids to control the split yourself.
 
     Batch shape matters: llama.cpp's kernels round differently for different row counts,
-    so these values can differ in the last digits from decoding one token at a time (the
-    tests bound the difference); they are bit-identical to any other decode of the same
-    batch.
+    so these values can differ from decoding one token at a time (the tests bound the
+    difference; the branches guide's "Tolerances" says when rows are bit-exact); they are
+    bit-identical to any other decode of the same batch.
 
     Raises :class:`~llama_cffi.ParamError` for an empty prompt or continuation, an
     :class:`~llama_cffi.InvalidTokenError` for ids outside the vocabulary, and the

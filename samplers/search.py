@@ -311,8 +311,9 @@ def stream(
     With a ``drafter`` (:class:`~samplers.speculative.PromptLookup`,
     :class:`~samplers.speculative.DraftModel`) generation is speculative: each decode
     checks the drafted tokens and commits those the sampler agrees with. The tokens,
-    the branch's sampler state and metrics are those of plain generation (``verify``:
-    see :mod:`samplers.speculative`); ``drafter.stats`` counts what it bought."""
+    the branch's sampler state and metrics are those of plain generation (``verify``,
+    and the conditions for bit-exact rows: see :mod:`samplers.speculative`; outside them,
+    up to rounding); ``drafter.stats`` counts what it bought."""
     reader = LogprobReader(branch.store.ctx.model.vocab, top_logprobs, unit) if logprobs or top_logprobs else None
     return Stream(branch, max_tokens, stop, stop_tokens, drafter, verify, reader)
 

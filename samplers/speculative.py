@@ -21,7 +21,7 @@ model with a compatible vocabulary, its own KV cache kept in step with the branc
   a draft token is kept only when it is that choice, and the first disagreement
   becomes the next token. Greedy output is plain greedy output, token for token; a
   seeded sampled run draws the same random numbers as a plain run, so it reproduces
-  the plain run's tokens.
+  the plain run's tokens (both when the rows are exact: see below).
 * ``"rejection"``: speculative sampling (Leviathan et al. 2023, Chen et al. 2023) for a
   chain that ends in :class:`~samplers.Dist`: a draft token ``d`` drafted with
   probability ``q(d)`` is kept with probability ``min(1, p(d) / q(d))``, where ``p`` is
@@ -47,10 +47,19 @@ where llama.cpp supports rollback for the architecture and the context was made 
 the sequence's state is saved before each step and, when a draft is rejected, restored
 and the committed tokens decoded again (llama.cpp's ``speculative-simple`` does the
 same with checkpoints), which costs a second decode on rejection. A sliding-window
-target rolls back within its window. Tolerances: a row of a multi-token batch can
-differ from the same row decoded alone in the last bits (llama.cpp's kernels round by
-batch shape), so "equal to plain generation" holds up to such rounding; the tests
-compare on models where no step is that close to a tie.
+target rolls back within its window.
+
+**Exactly equal, or up to rounding.** "The tokens of plain generation" assumes each row of
+a verify decode is computed as a one-token decode computes it. llama.cpp's CPU kernels
+round by the shape of a decode, so that holds, bit for bit, only when (1) the weights are
+not repacked (``use_extra_bufts=False``), (2) a verify decode has at most 7 rows (``k <=
+6`` drafts) for K-quant weights, which ggml multiplies with a tiled kernel from 8 rows,
+(3) flash attention is on (llama.cpp's default, ``flash_attn_type="auto"``) and (4) a
+one-token decode does not share a long cache out among threads (``n_threads=1``, or at
+most 256 cells in use); ``docs/guide/branches.md`` ("Tolerances") has the details and
+``tests/test_speculative.py`` checks each condition. Otherwise the output equals plain
+output up to rounding, and can leave it near a tie (on the default model, 8 drafts leave
+plain greedy output on a prompt where 6 do not).
 """
 
 from __future__ import annotations

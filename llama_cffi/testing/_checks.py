@@ -33,8 +33,10 @@ def decode_equivalence(
 
     Equal means within ``rtol``/``atol`` (``numpy.allclose``): another batch shape or cell
     order makes llama.cpp's kernels sum in another order. The defaults suit F32 weights
-    with an f16 KV cache; quantized weights with CPU repacking differ by up to ~1 logit
-    between batch shapes (load with ``use_extra_bufts=False`` to compare those). Returns
+    with an f16 KV cache; quantized weights differ by up to ~1.5 logits between batch
+    shapes (with CPU repacking from 3 or 4 rows, K-quants from 8 rows, without flash
+    attention from 2; the docs' "Tolerances" in the branches guide lists when rows are
+    bit-exact). Returns
     the largest absolute difference; raises :class:`AssertionError` naming it, the token
     where it is, and the tolerance, when they are not equal."""
     toks = [int(t) for t in np.asarray(tokens).reshape(-1)]
