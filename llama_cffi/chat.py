@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ._args import expect_iterable, expect_str
 from ._binding import ffi, lib
 from .errors import ChatTemplateError
 from .template_sandbox import (
@@ -64,9 +65,7 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 def _check_template(template: object) -> str:
-    if not isinstance(template, str):
-        raise TypeError(f"template must be a str (a template name or template text), not {type(template).__name__}")
-    return template
+    return expect_str("template", template, "a str (a template name or template text)")
 
 
 def is_template_name(template: str) -> bool:
@@ -79,6 +78,7 @@ def is_template_name(template: str) -> bool:
 def unknown_template_name(name: str, shipped: Iterable[str] = ()) -> ChatTemplateError:
     """The error for a template name that is no known template: it lists the names that
     are (llama.cpp's builtin ones, and ``shipped``: those a model's file carries)."""
+    expect_str("name", name)
     known = f"llama.cpp's builtin templates: {', '.join(_builtin_names())}"
     if shipped := sorted(shipped):
         known += f"; the model's own: {', '.join(shipped)}"
@@ -113,6 +113,12 @@ def _content(i: int, content: object) -> str:
     )
 
 
+def expect_messages(messages: object) -> Iterable[Mapping[str, Any]]:
+    """``messages`` when it can be iterated (each message is checked as it is read): a
+    wrong type is a :class:`~llama_cffi.errors.ParamTypeError` naming ``messages``."""
+    return expect_iterable("messages", messages, "a sequence of messages (dicts with role and content)")
+
+
 def _messages(messages: Iterable[Mapping[str, Any]]) -> list[tuple[str, str]]:
     return [(m["role"], m["content"]) for m in _normalized(messages)]
 
@@ -121,7 +127,7 @@ def _normalized(messages: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Each message as a new dict with ``role`` (str) and ``content`` (str, parts joined);
     its other keys (``tool_calls``, ``name``, ``tool_call_id``...) are kept for Jinja."""
     out = []
-    for i, m in enumerate(messages):
+    for i, m in enumerate(expect_messages(messages)):
         if not isinstance(m, Mapping):
             raise ChatTemplateError(
                 f"messages[{i}] must be a mapping with 'role' and 'content', not {type(m).__name__}"
@@ -283,9 +289,10 @@ def apply_template(
     or the name of a builtin template (:func:`builtin_templates`); a name that is none of
     them is refused (:func:`is_template_name`), and a name is rendered by llama.cpp, not
     by Jinja."""
+    _check_template(template)
     if engine not in ("auto", "native", "jinja"):
         raise ValueError(f"engine={engine!r}; use 'auto', 'native' or 'jinja'")
-    msgs = list(messages)
+    msgs = list(expect_messages(messages))
     if is_template_name(template):
         if engine == "jinja":
             if template in _builtin_names():

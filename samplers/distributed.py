@@ -79,6 +79,7 @@ import numpy as np
 import numpy.typing as npt
 
 from llama_cffi import LlamaError, Model, ParamError, default_model_path
+from llama_cffi._args import expect_iterable, expect_namespace, expect_parser, expect_path
 
 from . import perplexity as _ppl
 from .base import Sampler
@@ -364,6 +365,8 @@ class Workers:
         cpus_per_worker: float | None = None,
         start_timeout: float = 300.0,
     ) -> None:
+        if model_path is not None:
+            expect_path("model_path", model_path)
         self.n_workers = _int("n_workers", n_workers, 1)
         self.threads_per_worker = _int("threads_per_worker", threads_per_worker, 1)
         cpus = float(self.threads_per_worker if cpus_per_worker is None else cpus_per_worker)
@@ -559,6 +562,7 @@ class Workers:
         and ``n_batch`` the prompt decode's chunk size. ``progress(done, total)`` is
         called as prompts finish. Prompts that fail get ``error`` set (see the module
         docstring); this raises only for invalid arguments or a closed pool."""
+        prompts = list(expect_iterable("prompts", prompts, "an iterable of prompts (text, token ids or Requests)"))
         self._check_open()
         batch_size = _int("batch_size", batch_size, 1)
         n_ctx = _int("n_ctx", n_ctx, 1)
@@ -665,6 +669,8 @@ def perplexity(
 ) -> _ppl.PerplexityResult:
     """:meth:`Workers.perplexity` on a pool made for this call (and closed after it); the
     pool's arguments as :class:`Workers` takes them."""
+    if model_path is not None:
+        expect_path("model_path", model_path)
     with Workers(
         model_path, workers, threads_per_worker, model_params, cluster, cpus_per_worker=cpus_per_worker
     ) as pool:
@@ -693,6 +699,8 @@ def map_generate(
     """:meth:`Workers.map_generate` on a pool made for this call (and closed after it); the
     pool's arguments as :class:`Workers` takes them. ``model_params`` defaults to
     ``{"use_extra_bufts": False}`` (see Determinism in the module docstring)."""
+    if model_path is not None:
+        expect_path("model_path", model_path)
     params = {"use_extra_bufts": False} if model_params is None else model_params
     with Workers(model_path, workers, threads_per_worker, params, cluster, cpus_per_worker=cpus_per_worker) as pool:
         return pool.map_generate(
@@ -712,6 +720,7 @@ def map_generate(
 # ---------------------------------------------------------------------- command line
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     """``--ray`` and ``--workers``, for the ``perplexity`` command (on ``parser``)."""
+    expect_parser("parser", parser)
     parser.add_argument(
         "--ray",
         metavar="ADDRESS",
@@ -727,6 +736,7 @@ def cli_scoring(args: argparse.Namespace) -> _ppl.RemoteScoring | None:
     """The ``perplexity`` command's scorer for its options (:func:`add_cli_arguments`):
     None without ``--ray`` (the command scores in its own process), else a pool of
     ``--workers`` Ray workers made for the run (``-t`` threads each, default 1)."""
+    expect_namespace("args", args)
     if args.ray is None:
         return None
 

@@ -51,7 +51,18 @@ import numpy as np
 import numpy.typing as npt
 
 from llama_cffi import Batch, Context, LlamaError, Model, ParamError, default_model_path
+from llama_cffi._args import (
+    expect,
+    expect_array,
+    expect_int,
+    expect_iterable,
+    expect_namespace,
+    expect_parser,
+    expect_strs,
+    type_error,
+)
 
+from .base import check_context, check_model
 from .measure import log_normaliser
 
 __all__ = [
@@ -157,7 +168,7 @@ def _tokens(model: Model, text_or_tokens: Any) -> npt.NDArray[np.int32]:
     if isinstance(text_or_tokens, (str, bytes, bytearray)):
         data = bytes(text_or_tokens) if isinstance(text_or_tokens, bytearray) else text_or_tokens
         return model.tokenize(data, add_special=True, parse_special=False)
-    return model.vocab.check_tokens(text_or_tokens)
+    return model.vocab.check_tokens(text_or_tokens, "text_or_tokens")
 
 
 def _open_context(model: Model, p: Plan, n_threads: int | None) -> Context:
@@ -193,6 +204,7 @@ def prepare(
 ) -> tuple[Plan, npt.NDArray[np.int32], int, int | None]:
     """Check the arguments of :func:`perplexity` and lay out the run: ``(plan, tokens,
     chunks to score, BOS token or None)``. ``model`` may be loaded ``vocab_only``."""
+    check_model(model)
     p = plan(n_ctx, n_batch)
     if isinstance(n_chunks, bool) or not isinstance(n_chunks, (int, np.integer)) or n_chunks == 0:
         raise ParamError(f"n_chunks must be a negative int (all chunks) or an int >= 1, not {n_chunks!r}")
@@ -247,7 +259,7 @@ def perplexity(
         ctx = None
         model = model_or_ctx
     else:
-        raise TypeError(f"model_or_ctx must be a llama_cffi.Model or Context, not {type(model_or_ctx).__name__}")
+        raise type_error("model_or_ctx", "a llama_cffi.Model or Context", model_or_ctx)
     if n_threads is not None:
         n_threads = _int_param("n_threads", n_threads, 1)
     p, tokens, n_chunk, bos = prepare(model, text_or_tokens, n_ctx, n_batch, n_chunks)
@@ -277,6 +289,7 @@ GroupTerms = list[tuple[float, float, bool]]
 
 def groups(n_chunk: int, n_seq: int) -> list[tuple[int, int]]:
     """``(first chunk, chunks)`` of each group ``llama-perplexity`` decodes together, in order."""
+    n_chunk, n_seq = expect_int("n_chunk", n_chunk), expect_int("n_seq", n_seq)
     return [(i, min(n_seq, n_chunk - i)) for i in range(0, n_chunk, n_seq)]
 
 
@@ -284,14 +297,15 @@ class Scorer:
     """Scores groups of chunks on one context (the batch and the work row are reused)."""
 
     def __init__(self, ctx: Context, p: Plan) -> None:
-        self.ctx = ctx
-        self.p = p
+        self.ctx = check_context(ctx)
+        self.p = expect("p", p, Plan, "a Plan (from plan())")
         self.batch = Batch(p.n_batch, 1)
         self.scratch = np.empty(ctx.n_vocab, dtype=np.float32)  # exp() work row, reused for every row
 
     def group(self, tokens: npt.NDArray[np.int32], i: int, n_seq_batch: int, bos: int | None) -> GroupTerms:
         """The terms of chunks ``i .. i + n_seq_batch - 1``, decoded together from an
         empty KV memory as ``llama-perplexity`` decodes them."""
+        expect_array("tokens", tokens, "an array of token ids", "iu")
         ctx, p, batch = self.ctx, self.p, self.batch
         n_ctx, nb = p.n_ctx, p.n_batch
         first = n_ctx // 2
@@ -339,7 +353,7 @@ class Accumulator:
     then :meth:`result`."""
 
     def __init__(self, p: Plan, n_chunk: int, n_tokens: int, progress: ProgressCallback | None = None) -> None:
-        self.p = p
+        self.p = expect("p", p, Plan, "a Plan (from plan())")
         self.n_chunk = n_chunk
         self.n_tokens = n_tokens
         self.progress = progress
@@ -349,6 +363,7 @@ class Accumulator:
         self.running: list[float] = []
 
     def add(self, terms: GroupTerms) -> None:
+        terms = list(expect_iterable("terms", terms, "the terms of a group (Scorer.group)"))
         per_chunk = self.p.n_ctx - self.p.n_ctx // 2 - 1
         for a, b, finished in terms:
             self.nll += a
@@ -414,6 +429,7 @@ def _score(
 # ---------------------------------------------------------------------- command line
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The command's options (``llama-perplexity``'s names), on ``parser``."""
+    expect_parser("parser", parser)
     parser.add_argument("-m", "--model", help="GGUF file (default: the default model)")
     parser.add_argument("-f", "--file", required=True, help="text file (one trailing newline is dropped)")
     parser.add_argument("-c", "--ctx-size", type=int, default=512, help="tokens per chunk (default 512)")
@@ -452,6 +468,7 @@ def run_cli(args: argparse.Namespace, remote: RemoteScoring | None = None) -> in
     """The ``perplexity`` command: prints like ``llama-perplexity``; returns the exit status.
     ``remote``: score the chunks there (only the vocabulary is loaded here). User errors
     propagate as exceptions (the caller prints one line and exits 2)."""
+    expect_namespace("args", args)
     p = plan(args.ctx_size, args.batch_size)
     text = _read_text(args.file)
     path = args.model if args.model else str(default_model_path())
@@ -498,6 +515,8 @@ def run_cli(args: argparse.Namespace, remote: RemoteScoring | None = None) -> in
 def main(argv: list[str] | None = None) -> int:
     """``python -m samplers.perplexity``: the command on its own, in this process (the
     plugin command ``llama-cffi perplexity`` also takes ``--ray``)."""
+    if argv is not None:
+        expect_strs("argv", argv, "a list of str or None")
     parser = argparse.ArgumentParser(
         prog="python -m samplers.perplexity", description="Corpus perplexity, as llama-perplexity computes it."
     )

@@ -75,9 +75,11 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from llama_cffi._args import expect, expect_iterable
 from llama_cffi.errors import KvCacheFullError, ParamError, UnsupportedError
 from llama_cffi.sampling import SamplingError
 
+from .base import check_model
 from .branch import Branch, BranchError, BranchStore, CapacityError, _sigint_deferred
 from .candidates import Candidates
 from .chain import SamplerChain, surprisal_of
@@ -174,16 +176,20 @@ class Drafter(ABC):
     def __init__(self) -> None:
         self.stats = SpeculativeStats()
 
-    def bind(self, model: Model) -> None:  # noqa: B027 - optional hook
+    def bind(self, model: Model) -> None:
         """Called with the target model before the first draft: raise if it cannot serve it."""
+        check_model(model)
 
     @abstractmethod
     def draft(self, history: Sequence[int], n: int) -> Draft:
         """Up to ``n`` tokens that may follow ``history`` (every token of the branch: the
         prompt, the generated text and the token about to be decoded)."""
+        _history(history)
+        raise NotImplementedError  # a drafter implements it
 
-    def feedback(self, drafted: Sequence[int], n_accepted: int) -> None:  # noqa: B027 - optional hook
+    def feedback(self, drafted: Sequence[int], n_accepted: int) -> None:
         """The target kept the first ``n_accepted`` of ``drafted``."""
+        expect_iterable("drafted", drafted, "a sequence of token ids")
 
     def reset(self) -> None:  # noqa: B027 - optional hook
         """Forget per-history state (statistics stay)."""
@@ -274,7 +280,7 @@ class PromptLookup(Drafter):
         return hist
 
     def draft(self, history: Sequence[int], n: int) -> Draft:
-        hist = self._sync(history)
+        hist = self._sync(_history(history))
         out: list[int] = []
         n = min(n, self.max_draft)
         if len(hist) < NGRAM_STATIC:
@@ -332,6 +338,8 @@ def vocab_compatibility(target: Model, draft: Model) -> str | None:
     (``common_speculative_are_compatible``): the same vocabulary type, the same BOS and
     EOS tokens and whether they are added, vocabulary sizes within 128 of each other,
     and the same text for every token from id 5 up."""
+    check_model(target, "target")
+    check_model(draft, "draft")
     tv, dv = target.vocab, draft.vocab
     if tv.type != dv.type:
         return f"vocabulary types differ (target {tv.type.name}, draft {dv.type.name})"
@@ -425,6 +433,7 @@ class DraftModel(Drafter):
         self.close()
 
     def bind(self, model: Model) -> None:
+        check_model(model)
         if self._bound is model:
             return
         why = vocab_compatibility(model, self.model)
@@ -491,7 +500,7 @@ class DraftModel(Drafter):
         return row
 
     def draft(self, history: Sequence[int], n: int) -> Draft:
-        hist = history if isinstance(history, list) else [int(t) for t in history]
+        hist = history if isinstance(history, list) else [int(t) for t in _history(history)]
         n = min(n, self.max_draft, self.ctx.n_ctx_seq - len(hist) - 1)
         if n <= 0 or not hist:
             return Draft([])
@@ -651,6 +660,7 @@ def speculative_step(
     On a failed decode no branch changes. Ctrl-C is held while the branches take
     their tokens, so a step is done whole or not at all.
     """
+    expect("store", store, BranchStore, "a samplers.branch.BranchStore")
     if not moves:
         return {}
     if store.device:
@@ -916,3 +926,10 @@ def _reject_or_keep(
         r = p
     i = _pick(r, rng.canonical())
     return int(ids[i]), -math.log(float(p[i])) if p[i] > 0 else math.inf, False
+
+
+def _history(history: Any) -> Any:
+    """A drafter's ``history``: a sequence (or array) of token ids."""
+    if isinstance(history, (list, tuple, np.ndarray)):
+        return history
+    return expect_iterable("history", history, "a sequence of token ids")

@@ -47,6 +47,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._args import type_error
 from ._checks import decode_equivalence, expect_raises
 from ._kv_cells import KvCells
 from ._strategies import (
@@ -146,6 +147,8 @@ TINY_KINDS: dict[str, tuple[Callable[..., Path], dict[str, object]]] = {
 def write_tiny(kind: str, path: str | os.PathLike[str], **kwargs: object) -> Path:
     """Write the tiny model of ``kind`` (a key of :data:`TINY_KINDS`) to ``path``;
     ``kwargs`` override the kind's arguments (``seed=``, sizes, ``extra_metadata=``)."""
+    if not isinstance(kind, str):
+        raise type_error("kind", f"a str, one of {sorted(TINY_KINDS)}", kind)
     try:
         writer, defaults = TINY_KINDS[kind]
     except KeyError:

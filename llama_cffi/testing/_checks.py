@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
+
+from .._args import expect, expect_array, expect_str, type_error
 
 if TYPE_CHECKING:
     from ..model import Model
@@ -39,7 +41,10 @@ def decode_equivalence(
     bit-exact). Returns
     the largest absolute difference; raises :class:`AssertionError` naming it, the token
     where it is, and the tolerance, when they are not equal."""
-    toks = [int(t) for t in np.asarray(tokens).reshape(-1)]
+    from ..model import Model
+
+    expect("model", model, Model, "a llama_cffi.Model")
+    toks = [int(t) for t in expect_array("tokens", tokens, "a sequence of token ids", "iu").reshape(-1)]
     if not toks:
         raise ValueError("decode_equivalence needs at least one token")
     got = np.asarray(logits, dtype=np.float32).reshape(-1)
@@ -63,15 +68,24 @@ def decode_equivalence(
 
 
 # ---------------------------------------------------------------------- state machines
-@contextmanager
 def expect_raises(
     exc: type[BaseException] | tuple[type[BaseException], ...], match: str | None = None
-) -> Iterator[None]:
+) -> AbstractContextManager[None]:
     """Assert that the block raises ``exc`` (whose message matches the regular expression
     ``match``, searched as ``re.search`` does): ``pytest.raises`` without pytest, for the
     state machines, which also run under ``unittest``. Raises :class:`AssertionError`
     when nothing is raised or the message does not match; any other exception goes
     through unchanged."""
+    classes = exc if isinstance(exc, tuple) else (exc,)
+    if not classes or not all(isinstance(c, type) and issubclass(c, BaseException) for c in classes):
+        raise type_error("exc", "an exception class or a tuple of them", exc)
+    if match is not None:
+        expect_str("match", match, "a regular expression (a str) or None")
+    return _expect_raises(exc, match)
+
+
+@contextmanager
+def _expect_raises(exc: type[BaseException] | tuple[type[BaseException], ...], match: str | None) -> Iterator[None]:
     try:
         yield
     except exc as e:

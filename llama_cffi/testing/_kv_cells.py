@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from .._args import expect, expect_int
 from ..errors import UnsupportedError
 
 if TYPE_CHECKING:
@@ -48,6 +49,9 @@ class KvCells:
         """An empty model of ``ctx``'s cells, after checking that its memory is one plain
         unified KV cache (``kv_unified=True``; decoder-only, no sliding window, not
         recurrent or hybrid): :class:`~llama_cffi.UnsupportedError` otherwise."""
+        from ..context import Context
+
+        expect("ctx", ctx, Context, "a llama_cffi.Context")
         model = ctx.model
         kinds = sorted({c.kind for c in ctx.memory_usage().caches})
         if kinds != ["kv"] or model.has_encoder:
@@ -62,7 +66,7 @@ class KvCells:
 
     def __init__(self, n_cells: int) -> None:
         #: Cells in the stream (the context's ``n_ctx`` with ``kv_unified=True``).
-        self.n_cells = n_cells
+        self.n_cells = expect_int("n_cells", n_cells)
         #: The occupied cells, in no particular order: ``[pos, {seq, ...}]``.
         self.cells: list[list[Any]] = []
         #: A ``seq_add``/``seq_div`` that no decode has applied to the K data yet.
@@ -75,21 +79,22 @@ class KvCells:
 
     def positions(self, seq: int) -> list[int]:
         """The positions ``seq`` holds, ascending."""
+        seq = expect_int("seq", seq)
         return sorted(c[0] for c in self.cells if seq in c[1])
 
     def pos_min(self, seq: int) -> int:
         """As ``llama_memory_seq_pos_min``: the lowest position, -1 when empty."""
-        ps = self.positions(seq)
+        ps = self.positions(expect_int("seq", seq))
         return ps[0] if ps else -1
 
     def pos_max(self, seq: int) -> int:
         """As ``llama_memory_seq_pos_max``: the highest position, -1 when empty."""
-        ps = self.positions(seq)
+        ps = self.positions(expect_int("seq", seq))
         return ps[-1] if ps else -1
 
     def span(self, seq: int) -> tuple[int, int]:
         """``(pos_min, pos_max)``; ``(-1, -1)`` when empty."""
-        ps = self.positions(seq)
+        ps = self.positions(expect_int("seq", seq))
         return (ps[0], ps[-1]) if ps else (-1, -1)
 
     @property
@@ -99,10 +104,13 @@ class KvCells:
 
     def add_tokens(self, seq: int, positions: Iterable[int]) -> None:
         """A decode of ``seq`` at ``positions``: one new cell each."""
-        self.cells.extend([p, {seq}] for p in positions)
+        seq = expect_int("seq", seq)
+        new = [[expect_int("positions", p, "an iterable of ints"), {seq}] for p in positions]
+        self.cells.extend(new)
 
     def rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
         """``seq_rm``; ``seq == -1`` frees the cells in range whatever they hold."""
+        seq = expect_int("seq", seq)
         lo, hi = _norm(p0, p1)
         kept = []
         for c in self.cells:
@@ -117,6 +125,7 @@ class KvCells:
 
     def cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         """``seq_cp``: ``dst`` joins ``src``'s cells in range (they are shared, not copied)."""
+        src, dst = expect_int("src", src), expect_int("dst", dst)
         if src == dst:
             return
         lo, hi = _norm(p0, p1)
@@ -126,6 +135,7 @@ class KvCells:
 
     def keep(self, seq: int) -> None:
         """``seq_keep``."""
+        seq = expect_int("seq", seq)
         self.cells = [[c[0], {seq}] for c in self.cells if seq in c[1]]
 
     def _mark_pending(self, seq: int, lo: int, hi: int) -> None:
@@ -137,6 +147,7 @@ class KvCells:
 
     def add(self, seq: int, p0: int, p1: int, delta: int) -> None:
         """``seq_add``: moves the cells (for every sequence in them); below 0 frees them."""
+        seq, delta = expect_int("seq", seq), expect_int("delta", delta)
         lo, hi = _norm(p0, p1)
         if delta == 0 or lo == hi:
             return
@@ -152,6 +163,7 @@ class KvCells:
 
     def div(self, seq: int, p0: int, p1: int, d: int) -> None:
         """``seq_div``: integer-divides the cells' positions."""
+        seq, d = expect_int("seq", seq), expect_int("d", d)
         lo, hi = _norm(p0, p1)
         if d == 1 or lo == hi:
             return

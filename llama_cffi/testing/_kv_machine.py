@@ -15,6 +15,7 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from .._args import expect, expect_array, expect_int
 from ..batch import Batch
 from ..context import Context
 from ..errors import KvCacheFullError, StateError
@@ -124,11 +125,12 @@ class KvCacheMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ helpers
     def tokens(self, n: int, seed: int) -> list[int]:
         """``n`` token ids of the model, from ``seed``."""
+        n, seed = expect_int("n", n), expect_int("seed", seed)
         return [int(t) for t in np.random.default_rng(seed).integers(0, self.n_vocab, n)]
 
     def next_pos(self, seq: int) -> int:
         """The position a decode of ``seq`` continues at."""
-        return self.kv.pos_max(seq) + 1
+        return self.kv.pos_max(expect_int("seq", seq)) + 1
 
     def expect_stale_views(self) -> None:
         """Every view kept from an earlier decode raises StaleOutputError now."""
@@ -139,7 +141,7 @@ class KvCacheMachine(RuleBasedStateMachine):
 
     def check_row(self, row: Any) -> None:
         """A row of logits: ``n_vocab`` finite float32 values."""
-        arr = np.asarray(row)
+        arr = expect_array("row", row, "a row of logits")
         assert arr.shape == (self.n_vocab,) and arr.dtype == np.float32
         assert np.isfinite(arr).all()
 
@@ -252,6 +254,7 @@ class KvCacheMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ memory operations
     def held(self, data: st.DataObject, label: str = "seq") -> int:
         """Draw a sequence that holds positions (any sequence when none does)."""
+        expect("data", data, st.DataObject, "hypothesis's st.data() object")
         held = [s for s in range(self.n_seq) if self.kv.pos_max(s) >= 0]
         return data.draw(st.sampled_from(held) if held else st.integers(0, self.n_seq - 1), label=label)
 

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from .._args import expect_number, type_error
+
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
 
@@ -45,7 +47,7 @@ def _check_size(name: str, value: int, lo: int) -> int:
 # --------------------------------------------------------------------------- logits rows
 def _f32_bounds(min_value: float, max_value: float) -> tuple[np.float32, np.float32]:
     """The float32 values nearest ``[min_value, max_value]`` from inside it."""
-    lo_v, hi_v = float(min_value), float(max_value)
+    lo_v, hi_v = expect_number("min_value", min_value), expect_number("max_value", max_value)
     if not (math.isfinite(lo_v) and math.isfinite(hi_v)) or lo_v > hi_v:
         raise ValueError(f"need finite min_value <= max_value, not [{min_value}, {max_value}]")
     lo32, hi32 = np.float32(lo_v), np.float32(hi_v)
@@ -175,7 +177,7 @@ def token_ids(
 
     vocab = model_or_vocab.vocab if isinstance(model_or_vocab, Model) else model_or_vocab
     if not isinstance(vocab, Vocab):
-        raise TypeError(f"a Model, a Vocab or an int n_vocab is needed, not {type(model_or_vocab).__name__}")
+        raise type_error("model_or_vocab", "a Model, a Vocab or an int n_vocab", model_or_vocab)
     v = vocab._vocab()
     n = vocab.n_vocab
     is_control, is_eog = lib.llama_vocab_is_control, lib.llama_vocab_is_eog

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
+from llama_cffi._args import expect, expect_str, type_error
 from llama_cffi.gbnf import GrammarError, ParsedGrammar, check_grammar, parse_gbnf, resolve_tokens
 
 from .compiled import CompiledGrammar
@@ -24,6 +26,8 @@ class Grammar:
     """
 
     def __init__(self, parsed: ParsedGrammar, root: str = "root") -> None:
+        expect("parsed", parsed, ParsedGrammar, "a ParsedGrammar (use Grammar.from_gbnf)")
+        expect_str("root", root)
         check_grammar(parsed, root)
         self.parsed = parsed
         self.root = root
@@ -62,6 +66,8 @@ class Grammar:
     def accepts(self, text: str | bytes) -> bool:
         """Whether ``text`` (all of it) is a sentence of the grammar. Bytes are decoded
         as llama.cpp decodes token pieces (stopping at a NUL byte)."""
+        if not isinstance(text, (str, bytes)):
+            raise type_error("text", "a str or bytes", text)
         eng = self._engine
         if isinstance(text, bytes):
             from .engine import decode_utf8
@@ -80,6 +86,7 @@ class Grammar:
         per llama_cffi vocabulary and cache size. The vocabulary's index is built once
         per vocabulary (about half a second at 262,144 tokens, then loaded from the disk
         cache in ~55 ms); a compile on it takes ~10-15 ms."""
+        _check_vocab(vocab)
         index = VocabIndex.of(vocab)
         # cached per llama_cffi Vocab (a weak key: the compiled grammar holds only the
         # index); a VocabIndex or a list of pieces is compiled afresh each call
@@ -109,4 +116,14 @@ class Grammar:
 
     def matcher(self, vocab: Any) -> GrammarMatcher:
         """A fresh matcher for ``vocab`` (compiling on first use)."""
-        return self.compile(vocab).matcher()
+        return self.compile(_check_vocab(vocab)).matcher()
+
+
+def _check_vocab(vocab: Any) -> Any:
+    from llama_cffi import Model, Vocab
+
+    if isinstance(vocab, (Model, Vocab, VocabIndex)):
+        return vocab
+    if isinstance(vocab, Sequence) and not isinstance(vocab, (str, bytes)):
+        return vocab  # byte pieces, checked by VocabIndex
+    raise type_error("vocab", "a llama_cffi Model or Vocab, a VocabIndex, or a sequence of byte pieces", vocab)

@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any
 
+from llama_cffi._args import type_error
 from llama_cffi.testing import floats32
 
 from ..adaptive import AdaptiveP
@@ -119,7 +120,9 @@ def sampler_chains(
     _require_hypothesis()
     from hypothesis import strategies as st
 
-    if n_vocab is not None and (isinstance(n_vocab, bool) or not isinstance(n_vocab, int) or n_vocab < 1):
+    if n_vocab is not None and (isinstance(n_vocab, bool) or not isinstance(n_vocab, int)):
+        raise type_error("n_vocab", "None or an int >= 1", n_vocab)
+    if n_vocab is not None and n_vocab < 1:
         raise ValueError(f"n_vocab must be None or an int >= 1, not {n_vocab!r}")
     if not 0 <= min_filters <= max_filters:
         raise ValueError(f"need 0 <= min_filters <= max_filters, not {min_filters}, {max_filters}")

@@ -7,6 +7,8 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, TypeAlias
 
+from llama_cffi._args import expect_int
+
 from ._hypothesis import _require_hypothesis
 
 if TYPE_CHECKING:
@@ -328,6 +330,8 @@ def grammars_with_examples(
     _require_hypothesis()
     from hypothesis import strategies as st
 
+    for name, value in (("max_depth", max_depth), ("max_accepted", max_accepted), ("max_rejected", max_rejected)):
+        expect_int(name, value)
     if max_depth < 0 or max_accepted < 1 or max_rejected < 0:
         raise ValueError("need max_depth >= 0, max_accepted >= 1 and max_rejected >= 0")
     lit_chars = _ascii(_LIT_CHARS) if ascii_only else _LIT_CHARS

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from llama_cffi._args import expect_int
+
 from ._hypothesis import _require_hypothesis
 
 if TYPE_CHECKING:
@@ -47,6 +49,7 @@ def json_schemas(*, max_depth: int = 3, max_instances: int = 4) -> SearchStrateg
     _require_hypothesis()
     from hypothesis import strategies as st
 
+    max_depth, max_instances = expect_int("max_depth", max_depth), expect_int("max_instances", max_instances)
     words = st.text(alphabet=st.sampled_from("abcxyz _-"), min_size=1, max_size=6)
 
     def leaf() -> SearchStrategy[tuple[dict[str, Any], SearchStrategy[Any]]]:
