@@ -102,6 +102,12 @@ class Step:
         return list(self.full if full else self.quick)
 
     def command(self, full: bool) -> str:
+        """How a reader runs this benchmark alone with these settings: in a source tree, its
+        script (from the tree's root); from the copy an installed llama_cffi carries, the
+        ``llama-cffi bench`` command that runs it (a path inside site-packages is nothing to
+        type)."""
+        if not IN_SOURCE_TREE:
+            return " ".join(["llama-cffi", "bench", "--only", self.name, *(["--full"] if full else [])])
         return " ".join(["python", script_path(self.script), *self.argv(full)])
 
 
@@ -1075,8 +1081,20 @@ def run_step(
     }, payload
 
 
+#: Set by ``llama-cffi bench`` (:mod:`llama_cffi.bench`) for the suite it starts: the name
+#: its usage lines give the command.
+PROG_ENV = "LLAMA_CFFI_BENCH_PROG"
+
+
+def prog() -> str | None:
+    """The suite's name in its usage lines: ``llama-cffi bench`` when that command started
+    it or when this is the copy an installed package carries; otherwise (``python
+    benchmarks/suite.py`` in a tree) argparse's own, the file name."""
+    return os.environ.get(PROG_ENV) or (None if IN_SOURCE_TREE else "llama-cffi bench")
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog=prog(), description=__doc__.splitlines()[0])
     ap.add_argument("--full", action="store_true", help="each script's long settings (default: quick ones)")
     names = [s.name for s in STEPS]
     ap.add_argument("--only", help=f"comma-separated subset of: {','.join(names)}")

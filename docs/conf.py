@@ -37,16 +37,30 @@ root_doc = "index"
 exclude_patterns = ["_build", "Thumbs.db", ".DS_Store"]
 templates_path = ["_templates"]
 
+
+def _public(name: str) -> bool:
+    return not any(part.startswith("_") for part in name.split("."))
+
+
+def _package_pages() -> list[str]:
+    """The packages whose pages list what ``import X`` gives, each name linked to the public
+    module that defines it: the packages with public modules. A package whose parts are
+    private modules (``llama_cffi.testing``) is one module to its reader and documented as
+    one. Only packages are imported here (``walk_packages`` imports a package to look
+    inside it), never a module: the build imports what it documents, and the test kit's
+    private parts import hypothesis."""
+    found = []
+    for top in ("llama_cffi", "samplers"):
+        infos = list(pkgutil.walk_packages(importlib.import_module(top).__path__, top + "."))
+        for name in [top, *(m.name for m in infos if m.ispkg and _public(m.name))]:
+            if any(m.name.rpartition(".")[0] == name and _public(m.name) for m in infos):
+                found.append(name)
+    return found
+
+
 # the API reference: one page per public module, generated at build time (docs/api/)
 autosummary_generate = True
-autosummary_context = {
-    "packages": [
-        name
-        for name in ("llama_cffi", "samplers")
-        for name in [name, *(m.name for m in pkgutil.walk_packages(importlib.import_module(name).__path__, name + "."))]
-        if hasattr(importlib.import_module(name), "__path__")
-    ]
-}
+autosummary_context = {"packages": _package_pages()}
 autosummary_ignore_module_all = False
 autosummary_imported_members = False
 autodoc_default_options = {"members": True, "undoc-members": True, "show-inheritance": True, "member-order": "bysource"}

@@ -70,8 +70,11 @@ def api_index() -> str:
 # ----------------------------------------------------------------------------- errors
 
 
-def _exception_classes() -> list[type[BaseException]]:
-    seen: dict[str, type[BaseException]] = {}
+def _exception_classes() -> list[tuple[str, type[BaseException]]]:
+    """Every exception class, with the public module it is documented in: where it is
+    defined, or (defined in a private module, such as the parts of ``samplers.testing``)
+    the public module that exports it."""
+    seen: dict[type[BaseException], str] = {}
     for modname in public_modules():
         mod = importlib.import_module(modname)
         for name, obj in vars(mod).items():
@@ -80,8 +83,11 @@ def _exception_classes() -> list[type[BaseException]]:
             home = obj.__module__
             if home.split(".")[0] not in PACKAGES:
                 continue
-            seen.setdefault(f"{home}.{obj.__qualname__}", obj)
-    return sorted(seen.values(), key=lambda c: (c.__module__, c.__qualname__))
+            if not _private(home):
+                seen[obj] = home
+            else:
+                seen.setdefault(obj, modname)
+    return sorted(((home, cls) for cls, home in seen.items()), key=lambda hc: (hc[0], hc[1].__qualname__))
 
 
 def _private(dotted: str) -> bool:
@@ -134,13 +140,13 @@ def errors_catalogue() -> str:
         "| exception | bases | raised directly by |",
         "|---|---|---|",
     ]
-    for cls in classes:
+    for home, cls in classes:
         bases = ", ".join(_base_ref(b) for b in cls.__bases__)
         where = sorted(raisers.get(cls.__name__, ()), key=lambda w: (_private(w), w))
         shown = ", ".join(f"`{w}`" for w in where[:12])
         if len(where) > 12:
             shown += f" and {len(where) - 12} more"
-        lines.append(f"| {{py:exc}}`~{cls.__module__}.{cls.__qualname__}` | {bases} | {shown or _not_raised(cls)} |")
+        lines.append(f"| {{py:exc}}`~{home}.{cls.__qualname__}` | {bases} | {shown or _not_raised(cls)} |")
     lines += ["", f"{len(classes)} exception classes.", ""]
     return "\n".join(lines)
 

@@ -68,9 +68,11 @@ from .errors import (
     ModelLoadError,
     ModelNotFoundError,
     ParamError,
+    ParamTypeError,
     RpcError,
     StateError,
     TokenizeError,
+    TokenTypeError,
     UnsupportedError,
 )
 from .log import set_verbosity
@@ -120,6 +122,7 @@ __all__ = [
     "ModelParams",
     "OutputView",
     "ParamError",
+    "ParamTypeError",
     "PoolingType",
     "RopeScalingType",
     "RopeType",
@@ -131,6 +134,7 @@ __all__ = [
     "TemplateLimitError",
     "TemplateLimits",
     "TokenAttr",
+    "TokenTypeError",
     "TokenizeError",
     "UnsupportedError",
     "Vocab",

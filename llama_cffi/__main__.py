@@ -79,7 +79,7 @@ def load_plugins(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> li
     names that loaded.
 
     Other packages add subcommands through that entry-point group (e.g. ``perplexity =
-    "samplers.perplexity:register_cli"``): each entry point names a callable
+    "samplers.cli:register_perplexity"``): each entry point names a callable
     ``register(subparsers) -> None`` that adds its subparser with ``set_defaults(func=f)``,
     where ``f(args) -> int`` returns the exit status and raises
     :class:`~llama_cffi.LlamaError`, ``OSError`` or ``ValueError`` for user errors (one

@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ._args import expect_int, expect_strs, type_error
 from ._binding import BUILD_INFO, ffi, lib
 
 __all__ = ["LIBS_DIR", "BackendChoice", "CpuVariant", "choice", "load", "os_refuses"]
@@ -135,6 +136,8 @@ _XCR0_TILE = 0x60000  # XTILECFG, XTILEDATA
 def os_refuses(features: tuple[str, ...], xcr0: int) -> str | None:
     """Why the OS's saved register state (``xcr0``, -1 where no such check applies)
     rules out a variant with these instruction sets, or None."""
+    features = tuple(expect_strs("features", features, "a sequence of instruction-set names"))
+    xcr0 = expect_int("xcr0", xcr0)
     if xcr0 < 0:
         return None
     need = 0
@@ -219,6 +222,9 @@ def load(libs: Path = LIBS_DIR) -> BackendChoice:
     ``llama_backend_init`` (once, when this module is imported: with no backend
     registered, llama.cpp's init would search the working directory for backend
     libraries itself)."""
+    if not isinstance(libs, os.PathLike):
+        raise type_error("libs", "a path (the folder of the native libraries)", libs)
+    libs = Path(libs)
     global _choice
     if _choice is not None:
         return _choice

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ._args import expect_int, expect_iterable
 from ._binding import ffi
 from .errors import ParamError
 
@@ -63,6 +64,8 @@ class Batch:
         output_last: bool = True,
     ) -> None:
         """Fill with ``tokens`` at positions ``start_pos...`` of one sequence (vectorised)."""
+        expect_iterable("tokens", tokens, "a sequence or array of token ids")
+        start_pos = expect_int("start_pos", start_pos)
         n = len(tokens)
         if n > self.capacity:
             raise ParamError(f"{n} tokens do not fit a batch of capacity {self.capacity}")
@@ -77,6 +80,7 @@ class Batch:
 
     def add(self, token: int, pos: int, seq_ids: tuple[int, ...] | list[int] = (0,), output: bool = False) -> None:
         """Append one token (at position ``pos``, in ``seq_ids``)."""
+        token, pos = expect_int("token", token), expect_int("pos", pos)
         i = self.n_tokens
         if i >= self.capacity:
             raise ParamError(f"batch is full ({self.capacity} tokens)")
@@ -90,4 +94,6 @@ class Batch:
         self.n_tokens = i + 1
 
     def seq_ids(self, i: int) -> list[int]:
+        """The sequences of the ``i``-th token."""
+        i = expect_int("i", i)
         return [int(x) for x in self.seq_id[i, : int(self.n_seq_id[i])]]

@@ -17,10 +17,13 @@ is the same as ``llama-cffi bench ARGS``; ``--help`` lists the suite's options.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+from ._args import expect_strs
 
 __all__ = ["bench_root", "main", "suite_command"]
 
@@ -48,14 +51,16 @@ def suite_command(args: Sequence[str] = ()) -> list[str]:
     """The command that runs the suite with ``args``: this interpreter and the suite's
     path. The report goes to ``--out-dir``; by default ``benchmarks/results/`` of a source
     tree, or ``llama-cffi-bench/`` in the current directory for the installed copy."""
-    return [sys.executable, str(bench_root() / "benchmarks" / "suite.py"), *args]
+    return [sys.executable, str(bench_root() / "benchmarks" / "suite.py"), *expect_strs("args", args)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the suite with ``argv`` (default: ``sys.argv[1:]``) in the current directory;
     returns its exit status (0: every benchmark ran)."""
-    args = sys.argv[1:] if argv is None else list(argv)
-    return subprocess.call(suite_command(args))
+    args = sys.argv[1:] if argv is None else expect_strs("argv", argv, "a sequence of str or None")
+    # the suite's usage lines then name this command, not its file (suite.py's PROG_ENV)
+    env = {**os.environ, "LLAMA_CFFI_BENCH_PROG": "llama-cffi bench"}
+    return subprocess.call(suite_command(args), env=env)
 
 
 if __name__ == "__main__":

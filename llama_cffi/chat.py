@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ._args import expect_iterable, expect_str
 from ._binding import ffi, lib
 from .errors import ChatTemplateError
 from .template_sandbox import (
@@ -35,18 +36,55 @@ __all__ = [
     "builtin_templates",
     "declares_tools",
     "get_template_limits",
+    "is_template_name",
     "set_template_limits",
     "turn_end",
+    "unknown_template_name",
     "validate_template",
 ]
 
 
 def builtin_templates() -> list[str]:
     """Names llama.cpp can render natively (``"chatml"``, ``"llama3"``, ``"gemma"``, ...)."""
+    return list(_builtin_names())
+
+
+@functools.cache
+def _builtin_names() -> tuple[str, ...]:
     n = lib.llama_chat_builtin_templates(ffi.NULL, 0)
     arr = ffi.new("const char *[]", max(n, 1))
     n = lib.llama_chat_builtin_templates(arr, n)
-    return [ffi.string(arr[i]).decode() for i in range(n)]
+    return tuple(ffi.string(arr[i]).decode() for i in range(n))
+
+
+#: What a template *name* looks like (llama.cpp's are ``chatml``, ``llama2-sys-bos``,
+#: ``seed_oss``, ``granite-4.0``): one word of letters, digits, ``.``, ``_`` and ``-``.
+#: Template text has markup or spaces; a word is never meant as a template (Jinja would
+#: print the word itself, whatever the messages).
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def _check_template(template: object) -> str:
+    return expect_str("template", template, "a str (a template name or template text)")
+
+
+def is_template_name(template: str) -> bool:
+    """Whether ``template`` is a name (one word such as ``"chatml"``) rather than template
+    text. A name must be one of :func:`builtin_templates` (or, for a model's methods, a
+    template the model ships): an unknown one is refused, never rendered as text."""
+    return _NAME.fullmatch(_check_template(template)) is not None
+
+
+def unknown_template_name(name: str, shipped: Iterable[str] = ()) -> ChatTemplateError:
+    """The error for a template name that is no known template: it lists the names that
+    are (llama.cpp's builtin ones, and ``shipped``: those a model's file carries)."""
+    expect_str("name", name)
+    known = f"llama.cpp's builtin templates: {', '.join(_builtin_names())}"
+    if shipped := sorted(shipped):
+        known += f"; the model's own: {', '.join(shipped)}"
+    return ChatTemplateError(
+        f"unknown chat template name {name!r}: a name must be one of {known} (or pass the template's text)"
+    )
 
 
 def _content(i: int, content: object) -> str:
@@ -75,6 +113,12 @@ def _content(i: int, content: object) -> str:
     )
 
 
+def expect_messages(messages: object) -> Iterable[Mapping[str, Any]]:
+    """``messages`` when it can be iterated (each message is checked as it is read): a
+    wrong type is a :class:`~llama_cffi.errors.ParamTypeError` naming ``messages``."""
+    return expect_iterable("messages", messages, "a sequence of messages (dicts with role and content)")
+
+
 def _messages(messages: Iterable[Mapping[str, Any]]) -> list[tuple[str, str]]:
     return [(m["role"], m["content"]) for m in _normalized(messages)]
 
@@ -83,7 +127,7 @@ def _normalized(messages: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Each message as a new dict with ``role`` (str) and ``content`` (str, parts joined);
     its other keys (``tool_calls``, ``name``, ``tool_call_id``...) are kept for Jinja."""
     out = []
-    for i, m in enumerate(messages):
+    for i, m in enumerate(expect_messages(messages)):
         if not isinstance(m, Mapping):
             raise ChatTemplateError(
                 f"messages[{i}] must be a mapping with 'role' and 'content', not {type(m).__name__}"
@@ -104,6 +148,7 @@ def _normalized(messages: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 def apply_native(template: str, messages: Iterable[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
     """Render with llama.cpp; :class:`ChatTemplateError` if it does not know the template."""
+    _check_template(template)
     msgs = _messages(messages)
     keep = [(ffi.new("char[]", r.encode()), ffi.new("char[]", c.encode())) for r, c in msgs]
     chat = ffi.new("llama_chat_message[]", max(len(keep), 1))
@@ -118,6 +163,8 @@ def apply_native(template: str, messages: Iterable[Mapping[str, Any]], add_gener
         buf = ffi.new("char[]", cap)
         n = lib.llama_chat_apply_template(tmpl, chat, len(msgs), add_generation_prompt, buf, cap)
         if n < 0:
+            if is_template_name(template):
+                raise unknown_template_name(template)
             raise ChatTemplateError(
                 "llama.cpp cannot apply this chat template natively "
                 "(install the 'jinja' extra and use engine='jinja' or 'auto')"
@@ -238,10 +285,22 @@ def apply_template(
     **context: Any,
 ) -> str:
     """Render with ``engine`` ``"native"``, ``"jinja"`` or ``"auto"`` (native first);
-    ``limits`` bound the Jinja path (see ``apply_jinja``)."""
+    ``limits`` bound the Jinja path (see ``apply_jinja``). ``template`` is template text
+    or the name of a builtin template (:func:`builtin_templates`); a name that is none of
+    them is refused (:func:`is_template_name`), and a name is rendered by llama.cpp, not
+    by Jinja."""
+    _check_template(template)
     if engine not in ("auto", "native", "jinja"):
         raise ValueError(f"engine={engine!r}; use 'auto', 'native' or 'jinja'")
-    msgs = list(messages)
+    msgs = list(expect_messages(messages))
+    if is_template_name(template):
+        if engine == "jinja":
+            if template in _builtin_names():
+                raise ChatTemplateError(
+                    f"{template!r} is the name of a llama.cpp template: render it with engine='native' or 'auto'"
+                )
+            raise unknown_template_name(template)
+        return apply_native(template, msgs, add_generation_prompt)  # llama.cpp's names, or the error naming them
     if engine == "jinja":
         return apply_jinja(template, msgs, add_generation_prompt, limits, **context)
     try:
@@ -288,8 +347,8 @@ def jinja_available() -> bool:
 
 
 def declares_tools(template: str) -> bool:
-    """Whether template text uses a ``tools`` variable (builtin names never do)."""
-    return template not in builtin_templates() and re.search(r"\btools\b", template) is not None
+    """Whether template text uses a ``tools`` variable (names never do)."""
+    return not is_template_name(template) and re.search(r"\btools\b", template) is not None
 
 
 def turn_end(template: str, engine: str = "auto", limits: TemplateLimits | None = None, **context: Any) -> str:

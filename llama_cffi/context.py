@@ -40,6 +40,16 @@ import numpy as np
 import numpy.typing as npt
 
 from . import log
+from ._args import (
+    expect,
+    expect_bool,
+    expect_callable,
+    expect_int,
+    expect_path,
+    expect_str,
+    expect_strs,
+    type_error,
+)
 from ._binding import ffi, lib
 from ._handle import NativeHandle
 from .batch import Batch
@@ -88,7 +98,7 @@ class Greedy:
     """The default sampler of :meth:`Context.generate`: the most likely token."""
 
     def sample(self, ctx: Context, idx: int = -1) -> int:
-        return int(np.asarray(ctx.logits(idx)).argmax())
+        return int(np.asarray(expect("ctx", ctx, Context, "a llama_cffi.Context").logits(idx)).argmax())
 
 
 # ---------------------------------------------------------------------- abort plumbing
@@ -120,6 +130,14 @@ def llama_cffi_abort_py(user_data: Any) -> bool:
     except BaseException as exc:
         state.error = exc
         return True
+
+
+def _bytes_view(name: str, data: object) -> memoryview:
+    """``data`` (bytes, a bytearray, a memoryview, a contiguous buffer) as unsigned bytes."""
+    try:
+        return memoryview(data).cast("B")  # type: ignore[arg-type]
+    except TypeError:
+        raise type_error(name, "bytes (a state from save_state)", data) from None
 
 
 class _Busy:
@@ -160,6 +178,11 @@ class Context:
     def __init__(self, model: Model, params: ContextParams | None = None, **kwargs: Any) -> None:
         if params is not None and kwargs:
             raise TypeError("pass either params= or keyword parameters, not both")
+        from .model import Model
+
+        expect("model", model, Model, "a llama_cffi.Model")
+        if params is not None:
+            expect("params", params, ContextParams, "a ContextParams")
         mptr = model._ptr()
         if model.vocab_only:
             # llama.cpp creates the context but aborts the process on the first decode
@@ -407,13 +430,15 @@ class Context:
 
     def set_embeddings(self, on: bool) -> None:
         """Also extract embeddings on the next decodes."""
+        on = expect_bool("on", on)
         with self._busy:
-            lib.llama_set_embeddings(self._ptr(), bool(on))
-            self._embeddings = bool(on)
+            lib.llama_set_embeddings(self._ptr(), on)
+            self._embeddings = on
 
     def set_causal_attn(self, on: bool) -> None:
+        on = expect_bool("on", on)
         with self._busy:
-            lib.llama_set_causal_attn(self._ptr(), bool(on))
+            lib.llama_set_causal_attn(self._ptr(), on)
 
     @property
     def causal_attn(self) -> bool:
@@ -421,8 +446,9 @@ class Context:
 
     def set_warmup(self, on: bool) -> None:
         """llama.cpp's warm-up mode (deprecated upstream; prefer :meth:`warmup`)."""
+        on = expect_bool("on", on)
         with self._busy:
-            lib.llama_set_warmup(self._ptr(), bool(on))
+            lib.llama_set_warmup(self._ptr(), on)
 
     def warmup(self) -> None:
         """Run one real decode (BOS, or token 0) to load weights and build graphs, then
@@ -446,7 +472,7 @@ class Context:
         aborts the decode (:class:`DecodeAbortedError`); an exception raised by ``fn``
         aborts it too and is re-raised from the ``decode`` call. ``None`` removes it."""
         if fn is not None and not callable(fn):
-            raise ParamError(f"the abort callback must be callable, not {type(fn).__name__}")
+            raise type_error("fn", "callable (the abort callback) or None", fn)
         if not interval >= 0:
             raise ParamError(f"interval must be >= 0 seconds, not {interval!r}")
         self._ptr()
@@ -478,7 +504,7 @@ class Context:
         """Realign sequence 0 to ``n`` tokens: drop every position ``>= n`` (e.g. to rewind, or
         after restoring a state saved with more tokens)."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ParamError(f"n_past must be an int >= 0, not {n!r}")
+            raise ParamError(f"n (the new n_past) must be an int >= 0, not {n!r}")
         if not self.memory.seq_rm(0, n, -1):
             raise UnsupportedError(
                 f"this {self._arch} model's recurrent state cannot be rewound to {n} tokens (create the context "
@@ -486,7 +512,9 @@ class Context:
             )
 
     def _check_seq(self, seq_id: object) -> int:
-        if isinstance(seq_id, bool) or not isinstance(seq_id, (int, np.integer)) or not 0 <= seq_id < self._n_seq_max:
+        if isinstance(seq_id, (bool, np.bool_)) or not isinstance(seq_id, (int, np.integer)):
+            raise type_error("seq_id", "an int (a sequence id)", seq_id)
+        if not 0 <= seq_id < self._n_seq_max:
             raise ParamError(f"seq_id={seq_id!r} is out of range [0, {self._n_seq_max})")
         return int(seq_id)
 
@@ -745,6 +773,7 @@ class Context:
 
     def decode_batch(self, batch: Batch) -> None:
         """``llama_decode`` a prepared :class:`Batch` (many sequences at once), validated."""
+        expect("batch", batch, Batch, "a llama_cffi.Batch")
         n = batch.n_tokens
         if n == 0:
             raise InvalidBatchError("the batch is empty")
@@ -927,6 +956,7 @@ class Context:
         """For an encoder-decoder model: clear the memory, encode ``tokens``, decode the
         model's decoder start token into ``seq_id`` and return its logits (the first
         generated token comes from them)."""
+        self._vocab.check_tokens(tokens)
         self._ptr()
         if not self._enc_dec:
             raise UnsupportedError(f"start_decoder is for encoder-decoder models; this is a {self._arch} model")
@@ -1004,6 +1034,7 @@ class Context:
         """Logits of one output of the last decode: ``i`` is the token's index in that batch
         (negative: counting outputs from the end, ``-1`` = the last output). A guarded
         zero-copy view of ``n_vocab`` float32 values."""
+        i = expect_int("i", i)
         self._ptr()
         self._check_idle()
         if self._guard.unavailable is not None:
@@ -1107,6 +1138,7 @@ class Context:
         probabilities, the logits and the candidate ids (empty arrays when the chain left
         none; without candidates, logits and probabilities are over the whole
         vocabulary in id order)."""
+        i = expect_int("i", i)
         self._ptr()
         self._check_idle()
         n_out = self._n_outputs
@@ -1147,6 +1179,7 @@ class Context:
     def embeddings(self, i: int = -1, normalize: bool = False) -> np.ndarray:
         """Embedding of output ``i`` of the last decode (needs ``embeddings=True``): a new
         float32 array of ``n_embd_out`` values, L2-normalised if ``normalize``."""
+        i = expect_int("i", i)
         ptr = self._ptr()
         self._check_idle()
         if not self._embeddings:
@@ -1186,7 +1219,9 @@ class Context:
         ``embeddings=True`` and a pooling type (``mean``, ``cls``, ``last``; the model's by
         default); the context's memory is cleared before each decode, so use a context
         of its own for embedding."""
-        rows = self._pooled([texts] if isinstance(texts, str) else list(texts), "embed")
+        if not isinstance(texts, str):
+            texts = expect_strs("texts", texts, "a str or a sequence of str")
+        rows = self._pooled([texts] if isinstance(texts, str) else texts, "embed")
         out = np.stack(rows) if rows else np.zeros((0, self.model.n_embd_out), dtype=np.float32)
         if normalize and len(out):
             norms = np.linalg.norm(out, axis=1, keepdims=True)
@@ -1200,6 +1235,8 @@ class Context:
         Each pair is formed as ``llama-embedding`` forms it: the model's ``rerank`` chat
         template with ``{query}`` and ``{document}``, else query, EOS and SEP texts (as
         the vocabulary adds them), document. Packed like :meth:`embed`."""
+        expect_str("query", query)
+        documents = expect_strs("documents", documents)
         if self.pooling_type != "rank":
             raise ParamError("rerank needs a reranking model and a context with pooling_type='rank'")
         vocab = self._vocab
@@ -1290,6 +1327,8 @@ class Context:
     def set_control_vector(self, data: npt.ArrayLike | None, il_start: int = 1, il_end: int | None = None) -> None:
         """Apply a control vector: ``data`` of shape ``(k, n_embd)`` (row ``j`` is layer ``j + 1``),
         on layers ``il_start..il_end`` inclusive; ``None`` clears it."""
+        if data is not None and not isinstance(data, (np.ndarray, Sequence)):
+            raise type_error("data", "an array of shape (k, n_embd), or None", data)
         n_embd, n_layer = self.model.n_embd, self.model.n_layer
         with self._busy:
             ptr = self._ptr()
@@ -1334,7 +1373,7 @@ class Context:
     def load_state(self, data: bytes | bytearray | memoryview) -> int:
         """Restore a state from :meth:`save_state`; returns bytes read. Raises
         :class:`StateError` for truncated or foreign data (the context stays usable)."""
-        mv = memoryview(data).cast("B")
+        mv = _bytes_view("data", data)
         if len(mv) == 0:
             raise StateError("empty state")
         # llama.cpp trusts the leading length field and allocates it before checking the size
@@ -1376,8 +1415,8 @@ class Context:
 
     def load_seq_state(self, data: bytes | bytearray | memoryview, dest_seq_id: int = 0, flags: int = 0) -> int:
         """Restore a sequence state into ``dest_seq_id`` (which is emptied first)."""
+        mv = _bytes_view("data", data)
         dest_seq_id = self._check_seq(dest_seq_id)
-        mv = memoryview(data).cast("B")
         if len(mv) < 4 or int.from_bytes(bytes(mv[:4]), "little") != _SEQ_STATE_MAGIC:
             raise StateError("not a llama.cpp sequence state (bad magic)")
         self.memory.seq_rm(dest_seq_id)
@@ -1398,6 +1437,7 @@ class Context:
 
     def save_state_file(self, path: str | os.PathLike[str], tokens: Iterable[int] = ()) -> None:
         """Save the whole state and the token list to a session file."""
+        path = expect_path("path", path)
         self._no_pending_shift()
         arr = self._vocab.check_tokens(list(tokens))
         with self._busy:
@@ -1416,7 +1456,7 @@ class Context:
         llama.cpp's own file reader treats a read at the end of the file as done, and on
         a truncated file it looped on stale counts (seen with a CUDA context) where its
         memory reader raises."""
-        p = os.fspath(path)
+        p = expect_path("path", path)
         cap = self._n_ctx if max_tokens is None else max_tokens
         tokens, rest = _read_session_file(p, lib.LLAMA_SESSION_MAGIC, lib.LLAMA_SESSION_VERSION, cap, "state file")
         try:
@@ -1430,6 +1470,7 @@ class Context:
 
     def save_seq_state_file(self, path: str | os.PathLike[str], seq_id: int = 0, tokens: Iterable[int] = ()) -> int:
         """Save one sequence's state and tokens to a file; returns bytes written."""
+        path = expect_path("path", path)
         seq_id = self._check_seq(seq_id)
         self._no_pending_shift()
         arr = self._vocab.check_tokens(list(tokens))
@@ -1450,8 +1491,8 @@ class Context:
         its token list. Read here and restored from memory (:meth:`load_seq_state`), for
         the reason :meth:`load_state_file` gives (llama.cpp's file path also asserts, and
         aborts, on what a truncated file leads it to read)."""
+        p = expect_path("path", path)
         dest_seq_id = self._check_seq(dest_seq_id)
-        p = os.fspath(path)
         cap = self._n_ctx if max_tokens is None else max_tokens
         # the file holds the sequence's data alone; in memory it follows a magic and a seq id
         tokens, buf = _read_session_file(
@@ -1522,7 +1563,7 @@ class Context:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
             raise ParamError(f"max_tokens must be an int >= 0, not {max_tokens!r}")
         smp: Sampler = sampler if sampler is not None else Greedy()
-        toks = self._vocab.tokenize(prompt) if isinstance(prompt, str) else self._vocab.check_tokens(list(prompt))
+        toks = self._vocab.tokenize(prompt) if isinstance(prompt, str) else self._vocab.check_tokens(prompt, "prompt")
         text = StopStringStream(self._vocab, stop)
         if self._enc_dec:
             self.start_decoder(toks, seq_id)
@@ -1564,6 +1605,7 @@ class Context:
         decodes of ``fn`` cannot abort one (llama.cpp clears the flag when a decode starts):
         ``fn`` then finishes, ``cleanup(result)`` is called (to release what it made) and
         the cancellation is raised."""
+        expect_callable("fn", fn)
         loop = asyncio.get_running_loop()
         fut = loop.run_in_executor(None, fn)
         try:

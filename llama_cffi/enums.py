@@ -12,7 +12,11 @@ E = TypeVar("E", bound=enum.IntEnum)
 
 def coerce(kind: type[E], value: object, param: str) -> E:
     """Accept a member, its int value or its (case-insensitive) name; else ParamError."""
+    from ._args import type_error
     from .errors import ParamError
+
+    if not (isinstance(kind, type) and issubclass(kind, enum.Enum)):
+        raise type_error("kind", "an Enum class", kind)
 
     if isinstance(value, kind):
         return value

@@ -51,6 +51,11 @@ class InvalidTokenError(LlamaError, ValueError):
     """A token id outside ``[0, n_vocab)`` (checked before it can reach C)."""
 
 
+class TokenTypeError(InvalidTokenError, TypeError):
+    """A token id that is not an int, or token ids that are not a sequence of ints: an
+    :class:`InvalidTokenError` that is also a ``TypeError``."""
+
+
 class TokenizeError(LlamaError, ValueError):
     """Text could not be tokenized (too long for llama.cpp's 32-bit lengths, ...)."""
 
@@ -65,6 +70,12 @@ class AdapterError(LlamaError, ValueError):
 
 class ParamError(LlamaError, ValueError):
     """A parameter value is invalid; the message names the parameter and the value."""
+
+
+class ParamTypeError(ParamError, TypeError):
+    """A parameter of the wrong type (a ``Context`` where a ``BranchStore`` is needed, a
+    str where an int is): a :class:`ParamError` that is also a ``TypeError``; the message
+    names the parameter and what it takes."""
 
 
 class ContextCreateError(LlamaError, MemoryError):

@@ -67,6 +67,7 @@ from enum import IntEnum
 from functools import lru_cache
 from typing import NoReturn
 
+from ._args import expect, expect_callable, expect_mapping, expect_str
 from .errors import GrammarError, GrammarSyntaxError
 
 __all__ = [
@@ -134,6 +135,8 @@ class ParsedGrammar:
     names: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        expect("rules", self.rules, tuple, "a tuple of rules (use parse_gbnf)")
+        expect_mapping("symbol_ids", self.symbol_ids, "a mapping of rule names to ids")
         names = [""] * len(self.rules)
         for name, i in self.symbol_ids.items():
             if 0 <= i < len(names):
@@ -142,12 +145,14 @@ class ParsedGrammar:
 
     def rule_id(self, name: str) -> int:
         """The id of rule ``name`` (KeyError if the grammar has none)."""
-        return self.symbol_ids[name]
+        return self.symbol_ids[expect_str("name", name)]
 
 
 def resolve_tokens(grammar: ParsedGrammar, token_id: Callable[[str], int]) -> ParsedGrammar:
     """``grammar`` with each named token reference replaced by ``token_id(name)`` (which
     raises if ``name`` is not exactly one token of the vocabulary)."""
+    expect("grammar", grammar, ParsedGrammar, "a ParsedGrammar")
+    expect_callable("token_id", token_id)
     if not grammar.token_names:
         return grammar
     ids = [token_id(name) for name in grammar.token_names]
@@ -563,7 +568,7 @@ def parse_gbnf(text: str) -> ParsedGrammar:
     reference to a rule that is never defined (naming it and where it is first used).
     Text without rules gives a grammar without rules (which :func:`check_grammar`
     refuses, as llama.cpp does)."""
-    return _Parser(text).parse()
+    return _Parser(expect_str("text", text, "a str (GBNF text)")).parse()
 
 
 # ---------------------------------------------------------------------------- checks
@@ -571,6 +576,7 @@ def parse_gbnf(text: str) -> ParsedGrammar:
 
 def alternatives(rule: Rule) -> list[Rule]:
     """The alternatives of a rule (its elements split at ALT, without the END)."""
+    expect("rule", rule, (tuple, list), "a rule (a tuple of (type, value) elements)")
     out: list[Rule] = []
     start = 0
     for i, (t, _v) in enumerate(rule):
@@ -752,6 +758,7 @@ def check_grammar(g: ParsedGrammar, root: str = "root") -> None:
     the grammar has rules and a ``root`` symbol, every rule reference is defined, and no
     rule is left-recursive (:class:`LeftRecursionError`, by llama.cpp's algorithm; and,
     beyond llama.cpp, the "hidden" left recursion it misses, see the module docstring)."""
+    expect("g", g, ParsedGrammar, "a ParsedGrammar (from parse_gbnf)")
     if not g.rules:
         raise GrammarError("grammar has no rules")
     if root not in g.symbol_ids:
@@ -800,12 +807,14 @@ def _outside_literals(text: str) -> Iterator[int]:
 def has_token_refs(text: str) -> bool:
     """Whether GBNF ``text`` has token references: a ``<`` or ``!`` outside literals,
     character classes and comments (where llama.cpp's parser starts a token element)."""
+    text = expect_str("text", text, "a str (GBNF text)")
     return any(text[i] in "<!" for i in _outside_literals(text))
 
 
 def inverted_repetition(text: str) -> str | None:
     """The first ``{m,n}`` with ``n < m`` outside literals, classes and comments, or None
     (found by its spelling, even where llama.cpp would refuse the text before it)."""
+    text = expect_str("text", text, "a str (GBNF text)")
     for i in _outside_literals(text):
         if text[i] == "{":
             m = _REPETITION.match(text, i)

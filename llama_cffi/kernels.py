@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ._args import expect_array, expect_int, expect_iterable, type_error
 from ._binding import ffi, lib
 
 __all__ = [
@@ -212,9 +213,11 @@ class RowMeasures:
     )
 
     def __init__(self, n_vocab: int, slots: int, k: int = 0, n_threads: int | None = None) -> None:
-        if isinstance(n_vocab, bool) or not isinstance(n_vocab, int) or n_vocab < 1:
+        n_vocab = expect_int("n_vocab", n_vocab)
+        slots = expect_int("slots", slots)
+        if n_vocab < 1:
             raise ValueError(f"n_vocab must be an int >= 1, not {n_vocab!r}")
-        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+        if slots < 1:
             raise ValueError(f"slots must be an int >= 1, not {slots!r}")
         self.n_vocab = n_vocab
         self.slots = slots
@@ -236,9 +239,10 @@ class RowMeasures:
 
     def reserve(self, k: int) -> None:
         """Make room for ``k`` candidates per slot (kept candidates stay)."""
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
+        k = expect_int("k", k)
+        if k < 0:
             raise ValueError(f"k must be an int >= 0, not {k!r}")
-        k = min(int(k), self.n_vocab)
+        k = min(k, self.n_vocab)
         if k <= self.k_stride:
             return
         ids = np.zeros((self.slots, k), dtype=np.int32)
@@ -269,6 +273,8 @@ class RowMeasures:
         ``entropy`` (most of the work; the slot keeps the ones it had: whoever reads
         them knows which row they belong to). Raises :class:`ValueError`/:class:`TypeError` on arguments
         that do not fit, before any row is read; :class:`MemoryError` when C runs out."""
+        if not isinstance(rows, np.ndarray):
+            expect_iterable("rows", rows, "a 2-D float32 array or a sequence of 1-D ones")
         addrs, m = self._addresses(rows)
         sl = np.asarray(slots)
         if sl.shape != (m,) or (m and not np.issubdtype(sl.dtype, np.integer)):
@@ -374,6 +380,8 @@ class RowMeasures:
         :attr:`RowStatus.TIE_AT_CUT` when the logit there is tied up to the last candidate
         that came back). The device's arithmetic is ggml's (float32 sums on a GPU), so the
         measures equal :meth:`compute`'s to float32 precision, not bit for bit."""
+        if not isinstance(ctx_ptr, ffi.CData):
+            raise type_error("ctx_ptr", "a llama_context * (cdata)", ctx_ptr)
         ix = np.asarray(idx, dtype=np.int64)
         sl = np.asarray(slots)
         m = len(ix)
@@ -414,6 +422,7 @@ class RowMeasures:
         ``slot`` is ``logit`` (``(max - logit) + log_norm``, as
         :func:`samplers.measure.surprisal` computes it); ``inf`` for a ``-inf`` logit or
         an all ``-inf`` row; NaN when the row had NaN or ``+inf``, or was not measured."""
+        slot = expect_int("slot", slot)
         m = float(self.max[slot])
         if m == -math.inf or logit == -math.inf:
             return math.inf
@@ -421,11 +430,13 @@ class RowMeasures:
 
     def candidates(self, slot: int, k: int | None = None) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.float32]]:
         """Views of the first ``k`` (default: all) candidates of ``slot``: ids and logits."""
+        slot = expect_int("slot", slot)
         n = int(self.n_top[slot]) if k is None else min(int(k), int(self.n_top[slot]))
         return self.top_ids[slot, :n], self.top_logits[slot, :n]
 
     def copy_slot(self, src: int, dst: int) -> None:
         """Slot ``dst`` becomes a copy of slot ``src`` (a forked branch shares its parent's row)."""
+        src, dst = expect_int("src", src), expect_int("dst", dst)
         for a in (self.max, self.log_norm, self.entropy, self.status, self.n_top):
             a[dst] = a[src]
         if self.k_stride:
@@ -439,9 +450,8 @@ def rows_log_sum(
     """``log(softmax_sum(x[r, :n[r]], max_values[r]))`` for every row ``r`` of the C-contiguous
     float32 matrix ``x``: what :func:`samplers.measure` computes for one row, for many
     (the same kernel, so the same bits). NaN where ``n[r]`` is 0."""
-    _check2 = x.dtype == np.float32 and x.ndim == 2 and x.flags.c_contiguous
-    if not isinstance(x, np.ndarray) or not _check2:
-        raise TypeError("x must be a C-contiguous 2-D float32 array")
+    if not isinstance(x, np.ndarray) or not (x.dtype == np.float32 and x.ndim == 2 and x.flags.c_contiguous):
+        raise type_error("x", "a C-contiguous 2-D float32 array", x)
     g, stride = x.shape
     nn = np.ascontiguousarray(n, dtype=np.int32)
     mx = np.ascontiguousarray(max_values, dtype=np.float32)
@@ -476,7 +486,7 @@ def rows_reference(
     """What :class:`RowMeasures` computes for one row, in plain numpy (float64
     exponentials): ``(max, log_norm, entropy, status, top ids, top logits)``. The tested
     reference of the C kernel."""
-    x = np.asarray(row, dtype=np.float32)
+    x = expect_array("row", row, "a 1-D array of logits").astype(np.float32, copy=False)
     if np.isnan(x).any():
         return math.nan, math.nan, math.nan, RowStatus.NAN, np.zeros(0, np.int64), np.zeros(0, np.float32)
     m = float(x.max())

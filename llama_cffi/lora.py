@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import log
+from ._args import expect, expect_mapping
 from ._binding import ffi, lib
 from ._cdata import Metadata, read_metadata
 from ._handle import NativeHandle
@@ -30,6 +31,9 @@ class LoraAdapter:
     _handle: NativeHandle | None = None
 
     def __init__(self, model: Model, ptr: Any, path: str) -> None:
+        from .model import Model
+
+        expect("model", model, Model, "a llama_cffi.Model (load adapters with Model.load_lora)")
         assert model._handle is not None
         self._handle = NativeHandle(
             self,
@@ -103,6 +107,8 @@ class LoraAdapter:
 
 def normalise_adapters(adapters: Mapping[LoraAdapter, float] | None, model: Model) -> list[tuple[LoraAdapter, float]]:
     """Validate ``{adapter: scale}`` for ``model``: same model, open, finite scales."""
+    if adapters is not None:
+        expect_mapping("adapters", adapters, "a mapping {LoraAdapter: scale}, or None")
     out: list[tuple[LoraAdapter, float]] = []
     for adapter, scale in (adapters or {}).items():
         if not isinstance(adapter, LoraAdapter):

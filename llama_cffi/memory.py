@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._args import expect, expect_bool, type_error
 from ._binding import lib
 from .errors import ClosedError, ParamError, UnsupportedError
 
@@ -36,6 +37,9 @@ class Memory:
     """The KV memory of one context (see the module docstring)."""
 
     def __init__(self, ctx: Context) -> None:
+        from .context import Context
+
+        expect("ctx", ctx, Context, "a llama_cffi.Context (use Context.memory)")
         self._ctx = weakref.ref(ctx)
         self.n_seq_max = ctx.n_seq_max
 
@@ -46,19 +50,20 @@ class Memory:
         ctx._ptr()
         return ctx, ctx._memory
 
-    def _seq(self, seq_id: object, allow_any: bool = False) -> int:
+    def _seq(self, seq_id: object, allow_any: bool = False, name: str = "seq_id") -> int:
         if isinstance(seq_id, (bool, np.bool_)) or not isinstance(seq_id, (int, np.integer)):
-            raise ParamError(f"seq_id must be an int, not {seq_id!r}")
+            raise type_error(name, "an int (a sequence id)", seq_id)
         seq_id = int(seq_id)
         if allow_any and seq_id == -1:
             return -1
         if not 0 <= seq_id < self.n_seq_max:
             extra = " (or -1 for every sequence)" if allow_any else ""
-            raise ParamError(f"seq_id={seq_id} is out of range [0, {self.n_seq_max}){extra}")
+            raise ParamError(f"{name}={seq_id} is out of range [0, {self.n_seq_max}){extra}")
         return seq_id
 
     def clear(self, data: bool = True) -> None:
         """Empty every sequence; ``data=True`` also zeroes the buffers."""
+        data = expect_bool("data", data)
         ctx, mem = self._mem()
         if ctx._memoryless:
             return
@@ -118,7 +123,7 @@ class Memory:
         tagged with ``dst``. Otherwise each sequence has its own stream and llama.cpp
         copies whole buffers: only the whole sequence can be copied (``p0``/``p1`` left at
         ``-1``/``0``); a part raises :class:`ParamError` (llama.cpp would abort)."""
-        a, b = self._seq(src), self._seq(dst)
+        a, b = self._seq(src, name="src"), self._seq(dst, name="dst")
         ctx, mem = self._mem()
         q0, q1 = _pos("p0", p0), _pos("p1", p1)
         if ctx._memoryless:

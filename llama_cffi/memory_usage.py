@@ -35,6 +35,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._args import expect_str, type_error
 from ._binding import ffi, lib
 from .errors import LlamaError, UnsupportedError
 
@@ -152,6 +153,9 @@ class MemoryUsage:
     def role_bytes(self, role: str, device: str | None = None) -> int:
         """Bytes of every cache tensor of ``role`` (``"k"``, ``"v"``, ``"r"``, ``"s"``), on
         ``device`` only if given."""
+        expect_str("role", role, 'a str ("k", "v", "r" or "s")')
+        if device is not None:
+            expect_str("device", device, "a str or None")
         return sum(c.bytes_by_role.get(role, 0) for c in self.caches if device is None or c.device == device)
 
     @property
@@ -253,6 +257,8 @@ def _type_name(t: int) -> str:
 
 def read_memory_usage(ctx_ptr: Any) -> MemoryUsage:
     """Internal: read a live ``llama_context *``'s usage (:meth:`Context.memory_usage`)."""
+    if not isinstance(ctx_ptr, ffi.CData) or ffi.typeof(ctx_ptr) is not ffi.typeof("struct llama_context *"):
+        raise type_error("ctx_ptr", "a llama_context * (use Context.memory_usage)", ctx_ptr)
     buffers = tuple(
         BufferUsage(_s(r.buffer_type), _s(r.device), bool(r.host), int(r.model), int(r.context), int(r.compute))
         for r in _rows(lib.llama_cffi_memory_buffers, "llama_cffi_buffer_row", ctx_ptr)

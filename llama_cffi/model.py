@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import chat as _chat
 from . import log
+from ._args import expect_int, expect_iterable, expect_str, type_error
 from ._binding import ffi, lib
 from ._cdata import Metadata, read_metadata, read_str
 from ._handle import NativeHandle
@@ -42,7 +43,7 @@ def _fspath(path: object, what: str = "path") -> str:
     if isinstance(path, (str, os.PathLike)):
         p = os.fspath(path)
         return p if isinstance(p, str) else os.fsdecode(p)
-    raise TypeError(f"{what} must be a str or os.PathLike, not {type(path).__name__}")
+    raise type_error(what, "a str or os.PathLike", path)
 
 
 def _reason(lines: list[tuple[int, str]], fallback: str) -> str:
@@ -66,6 +67,9 @@ class Model:
 
     def __init__(self, ptr: Any, path: str, vocab_only: bool = False) -> None:
         """Internal: use :meth:`load`. Takes ownership of ``ptr`` (a ``llama_model *``)."""
+        if not isinstance(ptr, ffi.CData) or ffi.typeof(ptr) is not ffi.typeof("struct llama_model *"):
+            raise type_error("ptr", "a llama_model * (use Model.load)", ptr)
+        path = expect_str("path", path)
         self._handle = NativeHandle(self, ptr, lib.llama_model_free, f"Model({os.path.basename(path)!r})")
         self.path = path
         #: Loaded with ``vocab_only=True``: a tokenizer without weights (no contexts).
@@ -93,7 +97,7 @@ class Model:
     @classmethod
     def load_splits(cls, paths: Sequence[PathLike], **params: Any) -> Model:
         """Load a model stored in several files, given in order (any naming scheme)."""
-        ps = [_fspath(p, "paths[]") for p in paths]
+        ps = [_fspath(p, "paths[]") for p in expect_iterable("paths", paths, "a sequence of paths")]
         if not ps:
             raise ValueError("load_splits needs at least one path")
         for p in ps:
@@ -286,6 +290,9 @@ class Model:
         (default 1 MiB; keys at most 1 KiB). The result is a dict with ``truncated`` (the
         keys whose key or value was cut) and ``complete`` (False when keys were left out).
         Invalid UTF-8 is decoded with U+FFFD."""
+        for name, v in (("max_keys", max_keys), ("max_value_bytes", max_value_bytes)):
+            if v is not None:
+                expect_int(name, v, "an int or None")
         return read_metadata(
             lib.llama_model_meta_count,
             lib.llama_model_meta_key_by_index,
@@ -297,6 +304,7 @@ class Model:
 
     def cls_label(self, i: int) -> str | None:
         """Label of classifier output ``i`` (``0 <= i < n_cls_out``), or None."""
+        i = expect_int("i", i)
         n = self.n_cls_out
         if not 0 <= i < n:
             raise IndexError(f"classifier output {i} is out of range [0, {n})")
@@ -332,6 +340,8 @@ class Model:
         longer than the template limit (:class:`llama_cffi.chat.TemplateLimits`
         ``max_template``, 1 MiB by default) raises :class:`TemplateLimitError`: a model
         file is untrusted input. Invalid UTF-8 is decoded with U+FFFD."""
+        if name is not None:
+            expect_str("name", name, "a str (a template name) or None")
         s = lib.llama_model_chat_template(self._ptr(), ffi.NULL if name is None else name.encode())
         if s == ffi.NULL:
             return None
@@ -353,7 +363,9 @@ class Model:
         """Render ``messages`` (dicts with ``role`` and ``content``) with a chat template.
 
         ``template``: None for the model's own, a builtin name (see
-        :func:`llama_cffi.chat.builtin_templates`), or template text. ``engine``:
+        :func:`llama_cffi.chat.builtin_templates`), the name of a template the model's file
+        ships (``tokenizer.chat_template.NAME``), or template text; another name is refused
+        with the known ones (a typo is never rendered as text). ``engine``:
         ``"native"`` (llama.cpp's ``llama_chat_apply_template``), ``"jinja"`` (needs the
         ``jinja`` extra), or ``"auto"``: native, then jinja for templates llama.cpp
         cannot apply natively. The Jinja path renders in a sandbox with resource
@@ -370,7 +382,7 @@ class Model:
                     + ")"
                 )
         return _chat.apply_template(
-            template,
+            self._template_text(template),
             messages,
             add_generation_prompt,
             engine=engine,
@@ -402,16 +414,17 @@ class Model:
         """Render ``messages`` and say how the reply ends: a :class:`~llama_cffi.chat.ChatPrompt`
         with the prompt, the template's end-of-turn text and the tokens that end a turn.
 
-        ``template``: None for :meth:`chat_template_or_default`, a builtin name or template
-        text. ``engine="auto"`` renders builtin names natively and template text with Jinja
-        (natively when Jinja2 is not installed), as llama.cpp's current tools do; the
+        ``template``: None for :meth:`chat_template_or_default`, a builtin name, the name of a
+        template the model ships, or template text. ``engine="auto"`` renders builtin names
+        natively and template text with Jinja (natively when Jinja2 is not installed), as
+        llama.cpp's current tools do; the
         model's BOS text at the start of the rendering is removed, since tokenizing with
         ``add_special=True`` adds the token. Message content may be a str or a list of ``{"type": "text", "text": ...}``
         parts. ``tools`` (OpenAI-style function specs) are rendered when the template
         declares them (Jinja templates that use ``tools``), as llama.cpp does; ``context``:
         more template variables. Every failure is a :class:`ChatTemplateError`."""
-        tmpl = self.chat_template_or_default() if template is None else template
-        msgs = list(messages)
+        tmpl = self.chat_template_or_default() if template is None else self._template_text(template)
+        msgs = list(_chat.expect_messages(messages))
         extra = {
             "bos_token": self._token_text_or_empty(self.vocab.bos),
             "eos_token": self._token_text_or_empty(self.vocab.eos),
@@ -444,7 +457,7 @@ class Model:
     ) -> _chat.TemplateReport:
         """:func:`llama_cffi.chat.validate_template` of ``template`` (None: the model's own
         or its family's default), with the model's BOS/EOS texts."""
-        tmpl = self.chat_template_or_default() if template is None else template
+        tmpl = self.chat_template_or_default() if template is None else self._template_text(template)
         return _chat.validate_template(
             tmpl,
             engine,
@@ -452,6 +465,19 @@ class Model:
             bos_token=self._token_text_or_empty(self.vocab.bos),
             eos_token=self._token_text_or_empty(self.vocab.eos),
         )
+
+    def _template_text(self, template: str) -> str:
+        """``template`` as the chat functions take it: a name of a template this model's file
+        ships becomes its text; a builtin name or template text stays; any other name is
+        refused, listing the names there are."""
+        if not _chat.is_template_name(template) or template in _chat.builtin_templates():
+            return template
+        shipped = self.chat_template(template)
+        if shipped is not None:
+            return shipped
+        prefix = "tokenizer.chat_template."
+        names = [k[len(prefix) :] for k in self.metadata if k.startswith(prefix)]
+        raise _chat.unknown_template_name(template, names)
 
     def _token_text_or_empty(self, token: int | None) -> str:
         return "" if token is None else self.vocab.token_text(token)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from ._args import expect_path
 from ._binding import ffi, lib
 from .errors import InvalidModelError, ModelLoadError, ModelNotFoundError
 
@@ -54,6 +55,7 @@ _ARR_CTYPES = {
 
 def check_model_file(path: str) -> None:
     """Reject what llama.cpp should never see: missing, directory, unreadable, not GGUF."""
+    path = expect_path("path", path)
     if not os.path.exists(path):
         raise ModelNotFoundError(path, "no such file")
     if os.path.isdir(path):
@@ -106,6 +108,7 @@ def check_header(path: str, kv_overrides: Mapping[str, object] | None = None, vo
     string that repeats (its vocabulary loader asserts every string maps to one id) or
     hyper-parameters out of its asserted ranges (not read with ``vocab_only``). A header
     that ggml cannot parse is left to llama.cpp (it fails cleanly on it)."""
+    path = expect_path("path", path)
     params = ffi.new("struct gguf_init_params *")
     params.no_alloc = True
     params.ctx = ffi.NULL

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
+from ._args import expect
 from .errors import ClosedError, InvalidBatchError, LlamaError, UnsupportedError
 
 
@@ -63,8 +64,10 @@ class OutputBuffer:
     __slots__ = ("flat", "ptr")
 
     def __init__(self, ptr: Any, flat: np.ndarray) -> None:
-        self.ptr = ptr
-        self.flat = flat
+        from ._binding import ffi
+
+        self.ptr = expect("ptr", ptr, ffi.CData, "the output buffer's address (a cffi pointer)")
+        self.flat = expect("flat", flat, np.ndarray, "a float32 numpy array over the buffer")
 
     def raw_arrays_alive(self) -> bool:
         # references: self.flat, and getrefcount's own argument
@@ -80,7 +83,7 @@ class OutputView(NDArrayOperatorsMixin):
     def __init__(
         self, buf: OutputBuffer, offset: int, shape: tuple[int, ...], guard: OutputGuard, why: str | None = None
     ) -> None:
-        self._buf = buf
+        self._buf = expect("buf", buf, OutputBuffer, "an OutputBuffer (views come from Context.logits and decode)")
         self._off = offset
         self._shape = shape
         self._guard = guard

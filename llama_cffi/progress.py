@@ -11,6 +11,8 @@ import sys
 import time
 from typing import TextIO
 
+from ._args import expect_number, expect_str
+
 __all__ = ["ProgressBar"]
 
 
@@ -23,7 +25,7 @@ class ProgressBar:
     def __init__(
         self, label: str, stream: TextIO | None = None, width: int = 30, interval: float = 0.1, force: bool = False
     ) -> None:
-        self.label = label
+        self.label = expect_str("label", label)
         self.stream = stream if stream is not None else sys.stderr
         self.width = width
         self.interval = interval
@@ -34,7 +36,7 @@ class ProgressBar:
         self.fraction = 0.0
 
     def update(self, fraction: float, note: str = "") -> None:
-        f = min(max(float(fraction), 0.0), 1.0)
+        f = min(max(expect_number("fraction", fraction), 0.0), 1.0)
         self.fraction = f
         if not self.enabled:
             return
@@ -50,7 +52,7 @@ class ProgressBar:
 
     def callback(self, fraction: float) -> bool:
         """For ``Model.load(..., progress_callback=bar.callback)``: draws, never cancels."""
-        self.update(fraction)
+        self.update(expect_number("fraction", fraction))
         return True
 
     def close(self) -> None:

@@ -38,6 +38,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from ._args import expect_int, expect_str, type_error
 from ._binding import ffi, lib
 from .errors import ParamError, RpcError
 
@@ -174,8 +175,10 @@ def add_servers(endpoints: Sequence[str], timeout: float = 5.0) -> list[tuple[Rp
     that ``llama_model_params.devices`` takes. The handles live as long as the process
     (llama.cpp never unregisters a server)."""
     _require_rpc()
-    if isinstance(endpoints, str) or not endpoints:
-        raise ParamError("rpc_servers must be a non-empty list of 'host:port' strings")
+    if isinstance(endpoints, str) or not isinstance(endpoints, Sequence):
+        raise type_error("endpoints (rpc_servers)", "a non-empty list of 'host:port' strings", endpoints)
+    if not endpoints:
+        raise ParamError("endpoints (rpc_servers) must be a non-empty list of 'host:port' strings")
     out: list[tuple[RpcDevice, Any]] = []
     with _lock:
         for ep in endpoints:
@@ -265,6 +268,8 @@ def serve(host: str = "127.0.0.1", port: int = 50052, n_threads: int = 0, cache_
     works: the server runs on a daemon thread). ``n_threads`` 0: the CPU count.
     ``cache_dir``: where the worker caches tensors the client sends by hash (faster
     reloads of the same model). See the module's security warning."""
+    host = expect_str("host", host, "a str (an address to listen on)")
+    port = expect_int("port", port)
     _require_rpc()
     endpoint = f"{host}:{port}"
     parse_endpoint(endpoint)

@@ -29,9 +29,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from ._args import expect, expect_array, expect_iterable, expect_str, type_error
 from ._binding import ffi, lib
 from ._handle import NativeHandle
-from .errors import InvalidTokenError, LlamaError, ParamError
+from .errors import InvalidTokenError, LlamaError, ParamError, ParamTypeError
 from .gbnf import has_token_refs, native_grammar_hazard
 
 if TYPE_CHECKING:
@@ -59,9 +60,11 @@ class InvalidLogitsError(LlamaError, ValueError):
 
 # --------------------------------------------------------------------- parameter checks
 def check_float(name: str, value: float) -> float:
-    """``value`` as a finite float, or :class:`ParamError` naming ``name``."""
+    """``value`` as a finite float, or :class:`ParamError` naming ``name`` (a
+    :class:`~llama_cffi.errors.ParamTypeError` when it is no number)."""
+    expect_str("name", name, "a str (the parameter's name)")
     if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
-        raise ParamError(f"{name} must be a number, not {type(value).__name__} ({value!r})")
+        raise ParamTypeError(f"{name} must be a number, not {type(value).__name__} ({value!r})")
     v = float(value)
     if not math.isfinite(v):
         raise ParamError(f"{name} must be finite, not {v!r}")
@@ -69,9 +72,11 @@ def check_float(name: str, value: float) -> float:
 
 
 def check_int(name: str, value: int, lo: int = _INT32_MIN, hi: int = _INT32_MAX) -> int:
-    """``value`` as an int in ``[lo, hi]``, or :class:`ParamError` naming ``name``."""
+    """``value`` as an int in ``[lo, hi]``, or :class:`ParamError` naming ``name`` (a
+    :class:`~llama_cffi.errors.ParamTypeError` when it is no int)."""
+    expect_str("name", name, "a str (the parameter's name)")
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ParamError(f"{name} must be an int, not {type(value).__name__} ({value!r})")
+        raise ParamTypeError(f"{name} must be an int, not {type(value).__name__} ({value!r})")
     v = int(value)
     if not lo <= v <= hi:
         raise ParamError(f"{name} must be in [{lo}, {hi}], not {v}")
@@ -113,8 +118,8 @@ class TokenDataArray:
         sorted: bool = False,
     ) -> TokenDataArray:
         """Copy candidates in (``p`` defaults to 0, as ``llama_sampler_sample`` does)."""
-        ids_a = np.asarray(ids)
-        logits_a = np.asarray(logits)
+        ids_a = expect_array("ids", ids, "an array of token ids", "iu")
+        logits_a = expect_array("logits", logits, "an array of logits", "iuf")
         n = len(logits_a)
         if ids_a.shape != (n,) or logits_a.ndim != 1:
             raise ParamError(f"ids and logits must be 1-D arrays of one length, not {ids_a.shape} and {logits_a.shape}")
@@ -129,7 +134,7 @@ class TokenDataArray:
 
     def fill_logits(self, row: npt.ArrayLike) -> TokenDataArray:
         """Every token of a logits row as a candidate (ids ``0..n-1``), p = 0."""
-        r = np.asarray(row)
+        r = expect_array("row", row, "a row of logits", "iuf")
         n = len(r)
         if r.ndim != 1 or n > self.capacity:
             raise ParamError(f"a logits row of at most {self.capacity} values is needed, not shape {r.shape}")
@@ -214,6 +219,8 @@ class LlamaSampler:
     _handle: NativeHandle | None = None
 
     def __init__(self, ptr: Any, what: str, parent: NativeHandle | None = None, owned: bool = True) -> None:
+        if not isinstance(ptr, ffi.CData):
+            raise type_error("ptr", "a llama_sampler * (use the LlamaSampler class methods)", ptr)
         if ptr == ffi.NULL:
             raise SamplingError(f"llama.cpp could not create the {what} sampler")
         self._handle = NativeHandle(self, ptr, _free_sampler if owned else _no_free, what, parent=parent)
@@ -292,6 +299,7 @@ class LlamaSampler:
     def apply(self, cands: TokenDataArray) -> None:
         """``llama_sampler_apply`` on ``cands`` (refusing empty or NaN candidates, and ids
         outside the vocabulary for samplers that look tokens up)."""
+        expect("cands", cands, TokenDataArray, "a TokenDataArray")
         ptr = self._ptr()
         cands.check_input()
         if self._n_vocab is not None:
@@ -331,6 +339,9 @@ class LlamaSampler:
 
         Like ``llama_sampler_sample`` but with a :class:`SamplingError` where llama.cpp
         would abort (no sampler selected a token)."""
+        from .context import Context
+
+        expect("ctx", ctx, Context, "a llama_cffi.Context")
         row = np.asarray(ctx.logits(idx))
         tda = self._tda
         if tda is None or tda.capacity < len(row):
@@ -348,11 +359,12 @@ class LlamaSampler:
     @classmethod
     def chain(cls, samplers: Iterable[LlamaSampler] = (), no_perf: bool = True) -> LlamaSampler:
         """An empty chain (``llama_sampler_chain_init``), then :meth:`add` each of ``samplers``."""
+        members = list(expect_iterable("samplers", samplers, "an iterable of LlamaSampler"))
         params = lib.llama_sampler_chain_default_params()
         params.no_perf = bool(no_perf)
         ch = cls(lib.llama_sampler_chain_init(params), "chain")
         ch._is_chain = True
-        for s in samplers:
+        for s in members:
             ch.add(s)
         return ch
 
@@ -386,6 +398,7 @@ class LlamaSampler:
     def add(self, smpl: LlamaSampler) -> None:
         """Move ``smpl`` into this chain (llama.cpp takes ownership); ``smpl`` then refers to
         the chain's member and keeps the chain alive."""
+        expect("smpl", smpl, LlamaSampler, "a LlamaSampler")
         ptr = self._check_chain()
         if smpl is self:
             raise ParamError("a chain cannot contain itself")
@@ -608,7 +621,10 @@ class GrammarGuard(Protocol):
     def clone(self) -> GrammarGuard: ...
 
 
-def _vocab_of(obj: Vocab | Model) -> Vocab:
+def _vocab_of(obj: Vocab | Model, name: str = "vocab") -> Vocab:
     from .model import Model
+    from .vocab import Vocab
 
-    return obj.vocab if isinstance(obj, Model) else obj
+    if isinstance(obj, Model):
+        return obj.vocab
+    return expect(name, obj, Vocab, "a llama_cffi.Vocab or Model")

@@ -44,7 +44,8 @@ from collections.abc import Callable, Iterator, Mapping
 from functools import lru_cache
 from typing import Any
 
-from .errors import ChatTemplateError
+from ._args import expect, expect_int, expect_mapping, type_error
+from .errors import ChatTemplateError, ParamTypeError
 
 __all__ = [
     "TemplateLimitError",
@@ -83,12 +84,15 @@ class TemplateLimits:
             v = getattr(self, f.name)
             if v is None:
                 continue
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise type_error(f.name, "a positive number or None", v)
+            if v <= 0:
                 raise ValueError(f"TemplateLimits.{f.name} must be a positive number, not {v!r}")
 
     def resolved(self, input_size: int) -> TemplateLimits:
         """These limits with the size-dependent defaults filled in for ``input_size``
         characters of messages and context."""
+        input_size = expect_int("input_size", input_size)
         return dataclasses.replace(
             self,
             max_output=self.max_output if self.max_output is not None else self.output_headroom + 4 * input_size,
@@ -132,6 +136,8 @@ def set_template_limits(limits: TemplateLimits | None = None, **changes: Any) ->
     """Set the process-wide default limits: a whole :class:`TemplateLimits`, or some
     fields changed (``set_template_limits(max_seconds=5)``). Returns the previous ones."""
     global _default_limits
+    if limits is not None:
+        expect("limits", limits, TemplateLimits, "a TemplateLimits or None")
     with _limits_lock:
         previous = _default_limits
         new = limits if limits is not None else previous
@@ -566,15 +572,19 @@ def render_template(template: str, context: Mapping[str, Any], limits: TemplateL
     """Render Jinja ``template`` with ``context`` in the bounded sandbox.
 
     Raises :class:`TemplateLimitError` when a limit is hit and :class:`ChatTemplateError`
-    for any other failure (syntax, sandbox refusals, undefined names, errors in the
-    template's own operations); never anything else."""
+    for any other failure of the template (syntax, sandbox refusals, undefined names,
+    errors in the template's own operations); arguments of the wrong type are a
+    :class:`~llama_cffi.errors.ParamTypeError`."""
     try:
         from jinja2 import TemplateError  # noqa: F401 - is Jinja2 there?
     except ImportError:
         raise ChatTemplateError("this chat template needs Jinja2: pip install 'llama-cffi[jinja]'") from None
-    lim = (limits if limits is not None else _default_limits).resolved(_size_of(context))
     if not isinstance(template, str):
-        raise ChatTemplateError(f"the chat template must be a str, not {type(template).__name__}")
+        raise ParamTypeError(f"template (the chat template) must be a str, not {type(template).__name__}")
+    expect_mapping("context", context, "a mapping of template variables")
+    if limits is not None:
+        expect("limits", limits, TemplateLimits, "a TemplateLimits or None")
+    lim = (limits if limits is not None else _default_limits).resolved(_size_of(context))
     if len(template) > lim.max_template:
         raise TemplateLimitError(
             "template", f"the chat template is {len(template):,} characters long (limit {lim.max_template:,})"

@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from ._args import expect, expect_bool, expect_strs, type_error
 from ._binding import ffi, lib
 from .enums import TokenAttr, VocabType
-from .errors import InvalidTokenError, TokenizeError
+from .errors import InvalidTokenError, TokenizeError, TokenTypeError
 
 if TYPE_CHECKING:
     from ._handle import NativeHandle
@@ -32,6 +33,9 @@ class Vocab:
     """The vocabulary of one model (see the module docstring for lifetime rules)."""
 
     def __init__(self, model_handle: NativeHandle) -> None:
+        from ._handle import NativeHandle
+
+        expect("model_handle", model_handle, NativeHandle, "a model's NativeHandle (use Model.vocab)")
         self._model = model_handle
         self._ptr = lib.llama_model_get_vocab(model_handle.get())
         self.n_vocab: int = int(lib.llama_vocab_n_tokens(self._ptr))
@@ -49,31 +53,39 @@ class Vocab:
         return buf
 
     # ------------------------------------------------------------------ checking
-    def check_token(self, token: int) -> int:
-        """Return ``token`` as an int, or raise :class:`InvalidTokenError`."""
+    def check_token(self, token: int, name: str = "token") -> int:
+        """Return ``token`` as an int, or raise :class:`InvalidTokenError` (a
+        :class:`~llama_cffi.errors.TokenTypeError`, also a ``TypeError``, when it is no int);
+        ``name``: the parameter the messages name."""
         if isinstance(token, (bool, np.bool_)) or not isinstance(token, (int, np.integer)):
-            raise InvalidTokenError(f"token must be an int, not {type(token).__name__} ({token!r})")
+            raise TokenTypeError(f"{name} must be an int, not {type(token).__name__} ({token!r})")
         t = int(token)
         if not 0 <= t < self.n_vocab:
             raise InvalidTokenError(f"token id {t} is out of range [0, {self.n_vocab})")
         return t
 
-    def check_tokens(self, tokens: Tokens | Iterable[int]) -> TokenArray:
-        """``tokens`` as a contiguous int32 array, every id checked to be in range."""
+    def check_tokens(self, tokens: Tokens | Iterable[int], name: str = "tokens") -> TokenArray:
+        """``tokens`` as a contiguous int32 array, every id checked to be in range;
+        ``name``: the parameter the messages name (a value that is no sequence of ints is
+        a :class:`~llama_cffi.errors.TokenTypeError`)."""
         if isinstance(tokens, np.ndarray):
             arr = tokens
         else:
+            if isinstance(tokens, (str, bytes, bytearray)) or not isinstance(tokens, Iterable):
+                raise TokenTypeError(f"{name} must be a sequence or array of token ids, not {type(tokens).__name__}")
             seq = tokens if isinstance(tokens, Sequence) else list(tokens)
             if any(isinstance(t, (bool, np.bool_)) for t in seq):
-                raise InvalidTokenError("token ids must be ints, not bools")
+                raise TokenTypeError(f"{name}: token ids must be ints, not bools")
             try:
                 arr = np.asarray(seq) if len(seq) else np.zeros(0, dtype=np.int32)
             except (ValueError, TypeError) as exc:
-                raise InvalidTokenError(f"tokens must be a flat sequence of ints ({exc})") from None
+                raise TokenTypeError(f"{name} must be a flat sequence of ints ({exc})") from None
         if arr.ndim != 1:
-            raise InvalidTokenError(f"tokens must be one-dimensional, got shape {arr.shape}")
+            raise InvalidTokenError(f"{name} must be one-dimensional, got shape {arr.shape}")
         if arr.size and arr.dtype.kind not in "iu":
-            raise InvalidTokenError(f"token ids must be integers, got dtype {arr.dtype}")
+            if arr.dtype == object and all(type(t) is int for t in arr.flat):  # ints past int64: a range error
+                raise InvalidTokenError(f"{name}: token ids must lie in [0, {self.n_vocab}), not {max(arr.flat)}")
+            raise TokenTypeError(f"{name}: token ids must be integers, got dtype {arr.dtype}")
         if arr.size:
             lo, hi = int(arr.min()), int(arr.max())
             if lo < 0 or hi >= self.n_vocab:
@@ -98,7 +110,7 @@ class Vocab:
         elif isinstance(text, (bytes, bytearray, memoryview)):
             data = bytes(text)
         else:  # bytes(5) would be five NUL bytes, bytes(10**10) ten gigabytes
-            raise TypeError(f"tokenize takes str or bytes, not {type(text).__name__}")
+            raise type_error("text", "a str or bytes", text)
         if len(data) > _INT32_MAX:
             raise TokenizeError(f"text is {len(data)} bytes; llama.cpp takes at most {_INT32_MAX}")
         vocab = self._vocab()
@@ -155,7 +167,7 @@ class Vocab:
         self, remove_special: bool = False, unparse_special: bool = False
     ) -> StreamingDetokenizer:
         """A detokenizer fed one token at a time (see :class:`StreamingDetokenizer`)."""
-        return StreamingDetokenizer(self, remove_special, unparse_special)
+        return StreamingDetokenizer(self, expect_bool("remove_special", remove_special), unparse_special)
 
     # ------------------------------------------------------------------ tokens
     @property
@@ -279,6 +291,7 @@ class Vocab:
         has ``n_vocab + 1`` entries and ``eog[t]`` says whether ``t`` ends generation. One C
         loop (about 20 ms for 262,144 tokens, against 0.3 s token by token); the arrays are
         new and owned by the caller."""
+        special = expect_bool("special", special)
         vocab = self._vocab()
         n = self.n_vocab
         offsets = np.zeros(n + 1, dtype=np.int64)
@@ -331,9 +344,9 @@ class StreamingDetokenizer:
     """
 
     def __init__(self, vocab: Vocab, remove_special: bool = False, unparse_special: bool = False) -> None:
-        self._vocab = vocab
-        self._remove_special = remove_special
-        self._unparse_special = unparse_special
+        self._vocab = expect("vocab", vocab, Vocab, "a llama_cffi.Vocab")
+        self._remove_special = expect_bool("remove_special", remove_special)
+        self._unparse_special = expect_bool("unparse_special", unparse_special)
         self._tokens: list[int] = []
         self._prefix = 0  # window start
         self._read = 0  # tokens before this are emitted
@@ -378,8 +391,9 @@ class StopStringStream:
     returns what is left at the end (nothing after a stop)."""
 
     def __init__(self, vocab: Vocab, stop: Iterable[str] = ()) -> None:
-        self._detok = vocab.streaming_detokenizer()
-        self._stops = [s for s in stop if s]
+        self._detok = expect("vocab", vocab, Vocab, "a llama_cffi.Vocab").streaming_detokenizer()
+        stops = [stop] if isinstance(stop, str) else expect_strs("stop", stop, "a str or a sequence of str")
+        self._stops = [s for s in stops if s]
         self._hold = max((len(s) for s in self._stops), default=1) - 1
         self._text = ""
         self._emitted = 0

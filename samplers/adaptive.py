@@ -8,11 +8,12 @@ from typing import Any
 
 import numpy as np
 
+from llama_cffi._args import expect_int
 from llama_cffi.sampling import LlamaSampler, check_float, check_seed
 
 from ._rng import StdMT19937
 from .base import Sampler
-from .candidates import Candidates
+from .candidates import Candidates, check_candidates
 
 _F32 = np.float32
 _WIDTH = _F32(0.3)
@@ -67,6 +68,7 @@ class AdaptiveP(Sampler):
         return {"target": self.target, "decay": self.decay, "seed": self.rng.seed}
 
     def apply(self, cands: Candidates) -> None:
+        check_candidates(cands)
         if cands.size == 0:
             cands.selected = -1
             return
@@ -93,6 +95,7 @@ class AdaptiveP(Sampler):
         self._pending_idx = idx
 
     def accept(self, token: int) -> None:
+        token = expect_int("token", token)
         if self._pending_token == token and self._pending_idx >= 0:
             d = _F32(self.decay)
             self.weighted_sum = self._original[self._pending_idx] + d * self.weighted_sum

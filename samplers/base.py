@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from llama_cffi._args import expect, expect_int
 from llama_cffi.sampling import SamplingError
 
-from .candidates import Candidates
+from .candidates import Candidates, check_candidates
 
 if TYPE_CHECKING:
-    from llama_cffi import Context
+    from llama_cffi import Context, Model
     from llama_cffi.sampling import LlamaSampler
 
 __all__ = ["Sampler", "SamplingError", "candidates_for"]
@@ -36,6 +37,7 @@ _per_context: weakref.WeakKeyDictionary[Any, Candidates] = weakref.WeakKeyDictio
 def candidates_for(ctx: Context) -> Candidates:
     """The :class:`Candidates` reused for every sampling step on ``ctx`` (one per context,
     so many chains sampling one context share one set of buffers)."""
+    check_context(ctx)
     c = _per_context.get(ctx)
     if c is None:
         c = _per_context[ctx] = Candidates(ctx.n_vocab)
@@ -51,9 +53,11 @@ class Sampler(ABC):
     @abstractmethod
     def apply(self, cands: Candidates) -> None:
         """Transform ``cands`` in place (filter, rescale, compute ``p``, or select)."""
+        check_candidates(cands)
 
-    def accept(self, token: int) -> None:  # noqa: B027 - optional hook, a no-op by default
+    def accept(self, token: int) -> None:
         """``token`` was chosen: update state (no-op for stateless samplers)."""
+        expect_int("token", token)
 
     def reset(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Back to the state after construction (accepted tokens forgotten, RNG reseeded)."""
@@ -72,6 +76,7 @@ class Sampler(ABC):
 
         Raises :class:`SamplingError` when nothing was selected (end a chain with a
         selecting sampler: greedy, dist, mirostat, adaptive-p)."""
+        check_context(ctx)
         cands = candidates_for(ctx)
         try:
             cands.reset(np.asarray(ctx.logits(idx)))
@@ -88,6 +93,26 @@ class Sampler(ABC):
 
     def _params(self) -> dict[str, Any]:
         return {}
+
+
+def check_context(ctx: object, name: str = "ctx") -> Context:
+    """``ctx`` when it is a :class:`llama_cffi.Context`, else the
+    :class:`~llama_cffi.errors.ParamTypeError` naming ``name``."""
+    from llama_cffi import Context
+
+    return expect(name, ctx, Context, "a llama_cffi.Context")
+
+
+def check_model(model: object, name: str = "model") -> Model:
+    """``model`` when it is a :class:`llama_cffi.Model`, else the
+    :class:`~llama_cffi.errors.ParamTypeError` naming ``name``."""
+    from llama_cffi import Model
+
+    return expect(name, model, Model, "a llama_cffi.Model")
+
+
+def check_model_or_none(model: object, name: str = "model") -> Model | None:
+    return None if model is None else check_model(model, name)
 
 
 def selected_token(cands: Candidates, who: Sampler) -> int:

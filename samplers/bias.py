@@ -11,7 +11,7 @@ from llama_cffi import InvalidTokenError
 from llama_cffi.sampling import LlamaSampler, check_float, check_int
 
 from .base import Sampler
-from .candidates import Candidates
+from .candidates import Candidates, check_candidates
 
 
 class LogitBias(Sampler):
@@ -60,6 +60,7 @@ class LogitBias(Sampler):
         return {"n_vocab": self.n_vocab, "biases": dict(zip(self.tokens.tolist(), self.biases.tolist(), strict=False))}
 
     def apply(self, cands: Candidates) -> None:
+        check_candidates(cands)
         if len(self.tokens) == 0 or cands.size == 0:
             return
         n = cands.size

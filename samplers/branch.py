@@ -55,6 +55,15 @@ import numpy as np
 import numpy.typing as npt
 
 from llama_cffi import Batch
+from llama_cffi._args import (
+    expect,
+    expect_array,
+    expect_bool,
+    expect_int,
+    expect_iterable,
+    expect_mapping,
+    expect_pairs,
+)
 from llama_cffi.errors import ClosedError, LlamaError, ParamError, UnsupportedError
 from llama_cffi.kernels import RowMeasures, RowStatus
 from llama_cffi.sampling import InvalidLogitsError, LlamaSampler
@@ -206,6 +215,9 @@ class BranchStore:
     def __init__(
         self, ctx: Context, *, n_threads: int | None = None, batched: bool = True, device: bool = False
     ) -> None:
+        from llama_cffi import Context
+
+        expect("ctx", ctx, Context, "a llama_cffi.Context")
         if device and not batched:
             raise ParamError("device=True measures rows on the device: it needs batched=True")
         self.ctx = ctx
@@ -326,6 +338,8 @@ class BranchStore:
         run row-wise (``TopK`` first, then top-p, min-p, temperature, and dist or greedy)
         are sampled together, in a few numpy calls over their candidates: the same tokens
         and sampling surprisals as one by one. The others go one by one."""
+        if branches is not None:
+            expect_iterable("branches", branches, "an iterable of Branch, or None")
         todo = self.branches if branches is None else list(branches)
         self._give_masks(todo)
         if not self.batched or len(todo) < 2:
@@ -485,7 +499,7 @@ class BranchStore:
         :class:`~samplers.grammar.GrammarSampler` first in the chain; ``seed`` reseeds the
         chain's random samplers. ``track=False`` turns the metrics off (each costs a
         softmax over the vocabulary per token: ~0.5-1 ms at 262,144 tokens on 2 cores)."""
-        tokens = self.ctx.model.vocab.check_tokens(prompt)
+        tokens = self.ctx.model.vocab.check_tokens(prompt, "prompt")
         if len(tokens) == 0:
             raise ParamError("a branch needs a prompt of at least one token")
         chain = _as_chain(sampler, grammar, self.ctx.model)
@@ -538,6 +552,7 @@ class BranchStore:
         accept each token (sampler, grammar, metrics on the snapshot that produced it) and
         take each branch's new logits (measured in one call for all). On failure no branch
         changes."""
+        moves = expect_pairs("moves", moves, "a mapping {Branch: token} or (branch, token) pairs")
         items = list(moves.items()) if isinstance(moves, Mapping) else [(b, int(t)) for b, t in moves]
         if not items:
             return
@@ -626,6 +641,7 @@ class BranchStore:
         no branch changes and :class:`asyncio.CancelledError` is raised. A cancellation
         that arrives after the decode finished lets the step complete (the branches'
         positions tell) and is raised all the same."""
+        moves = expect_pairs("moves", moves, "a mapping {Branch: token} or (branch, token) pairs")
         items = list(moves.items()) if isinstance(moves, Mapping) else [(b, int(t)) for b, t in moves]
         await self.ctx.arun(lambda: self.step(items))
 
@@ -634,6 +650,7 @@ class BranchStore:
         ``n_batch`` allows; each branch's logits after its last token are captured. The
         tokens are context (not sampled): they join the history without touching
         samplers or metrics. On failure every branch is restored."""
+        expect_mapping("inputs", inputs, "a mapping {Branch: tokens}")
         work: list[tuple[Branch, list[int]]] = []
         for b, toks in inputs.items():
             b._check_live()
@@ -698,6 +715,7 @@ class BranchStore:
     # ------------------------------------------------------------------ pruning
     def retain_only(self, keep: Branch) -> None:
         """Keep one branch, drop every other (one ``seq_keep``); ``keep`` becomes a root."""
+        expect("keep", keep, Branch, "a Branch of this store")
         keep._check_live()
         with _sigint_deferred():
             self.ctx.memory.seq_keep(keep.seq_id)
@@ -737,6 +755,7 @@ class Branch:
         tracker: PerplexityTracker | None,
         logits: npt.NDArray[np.float32] | None,
     ) -> None:
+        expect("store", store, BranchStore, "a BranchStore (branches come from BranchStore.create)")
         self.store = store
         self.seq_id = seq_id
         self._parent = parent
@@ -903,6 +922,7 @@ class Branch:
     def accept(self, token: int) -> None:
         """Advance sampler, grammar and metrics by ``token`` (measured on the snapshot)
         without decoding it. :meth:`commit` / :meth:`BranchStore.step` do this for you."""
+        token = expect_int("token", token)
         self._check_live()
         self._check_token(int(token))
         self._accept(int(token))
@@ -971,6 +991,7 @@ class Branch:
     def commit(self, token: int) -> None:
         """Accept ``token``, decode it, capture the new logits (one ``llama_decode`` of one
         token: :meth:`BranchStore.step` of this branch alone). On failure nothing changes."""
+        token = expect_int("token", token)
         self._check_live()
         self.store.step([(self, int(token))])
 
@@ -982,6 +1003,7 @@ class Branch:
         ``llama_decode``: :func:`samplers.speculative.speculative_step` for this branch
         alone (``options``: its ``budget``, ``is_end``, ``verify``, and ``on_commit``, a
         callable). Returns its :class:`~samplers.speculative.StepResult`."""
+        token = expect_int("token", token)
         from .speculative import speculative_step
 
         hook = options.pop("on_commit", None)
@@ -1104,6 +1126,7 @@ class Branch:
         NaN). The model's own stay in :attr:`model_logits`: metrics and log-probabilities
         keep measuring the model, while the sampler draws from the edited snapshot. The
         next decode of this branch replaces both."""
+        expect_array("logits", logits, "a row of logits")
         self._check_live()
         arr = np.asarray(logits, dtype=np.float32)
         if arr.shape != (self.store.n_vocab,):
@@ -1115,6 +1138,8 @@ class Branch:
     def add_logits(self, bias: npt.ArrayLike | Mapping[int, float]) -> None:
         """Add ``bias`` to the snapshot: an array of ``n_vocab`` floats, or ``{token: bias}``
         (``-inf`` bans a token). See :meth:`set_logits`."""
+        if not isinstance(bias, Mapping):
+            expect_array("bias", bias, "an array of biases or a mapping {token: bias}")
         self._check_live()
         if isinstance(bias, Mapping):
             row = self._editable()
@@ -1135,6 +1160,7 @@ class Branch:
         """Contrastive decoding / classifier-free guidance: the snapshot becomes
         ``(1 + alpha) * mine - alpha * other's`` (both the model's logits, whatever edits
         either has), e.g. with ``other`` the same text without its instruction."""
+        expect("other", other, Branch, "a Branch")
         self._check_live()
         other._check_live()
         if other.store.n_vocab != self.store.n_vocab:
@@ -1161,6 +1187,8 @@ class Branch:
         text, a JSON schema, a Grammar or a matcher) first when given; the grammar starts
         from here (what the branch generated before is not fed to it). The metrics tracker
         stays."""
+        if sampler is not None:
+            expect("sampler", sampler, Sampler, "a samplers.Sampler or None")
         self._check_live()
         tracker = self.sampler.tracker
         chain = _as_chain(sampler, grammar, self.store.ctx.model)
@@ -1201,6 +1229,8 @@ class Branch:
 
     def reseed(self, seed: int | None) -> None:
         """Reseed every random sampler of the chain (None: draw a random seed)."""
+        if seed is not None:
+            expect_int("seed", seed, "an int or None")
         for s in self.sampler.samplers:
             if hasattr(s, "reseed"):
                 s.reseed(seed)
@@ -1214,6 +1244,7 @@ class Branch:
         can go on past ``n_ctx``. The history (:attr:`tokens`) is kept; :attr:`position`
         becomes ``sinks + tail``; the logits snapshot is recomputed. Sampler and metrics
         are untouched."""
+        sinks = expect_int("sinks", sinks)
         self._check_live()
         ctx = self.store.ctx
         if tail is None:
@@ -1238,6 +1269,7 @@ class Branch:
         (``seq_rm`` + ``seq_add``: no recomputation), where the memory can shift
         (``ctx.memory.can_shift``). Refused while other branches are live: with a unified
         cache they may share these cells, whose positions would move for them too."""
+        n_discard = expect_int("n_discard", n_discard)
         self._check_live()
         ctx = self.store.ctx
         if ctx.model.is_recurrent or ctx.model.is_hybrid:
@@ -1310,6 +1342,8 @@ class Branch:
         metrics are replayed from the per-token record. Needs the positions to match the
         history (not after :meth:`clear_and_reseed` or :meth:`shift_context`) and, for a
         proper prefix, a unified KV cache (``kv_unified=True``)."""
+        if seed is not None:
+            expect_int("seed", seed, "an int or None")
         self._check_live()
         if at is not None:
             if isinstance(at, bool) or not isinstance(at, (int, np.integer)):
@@ -1395,6 +1429,7 @@ class Branch:
         """Remove this branch's KV and free its id. Refused while it has live children,
         unless ``reparent``: they then become children of this branch's parent (their
         KV is their own; removing this sequence's cells leaves theirs)."""
+        reparent = expect_bool("reparent", reparent)
         self._check_live()
         if self._children and not reparent:
             raise BranchError(f"branch {self.seq_id} has {len(self._children)} live children: prune them first")

@@ -23,6 +23,7 @@ from typing import cast
 import numpy as np
 import numpy.typing as npt
 
+from llama_cffi._args import expect_array, expect_bool, expect_int, type_error
 from llama_cffi.kernels import _group_max, _top_k_grouped
 from llama_cffi.sampling import InvalidLogitsError
 
@@ -77,6 +78,7 @@ class Candidates:
     )
 
     def __init__(self, capacity: int = 0) -> None:
+        capacity = expect_int("capacity", capacity)
         self._cap = 0
         self._ids: IntArray = np.empty(0, np.int32)
         self._logits: FloatArray = np.empty(0, np.float32)
@@ -120,6 +122,7 @@ class Candidates:
         """A float64 work array of ``n`` entries owned by these candidates (contents
         undefined; valid until the next call). Grown on demand: samplers use it on the
         few candidates left after truncation, so it stays small."""
+        n = expect_int("n", n)
         if len(self._scratch64) < n:
             self._scratch64 = np.empty(max(n, 64), np.float64)
         return self._scratch64[:n]
@@ -134,8 +137,8 @@ class Candidates:
         cls, ids: npt.ArrayLike, logits: npt.ArrayLike, p: npt.ArrayLike | None = None, sorted: bool = False
     ) -> Candidates:
         """Candidates copied from explicit arrays (any order, any ids)."""
-        ids_a = np.asarray(ids, dtype=np.int32)
-        lg = np.asarray(logits, dtype=np.float32)
+        ids_a = expect_array("ids", ids, "an array of token ids", "iu").astype(np.int32, copy=False)
+        lg = expect_array("logits", logits, "an array of logits", "iuf").astype(np.float32, copy=False)
         if ids_a.ndim != 1 or lg.shape != ids_a.shape:
             raise InvalidLogitsError(f"ids and logits must be 1-D and of one length, not {ids_a.shape}, {lg.shape}")
         c = cls(len(lg))
@@ -155,8 +158,8 @@ class Candidates:
         self, ids: npt.ArrayLike, logits: npt.ArrayLike, p: npt.ArrayLike | None = None, sorted: bool = False
     ) -> Candidates:
         """Replace the contents with copies of explicit arrays (``selected`` becomes -1)."""
-        ids_a = np.asarray(ids)
-        lg = np.asarray(logits)
+        ids_a = expect_array("ids", ids, "an array of token ids", "iu")
+        lg = expect_array("logits", logits, "an array of logits", "iuf")
         n = len(lg)
         if ids_a.shape != (n,) or lg.ndim != 1:
             raise InvalidLogitsError(f"ids and logits must be 1-D and of one length, not {ids_a.shape}, {lg.shape}")
@@ -177,6 +180,8 @@ class Candidates:
         """Start a new step over every token of ``row`` (borrowed; see the module docstring).
         NaN logits raise :class:`~llama_cffi.sampling.InvalidLogitsError`."""
         r = np.asarray(row)
+        if r.dtype.kind not in "fiu":
+            raise type_error("row", "a row of logits (a 1-D array of numbers)", row)
         if r.ndim != 1:
             raise InvalidLogitsError(f"a 1-D logits row is needed, not shape {r.shape}")
         n = len(r)
@@ -306,6 +311,8 @@ class Candidates:
         """Keep the candidates at positions ``idx``, in that order (``sorted``: the new flag;
         ``None`` keeps the current one). Gathers straight from a borrowed row."""
         ix = np.asarray(idx)
+        if ix.dtype.kind not in "biu":
+            raise type_error("idx", "positions (an array of ints or a boolean mask)", idx)
         if ix.dtype == np.bool_:
             ix = np.flatnonzero(ix)
         m = len(ix)
@@ -324,12 +331,14 @@ class Candidates:
 
     def truncate(self, n: int) -> None:
         """Keep the first ``n`` candidates (as llama.cpp's ``cur_p->size = n``)."""
+        n = expect_int("n", n)
         if not 0 <= n <= self._n:
             raise ValueError(f"cannot truncate {self._n} candidates to {n}")
         self._n = n
 
     def drop_front(self, n: int) -> None:
         """Drop the first ``n`` candidates (llama.cpp's ``cur_p->data += n``)."""
+        n = expect_int("n", n)
         if not 0 <= n <= self._n:
             raise ValueError(f"cannot drop {n} of {self._n} candidates")
         if n:
@@ -347,7 +356,7 @@ class Candidates:
         position first), without sorting everything: on large sets a strided sample gives a
         threshold that at least ``k`` candidates pass, and only those are partitioned."""
         n = self._n
-        k = min(k, n)
+        k = min(expect_int("k", k), n)
         lg = self._lg()
         if k <= 0:
             return np.empty(0, np.intp)
@@ -393,6 +402,8 @@ class Candidates:
         The sum is float32 and sequential, bit for bit llama.cpp's arithmetic (at a
         262,144-token vocabulary that sum carries a relative error of ~1e-4; it is
         llama.cpp's, reproduced so results match it)."""
+        if sort is not False and sort is not True:
+            sort = expect_bool("sort", sort)
         n = self._n
         if n == 0:
             raise InvalidLogitsError("softmax of zero candidates")
@@ -409,9 +420,20 @@ class Candidates:
         return p
 
 
+def check_candidates(cands: object, name: str = "cands") -> Candidates:
+    """``cands`` when it is a :class:`Candidates`, else the
+    :class:`~llama_cffi.errors.ParamTypeError` naming ``name`` (every sampler's ``apply``
+    checks its argument with it)."""
+    if not isinstance(cands, Candidates):
+        raise type_error(name, "a samplers.Candidates (Candidates.from_logits(row))", cands)
+    return cands
+
+
 def seq_sum(a: FloatArray, scratch: FloatArray | None = None) -> np.float32:
     """``a[0] + a[1] + ...`` in float32, left to right, as a C loop over floats sums
     (``np.cumsum`` is sequential; ``np.sum`` is pairwise and would round differently)."""
+    if not isinstance(a, np.ndarray):
+        a = expect_array("a", a, "an array of numbers", "iuf").astype(np.float32)
     n = len(a)
     if n == 0:
         return cast(np.float32, np.float32(0.0))

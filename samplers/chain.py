@@ -7,10 +7,11 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from llama_cffi._args import expect_array, expect_int, expect_iterable, type_error
 from llama_cffi.sampling import LlamaSampler, SamplingError
 
-from .base import Sampler, candidates_for, selected_token
-from .candidates import Candidates
+from .base import Sampler, candidates_for, check_context, selected_token
+from .candidates import Candidates, check_candidates
 from .measure import row_surprisal
 
 if TYPE_CHECKING:
@@ -29,7 +30,9 @@ class Tracker(Protocol):
 
 def surprisal_of(logits: np.ndarray, i: int) -> float:
     """-log softmax(logits)[i] in nats (max-shifted, float64 sum; ggml's soft_max kernel)."""
-    return row_surprisal(logits, i)
+    if not isinstance(logits, np.ndarray):
+        logits = expect_array("logits", logits, "a row of logits", "iuf")
+    return row_surprisal(logits, expect_int("i", i))
 
 
 class SamplerChain(Sampler):
@@ -51,14 +54,14 @@ class SamplerChain(Sampler):
 
     def __init__(self, samplers: Iterable[Sampler] = (), *, tracker: Tracker | None = None) -> None:
         self.samplers: list[Sampler] = []
-        for s in samplers:
+        for s in expect_iterable("samplers", samplers, "an iterable of samplers"):
             self.add(s)
         self.tracker = tracker
 
     def add(self, sampler: Sampler) -> SamplerChain:
         """Append ``sampler`` (returns the chain, for chaining calls)."""
         if not isinstance(sampler, Sampler):
-            raise TypeError(f"a Sampler is needed, not {type(sampler).__name__}")
+            raise type_error("sampler", "a samplers.Sampler", sampler)
         if sampler is self:
             raise ValueError("a chain cannot contain itself")
         self.samplers.append(sampler)
@@ -77,10 +80,12 @@ class SamplerChain(Sampler):
         return f"SamplerChain([{', '.join(map(repr, self.samplers))}])"
 
     def apply(self, cands: Candidates) -> None:
+        check_candidates(cands)
         for s in self.samplers:
             s.apply(cands)
 
     def accept(self, token: int) -> None:
+        token = expect_int("token", token)
         for s in self.samplers:
             s.accept(token)
 
@@ -107,6 +112,7 @@ class SamplerChain(Sampler):
         equals the model-level surprisal, which the caller computes anyway). ``row`` may
         be None when the candidates were set otherwise (a row's top-k, found beforehand)
         and no sampler of the chain checks tokens (a grammar)."""
+        check_candidates(cands)
         checks = [c for c in (getattr(s, "allows", None) for s in self.samplers) if c is not None]
         if checks:
             if row is None:
@@ -135,6 +141,7 @@ class SamplerChain(Sampler):
         return token, surprisal_of(cands.read_logits(), cands.selected)
 
     def sample(self, ctx: Context, idx: int = -1) -> int:
+        check_context(ctx)
         cands = candidates_for(ctx)
         row: np.ndarray | None = None
         try:

@@ -23,8 +23,10 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from llama_cffi._args import expect, type_error
 from llama_cffi.kernels import rows_log_sum
 
+from .base import Sampler
 from .chain import SamplerChain
 from .selection import Dist, Greedy
 from .temperature import Temperature
@@ -41,6 +43,7 @@ def signature(chain: SamplerChain) -> Signature | None:
     :class:`SamplerChain` of a plain ``TopK(k > 0)`` first, then ``TopP``/``MinP``/
     ``Temperature``/``TopK``, a ``Dist`` or ``Greedy`` last), else None. Chains with equal
     signatures differ only in their random engines' states."""
+    expect("chain", chain, Sampler, "a samplers.Sampler (a SamplerChain)")
     if type(chain) is not SamplerChain:  # a subclass may choose otherwise
         return None
     samplers = chain.samplers
@@ -83,6 +86,8 @@ def choose(
     :meth:`SamplerChain.choose` would, and its position among the row's candidates (the
     samplers here keep a prefix, in order). Draws one number from each ``Dist`` chain's
     engine. ``logits`` is overwritten; every row's first logit must be finite."""
+    if not isinstance(sig, tuple) or not all(isinstance(step, tuple) and step for step in sig):
+        raise type_error("sig", "a chain signature (from signature())", sig)
     g, k = logits.shape
     rows = np.arange(g)
     n = np.full(g, k, dtype=np.int64)  # candidates left in each row

@@ -31,10 +31,11 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from llama_cffi._args import expect, expect_bool, type_error
 from llama_cffi.chat import ChatPrompt, TemplateLimits
 from llama_cffi.errors import KvCacheFullError, ParamError
 
-from .base import Sampler
+from .base import Sampler, check_context
 from .branch import Branch, BranchStore, _as_chain
 from .chain import SamplerChain
 from .measure import PerplexityTracker
@@ -73,8 +74,8 @@ class ChatStream(Iterator[str]):
     def __init__(
         self, session: ChatSession, stream: Stream, reused: int, decoded: int, fmt: ToolCallFormat | None = None
     ) -> None:
-        self._session = session
-        self._stream = stream
+        self._session = expect("session", session, ChatSession, "a ChatSession (use ChatSession.stream)")
+        self._stream = expect("stream", stream, Stream, "a samplers.search.Stream")
         self._reused = reused
         self._decoded = decoded
         self._fmt = fmt
@@ -135,6 +136,7 @@ class ChatSession:
         limits: TemplateLimits | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
+        check_context(ctx)
         if overflow not in ("trim", "shift", "error"):
             raise ParamError(f"overflow must be 'trim', 'shift' or 'error', not {overflow!r}")
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
@@ -179,6 +181,7 @@ class ChatSession:
     def reset(self, keep_system: bool = True) -> None:
         """Forget the conversation (the system message stays unless ``keep_system=False``)
         and free the sequence."""
+        keep_system = expect_bool("keep_system", keep_system)
         system = [m for m in self.messages[:1] if m["role"] == "system" and keep_system]
         self.messages = system
         self._first = 0
@@ -215,7 +218,7 @@ class ChatSession:
     def send(self, content: Any = None, **options: Any) -> ChatReply:
         """Add a user message (``content``: text or text parts; None to answer the messages
         added so far) and generate the reply. ``options``: see :meth:`stream`."""
-        s = self.stream(content, **options)
+        s = self.stream(_content(content), **options)
         for _ in s:
             pass
         return s.reply
@@ -244,6 +247,7 @@ class ChatSession:
         :attr:`ChatReply.tool_calls`, and with ``constrain_tools`` a lazy grammar keeps a
         call well-formed (a known tool, arguments that satisfy its schema) from its start
         marker on; ``parallel_tool_calls`` allows several calls in one reply."""
+        content = _content(content)
         if grammar is not None and json_schema is not None:
             raise ParamError("give grammar or json_schema, not both")
         n = self.max_tokens if max_tokens is None else max_tokens
@@ -283,6 +287,7 @@ class ChatSession:
     async def asend(self, content: Any = None, **options: Any) -> ChatReply:
         """:meth:`send` for asyncio: the prompt's decode and each step run in a worker thread;
         cancelling the task aborts the decode in flight (the reply is then not added)."""
+        _content(content)
         chat = await self.ctx.arun(lambda: self.stream(content, **options), cleanup=self._abandon)
         async for _ in AsyncStream(chat._stream):
             pass
@@ -290,6 +295,7 @@ class ChatSession:
 
     async def astream(self, content: Any = None, **options: Any) -> AsyncIterator[str]:
         """:meth:`stream` for asyncio: ``async for piece in session.astream("Hi"): ...``."""
+        _content(content)
         chat = await self.ctx.arun(lambda: self.stream(content, **options), cleanup=self._abandon)
         async for piece in AsyncStream(chat._stream):
             yield piece
@@ -310,6 +316,7 @@ class ChatSession:
 
     def add_tool_result(self, call: ToolCall, content: str) -> None:
         """Answer a tool call of the last reply: a ``tool`` message with its id and name."""
+        expect("call", call, ToolCall, "a samplers.tools.ToolCall (from a reply's tool_calls)")
         self.add_message("tool", content, tool_call_id=call.id, name=call.name)
 
     def _jinja_engine(self) -> str:
@@ -479,3 +486,10 @@ def _schema_grammar(schema: Any) -> Any:
     from .grammar import Grammar
 
     return Grammar.from_json_schema(schema)
+
+
+def _content(content: Any) -> Any:
+    """A message's content as the session takes it: text, a list of text parts, or None."""
+    if content is not None and not isinstance(content, (str, list, tuple)):
+        raise type_error("content", "a str, a list of text parts, or None", content)
+    return content

@@ -1,4 +1,4 @@
-"""``llama-cffi generate`` and ``llama-cffi demo``: the command-line face of the toolkit.
+"""``llama-cffi generate``, ``demo`` and ``perplexity``: the command-line face of the toolkit.
 
 Registered as ``llama_cffi.commands`` plugins (see :func:`llama_cffi.__main__.load_plugins`):
 ``llama_cffi`` itself never imports ``samplers``. Generated text goes to stdout as it
@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from llama_cffi import Context, Model, default_model_path
+from llama_cffi._args import expect_namespace, expect_subparsers
 from llama_cffi.errors import ParamError
 from llama_cffi.progress import ProgressBar
 
@@ -36,7 +37,7 @@ from .speculative import Drafter, DraftModel, PromptLookup, SpeculativeStats
 from .temperature import Temperature
 from .truncation import TopK, TopP
 
-__all__ = ["build_chain", "register_demo", "register_generate"]
+__all__ = ["build_chain", "register_demo", "register_generate", "register_perplexity"]
 
 
 def load_model(path: str | None, quiet: bool = False) -> Model:
@@ -54,6 +55,7 @@ def build_chain(args: argparse.Namespace, model: Model | None = None) -> Sampler
     """The sampler chain the options describe: :class:`~samplers.params.SamplingParams`
     read from them (llama.cpp's options, defaults and order), as a chain of this package's
     samplers."""
+    expect_namespace("args", args)
     return SamplingParams.from_args(args).to_chain(model)
 
 
@@ -162,6 +164,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def register_generate(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Entry point of the ``llama_cffi.commands`` plugin group: adds ``generate``."""
+    expect_subparsers("subparsers", subparsers)
     p = subparsers.add_parser(
         "generate",
         help="generate text: sampling options, --grammar, --json-schema, --branches N",
@@ -264,6 +267,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def register_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Entry point of the ``llama_cffi.commands`` plugin group: adds ``demo``."""
+    expect_subparsers("subparsers", subparsers)
     p = subparsers.add_parser("demo", help="the README's demo: branches, perplexity, a JSON-schema answer, tokens/s")
     p.add_argument("-m", "--model", help="GGUF file (default: the embedded default model)")
     p.add_argument("-n", type=int, default=32, help="tokens per branch (default 32)")
@@ -271,3 +275,22 @@ def register_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("prompt", nargs="?", default=DEMO_PROMPT)
     p.set_defaults(func=cmd_demo)
+
+
+# ---------------------------------------------------------------------- perplexity
+def register_perplexity(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Entry point of the ``llama_cffi.commands`` plugin group: adds ``perplexity``, the
+    command of :mod:`samplers.perplexity` with ``--ray`` and ``--workers`` from the
+    optional :mod:`samplers.distributed` (which imports ``ray`` only when a pool is made).
+    The front end composes the two: the core never imports the optional layer."""
+    expect_subparsers("subparsers", subparsers)
+    from . import distributed, perplexity
+
+    parser = subparsers.add_parser(
+        "perplexity",
+        help="corpus perplexity, computed as llama.cpp's llama-perplexity does",
+        description="Corpus perplexity, computed as llama.cpp's llama-perplexity does.",
+    )
+    perplexity.add_arguments(parser)
+    distributed.add_cli_arguments(parser)
+    parser.set_defaults(func=lambda args: perplexity.run_cli(args, distributed.cli_scoring(args)))

@@ -28,15 +28,21 @@ one-at-a-time generation, so its **first token is always that of**
 every token is. In a batch, later tokens come from decodes of several sequences, and
 llama.cpp's CPU kernels depend on a decode's row count: with repacked weights
 (``use_extra_bufts``, the default for quantized models on x86) 4 rows or more take
-another kernel than 1..3, and without repacking 8 rows or more take llamafile's tiled
-kernels. These are different roundings, not last-bit noise: on the default model a
-sequence's logits in an 8-row decode differ from its lone decode's by up to 1.2 (in a
-4-row decode with repacking, 1.0), so sampled continuations part after a few tokens (in
-``benchmarks/bench_distributed.py``, 2 of 16 texts of 32 tokens stay equal in batches of
-8). :func:`map_generate` loads models with ``use_extra_bufts=False`` unless
-``model_params`` says otherwise: F32 models then match one-at-a-time generation token
-for token in any batch, the default model in batches of up to 7. :func:`perplexity`
-keeps llama.cpp's defaults, as ``llama-perplexity`` does.
+another kernel than 1..3, and without repacking K-quant weights (the default model's
+Q4_K) take ggml's tiled kernel from 8 rows. These are different roundings, not last-bit
+noise: on the default model a sequence's logits in an 8-row decode differ from its lone
+decode's by up to 1.2 (in a 4-row decode with repacking, 1.0), so sampled continuations
+part after a few tokens (in ``benchmarks/bench_distributed.py``, 2 of 16 texts of 32
+tokens stay equal in batches of 8). :func:`map_generate` loads models with
+``use_extra_bufts=False`` unless ``model_params`` says otherwise: a K-quant model such as
+the default one then matches one-at-a-time generation bit for bit in batches of up to
+7, and F32 models token for token in any batch (their rows differ in the last bits from
+2 rows on, which changes a token only at an exact tie). Both also need flash attention
+on (llama.cpp's default) and, for the one-at-a-time run past 256 cells, one thread as
+each worker has by default (``threads_per_worker=1``): a one-token decode with several
+threads over a long cache adds its parts in another order. The full conditions:
+``docs/guide/branches.md`` ("Tolerances"). :func:`perplexity` keeps llama.cpp's
+defaults, as ``llama-perplexity`` does.
 
 **Failures.** A prompt that cannot be generated (a prompt longer than the context, a bad
 grammar, a token outside the vocabulary) gets a :class:`Generation` with ``error`` set;
@@ -52,13 +58,17 @@ connect to a running cluster (``ray start --head`` on one machine, ``ray start
 --address=HEAD:PORT`` on the others). Every node needs llama_cffi installed and the model
 file at the same path (or pass a path that exists on each).
 
-Command line: ``llama-cffi perplexity -f FILE --ray auto --workers 8`` (see
-:mod:`samplers.perplexity`).
+Command line: ``llama-cffi perplexity -f FILE --ray auto --workers 8``: the command of
+:mod:`samplers.perplexity` with this module's options (:func:`add_cli_arguments`) and
+scorer (:func:`cli_scoring`); :mod:`samplers.cli` registers it. This module is an optional
+layer over the core: it imports :mod:`samplers.perplexity`, never the other way round.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -69,6 +79,7 @@ import numpy as np
 import numpy.typing as npt
 
 from llama_cffi import LlamaError, Model, ParamError, default_model_path
+from llama_cffi._args import expect_iterable, expect_namespace, expect_parser, expect_path
 
 from . import perplexity as _ppl
 from .base import Sampler
@@ -85,6 +96,8 @@ __all__ = [
     "Request",
     "StopReason",
     "Workers",
+    "add_cli_arguments",
+    "cli_scoring",
     "map_generate",
     "perplexity",
 ]
@@ -352,6 +365,8 @@ class Workers:
         cpus_per_worker: float | None = None,
         start_timeout: float = 300.0,
     ) -> None:
+        if model_path is not None:
+            expect_path("model_path", model_path)
         self.n_workers = _int("n_workers", n_workers, 1)
         self.threads_per_worker = _int("threads_per_worker", threads_per_worker, 1)
         cpus = float(self.threads_per_worker if cpus_per_worker is None else cpus_per_worker)
@@ -547,6 +562,7 @@ class Workers:
         and ``n_batch`` the prompt decode's chunk size. ``progress(done, total)`` is
         called as prompts finish. Prompts that fail get ``error`` set (see the module
         docstring); this raises only for invalid arguments or a closed pool."""
+        prompts = list(expect_iterable("prompts", prompts, "an iterable of prompts (text, token ids or Requests)"))
         self._check_open()
         batch_size = _int("batch_size", batch_size, 1)
         n_ctx = _int("n_ctx", n_ctx, 1)
@@ -653,6 +669,8 @@ def perplexity(
 ) -> _ppl.PerplexityResult:
     """:meth:`Workers.perplexity` on a pool made for this call (and closed after it); the
     pool's arguments as :class:`Workers` takes them."""
+    if model_path is not None:
+        expect_path("model_path", model_path)
     with Workers(
         model_path, workers, threads_per_worker, model_params, cluster, cpus_per_worker=cpus_per_worker
     ) as pool:
@@ -681,6 +699,8 @@ def map_generate(
     """:meth:`Workers.map_generate` on a pool made for this call (and closed after it); the
     pool's arguments as :class:`Workers` takes them. ``model_params`` defaults to
     ``{"use_extra_bufts": False}`` (see Determinism in the module docstring)."""
+    if model_path is not None:
+        expect_path("model_path", model_path)
     params = {"use_extra_bufts": False} if model_params is None else model_params
     with Workers(model_path, workers, threads_per_worker, params, cluster, cpus_per_worker=cpus_per_worker) as pool:
         return pool.map_generate(
@@ -695,3 +715,43 @@ def map_generate(
             n_ctx=n_ctx,
             progress=progress,
         )
+
+
+# ---------------------------------------------------------------------- command line
+def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--ray`` and ``--workers``, for the ``perplexity`` command (on ``parser``)."""
+    expect_parser("parser", parser)
+    parser.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        default=None,
+        help="score the chunks on a Ray cluster (samplers.distributed): 'auto' or HOST:PORT connects to a "
+        "running one, 'local' starts one on this machine (needs: pip install 'llama-cffi[ray]'); "
+        "-t is then the threads of each worker (default 1)",
+    )
+    parser.add_argument("--workers", type=int, default=2, help="with --ray: workers, one model each (default 2)")
+
+
+def cli_scoring(args: argparse.Namespace) -> _ppl.RemoteScoring | None:
+    """The ``perplexity`` command's scorer for its options (:func:`add_cli_arguments`):
+    None without ``--ray`` (the command scores in its own process), else a pool of
+    ``--workers`` Ray workers made for the run (``-t`` threads each, default 1)."""
+    expect_namespace("args", args)
+    if args.ray is None:
+        return None
+
+    def score(
+        model_path: str,
+        tokens: npt.NDArray[np.int32],
+        n_ctx: int,
+        n_batch: int,
+        n_chunks: int,
+        progress: _ppl.ProgressCallback,
+        started: Callable[[], None],
+    ) -> _ppl.PerplexityResult:
+        with Workers(model_path, args.workers, args.threads or 1, cluster=args.ray) as pool:
+            print(f"perplexity: {args.workers} Ray workers: {pool.info()}", file=sys.stderr, flush=True)
+            started()
+            return pool.perplexity(tokens, n_ctx, n_batch, n_chunks, progress)
+
+    return score

@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from llama_cffi._args import expect_int
 from llama_cffi.sampling import LlamaSampler, check_float, check_int
 
-from .base import Sampler
-from .candidates import Candidates
+from .base import Sampler, check_model
+from .candidates import Candidates, check_candidates
 
 if TYPE_CHECKING:
     from llama_cffi import Model
@@ -37,6 +38,7 @@ def breaker_sequences(model: Model, breakers: Iterable[str | bytes]) -> Breakers
     """llama.cpp's ``get_overlapping_token_sequences`` for each breaker string: head token ->
     tails (token sequences that must precede it, nearest first is *not* implied: the tail
     is in text order)."""
+    check_model(model)
     vocab = model.vocab
     pieces = _pieces(model)
     out: Breakers = {}
@@ -122,6 +124,7 @@ class DRY(Sampler):
         self.history: deque[int] = deque(maxlen=max(self.last_n, 1))
 
     def accept(self, token: int) -> None:
+        token = expect_int("token", token)
         if self.enabled:
             self.history.append(int(token))
 
@@ -224,6 +227,7 @@ class DRY(Sampler):
         return out
 
     def apply(self, cands: Candidates) -> None:
+        check_candidates(cands)
         if not self.enabled:
             return
         pen = self.penalties()

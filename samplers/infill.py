@@ -13,8 +13,8 @@ import numpy as np
 
 from llama_cffi.sampling import LlamaSampler
 
-from .base import Sampler
-from .candidates import Candidates
+from .base import Sampler, check_model
+from .candidates import Candidates, check_candidates
 
 if TYPE_CHECKING:
     from llama_cffi import Model
@@ -28,7 +28,7 @@ class Infill(Sampler):
     name = "infill"
 
     def __init__(self, model: Model) -> None:
-        self.model = model
+        self.model = check_model(model)
         vocab = model.vocab
         self._eog = np.array([vocab.is_eog(t) for t in range(model.n_vocab)], dtype=bool)
         eot = vocab.special_tokens().get("eot", -1)
@@ -51,6 +51,7 @@ class Infill(Sampler):
         return got
 
     def apply(self, cands: Candidates) -> None:
+        check_candidates(cands)
         if cands.size == 0:
             return
         cands.softmax(sort=True)

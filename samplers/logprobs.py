@@ -27,9 +27,11 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from llama_cffi._args import expect, type_error
 from llama_cffi.errors import ParamError
 from llama_cffi.kernels import _GROUPS, _group_max, _top_k_grouped, softmax_sum
 
+from .base import check_context
 from .candidates import _stable_top
 from .measure import _buffers, _check_base, _values_problem
 
@@ -76,6 +78,9 @@ class LogprobReader:
     ``"nats"`` or ``"bits"``. Caches each token's piece it reads."""
 
     def __init__(self, vocab: Vocab, top: int = 0, unit: Literal["nats", "bits"] = "nats") -> None:
+        from llama_cffi import Vocab
+
+        expect("vocab", vocab, Vocab, "a llama_cffi.Vocab")
         if isinstance(top, bool) or not isinstance(top, int) or top < 0:
             raise ParamError(f"top_logprobs must be an int >= 0, not {top!r}")
         try:
@@ -98,6 +103,8 @@ class LogprobReader:
     def read(self, row: npt.NDArray[np.float32], token: int) -> TokenLogprob:
         """The record of ``token`` drawn from ``softmax(row)`` (``row``: float32, 1-D,
         contiguous; read during the call only)."""
+        if not isinstance(row, np.ndarray):
+            raise type_error("row", "a float32 numpy array (a row of logits)", row)
         n = row.shape[0]
         k = min(self.top, n)
         cols = n // _GROUPS
@@ -197,14 +204,15 @@ def score(
     (BOS), the continuation without; pass token ids to control the split yourself.
 
     Batch shape matters: llama.cpp's kernels round differently for different row counts,
-    so these values can differ in the last digits from decoding one token at a time (the
-    tests bound the difference); they are bit-identical to any other decode of the same
-    batch.
+    so these values can differ from decoding one token at a time (the tests bound the
+    difference; the branches guide's "Tolerances" says when rows are bit-exact); they are
+    bit-identical to any other decode of the same batch.
 
     Raises :class:`~llama_cffi.ParamError` for an empty prompt or continuation, an
     :class:`~llama_cffi.InvalidTokenError` for ids outside the vocabulary, and the
     decode's typed errors (a sequence longer than the context, a model that cannot
     decode)."""
+    check_context(ctx)
     vocab = ctx.model.vocab
     reader = LogprobReader(vocab, top_logprobs, unit)
     p = _tokens(vocab, prompt, True, "prompt")

@@ -35,6 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from llama_cffi import Context, InvalidTokenError
+from llama_cffi._args import type_error
 from llama_cffi.kernels import softmax_dot, softmax_sum
 
 __all__ = [
@@ -98,7 +99,8 @@ def _row(logits_or_ctx: Any, idx: int) -> npt.NDArray[np.float32]:
         arr = np.asarray(logits_or_ctx)
         if arr.dtype != np.float32:
             if not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
-                raise ValueError(f"logits must be a float array, not dtype {arr.dtype}")
+                what = f"a float array of logits or a llama_cffi.Context (dtype {arr.dtype})"
+                raise type_error("logits_or_ctx", what, logits_or_ctx)
             arr = arr.astype(np.float32)
     if arr.ndim != 1:
         raise ValueError(f"logits must be 1-D (one row of n_vocab values), got shape {arr.shape}")

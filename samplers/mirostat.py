@@ -16,7 +16,7 @@ from llama_cffi.sampling import LlamaSampler, check_float, check_int, check_seed
 
 from ._rng import StdMT19937
 from .base import Sampler
-from .candidates import Candidates
+from .candidates import Candidates, check_candidates
 
 _F32 = np.float32
 _INT32_MIN = -(2**31)
@@ -82,6 +82,7 @@ class Mirostat(_MirostatBase):
         return {"n_vocab": self.n_vocab, "seed": self.rng.seed, "tau": self.tau, "eta": self.eta, "m": self.m}
 
     def apply(self, cands: Candidates) -> None:
+        check_candidates(cands)
         if cands.size == 0:
             cands.selected = -1
             return
@@ -120,6 +121,7 @@ class MirostatV2(_MirostatBase):
         return {"seed": self.rng.seed, "tau": self.tau, "eta": self.eta}
 
     def apply(self, cands: Candidates) -> None:
+        check_candidates(cands)
         if cands.size == 0:
             cands.selected = -1
             return

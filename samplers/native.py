@@ -13,10 +13,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from llama_cffi._args import expect, expect_int, expect_iterable, type_error
 from llama_cffi.sampling import LlamaSampler, TokenDataArray
 
-from .base import Sampler
-from .candidates import Candidates
+from .base import Sampler, check_context
+from .candidates import Candidates, check_candidates
 
 if TYPE_CHECKING:
     from llama_cffi import Context
@@ -26,7 +27,7 @@ class NativeSampler(Sampler):
     """One llama.cpp sampler as a :class:`~samplers.base.Sampler` (owns ``sampler``)."""
 
     def __init__(self, sampler: LlamaSampler) -> None:
-        self.sampler = sampler
+        self.sampler = expect("sampler", sampler, LlamaSampler, "a llama_cffi LlamaSampler")
         self.name = sampler.name
         self._tda: TokenDataArray | None = None
 
@@ -34,6 +35,7 @@ class NativeSampler(Sampler):
         return f"NativeSampler({self.sampler.name!r})"
 
     def apply(self, cands: Candidates) -> None:
+        check_candidates(cands)
         n = cands.size
         tda = self._tda
         if tda is None or tda.capacity < n:
@@ -44,6 +46,7 @@ class NativeSampler(Sampler):
         cands.selected = tda.selected
 
     def accept(self, token: int) -> None:
+        token = expect_int("token", token)
         self.sampler.accept(token)
 
     def reset(self) -> None:
@@ -60,6 +63,7 @@ class NativeSampler(Sampler):
         return self.sampler.seed
 
     def sample(self, ctx: Context, idx: int = -1) -> int:
+        check_context(ctx)
         return self.sampler.sample(ctx, idx)
 
     def close(self) -> None:
@@ -72,7 +76,11 @@ class NativeSamplerChain(NativeSampler):
     their ``native()``; :class:`LlamaSampler` objects are moved into the chain)."""
 
     def __init__(self, samplers: Iterable[Sampler | LlamaSampler] = (), no_perf: bool = True) -> None:
-        members = [s if isinstance(s, LlamaSampler) else s.native() for s in samplers]
+        items = list(expect_iterable("samplers", samplers, "an iterable of samplers (Sampler or LlamaSampler)"))
+        for s in items:
+            if not isinstance(s, (Sampler, LlamaSampler)):
+                raise type_error("samplers", "an iterable of samplers (Sampler or LlamaSampler)", s)
+        members = [s if isinstance(s, LlamaSampler) else s.native() for s in items]
         super().__init__(LlamaSampler.chain(members, no_perf=no_perf))
 
     def __len__(self) -> int:

@@ -35,10 +35,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from llama_cffi._args import expect_mapping, expect_namespace, expect_parser
 from llama_cffi.errors import ParamError
 
 from .adaptive import AdaptiveP
-from .base import Sampler
+from .base import Sampler, check_model, check_model_or_none
 from .bias import LogitBias
 from .chain import SamplerChain
 from .dry import DRY
@@ -200,6 +201,7 @@ class SamplingParams:
     def from_dict(cls, data: Mapping[str, Any]) -> SamplingParams:
         """The inverse of :meth:`to_dict`; missing keys take llama.cpp's defaults, unknown
         keys raise :class:`~llama_cffi.ParamError`."""
+        expect_mapping("data", data, "a mapping (a dict) of llama.cpp sampling parameters")
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
@@ -300,17 +302,20 @@ class SamplingParams:
         the other :class:`~samplers.chain.SamplerChain` options). ``model`` is needed for
         logit biases, ``ignore_eos``, DRY's string breakers, Mirostat v1 and infill; with it
         the model's suppressed tokens are banned as llama.cpp bans them."""
+        check_model_or_none(model)
         return SamplerChain(self._samplers(model, native=False), **chain_options)
 
     def to_native(self, model: Model) -> NativeSamplerChain:
         """llama.cpp's own samplers in ``common_sampler_init``'s chain for ``model`` (every
         listed sampler added, as llama.cpp adds them)."""
+        check_model(model)
         return NativeSamplerChain(self._samplers(model, native=True))
 
     # ------------------------------------------------------------------ command line
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
         """llama.cpp's sampling options (``llama-cli --help``'s names and defaults)."""
+        expect_parser("parser", parser)
         d = SamplingParams()
         g = parser.add_argument_group("sampling (llama.cpp's options, defaults and order)")
         g.add_argument("--seed", "-s", type=int, default=None, help="random seed (default: random)")
@@ -354,6 +359,7 @@ class SamplingParams:
     def from_args(cls, args: argparse.Namespace, n_ctx: int | None = None) -> SamplingParams:
         """The parameters :meth:`add_arguments`' options hold (``-1`` last-n values become
         ``n_ctx`` when given, as llama.cpp does)."""
+        expect_namespace("args", args)
 
         def last_n(v: int) -> int:
             return n_ctx if v == -1 and n_ctx is not None else v

@@ -13,10 +13,11 @@ from typing import Any
 
 import numpy as np
 
+from llama_cffi._args import expect_int
 from llama_cffi.sampling import LlamaSampler, check_float, check_int
 
 from .base import Sampler
-from .candidates import Candidates
+from .candidates import Candidates, check_candidates
 
 _F32 = np.float32
 
@@ -40,6 +41,7 @@ class Penalties(Sampler):
         self.counts: Counter[int] = Counter()
 
     def accept(self, token: int) -> None:
+        token = expect_int("token", token)
         if self.disabled:
             return
         if len(self.history) == self.last_n:
@@ -67,6 +69,7 @@ class Penalties(Sampler):
         return {"last_n": self.last_n, "repeat": self.repeat, "freq": self.freq, "present": self.present}
 
     def apply(self, cands: Candidates) -> None:
+        check_candidates(cands)
         if self.disabled:
             return
         cands.sorted = False

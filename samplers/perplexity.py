@@ -23,15 +23,18 @@ A context created here is sized as ``llama-perplexity`` sizes its own:
 ``n_seq_max = n_seq``, ``n_ubatch = 512`` (llama.cpp's default), ``swa_full=False``
 (common's default), one KV stream per sequence.
 
-Command line (a ``llama_cffi`` plugin command, also ``python -m samplers.perplexity``)::
+Command line (``python -m samplers.perplexity``, and the ``llama_cffi`` plugin command
+``llama-cffi perplexity``, registered by :func:`samplers.cli.register_perplexity`)::
 
     python -m llama_cffi perplexity [-m MODEL] -f FILE [-c 512] [-b 2048] [--chunks N] [-t THREADS]
                                     [--ray auto|HOST:PORT|local --workers N]
 
 prints the running estimates as ``llama-perplexity`` does (``[1]12.3456,[2]...``, on
 stdout as each chunk finishes), progress information on stderr, and finally
-``Final estimate: PPL = X +/- Y`` on stdout. With ``--ray`` the chunks are scored by Ray
-workers (:mod:`samplers.distributed`); the output is the same, digit for digit.
+``Final estimate: PPL = X +/- Y`` on stdout. The plugin command adds ``--ray``: the chunks
+are then scored by Ray workers (:mod:`samplers.distributed`, the optional layer built on
+this module: :func:`run_cli` takes its :class:`RemoteScoring`); the output is the same,
+digit for digit. ``python -m samplers.perplexity`` is the single-process command.
 """
 
 from __future__ import annotations
@@ -42,13 +45,24 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from llama_cffi import Batch, Context, LlamaError, Model, ParamError, default_model_path
+from llama_cffi._args import (
+    expect,
+    expect_array,
+    expect_int,
+    expect_iterable,
+    expect_namespace,
+    expect_parser,
+    expect_strs,
+    type_error,
+)
 
+from .base import check_context, check_model
 from .measure import log_normaliser
 
 __all__ = [
@@ -59,13 +73,14 @@ __all__ = [
     "PerplexityResult",
     "Plan",
     "ProgressCallback",
+    "RemoteScoring",
     "Scorer",
+    "add_arguments",
     "groups",
     "main",
     "perplexity",
     "plan",
     "prepare",
-    "register_cli",
     "run_cli",
 ]
 
@@ -153,7 +168,7 @@ def _tokens(model: Model, text_or_tokens: Any) -> npt.NDArray[np.int32]:
     if isinstance(text_or_tokens, (str, bytes, bytearray)):
         data = bytes(text_or_tokens) if isinstance(text_or_tokens, bytearray) else text_or_tokens
         return model.tokenize(data, add_special=True, parse_special=False)
-    return model.vocab.check_tokens(text_or_tokens)
+    return model.vocab.check_tokens(text_or_tokens, "text_or_tokens")
 
 
 def _open_context(model: Model, p: Plan, n_threads: int | None) -> Context:
@@ -189,6 +204,7 @@ def prepare(
 ) -> tuple[Plan, npt.NDArray[np.int32], int, int | None]:
     """Check the arguments of :func:`perplexity` and lay out the run: ``(plan, tokens,
     chunks to score, BOS token or None)``. ``model`` may be loaded ``vocab_only``."""
+    check_model(model)
     p = plan(n_ctx, n_batch)
     if isinstance(n_chunks, bool) or not isinstance(n_chunks, (int, np.integer)) or n_chunks == 0:
         raise ParamError(f"n_chunks must be a negative int (all chunks) or an int >= 1, not {n_chunks!r}")
@@ -243,7 +259,7 @@ def perplexity(
         ctx = None
         model = model_or_ctx
     else:
-        raise TypeError(f"model_or_ctx must be a llama_cffi.Model or Context, not {type(model_or_ctx).__name__}")
+        raise type_error("model_or_ctx", "a llama_cffi.Model or Context", model_or_ctx)
     if n_threads is not None:
         n_threads = _int_param("n_threads", n_threads, 1)
     p, tokens, n_chunk, bos = prepare(model, text_or_tokens, n_ctx, n_batch, n_chunks)
@@ -273,6 +289,7 @@ GroupTerms = list[tuple[float, float, bool]]
 
 def groups(n_chunk: int, n_seq: int) -> list[tuple[int, int]]:
     """``(first chunk, chunks)`` of each group ``llama-perplexity`` decodes together, in order."""
+    n_chunk, n_seq = expect_int("n_chunk", n_chunk), expect_int("n_seq", n_seq)
     return [(i, min(n_seq, n_chunk - i)) for i in range(0, n_chunk, n_seq)]
 
 
@@ -280,14 +297,15 @@ class Scorer:
     """Scores groups of chunks on one context (the batch and the work row are reused)."""
 
     def __init__(self, ctx: Context, p: Plan) -> None:
-        self.ctx = ctx
-        self.p = p
+        self.ctx = check_context(ctx)
+        self.p = expect("p", p, Plan, "a Plan (from plan())")
         self.batch = Batch(p.n_batch, 1)
         self.scratch = np.empty(ctx.n_vocab, dtype=np.float32)  # exp() work row, reused for every row
 
     def group(self, tokens: npt.NDArray[np.int32], i: int, n_seq_batch: int, bos: int | None) -> GroupTerms:
         """The terms of chunks ``i .. i + n_seq_batch - 1``, decoded together from an
         empty KV memory as ``llama-perplexity`` decodes them."""
+        expect_array("tokens", tokens, "an array of token ids", "iu")
         ctx, p, batch = self.ctx, self.p, self.batch
         n_ctx, nb = p.n_ctx, p.n_batch
         first = n_ctx // 2
@@ -335,7 +353,7 @@ class Accumulator:
     then :meth:`result`."""
 
     def __init__(self, p: Plan, n_chunk: int, n_tokens: int, progress: ProgressCallback | None = None) -> None:
-        self.p = p
+        self.p = expect("p", p, Plan, "a Plan (from plan())")
         self.n_chunk = n_chunk
         self.n_tokens = n_tokens
         self.progress = progress
@@ -345,6 +363,7 @@ class Accumulator:
         self.running: list[float] = []
 
     def add(self, terms: GroupTerms) -> None:
+        terms = list(expect_iterable("terms", terms, "the terms of a group (Scorer.group)"))
         per_chunk = self.p.n_ctx - self.p.n_ctx // 2 - 1
         for a, b, finished in terms:
             self.nll += a
@@ -408,23 +427,35 @@ def _score(
 
 
 # ---------------------------------------------------------------------- command line
-def _add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command's options (``llama-perplexity``'s names), on ``parser``."""
+    expect_parser("parser", parser)
     parser.add_argument("-m", "--model", help="GGUF file (default: the default model)")
     parser.add_argument("-f", "--file", required=True, help="text file (one trailing newline is dropped)")
     parser.add_argument("-c", "--ctx-size", type=int, default=512, help="tokens per chunk (default 512)")
     parser.add_argument("-b", "--batch-size", type=int, default=2048, help="logical batch size (default 2048)")
     parser.add_argument("--chunks", type=int, default=-1, help="at most this many chunks (default: all)")
-    parser.add_argument(
-        "-t", "--threads", type=int, default=None, help="threads (default: llama_cffi's; with --ray: per worker, 1)"
-    )
-    parser.add_argument(
-        "--ray",
-        metavar="ADDRESS",
-        default=None,
-        help="score the chunks on a Ray cluster (samplers.distributed): 'auto' or HOST:PORT connects to a "
-        "running one, 'local' starts one on this machine (needs: pip install 'llama-cffi[ray]')",
-    )
-    parser.add_argument("--workers", type=int, default=2, help="with --ray: workers, one model each (default 2)")
+    parser.add_argument("-t", "--threads", type=int, default=None, help="threads (default: llama_cffi's)")
+
+
+class RemoteScoring(Protocol):
+    """Scores the command's chunks somewhere else (``llama-cffi perplexity --ray`` passes
+    :func:`samplers.distributed.cli_scoring`'s): called with the model's path, the tokens
+    and the command's ``n_ctx``, ``n_batch`` and ``n_chunks``; it calls ``started()`` once
+    its workers are ready (the first pass's time, and so the ETA, counts from there) and
+    ``progress`` after each chunk, as :func:`perplexity` does, and returns the same
+    :class:`PerplexityResult`."""
+
+    def __call__(
+        self,
+        model_path: str,
+        tokens: npt.NDArray[np.int32],
+        n_ctx: int,
+        n_batch: int,
+        n_chunks: int,
+        progress: ProgressCallback,
+        started: Callable[[], None],
+    ) -> PerplexityResult: ...
 
 
 def _read_text(path: str) -> bytes:
@@ -433,13 +464,15 @@ def _read_text(path: str) -> bytes:
     return data[:-1] if data.endswith(b"\n") else data
 
 
-def run_cli(args: argparse.Namespace) -> int:
+def run_cli(args: argparse.Namespace, remote: RemoteScoring | None = None) -> int:
     """The ``perplexity`` command: prints like ``llama-perplexity``; returns the exit status.
-    User errors propagate as exceptions (the caller prints one line and exits 2)."""
+    ``remote``: score the chunks there (only the vocabulary is loaded here). User errors
+    propagate as exceptions (the caller prints one line and exits 2)."""
+    expect_namespace("args", args)
     p = plan(args.ctx_size, args.batch_size)
     text = _read_text(args.file)
     path = args.model if args.model else str(default_model_path())
-    with Model.load(path, vocab_only=args.ray is not None) as model:  # with --ray: the tokenizer only
+    with Model.load(path, vocab_only=remote is not None) as model:  # remote: the tokenizer only
         tokens = model.tokenize(text, add_special=True, parse_special=False)
         if len(tokens) >= 2 * p.n_ctx:
             n_max = len(tokens) // p.n_ctx
@@ -450,12 +483,15 @@ def run_cli(args: argparse.Namespace) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-        t_start = time.perf_counter()
+        clock = [time.perf_counter()]
         first_pass: list[float] = []
+
+        def started() -> None:
+            clock[0] = time.perf_counter()
 
         def show(done: int, total: int, ppl: float) -> None:
             if not first_pass:
-                first_pass.append(time.perf_counter() - t_start)
+                first_pass.append(time.perf_counter() - clock[0])
                 eta = first_pass[0] * total / p.n_seq
                 print(
                     f"perplexity: {first_pass[0]:.2f} seconds per pass - ETA {eta / 60:.2f} minutes",
@@ -464,15 +500,10 @@ def run_cli(args: argparse.Namespace) -> int:
                 )
             print(f"[{done}]{ppl:.4f},", end="", flush=True)
 
-        if args.ray is None:
+        if remote is None:
             res = perplexity(model, tokens, p.n_ctx, args.batch_size, args.chunks, args.threads, show)
         else:
-            from .distributed import Workers
-
-            with Workers(path, args.workers, args.threads or 1, cluster=args.ray) as pool:
-                print(f"perplexity: {args.workers} Ray workers: {pool.info()}", file=sys.stderr, flush=True)
-                t_start = time.perf_counter()
-                res = pool.perplexity(tokens, p.n_ctx, args.batch_size, args.chunks, show)
+            res = remote(path, tokens, p.n_ctx, args.batch_size, args.chunks, show, started)
     print(flush=True)
     if math.isnan(res.stderr):
         print("Unexpected negative standard deviation of log(prob)", file=sys.stderr)
@@ -481,23 +512,15 @@ def run_cli(args: argparse.Namespace) -> int:
     return 0
 
 
-def register_cli(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Entry point of the ``llama_cffi.commands`` plugin group: adds ``perplexity``."""
-    parser = subparsers.add_parser(
-        "perplexity",
-        help="corpus perplexity, computed as llama.cpp's llama-perplexity does",
-        description="Corpus perplexity, computed as llama.cpp's llama-perplexity does.",
-    )
-    _add_arguments(parser)
-    parser.set_defaults(func=run_cli)
-
-
 def main(argv: list[str] | None = None) -> int:
-    """``python -m samplers.perplexity``: the same command on its own."""
+    """``python -m samplers.perplexity``: the command on its own, in this process (the
+    plugin command ``llama-cffi perplexity`` also takes ``--ray``)."""
+    if argv is not None:
+        expect_strs("argv", argv, "a list of str or None")
     parser = argparse.ArgumentParser(
         prog="python -m samplers.perplexity", description="Corpus perplexity, as llama-perplexity computes it."
     )
-    _add_arguments(parser)
+    add_arguments(parser)
     args = parser.parse_args(argv)
     try:
         return run_cli(args)

@@ -17,7 +17,9 @@ from typing import Any, Literal, cast
 
 import numpy as np
 
-from llama_cffi.errors import ParamError
+from llama_cffi._args import expect, type_error
+from llama_cffi.context import Context
+from llama_cffi.errors import ParamError, ParamTypeError
 from llama_cffi.kernels import softmax_sum
 from llama_cffi.vocab import StopStringStream, Vocab
 
@@ -95,7 +97,29 @@ class Result:
 
 def _prompt_tokens(store: BranchStore, prompt: str | Sequence[int]) -> list[int]:
     vocab = store.ctx.model.vocab
-    return [int(t) for t in (vocab.tokenize(prompt) if isinstance(prompt, str) else vocab.check_tokens(prompt))]
+    toks = vocab.tokenize(prompt) if isinstance(prompt, str) else vocab.check_tokens(prompt, "prompt")
+    return [int(t) for t in toks]
+
+
+def _store(store: object) -> BranchStore:
+    """``store`` when it is a :class:`BranchStore`; a :class:`llama_cffi.Context` (a natural
+    first try) or anything else is a :class:`~llama_cffi.errors.ParamTypeError` that says
+    what to pass. A store is not made for the call: it would take over the context's
+    sequences, whatever they hold."""
+    if isinstance(store, BranchStore):
+        return store
+    if isinstance(store, Context):
+        raise ParamTypeError(
+            "store must be a samplers.branch.BranchStore, not a Context: make one for the context with "
+            "BranchStore(ctx) and pass it (it takes over the context's sequences; keep it for every call)"
+        )
+    raise type_error("store", "a samplers.branch.BranchStore", store)
+
+
+def _branch(branch: object) -> Branch:
+    if not isinstance(branch, Branch):
+        raise type_error("branch", "a samplers.branch.Branch (from BranchStore.create)", branch)
+    return branch
 
 
 def _accepted_records(branch: Branch, since: int, reader: LogprobReader | None) -> tuple[TokenLogprob, ...] | None:
@@ -157,6 +181,7 @@ class Stream(Iterator[str]):
         prompt_seconds: float = 0.0,
         prompt_tokens: int | None = None,
     ) -> None:
+        branch = _branch(branch)
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
             raise ParamError(f"max_tokens must be an int >= 0, not {max_tokens!r}")
         if drafter is not None and reader is not None and reader.top:
@@ -311,8 +336,10 @@ def stream(
     With a ``drafter`` (:class:`~samplers.speculative.PromptLookup`,
     :class:`~samplers.speculative.DraftModel`) generation is speculative: each decode
     checks the drafted tokens and commits those the sampler agrees with. The tokens,
-    the branch's sampler state and metrics are those of plain generation (``verify``:
-    see :mod:`samplers.speculative`); ``drafter.stats`` counts what it bought."""
+    the branch's sampler state and metrics are those of plain generation (``verify``,
+    and the conditions for bit-exact rows: see :mod:`samplers.speculative`; outside them,
+    up to rounding); ``drafter.stats`` counts what it bought."""
+    branch = _branch(branch)
     reader = LogprobReader(branch.store.ctx.model.vocab, top_logprobs, unit) if logprobs or top_logprobs else None
     return Stream(branch, max_tokens, stop, stop_tokens, drafter, verify, reader)
 
@@ -359,6 +386,7 @@ def complete(
     alternatives. ``grammar``: GBNF text, a Grammar or a matcher; ``json_schema``: a
     schema the output must satisfy; ``drafter``: speculative decoding (see
     :func:`stream`)."""
+    store = _store(store)
     toks, constraint, reader = _setup(store, prompt, grammar, json_schema, logprobs, top_logprobs, unit)
     t0 = time.perf_counter()
     branch = store.create(toks, sampler=sampler, grammar=constraint, seed=seed)
@@ -386,6 +414,7 @@ def generate(
 ) -> str:
     """Generate text for ``prompt`` on a new branch (pruned afterwards): the text of
     :func:`complete`'s result."""
+    store = _store(store)
     return complete(store, prompt, max_tokens, sampler, grammar, json_schema, stop, seed, drafter, verify).text
 
 
@@ -401,7 +430,7 @@ class AsyncStream(AsyncIterator[str]):
     streamed again. :attr:`result` is the wrapped stream's."""
 
     def __init__(self, stream: Stream) -> None:
-        self.stream = stream
+        self.stream = expect("stream", stream, Stream, "a samplers.search.Stream (use astream)")
 
     def __aiter__(self) -> AsyncStream:
         return self
@@ -435,6 +464,7 @@ def astream(
     unit: Literal["nats", "bits"] = "nats",
 ) -> AsyncStream:
     """:func:`stream` for asyncio: ``async for piece in astream(branch): ...``."""
+    branch = _branch(branch)
     return AsyncStream(
         stream(
             branch,
@@ -470,6 +500,7 @@ async def acomplete(
     """:func:`complete` for asyncio: the prompt's decode and each step run in a worker
     thread. Cancelling the awaiting task aborts the decode in flight and prunes the
     branch (the store is as it was before the call)."""
+    store = _store(store)
     toks, constraint, reader = _setup(store, prompt, grammar, json_schema, logprobs, top_logprobs, unit)
     t0 = time.perf_counter()
     branch = await store.ctx.arun(
@@ -500,6 +531,7 @@ async def agenerate(
     verify: Verify = "auto",
 ) -> str:
     """:func:`generate` for asyncio (the text of :func:`acomplete`'s result)."""
+    store = _store(store)
     r = await acomplete(store, prompt, max_tokens, sampler, grammar, json_schema, stop, seed, drafter, verify)
     return r.text
 
@@ -518,6 +550,7 @@ def run_together(
     ``drafters`` (one per branch): speculative steps, every branch's pending token and
     drafts in one decode; each branch ends with the tokens, sampler state and metrics
     it would have had without them."""
+    store = _store(store)
     vocab = store.ctx.model.vocab
     if drafters is not None:
         return _run_speculative(store, branches, max_tokens, drafters, verify)
@@ -587,6 +620,7 @@ def best_of_n(
     ``drafter``: speculative steps, one clone of it per continuation. ``logprobs``: the
     best continuation's per-token log-probabilities in ``unit`` (its end token
     included when it ended on one); the timings count every continuation's decodes."""
+    store = _store(store)
     if n < 1:
         raise ParamError(f"n must be >= 1, not {n}")
     reader = LogprobReader(store.ctx.model.vocab, 0, unit) if logprobs else None
@@ -657,6 +691,7 @@ def beam_search(
     advance in one decode. A beam ends at an end-of-generation token (kept in the result's
     tokens). Returns the best finished (or, at ``max_tokens``, live) beam; every branch it
     made is pruned. ``logprobs``: its per-token log-probabilities in ``unit``."""
+    store = _store(store)
     if width < 1:
         raise ParamError(f"width must be >= 1, not {width}")
     reader = LogprobReader(store.ctx.model.vocab, 0, unit) if logprobs else None
@@ -744,6 +779,7 @@ def beam_search(
 def expand_top_k(branch: Branch, k: int) -> list[Branch]:
     """Fork ``branch`` into ``k`` children, one per its ``k`` most likely next tokens
     (distinct), and advance them in one decode: the basic move of a tree search."""
+    branch = _branch(branch)
     if k < 1:
         raise ParamError(f"k must be >= 1, not {k}")
     ls = branch.logits

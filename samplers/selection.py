@@ -10,7 +10,7 @@ from llama_cffi.sampling import LlamaSampler, check_seed
 
 from ._rng import StdMT19937
 from .base import Sampler
-from .candidates import Candidates
+from .candidates import Candidates, check_candidates
 
 
 class Greedy(Sampler):
@@ -20,6 +20,7 @@ class Greedy(Sampler):
     name = "greedy"
 
     def apply(self, cands: Candidates) -> None:
+        check_candidates(cands)
         cands.selected = int(cands._lg().argmax()) if cands.size else 0
 
     def clone(self) -> Greedy:
@@ -73,6 +74,7 @@ class Dist(Sampler):
         return {"seed": self.rng.seed}
 
     def apply(self, cands: Candidates) -> None:
+        check_candidates(cands)
         n = cands.size
         if n == 0:
             cands.selected = -1

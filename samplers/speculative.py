@@ -21,7 +21,7 @@ model with a compatible vocabulary, its own KV cache kept in step with the branc
   a draft token is kept only when it is that choice, and the first disagreement
   becomes the next token. Greedy output is plain greedy output, token for token; a
   seeded sampled run draws the same random numbers as a plain run, so it reproduces
-  the plain run's tokens.
+  the plain run's tokens (both when the rows are exact: see below).
 * ``"rejection"``: speculative sampling (Leviathan et al. 2023, Chen et al. 2023) for a
   chain that ends in :class:`~samplers.Dist`: a draft token ``d`` drafted with
   probability ``q(d)`` is kept with probability ``min(1, p(d) / q(d))``, where ``p`` is
@@ -47,10 +47,19 @@ where llama.cpp supports rollback for the architecture and the context was made 
 the sequence's state is saved before each step and, when a draft is rejected, restored
 and the committed tokens decoded again (llama.cpp's ``speculative-simple`` does the
 same with checkpoints), which costs a second decode on rejection. A sliding-window
-target rolls back within its window. Tolerances: a row of a multi-token batch can
-differ from the same row decoded alone in the last bits (llama.cpp's kernels round by
-batch shape), so "equal to plain generation" holds up to such rounding; the tests
-compare on models where no step is that close to a tie.
+target rolls back within its window.
+
+**Exactly equal, or up to rounding.** "The tokens of plain generation" assumes each row of
+a verify decode is computed as a one-token decode computes it. llama.cpp's CPU kernels
+round by the shape of a decode, so that holds, bit for bit, only when (1) the weights are
+not repacked (``use_extra_bufts=False``), (2) a verify decode has at most 7 rows (``k <=
+6`` drafts) for K-quant weights, which ggml multiplies with a tiled kernel from 8 rows,
+(3) flash attention is on (llama.cpp's default, ``flash_attn_type="auto"``) and (4) a
+one-token decode does not share a long cache out among threads (``n_threads=1``, or at
+most 256 cells in use); ``docs/guide/branches.md`` ("Tolerances") has the details and
+``tests/test_speculative.py`` checks each condition. Otherwise the output equals plain
+output up to rounding, and can leave it near a tie (on the default model, 8 drafts leave
+plain greedy output on a prompt where 6 do not).
 """
 
 from __future__ import annotations
@@ -66,9 +75,11 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from llama_cffi._args import expect, expect_iterable
 from llama_cffi.errors import KvCacheFullError, ParamError, UnsupportedError
 from llama_cffi.sampling import SamplingError
 
+from .base import check_model
 from .branch import Branch, BranchError, BranchStore, CapacityError, _sigint_deferred
 from .candidates import Candidates
 from .chain import SamplerChain, surprisal_of
@@ -165,16 +176,20 @@ class Drafter(ABC):
     def __init__(self) -> None:
         self.stats = SpeculativeStats()
 
-    def bind(self, model: Model) -> None:  # noqa: B027 - optional hook
+    def bind(self, model: Model) -> None:
         """Called with the target model before the first draft: raise if it cannot serve it."""
+        check_model(model)
 
     @abstractmethod
     def draft(self, history: Sequence[int], n: int) -> Draft:
         """Up to ``n`` tokens that may follow ``history`` (every token of the branch: the
         prompt, the generated text and the token about to be decoded)."""
+        _history(history)
+        raise NotImplementedError  # a drafter implements it
 
-    def feedback(self, drafted: Sequence[int], n_accepted: int) -> None:  # noqa: B027 - optional hook
+    def feedback(self, drafted: Sequence[int], n_accepted: int) -> None:
         """The target kept the first ``n_accepted`` of ``drafted``."""
+        expect_iterable("drafted", drafted, "a sequence of token ids")
 
     def reset(self) -> None:  # noqa: B027 - optional hook
         """Forget per-history state (statistics stay)."""
@@ -265,7 +280,7 @@ class PromptLookup(Drafter):
         return hist
 
     def draft(self, history: Sequence[int], n: int) -> Draft:
-        hist = self._sync(history)
+        hist = self._sync(_history(history))
         out: list[int] = []
         n = min(n, self.max_draft)
         if len(hist) < NGRAM_STATIC:
@@ -323,6 +338,8 @@ def vocab_compatibility(target: Model, draft: Model) -> str | None:
     (``common_speculative_are_compatible``): the same vocabulary type, the same BOS and
     EOS tokens and whether they are added, vocabulary sizes within 128 of each other,
     and the same text for every token from id 5 up."""
+    check_model(target, "target")
+    check_model(draft, "draft")
     tv, dv = target.vocab, draft.vocab
     if tv.type != dv.type:
         return f"vocabulary types differ (target {tv.type.name}, draft {dv.type.name})"
@@ -416,6 +433,7 @@ class DraftModel(Drafter):
         self.close()
 
     def bind(self, model: Model) -> None:
+        check_model(model)
         if self._bound is model:
             return
         why = vocab_compatibility(model, self.model)
@@ -482,7 +500,7 @@ class DraftModel(Drafter):
         return row
 
     def draft(self, history: Sequence[int], n: int) -> Draft:
-        hist = history if isinstance(history, list) else [int(t) for t in history]
+        hist = history if isinstance(history, list) else [int(t) for t in _history(history)]
         n = min(n, self.max_draft, self.ctx.n_ctx_seq - len(hist) - 1)
         if n <= 0 or not hist:
             return Draft([])
@@ -642,6 +660,7 @@ def speculative_step(
     On a failed decode no branch changes. Ctrl-C is held while the branches take
     their tokens, so a step is done whole or not at all.
     """
+    expect("store", store, BranchStore, "a samplers.branch.BranchStore")
     if not moves:
         return {}
     if store.device:
@@ -907,3 +926,10 @@ def _reject_or_keep(
         r = p
     i = _pick(r, rng.canonical())
     return int(ids[i]), -math.log(float(p[i])) if p[i] > 0 else math.inf, False
+
+
+def _history(history: Any) -> Any:
+    """A drafter's ``history``: a sequence (or array) of token ids."""
+    if isinstance(history, (list, tuple, np.ndarray)):
+        return history
+    return expect_iterable("history", history, "a sequence of token ids")

@@ -10,12 +10,13 @@ import numpy as np
 from llama_cffi.sampling import LlamaSampler, check_float
 
 from .base import Sampler
-from .candidates import Candidates
+from .candidates import Candidates, check_candidates
 
 
 def scale_logits(cands: Candidates, temp: float) -> None:
     """llama.cpp's ``llama_sampler_temp_impl``: divide by ``temp``; ``temp <= 0`` keeps only
     the highest logit (the first on ties) and sets every other to -inf."""
+    check_candidates(cands)
     n = cands.size
     if n == 0:
         return
@@ -54,6 +55,7 @@ class Temperature(Sampler):
         self.t = check_float("t", t)
 
     def apply(self, cands: Candidates) -> None:
+        check_candidates(cands)
         if self.t == 1.0:
             return
         scale_logits(cands, self.t)
@@ -91,6 +93,7 @@ class TempExt(Sampler):
         return {"t": self.t, "delta": self.delta, "exponent": self.exponent}
 
     def apply(self, cands: Candidates) -> None:
+        check_candidates(cands)
         if self.delta <= 0:
             if self.t != 1.0:
                 scale_logits(cands, self.t)

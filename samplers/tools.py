@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from llama_cffi._args import expect, expect_str
 from llama_cffi.chat import apply_template, turn_end
 from llama_cffi.errors import ParamError
 
@@ -147,6 +148,7 @@ def _format(template: str, engine: str) -> ToolCallFormat | None:
 def tool_call_format(template: str, engine: str = "jinja") -> ToolCallFormat | None:
     """How ``template`` writes a tool call (found once per template and cached), or None
     when it declares no tools or writes calls in a form this module does not parse."""
+    expect_str("template", template, "a str (chat template text)")
     if not re.search(r"\btools\b", template):
         return None
     return _format(template, engine)
@@ -156,6 +158,7 @@ def parse_tool_calls(text: str, fmt: ToolCallFormat | None) -> tuple[str, list[T
     """``(content, calls)`` of a reply: the text before the first call, and each call
     written in ``fmt`` (with nothing but whitespace between calls). A call that does not
     parse ends the calls; the rest stays content."""
+    expect_str("text", text)
     if fmt is None:
         return text, []
     marker = fmt.start  # as the template writes it, whitespace included (as llama.cpp matches it)
@@ -218,6 +221,7 @@ def tool_call_grammar(
     lazily from the first trigger (the start marker), as llama.cpp applies its tool-call
     grammars. Use it as ``GrammarSampler(Grammar.from_gbnf(gbnf), model, lazy=True,
     trigger_words=trigger_words)``."""
+    expect("fmt", fmt, ToolCallFormat, "a ToolCallFormat (from tool_call_format)")
     from .grammar.json_schema import llama_cpp_json_schema_to_gbnf
 
     variants = []

@@ -16,7 +16,7 @@ from llama_cffi.sampling import LlamaSampler, check_float, check_int, check_seed
 
 from ._rng import StdMT19937
 from .base import Sampler
-from .candidates import Candidates, seq_sum
+from .candidates import Candidates, check_candidates, seq_sum
 
 _F32 = np.float32
 _FLT_MAX = float(np.finfo(np.float32).max)
@@ -31,6 +31,7 @@ class TopK(Sampler):
         self.k = check_int("k", k)
 
     def apply(self, cands: Candidates) -> None:
+        check_candidates(cands)
         k = self.k
         if k <= 0:
             return
@@ -70,6 +71,7 @@ class TopP(Sampler):
         return {"p": self.p, "min_keep": self.min_keep}
 
     def apply(self, cands: Candidates) -> None:
+        check_candidates(cands)
         if self.p >= 1.0:
             return
         n = cands.size
@@ -125,6 +127,7 @@ class MinP(Sampler):
         return {"p": self.p, "min_keep": self.min_keep}
 
     def apply(self, cands: Candidates) -> None:
+        check_candidates(cands)
         n = cands.size
         if self.p <= 0.0 or n == 0:
             return
@@ -169,6 +172,7 @@ class Typical(Sampler):
         return {"p": self.p, "min_keep": self.min_keep}
 
     def apply(self, cands: Candidates) -> None:
+        check_candidates(cands)
         if self.p >= 1.0 or cands.size == 0:
             return
         p = cands.softmax(sort=True)
@@ -206,6 +210,7 @@ class TopNSigma(Sampler):
         return {"n": self.n}
 
     def apply(self, cands: Candidates) -> None:
+        check_candidates(cands)
         if self.n <= 0.0 or cands.size <= 1:
             return
         lg = cands._lg()
@@ -259,6 +264,7 @@ class XTC(Sampler):
         return {"p": self.p, "t": self.t, "min_keep": self.min_keep, "seed": self.rng.seed}
 
     def apply(self, cands: Candidates) -> None:
+        check_candidates(cands)
         n = cands.size
         if self.p <= 0.0 or self.t > 0.5 or n < 2:
             return

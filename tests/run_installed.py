@@ -12,10 +12,12 @@ Steps (each timed; the summary at the end has the numbers the closing notes quot
    ``pyproject.toml`` for pytest's settings) is copied to a folder outside the clone
    *without* the ``llama_cffi`` and ``samplers`` sources, and pytest runs there: only the
    installed package can be imported (``tests/conftest.py`` also checks where it came from).
-5. The sdist is also ``pip install``-ed into a second fresh venv and the installed-package
+5. The documentation is built from the ``docs`` extra alone: a fresh venv with
+   ``<wheel>[docs]`` and nothing else, ``sphinx -W -n`` on the tree's ``docs/``.
+6. The sdist is also ``pip install``-ed into a second fresh venv and the installed-package
    tests run against it; so does the wheel, once more, under every other CPython 3.10+
    found (``python3.X`` on PATH or in pyenv's versions): the extension uses the limited
-   API, so one wheel must serve them all. ``--quick`` leaves both out.
+   API, so one wheel must serve them all. ``--quick`` leaves 5 and 6 out.
 
 Only the standard library is used here; the build tools go into their own venv. Extra
 arguments after ``--`` go to pytest (e.g. ``-- -k backends -x``). Exit status: pytest's,
@@ -216,6 +218,13 @@ def main(argv: list[str]) -> int:
     timings["pytest"] = round(time.monotonic() - t0, 1)
 
     if rc == 0 and not args.quick:
+        try:
+            build_docs(wheel, work, tree, env)
+        except subprocess.CalledProcessError as exc:
+            print(f"\nrun_installed: the docs did not build from the docs extra: {exc}", file=sys.stderr)
+            counts["failed"] += 1
+            rc = 1
+    if rc == 0 and not args.quick:
         others = [(f"python{v} + the wheel", p, wheel) for v, p in other_pythons()]
         for label, base, artefact in [("the sdist", Path(sys.executable), sdist), *others]:
             venv_dir = work / ("sdist-venv" if artefact == sdist else f"venv-{base.name}")
@@ -242,6 +251,19 @@ def main(argv: list[str]) -> int:
     # one closing line for every pytest run above (the wheel's suite and the other installs)
     print(f"run_installed: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped")
     return rc
+
+
+def build_docs(wheel: Path, work: Path, tree: Path, env: dict[str, str]) -> None:
+    """The site from the ``docs`` extra alone: a fresh venv with ``<wheel>[docs]`` (nothing
+    of the test extra), then ``sphinx -W -n`` on the tree's ``docs/`` (the API pages come
+    from the installed package's docstrings). Raises CalledProcessError when it fails."""
+    vpy = make_venv(work / "docs-venv")
+    step("install the wheel with the docs extra", [str(vpy), "-m", "pip", "install", "-q", f"{wheel}[docs]"])
+    out = work / "docs-site"
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(tree / "docs" / "api", ignore_errors=True)
+    cmd = [str(vpy), "-m", "sphinx", "-W", "--keep-going", "-n", "-q", "-b", "html", str(tree / "docs"), str(out)]
+    step("docs from the docs extra", cmd, cwd=tree, env=env)
 
 
 #: Test outcomes over every pytest run of this process (from their JUnit XML reports).

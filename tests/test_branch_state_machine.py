@@ -1,6 +1,6 @@
 """The branch-store state machine (:class:`samplers.testing.BranchMachine`) on the tiny
 model, and what the machine found. The machine's model (tree and KV cells) is described
-in samplers/_branch_machine.py."""
+in samplers/testing/_branch_machine.py."""
 
 from __future__ import annotations
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import llama_cffi
@@ -72,3 +74,40 @@ def test_jinja_template_errors_are_typed(tiny_model: Model) -> None:
         tiny_model.apply_chat_template(MESSAGES, template="{{ raise_exception('nope') }}")
     with pytest.raises(ChatTemplateError):
         tiny_model.apply_chat_template(MESSAGES, template="{% for %}")
+
+
+@pytest.mark.parametrize("engine", ["auto", "native", "jinja"])
+def test_unknown_template_name_is_refused(tiny_model: Model, engine: str) -> None:
+    """A name that is no known template (a typo of "chatml") is refused with the known
+    names, never rendered as template text (Jinja would print the word itself)."""
+    calls = {
+        "apply_template": lambda: llama_cffi.chat.apply_template("chatmll", MESSAGES, engine=engine),
+        "apply_chat_template": lambda: tiny_model.apply_chat_template(MESSAGES, template="chatmll", engine=engine),
+        "format_chat": lambda: tiny_model.format_chat(MESSAGES, template="chatmll", engine=engine),
+        "validate_chat_template": lambda: tiny_model.validate_chat_template("chatmll", engine=engine),
+        "turn_end": lambda: llama_cffi.chat.turn_end("chatmll", engine=engine),
+    }
+    for where, call in calls.items():
+        with pytest.raises(ChatTemplateError, match=r"unknown chat template name 'chatmll'") as info:
+            call()
+        message = str(info.value)
+        assert all(name in message for name in ("chatml", "gemma", "llama3", "mistral-v7")), (where, message)
+
+
+def test_template_names_and_text_are_told_apart(tiny_model: Model, tmp_path: Path) -> None:
+    """Builtin names render natively; template text (even one line without markup, such as
+    a literal prompt with spaces) renders as text; a name the model ships
+    (``tokenizer.chat_template.NAME``) is found by the model's methods and listed when a
+    name is unknown."""
+    from llama_cffi.testing import write_tiny_model
+
+    assert llama_cffi.chat.apply_template("chatml", MESSAGES).startswith("<|im_start|>system")
+    assert llama_cffi.chat.apply_template("Just this text.", MESSAGES) == "Just this text."
+    shipped = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+    path = write_tiny_model(tmp_path / "named.gguf", extra_metadata={"tokenizer.chat_template.tool_use": shipped})
+    with Model.load(path) as model:
+        assert model.chat_template("tool_use") == shipped
+        assert model.apply_chat_template(MESSAGES, template="tool_use") == "<system>Be brief.<user>Hi"
+        assert model.format_chat(MESSAGES, template="tool_use").prompt == "<system>Be brief.<user>Hi"
+        with pytest.raises(ChatTemplateError, match=r"unknown chat template name 'tool_uses'.*tool_use"):
+            model.apply_chat_template(MESSAGES, template="tool_uses")

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import llama_cffi
-from tests.conftest import run_isolated
+from tests.conftest import ROOT, run_isolated
 
 
 def cli(*args: str) -> tuple[int, str, str]:
@@ -151,3 +155,30 @@ def test_bench_passes_its_arguments_to_the_suite() -> None:
     rc, out, err = cli("bench", "--only", "generate", "--list")
     assert rc == 0, err
     assert "bench_generate.py" in out and "bench_branches.py" not in out
+
+
+def test_bench_introduces_itself_as_llama_cffi_bench(tmp_path: Path) -> None:
+    """``llama-cffi bench --help`` says ``usage: llama-cffi bench`` (not the suite's file
+    name); the tree's ``python benchmarks/suite.py`` keeps its own name; and the copy an
+    installed package carries (laid out as in ``llama_cffi/_bench``: no setup.py) names its
+    benchmarks by the command that runs them, never by a path inside site-packages."""
+    rc, out, err = cli("bench", "--help")
+    assert rc == 0, err
+    assert out.startswith("usage: llama-cffi bench "), out[:200]
+    env = {k: v for k, v in os.environ.items() if k != "LLAMA_CFFI_BENCH_PROG"}
+    tree = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "suite.py"), "--help"], capture_output=True, text=True, env=env
+    )
+    assert tree.returncode == 0 and tree.stdout.startswith("usage: suite.py "), tree.stdout[:200] + tree.stderr
+    copy = tmp_path / "_bench"
+    shutil.copytree(ROOT / "benchmarks", copy / "benchmarks", ignore=shutil.ignore_patterns("results", "__pycache__"))
+    shutil.copy2(ROOT / "build_ffi.py", copy / "build_ffi.py")
+    suite = [sys.executable, str(copy / "benchmarks" / "suite.py")]
+    helped = subprocess.run([*suite, "--help"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert helped.returncode == 0 and helped.stdout.startswith("usage: llama-cffi bench "), helped.stdout[:200]
+    for full in ([], ["--full"]):
+        listed = subprocess.run([*suite, "--list", *full], capture_output=True, text=True, env=env, cwd=tmp_path)
+        assert listed.returncode == 0, listed.stderr
+        assert str(copy) not in listed.stdout, listed.stdout
+        line = next(x for x in listed.stdout.splitlines() if x.startswith("decode_overhead"))
+        assert line.split(None, 1)[1] == " ".join(["llama-cffi bench --only decode_overhead", *full]), line

@@ -88,21 +88,21 @@ def _token_cases(e: Env) -> list[Case]:
         Case("decode [2**31]", "InvalidTokenError", lambda: ctx.decode([2**31])),
         Case("decode [2**64]", "InvalidTokenError", lambda: ctx.decode([2**64])),
         Case("decode [-2**31]", "InvalidTokenError", lambda: ctx.decode([-(2**31)])),
-        Case("decode [1.0]", "InvalidTokenError", lambda: ctx.decode([1.0])),
-        Case("decode [nan]", "InvalidTokenError", lambda: ctx.decode([float("nan")])),
-        Case("decode [True]", "InvalidTokenError", lambda: ctx.decode([True])),
-        Case("decode [5, False]", "InvalidTokenError", lambda: ctx.decode([5, False])),
-        Case("decode [np.True_]", "InvalidTokenError", lambda: ctx.decode([np.True_])),
-        Case("decode bool array", "InvalidTokenError", lambda: ctx.decode(np.array([True, False]))),
-        Case("decode float64 array", "InvalidTokenError", lambda: ctx.decode(np.array([1.0, 2.0]))),
-        Case("decode float32 array", "InvalidTokenError", lambda: ctx.decode(np.array([1, 2], dtype=np.float32))),
-        Case("decode object array", "InvalidTokenError", lambda: ctx.decode(np.array([1, None], dtype=object))),
+        Case("decode [1.0]", "TokenTypeError", lambda: ctx.decode([1.0])),
+        Case("decode [nan]", "TokenTypeError", lambda: ctx.decode([float("nan")])),
+        Case("decode [True]", "TokenTypeError", lambda: ctx.decode([True])),
+        Case("decode [5, False]", "TokenTypeError", lambda: ctx.decode([5, False])),
+        Case("decode [np.True_]", "TokenTypeError", lambda: ctx.decode([np.True_])),
+        Case("decode bool array", "TokenTypeError", lambda: ctx.decode(np.array([True, False]))),
+        Case("decode float64 array", "TokenTypeError", lambda: ctx.decode(np.array([1.0, 2.0]))),
+        Case("decode float32 array", "TokenTypeError", lambda: ctx.decode(np.array([1, 2], dtype=np.float32))),
+        Case("decode object array", "TokenTypeError", lambda: ctx.decode(np.array([1, None], dtype=object))),
         Case("decode uint64 array n_vocab", "InvalidTokenError", lambda: ctx.decode(np.array([v], dtype=np.uint64))),
         Case("decode int64 array -1", "InvalidTokenError", lambda: ctx.decode(np.array([3, -1], dtype=np.int64))),
         Case("decode 2-D array", "InvalidTokenError", lambda: ctx.decode(np.array([[1, 2], [3, 4]]))),
         Case("decode 2-D list", "InvalidTokenError", lambda: ctx.decode([[1, 2]])),
         Case("decode 0-D array", "InvalidTokenError", lambda: ctx.decode(np.array(5))),
-        Case("decode str", "InvalidTokenError", lambda: ctx.decode("hello")),
+        Case("decode str", "TokenTypeError", lambda: ctx.decode("hello")),
         Case("decode []", "InvalidBatchError", lambda: ctx.decode([])),
         Case("decode empty int32 array", "InvalidBatchError", lambda: ctx.decode(np.zeros(0, dtype=np.int32))),
         Case("decode empty float array", "InvalidBatchError", lambda: ctx.decode(np.zeros(0))),
@@ -111,12 +111,12 @@ def _token_cases(e: Env) -> list[Case]:
         Case("decode_single 2**31-1", "InvalidTokenError", lambda: ctx.decode_single(2**31 - 1)),
         Case("decode_single 2**63", "InvalidTokenError", lambda: ctx.decode_single(2**63)),
         Case("decode_single np.int64(n_vocab)", "InvalidTokenError", lambda: ctx.decode_single(np.int64(v))),
-        Case("decode_single 1.0", "InvalidTokenError", lambda: ctx.decode_single(1.0)),
-        Case("decode_single np.float32", "InvalidTokenError", lambda: ctx.decode_single(np.float32(3))),
-        Case("decode_single True", "InvalidTokenError", lambda: ctx.decode_single(True)),
-        Case("decode_single np.True_", "InvalidTokenError", lambda: ctx.decode_single(np.True_)),
-        Case("decode_single '5'", "InvalidTokenError", lambda: ctx.decode_single("5")),
-        Case("decode_single None", "InvalidTokenError", lambda: ctx.decode_single(None)),
+        Case("decode_single 1.0", "TokenTypeError", lambda: ctx.decode_single(1.0)),
+        Case("decode_single np.float32", "TokenTypeError", lambda: ctx.decode_single(np.float32(3))),
+        Case("decode_single True", "TokenTypeError", lambda: ctx.decode_single(True)),
+        Case("decode_single np.True_", "TokenTypeError", lambda: ctx.decode_single(np.True_)),
+        Case("decode_single '5'", "TokenTypeError", lambda: ctx.decode_single("5")),
+        Case("decode_single None", "TokenTypeError", lambda: ctx.decode_single(None)),
         Case("encode [-1]", "InvalidTokenError", lambda: ctx.encode([-1])),
         Case("encode []", "InvalidBatchError", lambda: ctx.encode([])),
         Case("encode > n_batch", "InvalidBatchError", lambda: ctx.encode([5] * (N_BATCH + 1))),
@@ -128,32 +128,38 @@ def _token_cases(e: Env) -> list[Case]:
     return cases
 
 
+def bad_seq(bad: object) -> str:
+    """The error of a bad sequence id: out of range, a ParamError; no int (a bool), a
+    ParamTypeError (a ParamError and a TypeError)."""
+    return "ParamTypeError" if isinstance(bad, bool) else "ParamError"
+
+
 def _seq_id_cases(e: Env) -> list[Case]:
     ctx, mem, st = e.ctx, e.mem, e.good_seq_state
     path = str(e.tmp / "seq.bin")
     cases: list[Case] = []
     for bad in (-1, N_SEQ, 2**31, True):
         cases += [
-            Case(f"decode seq_id={bad}", "ParamError", lambda b=bad: ctx.decode([5], seq_id=b)),
-            Case(f"save_seq_state({bad})", "ParamError", lambda b=bad: ctx.save_seq_state(b)),
-            Case(f"seq_state_size({bad})", "ParamError", lambda b=bad: ctx.seq_state_size(b)),
-            Case(f"load_seq_state(.., {bad})", "ParamError", lambda b=bad: ctx.load_seq_state(st, b)),
-            Case(f"save_seq_state_file(.., {bad})", "ParamError", lambda b=bad: ctx.save_seq_state_file(path, b)),
-            Case(f"load_seq_state_file(.., {bad})", "ParamError", lambda b=bad: ctx.load_seq_state_file(path, b)),
-            Case(f"embeddings_seq({bad})", "ParamError", lambda b=bad: ctx.embeddings_seq(b)),
-            Case(f"memory.seq_cp({bad}, 1)", "ParamError", lambda b=bad: mem.seq_cp(b, 1)),
-            Case(f"memory.seq_cp(0, {bad})", "ParamError", lambda b=bad: mem.seq_cp(0, b)),
-            Case(f"memory.seq_keep({bad})", "ParamError", lambda b=bad: mem.seq_keep(b)),
-            Case(f"memory.seq_add({bad}, ..)", "ParamError", lambda b=bad: mem.seq_add(b, 0, -1, 1)),
-            Case(f"memory.seq_div({bad}, ..)", "ParamError", lambda b=bad: mem.seq_div(b, 0, -1, 2)),
-            Case(f"memory.seq_pos_min({bad})", "ParamError", lambda b=bad: mem.seq_pos_min(b)),
-            Case(f"memory.seq_pos_max({bad})", "ParamError", lambda b=bad: mem.seq_pos_max(b)),
-            Case(f"decode_single seq_id={bad}", "ParamError", lambda b=bad: ctx.decode_single(5, seq_id=b)),
-            Case(f"set_backend_sampler({bad}, None)", "ParamError", lambda b=bad: ctx.set_backend_sampler(b, None)),
-            Case(f"backend_sampler({bad})", "ParamError", lambda b=bad: ctx.backend_sampler(b)),
+            Case(f"decode seq_id={bad}", bad_seq(bad), lambda b=bad: ctx.decode([5], seq_id=b)),
+            Case(f"save_seq_state({bad})", bad_seq(bad), lambda b=bad: ctx.save_seq_state(b)),
+            Case(f"seq_state_size({bad})", bad_seq(bad), lambda b=bad: ctx.seq_state_size(b)),
+            Case(f"load_seq_state(.., {bad})", bad_seq(bad), lambda b=bad: ctx.load_seq_state(st, b)),
+            Case(f"save_seq_state_file(.., {bad})", bad_seq(bad), lambda b=bad: ctx.save_seq_state_file(path, b)),
+            Case(f"load_seq_state_file(.., {bad})", bad_seq(bad), lambda b=bad: ctx.load_seq_state_file(path, b)),
+            Case(f"embeddings_seq({bad})", bad_seq(bad), lambda b=bad: ctx.embeddings_seq(b)),
+            Case(f"memory.seq_cp({bad}, 1)", bad_seq(bad), lambda b=bad: mem.seq_cp(b, 1)),
+            Case(f"memory.seq_cp(0, {bad})", bad_seq(bad), lambda b=bad: mem.seq_cp(0, b)),
+            Case(f"memory.seq_keep({bad})", bad_seq(bad), lambda b=bad: mem.seq_keep(b)),
+            Case(f"memory.seq_add({bad}, ..)", bad_seq(bad), lambda b=bad: mem.seq_add(b, 0, -1, 1)),
+            Case(f"memory.seq_div({bad}, ..)", bad_seq(bad), lambda b=bad: mem.seq_div(b, 0, -1, 2)),
+            Case(f"memory.seq_pos_min({bad})", bad_seq(bad), lambda b=bad: mem.seq_pos_min(b)),
+            Case(f"memory.seq_pos_max({bad})", bad_seq(bad), lambda b=bad: mem.seq_pos_max(b)),
+            Case(f"decode_single seq_id={bad}", bad_seq(bad), lambda b=bad: ctx.decode_single(5, seq_id=b)),
+            Case(f"set_backend_sampler({bad}, None)", bad_seq(bad), lambda b=bad: ctx.set_backend_sampler(b, None)),
+            Case(f"backend_sampler({bad})", bad_seq(bad), lambda b=bad: ctx.backend_sampler(b)),
         ]
     for bad in (-2, N_SEQ, True):  # -1 means "every sequence" for seq_rm
-        cases.append(Case(f"memory.seq_rm({bad})", "ParamError", lambda b=bad: mem.seq_rm(b)))
+        cases.append(Case(f"memory.seq_rm({bad})", bad_seq(bad), lambda b=bad: mem.seq_rm(b)))
     cases += [
         Case("memory.seq_rm p0=2**31", "ParamError", lambda: mem.seq_rm(0, 2**31)),
         Case("memory.seq_rm p1=-2**31-1", "ParamError", lambda: mem.seq_rm(0, 0, -(2**31) - 1)),
@@ -418,7 +424,7 @@ def _callback_cases(e: Env) -> list[Case]:
         Case("close from the abort callback", "ConcurrentUseError", inside_decode(ctx.close)),
         Case("logits() from the abort callback", "ConcurrentUseError", inside_decode(ctx.logits)),
         Case("logits_all() from the abort callback", "ConcurrentUseError", inside_decode(ctx.logits_all)),
-        Case("abort callback not callable", "ParamError", lambda: ctx.set_abort_callback(5)),
+        Case("abort callback not callable", "ParamTypeError", lambda: ctx.set_abort_callback(5)),
         Case("abort interval -1", "ParamError", lambda: ctx.set_abort_callback(None, interval=-1)),
         Case("abort interval nan", "ParamError", lambda: ctx.set_abort_callback(None, interval=float("nan"))),
         Case("set_n_threads(0)", "ParamError", lambda: ctx.set_n_threads(0)),
@@ -541,12 +547,12 @@ def _validation_gap_cases(e: Env) -> list[Case]:
         # eval() drops positions >= n_past (memory.seq_rm) before it validates the tokens
         Case("eval bad token keeps the memory", "InvalidTokenError", lambda: ctx.eval([-1], 2)),
         # decode_single validates seq_id only when it is != 0: False and 0.0 slip through
-        Case("decode_single seq_id=False", "ParamError", lambda: ctx.decode_single(5, seq_id=False)),
-        Case("decode_single seq_id=0.0", "ParamError", lambda: ctx.decode_single(5, seq_id=0.0)),
+        Case("decode_single seq_id=False", "ParamTypeError", lambda: ctx.decode_single(5, seq_id=False)),
+        Case("decode_single seq_id=0.0", "ParamTypeError", lambda: ctx.decode_single(5, seq_id=0.0)),
         # a Batch whose n_tokens exceeds its capacity: numpy's IndexError, not a typed error
         Case("batch n_tokens > capacity", "InvalidBatchError", n_tokens_past_capacity),
         # a ragged token list: numpy's ValueError escapes instead of InvalidTokenError
-        Case("decode ragged list", "InvalidTokenError", lambda: ctx.decode([[1], [2, 3]])),
+        Case("decode ragged list", "TokenTypeError", lambda: ctx.decode([[1], [2, 3]])),
     ]
 
 
@@ -759,8 +765,10 @@ def _assert_all_expected(results: dict[str, list[str]], what: str) -> None:
 
 
 GROUP_DOCS = {
-    "tokens": "Bad token ids and token containers raise InvalidTokenError (empty ones InvalidBatchError).",
-    "seq_ids": "Sequence ids -1 and n_seq_max (and bad ranges) raise ParamError in decode, memory ops and state.",
+    "tokens": "Bad token ids and token containers raise InvalidTokenError (empty ones InvalidBatchError; "
+    "values that are no ints TokenTypeError, an InvalidTokenError and a TypeError).",
+    "seq_ids": "Sequence ids -1 and n_seq_max (and bad ranges) raise ParamError in decode, memory ops and state "
+    "(a bool, no sequence id: ParamTypeError, a ParamError and a TypeError).",
     "positions": "Positions that break continuity raise InvalidBatchError; past n_ctx_seq, KvCacheFullError.",
     "batches": "Batches too big, with bad tokens, seq ids or positions raise before llama_decode.",
     "outputs": "logits(i) without an output, bad logits masks and stale views raise typed errors.",

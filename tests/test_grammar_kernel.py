@@ -1,4 +1,4 @@
-"""The C mask walk (``llama_cffi.trie_walk``) against the numpy walk it replaced, which
+"""The C mask walk (``llama_cffi._trie_walk``) against the numpy walk it replaced, which
 stays as the reference (``kernel="numpy"`` / ``LLAMA_CFFI_GRAMMAR_KERNEL=numpy``): mask
 for mask on random grammars over random vocabularies (partial characters included), on
 the tiny model's vocabulary, and on the default model's 262,144 tokens with the schemas
@@ -202,7 +202,7 @@ def test_bad_arrays_raise_not_crash() -> None:
     class) raise ValueError; the process survives (checked in a child)."""
     code = """
     import numpy as np
-    from llama_cffi.trie_walk import Trie, TrieGrammar
+    from llama_cffi._trie_walk import Trie, TrieGrammar
     from samplers.grammar import Grammar
     from samplers.grammar.vocab_index import VocabIndex
 
@@ -398,7 +398,7 @@ def test_top_k_of_a_masked_row(n: int, k: int, allowed: float, rng: random.Rando
     cands.reset(row)
     words = np.zeros((n + 31) // 32, dtype=np.uint32)  # every token allowed: the logits kept
     words[:] = 0xFFFFFFFF
-    from llama_cffi.trie_walk import mask_logits
+    from llama_cffi._trie_walk import mask_logits
 
     assert mask_logits(cands.logits, None, words, n) == 0  # a copy: no longer the identity row
     got = cands.top(k)
@@ -411,8 +411,8 @@ def test_top_k_of_a_masked_row(n: int, k: int, allowed: float, rng: random.Rando
 def test_mask_logits_equals_numpy(n_vocab: int, identity: bool, rng: random.Random) -> None:
     """The C pass that applies a packed mask to candidates equals the numpy expression it
     replaced; an id outside the vocabulary raises."""
+    from llama_cffi._trie_walk import mask_logits
     from llama_cffi.errors import InvalidTokenError
-    from llama_cffi.trie_walk import mask_logits
 
     r = np.random.default_rng(rng.randrange(2**32))
     allowed = r.random(n_vocab) < 0.3

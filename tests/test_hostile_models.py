@@ -223,7 +223,7 @@ def _byte_level_tokens(n: int) -> list[str]:
 
 
 def _write_catalogue(folder: Path) -> dict[str, dict[str, Any]]:
-    from llama_cffi import _tiny_model as tiny
+    from llama_cffi import testing as tiny
     from llama_cffi.testing import write_tiny_model
 
     cases: dict[str, dict[str, Any]] = {}

@@ -1,5 +1,5 @@
 """Write a synthetic llama-architecture GGUF with random F16 weights (fixed seed), in the
-manner of llama_cffi/_tiny_model.py but at a realistic size.
+manner of llama_cffi/testing/_tiny_model.py but at a realistic size.
 
 Shapes (``--shape``):
   full:  vocab 262,144 (SentencePiece 'llama' tokenizer), n_embd 1024, 16 layers, 16 heads,

@@ -49,7 +49,7 @@ def _lookup(path: str) -> Any:
         try:
             for attr in parts[cut:]:
                 obj = getattr(obj, attr)
-        except AttributeError:
+        except (AttributeError, ImportError):  # a lazy attribute whose optional import is missing
             return None
         return obj
     return None

@@ -148,7 +148,7 @@ int32_t llama_cffi_memory_buffers(const struct llama_context *ctx, llama_cffi_bu
 int32_t llama_cffi_memory_tensors(const struct llama_context *ctx, llama_cffi_tensor_row *out, int32_t n_max);
 const char *llama_cffi_memory_error(void);
 
-/* grammar masks (trie_walk.c; see llama_cffi.trie_walk and samplers.grammar.compiled):
+/* grammar masks (trie_walk.c; see llama_cffi._trie_walk and samplers.grammar.compiled):
    walks of a vocabulary's code-point trie under a grammar's transition table. Trie
    nodes are numbered level by level, the root is n_nodes; arrays marked + have
    n_nodes + 1 entries. max_depth: the deepest level (the longest token, in code

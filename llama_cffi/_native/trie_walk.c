@@ -1,5 +1,5 @@
 /* The innermost loops of grammar masks: walks of a vocabulary's code-point trie under a
- * grammar's transition table (see llama_cffi/trie_walk.py for the Python side and
+ * grammar's transition table (see llama_cffi/_trie_walk.py for the Python side and
  * samplers/grammar/compiled.py for the algorithm, whose numpy version is the reference).
  *
  * The trie (one per vocabulary) numbers its nodes level by level; the root is node

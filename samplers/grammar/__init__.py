@@ -17,7 +17,7 @@ names are re-exported here).
 from llama_cffi.gbnf import GrammarError, GrammarSyntaxError, GreType, ParsedGrammar, check_grammar, parse_gbnf
 
 from .compiled import CompiledGrammar
-from .errors import SchemaError
+from .errors import SchemaError, SchemaTypeError
 from .gbnf import format_gbnf
 from .grammar import Grammar
 from .json_schema import json_schema_to_gbnf
@@ -36,6 +36,7 @@ __all__ = [
     "GreType",
     "ParsedGrammar",
     "SchemaError",
+    "SchemaTypeError",
     "VocabIndex",
     "check_grammar",
     "fill_masks",

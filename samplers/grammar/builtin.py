@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from llama_cffi._args import type_error
 from llama_cffi.gbnf import GrammarError
 
 from .errors import SchemaError
@@ -119,7 +120,7 @@ def regex(pattern: str, *, dotall: bool = False) -> str:
     unsupported or invalid part.
     """
     if not isinstance(pattern, str):
-        raise SchemaError(f"regex() takes a string, not {type(pattern).__name__} ({pattern!r})")
+        raise type_error("pattern", "a str (a regular expression)", pattern)
     body = _to_bytes_str(f"^(?:{_strip_anchors(pattern)})$")
     converter = _SchemaConverter(bool(dotall))
     del converter.rules["space"]  # no JSON around the text: the whitespace rule is unused

@@ -17,7 +17,7 @@ walk in C++, ~25-300 ms per full 262,144-token mask. Here:
   whose run covers every class below it, no deeper than the run, accepts its subtree.
   The tokens made only of the start state's run, and the nodes where such paths leave
   it, are scanned once per run and shared by every state with that run;
-* the walk runs in C (:mod:`llama_cffi.trie_walk`, ``kernel="c"``, the default): what it
+* the walk runs in C (``llama_cffi._trie_walk``, ``kernel="c"``, the default): what it
   cannot decide yet (a transition, a run, partial characters) it returns as pending
   subtrees, computed here and walked again. The numpy walk it replaced stays as the
   reference (``kernel="numpy"`` or ``LLAMA_CFFI_GRAMMAR_KERNEL=numpy``), tested equal
@@ -45,6 +45,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from llama_cffi._args import expect, expect_int
+
 from .engine import DEAD, NO_PARTIAL, Engine, Partial, decode_utf8
 from .vocab_index import VocabIndex
 
@@ -57,7 +59,7 @@ _SPINE_MAX = 32768  # at most this many undecided tokens are walked one by one
 _SCAN_SHORT = 4  # a run this short is scanned on its own, not derived from its full-length scan
 _RUN_STACKS_MAX = 256  # a run's chain stops at a state with more stacks than this
 
-#: the mask walks: ``"c"`` (the trie walk in C, :mod:`llama_cffi.trie_walk`) or ``"numpy"``
+#: the mask walks: ``"c"`` (the trie walk in C, ``llama_cffi._trie_walk``) or ``"numpy"``
 #: (the vectorised walk in this module, the reference the C walk is tested against)
 KERNELS = ("c", "numpy")
 
@@ -115,6 +117,8 @@ class CompiledGrammar:
     def __init__(
         self, engine: Engine, vocab: VocabIndex, mask_cache_size: int = 4096, kernel: str | None = None
     ) -> None:
+        expect("engine", engine, Engine, "a samplers.grammar.engine.Engine")
+        expect("vocab", vocab, VocabIndex, "a samplers.grammar.VocabIndex")
         kernel = default_kernel() if kernel is None else kernel
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS}, not {kernel!r}")
@@ -167,7 +171,7 @@ class CompiledGrammar:
         if self.kernel == "c":
             trie = v.trie()
             self._cls, self._E, self._class_weight = trie.bind(self._cls_of_cp, eng.n_classes)
-            from llama_cffi.trie_walk import TrieGrammar
+            from llama_cffi._trie_walk import TrieGrammar
 
             self._tg = TrieGrammar(trie, self._cls, self._E, eng.n_classes, _ABSORB_MIN_ROWS)
             self._run_cap = trie.max_depth + 1  # a run this long covers every token
@@ -188,7 +192,7 @@ class CompiledGrammar:
     def _prepare_absorb(self) -> None:
         """Per-node sets of character classes, for walks that skip whole subtrees (the
         numpy walk's; made at compile time for the ``"numpy"`` kernel, on first use for
-        the ``"c"`` one, which has its own from :meth:`llama_cffi.trie_walk.Trie.bind`).
+        the ``"c"`` one, which has its own from ``llama_cffi._trie_walk.Trie.bind``).
 
         Classes are bits of ``W`` uint64 words; bit ``n_classes`` (``PARTIAL``) stands for
         "a token ending inside a UTF-8 character", which no state's self-loops contain.
@@ -540,6 +544,8 @@ class CompiledGrammar:
         """Boolean mask over the vocabulary: the tokens llama.cpp's grammar sampler
         would leave unmasked in this parser state. The array is shared with the cache:
         do not modify it (copy first)."""
+        if type(state) is not int:
+            state = expect_int("state", state)
         key = (state, partial)
         last = self._last
         if last is not None and last[0] == key and self._mask_cache_size > 0:
@@ -558,6 +564,7 @@ class CompiledGrammar:
         ``t // 8``); viewed as ``uint32`` on a little-endian machine, bit ``t % 32`` of
         word ``t // 32`` (the layout of xgrammar and llguidance bitmasks). Shared with
         the cache: do not modify it."""
+        state = expect_int("state", state)
         with self._lock:
             return self._packed_locked((state, partial))[0]
 
@@ -566,6 +573,7 @@ class CompiledGrammar:
         the first ``ceil(n_vocab / 32)`` words are overwritten, padding bits cleared) and
         returned. A cached mask is copied; with no cache and the C walk, the walk writes
         into ``out`` directly."""
+        state = expect_int("state", state)
         n = self.n_words
         if not isinstance(out, np.ndarray) or out.dtype != np.uint32 or out.ndim != 1 or len(out) < n:
             raise ValueError(f"out must be a 1-D uint32 array of at least {n} words")
@@ -645,7 +653,7 @@ class CompiledGrammar:
         characters not computed yet) computed here and walked again. What a start state
         needs besides the walk (its run's scan, its chain, the tokens ending inside a
         character on its run, end-of-generation) is prepared once per state."""
-        from llama_cffi.trie_walk import PEND_PCHAR, PEND_RUN, PEND_TRANS
+        from llama_cffi._trie_walk import PEND_PCHAR, PEND_RUN, PEND_TRANS
 
         eng, tg = self.engine, self._tg
         plan = self._plans.get(start)
@@ -712,7 +720,7 @@ class CompiledGrammar:
                 self._masks.popitem(last=False)
 
     def _plan(self, start: int) -> Any:
-        """:meth:`llama_cffi.trie_walk.TrieGrammar.plan` for ``start``: its run's chain and
+        """``llama_cffi._trie_walk.TrieGrammar.plan`` for ``start``: its run's chain and
         scan (see :meth:`_run_scan`), and the tokens to set besides the walk's: those
         ending inside a character on the run's paths whose state down the chain can
         complete that character, and the end-of-generation tokens when ``start`` is
@@ -742,7 +750,7 @@ class CompiledGrammar:
         return key
 
     def _run(self, state: int) -> npt.NDArray[np.int32]:
-        """The run of ``state`` (see :mod:`llama_cffi.trie_walk`), put into the tables the C
+        """The run of ``state`` (see ``llama_cffi._trie_walk``), put into the tables the C
         walk reads: ``L``, the classes that lead ``state`` to the same successor (of the
         successors, the one whose classes cover the most trie nodes; itself on a tie),
         followed while every class of ``L`` leads the state reached to one successor, at
@@ -800,7 +808,7 @@ class CompiledGrammar:
         return chain
 
     def _run_scan(self, state: int, k: int) -> Any:
-        """:meth:`llama_cffi.trie_walk.Trie.run_scan` for the run of ``state`` (cached per
+        """``llama_cffi._trie_walk.Trie.run_scan`` for the run of ``state`` (cached per
         run: states with the same classes and length share it). Full-length and short runs
         are scanned (subtrees wholly of the run taken at once); the other lengths (the
         positions near the end of a bounded string) are derived from a full-length scan
@@ -958,6 +966,7 @@ class CompiledGrammar:
     # ------------------------------------------------------------------ one token
     def token_allowed(self, state: int, partial: Partial, token: int) -> bool:
         """Whether llama.cpp's grammar sampler would leave ``token`` unmasked."""
+        state, token = expect_int("state", state), expect_int("token", token)
         with self._lock:
             return self._token_allowed(state, partial, token)
 

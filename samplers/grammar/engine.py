@@ -27,6 +27,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import numpy.typing as npt
 
+from llama_cffi._args import expect, expect_array, expect_int, expect_iterable, type_error
 from llama_cffi.gbnf import GrammarError, GreType, ParsedGrammar
 
 Stack = tuple[int, ...]
@@ -57,6 +58,8 @@ def decode_utf8(data: bytes, partial: Partial = NO_PARTIAL) -> tuple[list[int], 
     validated; an invalid lead byte (or a non-continuation byte where ``partial`` needed
     one) yields ``([], (0, -1))``. Returns the complete code points and the partial
     sequence left at the end."""
+    if not isinstance(data, (bytes, bytearray)):
+        raise type_error("data", "bytes", data)
     nul = data.find(0)
     if nul >= 0:
         data = data[:nul]
@@ -100,6 +103,7 @@ class Engine:
     docstring). Made by :class:`samplers.grammar.Grammar`; shared by its matchers."""
 
     def __init__(self, grammar: ParsedGrammar, root: str = "root") -> None:
+        expect("grammar", grammar, ParsedGrammar, "a llama_cffi.gbnf.ParsedGrammar")
         if root not in grammar.symbol_ids:
             raise GrammarError(f"grammar does not contain a {root!r} symbol")
         if grammar.token_names:
@@ -223,11 +227,13 @@ class Engine:
 
     def classes_of(self, cps: npt.ArrayLike) -> npt.NDArray[np.int32]:
         """Class of each code point (vectorised)."""
-        a = np.asarray(cps, dtype=np.int64)
+        a = expect_array("cps", cps, "code points (ints)", "iu").astype(np.int64, copy=False)
         idx = np.searchsorted(self._edges, np.clip(a, 0, _MAX_CP - 1), side="right") - 1
         return self._interval_class[idx]
 
     def class_of(self, cp: int) -> int:
+        if type(cp) is not int:
+            cp = expect_int("cp", cp)
         if 0 <= cp < 128:
             return int(self._ascii_class[cp])
         return int(self.classes_of([cp])[0])
@@ -270,6 +276,7 @@ class Engine:
 
     def intern(self, stacks: Sequence[Stack]) -> int:
         """The state of a stack set (``DEAD`` if empty)."""
+        expect_iterable("stacks", stacks, "a sequence of stacks (tuples of ints)")
         if not stacks:
             return DEAD
         key = tuple(sorted(set(stacks)))
@@ -300,19 +307,27 @@ class Engine:
 
     def stacks(self, state: int) -> tuple[Stack, ...]:
         """The stacks of ``state`` (positions into the flattened rules)."""
+        if type(state) is not int:
+            state = expect_int("state", state)
         return () if state == DEAD else self._stacks[state]
 
     def is_complete(self, state: int) -> bool:
         """Whether some stack is empty: the input so far is a complete sentence (EOG allowed)."""
+        if type(state) is not int:
+            state = expect_int("state", state)
         return state != DEAD and self._complete[state]
 
     def token_tops(self, state: int) -> tuple[tuple[int, int], ...]:
         """``(type, token id)`` of the token elements on top of the state's stacks."""
+        if type(state) is not int:
+            state = expect_int("state", state)
         return () if state == DEAD else self._token_tops[state]
 
     # ------------------------------------------------------------------ transitions
     def step(self, state: int, cls: int) -> int:
         """Successor of ``state`` on a code point of class ``cls`` (``DEAD`` if none)."""
+        if type(state) is not int:
+            state = expect_int("state", state)
         if state == DEAD:
             return DEAD
         nxt = int(self._trans[state, cls])
@@ -344,6 +359,8 @@ class Engine:
 
     def fill_row(self, state: int) -> None:
         """Compute every transition of ``state`` (see :meth:`_fill_row_locked`)."""
+        if type(state) is not int:
+            state = expect_int("state", state)
         if state != DEAD and (self._trans[state] == _UNKNOWN).any():
             with self._lock:
                 self._fill_row_locked(state)
@@ -377,6 +394,8 @@ class Engine:
         row: only the group of classes that ``classes[0]`` belongs to is advanced (classes
         the same stacks accept share a successor, see :meth:`_fill_row_locked`); its
         transitions are kept."""
+        if type(state) is not int:
+            state = expect_int("state", state)
         if state == DEAD or not len(classes):
             return None
         t = self._trans
@@ -434,6 +453,8 @@ class Engine:
 
     def fill(self, states: npt.NDArray[np.int32], classes: npt.NDArray[np.int32]) -> None:
         """Compute every unknown transition among the pairs ``(states[i], classes[i])``."""
+        states = expect_array("states", states, "state ids (ints)", "iu")
+        classes = expect_array("classes", classes, "class ids (ints)", "iu")
         t = self._trans
         live = states >= 0
         s, c = states[live], classes[live]
@@ -453,6 +474,8 @@ class Engine:
 
     def walk(self, state: int, cps: Iterable[int]) -> int:
         """The state after the code points ``cps`` (``DEAD`` once nothing matches)."""
+        if type(state) is not int:
+            state = expect_int("state", state)
         for cp in cps:
             state = self.step(state, self.class_of(cp))
             if state == DEAD:
@@ -462,6 +485,8 @@ class Engine:
     def step_token(self, state: int, token: int) -> int:
         """The stacks after a token element: those with ``<[token]>`` (or a ``!<[t]>`` with
         ``t != token``) on top, advanced (``llama_grammar_accept_token``'s token branch)."""
+        if type(state) is not int:
+            state = expect_int("state", state)
         if state == DEAD or not self._token_tops[state]:
             return DEAD
         out: dict[Stack, None] = {}
@@ -475,6 +500,10 @@ class Engine:
 
     def union(self, a: int, b: int) -> int:
         """The state whose stacks are those of ``a`` and ``b``."""
+        if type(a) is not int:
+            a = expect_int("a", a)
+        if type(b) is not int:
+            b = expect_int("b", b)
         if a == DEAD:
             return b
         if b == DEAD:
@@ -485,6 +514,8 @@ class Engine:
         """``state`` without its empty and token-topped stacks: what consuming a token's
         characters continues (``llama_grammar_accept_token`` drops empty stacks even for
         a token that decodes to no complete character)."""
+        if type(state) is not int:
+            state = expect_int("state", state)
         if state == DEAD or not (self._token_tops[state] or self._complete[state]):
             return state
         types = self.types
@@ -493,6 +524,8 @@ class Engine:
     def char_tops(self, state: int) -> tuple[int, ...]:
         """Positions of the character elements on top of the state's stacks (the stacks
         that code points continue)."""
+        if type(state) is not int:
+            state = expect_int("state", state)
         if state == DEAD:
             return ()
         types = self.types
@@ -504,6 +537,8 @@ class Engine:
         """:meth:`partial_ok` for one stack whose top is the character element at ``pos``,
         vectorised over partial sequences ``(values[i], remains[i])`` (each with at least
         one byte still needed)."""
+        if type(pos) is not int:
+            pos = expect_int("pos", pos)
         values = np.asarray(values, dtype=np.int64)
         remains = np.asarray(remains, dtype=np.int64)
         valid = (remains > 0) & ~((remains == 1) & (values < 2))
@@ -532,6 +567,8 @@ class Engine:
     def partial_ok(self, state: int, partial: Partial) -> bool:
         """``llama_grammar_match_partial_char`` over the state's stacks: could some stack
         accept a code point that the partial UTF-8 sequence ``partial`` completes to?"""
+        if type(state) is not int:
+            state = expect_int("state", state)
         value, n_remain = partial
         if state == DEAD or n_remain < 0 or (n_remain == 1 and value < 2):
             return False

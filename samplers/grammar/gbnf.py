@@ -8,6 +8,7 @@ renumbering of rule ids, see :func:`rule_renumbering`).
 
 from __future__ import annotations
 
+from llama_cffi._args import expect
 from llama_cffi.gbnf import (
     WORD_CHARS,
     GrammarError,
@@ -50,6 +51,7 @@ def printed_names(g: ParsedGrammar) -> tuple[str, ...]:
     """The rule name :func:`format_gbnf` writes for each rule id: its own name when that
     is a valid GBNF name, else (generated names such as ``root_1``, which GBNF cannot
     spell, or no name) a fresh one derived from it."""
+    expect("g", g, ParsedGrammar, "a ParsedGrammar")
     taken = {name for name in g.names if _is_name(name)}
     out: list[str] = []
     for i, name in enumerate(g.names):
@@ -154,6 +156,7 @@ def format_gbnf(g: ParsedGrammar) -> str:
     references as ``<[id]>``/``!<[id]>`` or their name, rules by :func:`printed_names`.
     ``parse_gbnf`` of the result gives the same rules up to a renumbering (see
     :func:`rule_renumbering`). :class:`GrammarError` for what GBNF cannot express."""
+    expect("g", g, ParsedGrammar, "a ParsedGrammar")
     _validate_printable(g)
     names = printed_names(g)
     lines = []
@@ -178,6 +181,8 @@ def rule_renumbering(original: ParsedGrammar, reparsed: ParsedGrammar) -> tuple[
     ``original.rules[i]`` with every rule reference ``r`` replaced by ``p[r]`` and named
     tokens compared by name. Then both grammars derive the same strings from every rule.
     None otherwise."""
+    expect("original", original, ParsedGrammar, "a ParsedGrammar")
+    expect("reparsed", reparsed, ParsedGrammar, "a ParsedGrammar")
     n = len(original.rules)
     if len(reparsed.rules) != n:
         return None

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
+from llama_cffi._args import expect, expect_str, type_error
 from llama_cffi.gbnf import GrammarError, ParsedGrammar, check_grammar, parse_gbnf, resolve_tokens
 
 from .compiled import CompiledGrammar
@@ -24,6 +26,8 @@ class Grammar:
     """
 
     def __init__(self, parsed: ParsedGrammar, root: str = "root") -> None:
+        expect("parsed", parsed, ParsedGrammar, "a ParsedGrammar (use Grammar.from_gbnf)")
+        expect_str("root", root)
         check_grammar(parsed, root)
         self.parsed = parsed
         self.root = root
@@ -64,6 +68,8 @@ class Grammar:
     def accepts(self, text: str | bytes) -> bool:
         """Whether ``text`` (all of it) is a sentence of the grammar. Bytes are decoded
         as llama.cpp decodes token pieces (stopping at a NUL byte)."""
+        if not isinstance(text, (str, bytes)):
+            raise type_error("text", "a str or bytes", text)
         eng = self._engine
         if isinstance(text, bytes):
             from .engine import decode_utf8
@@ -86,6 +92,7 @@ class Grammar:
         variable ``LLAMA_CFFI_GRAMMAR_KERNEL`` says ``numpy``)."""
         from .compiled import default_kernel
 
+        _check_vocab(vocab)
         kernel = default_kernel() if kernel is None else kernel
         index = VocabIndex.of(vocab)
         # cached per llama_cffi Vocab (a weak key: the compiled grammar holds only the
@@ -116,4 +123,14 @@ class Grammar:
 
     def matcher(self, vocab: Any) -> GrammarMatcher:
         """A fresh matcher for ``vocab`` (compiling on first use)."""
-        return self.compile(vocab).matcher()
+        return self.compile(_check_vocab(vocab)).matcher()
+
+
+def _check_vocab(vocab: Any) -> Any:
+    from llama_cffi import Model, Vocab
+
+    if isinstance(vocab, (Model, Vocab, VocabIndex)):
+        return vocab
+    if isinstance(vocab, Sequence) and not isinstance(vocab, (str, bytes)):
+        return vocab  # byte pieces, checked by VocabIndex
+    raise type_error("vocab", "a llama_cffi Model or Vocab, a VocabIndex, or a sequence of byte pieces", vocab)

@@ -62,7 +62,9 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from .errors import SchemaError
+from llama_cffi._args import expect_str
+
+from .errors import SchemaError, SchemaTypeError
 
 __all__ = [
     "SPACE_RULE",
@@ -727,7 +729,7 @@ def _format_literal(literal: str) -> str:
 def gbnf_format_literal(literal: str) -> str:
     """``literal`` as a GBNF string literal (``"..."``, with ``\\r``, ``\\n``, ``\\"`` and
     ``\\\\`` escaped), as llama.cpp's ``gbnf_format_literal`` writes it."""
-    return _from_bytes_str(_format_literal(_to_bytes_str(literal)))
+    return _from_bytes_str(_format_literal(_to_bytes_str(expect_str("literal", literal))))
 
 
 def _gbnf_escape_length(pattern: str, pos: int) -> int:
@@ -1395,8 +1397,11 @@ def llama_cpp_json_schema_to_gbnf(schema: Mapping[str, Any] | str | bool, *, dot
     Raises :class:`~samplers.grammar.errors.SchemaError` for input that is not JSON and
     wherever llama.cpp throws; the message is llama.cpp's. Warns
     (:class:`SchemaWarning`) where llama.cpp prints a warning and converts a
-    ``pattern`` loosely.
+    ``pattern`` loosely. A ``schema`` that is no JSON value at all is a
+    :class:`~samplers.grammar.errors.SchemaTypeError` (also a ``TypeError``).
     """
+    if not isinstance(schema, (Mapping, str, bool, int, float, list, tuple)) and schema is not None:
+        raise SchemaTypeError(f"schema must be a JSON schema (a mapping, JSON text), not {type(schema).__name__}")
     doc = _parse_json(schema) if isinstance(schema, str) else schema
     try:
         root = _normalize(doc)

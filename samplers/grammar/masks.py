@@ -5,7 +5,7 @@ grammar and state.
 ``t // 32``, the layout of :meth:`GrammarMatcher.fill_mask`, xgrammar and llguidance).
 Matchers at the same parser state of the same compiled grammar share one computation
 (branches forked from one another often are); cached masks are copied; the others are
-computed by their grammars' C walks in **one** call (:meth:`llama_cffi.trie_walk.Trie.masks`),
+computed by their grammars' C walks in **one** call (``llama_cffi._trie_walk.Trie.masks``),
 shared among threads with the GIL released. A walk that needs something not computed yet
 (a parser state met for the first time) is finished on its own afterwards, so the result
 is always each matcher's own mask. :class:`samplers.BranchStore` uses it to give the
@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from llama_cffi._args import expect_iterable
 
 from .compiled import CompiledGrammar
 from .matcher import GrammarMatcher
@@ -44,7 +46,7 @@ def fill_masks(
     columns (written and returned); made when None. ``n_threads``: threads for the C walks
     (default: the CPUs this process may use, at most 16; one below :data:`THREADS_FROM`
     walks, where waking threads costs more than it saves)."""
-    ms = list(matchers)
+    ms = list(expect_iterable("matchers", matchers, "a sequence of GrammarMatcher"))
     for i, m in enumerate(ms):
         if not isinstance(m, GrammarMatcher):
             raise TypeError(f"matchers[{i}] must be a GrammarMatcher, not {type(m).__name__}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from llama_cffi._args import expect, expect_array, expect_int, type_error
 from llama_cffi.errors import InvalidTokenError
 
 from ..candidates import Candidates
@@ -19,11 +20,11 @@ from .compiled import CompiledGrammar
 from .engine import DEAD, NO_PARTIAL, Partial, decode_utf8
 
 
-def apply_words(cands: Candidates, words: npt.NDArray[np.uint32], n_vocab: int) -> None:
+def _apply_words(cands: Candidates, words: npt.NDArray[np.uint32], n_vocab: int) -> None:
     """Set the logits of the candidates whose bit is clear in ``words`` to -inf, in place,
-    in one C pass (:func:`llama_cffi.trie_walk.mask_logits`); ids outside the vocabulary
+    in one C pass (``llama_cffi._trie_walk.mask_logits``); ids outside the vocabulary
     raise :class:`~llama_cffi.errors.InvalidTokenError` and change nothing."""
-    from llama_cffi.trie_walk import mask_logits
+    from llama_cffi._trie_walk import mask_logits
 
     ids = None if cands.is_identity else cands.read_ids()
     if ids is not None and (int(ids.max()) >= n_vocab or int(ids.min()) < 0):
@@ -46,6 +47,7 @@ class GrammarMatcher:
     __slots__ = ("_compiled", "_history", "ended", "partial", "state")
 
     def __init__(self, compiled: CompiledGrammar) -> None:
+        expect("compiled", compiled, CompiledGrammar, "a samplers.grammar.CompiledGrammar")
         self._compiled = compiled
         self.state = compiled.engine.start
         self.partial: Partial = NO_PARTIAL
@@ -88,7 +90,9 @@ class GrammarMatcher:
         least ``ceil(n_vocab / 32)`` words) and returns it."""
         n_words = self._compiled.n_words
         out = np.empty(n_words, dtype=np.uint32) if bitmask is None else bitmask
-        if not isinstance(out, np.ndarray) or out.dtype != np.uint32 or out.ndim != 1 or len(out) < n_words:
+        if not isinstance(out, np.ndarray):
+            raise type_error("bitmask", "a 1-D uint32 ndarray", out)
+        if out.dtype != np.uint32 or out.ndim != 1 or len(out) < n_words:
             raise ValueError(f"bitmask must be a 1-D uint32 array of at least {n_words} words")
         if self.ended:
             out[:n_words] = 0
@@ -98,6 +102,7 @@ class GrammarMatcher:
     def apply(self, cands: Candidates) -> None:
         """Set the logits of disallowed candidates to -inf, in place (like applying
         llama.cpp's grammar sampler)."""
+        expect("cands", cands, Candidates, "samplers.Candidates")
         if cands.size == 0:
             return
         c = self._compiled
@@ -107,7 +112,7 @@ class GrammarMatcher:
             packed = c.packed(self.state, self.partial)
             words = np.zeros(c.n_words, dtype=np.uint32)
             words.view(np.uint8)[: len(packed)] = packed
-        apply_words(cands, words, c.n_vocab)
+        _apply_words(cands, words, c.n_vocab)
 
     # ------------------------------------------------------------------ moves
     def accept_token(self, token: int) -> bool:
@@ -140,7 +145,7 @@ class GrammarMatcher:
     def accept_tokens(self, tokens: npt.ArrayLike) -> int:
         """Accept tokens in order until one is refused; returns how many were accepted."""
         n = 0
-        for t in np.asarray(tokens, dtype=np.int64).ravel().tolist():
+        for t in expect_array("tokens", tokens, "token ids (ints)", "iu").astype(np.int64).ravel().tolist():
             if not self.accept_token(t):
                 break
             n += 1
@@ -149,6 +154,8 @@ class GrammarMatcher:
     def accept_bytes(self, data: bytes | str) -> bool:
         """Advance by raw text (UTF-8; may end inside a character). False (and no change)
         when the grammar cannot take it, including a partial character no class allows."""
+        if not isinstance(data, (str, bytes, bytearray, memoryview)):
+            raise type_error("data", "bytes or a str", data)
         raw = data.encode() if isinstance(data, str) else bytes(data)
         if self.ended:
             return False
@@ -166,6 +173,7 @@ class GrammarMatcher:
 
     def rollback(self, n: int = 1) -> None:
         """Undo the last ``n`` accepted tokens (or :meth:`accept_bytes` calls)."""
+        n = expect_int("n", n)
         if not 0 <= n <= len(self._history):
             raise ValueError(f"cannot roll back {n} steps: {len(self._history)} recorded")
         if n:
@@ -198,7 +206,7 @@ class GrammarMatcher:
     fork = clone
 
     def _check(self, token: int) -> int:
-        t = int(token)
+        t = token if type(token) is int else expect_int("token", token)
         if not 0 <= t < self._compiled.n_vocab:
             raise InvalidTokenError(f"token {t} is out of range [0, {self._compiled.n_vocab})")
         return t

@@ -20,13 +20,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from llama_cffi._args import expect, expect_int, type_error
 from llama_cffi.sampling import LlamaSampler, SamplingError
 
 from ..base import Sampler
 from ..candidates import Candidates
 from .compiled import CompiledGrammar
 from .grammar import Grammar
-from .matcher import GrammarMatcher, apply_words
+from .matcher import GrammarMatcher, _apply_words
 
 
 class GrammarSampler(Sampler):
@@ -64,7 +65,7 @@ class GrammarSampler(Sampler):
             self.matcher = grammar.matcher(vocab)
             self._grammar = grammar
         else:
-            raise TypeError(f"expected a Grammar, CompiledGrammar or GrammarMatcher, not {type(grammar).__name__}")
+            raise type_error("grammar", "a Grammar, CompiledGrammar or GrammarMatcher", grammar)
         self.lazy = bool(lazy)
         patterns = list(trigger_patterns)
         words = list(trigger_words)
@@ -107,6 +108,8 @@ class GrammarSampler(Sampler):
 
     def allows(self, token: int) -> bool:
         """Whether the grammar allows ``token`` next (always, while a lazy grammar waits)."""
+        if type(token) is not int:
+            token = expect_int("token", token)
         if self.awaiting:
             return True
         words = self._words()
@@ -116,19 +119,21 @@ class GrammarSampler(Sampler):
 
     def apply(self, cands: Candidates) -> None:
         """Mask every candidate the grammar does not allow (no-op while waiting)."""
+        expect("cands", cands, Candidates, "samplers.Candidates")
         if self.awaiting or cands.size == 0:
             return
         words = self._words()
         if words is None:
             self.matcher.apply(cands)
             return
-        apply_words(cands, words, self.matcher.compiled.n_vocab)
+        _apply_words(cands, words, self.matcher.compiled.n_vocab)
 
     def accept(self, token: int) -> None:
         """Advance the grammar (or, while waiting, the trigger search). Raises
         :class:`SamplingError` for a token the grammar does not allow."""
+        token = expect_int("token", token)
         if self.awaiting:
-            self._accept_waiting(int(token))
+            self._accept_waiting(token)
             return
         if not self.matcher.accept_token(token):
             raise SamplingError(f"the grammar does not allow token {int(token)} here")

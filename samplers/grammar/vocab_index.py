@@ -35,6 +35,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from llama_cffi._args import expect_int, expect_iterable, type_error
+
 from .engine import NO_PARTIAL, decode_utf8
 
 I64 = npt.NDArray[np.int64]
@@ -100,7 +102,11 @@ class VocabIndex:
             self.blob: bytes = pieces[0]
             self.piece_offsets: I64 = np.asarray(pieces[1], dtype=np.int64)
         else:
-            plist = [bytes(p) for p in pieces]
+            expect_iterable("pieces", pieces, "a sequence of bytes (one per token)")
+            try:
+                plist = [bytes(p) for p in pieces]
+            except TypeError:
+                raise type_error("pieces", "a sequence of bytes (one per token)", pieces) from None
             self.blob = b"".join(plist)
             self.piece_offsets = np.zeros(len(plist) + 1, dtype=np.int64)
             np.cumsum([len(p) for p in plist], out=self.piece_offsets[1:])
@@ -123,6 +129,7 @@ class VocabIndex:
     # ------------------------------------------------------------------ pieces
     def piece(self, token: int) -> bytes:
         """Token ``token``'s bytes (as ``token_to_piece(token, special=True)``)."""
+        token = expect_int("token", token)
         off = self.piece_offsets
         return self.blob[off[token] : off[token + 1]]
 
@@ -135,6 +142,9 @@ class VocabIndex:
         return self._pieces
 
     def token_cps(self, token: int) -> I64:
+        """Token ``token``'s code points (from a clean start; those of a partial character
+        at its end left out)."""
+        token = expect_int("token", token)
         return self.cps[self.offsets[token] : self.offsets[token + 1]]
 
     # ------------------------------------------------------------------ building
@@ -326,10 +336,10 @@ class VocabIndex:
         self._trie: Any = None
 
     def trie(self) -> Any:
-        """The trie in the layout of the C walks (:class:`llama_cffi.trie_walk.Trie`; made
+        """The trie in the layout of the C walks (``llama_cffi._trie_walk.Trie``; made
         on first use, then shared by every grammar compiled for the vocabulary)."""
         if self._trie is None:
-            from llama_cffi.trie_walk import Trie
+            from llama_cffi._trie_walk import Trie
 
             n = self.n_nodes
             pt_nodes = self.term[self.partial_tokens]
@@ -382,9 +392,7 @@ class VocabIndex:
             return hit
         if isinstance(vocab, Sequence):
             return cls([bytes(p) for p in vocab])
-        raise TypeError(
-            f"expected a llama_cffi Vocab or Model or a sequence of byte pieces, not {type(vocab).__name__}"
-        )
+        raise type_error("vocab", "a llama_cffi Vocab or Model or a sequence of byte pieces", vocab)
 
     @classmethod
     def _load_or_build(cls, blob: bytes, offsets: I64, eog: npt.NDArray[np.bool_], disk_cache: bool) -> VocabIndex:

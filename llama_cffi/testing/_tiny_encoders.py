@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from .._args import expect_path
 from ._tiny_model import N_VOCAB, PAD_ID, Weights, _import_gguf, add_tiny_vocab, finish
 
 __all__ = ["write_tiny_bert", "write_tiny_t5"]
@@ -100,6 +101,7 @@ def write_tiny_bert(
     Raises:
         ValueError: for a bad size or ``pooling``, or ``pooling="last"`` with ``rank=True``.
     """
+    path = expect_path("path", path)
     _check_dims(n_embd, n_head, n_layer=n_layer, n_ff=n_ff, n_ctx_train=n_ctx_train)
     if pooling not in ("mean", "cls", "last"):
         raise ValueError(f"pooling must be 'mean', 'cls' or 'last', not {pooling!r}")
@@ -214,6 +216,7 @@ def write_tiny_t5(
         ValueError: for a bad size, ``n_dec_layer > n_layer``, or a decoder start token
             outside the vocabulary.
     """
+    path = expect_path("path", path)
     n_dec = n_layer if n_dec_layer is None else n_dec_layer
     _check_dims(
         n_embd,

@@ -1,146 +1,23 @@
-"""Helpers for property-based tests of code built on llama_cffi.
-
-Two things, both usable without a real model installed:
-
-* A tiny, deterministic, random-weight GGUF model (:func:`write_tiny_model`, a few
-  hundred kilobytes, written in milliseconds) with a real SentencePiece-style vocabulary
-  of ``N_VOCAB`` tokens: byte fallback (any UTF-8 text round-trips), a few dozen
-  English words, BOS/EOS and the ChatML markers. ``TOKENS``, ``SCORES``,
-  ``TOKEN_TYPES`` and the ``*_ID`` constants describe that vocabulary. The same in
-  every kind of model llama.cpp has (:data:`TINY_KINDS`, :func:`write_tiny`): quantized,
-  sliding-window, encoder-only with pooling or a reranking head, encoder-decoder,
-  recurrent and hybrid. Writing a file needs the ``gguf`` package (``pip install gguf``),
-  imported only when called.
-* `hypothesis <https://hypothesis.readthedocs.io>`_ strategies for the inputs such code
-  takes: :func:`logits_rows` (float32 logits rows with ties and ``-inf``),
-  :func:`token_sequences` (valid token ids of a model) and :func:`texts` (text that
-  stresses tokenizers). hypothesis is imported when a strategy is first asked for, so
-  this module imports without it; the strategy functions raise an ImportError saying
-  ``pip install hypothesis`` when it is missing.
-
-The pytest plugin :mod:`llama_cffi.pytest_plugin` (registered automatically) provides
-``tiny_model_path``, ``tiny_model``, ``tiny_context``, ``tiny_model_of`` (a tiny model of
-any kind), ``default_model_path`` and ``default_model`` fixtures. Strategies for sampler chains and GBNF grammars are in
-:mod:`samplers.testing` (``llama_cffi`` never imports ``samplers``). A property test over
-the tiny model::
-
-    from hypothesis import given, strategies as st
-    from llama_cffi.testing import token_sequences
-
-    @given(data=st.data())
-    def test_decode_is_finite(tiny_model, data):
-        tokens = data.draw(token_sequences(tiny_model, min_size=1, max_size=16))
-        with tiny_model.context(n_ctx=64) as ctx:
-            assert np.isfinite(ctx.decode(tokens)).all()
-"""
+"""The hypothesis strategies of :mod:`llama_cffi.testing`: logits rows, token ids and
+sequences, texts. hypothesis is imported when a strategy is made, never at import."""
 
 from __future__ import annotations
 
 import math
-import os
-import re
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
-from ._tiny_encoders import write_tiny_bert, write_tiny_t5
-from ._tiny_model import (
-    BOS_ID,
-    BYTE_TOKEN_OFFSET,
-    CHATML_TEMPLATE,
-    EOS_ID,
-    EOT_ID,
-    IM_END_ID,
-    IM_START_ID,
-    N_VOCAB,
-    PAD_ID,
-    SCORES,
-    TOKEN_TYPES,
-    TOKENS,
-    UNK_ID,
-    write_tiny_model,
-)
-from ._tiny_recurrent import write_tiny_hybrid, write_tiny_mamba
-from ._tiny_variants import write_tiny_quantized, write_tiny_swa
+from .._args import expect_number, type_error
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
 
-    from ._kv_machine import KvCacheMachine as KvCacheMachine
-    from ._kv_machine import KvCells as KvCells
-    from .model import Model
-    from .vocab import Vocab
+    from ..model import Model
+    from ..vocab import Vocab
 
-__all__ = [
-    "BOS_ID",
-    "BYTE_TOKEN_OFFSET",
-    "CHATML_TEMPLATE",
-    "EOS_ID",
-    "EOT_ID",
-    "IM_END_ID",
-    "IM_START_ID",
-    "N_VOCAB",
-    "PAD_ID",
-    "SCORES",
-    "TINY_KINDS",
-    "TOKENS",
-    "TOKEN_TYPES",
-    "UNK_ID",
-    "KvCacheMachine",
-    "KvCells",
-    "decode_equivalence",
-    "expect_raises",
-    "floats32",
-    "logits_rows",
-    "texts",
-    "token_ids",
-    "token_sequences",
-    "write_tiny",
-    "write_tiny_bert",
-    "write_tiny_hybrid",
-    "write_tiny_mamba",
-    "write_tiny_model",
-    "write_tiny_quantized",
-    "write_tiny_swa",
-    "write_tiny_t5",
-]
-
-#: Every kind of tiny model, by name: the writer and its arguments. One of each memory and
-#: graph kind llama.cpp has: a decoder (``llama``), its Q8_0 and Q4_0 copies (quantized
-#: kernels; Q4_0 goes through the CPU weight repacking), sliding-window attention
-#: (``swa``: gemma3 with an 8-token window), encoder-only models with MEAN/CLS/LAST pooling
-#: and a reranker (``bert*``), an encoder-decoder (``t5``), a recurrent model (``mamba``)
-#: and a hybrid of attention and recurrent layers (``hybrid``: lfm2). All share the tiny
-#: SentencePiece vocabulary (``TOKENS``), are a few hundred KB, and are byte-identical
-#: for the same name.
-TINY_KINDS: dict[str, tuple[Callable[..., Path], dict[str, object]]] = {
-    "llama": (write_tiny_model, {}),
-    "llama-q8_0": (write_tiny_quantized, {"qtype": "q8_0"}),
-    "llama-q4_0": (write_tiny_quantized, {"qtype": "q4_0"}),
-    "swa": (write_tiny_swa, {}),
-    "bert": (write_tiny_bert, {"pooling": "mean"}),
-    "bert-cls": (write_tiny_bert, {"pooling": "cls"}),
-    "bert-last": (write_tiny_bert, {"pooling": "last"}),
-    "bert-rank": (write_tiny_bert, {"pooling": "cls", "rank": True}),
-    "t5": (write_tiny_t5, {}),
-    "mamba": (write_tiny_mamba, {}),
-    "hybrid": (write_tiny_hybrid, {}),
-}
-
-
-def write_tiny(kind: str, path: str | os.PathLike[str], **kwargs: object) -> Path:
-    """Write the tiny model of ``kind`` (a key of :data:`TINY_KINDS`) to ``path``;
-    ``kwargs`` override the kind's arguments (``seed=``, sizes, ``extra_metadata=``)."""
-    try:
-        writer, defaults = TINY_KINDS[kind]
-    except KeyError:
-        raise ValueError(f"unknown tiny model kind {kind!r}; choose from {sorted(TINY_KINDS)}") from None
-    return writer(path, **{**defaults, **kwargs})
-
+__all__ = ["ELEMENTWISE_MAX", "TEXT_PIECES", "floats32", "logits_rows", "texts", "token_ids", "token_sequences"]
 
 #: Rows up to this length are drawn element by element (hypothesis shrinks each value);
 #: longer ones come from numpy generators seeded by drawn integers (hypothesis then
@@ -170,7 +47,7 @@ def _check_size(name: str, value: int, lo: int) -> int:
 # --------------------------------------------------------------------------- logits rows
 def _f32_bounds(min_value: float, max_value: float) -> tuple[np.float32, np.float32]:
     """The float32 values nearest ``[min_value, max_value]`` from inside it."""
-    lo_v, hi_v = float(min_value), float(max_value)
+    lo_v, hi_v = expect_number("min_value", min_value), expect_number("max_value", max_value)
     if not (math.isfinite(lo_v) and math.isfinite(hi_v)) or lo_v > hi_v:
         raise ValueError(f"need finite min_value <= max_value, not [{min_value}, {max_value}]")
     lo32, hi32 = np.float32(lo_v), np.float32(hi_v)
@@ -294,13 +171,13 @@ def token_ids(
     pass over the vocabulary (about 0.1 s at 262,144 tokens)."""
     if isinstance(model_or_vocab, (bool, int, np.integer)):
         return np.arange(_check_size("n_vocab", model_or_vocab, 1), dtype=np.int32)
-    from ._binding import lib
-    from .model import Model
-    from .vocab import Vocab
+    from .._binding import lib
+    from ..model import Model
+    from ..vocab import Vocab
 
     vocab = model_or_vocab.vocab if isinstance(model_or_vocab, Model) else model_or_vocab
     if not isinstance(vocab, Vocab):
-        raise TypeError(f"a Model, a Vocab or an int n_vocab is needed, not {type(model_or_vocab).__name__}")
+        raise type_error("model_or_vocab", "a Model, a Vocab or an int n_vocab", model_or_vocab)
     v = vocab._vocab()
     n = vocab.n_vocab
     is_control, is_eog = lib.llama_vocab_is_control, lib.llama_vocab_is_eog
@@ -369,85 +246,3 @@ def texts(*, min_pieces: int = 0, max_pieces: int = 16, alphabet: str | None = N
     else:
         piece = st.one_of(st.sampled_from(TEXT_PIECES), st.characters(codec="utf-8", exclude_characters="\0"))
     return st.lists(piece, min_size=lo, max_size=hi).map("".join)
-
-
-# ---------------------------------------------------------------------- decode equivalence
-def decode_equivalence(
-    model: Model,
-    tokens: Sequence[int] | npt.NDArray[np.integer[Any]],
-    logits: npt.ArrayLike,
-    *,
-    rtol: float = 2e-3,
-    atol: float = 2e-3,
-    **context_params: Any,
-) -> float:
-    """Check that ``logits`` -- the next-token logits after ``tokens``, however they were
-    obtained (a forked branch, one sequence of a batch, a restored state, a shifted
-    cache) -- equal what a fresh context gives when it decodes ``tokens`` one at a time
-    (``context_params`` for it: ``n_ctx``, ``type_k``...).
-
-    Equal means within ``rtol``/``atol`` (``numpy.allclose``): another batch shape or cell
-    order makes llama.cpp's kernels sum in another order. The defaults suit F32 weights
-    with an f16 KV cache; quantized weights with CPU repacking differ by up to ~1 logit
-    between batch shapes (load with ``use_extra_bufts=False`` to compare those). Returns
-    the largest absolute difference; raises :class:`AssertionError` naming it, the token
-    where it is, and the tolerance, when they are not equal."""
-    toks = [int(t) for t in np.asarray(tokens).reshape(-1)]
-    if not toks:
-        raise ValueError("decode_equivalence needs at least one token")
-    got = np.asarray(logits, dtype=np.float32).reshape(-1)
-    params = {"n_ctx": max(256, len(toks) + 1), **context_params}
-    with model.context(**params) as ctx:
-        row = None
-        for pos, t in enumerate(toks):
-            row = ctx.decode_single(t, pos=pos)
-        assert row is not None
-        want = np.array(row, dtype=np.float32, copy=True)
-    if got.shape != want.shape:
-        raise AssertionError(f"logits have shape {got.shape}; the model's rows have {want.shape}")
-    diff = np.abs(got.astype(np.float64) - want)
-    worst = int(np.argmax(diff))
-    if not np.allclose(got, want, rtol=rtol, atol=atol):
-        raise AssertionError(
-            f"the logits differ from a fresh one-token-at-a-time decode by up to {diff[worst]:.3g} "
-            f"(token {worst}: {got[worst]:.6g} against {want[worst]:.6g}; rtol={rtol:g}, atol={atol:g})"
-        )
-    return float(diff[worst])
-
-
-# ---------------------------------------------------------------------- state machines
-@contextmanager
-def expect_raises(
-    exc: type[BaseException] | tuple[type[BaseException], ...], match: str | None = None
-) -> Iterator[None]:
-    """Assert that the block raises ``exc`` (whose message matches the regular expression
-    ``match``, searched as ``re.search`` does): ``pytest.raises`` without pytest, for the
-    state machines, which also run under ``unittest``. Raises :class:`AssertionError`
-    when nothing is raised or the message does not match; any other exception goes
-    through unchanged."""
-    try:
-        yield
-    except exc as e:
-        if match is not None and not re.search(match, str(e)):
-            raise AssertionError(f"{type(e).__name__}({str(e)!r}) does not match {match!r}") from e
-        return
-    raise AssertionError(f"expected {_names(exc)}, nothing was raised")
-
-
-def _names(exc: type[BaseException] | tuple[type[BaseException], ...]) -> str:
-    return " or ".join(e.__name__ for e in (exc if isinstance(exc, tuple) else (exc,)))
-
-
-def __getattr__(name: str) -> Any:
-    # The state machines subclass hypothesis's RuleBasedStateMachine: imported when asked
-    # for, so that this module imports without hypothesis.
-    if name in ("KvCacheMachine", "KvCells"):
-        _require_hypothesis()
-        from . import _kv_machine
-
-        return getattr(_kv_machine, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *("KvCacheMachine", "KvCells")})

@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from .._args import expect_path
 from ._tiny_model import (
     CHATML_TEMPLATE,
     N_VOCAB,
@@ -121,6 +122,7 @@ def write_tiny_mamba(
     ``chat_template``, ``add_space_prefix`` and ``extra_metadata`` are as in
     :func:`~llama_cffi._tiny_model.write_tiny_model`. Same arguments, same bytes.
     """
+    path = expect_path("path", path)
     if n_embd <= 0 or n_layer <= 0 or d_state <= 0:
         raise ValueError("n_embd, n_layer and d_state must be positive")
     if d_conv < 2:
@@ -204,6 +206,7 @@ def write_tiny_hybrid(
     ``chat_template``, ``add_space_prefix`` and ``extra_metadata`` are as in
     :func:`~llama_cffi._tiny_model.write_tiny_model`. Same arguments, same bytes.
     """
+    path = expect_path("path", path)
     if n_embd <= 0 or n_layer <= 0 or n_ff <= 0:
         raise ValueError("n_embd, n_layer and n_ff must be positive")
     attn = sorted(set(attn_layers))

@@ -44,6 +44,8 @@ from typing import Any
 
 import numpy as np
 
+from .._args import expect_path
+
 __all__ = [
     "BOS_ID",
     "BYTE_TOKEN_OFFSET",
@@ -271,6 +273,7 @@ def write_tiny_model(
     :func:`_set_kv` for how their types are chosen); for example
     ``{"tokenizer.ggml.add_bos_token": False}``.
     """
+    path = expect_path("path", path)
     head_dim = rope_head_dim(n_embd, n_head, n_head_kv)
 
     gguf = _import_gguf()

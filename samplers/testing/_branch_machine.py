@@ -32,13 +32,14 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from llama_cffi import Context, Model
+from llama_cffi._args import expect_int, expect_iterable
 from llama_cffi.errors import KvCacheFullError, ParamError
 from llama_cffi.testing import KvCells, expect_raises
 
-from .branch import Branch, BranchError, BranchStore, CapacityError
-from .chain import SamplerChain
-from .selection import Dist
-from .truncation import TopK
+from ..branch import Branch, BranchError, BranchStore, CapacityError
+from ..chain import SamplerChain
+from ..selection import Dist
+from ..truncation import TopK
 
 __all__ = ["BranchMachine", "Node"]
 
@@ -110,12 +111,16 @@ class Node:
 
     @classmethod
     def root(cls, seq: int, prompt: list[int], tracked: bool) -> Node:
-        n = cls(seq, None, list(prompt), [], [], [], None, tracked=tracked)
+        """A root branch's node: ``prompt`` decoded into sequence ``seq``."""
+        n = cls(expect_int("seq", seq), None, list(prompt), [], [], [], None, tracked=tracked)
         n.decoded(prompt)
         return n
 
     def decoded(self, toks: list[int]) -> None:
         """``toks`` were decoded into the sequence; the snapshot follows the last one."""
+        toks = [
+            expect_int("toks", t, "a list of token ids") for t in expect_iterable("toks", toks, "a list of token ids")
+        ]
         start = self.refpos[-1] + 1 if self.refpos else 0
         self.kv += toks
         self.recipe.append(("decode", list(toks)))
@@ -125,6 +130,7 @@ class Node:
 
     def shifted(self, sinks: int, n_discard: int) -> None:
         """``shift_context``: the snapshot stays the one computed before."""
+        sinks, n_discard = expect_int("sinks", sinks), expect_int("n_discard", n_discard)
         self.recipe.append(("rm", self.refpos[sinks : sinks + n_discard]))
         del self.kv[sinks : sinks + n_discard], self.refpos[sinks : sinks + n_discard]
 
@@ -237,6 +243,7 @@ class BranchMachine(RuleBasedStateMachine):
 
     def tokens(self, n: int, seed: int) -> list[int]:
         """``n`` token ids of the model, from ``seed``."""
+        n, seed = expect_int("n", n), expect_int("seed", seed)
         return [int(t) for t in np.random.default_rng(seed).integers(0, self.n_vocab, n)]
 
     # ------------------------------------------------------------------ model helpers

@@ -48,6 +48,7 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
+from .._args import expect_path
 from ._tiny_model import (
     CHATML_TEMPLATE,
     N_VOCAB,
@@ -146,6 +147,7 @@ def write_tiny_swa(
     :func:`llama_cffi._tiny_model._set_kv`) are as in ``write_tiny_model``. Returns
     ``path`` as a ``Path``; the same arguments give a byte-identical file.
     """
+    path = expect_path("path", path)
     if sliding_window < 1:
         raise ValueError(f"sliding_window ({sliding_window}) must be >= 1")
     head_dim = rope_head_dim(n_embd, n_head, n_head_kv)
@@ -235,6 +237,7 @@ def write_tiny_quantized(
     wins, while ``general.file_type`` always matches ``qtype``. Returns ``path`` as a
     ``Path``; the same arguments give a byte-identical file.
     """
+    path = expect_path("path", path)
     if qtype not in QUANT_TYPES:
         raise ValueError(f"qtype must be one of {', '.join(QUANT_TYPES)}, not {qtype!r}")
     for name, value in (("n_embd", n_embd), ("n_ff", n_ff)):
