@@ -156,6 +156,50 @@ class RunScan:
         self.on = on
 
 
+class _ScanOut:
+    """The outputs of a run scan (the C functions' common last arguments), and the
+    :class:`RunScan` made of them."""
+
+    def __init__(self, trie: Trie, n_classes: int, k: int) -> None:
+        self.k = k
+        self.cap = trie.n_nodes + 1
+        self.mask = np.zeros(trie.n_words, dtype=np.uint32)
+        self.scratch = np.empty(2 * self.cap, dtype=np.int32)
+        self.frontier = np.empty(self.cap, dtype=np.int32)
+        self.group_start = np.empty((k + 1) * n_classes + 1, dtype=np.int32)
+        self.pt = np.empty(trie.n_vocab + 1, dtype=np.int32)
+        self.pt_depth = np.empty(trie.n_vocab + 1, dtype=np.int32)
+        self.n_front = ffi.new("int32_t *")
+        self.n_pt = ffi.new("int32_t *")
+
+    def args(self) -> tuple[Any, ...]:
+        return (
+            ffi.from_buffer("uint32_t[]", self.mask),
+            ffi.from_buffer("int32_t[]", self.frontier),
+            self.cap,
+            self.n_front,
+            ffi.from_buffer("int32_t[]", self.group_start),
+            ffi.from_buffer("int32_t[]", self.pt),
+            ffi.from_buffer("int32_t[]", self.pt_depth),
+            len(self.pt),
+            self.n_pt,
+            ffi.from_buffer("int32_t[]", self.scratch),
+        )
+
+    def result(self, rc: int, on: npt.NDArray[np.uint8] | None = None) -> RunScan:
+        _check_rc(rc, "trie run scan")
+        n, nf = self.n_pt[0], self.n_front[0]
+        return RunScan(
+            self.k,
+            self.mask,
+            self.frontier[:nf].copy(),
+            self.group_start,
+            self.pt[:n].copy(),
+            self.pt_depth[:n].copy(),
+            on,
+        )
+
+
 class Trie:
     """One vocabulary's code-point trie for the C walks (the layout of
     :class:`samplers.grammar.vocab_index.VocabIndex`; see ``llama_cffi.h``). Node
@@ -302,15 +346,7 @@ class Trie:
             raise ValueError(f"run must be {w} uint64 words")
         if not 0 <= k <= self.max_depth + 1:
             raise ValueError(f"k must lie in [0, {self.max_depth + 1}], not {k}")
-        mask = np.zeros(self.n_words, dtype=np.uint32)
-        cap = self.n_nodes + 1
-        scratch = np.empty(2 * cap, dtype=np.int32)
-        frontier = np.empty(cap, dtype=np.int32)
-        group_start = np.empty((k + 1) * n_classes + 1, dtype=np.int32)
-        pt = np.empty(self.n_vocab + 1, dtype=np.int32)
-        pt_depth = np.empty(self.n_vocab + 1, dtype=np.int32)
-        n_front = ffi.new("int32_t *")
-        n_pt = ffi.new("int32_t *")
+        out = _ScanOut(self, n_classes, k)
         on = np.empty(self.n_nodes + 1, dtype=np.uint8) if keep_on else None
         rc = lib.llama_cffi_trie_run_scan(
             self._struct,
@@ -318,21 +354,10 @@ class Trie:
             n_classes,
             ffi.from_buffer("uint64_t[]", run),
             k,
-            ffi.from_buffer("uint32_t[]", mask),
-            ffi.from_buffer("int32_t[]", frontier),
-            cap,
-            n_front,
-            ffi.from_buffer("int32_t[]", group_start),
-            ffi.from_buffer("int32_t[]", pt),
-            ffi.from_buffer("int32_t[]", pt_depth),
-            len(pt),
-            n_pt,
-            ffi.from_buffer("int32_t[]", scratch),
+            *out.args(),
             ffi.NULL if on is None else ffi.from_buffer("uint8_t[]", on),
         )
-        _check_rc(rc, "trie run scan")
-        n = n_pt[0]
-        return RunScan(k, mask, frontier[: n_front[0]].copy(), group_start, pt[:n].copy(), pt_depth[:n].copy(), on)
+        return out.result(rc, on)
 
     def masks(self, grammars: list[TrieGrammar], plans: list[Any], rows: list[U32], n_threads: int) -> tuple[I32, I32]:
         """The masks of many :meth:`TrieGrammar.plan` s in one call, shared among ``n_threads``
@@ -457,34 +482,11 @@ class TrieGrammar:
             raise ValueError(f"run must be {self.W} uint64 words")
         if not 0 <= k <= trie.max_depth + 1:
             raise ValueError(f"k must lie in [0, {trie.max_depth + 1}], not {k}")
-        mask = np.zeros(trie.n_words, dtype=np.uint32)
-        cap = trie.n_nodes + 1
-        scratch = np.empty(2 * cap, dtype=np.int32)
-        frontier = np.empty(cap, dtype=np.int32)
-        group_start = np.empty((k + 1) * self.n_classes + 1, dtype=np.int32)
-        pt = np.empty(trie.n_vocab + 1, dtype=np.int32)
-        pt_depth = np.empty(trie.n_vocab + 1, dtype=np.int32)
-        n_front = ffi.new("int32_t *")
-        n_pt = ffi.new("int32_t *")
+        out = _ScanOut(trie, self.n_classes, k)
         rc = lib.llama_cffi_trie_run_scan_skip(
-            trie._struct,
-            self._g,
-            ffi.from_buffer("uint64_t[]", run),
-            k,
-            ffi.from_buffer("uint32_t[]", mask),
-            ffi.from_buffer("int32_t[]", frontier),
-            cap,
-            n_front,
-            ffi.from_buffer("int32_t[]", group_start),
-            ffi.from_buffer("int32_t[]", pt),
-            ffi.from_buffer("int32_t[]", pt_depth),
-            len(pt),
-            n_pt,
-            ffi.from_buffer("int32_t[]", scratch),
+            trie._struct, self._g, ffi.from_buffer("uint64_t[]", run), k, *out.args()
         )
-        _check_rc(rc, "trie run scan")
-        n = n_pt[0]
-        return RunScan(k, mask, frontier[: n_front[0]].copy(), group_start, pt[:n].copy(), pt_depth[:n].copy())
+        return out.result(rc)
 
     def set_tables(
         self,
@@ -596,17 +598,9 @@ class TrieGrammar:
             k,
             int(start),
             ffi.from_buffer("uint32_t[]", mask),
-            self._pending_c,
-            _PENDING_CAP,
-            self._n_pending,
-            self._frames_c,
-            len(self._frames),
+            *self._walk_buffers(),
         )
-        full = rc == -3
-        if not full:
-            _check_rc(rc, "trie walk")
-        p = self._n_pending[0]
-        return self._pending[: 4 * p].reshape(p, 4).copy(), full
+        return self._pending_after(rc, "trie walk")
 
     def plan(self, start: int, scan: RunScan, depth_states: I32, extra: I32) -> Any:
         """What :meth:`mask` needs to compute the mask from ``start`` in one call: the run
@@ -641,15 +635,19 @@ class TrieGrammar:
             self._g,
             plan[0],
             ffi.from_buffer("uint32_t[]", out),
-            self._pending_c,
-            _PENDING_CAP,
-            self._n_pending,
-            self._frames_c,
-            len(self._frames),
+            *self._walk_buffers(),
         )
+        return self._pending_after(rc, "trie mask")
+
+    def _walk_buffers(self) -> tuple[Any, ...]:
+        """The pending list and the walk's frames: the C walks' last arguments."""
+        return (self._pending_c, _PENDING_CAP, self._n_pending, self._frames_c, len(self._frames))
+
+    def _pending_after(self, rc: int, what: str) -> tuple[I32, bool]:
+        """A walk's pending entries (a copy) and whether it stopped early (``rc`` -3)."""
         full = rc == -3
         if not full:
-            _check_rc(rc, "trie mask")
+            _check_rc(rc, what)
         p = self._n_pending[0]
         if p == 0:
             return _NO_PENDING, full

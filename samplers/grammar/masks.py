@@ -8,7 +8,7 @@ Matchers at the same parser state of the same compiled grammar share one computa
 computed by their grammars' C walks in **one** call (``llama_cffi._trie_walk.Trie.masks``),
 shared among threads with the GIL released. A walk that needs something not computed yet
 (a parser state met for the first time) is finished on its own afterwards, so the result
-is always each matcher's own mask. :class:`samplers.BranchStore` uses it to give the
+is always each matcher's own mask. :class:`samplers.branch.BranchStore` uses it to give the
 grammar of every branch its mask for a step at once (see :meth:`GrammarSampler.use_mask`).
 """
 
