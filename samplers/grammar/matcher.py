@@ -106,12 +106,11 @@ class GrammarMatcher:
         if cands.size == 0:
             return
         c = self._compiled
+        words = np.empty(c.n_words, dtype=np.uint32)
         if self.ended:
-            words = np.zeros(c.n_words, dtype=np.uint32)
-        else:
-            packed = c.packed(self.state, self.partial)
-            words = np.zeros(c.n_words, dtype=np.uint32)
-            words.view(np.uint8)[: len(packed)] = packed
+            words[:] = 0
+        else:  # written once: by the walk itself, or from the mask cache
+            c.fill_words(self.state, self.partial, words)
         _apply_words(cands, words, c.n_vocab)
 
     # ------------------------------------------------------------------ moves
