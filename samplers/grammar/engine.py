@@ -180,49 +180,64 @@ class Engine:
                 return positive, items, pos
 
     def _build_classes(self) -> None:
-        """Partition code points into classes no char element distinguishes."""
+        """Partition code points into classes no char element distinguishes. Elements
+        with the same set share a row of ``_member`` (a JSON grammar repeats a few sets
+        over thousands of elements)."""
         self._char_pos: dict[int, int] = {}  # char element position -> row of _member
-        items_of: list[tuple[bool, list[tuple[int, int]]]] = []
         self._after: dict[int, int] = {}
-        bounds = {0, _MAX_CP}
-        for pos, t in enumerate(self.types):
-            if t in (_CHAR, _CHAR_NOT, _ANY):  # each starts a class ("ab" is CHAR, CHAR; [ab] CHAR, CHAR_ALT)
+        rows: dict[tuple[bool, tuple[tuple[int, int], ...]], int] = {}
+        types = self.types
+        char_types = (_CHAR, _CHAR_NOT, _ANY)
+        for pos, t in enumerate(types):
+            if t in char_types:  # each starts a class ("ab" is CHAR, CHAR; [ab] CHAR, CHAR_ALT)
                 positive, items, after = self._class_items(pos)
-                self._char_pos[pos] = len(items_of)
+                key = (positive, tuple(items))
+                row = rows.get(key)
+                if row is None:
+                    row = rows[key] = len(rows)
+                self._char_pos[pos] = row
                 self._after[pos] = after
-                items_of.append((positive, items))
-                for lo, hi in items:
-                    if lo <= hi:
-                        bounds.add(min(lo, _MAX_CP))
-                        bounds.add(min(hi + 1, _MAX_CP))
-        edges = np.array(sorted(bounds), dtype=np.int64)  # interval i = [edges[i], edges[i+1])
-        n_int = len(edges) - 1
-        member = np.zeros((len(items_of), n_int), dtype=bool)
-        for row, (positive, items) in enumerate(items_of):
-            found = np.zeros(n_int, dtype=bool)
-            for lo, hi in items:
-                if lo <= hi:
-                    a = np.searchsorted(edges, lo, side="right") - 1
-                    b = np.searchsorted(edges, min(hi + 1, _MAX_CP), side="left")
-                    found[a:b] = True
-            member[row] = found if positive else ~found
+        # interval bounds: every item's lo and hi + 1 (capped at _MAX_CP), and 0, _MAX_CP
+        flat = [iv for _, items in rows for iv in items if iv[0] <= iv[1]]
+        if flat:
+            ivs = np.minimum(np.array(flat, dtype=np.int64), _MAX_CP)
+            ivs[:, 1] = np.minimum(ivs[:, 1] + 1, _MAX_CP)
+            edges = np.unique(np.concatenate([ivs.ravel(), np.array([0, _MAX_CP], dtype=np.int64)]))
+        else:
+            edges = np.array([0, _MAX_CP], dtype=np.int64)
+        n_int = len(edges) - 1  # interval i = [edges[i], edges[i+1])
+        member = np.zeros((len(rows), n_int), dtype=bool)
+        if flat:
+            # each item covers intervals [a, b): +1 at a, -1 at b, per row, then a running sum
+            owner = np.array([r for r, (_, items) in enumerate(rows) for iv in items if iv[0] <= iv[1]], dtype=np.int64)
+            start = np.searchsorted(edges, ivs[:, 0], side="right") - 1
+            stop = np.searchsorted(edges, ivs[:, 1], side="left")
+            delta = np.zeros((len(rows), n_int + 1), dtype=np.int32)
+            np.add.at(delta, (owner, start), 1)
+            np.add.at(delta, (owner, stop), -1)
+            member = np.cumsum(delta[:, :n_int], axis=1) > 0
+        negative = np.array([not positive for positive, _ in rows], dtype=bool)
+        if negative.any():
+            member[negative] = ~member[negative]
         # intervals with the same membership column form one class
         cols = np.ascontiguousarray(member.T)
-        keys = [c.tobytes() for c in cols] if len(items_of) else [b""] * n_int
+        keys = [c.tobytes() for c in cols] if len(rows) else [b""] * n_int
         class_of_key: dict[bytes, int] = {}
         interval_class = np.empty(n_int, dtype=np.int32)
         reps: list[int] = []
+        first_interval: list[int] = []
         for i, k in enumerate(keys):
             c = class_of_key.get(k)
             if c is None:
                 c = class_of_key[k] = len(reps)
                 reps.append(int(edges[i]))
+                first_interval.append(i)
             interval_class[i] = c
         self._edges = edges
         self._interval_class = interval_class
         self.n_classes = len(reps)
         #: ``member[row, class]``: whether the char element of ``row`` matches the class
-        self._member = np.ascontiguousarray(member[:, [int(np.searchsorted(edges, r, side="right") - 1) for r in reps]])
+        self._member = np.ascontiguousarray(member[:, first_interval])
         self._ascii_class = self.classes_of(np.arange(128, dtype=np.int64)).tolist()
 
     def classes_of(self, cps: npt.ArrayLike) -> npt.NDArray[np.int32]:
