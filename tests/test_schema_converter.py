@@ -296,21 +296,30 @@ def test_format_suite_coverage() -> None:
 
 
 def test_property_order_and_undeclared_keys() -> None:
-    """Generation defaults: declared keys in llama.cpp's order (required, then optional),
-    none invented; validator semantics: any order, each key once, undeclared keys as JSON
+    """Generation defaults: declared keys in the order of properties (optional ones may be
+    left out), none invented; ``"required-first"``: llama.cpp's order (required, then
+    optional); validator semantics: any order, each key once, undeclared keys as JSON
     Schema allows them."""
     schema = {"properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["b"]}
     gen = grammar(schema)
-    assert both(gen, {"b": 1, "a": 2}) and both(gen, {"b": 1})
-    assert not both(gen, {"a": 2, "b": 1}) and not both(gen, {"b": 1, "z": 0}) and not both(gen, {"a": 1})
+    assert both(gen, {"a": 2, "b": 1}) and both(gen, {"b": 1})
+    assert not both(gen, {"b": 1, "a": 2}) and not both(gen, {"b": 1, "z": 0}) and not both(gen, {"a": 1})
+    first = grammar(schema, property_order="required-first")
+    assert both(first, {"b": 1, "a": 2}) and both(first, {"b": 1})
+    assert not both(first, {"a": 2, "b": 1}) and not both(first, {"a": 1})
     val = grammar(schema, validator=True)
-    assert both(val, {"a": 2, "b": 1}) and both(val, {"b": 1, "z": [0]})
+    assert both(val, {"a": 2, "b": 1}) and both(val, {"b": 1, "a": 2}) and both(val, {"b": 1, "z": [0]})
     assert not both(val, {"a": "x", "b": 1}) and not both(val, {"a": 1})
     assert not val.accepts('{"b": 1, "b": 2}')
     anyorder = grammar(schema, property_order="any")
     assert both(anyorder, {"a": 2, "b": 1}) and not both(anyorder, {"b": 1, "z": 0})
     extra = grammar(schema, additional_properties="schema")
-    assert both(extra, {"b": 1, "z": 0}) and not both(extra, {"a": 2, "b": 1})
+    assert both(extra, {"b": 1, "z": 0}) and both(extra, {"a": 2, "b": 1}) and not both(extra, {"b": 1, "a": 2})
+    # required keys that properties does not list come after the listed ones
+    g = grammar({"properties": {"a": {}, "b": {}}, "required": ["z", "a"], "additionalProperties": True})
+    assert both(g, {"a": 1, "b": 2, "z": 3}) and both(g, {"a": 1, "z": 3}) and not both(g, {"z": 3, "a": 1})
+    with pytest.raises(ValueError, match="required-first"):
+        schema_to_gbnf(schema, property_order="llama")
 
 
 def test_objects_with_patterns_names_and_dependencies() -> None:

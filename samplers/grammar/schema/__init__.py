@@ -9,10 +9,13 @@ an :class:`UnsupportedSchemaError`.
 
 Choices for generation, each a keyword argument:
 
-* ``property_order``: ``"schema"`` (default: the declared keys in llama.cpp's order, the
-  required ones then the optional ones, each in the order of ``properties``; optional ones
-  may be left out; undeclared keys after them) or ``"any"`` (keys in any order, each at
-  most once: what a validator accepts);
+* ``property_order``: ``"schema"`` (default: the declared keys in the order of
+  ``properties``, optional ones may be left out, required keys that ``properties`` does not
+  list after them, undeclared keys last: the order real documents, OpenAI's structured
+  outputs, llguidance and xgrammar use), ``"required-first"`` (llama.cpp's order: the
+  required keys, then the optional ones, each in the order of ``properties``) or
+  ``"any"`` (keys in any order: what a validator accepts; each key at most once where an
+  object declares at most 6, else the required keys at most once and the others free);
 * ``additional_properties``: ``"declared"`` (default: undeclared keys only where the
   schema names them: ``additionalProperties``, ``patternProperties``,
   ``unevaluatedProperties``, or an object schema without ``properties``) or ``"schema"``
@@ -109,8 +112,8 @@ def schema_to_gbnf(
     property_order = property_order or defaults[0]
     additional_properties = additional_properties or defaults[1]
     formats = formats or defaults[2]
-    if property_order not in ("schema", "any"):
-        raise ValueError(f"property_order must be 'schema' or 'any', not {property_order!r}")
+    if property_order not in ("schema", "required-first", "any"):
+        raise ValueError(f"property_order must be 'schema', 'required-first' or 'any', not {property_order!r}")
     if additional_properties not in ("declared", "schema"):
         raise ValueError(f"additional_properties must be 'declared' or 'schema', not {additional_properties!r}")
     if formats not in ("assert", "annotate"):

@@ -41,16 +41,19 @@ from ._lower import (
     not_node,
     value_node,
 )
-from ._numbers import GENERATION_DIGITS, NumberSpec, automaton, cap_digits
+from ._numbers import GENERATION_DIGITS, NumberSpec, cap_digits
 from ._regex import CharSet, RegexSyntaxError, RegexUnsupported, Repeat, anchored, parse
-from ._rules import RuleSet, literal, repeat
+from ._rules import RuleSet, automaton, literal, repeat
 from ._strings import ANY_CHAR, format_rule, json_char, regex_body, string_literal
 
 __all__ = ["SPACE", "Emitter"]
 
 SPACE = '| " " | "\\n"{1,2} [ \\t]{0,20}'
 NEVER = "[^\\x00-\\U0010FFFF]"
-MAX_TRACKED = 8
+#: with property_order='any', every key is tracked (seen at most once) while an object
+#: declares at most this many; beyond, only the required ones (at most the next constant)
+MAX_TRACKED = 6
+MAX_TRACKED_REQUIRED = 8
 MAX_STATES = 4096
 MAX_PATTERN_CLASSES = 4
 #: the most distinct values uniqueItems is enforced over
@@ -290,49 +293,43 @@ class Emitter:
             return self._array_simple(a, n, elem)
         caps = [max(lo, hi + 1 if hi is not None else 0) for _, lo, hi in contains]
         last = max(n, a.min_items) if a.max_items is None else a.max_items
-        n_states = (last + 1) * 2 * max(1, _prod(c + 1 for c in caps))
+        n_states = (last + 1) * max(1, _prod(c + 1 for c in caps))
         if n_states > MAX_STATES:
-            self.warn("contains", ptr, "contains with these counts makes too many states: not enforced")
-            return self._array_simple(a, n, lambda i, s: elem(i, ()) if not s else None)
-        pre = self.rs.fresh("arr")
-        states: dict[str, list[tuple[str, str | None]]] = {}
-        for pos in range(last + 1):
-            for counts in itertools.product(*(range(c + 1) for c in caps)):
-                for first in (True, False) if pos == 0 else (False,):
-                    name = _st(pos, counts, first)
-                    alts: list[tuple[str, str | None]] = []
-                    ok = pos >= a.min_items and all(k >= lo for k, (_, lo, _) in zip(counts, contains, strict=True))
-                    if ok:
-                        alts.append(('"]"', None))
-                    if a.max_items is None or pos < a.max_items:
-                        npos = min(pos + 1, last) if a.max_items is None else pos + 1
-                        sep = "" if first else '"," ws'
-                        for subset in _subsets(len(contains)):
-                            nc = list(counts)
-                            bad = False
-                            for j in subset:
-                                _, _lo, hi = contains[j]
-                                nc[j] = nc[j] + 1
-                                if hi is not None and nc[j] > hi:
-                                    bad = True
-                                nc[j] = min(nc[j], caps[j])
-                            if bad:
-                                continue
-                            rule = elem(pos, subset)
-                            if rule is None:
-                                continue
-                            alts.append((f"{sep} {rule} ws".strip(), _st(npos, tuple(nc), False)))
-                    states[name] = alts
-        live = automaton(self.rs, pre, states)
-        start = _st(0, tuple(0 for _ in caps), True)
-        if start not in live:
-            return ""
-        return f'"[" ws {pre}-{start}'
+            self.warn("contains", ptr, f"relaxed: contains is not enforced ({n_states} states for these counts)")
+            del contains[:]  # the items without any contains constraint
+            return self._array_simple(a, n, elem)
+
+        def step(st: tuple[int, tuple[int, ...], bool]) -> list[tuple[str, Any]]:
+            pos, counts, first = st
+            alts: list[tuple[str, Any]] = []
+            if pos >= a.min_items and all(k >= lo for k, (_, lo, _) in zip(counts, contains, strict=True)):
+                alts.append(('"]"', None))
+            if a.max_items is None or pos < a.max_items:
+                npos = min(pos + 1, last) if a.max_items is None else pos + 1
+                sep = "" if first else '"," ws '
+                for subset in _subsets(len(contains)):
+                    nc = list(counts)
+                    bad = False
+                    for j in subset:
+                        nc[j] += 1
+                        hi = contains[j][2]
+                        if hi is not None and nc[j] > hi:
+                            bad = True
+                        nc[j] = min(nc[j], caps[j])
+                    if bad:
+                        continue
+                    rule = elem(pos, subset)
+                    if rule is not None:
+                        alts.append((f"{sep}{rule} ws", (npos, tuple(nc), False)))
+            return alts
+
+        head = automaton(self.rs, "arr", (0, tuple(0 for _ in caps), True), step)
+        return "" if head is None else f'"[" ws {head}'
 
     def _unique_finite(self, a: Arr, ptr: str) -> str | None:
         """uniqueItems where every position holds one of a few values (enums, booleans,
-        null; at most :data:`MAX_UNIQUE_VALUES`): an automaton whose state is the position
-        and the set of values used. None when that does not apply."""
+        null; at most :data:`MAX_UNIQUE_VALUES`): an automaton whose state is the set of
+        values used (the array's length so far is its size). None when that does not apply."""
         if a.contains or a.uneval:
             return None
         doms: list[list[Any]] = []
@@ -353,81 +350,74 @@ class Emitter:
             return None
         keys = [canon(v) for v in universe]
         n = len(a.prefix)
-        longest = n + len(universe) if a.max_items is None else min(a.max_items, n + len(universe))
-        pre = self.rs.fresh("uniq")
-        states: dict[str, list[tuple[str, str | None]]] = {}
         lits = [self.const(v, ptr) for v in universe]
-        for used in range(2 ** len(universe)):
-            pos = bin(used).count("1")  # the array's length so far: one item per value used
-            if pos > longest:
-                continue
-            for first in (True, False) if pos == 0 else (False,):
-                alts: list[tuple[str, str | None]] = []
-                if pos >= a.min_items:
-                    alts.append(('"]"', None))
-                if a.max_items is None or pos < a.max_items:
-                    dom = {canon(v) for v in doms[min(pos, n)]}
-                    sep = "" if first else '"," ws '
-                    for i, k in enumerate(keys):
-                        if k in dom and not used >> i & 1:
-                            alts.append((f"{sep}({lits[i]}) ws", f"{used | 1 << i}-{pos + 1}-0"))
-                states[f"{used}-{pos}-{int(first)}"] = alts
-        live = automaton(self.rs, pre, states)
-        if "0-0-1" not in live:
-            return ""
-        return f'"[" ws {pre}-0-0-1'
+        dom_sets = [{canon(v) for v in d} for d in doms]
+
+        def step(st: tuple[int, bool]) -> list[tuple[str, Any]]:
+            used, first = st
+            pos = bin(used).count("1")
+            alts: list[tuple[str, Any]] = []
+            if pos >= a.min_items:
+                alts.append(('"]"', None))
+            if a.max_items is None or pos < a.max_items:
+                dom = dom_sets[min(pos, n)]
+                sep = "" if first else '"," ws '
+                for i, k in enumerate(keys):
+                    if k in dom and not used >> i & 1:
+                        alts.append((f"{sep}({lits[i]}) ws", (used | 1 << i, False)))
+            return alts
+
+        head = automaton(self.rs, "uniq", (0, True), step)
+        return "" if head is None else f'"[" ws {head}'
 
     def _array_simple(self, a: Arr, n: int, elem: Callable[[int, tuple[int, ...]], str | None]) -> str:
         lo, hi = a.min_items, a.max_items
         if hi is not None:
             n = min(n, hi)
-        pre = self.rs.fresh("arr")
 
         def sep(i: int) -> str:
             return "" if i == 0 else '"," ws '
 
-        states: dict[str, list[tuple[str, str | None]]] = {}
-        for i in range(n):
-            alts: list[tuple[str, str | None]] = [('"]"', None)] if i >= lo else []
-            r = elem(i, ())
+        def step(i: int) -> list[tuple[str, Any]]:
+            if i < n:
+                alts: list[tuple[str, Any]] = [('"]"', None)] if i >= lo else []
+                r = elem(i, ())
+                if r:
+                    alts.append((f"{sep(i)}{r} ws", i + 1))
+                return alts
+            t_lo = max(lo - n, 0)
+            t_hi = None if hi is None else hi - n
+            r = elem(n, ()) if (t_hi is None or t_hi > 0) else None
+            alts = [('"]"', None)] if t_lo == 0 else []
             if r:
-                alts.append((f"{sep(i)}{r} ws", str(i + 1)))
-            states[str(i)] = alts
-        t_lo = max(lo - n, 0)
-        t_hi = None if hi is None else hi - n
-        r = elem(n, ()) if (t_hi is None or t_hi > 0) else None
-        alts = [('"]"', None)] if t_lo == 0 else []
-        if r:
-            rest_hi = None if t_hi is None else t_hi - 1
-            rest = ""
-            if rest_hi != 0:
-                try:
-                    rest = repeat(self.rs, f'("," ws {r} ws)', max(t_lo - 1, 0), rest_hi) + " "
-                except OverflowError as e:
-                    self.warn("maxItems", "#", f"array lengths are not enforced: {e}")
-                    rest = f'("," ws {r} ws)* '
-            alts.append((f'{sep(n)}{r} ws {rest}"]"', None))
-        states[str(n)] = alts
-        live = automaton(self.rs, pre, states)
-        if "0" not in live:
-            return ""
-        return f'"[" ws {pre}-0'
+                rest_hi = None if t_hi is None else t_hi - 1
+                rest = ""
+                if rest_hi != 0:
+                    try:
+                        rest = repeat(self.rs, f'("," ws {r} ws)', max(t_lo - 1, 0), rest_hi) + " "
+                    except OverflowError as e:
+                        self.warn("maxItems", "#", f"array lengths are not enforced: {e}")
+                        rest = f'("," ws {r} ws)* '
+                alts.append((f'{sep(n)}{r} ws {rest}"]"', None))
+            return alts
+
+        head = automaton(self.rs, "arr", 0, step)
+        return "" if head is None else f'"[" ws {head}'
 
     # objects -----------------------------------------------------------------------------
 
     def object(self, a: Obj, ptr: str, closed: bool = False) -> str:
         low = self.low
         rs = self.rs
-        # llama.cpp's order: the required keys (in the order of properties), then the
-        # optional ones (the same order); required keys without a properties entry in between
         listed = list(dict.fromkeys(k for k, _ in a.props))
-        declared = list(
-            dict.fromkeys(
-                [k for k in listed if k in a.required]
-                + sorted(a.required - set(listed))
-                + [k for k in listed if k not in a.required]
-            )
-        )
+        # required keys without a properties entry: after the listed ones
+        unlisted = sorted(a.required - set(listed))
+        if self.order == "required-first":
+            # llama.cpp's order: the required keys (in the order of properties), then the
+            # optional ones (the same order); required keys without a properties entry between
+            declared = [k for k in listed if k in a.required] + unlisted + [k for k in listed if k not in a.required]
+        else:
+            declared = listed + unlisted
         pairs: dict[str, str] = {}
         for k in declared:
             if k in a.forbidden:
@@ -444,53 +434,86 @@ class Emitter:
         others: list[str] = []
         explicit = bool(a.additional or a.patterns or a.uneval) or not a.props
         if not closed and (self.extra == "schema" or explicit):
-            others = self._other_pairs(a, set(declared) | set(a.forbidden), ptr)
+            others = self._other_pairs(a, frozenset(declared) | a.forbidden, ptr)
         if self.order == "any":
             return self._any_order(a, pairs, others, ptr)
         return self._schema_order(a, declared, pairs, others, ptr)
 
-    def _other_pairs(self, a: Obj, known: set[str], ptr: str) -> list[str]:
+    def _other_pairs(self, a: Obj, known: frozenset[str], ptr: str) -> list[str]:
+        """The (key, value) rules of keys outside ``known``: one per class of keys that
+        the patterns of ``patternProperties`` tell apart, each with its value schema."""
+        memo_key = ("other", known, a.patterns, a.additional, a.uneval, a.names)
+        hit = self.rs.memo.get(memo_key)
+        if hit is not None:
+            return list(hit)
         pats = list(dict.fromkeys([p for p, _ in a.patterns]))
-        if len(pats) > MAX_PATTERN_CLASSES:
+        exact: list[tuple[str, dfa_mod.DFA]] = []
+        loose: list[str] = []
+        for p in pats:
+            if len(exact) >= MAX_PATTERN_CLASSES:
+                loose.append(p)
+                continue
+            try:
+                exact.append((p, dfa_mod.from_regex(anchored(parse(p)))))
+            except RegexSyntaxError as e:
+                from ..errors import SchemaError
+
+                raise SchemaError(f"JSON schema error at {ptr}/patternProperties: {e}") from None
+            except (OverflowError, RegexUnsupported):
+                loose.append(p)
+        base = dfa_mod.literals(sorted(known)).complement() if known else None
+        try:
+            names_dfa = self._names_dfa(a, ptr)
+        except (OverflowError, RegexUnsupported, RegexSyntaxError):
+            names_dfa = None
+            self.warn("propertyNames", ptr, "relaxed: undeclared keys are not checked against propertyNames")
+        if names_dfa is not None:
+            try:
+                base = names_dfa if base is None else base.intersect(names_dfa)
+            except OverflowError:
+                self.warn("propertyNames", ptr, "relaxed: undeclared keys are not checked against propertyNames")
+        while True:
+            try:
+                out = self._pattern_classes(a, base, exact, loose)
+                break
+            except OverflowError:
+                loose.insert(0, exact.pop()[0])  # the products grew too large: one pattern fewer
+        if loose:
             self.warn(
                 "patternProperties",
                 ptr,
-                f"more than {MAX_PATTERN_CLASSES} patterns: keys matching the later ones"
-                " get the additionalProperties schema",
+                f"relaxed: keys are not checked against {', '.join(map(repr, loose))}: an undeclared key may"
+                " take the value of a key that matches it, or of one that does not",
             )
-            pats = pats[:MAX_PATTERN_CLASSES]
-        try:
-            base = dfa_mod.literals(sorted(known)).complement() if known else None
-            names_dfa = self._names_dfa(a, ptr)
-            if names_dfa is not None:
-                base = names_dfa if base is None else base.intersect(names_dfa)
-            pat_dfas = [dfa_mod.from_regex(anchored(parse(p))) for p in pats]
-        except (OverflowError, RegexUnsupported, RegexSyntaxError) as e:
-            self.warn("patternProperties", ptr, f"undeclared keys are not checked against the patterns ({e})")
-            rule = self.node(all_of(*(n for _, _, n in a.additional), *(n for _, _, n in a.uneval)))
-            if rule is None:
-                return []
-            key = self._key_rule(None)
-            return [self.rs.add("kv", f'{key} ws ":" ws {rule} ws')]
+        self.rs.memo[memo_key] = tuple(out)
+        return out
+
+    def _pattern_classes(
+        self, a: Obj, base: dfa_mod.DFA | None, exact: list[tuple[str, dfa_mod.DFA]], loose: list[str]
+    ) -> list[str]:
         out = []
-        for matched in itertools.product((True, False), repeat=len(pats)):
+        for matched in itertools.product((True, False), repeat=len(exact)):
             d = base
-            parts: list[Node] = []
-            for p, pd, m in zip(pats, pat_dfas, matched, strict=True):
+            hit = [p for (p, _), m in zip(exact, matched, strict=True) if m]
+            for (_, pd), m in zip(exact, matched, strict=True):
                 d = _and(d, pd if m else pd.complement())
-                if m:
-                    parts += [n for q, n in a.patterns if q == p]
             if d is not None and d.empty():
                 continue
-            hit = [p for p, m in zip(pats, matched, strict=True) if m]
-            for _names, ps, n in a.additional + a.uneval:
-                if not any(p in ps for p in hit):
-                    parts.append(n)
-            rule = self.node(all_of(*parts))
+            parts: list[Node] = [n for q, n in a.patterns if q in hit]
+            # keys of the class may match a loose pattern or not: the value meets the
+            # schema of either case (matching two is within matching one of them)
+            cases = [self._class_value(a, parts, hit)]
+            cases += [self._class_value(a, [*parts, *(n for q, n in a.patterns if q == p)], [*hit, p]) for p in loose]
+            rule = self.node(any_of(*cases))
             if rule is None:
                 continue
             out.append(self.rs.add("kv", f'{self._key_rule(d)} ws ":" ws {rule} ws'))
         return out
+
+    @staticmethod
+    def _class_value(a: Obj, parts: list[Node], hit: list[str]) -> Node:
+        extra = [n for _names, ps, n in a.additional + a.uneval if not any(p in ps for p in hit)]
+        return all_of(*parts, *extra)
 
     def _names_dfa(self, a: Obj, ptr: str) -> dfa_mod.DFA | None:
         d = None
@@ -521,91 +544,89 @@ class Emitter:
             hit = self.dfa_rules[sig] = dfa_mod.to_gbnf(d, self.rs, "key", json_char)
         return '"\\"" ' + hit
 
-    def _any_order(self, a: Obj, pairs: dict[str, str], others: list[str], ptr: str) -> str:
-        keys = list(pairs)
-        tracked = [k for k in keys if k in a.required]
-        if len(keys) <= MAX_TRACKED:
-            tracked = keys
-        if len(tracked) > 12:
-            self.warn("required", ptr, "more than 12 required keys: they must come in the schema's order")
-            return self._schema_order(a, keys, pairs, others, ptr)
+    def _counts(self, a: Obj, n_states: int, ptr: str) -> tuple[bool, int]:
+        """Whether the automaton counts keys (min/maxProperties beyond what required
+        implies), and the count it saturates at; relaxed past :data:`MAX_STATES`."""
         counted = a.max_props is not None or a.min_props > len(a.required)
         cap = (a.max_props if a.max_props is not None else a.min_props) if counted else 0
-        if (2 ** len(tracked)) * (cap + 1) * 2 > MAX_STATES:
-            tracked = [k for k in keys if k in a.required]
-            if (2 ** len(tracked)) * (cap + 1) * 2 > MAX_STATES:
-                self.warn("maxProperties", ptr, "too many states: property counts are not enforced")
-                counted, cap = False, 0
-        tracked_set = set(tracked)
-        untracked = [pairs[k] for k in keys if k not in tracked_set] + others
-        free = self.rs.add("pair", " | ".join(untracked)) if untracked else ""
-        pre = self.rs.fresh("obj")
-        states: dict[str, list[tuple[str, str | None]]] = {}
-        index = {k: i for i, k in enumerate(tracked)}
-        for mask in range(2 ** len(tracked)):
-            seen = {k for k in tracked if mask >> index[k] & 1}
-            for count in range(cap + 1):
-                for first in (True, False):
-                    name = f"{mask}-{count}-{int(first)}"
-                    alts: list[tuple[str, str | None]] = []
-                    if a.required <= seen | (set(keys) - tracked_set) and (not counted or count >= a.min_props):
-                        if a.required <= seen:
-                            alts.append(('"}"', None))
-                    if counted and a.max_props is not None and count >= a.max_props:
-                        states[name] = alts
-                        continue
-                    nc = min(count + 1, cap) if counted else 0
-                    sep = "" if first else '"," ws '
-                    for k in tracked:
-                        if k not in seen:
-                            alts.append((f"{sep}{pairs[k]}", f"{mask | (1 << index[k])}-{nc}-0"))
-                    if free:
-                        alts.append((f"{sep}{free}", f"{mask}-{nc}-0"))
-                    states[name] = alts
-        return self._opened(pre, states)
+        if counted and n_states * (cap + 1) > MAX_STATES:
+            self.warn(
+                "maxProperties" if a.max_props is not None else "minProperties",
+                ptr,
+                f"relaxed: the number of properties is not enforced ({n_states * (cap + 1)} states)",
+            )
+            return False, 0
+        return counted, cap
 
-    def _opened(self, pre: str, states: dict[str, list[tuple[str, str | None]]]) -> str:
-        """An object automaton's rules, entered after ``{`` at state ``0-0-1`` ("" when it
-        accepts nothing)."""
-        live = automaton(self.rs, pre, states)
-        if "0-0-1" not in live:
-            return ""
-        return f'"{{" ws {pre}-0-0-1'
+    def _any_order(self, a: Obj, pairs: dict[str, str], others: list[str], ptr: str) -> str:
+        keys = list(pairs)
+        required = [k for k in keys if k in a.required]
+        # the state is the set of tracked keys seen: every key while there are few (each
+        # at most once), else the required ones only (the others may repeat)
+        tracked = keys if len(keys) <= MAX_TRACKED else required
+        if len(required) > MAX_TRACKED_REQUIRED:
+            tracked = required[:MAX_TRACKED_REQUIRED]
+            rest = required[MAX_TRACKED_REQUIRED:]
+            self.warn(
+                "required",
+                ptr,
+                f"relaxed: {len(required)} required keys in any order: {', '.join(map(repr, rest))} may be missing"
+                f" (an exact grammar needs 2^{len(required)} states; property_order='schema' enforces them all)",
+            )
+        counted, cap = self._counts(a, 2 ** len(tracked), ptr)
+        index = {k: i for i, k in enumerate(tracked)}
+        must = sum(1 << index[k] for k in tracked if k in a.required)
+        untracked = [pairs[k] for k in keys if k not in index] + others
+        free = self.rs.add("pair", " | ".join(untracked)) if untracked else ""
+
+        def step(st: tuple[int, int, bool]) -> list[tuple[str, Any]]:
+            mask, count, first = st
+            alts: list[tuple[str, Any]] = []
+            if mask & must == must and (not counted or count >= a.min_props):
+                alts.append(('"}"', None))
+            if counted and a.max_props is not None and count >= a.max_props:
+                return alts
+            nc = min(count + 1, cap) if counted else 0
+            sep = "" if first else '"," ws '
+            for k, i in index.items():
+                if not mask >> i & 1:
+                    alts.append((f"{sep}{pairs[k]}", (mask | 1 << i, nc, False)))
+            if free:
+                alts.append((f"{sep}{free}", (mask, nc, False)))
+            return alts
+
+        head = automaton(self.rs, "obj", (0, 0, True), step)
+        return "" if head is None else f'"{{" ws {head}'
 
     def _schema_order(self, a: Obj, keys: list[str], pairs: dict[str, str], others: list[str], ptr: str) -> str:
         keys = [k for k in keys if k in pairs]
         n = len(keys)
-        counted = a.max_props is not None or a.min_props > len(a.required)
-        cap = (a.max_props if a.max_props is not None else a.min_props) if counted else 0
-        if (n + 2) * (cap + 1) * 2 > MAX_STATES:
-            self.warn("maxProperties", ptr, "too many states: property counts are not enforced")
-            counted, cap = False, 0
+        counted, cap = self._counts(a, n + 2, ptr)
         free = self.rs.add("pair", " | ".join(others)) if others else ""
-        pre = self.rs.fresh("obj")
-        states: dict[str, list[tuple[str, str | None]]] = {}
+
         # state (i, count, first): key i comes next or, if optional, is skipped (an empty
         # step: one derivation per text, and O(n) alternatives in all); undeclared keys
         # and the closing brace come after the last declared key
-        for i in range(n + 1):
-            for count in range(cap + 1):
-                for first in (True, False):
-                    name = f"{i}-{count}-{int(first)}"
-                    alts: list[tuple[str, str | None]] = []
-                    full = counted and a.max_props is not None and count >= a.max_props
-                    nc = min(count + 1, cap) if counted else 0
-                    sep = "" if first else '"," ws '
-                    if i < n:
-                        if not full:
-                            alts.append((f"{sep}{pairs[keys[i]]}", f"{i + 1}-{nc}-0"))
-                        if keys[i] not in a.required:
-                            alts.append(("", f"{i + 1}-{count}-{int(first)}"))
-                    else:
-                        if not counted or count >= a.min_props:
-                            alts.append(('"}"', None))
-                        if free and not full:
-                            alts.append((f"{sep}{free}", f"{n}-{nc}-0"))
-                    states[name] = alts
-        return self._opened(pre, states)
+        def step(st: tuple[int, int, bool]) -> list[tuple[str, Any]]:
+            i, count, first = st
+            alts: list[tuple[str, Any]] = []
+            full = counted and a.max_props is not None and count >= a.max_props
+            nc = min(count + 1, cap) if counted else 0
+            sep = "" if first else '"," ws '
+            if i < n:
+                if not full:
+                    alts.append((f"{sep}{pairs[keys[i]]}", (i + 1, nc, False)))
+                if keys[i] not in a.required:
+                    alts.append(("", (i + 1, count, first)))
+            else:
+                if not counted or count >= a.min_props:
+                    alts.append(('"}"', None))
+                if free and not full:
+                    alts.append((f"{sep}{free}", (n, nc, False)))
+            return alts
+
+        head = automaton(self.rs, "obj", (0, 0, True), step)
+        return "" if head is None else f'"{{" ws {head}'
 
 
 def _and(d: dfa_mod.DFA | None, e: dfa_mod.DFA) -> dfa_mod.DFA:
@@ -625,10 +646,6 @@ def _str_dfa(a: Str) -> dfa_mod.DFA | None:
     for lo, hi in a.not_lengths:
         d = d.intersect(dfa_mod.length(lo, hi).complement())
     return d
-
-
-def _st(pos: int, counts: tuple[int, ...], first: bool) -> str:
-    return f"{pos}-{'-'.join(map(str, counts)) or 'x'}-{int(first)}"
 
 
 def _subsets(k: int) -> list[tuple[int, ...]]:

@@ -16,10 +16,10 @@ import re
 from collections.abc import Callable
 from fractions import Fraction
 
-from ._rules import RuleSet
+from ._rules import RuleSet, automaton
 from ._strings import _fixed_range
 
-__all__ = ["GENERATION_DIGITS", "NumberSpec", "automaton", "cap_digits", "int_range"]
+__all__ = ["GENERATION_DIGITS", "NumberSpec", "cap_digits", "int_range"]
 
 #: ``warn(keyword, message)``: what a number grammar does not enforce
 Warn = Callable[[str, str], None]
@@ -411,29 +411,6 @@ class NumberSpec:
         return (Fraction(math.lcm(*(m.numerator for m in ms)), math.gcd(*(m.denominator for m in ms))),)
 
 
-def automaton(rs: RuleSet, prefix: str, states: dict[str, list[tuple[str, str | None]]]) -> set[str]:
-    """Define the rules ``<prefix>-<state>`` of a finite automaton: each state lists
-    (GBNF item, next state or None for "accept here"). States that cannot accept are
-    pruned, with the transitions into them; returns the states that were kept."""
-    live: set[str] = set()
-    changed = True
-    while changed:
-        changed = False
-        for name, alts in states.items():
-            if name not in live and any(nxt is None or nxt in live for _, nxt in alts):
-                live.add(name)
-                changed = True
-    for name in live:
-        body: list[str] = []
-        for item, nxt in states[name]:
-            if nxt is None:
-                body.append(item or '""')
-            elif nxt in live:
-                body.append(f"{item} {prefix}-{nxt}".strip())
-        rs.fixed(f"{prefix}-{name}", " | ".join(body))
-    return live
-
-
 #: digits a generated number may have in each part where the schema sets no bound
 #: (llama.cpp's converter allows 16): a model could otherwise write digits without end
 GENERATION_DIGITS = 16
@@ -512,7 +489,7 @@ def _bounded_multiples(rs: RuleSet, d: int, lo: int | None, hi: int | None) -> s
     heads = []
     for sign, alts in sides:
         for positions, open_end in alts:
-            pre = rs.fresh(f"mult{d}")
+            pre = f"mult{d}"
             states: dict[str, list[tuple[str, str | None]]] = {}
             for i, (a, b) in enumerate(positions):
                 for r in range(d if i else 1):
@@ -529,9 +506,9 @@ def _bounded_multiples(rs: RuleSet, d: int, lo: int | None, hi: int | None) -> s
                         by_next.setdefault((r * 10 + dig) % d, []).append(dig)
                     alts_end += [(_digit_set(ds), f"{w}-{r2}") for r2, ds in by_next.items()]
                 states[f"{w}-{r}"] = alts_end
-            live = automaton(rs, pre, states)
-            if "0-0" in live:
-                heads.append(f"{sign}{pre}-0-0")
+            head = automaton(rs, pre, "0-0", states.__getitem__)
+            if head is not None:
+                heads.append(f"{sign}{head}")
     return "(" + " | ".join(heads) + ")" if heads else ""
 
 
@@ -545,21 +522,26 @@ def _divisible(rs: RuleSet, d: int) -> str:
     """Integers (``-``, no leading zeros) divisible by d: an automaton over the digits."""
     if d == 1:
         return f'"-"? {_INT}'
-    pre = f"div{d}"
+    hit = rs.memo.get(("div", d))
+    if hit is not None:
+        return str(hit)
     states: dict[str, list[tuple[str, str | None]]] = {}
     for r in range(d):
         states[str(r)] = [(f'"{dig}"', str((r * 10 + dig) % d)) for dig in range(10)]
         if r == 0:
             states[str(r)].append(("", None))
     states["start"] = [('"0"', None), *((f'"{dig}"', str(dig % d)) for dig in range(1, 10))]
-    automaton(rs, pre, states)
-    return f'"-"? {pre}-start'
+    head = automaton(rs, f"div{d}", "start", states.__getitem__)
+    rs.memo[("div", d)] = out = f'"-"? {head}'
+    return out
 
 
 def _decimal_divisible(rs: RuleSet, m: int, k: int) -> str:
     """Decimals that are multiples of m / 10**k (m, k integers): the digits with the point
     moved k places right are divisible by m; past k fraction digits only zeros."""
-    pre = f"dec{m}e{k}"
+    hit = rs.memo.get(("dec", m, k))
+    if hit is not None:
+        return str(hit)
     st: dict[str, list[tuple[str, str | None]]] = {}
 
     def end_ok(r: int, j: int) -> bool:  # j fraction digits read, state r
@@ -585,5 +567,6 @@ def _decimal_divisible(rs: RuleSet, m: int, k: int) -> str:
             st[f"p1-{r}"] = [('"0"+', None)] if r == 0 else []
     st["zero"] = [("", None), ('"."', "p1-0")]
     st["start"] = [('"0"', "zero"), *((f'"{dig}"', f"i{dig % m}") for dig in range(1, 10))]
-    automaton(rs, pre, st)
-    return f'"-"? {pre}-start'
+    head = automaton(rs, f"dec{m}e{k}", "start", st.__getitem__)
+    rs.memo[("dec", m, k)] = out = f'"-"? {head}'
+    return out

@@ -4,8 +4,10 @@ and character classes."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Hashable
+from typing import Any
 
-__all__ = ["RuleSet", "char_class", "literal"]
+__all__ = ["FIXED_NAMES", "RuleSet", "automaton", "char_class", "literal"]
 
 _NAME_RE = re.compile(r"[^a-zA-Z0-9-]+")
 
@@ -60,23 +62,52 @@ def literal(text: str) -> str:
     return '"' + "".join(out) + '"'
 
 
+#: rule names defined under their own fixed names (shared helpers): never handed out by
+#: :meth:`RuleSet.fresh`, so a schema's names (``_hint`` of a property called ``ws``)
+#: cannot take them
+FIXED_NAMES = frozenset(
+    {
+        "root",
+        "ws",
+        "json-value",
+        "json-string",
+        "json-number",
+        "json-object",
+        "json-array",
+        "json-u-non-ascii",
+        "json-escape",
+        "dec-octet",
+        "ipv4",
+        "h16",
+        "hostname-label",
+        "uri-char",
+    }
+)
+
+
 class RuleSet:
     """Rules by name. :meth:`add` returns the name of a rule with the given body,
     reusing an existing rule with the same body; :meth:`reserve` / :meth:`define` name a
-    rule before its body exists (recursion)."""
+    rule before its body exists (recursion). ``memo`` keeps what a grammar builds once
+    (shared automata) by the caller's key."""
 
     def __init__(self, max_rules: int = 20000) -> None:
         self.bodies: dict[str, str] = {}
         self.by_body: dict[str, str] = {}
         self.max_rules = max_rules
-        self._taken: set[str] = {"root"}
+        self.memo: dict[Any, Any] = {}
+        self._taken: set[str] = set(FIXED_NAMES)
+        self._next: dict[str, int] = {}
 
     def fresh(self, hint: str) -> str:
         base = _NAME_RE.sub("-", hint).strip("-").lower()[:40] or "r"
-        name, k = base, 1
-        while name in self._taken:
+        name = base
+        if name in self._taken:
+            k = self._next.get(base, 1)
+            while f"{base}-{k}" in self._taken:
+                k += 1
+            self._next[base] = k + 1
             name = f"{base}-{k}"
-            k += 1
         self._taken.add(name)
         if len(self._taken) > self.max_rules:
             raise OverflowError(f"the grammar would have over {self.max_rules} rules")
@@ -92,9 +123,11 @@ class RuleSet:
         return name
 
     def fixed(self, name: str, body: str) -> str:
-        """Define a helper rule under its own fixed ``name`` (once)."""
+        """Define a shared helper rule under its own fixed ``name`` (one of
+        :data:`FIXED_NAMES`), once."""
+        if name not in FIXED_NAMES:
+            raise ValueError(f"{name!r} is not a fixed rule name")
         if name not in self.bodies:
-            self._taken.add(name)
             self.bodies[name] = body
         return name
 
@@ -109,6 +142,68 @@ class RuleSet:
         lines = [f"root ::= {root_body}"]
         lines += [f"{name} ::= {body}" for name, body in sorted(self.bodies.items())]
         return "\n".join(lines) + "\n"
+
+
+State = Hashable
+Step = Callable[[Any], list[tuple[str, Any]]]
+
+
+def automaton(rs: RuleSet, prefix: str, start: State, step: Step, accept: Any = None) -> str | None:
+    """Define the rules of a finite automaton and return its start rule's name (None when
+    it accepts nothing). ``step(state)`` lists the state's transitions, each a (GBNF item,
+    next state) pair; ``accept`` as the next state means "accept after the item". Only the
+    states reachable from ``start`` are built, and of them only those that can accept get
+    rules (a rule per state, named ``<prefix>-<state>``)."""
+    edges: dict[State, list[tuple[str, Any]]] = {}
+    todo = [start]
+    while todo:
+        cur = todo.pop()
+        if cur in edges:
+            continue
+        out = step(cur)
+        edges[cur] = out
+        for _, nxt in out:
+            if nxt != accept and nxt not in edges:
+                todo.append(nxt)
+                if len(edges) + len(todo) > rs.max_rules:
+                    raise OverflowError(f"an automaton of over {rs.max_rules} states")
+    # the states that can accept: backwards from the accepting transitions
+    back: dict[State, list[State]] = {}
+    live: set[State] = set()
+    todo = []
+    for s, out in edges.items():
+        for _, nxt in out:
+            if nxt == accept:
+                if s not in live:
+                    live.add(s)
+                    todo.append(s)
+            else:
+                back.setdefault(nxt, []).append(s)
+    while todo:
+        for prev in back.get(todo.pop(), ()):
+            if prev not in live:
+                live.add(prev)
+                todo.append(prev)
+    if start not in live:
+        return None
+    names = {s: rs.fresh(f"{prefix}-{_label(s)}") for s in edges if s in live}
+    for s, name in names.items():
+        body = []
+        for item, nxt in edges[s]:
+            if nxt == accept:
+                body.append(item or '""')
+            elif nxt in live:
+                body.append(f"{item} {names[nxt]}".strip())
+        rs.define(name, " | ".join(dict.fromkeys(body)))
+    return names[start]
+
+
+def _label(state: State) -> str:
+    if isinstance(state, tuple):
+        return "-".join(_label(x) for x in state)
+    if isinstance(state, bool):
+        return "f" if state else "n"
+    return str(state)
 
 
 #: a repetition count GBNF writes directly; larger ones go through named chunks of this many

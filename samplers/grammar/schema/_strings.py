@@ -12,6 +12,7 @@ escapes stand for any non-ASCII character (a documented looseness, escaped form 
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 
@@ -64,18 +65,19 @@ def _fixed_range(lo: int, hi: int, width: int, base: int, digit: Callable[[int, 
     if hi_r != full:
         end -= 1
     if start <= end:
-        rest = f" {digit(0, base - 1)}{{{width - 1}}}" if width > 1 else ""
+        rest = f" {digit(0, base - 1)}" + (f"{{{width - 1}}}" if width > 2 else "") if width > 1 else ""
         out.append(f"{digit(start, end)}{rest}")
     if hi_r != full:
         out += [f"{digit(hi_d, hi_d)} {s}".strip() for s in _fixed_range(0, hi_r, width - 1, base, digit)]
     return out
 
 
-def _u_escapes(rs: RuleSet, ivs: Intervals) -> list[str]:
+@functools.lru_cache(maxsize=4096)
+def _u_escapes(ivs: Intervals) -> tuple[str, ...]:
     """``\\uXXXX`` spellings of the code points in ``ivs`` (controls and non-ASCII)."""
     ivs = intersect(ivs, _ESCAPABLE)
     if not ivs:
-        return []
+        return ()
     non_ascii = [iv for iv in ivs if iv[0] >= 0x80]
     if len(non_ascii) > MAX_ESCAPE_RANGES:
         ivs = norm([*(iv for iv in ivs if iv[0] < 0x80), (0x7F, 0xD7FF), (0xE000, MAX_CP)])
@@ -99,29 +101,71 @@ def _u_escapes(rs: RuleSet, ivs: Intervals) -> list[str]:
             mid = " | ".join(_fixed_range(h_lo + 1, h_hi - 1, 4, 16, _hex_digit_class))
             low = " | ".join(_fixed_range(0xDC00, 0xDFFF, 4, 16, _hex_digit_class))
             alts.append(f'"\\\\u" ({mid}) "\\\\u" ({low})')
-    return alts
+    return tuple(alts)
 
 
-def json_char(rs: RuleSet, ivs: Intervals) -> str:
-    """The name of a rule for one JSON string character with a code point in ``ivs``
-    (its raw and escaped spellings; see the module's docstring)."""
+#: every non-ASCII code point a ``\\u`` escape may spell (surrogates only in pairs)
+_NON_ASCII = norm([(0x80, 0xD7FF), (0xE000, MAX_CP)])
+#: every code point with an escaped spelling
+_HAS_ESCAPE = norm([*_ESCAPABLE, *((cp, cp) for cp in _SHORT)])
+#: shared rules (defined once per grammar, where used): the ``\\u`` escapes of every
+#: non-ASCII character, and every escaped spelling of every character. Most character
+#: sets hold them all ("any character but these"); naming the shared rule keeps their
+#: rules one class and a name long
+U_NON_ASCII = "json-u-non-ascii"
+ANY_ESCAPE = "json-escape"
+
+
+@functools.lru_cache(maxsize=4096)
+def _json_char_body(ivs: Intervals) -> tuple[str, str | None]:
+    """The body of :func:`json_char`'s rule, and the shared rule it names (if any)."""
     alts = []
     raw = intersect(ivs, _RAW_OK)
     if raw:
         alts.append(char_class(raw))
+    if intersect(ivs, _HAS_ESCAPE) == _HAS_ESCAPE:
+        return " | ".join([*alts, ANY_ESCAPE]), ANY_ESCAPE
     for cp, esc in _SHORT.items():
         if any(lo <= cp <= hi for lo, hi in ivs):
             alts.append(f'"{esc}"')
-    alts += _u_escapes(rs, ivs)
+    escapable = intersect(ivs, _ESCAPABLE)
+    shared = None
+    if intersect(escapable, _NON_ASCII) == _NON_ASCII:
+        alts += _u_escapes(intersect(escapable, ((0, 0x7F),)))
+        alts.append(U_NON_ASCII)
+        shared = U_NON_ASCII
+    else:
+        alts += _u_escapes(escapable)
     if not alts:
         raise ValueError("no character")
+    return " | ".join(alts), shared
+
+
+def _shared(rs: RuleSet, name: str) -> None:
+    if name == ANY_ESCAPE and ANY_ESCAPE not in rs.bodies:
+        _shared(rs, U_NON_ASCII)
+        short = [f'"{esc}"' for esc in _SHORT.values()]
+        rs.fixed(ANY_ESCAPE, " | ".join([*short, *_u_escapes(((0, 0x7F),)), U_NON_ASCII]))
+    elif name == U_NON_ASCII:
+        rs.fixed(U_NON_ASCII, " | ".join(_u_escapes(_NON_ASCII)))
+
+
+def json_char(rs: RuleSet, ivs: Intervals) -> str:
+    """One JSON string character with a code point in ``ivs`` (its raw and escaped
+    spellings; see the module's docstring): a GBNF item, the name of a rule or, for
+    characters written raw only, a character class."""
+    body, shared = _json_char_body(ivs)
+    if shared is not None:
+        _shared(rs, shared)
+    if "|" not in body and body.startswith("["):
+        return body  # one class: no rule needed
     if ivs == ((0, MAX_CP),):
         hint = "char"
     elif len(ivs) == 1 and ivs[0][0] == ivs[0][1]:
         hint = f"c-{ivs[0][0]:x}"
     else:
         hint = "chars"
-    return rs.add(hint, " | ".join(alts))
+    return rs.add(hint, body)
 
 
 ANY_CHAR: Intervals = ((0, MAX_CP),)
