@@ -43,6 +43,7 @@ from typing import Any
 
 from ..errors import SchemaError
 from ..json_schema import SchemaWarning
+from . import _drafts
 from ._emit import Emitter
 from ._lower import Lowering
 from ._rules import RuleSet
@@ -212,38 +213,6 @@ def _metaschema(uri: str) -> Any:
 
 
 def _check_schema(data: Any, spec: Any) -> None:
-    """Refuse a schema its draft's metaschema refuses (SchemaError: the first error, where)."""
-    from jsonschema.exceptions import SchemaError as MetaError
-
-    cls = _VALIDATORS.get(spec.name)
-    if cls is None:
-        return
-    try:
-        cls.check_schema(data)
-    except MetaError as e:
-        where = "#" + "".join(f"/{p}" for p in e.absolute_path)
-        raise SchemaError(f"JSON schema error at {where}: {e.message}") from None
-    except RecursionError:
-        raise SchemaError("the schema is nested too deeply") from None
-
-
-def _validators() -> dict[str, Any]:
-    import jsonschema
-
-    return {
-        "draft2020-12": jsonschema.Draft202012Validator,
-        "draft2019-09": jsonschema.Draft201909Validator,
-        "draft-07": jsonschema.Draft7Validator,
-        "draft-06": jsonschema.Draft6Validator,
-        "draft-04": jsonschema.Draft4Validator,
-    }
-
-
-class _Lazy(dict):  # type: ignore[type-arg]
-    def get(self, key: Any, default: Any = None) -> Any:
-        if not self:
-            self.update(_validators())
-        return super().get(key, default)
-
-
-_VALIDATORS = _Lazy()
+    """Refuse a schema its draft's metaschema refuses (SchemaError: the first error, where;
+    patterns judged as ECMA-262)."""
+    _drafts.check(data, _drafts.SPEC_DRAFTS.get(spec.name))
