@@ -149,6 +149,7 @@ PHASES: dict[str, list[tuple[str, str]]] = {
     "metaschema": [
         ("samplers.grammar.schema", "_check_schema"),
         ("samplers.grammar.schema._drafts", "meta_error"),
+        ("samplers.grammar.schema._drafts", "scan"),
     ],
     "references": [("samplers.grammar.schema._lower", "Lowering._ref")],
     "lowering": [("samplers.grammar.schema._lower", "Lowering.lower")],
