@@ -234,14 +234,14 @@ def detect(data: Any) -> tuple[str, str | None]:
             why = f"2020-12's metaschema refuses it: {describe(first)}"
         else:
             why = "no older draft that reads its keywords accepts it"
-        note = f"#: $schema: none, so the schema is read as {name} ({why})"
+        note = f"#: $schema: none recognised, so the schema is read as {name} ({why})"
         if unread:
             note += f"; {name} ignores {_uses(found, unread)}"
         return d, f"{note}; {_HOW}"
     message = describe(first)
     if found:
         message += (
-            " (no $schema, and the schema uses "
+            " (no recognised $schema, and the schema uses "
             + "; ".join(f"{_uses(found, [k])}, read by {_drafts(OLD_KEYWORDS[k][1])}" for k in found)
             + ': name the draft with "$schema" or default_draft= to see its own errors)'
         )
