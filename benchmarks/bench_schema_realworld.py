@@ -146,7 +146,11 @@ def cases(folder: Path, subsets: tuple[str, ...], sample: int | None, seed: int,
 # --------------------------------------------------------------------- the phase profiler
 PHASES: dict[str, list[tuple[str, str]]] = {
     # phase -> (module, qualified name) of the functions whose exclusive time is the phase's
-    "metaschema": [("samplers.grammar.schema", "_check_schema")],
+    "metaschema": [
+        ("samplers.grammar.schema", "_check_schema"),
+        ("samplers.grammar.schema._drafts", "meta_error"),
+        ("samplers.grammar.schema._drafts", "scan"),
+    ],
     "references": [("samplers.grammar.schema._lower", "Lowering._ref")],
     "lowering": [("samplers.grammar.schema._lower", "Lowering.lower")],
     "products": [

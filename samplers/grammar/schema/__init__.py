@@ -1,11 +1,20 @@
 """JSON Schema to GBNF: the complete converter.
 
 :func:`schema_to_gbnf` writes a grammar that accepts the JSON texts whose values the
-schema accepts, for drafts 2020-12, 2019-09, 7, 6 and 4 (the ``$schema`` keyword, else
-``default_draft``). Every keyword a context-free grammar can enforce is enforced (the
-private modules ``_lower`` and ``_emit`` say how); what it cannot enforce raises a
-:class:`SchemaWarning` naming the keyword and its JSON pointer, or, with ``strict=True``,
-an :class:`UnsupportedSchemaError`.
+schema accepts, for drafts 2020-12, 2019-09, 7, 6 and 4. The draft is the one ``$schema``
+names; else ``default_draft`` if given; else 2020-12, unless the schema uses a keyword of
+an older draft that 2020-12 reads otherwise or not at all (``items`` as an array,
+``dependencies``, a boolean ``exclusiveMinimum``, draft 4's ``id``; ``_drafts.detect``
+has the rule) or 2020-12's metaschema refuses it: then the newest older draft (7, 6, 4)
+that reads it, with a :class:`SchemaWarning` naming the draft. Every keyword a
+context-free grammar can enforce is enforced (the private modules ``_lower`` and
+``_emit`` say how); what it cannot enforce raises a :class:`SchemaWarning` naming the
+keyword and its JSON pointer, or, with ``strict=True``, an :class:`UnsupportedSchemaError`.
+
+Patterns (``pattern``, ``patternProperties``) are ECMA-262 regular expressions, judged by
+the project's own parser, never by Python's ``re``: an invalid one is a
+:class:`SchemaError` (at its JSON pointer); a valid one a grammar cannot enforce
+(lookaround, backreferences) a :class:`SchemaWarning`.
 
 Choices for generation, each a keyword argument:
 
@@ -46,6 +55,7 @@ from typing import Any
 
 from ..errors import SchemaError
 from ..json_schema import SchemaWarning
+from . import _drafts
 from ._emit import Emitter
 from ._lower import Lowering
 from ._rules import RuleSet
@@ -96,14 +106,18 @@ def schema_to_gbnf(
     formats: str | None = None,
     validator: bool = False,
     strict: bool = False,
-    default_draft: str = "2020-12",
+    default_draft: str | None = None,
     registry: Any = None,
     resources: Mapping[str, Any] | None = None,
     retrieve: Callable[[str], Any] | None = None,
 ) -> str:
     """GBNF text (start rule ``root``) for the JSON values ``schema`` accepts (see the
-    module's docstring for the options). Raises :class:`SchemaError` for an invalid
-    schema or an unresolvable reference, :class:`UnsupportedSchemaError` under ``strict``."""
+    module's docstring for the options). ``default_draft`` (``"2020-12"``, ``"2019-09"``,
+    ``"7"``, ``"6"``, ``"4"``) is the draft of a schema without a recognised ``$schema``;
+    None (the default) detects it (2020-12 unless an older draft's keyword says otherwise,
+    with a :class:`SchemaWarning`). Raises :class:`SchemaError` for an invalid schema
+    (patterns judged as ECMA-262) or an unresolvable reference,
+    :class:`UnsupportedSchemaError` under ``strict``."""
     from referencing import Registry, Resource
     from referencing.exceptions import NoSuchResource
     from referencing.jsonschema import specification_with
@@ -118,7 +132,7 @@ def schema_to_gbnf(
         raise ValueError(f"additional_properties must be 'declared' or 'schema', not {additional_properties!r}")
     if formats not in ("assert", "annotate"):
         raise ValueError(f"formats must be 'assert' or 'annotate', not {formats!r}")
-    if default_draft not in DRAFT_URIS:
+    if default_draft is not None and default_draft not in DRAFT_URIS:
         raise ValueError(f"default_draft must be one of {sorted(DRAFT_URIS)}, not {default_draft!r}")
     data = schema_of(schema)
     try:
@@ -129,12 +143,22 @@ def schema_to_gbnf(
         raise SchemaError(
             f"JSON schema error at #: a schema must be an object or a boolean, not {json.dumps(data)[:60]}"
         )
-    default_spec = specification_with(DRAFT_URIS[default_draft])
     dialect = data.get("$schema") if isinstance(data, dict) else None
-    try:
-        spec = specification_with(dialect, default=default_spec) if isinstance(dialect, str) else default_spec
-    except Exception:
-        spec = default_spec
+    spec = None
+    if isinstance(dialect, str):
+        try:
+            spec = specification_with(dialect)
+        except Exception:
+            spec = None  # not a dialect referencing knows: as if absent
+    checked = False
+    if spec is None and default_draft is None:
+        draft, note = _drafts.detect(data)
+        if note is not None:
+            warnings.warn(SchemaWarning(note), stacklevel=2)
+        spec = specification_with(DRAFT_URIS[draft])
+        checked = True
+    elif spec is None:
+        spec = specification_with(DRAFT_URIS[default_draft or "2020-12"])
 
     def fetch(uri: str) -> Any:
         if uri.startswith(_METASCHEMA_HOSTS):  # the drafts' metaschemas, as jsonschema has them
@@ -158,7 +182,8 @@ def schema_to_gbnf(
         reg = reg.with_resources(
             (u, Resource.from_contents(d, default_specification=spec)) for u, d in resources.items()
         )
-    _check_schema(data, spec)
+    if not checked:
+        _check_schema(data, spec)
     root = Resource(contents=data, specification=spec)  # type: ignore[call-arg]
     try:
         base = root.id() or ""
@@ -215,38 +240,6 @@ def _metaschema(uri: str) -> Any:
 
 
 def _check_schema(data: Any, spec: Any) -> None:
-    """Refuse a schema its draft's metaschema refuses (SchemaError: the first error, where)."""
-    from jsonschema.exceptions import SchemaError as MetaError
-
-    cls = _VALIDATORS.get(spec.name)
-    if cls is None:
-        return
-    try:
-        cls.check_schema(data)
-    except MetaError as e:
-        where = "#" + "".join(f"/{p}" for p in e.absolute_path)
-        raise SchemaError(f"JSON schema error at {where}: {e.message}") from None
-    except RecursionError:
-        raise SchemaError("the schema is nested too deeply") from None
-
-
-def _validators() -> dict[str, Any]:
-    import jsonschema
-
-    return {
-        "draft2020-12": jsonschema.Draft202012Validator,
-        "draft2019-09": jsonschema.Draft201909Validator,
-        "draft-07": jsonschema.Draft7Validator,
-        "draft-06": jsonschema.Draft6Validator,
-        "draft-04": jsonschema.Draft4Validator,
-    }
-
-
-class _Lazy(dict):  # type: ignore[type-arg]
-    def get(self, key: Any, default: Any = None) -> Any:
-        if not self:
-            self.update(_validators())
-        return super().get(key, default)
-
-
-_VALIDATORS = _Lazy()
+    """Refuse a schema its draft's metaschema refuses (SchemaError: the first error, where;
+    patterns judged as ECMA-262)."""
+    _drafts.check(data, _drafts.SPEC_DRAFTS.get(spec.name))

@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
@@ -947,33 +946,34 @@ class Lowering:
 
 
 def value_node(a: Obj, key: str) -> Node:
-    """The schema a property ``key``'s value must meet in an object atom."""
+    """The schema a property ``key``'s value must meet in an object atom. Where whether a
+    pattern matches ``key`` is unknown, its schema is left out and ``additionalProperties``
+    does not apply: looser, never stricter, than the schema."""
     parts = [n for k, n in a.props if k == key]
     for p, n in a.patterns:
-        if _search(p, key) is not False:
+        if _search(p, key) is True:
             parts.append(n)
     for names, pats, n in a.additional:
-        if key not in names and not any(_search(p, key) is True for p in pats):
+        if key not in names and not any(_search(p, key) is not False for p in pats):
             parts.append(n)
     for names, pats, n in a.uneval:
-        if key not in names and not any(_search(p, key) is True for p in pats):
+        if key not in names and not any(_search(p, key) is not False for p in pats):
             parts.append(n)
     return all_of(*parts)
 
 
 @functools.lru_cache(maxsize=4096)
 def _search(pattern: str, text: str) -> bool | None:
-    """Whether the ECMA ``pattern`` is found in ``text`` (None: no DFA and no Python regex)."""
+    """Whether the ECMA ``pattern`` is found in ``text``; None: unknown (no DFA: lookaround,
+    backreferences, too many states; Python's ``re`` is not asked, it reads ECMA-262
+    patterns otherwise: ``\\p{..}``, ``(?<name>..)``, ``\\d``, ``$``)."""
     from ._dfa import from_regex
     from ._regex import anchored, parse
 
     try:
         return from_regex(anchored(parse(pattern))).accepts(text)
     except (ValueError, OverflowError):
-        try:
-            return re.search(pattern, text) is not None
-        except re.error:
-            return None
+        return None
 
 
 def _annotations(a: Atom) -> tuple[Any, ...]:

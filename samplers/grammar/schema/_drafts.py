@@ -1,0 +1,248 @@
+"""The draft a schema is read under, and its metaschema check.
+
+The metaschema check is ``jsonschema``'s, with one change: the ``regex`` format (of
+``pattern``, and of ``patternProperties`` names from draft 6 on) is judged by
+:func:`._regex.parse`, as ECMA-262 reads a pattern, never by Python's ``re``. A valid
+pattern with no regular-language meaning (lookaround, backreferences) passes here; the
+converter warns where it cannot enforce it. One validator per draft is built on first use
+and kept.
+
+Without a recognised ``$schema`` and with ``default_draft=None``, :func:`detect` picks the
+draft: see its docstring.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+from typing import Any
+
+from ..errors import SchemaError
+from ._regex import RegexSyntaxError, RegexUnsupported, parse
+
+#: jsonschema's validator class of each draft
+_CLASSES = {
+    "2020-12": "Draft202012Validator",
+    "2019-09": "Draft201909Validator",
+    "7": "Draft7Validator",
+    "6": "Draft6Validator",
+    "4": "Draft4Validator",
+}
+#: ``referencing``'s specification names
+SPEC_DRAFTS = {
+    "draft2020-12": "2020-12",
+    "draft2019-09": "2019-09",
+    "draft-07": "7",
+    "draft-06": "6",
+    "draft-04": "4",
+}
+
+#: the older drafts detection may choose, newest first
+OLDER = ("7", "6", "4")
+
+#: keywords of older drafts that 2020-12 reads otherwise or not at all: what each is, and
+#: the drafts that read it
+OLD_KEYWORDS: dict[str, tuple[str, frozenset[str]]] = {
+    "items": ("`items` as an array (a tuple, with `additionalItems`)", frozenset({"7", "6", "4"})),
+    "dependencies": ("`dependencies`", frozenset({"7", "6", "4"})),
+    "exclusiveMinimum": ("a boolean `exclusiveMinimum`", frozenset({"4"})),
+    "exclusiveMaximum": ("a boolean `exclusiveMaximum`", frozenset({"4"})),
+    "id": ("`id` (without `$id`, in a schema with `$ref`)", frozenset({"4"})),
+    "$id": ("`$id` with a plain-name fragment", frozenset({"7", "6"})),
+}
+
+#: keywords whose value is a subschema, an array of them, or an object of them (any draft)
+_ONE = (
+    "additionalItems",
+    "additionalProperties",
+    "contains",
+    "contentSchema",
+    "else",
+    "if",
+    "items",
+    "not",
+    "propertyNames",
+    "then",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+)
+_MANY = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+_NAMED = ("$defs", "definitions", "dependencies", "dependentSchemas", "patternProperties", "properties")
+#: the scan does not look deeper than this
+MAX_DEPTH = 128
+
+
+def _is_regex(instance: object) -> bool:
+    """The metaschema's ``regex`` format: an ECMA-262 pattern (RegexSyntaxError if not)."""
+    if isinstance(instance, str):
+        try:
+            parse(instance)
+        except RegexUnsupported:
+            pass  # valid; the converter warns where it cannot enforce it
+    return True
+
+
+@functools.cache
+def meta_validator(draft: str) -> Any:
+    """The validator of ``draft``'s metaschema, with the draft's format checks and the
+    ECMA-262 ``regex`` check (built once per draft)."""
+    import jsonschema
+    from jsonschema.validators import validator_for
+
+    cls = getattr(jsonschema, _CLASSES[draft])
+    meta = validator_for(cls.META_SCHEMA, default=cls)
+    checker = jsonschema.FormatChecker(())
+    checker.checkers = dict(meta.FORMAT_CHECKER.checkers)
+    checker.checks("regex", raises=RegexSyntaxError)(_is_regex)
+    return meta(meta.META_SCHEMA, format_checker=checker)
+
+
+def meta_error(data: Any, draft: str) -> Any:
+    """The first error ``draft``'s metaschema finds in ``data`` (None: valid)."""
+    try:
+        return next(iter(meta_validator(draft).iter_errors(data)), None)
+    except RecursionError:
+        raise SchemaError("the schema is nested too deeply") from None
+
+
+def pointer(parts: Iterable[Any]) -> str:
+    return "#" + "".join(f"/{_esc(p)}" for p in parts)
+
+
+def _bad_regex(e: Any) -> bool:
+    return e is not None and e.validator == "format" and e.validator_value == "regex"
+
+
+def describe(e: Any) -> str:
+    """A metaschema error as the converter's SchemaError message."""
+    where = pointer(e.absolute_path)
+    if _bad_regex(e):
+        what = f"the name {e.instance!r} is not" if "propertyNames" in e.absolute_schema_path else "not"
+        return f"JSON schema error at {where}: {what} a valid ECMA-262 regular expression: {e.cause}"
+    return f"JSON schema error at {where}: {e.message}"
+
+
+def check(data: Any, draft: str | None) -> None:
+    """Refuse a schema its draft's metaschema refuses (no check for a draft without one)."""
+    if draft not in _CLASSES:
+        return
+    e = meta_error(data, draft)
+    if e is not None:
+        raise SchemaError(describe(e))
+
+
+def scan(schema: Any) -> dict[str, str]:
+    """The older drafts' keywords (:data:`OLD_KEYWORDS`) in ``schema``'s subschemas, each
+    with the pointer of its first use. Only schema positions are looked at: not the
+    values of ``enum``, ``const``, ``default`` or ``examples``, nor property names; not
+    deeper than :data:`MAX_DEPTH`."""
+    found: dict[str, str] = {}
+    ids: list[str] = []
+    refs = False
+    todo: list[tuple[Any, str, int]] = [(schema, "#", 0)]
+    while todo:
+        s, ptr, depth = todo.pop()
+        if not isinstance(s, dict):
+            continue
+        refs = refs or "$ref" in s
+        items = s.get("items")
+        if isinstance(items, list):
+            found.setdefault("items", f"{ptr}/items")
+        if isinstance(s.get("dependencies"), dict):
+            found.setdefault("dependencies", f"{ptr}/dependencies")
+        for k in ("exclusiveMinimum", "exclusiveMaximum"):
+            if isinstance(s.get(k), bool):
+                found.setdefault(k, f"{ptr}/{k}")
+        if isinstance(s.get("id"), str) and "$id" not in s:
+            ids.append(f"{ptr}/id")
+        sid = s.get("$id")
+        if isinstance(sid, str) and "#" in sid and not sid.endswith("#"):
+            found.setdefault("$id", f"{ptr}/$id")
+        if depth >= MAX_DEPTH:
+            continue
+        for k in _ONE:
+            if isinstance(s.get(k), dict):
+                todo.append((s[k], f"{ptr}/{k}", depth + 1))
+        for k in _MANY:
+            v = s.get(k)
+            if isinstance(v, list):
+                todo.extend((x, f"{ptr}/{k}/{i}", depth + 1) for i, x in enumerate(v))
+        for k in _NAMED:
+            v = s.get(k)
+            if isinstance(v, dict):
+                todo.extend((x, f"{ptr}/{k}/{_esc(n)}", depth + 1) for n, x in v.items())
+    if ids and refs:  # an identifier only where some $ref may resolve against it
+        found["id"] = min(ids, key=len)
+    return found
+
+
+def _esc(name: Any) -> str:
+    return str(name).replace("~", "~0").replace("/", "~1")
+
+
+def _uses(found: dict[str, str], keys: Iterable[str]) -> str:
+    return ", ".join(f"{OLD_KEYWORDS[k][0]} at {found[k]}" for k in keys)
+
+
+def _drafts(names: Iterable[str]) -> str:
+    names = sorted(names, key=OLDER.index)
+    return "draft " + ", ".join(names[:-1]) + (" and " if len(names) > 1 else "") + names[-1]
+
+
+_HOW = 'name another with "$schema" or default_draft='
+
+
+def detect(data: Any) -> tuple[str, str | None]:
+    """The draft a schema without a recognised ``$schema`` is read under, and the warning
+    to give (None: none); the metaschema check is done. Raises :class:`SchemaError` if
+    the schema is valid under no draft.
+
+    The older drafts' keywords looked for (:func:`scan`) are those whose meaning 2020-12
+    changed or dropped: ``items`` as an array (a tuple; ``additionalItems`` means nothing
+    without it, in any draft), ``dependencies`` (an object), a boolean
+    ``exclusiveMinimum``/``exclusiveMaximum`` (draft 4), ``id`` (a string, beside no
+    ``$id``) where the schema has a ``$ref`` that may resolve against it (draft 4), and
+    ``$id`` with a plain-name fragment such as ``"#foo"`` (drafts 7 and 6). The draft is,
+    among those whose metaschema accepts the schema (2020-12, 7, 6, 4), the one that reads
+    the most of the keywords found, the newest on a tie: 2020-12 without a warning when
+    none is found; otherwise a warning names the draft read and the keywords behind the
+    choice (and those it ignores). 2019-09 is never guessed. An invalid pattern is an
+    error in every draft, never a reason to try another.
+    """
+    found = scan(data)
+    first = meta_error(data, "2020-12")
+    if first is None and not found:
+        return "2020-12", None
+    if _bad_regex(first):
+        raise SchemaError(describe(first))  # invalid in every draft (draft 4 just does not check names)
+
+    def score(d: str) -> int:
+        return sum(d in OLD_KEYWORDS[k][1] for k in found)
+
+    for d in sorted(("2020-12", *OLDER), key=score, reverse=True):  # stable: newest first on a tie
+        e = first if d == "2020-12" else meta_error(data, d)
+        if _bad_regex(e):
+            raise SchemaError(describe(e))
+        if e is not None:
+            continue
+        read = [k for k in found if d in OLD_KEYWORDS[k][1]]
+        unread = [k for k in found if k not in read]
+        name = "2020-12" if d == "2020-12" else f"draft {d}"
+        if read:
+            why = f"it uses {_uses(found, read)}"
+        elif d != "2020-12":
+            why = f"2020-12's metaschema refuses it: {describe(first)}"
+        else:
+            why = "no older draft that reads its keywords accepts it"
+        note = f"#: $schema: none recognised, so the schema is read as {name} ({why})"
+        if unread:
+            note += f"; {name} ignores {_uses(found, unread)}"
+        return d, f"{note}; {_HOW}"
+    message = describe(first)
+    if found:
+        message += (
+            " (no recognised $schema, and the schema uses "
+            + "; ".join(f"{_uses(found, [k])}, read by {_drafts(OLD_KEYWORDS[k][1])}" for k in found)
+            + ': name the draft with "$schema" or default_draft= to see its own errors)'
+        )
+    raise SchemaError(message)
