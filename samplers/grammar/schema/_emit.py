@@ -15,6 +15,7 @@ Arrays: positions of ``prefixItems`` one by one, then the tail; ``contains`` cou
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -50,6 +51,7 @@ __all__ = ["SPACE", "Emitter"]
 
 SPACE = '| " " | "\\n"{1,2} [ \\t]{0,20}'
 NEVER = "[^\\x00-\\U0010FFFF]"
+_NAME_ONLY = re.compile(r"[a-zA-Z0-9-]+")
 #: with property_order='any', every key is tracked (seen at most once) while an object
 #: declares at most this many; beyond, only the required ones (at most the next constant)
 MAX_TRACKED = 6
@@ -82,24 +84,44 @@ class Emitter:
         #: schema sets no bound, as in llama.cpp's converter)
         self.integer_fraction = False
         rs.fixed("ws", SPACE)
+        #: node rules being written, and those of them referred to meanwhile (recursion)
+        self._open: set[str] = set()
+        self._recursive: set[str] = set()
+        self._numbers: dict[tuple[Any, ...], str] = {}
 
     # nodes -----------------------------------------------------------------------------
 
     def node(self, n: Node) -> str | None:
-        """The rule of a JSON value of node ``n``; None when no value can meet it."""
+        """The rule of a JSON value of node ``n``; None when no value can meet it. A node
+        whose body another rule already has (and that does not refer to itself) takes
+        that rule's name: subschemas that lower alike share one rule."""
         if n.key in self.rules:
-            return self.rules[n.key]
+            name = self.rules[n.key]
+            if name is not None and name in self._open:
+                self._recursive.add(name)
+            return name
         atoms = self.low.lower(n)
         if not atoms:
             self.rules[n.key] = None
             return None
         name = self.rs.reserve("value" if n.op == "true" else _hint(n))
         self.rules[n.key] = name
-        body = self.atoms(atoms, n.ptr)
-        self.rs.define(name, body if body else NEVER)
+        self._open.add(name)
+        try:
+            body = self.atoms(atoms, n.ptr)
+        finally:
+            self._open.discard(name)
         if not body:
+            self.rs.define(name, NEVER)
             self.rules[n.key] = None
-        return name if body else None
+            return None
+        if name not in self._recursive:
+            same = self.rs.by_body.get(body) or (body if _NAME_ONLY.fullmatch(body) else None)
+            if same is not None:
+                self.rules[n.key] = same
+                return same
+        self.rs.define(name, body)
+        return name
 
     def atoms(self, atoms: tuple[Atom, ...], ptr: str) -> str:
         if atoms == ANY:
@@ -142,6 +164,13 @@ class Emitter:
     # scalars ---------------------------------------------------------------------------
 
     def number(self, a: Num, ptr: str) -> str:
+        key = (a.spec.key(), a.non_integer, a.excluded)
+        hit = self._numbers.get(key)
+        if hit is None:
+            hit = self._numbers[key] = self._number(a, ptr)
+        return hit
+
+    def _number(self, a: Num, ptr: str) -> str:
         def warn(keyword: str, msg: str) -> None:
             self.warn(keyword, ptr, msg)
 

@@ -206,15 +206,19 @@ def _label(state: State) -> str:
     return str(state)
 
 
-#: a repetition count GBNF writes directly; larger ones go through named chunks of this many
-CHUNK = 1000
-#: the largest count :func:`repeat` writes (llama.cpp's parser caps a count at 2000, so the
-#: chunks are themselves repeated at most 2000 times)
-MAX_COUNT = 2000 * CHUNK
+#: counts up to this are written as GBNF repetitions (``x{m,n}``, a named rule shared by
+#: every identical repetition); llama.cpp's parser expands one into about ``n`` rules
+SMALL = 15
+#: larger counts go through shared rules in this base: blocks of ``BASE**j`` items and
+#: "up to k" rules whose number grows with the digits of ``k``, not with ``k``
+BASE = 16
+#: the largest count :func:`repeat` writes exactly (beyond: :class:`OverflowError`)
+MAX_COUNT = 10**9
+_NAME_ONLY = re.compile(r"[a-zA-Z0-9-]+")
 
 
 def quantifier(lo: int, hi: int | None) -> str:
-    """``*``, ``+``, ``?``, ``{m}``, ``{m,}`` or ``{m,n}`` for counts up to :data:`CHUNK`."""
+    """``*``, ``+``, ``?``, ``{m}``, ``{m,}`` or ``{m,n}``."""
     if hi is None:
         return "*" if lo == 0 else "+" if lo == 1 else f"{{{lo},}}"
     if (lo, hi) == (0, 1):
@@ -224,34 +228,77 @@ def quantifier(lo: int, hi: int | None) -> str:
 
 def repeat(rs: RuleSet, item: str, lo: int, hi: int | None) -> str:
     """GBNF for ``lo`` to ``hi`` (None: any number of) repetitions of ``item``, exact for
-    counts up to :data:`MAX_COUNT` (beyond: :class:`OverflowError`). llama.cpp's parser
-    reads a count above 2000 as "no maximum" and refuses a minimum above it, so large
-    counts are written as named rules of :data:`CHUNK` items, repeated."""
+    counts up to :data:`MAX_COUNT` (beyond: :class:`OverflowError`).
+
+    llama.cpp's parser expands ``x{m,n}`` into about ``n`` rules (and reads a count above
+    2000 as "no maximum"), so only counts up to :data:`SMALL` are written that way. A
+    larger count is ``x{lo}`` (blocks of ``BASE**j`` items, each a rule) followed by "up
+    to k more": ``U(k) ::= X(BASE**j) U(k - BASE**j) | U(BASE**j - 1)`` with ``BASE**j``
+    the largest block within ``k`` (unambiguous: the first alternative is for lengths of
+    at least a block). The rules are shared by every repetition of the same item in the
+    grammar, so a schema's many ``maxLength`` bounds cost a few dozen rules each."""
     if hi is not None and hi < lo:
         raise ValueError(f"{hi} < {lo}")
     if hi == 0:
         return '""'
-    if lo <= CHUNK and (hi is None or hi <= CHUNK):
-        return f"{item}{quantifier(lo, hi)}"
+    if lo <= SMALL and (hi is None or hi <= SMALL):
+        if hi is None or hi <= 1 or lo == hi:
+            return f"{item}{quantifier(lo, hi)}"  # at most one generated rule
+        return rs.add("rep", f"{item}{quantifier(lo, hi)}")
     if lo > MAX_COUNT or (hi is not None and hi > MAX_COUNT):
         raise OverflowError(f"a repetition count over {MAX_COUNT}")
-    unit = rs.add("item", item)
+    unit = item if _NAME_ONLY.fullmatch(item) else rs.add("item", item)
+    parts = [_times(rs, unit, lo)] if lo else []
+    if hi is None:
+        parts.append(f"{unit}*")
+    elif hi > lo:
+        parts.append(_upto(rs, unit, hi - lo))
+    return " ".join(parts)
+
+
+def _block(rs: RuleSet, unit: str, j: int) -> str:
+    """A rule for exactly ``BASE**j`` repetitions of ``unit``."""
+    if j == 0:
+        return unit
+    key = ("block", unit, j)
+    hit = rs.memo.get(key)
+    if hit is None:
+        hit = rs.memo[key] = rs.add(f"{unit}-x{BASE**j}", f"{_block(rs, unit, j - 1)}{{{BASE}}}")
+    return str(hit)
+
+
+def _times(rs: RuleSet, unit: str, m: int) -> str:
+    """Exactly ``m`` repetitions of ``unit``: each base-``BASE`` digit of ``m`` as that
+    many blocks, inline."""
+    if m <= SMALL:
+        return f"{unit}{{{m}}}" if m > 1 else unit
     parts = []
-    q, r = divmod(lo, CHUNK)
-    if q:
-        chunk = rs.add("chunk", f"{unit}{{{CHUNK}}}")
-        parts.append(chunk if q == 1 else f"{chunk}{{{q}}}")
-    rest = None if hi is None else hi - q * CHUNK
-    if rest is None or rest <= CHUNK:
-        if rest != 0:
-            parts.append(f"{unit}{quantifier(r, rest)}")
+    j = 0
+    while m:
+        m, d = divmod(m, BASE)
+        if d:
+            b = _block(rs, unit, j)
+            parts.append(b if d == 1 else f"{b}{{{d}}}")
+        j += 1
+    return " ".join(reversed(parts))
+
+
+def _upto(rs: RuleSet, unit: str, k: int) -> str:
+    """A rule for 0 to ``k`` (>= 1) repetitions of ``unit``."""
+    key = ("upto", unit, k)
+    hit = rs.memo.get(key)
+    if hit is not None:
+        return str(hit)
+    name = rs.fresh(f"{unit}-upto-{k}")
+    rs.memo[key] = name
+    if k < BASE:
+        body = f'{unit} {_upto(rs, unit, k - 1)} | ""' if k > 1 else f'{unit} | ""'
     else:
-        if r:
-            parts.append(f"{unit}{{{r}}}")
-        n = rest - r  # 0..n more
-        levels = -(-n // CHUNK)
-        cur = f"{unit}{{0,{n - (levels - 1) * CHUNK}}}"
-        for _ in range(levels - 1):
-            cur = rs.add("upto", f"{unit}{{{CHUNK}}} {cur} | {unit}{{0,{CHUNK - 1}}}")
-        parts.append(cur)
-    return " ".join(p for p in parts if p) or '""'
+        j = 0
+        while BASE ** (j + 1) <= k:
+            j += 1
+        size = BASE**j
+        rest = f" {_upto(rs, unit, k - size)}" if k > size else ""
+        body = f"{_block(rs, unit, j)}{rest} | {_upto(rs, unit, size - 1)}"
+    rs.define(name, body)
+    return name
