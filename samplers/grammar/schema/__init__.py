@@ -56,6 +56,7 @@ from typing import Any
 from ..errors import SchemaError
 from ..json_schema import SchemaWarning
 from . import _drafts
+from ._budget import LEVELS, Budget
 from ._emit import Emitter
 from ._lower import Lowering
 from ._rules import RuleSet
@@ -194,35 +195,67 @@ def schema_to_gbnf(
     reg = reg.with_resource(base, root)
     resolver = reg.resolver(base_uri=base)
 
-    found: list[tuple[str, str, str]] = []
-
-    def warn(keyword: str, pointer: str, message: str) -> None:
-        if strict:
-            raise UnsupportedSchemaError(keyword, pointer, message)
-        if (keyword, pointer, message) not in found:
-            found.append((keyword, pointer, message))
-
-    low = Lowering(warn, formats == "assert")
-    low.specification = spec
     text = json.dumps(data)
-    low.annotations = "unevaluated" in text
-    low.dynamic = "$dynamicAnchor" in text or "$dynamicAnchor" in json.dumps(resources or {}) or registry is not None
+    annotations = "unevaluated" in text
+    dynamic = "$dynamicAnchor" in text or "$dynamicAnchor" in json.dumps(resources or {}) or registry is not None
+    for level, budget in enumerate(LEVELS):
+        found: list[tuple[str, str, str]] = []
+
+        def warn(keyword: str, pointer: str, message: str, found: list[tuple[str, str, str]] = found) -> None:
+            if strict:
+                raise UnsupportedSchemaError(keyword, pointer, message)
+            if (keyword, pointer, message) not in found:
+                found.append((keyword, pointer, message))
+
+        if level:
+            warn(
+                "$schema",
+                "#",
+                f"relaxed: at full precision the grammar would have over {LEVELS[level - 1].max_rules} rules;"
+                f" converted again with tighter limits ({_limits(budget)})",
+            )
+        low = Lowering(warn, formats == "assert", budget)
+        low.specification = spec
+        low.annotations = annotations
+        low.dynamic = dynamic
+        rs = RuleSet(max_rules=budget.max_rules)
+        em = Emitter(low, rs, warn, property_order, additional_properties, budget)
+        em.integer_fraction = validator
+        try:
+            node = low.node(data, resolver, "#")
+            rule = em.node(node)
+        except RecursionError:
+            raise SchemaError("the schema is nested too deeply") from None
+        except OverflowError:
+            continue  # too large: again under the next budget
+        _emit_warnings(found)
+        if rule is None:
+            # no JSON value meets the schema: a grammar that accepts nothing
+            return "root ::= [^\\x00-\\U0010FFFF]\n"
+        return rs.text(rule)
+    # past every budget: any JSON value
+    last = LEVELS[-1].max_rules
+    message = (
+        f"relaxed: even with the tightest limits the grammar would have over {last} rules; any JSON value is accepted"
+    )
+    if strict:
+        raise UnsupportedSchemaError("$schema", "#", message)
+    _emit_warnings([("$schema", "#", message)])
     rs = RuleSet()
-    em = Emitter(low, rs, warn, property_order, additional_properties)
-    em.integer_fraction = validator
-    try:
-        node = low.node(data, resolver, "#")
-        rule = em.node(node)
-    except RecursionError:
-        raise SchemaError("the schema is nested too deeply") from None
-    except OverflowError as e:
-        raise SchemaError(f"the grammar would be too large: {e}") from None
+    em = Emitter(Lowering(lambda *_: None, False), rs, lambda *_: None, property_order, additional_properties)
+    return rs.text(em.any_value())
+
+
+def _limits(b: Budget) -> str:
+    return (
+        f"at most {b.max_atoms} alternatives of a type, oneOf as anyOf past {b.one_of_work} products,"
+        f" {b.tracked_required} required keys tracked in any order"
+    )
+
+
+def _emit_warnings(found: list[tuple[str, str, str]]) -> None:
     for keyword, pointer, message in found:
-        warnings.warn(SchemaWarning(f"{pointer}: {keyword}: {message}"), stacklevel=2)
-    if rule is None:
-        # no JSON value meets the schema: a grammar that accepts nothing
-        return "root ::= [^\\x00-\\U0010FFFF]\n"
-    return rs.text(rule)
+        warnings.warn(SchemaWarning(f"{pointer}: {keyword}: {message}"), stacklevel=3)
 
 
 _METASCHEMA_HOSTS = ("https://json-schema.org/", "http://json-schema.org/")

@@ -2,7 +2,7 @@
 
 Objects: with ``property_order="any"`` the keys come in any order, each at most once;
 the automaton's state is the set of keys seen (the required ones, and every declared
-one while there are at most :data:`MAX_TRACKED` of them) and, under
+one while there are at most ``Budget.tracked`` of them) and, under
 ``minProperties``/``maxProperties``, the count. With ``"schema"`` the declared keys come
 in the schema's order (optional ones may be left out) and other keys after them.
 Undeclared keys are split into classes by the ``patternProperties`` they match (key
@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import _dfa as dfa_mod
+from ._budget import LEVELS, Budget
 from ._lower import (
     ANY,
     FALSE,
@@ -52,10 +53,6 @@ __all__ = ["SPACE", "Emitter"]
 SPACE = '| " " | "\\n"{1,2} [ \\t]{0,20}'
 NEVER = "[^\\x00-\\U0010FFFF]"
 _NAME_ONLY = re.compile(r"[a-zA-Z0-9-]+")
-#: with property_order='any', every key is tracked (seen at most once) while an object
-#: declares at most this many; beyond, only the required ones (at most the next constant)
-MAX_TRACKED = 6
-MAX_TRACKED_REQUIRED = 8
 MAX_STATES = 4096
 MAX_PATTERN_CLASSES = 4
 #: the most distinct values uniqueItems is enforced over
@@ -70,13 +67,15 @@ class Emitter:
         warn: Callable[[str, str, str], None],
         property_order: str,
         additional_properties: str,
+        budget: Budget = LEVELS[0],
     ) -> None:
+        self.budget = budget
         self.low = low
         self.rs = rs
         self.warn = warn
         self.order = property_order
         self.extra = additional_properties
-        self.rules: dict[tuple[Any, ...], str | None] = {}
+        self.rules: dict[Node, str | None] = {}
         self.dfa_rules: dict[Any, str] = {}
         #: whether an integer may be written with a zero fraction (``1.0``) and numbers with
         #: any number of digits: a validator's view; off for generation, where a model could
@@ -88,6 +87,7 @@ class Emitter:
         self._open: set[str] = set()
         self._recursive: set[str] = set()
         self._numbers: dict[tuple[Any, ...], str] = {}
+        self._strings: dict[Str, str] = {}
 
     # nodes -----------------------------------------------------------------------------
 
@@ -95,17 +95,17 @@ class Emitter:
         """The rule of a JSON value of node ``n``; None when no value can meet it. A node
         whose body another rule already has (and that does not refer to itself) takes
         that rule's name: subschemas that lower alike share one rule."""
-        if n.key in self.rules:
-            name = self.rules[n.key]
+        if n in self.rules:
+            name = self.rules[n]
             if name is not None and name in self._open:
                 self._recursive.add(name)
             return name
         atoms = self.low.lower(n)
         if not atoms:
-            self.rules[n.key] = None
+            self.rules[n] = None
             return None
         name = self.rs.reserve("value" if n.op == "true" else _hint(n))
-        self.rules[n.key] = name
+        self.rules[n] = name
         self._open.add(name)
         try:
             body = self.atoms(atoms, n.ptr)
@@ -113,12 +113,12 @@ class Emitter:
             self._open.discard(name)
         if not body:
             self.rs.define(name, NEVER)
-            self.rules[n.key] = None
+            self.rules[n] = None
             return None
         if name not in self._recursive:
             same = self.rs.by_body.get(body) or (body if _NAME_ONLY.fullmatch(body) else None)
             if same is not None:
-                self.rules[n.key] = same
+                self.rules[n] = same
                 return same
         self.rs.define(name, body)
         return name
@@ -190,6 +190,12 @@ class Emitter:
         return " | ".join(f"({b})" if "|" in b else b for b in bodies)
 
     def string(self, a: Str, ptr: str) -> str:
+        hit = self._strings.get(a)
+        if hit is None:
+            hit = self._strings[a] = self._string(a, ptr)
+        return hit
+
+    def _string(self, a: Str, ptr: str) -> str:
         rs = self.rs
         complex_ = bool(a.not_patterns or a.excluded or a.not_lengths or len(a.patterns) > 1)
         complex_ = complex_ or bool(a.patterns and (a.min_len or a.max_len is not None))
@@ -221,7 +227,7 @@ class Emitter:
                 assert d is not None
                 if d.empty():
                     return ""
-                return '"\\"" ' + dfa_mod.to_gbnf(d, rs, "str", json_char)
+                return '"\\"" ' + self._dfa_rule(d, "str")
             except (OverflowError, RegexUnsupported, RegexSyntaxError) as e:
                 self.warn(
                     "pattern",
@@ -506,6 +512,8 @@ class Emitter:
                 out = self._pattern_classes(a, base, exact, loose)
                 break
             except OverflowError:
+                if not exact:
+                    raise
                 loose.insert(0, exact.pop()[0])  # the products grew too large: one pattern fewer
         if loose:
             self.warn(
@@ -567,11 +575,15 @@ class Emitter:
     def _key_rule(self, d: dfa_mod.DFA | None) -> str:
         if d is None:
             return f'"\\"" {json_char(self.rs, ANY_CHAR)}* "\\""'
+        return '"\\"" ' + self._dfa_rule(d, "key")
+
+    def _dfa_rule(self, d: dfa_mod.DFA, hint: str) -> str:
+        """The start rule of an automaton's rules (one set per distinct automaton)."""
         sig = (tuple(tuple(row) for row in d.edges), frozenset(d.accepting))
         hit = self.dfa_rules.get(sig)
         if hit is None:
-            hit = self.dfa_rules[sig] = dfa_mod.to_gbnf(d, self.rs, "key", json_char)
-        return '"\\"" ' + hit
+            hit = self.dfa_rules[sig] = dfa_mod.to_gbnf(d, self.rs, hint, json_char)
+        return hit
 
     def _counts(self, a: Obj, n_states: int, ptr: str) -> tuple[bool, int]:
         """Whether the automaton counts keys (min/maxProperties beyond what required
@@ -592,10 +604,11 @@ class Emitter:
         required = [k for k in keys if k in a.required]
         # the state is the set of tracked keys seen: every key while there are few (each
         # at most once), else the required ones only (the others may repeat)
-        tracked = keys if len(keys) <= MAX_TRACKED else required
-        if len(required) > MAX_TRACKED_REQUIRED:
-            tracked = required[:MAX_TRACKED_REQUIRED]
-            rest = required[MAX_TRACKED_REQUIRED:]
+        tracked = keys if len(keys) <= self.budget.tracked else required
+        most = self.budget.tracked_required
+        if len(required) > most:
+            tracked = required[:most]
+            rest = required[most:]
             self.warn(
                 "required",
                 ptr,

@@ -27,13 +27,12 @@ from fractions import Fraction
 from typing import Any
 
 from ..errors import SchemaError
+from ._budget import LEVELS, Budget
 from ._numbers import NumberSpec
 
 __all__ = ["Lowering", "Node"]
 
 Warn = Callable[[str, str, str], None]
-MAX_UNION = 1024
-
 
 # --- nodes: subschemas, lazily lowered ----------------------------------------------
 
@@ -49,12 +48,20 @@ class Node:
     resolver: Any = None
     ptr: str = "#"
     key: tuple[Any, ...] = ()
+    #: hash(key), computed once (keys nest: hashing one walks the whole tuple)
+    h: int = field(default=0, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "h", hash(self.key))
 
     def __hash__(self) -> int:
-        return hash(self.key)
+        return self.h
+
+    def __repr__(self) -> str:
+        return f"Node({self.op}, {self.ptr})"
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Node) and self.key == other.key
+        return self is other or (isinstance(other, Node) and self.h == other.h and self.key == other.key)
 
 
 def op_node(op: str, parts: tuple[Node, ...]) -> Node:
@@ -67,7 +74,7 @@ def op_node(op: str, parts: tuple[Node, ...]) -> Node:
     uniq = tuple(dict.fromkeys(flat))
     if op in ("allOf", "anyOf") and len(uniq) == 1:
         return uniq[0]
-    return Node(op, uniq, key=(op, tuple(p.key for p in uniq)))
+    return Node(op, uniq, key=(op, uniq))  # the parts themselves: their hashes are kept
 
 
 TRUE = Node("true", key=("true",))
@@ -99,7 +106,7 @@ def not_node(p: Node) -> Node:
         return TRUE
     if p.op == "not":
         return p.parts[0]
-    return Node("not", (p,), key=("not", p.key))
+    return Node("not", (p,), key=("not", p))
 
 
 def const_node(value: Any) -> Node:
@@ -251,12 +258,18 @@ _SPEC_DRAFT = {
 class Lowering:
     """Lowers nodes of one document (and its registry) to atom lists, memoised."""
 
-    def __init__(self, warn: Warn, formats: bool, max_union: int = MAX_UNION) -> None:
+    def __init__(self, warn: Warn, formats: bool, budget: Budget = LEVELS[0]) -> None:
         self.warn = warn
         self.formats = formats
-        self.max_union = max_union
-        self._memo: dict[tuple[Any, ...], tuple[Atom, ...]] = {}
-        self._busy: set[tuple[Any, ...]] = set()
+        self.max_atoms = budget.max_atoms
+        self.one_of_work = budget.one_of_work
+        self._memo: dict[Node, tuple[Atom, ...]] = {}
+        self._busy: set[Node] = set()
+        #: the pointers of the nodes being lowered (where a relaxation is reported)
+        self._where: list[str] = []
+        #: atom pairs met so far, and the count at which the innermost oneOf gives up
+        self._pairs = 0
+        self._limit: int | None = None
 
     # nodes ------------------------------------------------------------------------
 
@@ -288,12 +301,13 @@ class Lowering:
             return ANY
         if n.op == "false":
             return ()
-        hit = self._memo.get(n.key)
+        hit = self._memo.get(n)
         if hit is not None:
             return hit
-        if n.key in self._busy:
+        if n in self._busy:
             raise SchemaError(f"JSON schema error at {n.ptr}: a schema that refers to itself without nesting")
-        self._busy.add(n.key)
+        self._busy.add(n)
+        self._where.append(n.ptr)
         try:
             if n.op == "schema":
                 out = self._schema(n)
@@ -310,8 +324,9 @@ class Lowering:
             else:
                 raise AssertionError(n.op)
         finally:
-            self._busy.discard(n.key)
-        self._memo[n.key] = out
+            self._busy.discard(n)
+            self._where.pop()
+        self._memo[n] = out
         return out
 
     def union(self, *lists: tuple[Atom, ...]) -> tuple[Atom, ...]:
@@ -321,7 +336,7 @@ class Lowering:
                 if a not in out:
                     out.append(a)
         if len(out) > 8:
-            out = self.prune(out)
+            out = self.cap(self.prune(out) if len(out) <= 2 * self.max_atoms else out)
         return tuple(out)
 
     def intersect(self, xs: tuple[Atom, ...], ys: tuple[Atom, ...]) -> tuple[Atom, ...]:
@@ -329,20 +344,144 @@ class Lowering:
             return ys
         if ys is ANY:
             return xs
+        self._pairs += len(xs) * len(ys)
+        if self._limit is not None and self._pairs > self._limit:
+            raise _OverBudget()
         out: list[Atom] = []
         for x, y in itertools.product(xs, ys):
             z = self.meet(x, y)
             if z is not None and z not in out:
                 out.append(z)
+            if len(out) > 2 * self.max_atoms:
+                out = self.cap(out)
         if len(out) > 8:
-            out = self.prune(out)
-        if len(out) > self.max_union:
-            raise SchemaError(f"the schema's alternatives multiply past {self.max_union} (anyOf/oneOf inside allOf)")
+            out = self.cap(self.prune(out) if len(out) <= 2 * self.max_atoms else out)
         return tuple(out)
+
+    def cap(self, atoms: list[Atom]) -> list[Atom]:
+        """``atoms``, with those of a type that has more than ``max_atoms`` of them merged
+        into their :meth:`hull` (warned: the grammar accepts more than the schema)."""
+        if len(atoms) <= self.max_atoms:
+            return atoms
+        by_type: dict[str, list[Atom]] = {}
+        for a in atoms:
+            by_type.setdefault(a.type, []).append(a)
+        if all(len(v) <= self.max_atoms for v in by_type.values()):
+            return atoms
+        out: list[Atom] = []
+        for t, group in by_type.items():
+            if len(group) <= self.max_atoms:
+                out += group
+                continue
+            # merged by what they tell an enclosing unevaluatedProperties/Items, where
+            # that leaves few enough (else all into one)
+            by_notes: dict[tuple[Any, ...], list[Atom]] = {}
+            for a in group:
+                by_notes.setdefault(_annotations(a), []).append(a)
+            parts = list(by_notes.values()) if len(by_notes) <= self.max_atoms // 2 else [group]
+            merged = [self.hull(p) if len(p) > 1 else p[0] for p in parts]
+            self.warn(
+                "anyOf" if t != "const" else "enum",
+                self._where[-1] if self._where else "#",
+                f"relaxed: {len(group)} alternatives of type {t} (the products of allOf, anyOf, oneOf, not, if)"
+                f" merged into {len(merged)} that accept what each accepts",
+            )
+            out += merged
+        return out
+
+    def hull(self, atoms: list[Atom]) -> Atom:
+        """One atom of the atoms' type (all the same) that accepts every value any of
+        them accepts: bounds widened, keys and items united (values any of theirs), what
+        they do not all share dropped."""
+        a0 = atoms[0]
+        if isinstance(a0, Const):
+            vals: dict[str, Any] = {}
+            for a in atoms:
+                for v in a.values:  # type: ignore[union-attr]
+                    vals.setdefault(canon(v), v)
+            return Const(tuple(vals.values()))
+        if isinstance(a0, Null):
+            return a0
+        if isinstance(a0, Bool):
+            return Bool(frozenset().union(*(a.values for a in atoms)))  # type: ignore[union-attr]
+
+        def same(get: Callable[[Any], Any], empty: Any) -> Any:
+            first = get(a0)
+            return first if all(get(a) == first for a in atoms) else empty
+
+        def low(vals: list[int | None]) -> int:
+            return min(v or 0 for v in vals)
+
+        def high(vals: list[int | None]) -> int | None:
+            return None if any(v is None for v in vals) else max(v for v in vals if v is not None)
+
+        if isinstance(a0, Num):
+            specs = [a.spec for a in atoms]  # type: ignore[union-attr]
+            lo = lo_s = hi = hi_s = None
+            if all(sp.lo is not None for sp in specs):
+                lo = min(sp.lo for sp in specs if sp.lo is not None)
+                lo_s = all(sp.lo_strict for sp in specs if sp.lo == lo)
+            if all(sp.hi is not None for sp in specs):
+                hi = max(sp.hi for sp in specs if sp.hi is not None)
+                hi_s = all(sp.hi_strict for sp in specs if sp.hi == hi)
+            mult = same(lambda a: a.spec.multiple_of, ())
+            spec = NumberSpec(all(sp.integer for sp in specs), lo, bool(lo_s), hi, bool(hi_s), mult)
+            excluded = set(a0.excluded).intersection(*(set(a.excluded) for a in atoms))  # type: ignore[union-attr]
+            return Num(spec, all(a.non_integer for a in atoms), tuple(sorted(excluded)))  # type: ignore[union-attr]
+        if isinstance(a0, Str):
+            strs: list[Str] = atoms  # type: ignore[assignment]
+            excluded_s = [w for w in a0.excluded if all(w in a.excluded for a in strs)]
+            return Str(
+                low([a.min_len for a in strs]),
+                high([a.max_len for a in strs]),
+                same(lambda a: a.patterns, ()),
+                same(lambda a: a.not_patterns, ()),
+                same(lambda a: a.formats, ()),
+                tuple(excluded_s),
+                same(lambda a: a.not_lengths, ()),
+            )
+        if isinstance(a0, Arr):
+            arrs: list[Arr] = atoms  # type: ignore[assignment]
+            n = max(len(a.prefix) for a in arrs)
+            prefix = tuple(any_of(*(a.prefix[i] if i < len(a.prefix) else a.items for a in arrs)) for i in range(n))
+            return Arr(
+                prefix,
+                any_of(*(a.items for a in arrs)),
+                low([a.min_items for a in arrs]),
+                high([a.max_items for a in arrs]),
+                same(lambda a: a.contains, ()),
+                all(a.unique for a in arrs),
+                same(lambda a: a.uneval, ()),
+                max(a.ev_prefix for a in arrs),
+                any(a.ev_all for a in arrs),
+                tuple(dict.fromkeys(c for a in arrs for c in a.ev_contains)),
+            )
+        objs: list[Obj] = atoms  # type: ignore[assignment]
+        keys = list(dict.fromkeys(k for a in objs for k, _ in a.props))
+        props = tuple((k, any_of(*(value_node(a, k) for a in objs))) for k in keys)
+        catch = any_of(*(_undeclared_value(a) for a in objs))
+        ev_patterns = tuple(dict.fromkeys(p for a in objs for p in a.ev_patterns))
+        return Obj(
+            props,
+            # the patterns that evaluate keys, with no constraint of their own: they still
+            # tell an enclosing unevaluatedProperties which keys are evaluated
+            tuple((p, TRUE) for p in ev_patterns),
+            ((frozenset(keys), (), catch),) if catch.key != ("true",) else (),
+            frozenset.intersection(*(a.required for a in objs)),
+            frozenset.intersection(*(a.forbidden for a in objs)),
+            low([a.min_props for a in objs]),
+            high([a.max_props for a in objs]),
+            same(lambda a: a.names, ()),
+            (),
+            frozenset().union(*(a.ev_names for a in objs)),
+            ev_patterns,
+            any(a.ev_all for a in objs),
+        )
 
     def prune(self, atoms: list[Atom]) -> list[Atom]:
         """Drop the atoms another atom of the list contains (x within y: meet(x, y) == x)."""
         keep: list[Atom] = []
+        quick = [_containment_key(a) for a in atoms]
         for i, x in enumerate(atoms):
             inside = False
             for j, y in enumerate(atoms):
@@ -350,6 +489,7 @@ class Lowering:
                     i != j
                     and x.type == y.type
                     and not isinstance(x, Const)
+                    and _may_contain(quick[j], quick[i])
                     and _annotations(x) == _annotations(y)  # unevaluated* sees these
                     and self.meet(x, y) == x
                 ):
@@ -725,16 +865,34 @@ class Lowering:
 
     def _one_of(self, nodes: list[Node], ptr: str) -> tuple[Atom, ...]:
         lowered = [self.lower(x) for x in nodes]
-        alts = []
-        for i, a in enumerate(lowered):
-            cur = a
-            for j, b in enumerate(lowered):
-                if i != j and cur:
-                    if _disjoint_types(cur, b):
-                        continue
-                    cur = self.intersect(cur, self.complement(b, f"{ptr}/oneOf/{j}"))
-            alts.append(cur)
-        return self.union(*alts)
+        outer = self._limit
+        self._limit = self._pairs + self.one_of_work if outer is None else min(outer, self._pairs + self.one_of_work)
+        try:
+            comps: dict[int, tuple[Atom, ...]] = {}
+            alts = []
+            for i, a in enumerate(lowered):
+                cur = a
+                for j, b in enumerate(lowered):
+                    if i != j and cur:
+                        if _disjoint_types(cur, b):
+                            continue
+                        if j not in comps:
+                            comps[j] = self.complement(b, f"{ptr}/oneOf/{j}")
+                        cur = self.intersect(cur, comps[j])
+                alts.append(cur)
+            return self.union(*alts)
+        except _OverBudget:
+            if outer is not None and self._pairs > outer:
+                raise  # an enclosing oneOf's budget: it relaxes
+            self.warn(
+                "oneOf",
+                ptr,
+                "relaxed: read as anyOf (a value that meets several alternatives is accepted): excluding"
+                f" the others from each alternative takes over {self.one_of_work} products of alternatives",
+            )
+            return self.union(*lowered)
+        finally:
+            self._limit = outer
 
     def _dependencies(
         self, s: dict[str, Any], sub: Callable[..., Node], ptr: str, draft: str
@@ -976,6 +1134,50 @@ def _search(pattern: str, text: str) -> bool | None:
         return None
 
 
+def _undeclared_value(a: Obj) -> Node:
+    """A node that every value of a key ``a`` does not declare meets (its pattern
+    properties' values, or where ``a`` limits other keys, any of those limits)."""
+    if not a.additional and not a.uneval:
+        return TRUE
+    rest = all_of(*(n for _, _, n in a.additional + a.uneval))
+    return any_of(*(n for _, n in a.patterns), rest)
+
+
+def _containment_key(a: Atom) -> tuple[Any, ...] | None:
+    """What :func:`_may_contain` compares of an object atom (None for other types)."""
+    if not isinstance(a, Obj):
+        return None
+    return (
+        frozenset(a.props),
+        a.required,
+        a.forbidden,
+        frozenset(a.patterns),
+        frozenset(a.additional),
+        frozenset(a.names),
+        frozenset(a.uneval),
+        a.min_props,
+        a.max_props,
+    )
+
+
+def _may_contain(outer: tuple[Any, ...] | None, inner: tuple[Any, ...] | None) -> bool:
+    """False when an object atom (``inner``) surely is not within another (``outer``):
+    its meet with ``outer`` would add a key, a requirement or a bound. (True for other
+    types: the meet decides.)"""
+    if outer is None or inner is None:
+        return True
+    for k in range(7):
+        if not outer[k] <= inner[k]:
+            return False
+    if inner[7] < outer[7]:
+        return False
+    return outer[8] is None or (inner[8] is not None and inner[8] <= outer[8])
+
+
+class _OverBudget(Exception):
+    """A oneOf's exclusions took more products than its budget (``Budget.one_of_work``)."""
+
+
 def _annotations(a: Atom) -> tuple[Any, ...]:
     """What an atom tells an enclosing unevaluatedProperties/unevaluatedItems."""
     if isinstance(a, Obj):
@@ -986,12 +1188,14 @@ def _annotations(a: Atom) -> tuple[Any, ...]:
 
 
 def _merge(a: tuple[Any, ...], b: tuple[Any, ...]) -> tuple[Any, ...]:
-    """The union of two tuples, deduplicated, in a canonical order."""
+    """The union of two tuples, deduplicated, in order: ``a``'s items, then ``b``'s new
+    ones (the order of ``properties`` is the order keys are written in)."""
     if not b or a == b:
         return a
     if not a:
         return b
-    return tuple(sorted(set(a) | set(b), key=repr))
+    seen = set(a)
+    return a + tuple(x for x in b if x not in seen)
 
 
 def _count(v: Any) -> int | None:
