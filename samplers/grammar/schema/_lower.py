@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any
@@ -330,16 +330,14 @@ class Lowering:
         return out
 
     def union(self, *lists: tuple[Atom, ...]) -> tuple[Atom, ...]:
-        out: list[Atom] = []
-        for atoms in lists:
-            for a in atoms:
-                if a not in out:
-                    out.append(a)
-        if len(out) > 8:
-            out = self.cap(self.prune(out) if len(out) <= 2 * self.max_atoms else out)
+        out = _dedupe(a for atoms in lists for a in atoms)
+        if 8 < len(out) <= 2 * self.max_atoms:
+            out = self.prune(out)
         return tuple(out)
 
     def intersect(self, xs: tuple[Atom, ...], ys: tuple[Atom, ...]) -> tuple[Atom, ...]:
+        """The atoms of the values both unions accept. A product that grows past its
+        inputs and ``max_atoms`` is capped (:meth:`cap`)."""
         if xs is ANY:
             return ys
         if ys is ANY:
@@ -347,30 +345,32 @@ class Lowering:
         self._pairs += len(xs) * len(ys)
         if self._limit is not None and self._pairs > self._limit:
             raise _OverBudget()
-        out: list[Atom] = []
+        limit = max(self.max_atoms, len(xs), len(ys))
+        seen: dict[Any, Atom] = {}
         for x, y in itertools.product(xs, ys):
             z = self.meet(x, y)
-            if z is not None and z not in out:
-                out.append(z)
-            if len(out) > 2 * self.max_atoms:
-                out = self.cap(out)
+            if z is not None:
+                seen.setdefault(_atom_key(z), z)
+                if len(seen) > 2 * limit:
+                    seen = {_atom_key(a): a for a in self.cap(list(seen.values()), limit)}
+        out = list(seen.values())
         if len(out) > 8:
-            out = self.cap(self.prune(out) if len(out) <= 2 * self.max_atoms else out)
+            out = self.cap(self.prune(out) if len(out) <= 2 * limit else out, limit)
         return tuple(out)
 
-    def cap(self, atoms: list[Atom]) -> list[Atom]:
-        """``atoms``, with those of a type that has more than ``max_atoms`` of them merged
+    def cap(self, atoms: list[Atom], limit: int) -> list[Atom]:
+        """``atoms``, with those of a type that has more than ``limit`` of them merged
         into their :meth:`hull` (warned: the grammar accepts more than the schema)."""
-        if len(atoms) <= self.max_atoms:
+        if len(atoms) <= limit:
             return atoms
         by_type: dict[str, list[Atom]] = {}
         for a in atoms:
             by_type.setdefault(a.type, []).append(a)
-        if all(len(v) <= self.max_atoms for v in by_type.values()):
+        if all(len(v) <= limit for v in by_type.values()):
             return atoms
         out: list[Atom] = []
         for t, group in by_type.items():
-            if len(group) <= self.max_atoms:
+            if len(group) <= limit:
                 out += group
                 continue
             # merged by what they tell an enclosing unevaluatedProperties/Items, where
@@ -378,7 +378,7 @@ class Lowering:
             by_notes: dict[tuple[Any, ...], list[Atom]] = {}
             for a in group:
                 by_notes.setdefault(_annotations(a), []).append(a)
-            parts = list(by_notes.values()) if len(by_notes) <= self.max_atoms // 2 else [group]
+            parts = list(by_notes.values()) if len(by_notes) <= limit // 2 else [group]
             merged = [self.hull(p) if len(p) > 1 else p[0] for p in parts]
             self.warn(
                 "anyOf" if t != "const" else "enum",
@@ -868,13 +868,20 @@ class Lowering:
         outer = self._limit
         self._limit = self._pairs + self.one_of_work if outer is None else min(outer, self._pairs + self.one_of_work)
         try:
+            # alternatives no value meets together need no exclusion (a discriminated
+            # union: each with its own constant under a required key)
+            n = len(lowered)
+            apart = [[False] * n for _ in range(n)]
+            for i in range(n):
+                for j in range(i + 1, n):
+                    apart[i][j] = apart[j][i] = self.disjoint(lowered[i], lowered[j])
             comps: dict[int, tuple[Atom, ...]] = {}
             alts = []
             for i, a in enumerate(lowered):
                 cur = a
                 for j, b in enumerate(lowered):
                     if i != j and cur:
-                        if _disjoint_types(cur, b):
+                        if apart[i][j] or _disjoint_types(cur, b):
                             continue
                         if j not in comps:
                             comps[j] = self.complement(b, f"{ptr}/oneOf/{j}")
@@ -893,6 +900,29 @@ class Lowering:
             return self.union(*lowered)
         finally:
             self._limit = outer
+
+    def disjoint(self, xs: tuple[Atom, ...], ys: tuple[Atom, ...]) -> bool:
+        """Whether no value meets both unions (False when unsure)."""
+        if _disjoint_types(xs, ys):
+            return True
+        self._pairs += len(xs) * len(ys)
+        if self._limit is not None and self._pairs > self._limit:
+            raise _OverBudget()
+        return all(self._apart(x, y) for x in xs for y in ys)
+
+    def _apart(self, x: Atom, y: Atom) -> bool:
+        z = self.meet(x, y)
+        if z is None:
+            return True
+        try:
+            if isinstance(z, Obj):
+                # a required key whose value no JSON value meets
+                return any(_empty(self.lower(value_node(z, k))) for k in sorted(z.required))
+            if isinstance(z, Arr):
+                return any(_empty(self.lower(z.prefix[i])) for i in range(min(z.min_items, len(z.prefix))))
+        except SchemaError:  # a recursive reference met while lowering: unsure
+            return False
+        return _empty((z,))
 
     def _dependencies(
         self, s: dict[str, Any], sub: Callable[..., Node], ptr: str, draft: str
@@ -1132,6 +1162,42 @@ def _search(pattern: str, text: str) -> bool | None:
         return from_regex(anchored(parse(pattern))).accepts(text)
     except (ValueError, OverflowError):
         return None
+
+
+def _atom_key(a: Atom) -> Any:
+    """A hashable key equal for equal atoms (a constant's values may be lists)."""
+    return ("const", tuple(canon(v) for v in a.values)) if isinstance(a, Const) else a
+
+
+def _dedupe(atoms: Iterable[Atom]) -> list[Atom]:
+    """The atoms without repeats, in order."""
+    seen: dict[Any, Atom] = {}
+    for a in atoms:
+        seen.setdefault(_atom_key(a), a)
+    return list(seen.values())
+
+
+def _empty(atoms: tuple[Atom, ...]) -> bool:
+    """Whether no value meets any of ``atoms`` (False when unsure): none, or strings whose
+    patterns and lengths no string meets together (``^Abs$`` and ``^Add$``)."""
+    return all(isinstance(a, Str) and _no_string(a.patterns, a.min_len, a.max_len) for a in atoms)
+
+
+@functools.lru_cache(maxsize=1024)
+def _no_string(patterns: tuple[str, ...], lo: int, hi: int | None) -> bool:
+    if len(patterns) < 2 and not (patterns and (lo or hi is not None)):
+        return False
+    from ._dfa import from_regex, length
+    from ._regex import anchored, parse
+
+    try:
+        d = length(lo, hi, 200) if (lo or hi is not None) else None
+        for p in patterns:
+            e = from_regex(anchored(parse(p)), 200)
+            d = e if d is None else d.intersect(e, 200)
+        return d is not None and d.empty()
+    except (ValueError, OverflowError):
+        return False
 
 
 def _undeclared_value(a: Obj) -> Node:
