@@ -35,6 +35,22 @@ def test_json_schema_instances_are_in_the_grammar(example: SchemaExample) -> Non
 
 
 @settings(max_examples=40, deadline=None)
+@given(json_schemas(max_depth=2, property_order="required-first"))
+def test_json_schema_instances_in_llama_cpp_order(example: SchemaExample) -> None:
+    """With ``property_order="required-first"`` the instances list the required keys first,
+    as llama.cpp's converter and the converter's ``"required-first"`` order take them."""
+    for options in ({"compat": "llama.cpp"}, {"property_order": "required-first"}):
+        grammar = Grammar.from_json_schema(example.schema, **options)
+        for value in example.instances:
+            assert grammar.accepts(json.dumps(value)), (options, example.schema, value)
+
+
+def test_json_schemas_takes_known_orders() -> None:
+    with pytest.raises(ValueError, match="property_order"):
+        json_schemas(property_order="any")
+
+
+@settings(max_examples=40, deadline=None)
 @given(json_schemas(max_depth=1))
 def test_json_schemas_constrain(example: SchemaExample) -> None:
     """The schemas are not vacuous: a value of another JSON type is refused unless the

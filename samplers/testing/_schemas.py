@@ -24,7 +24,9 @@ class SchemaExample(NamedTuple):
     instances: tuple[Any, ...]
 
 
-def json_schemas(*, max_depth: int = 3, max_instances: int = 4) -> SearchStrategy[SchemaExample]:
+def json_schemas(
+    *, max_depth: int = 3, max_instances: int = 4, property_order: str = "schema"
+) -> SearchStrategy[SchemaExample]:
     """JSON schemas with values that satisfy them, for testing structured output.
 
     Schemas are drawn from what llama.cpp's JSON-schema converter supports and
@@ -36,9 +38,11 @@ def json_schemas(*, max_depth: int = 3, max_instances: int = 4) -> SearchStrateg
     Each example comes with ``max_instances`` or fewer distinct instances drawn from the
     schema itself (every required property present, optional ones sometimes, array
     lengths and numbers within their bounds), so ``json.dumps(instance)`` (any spacing
-    llama.cpp's grammar allows) is in the schema's language. Object keys come in the
-    order llama.cpp's grammar fixes: the required properties, then the optional ones,
-    each in ``properties`` order::
+    the grammar allows) is in the schema's language. Object keys come in the order the
+    grammar fixes: with ``property_order="schema"`` (the converter's default) the order of
+    ``properties``; with ``"required-first"`` llama.cpp's (``compat="llama.cpp"``, or
+    ``property_order="required-first"``): the required properties, then the optional
+    ones, each in ``properties`` order::
 
         @given(samplers.testing.json_schemas())
         def test_my_parser(example):
@@ -50,6 +54,9 @@ def json_schemas(*, max_depth: int = 3, max_instances: int = 4) -> SearchStrateg
     from hypothesis import strategies as st
 
     max_depth, max_instances = expect_int("max_depth", max_depth), expect_int("max_instances", max_instances)
+    if property_order not in ("schema", "required-first"):
+        raise ValueError(f"property_order must be 'schema' or 'required-first', not {property_order!r}")
+    required_first = property_order == "required-first"
     words = st.text(alphabet=st.sampled_from("abcxyz _-"), min_size=1, max_size=6)
 
     def leaf() -> SearchStrategy[tuple[dict[str, Any], SearchStrategy[Any]]]:
@@ -119,14 +126,14 @@ def json_schemas(*, max_depth: int = 3, max_instances: int = 4) -> SearchStrateg
 
             @st.composite
             def instance(d2: Any) -> dict[str, Any]:
-                # keys in the order llama.cpp's grammar takes them: required, then optional
+                # keys in the order of properties, or required then optional (llama.cpp's)
+                order = [n for n in names if n in required] + [n for n in names if n not in required]
                 out: dict[str, Any] = {}
                 for n, (_, values) in zip(names, props, strict=True):
-                    if n in required:
+                    if n in required or d2(st.booleans()):
                         out[n] = d2(values)
-                for n, (_, values) in zip(names, props, strict=True):
-                    if n not in required and d2(st.booleans()):
-                        out[n] = d2(values)
+                if required_first:
+                    out = {n: out[n] for n in order if n in out}
                 return out
 
             return schema, instance()
