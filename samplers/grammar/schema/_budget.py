@@ -33,10 +33,18 @@ class Budget:
     #: the most rules a grammar may have (its names; GBNF groups and repetitions add more
     #: when parsed)
     max_rules: int
+    #: the most states of an array's automaton with ``contains`` counts, or of an
+    #: object's with ``minProperties``/``maxProperties`` counts (past it: not enforced)
+    max_states: int = 4096
+    #: the patterns of ``patternProperties`` undeclared keys are told apart by (their
+    #: classes are the subsets of them); past it a key may take either value
+    pattern_classes: int = 4
 
 
 LEVELS = (
     Budget(max_atoms=32, one_of_work=4096, tracked=3, tracked_required=8, max_rules=20000),
-    Budget(max_atoms=8, one_of_work=512, tracked=0, tracked_required=4, max_rules=20000),
-    Budget(max_atoms=2, one_of_work=0, tracked=0, tracked_required=0, max_rules=20000),
+    Budget(max_atoms=8, one_of_work=512, tracked=0, tracked_required=4, max_rules=20000, max_states=512),
+    Budget(
+        max_atoms=2, one_of_work=0, tracked=0, tracked_required=0, max_rules=20000, max_states=64, pattern_classes=1
+    ),
 )

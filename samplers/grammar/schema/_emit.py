@@ -53,8 +53,6 @@ __all__ = ["SPACE", "Emitter"]
 SPACE = '| " " | "\\n"{1,2} [ \\t]{0,20}'
 NEVER = "[^\\x00-\\U0010FFFF]"
 _NAME_ONLY = re.compile(r"[a-zA-Z0-9-]+")
-MAX_STATES = 4096
-MAX_PATTERN_CLASSES = 4
 #: the most distinct values uniqueItems is enforced over
 MAX_UNIQUE_VALUES = 10
 
@@ -329,7 +327,7 @@ class Emitter:
         caps = [max(lo, hi + 1 if hi is not None else 0) for _, lo, hi in contains]
         last = max(n, a.min_items) if a.max_items is None else a.max_items
         n_states = (last + 1) * max(1, _prod(c + 1 for c in caps))
-        if n_states > MAX_STATES:
+        if n_states > self.budget.max_states:
             self.warn("contains", ptr, f"relaxed: contains is not enforced ({n_states} states for these counts)")
             del contains[:]  # the items without any contains constraint
             return self._array_simple(a, n, elem)
@@ -485,7 +483,7 @@ class Emitter:
         exact: list[tuple[str, dfa_mod.DFA]] = []
         loose: list[str] = []
         for p in pats:
-            if len(exact) >= MAX_PATTERN_CLASSES:
+            if len(exact) >= self.budget.pattern_classes:
                 loose.append(p)
                 continue
             try:
@@ -587,10 +585,10 @@ class Emitter:
 
     def _counts(self, a: Obj, n_states: int, ptr: str) -> tuple[bool, int]:
         """Whether the automaton counts keys (min/maxProperties beyond what required
-        implies), and the count it saturates at; relaxed past :data:`MAX_STATES`."""
+        implies), and the count it saturates at; relaxed past ``Budget.max_states``."""
         counted = a.max_props is not None or a.min_props > len(a.required)
         cap = (a.max_props if a.max_props is not None else a.min_props) if counted else 0
-        if counted and n_states * (cap + 1) > MAX_STATES:
+        if counted and n_states * (cap + 1) > self.budget.max_states:
             self.warn(
                 "maxProperties" if a.max_props is not None else "minProperties",
                 ptr,

@@ -263,8 +263,11 @@ class Lowering:
         self.formats = formats
         self.max_atoms = budget.max_atoms
         self.one_of_work = budget.one_of_work
-        self._memo: dict[Node, tuple[Atom, ...]] = {}
-        self._busy: set[Node] = set()
+        self._memo: dict[tuple[Node, bool], tuple[Atom, ...]] = {}
+        self._busy: set[tuple[Node, bool]] = set()
+        #: whether the atoms being lowered will be complemented (an odd number of
+        #: complements above): relaxations then accept less (see :meth:`lower`)
+        self.neg = False
         #: the pointers of the nodes being lowered (where a relaxation is reported)
         self._where: list[str] = []
         #: atom pairs met so far, and the count at which the innermost oneOf gives up
@@ -297,16 +300,22 @@ class Lowering:
     # lowering ---------------------------------------------------------------------
 
     def lower(self, n: Node) -> tuple[Atom, ...]:
+        """The atoms of node ``n``. Where the converter relaxes (a budget, a construct it
+        cannot write), the atoms accept more than ``n`` while :attr:`neg` is false and
+        less while it is true: under a complement (``not``, ``oneOf``'s exclusions, the
+        ``else`` of an ``if``) the input is lowered with :attr:`neg` flipped, so that the
+        complement of what it gives accepts more, never less, than the exact complement."""
         if n.op == "true":
             return ANY
         if n.op == "false":
             return ()
-        hit = self._memo.get(n)
+        key = (n, self.neg)
+        hit = self._memo.get(key)
         if hit is not None:
             return hit
-        if n in self._busy:
+        if key in self._busy:
             raise SchemaError(f"JSON schema error at {n.ptr}: a schema that refers to itself without nesting")
-        self._busy.add(n)
+        self._busy.add(key)
         self._where.append(n.ptr)
         try:
             if n.op == "schema":
@@ -318,16 +327,32 @@ class Lowering:
             elif n.op == "anyOf":
                 out = self.union(*(self.lower(p) for p in n.parts))
             elif n.op == "not":
-                out = self.complement(self.lower(n.parts[0]), n.parts[0].ptr)
+                out = self.complement(self.lower_flipped(n.parts[0]), n.parts[0].ptr)
             elif n.op == "const":
                 out = (Const((n.schema,)),)
             else:
                 raise AssertionError(n.op)
         finally:
-            self._busy.discard(n)
+            self._busy.discard(key)
             self._where.pop()
-        self._memo[n] = out
+        self._memo[key] = out
         return out
+
+    def lower_flipped(self, n: Node) -> tuple[Atom, ...]:
+        """:meth:`lower` with :attr:`neg` flipped: what a complement is taken of."""
+        return self.lower_as(n, not self.neg)
+
+    def lower_as(self, n: Node, neg: bool) -> tuple[Atom, ...]:
+        saved, self.neg = self.neg, neg
+        try:
+            return self.lower(n)
+        finally:
+            self.neg = saved
+
+    def loose(self, base: Atom) -> tuple[Atom, ...]:
+        """What an unenforceable construct of ``base``'s type becomes: every value of the
+        type (accepting more), or under a complement none (so the complement accepts more)."""
+        return () if self.neg else (base,)
 
     def union(self, *lists: tuple[Atom, ...]) -> tuple[Atom, ...]:
         out = _dedupe(a for atoms in lists for a in atoms)
@@ -379,7 +404,10 @@ class Lowering:
             for a in group:
                 by_notes.setdefault(_annotations(a), []).append(a)
             parts = list(by_notes.values()) if len(by_notes) <= limit // 2 else [group]
-            merged = [self.hull(p) if len(p) > 1 else p[0] for p in parts]
+            if self.neg:  # to be complemented: accept less (the first of them)
+                merged = group[:limit]
+            else:
+                merged = [self.hull(p) if len(p) > 1 else p[0] for p in parts]
             self.warn(
                 "anyOf" if t != "const" else "enum",
                 self._where[-1] if self._where else "#",
@@ -629,7 +657,7 @@ class Lowering:
                     out.append(Str(excluded=tuple(vals)))
                 else:
                     self.warn("not", ptr, f"the complement of a constant {t} is not enforced: any {t} is accepted")
-                    out.append(base)
+                    out += self.loose(base)
             return tuple(out)
         others = tuple(b for b in ANY if b.type != a.type)
         inner = self._complement_within(a, ptr)
@@ -656,7 +684,7 @@ class Lowering:
                 parts.append(Num(NumberSpec(lo=v, hi=v)))
             if s.multiple_of:
                 self.warn("not", ptr, "the complement of multipleOf is not enforced: any number is accepted")
-                return (base,)
+                return self.loose(base)
             return tuple(parts)
         if isinstance(a, Str):
             parts = []
@@ -674,7 +702,7 @@ class Lowering:
                 parts.append(Str(min_len=lo, max_len=hi))
             if a.formats:
                 self.warn("not", ptr, "the complement of a format is not enforced: any string is accepted")
-                return (base,)
+                return self.loose(base)
             return tuple(parts)
         if isinstance(a, Arr):
             parts = []
@@ -698,7 +726,7 @@ class Lowering:
                 parts.append(Arr(prefix=(*(TRUE,) * i, not_node(item)), min_items=i + 1))
             if not simple:
                 self.warn("not", ptr, "the complement of this array schema is not enforced: any array is accepted")
-                return (base,)
+                return self.loose(base)
             return tuple(parts)
         if isinstance(a, Obj):
             parts = []
@@ -714,7 +742,7 @@ class Lowering:
                 parts.append(Obj(props=((k, not_node(n)),), required=frozenset({k})))
             if a.patterns or a.additional or a.names or a.uneval:
                 self.warn("not", ptr, "the complement of this object schema is not enforced: any object is accepted")
-                return (base,)
+                return self.loose(base)
             return tuple(parts)
         raise AssertionError(a)
 
@@ -786,7 +814,7 @@ class Lowering:
             if len(keys) < a.min_props or (a.max_props is not None and len(keys) > a.max_props):
                 return False
             for k, item in v.items():
-                if not self.matches_node(value_node(a, k), item):
+                if not self.matches_node(value_node(a, k, strict=self.neg), item):
                     return False
                 if any(not self.matches_node(n, k) for n in a.names):
                     return False
@@ -827,7 +855,7 @@ class Lowering:
         if isinstance(s.get("oneOf"), list):
             parts.append(self._one_of([sub("oneOf", x, f"/{i}") for i, x in enumerate(s["oneOf"])], ptr))
         if "not" in s:
-            parts.append(self.complement(self.lower(sub("not", s["not"])), f"{ptr}/not"))
+            parts.append(self.complement(self.lower_flipped(sub("not", s["not"])), f"{ptr}/not"))
         if kw["if"] and "if" in s and self.annotations and "then" not in s and "else" not in s:
             # a lone if constrains nothing, but its annotations count where it matches
             parts.append(self.union(self.lower(sub("if", s["if"])), ANY))
@@ -835,9 +863,8 @@ class Lowering:
             cond = self.lower(sub("if", s["if"]))
             then = self.lower(sub("then", s["then"])) if "then" in s else ANY
             other = self.lower(sub("else", s["else"])) if "else" in s else ANY
-            parts.append(
-                self.union(self.intersect(cond, then), self.intersect(self.complement(cond, f"{ptr}/if"), other))
-            )
+            against = self.complement(self.lower_flipped(sub("if", s["if"])), f"{ptr}/if")
+            parts.append(self.union(self.intersect(cond, then), self.intersect(against, other)))
         deps = self._dependencies(s, sub, ptr, draft)
         parts.extend(deps)
 
@@ -867,14 +894,20 @@ class Lowering:
         lowered = [self.lower(x) for x in nodes]
         outer = self._limit
         self._limit = self._pairs + self.one_of_work if outer is None else min(outer, self._pairs + self.one_of_work)
+        # what the exclusions warn about counts only if they finish
+        said: list[tuple[str, str, str]] = []
+        warn, self.warn = self.warn, lambda *w: said.append(w)  # type: ignore[misc,assignment]
+        mark = len(self._memo)
         try:
             # alternatives no value meets together need no exclusion (a discriminated
             # union: each with its own constant under a required key)
             n = len(lowered)
+            # told apart on what accepts more than each (then the exact ones are apart too)
+            wide = [self.lower_as(x, False) for x in nodes] if self.neg else lowered
             apart = [[False] * n for _ in range(n)]
             for i in range(n):
                 for j in range(i + 1, n):
-                    apart[i][j] = apart[j][i] = self.disjoint(lowered[i], lowered[j])
+                    apart[i][j] = apart[j][i] = self.disjoint(wide[i], wide[j])
             comps: dict[int, tuple[Atom, ...]] = {}
             alts = []
             for i, a in enumerate(lowered):
@@ -884,11 +917,17 @@ class Lowering:
                         if apart[i][j] or _disjoint_types(cur, b):
                             continue
                         if j not in comps:
-                            comps[j] = self.complement(b, f"{ptr}/oneOf/{j}")
+                            comps[j] = self.complement(self.lower_flipped(nodes[j]), f"{ptr}/oneOf/{j}")
                         cur = self.intersect(cur, comps[j])
                 alts.append(cur)
+            self.warn = warn
+            for w in said:
+                warn(*w)
             return self.union(*alts)
         except _OverBudget:
+            self.warn = warn
+            for key in list(self._memo)[mark:]:  # lowered meanwhile, their warnings dropped
+                del self._memo[key]
             if outer is not None and self._pairs > outer:
                 raise  # an enclosing oneOf's budget: it relaxes
             self.warn(
@@ -897,8 +936,9 @@ class Lowering:
                 "relaxed: read as anyOf (a value that meets several alternatives is accepted): excluding"
                 f" the others from each alternative takes over {self.one_of_work} products of alternatives",
             )
-            return self.union(*lowered)
+            return () if self.neg else self.union(*lowered)
         finally:
+            self.warn = warn
             self._limit = outer
 
     def disjoint(self, xs: tuple[Atom, ...], ys: tuple[Atom, ...]) -> bool:
@@ -1133,19 +1173,20 @@ class Lowering:
     annotations: bool = False
 
 
-def value_node(a: Obj, key: str) -> Node:
+def value_node(a: Obj, key: str, strict: bool = False) -> Node:
     """The schema a property ``key``'s value must meet in an object atom. Where whether a
     pattern matches ``key`` is unknown, its schema is left out and ``additionalProperties``
-    does not apply: looser, never stricter, than the schema."""
+    does not apply: looser, never stricter, than the schema (``strict``: both apply)."""
     parts = [n for k, n in a.props if k == key]
     for p, n in a.patterns:
-        if _search(p, key) is True:
+        if _search(p, key) is (None if strict else True) or _search(p, key) is True:
             parts.append(n)
+    skip = (True,) if strict else (True, None)
     for names, pats, n in a.additional:
-        if key not in names and not any(_search(p, key) is not False for p in pats):
+        if key not in names and not any(_search(p, key) in skip for p in pats):
             parts.append(n)
     for names, pats, n in a.uneval:
-        if key not in names and not any(_search(p, key) is not False for p in pats):
+        if key not in names and not any(_search(p, key) in skip for p in pats):
             parts.append(n)
     return all_of(*parts)
 

@@ -1,0 +1,226 @@
+"""Relaxations of the JSON-schema converter: where the exact grammar would be too large (or a
+keyword cannot be enforced), the grammar is looser than the schema, never stricter, and a
+``SchemaWarning`` names the JSON pointer and what was relaxed.
+
+The property is checked with validator semantics under the default budget and under tiny
+ones that force every relaxation on small generated schemas (alternatives merged, oneOf read
+as anyOf, keys untracked, counts dropped, conversions retried, and past the last budget any
+JSON value): every value ``jsonschema`` accepts, the grammar accepts. Then one test per
+failure class found on real-world schemas (JSONSchemaBench), each on a schema written here."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+from unittest import mock
+
+import jsonschema
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import samplers.grammar.schema as schema_module
+from samplers.grammar import Grammar
+from samplers.grammar.json_schema import SchemaWarning
+from samplers.grammar.schema import UnsupportedSchemaError, schema_to_gbnf
+from samplers.grammar.schema._budget import LEVELS, Budget
+
+from .test_schema_converter import small_values
+
+TINY = Budget(
+    max_atoms=1, one_of_work=0, tracked=0, tracked_required=0, max_rules=20000, max_states=4, pattern_classes=0
+)
+#: so few rules that every budget overflows: the last resort, any JSON value
+NO_ROOM = Budget(max_atoms=1, one_of_work=0, tracked=0, tracked_required=0, max_rules=8)
+BUDGETS = {"default": LEVELS, "tiny": (TINY,), "retried": (Budget(**{**vars(TINY), "max_rules": 12}), TINY)}
+
+
+@contextmanager
+def budgets(levels: tuple[Budget, ...]) -> Iterator[None]:
+    with mock.patch.object(schema_module, "LEVELS", levels):
+        yield
+
+
+def convert(schema: Any, **options: Any) -> tuple[Grammar, list[str]]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        g = Grammar.from_json_schema(schema, **options)
+    return g, [str(w.message) for w in caught if issubclass(w.category, SchemaWarning)]
+
+
+def accepts(g: Grammar, value: Any) -> bool:
+    return g.accepts(json.dumps(value, ensure_ascii=False))
+
+
+_LEAVES: list[Any] = [
+    {"type": "integer"},
+    {"type": "string", "maxLength": 40},
+    {"type": "number", "minimum": 0.5},
+    {"enum": ["a", 1, None]},
+    {"type": "array", "items": {"type": "integer"}},
+    {"type": "object", "required": ["a", "b", "c"]},
+    {"required": ["a"], "properties": {"a": {"type": "integer"}, "b": {"type": "string"}, "c": {}}},
+    {"minLength": 2},
+    {"pattern": "^a"},
+    {"contains": {"type": "integer"}, "minContains": 1, "maxContains": 2},
+    {"properties": {"a": {"type": "boolean"}, "bb": {"const": 1}}, "additionalProperties": False},
+    {"patternProperties": {"^(?!b)": {"type": "integer"}}, "additionalProperties": False},
+    {"patternProperties": {"^b": {"type": "integer"}, "c$": {"type": "null"}}, "additionalProperties": {"type": "string"}},
+    {"not": {"type": "null"}},
+    {"minProperties": 1, "maxProperties": 2},
+    {"prefixItems": [{"type": "integer"}], "items": {"type": "string"}},
+    {"propertyNames": {"maxLength": 1}},
+    {"dependentRequired": {"a": ["b"]}},
+    {"uniqueItems": True},
+    {"oneOf": [{"required": ["a"]}, {"required": ["b"]}]},
+    True,
+]
+relaxable = st.recursive(
+    st.sampled_from(_LEAVES),
+    lambda inner: st.one_of(
+        st.builds(lambda xs: {"allOf": xs}, st.lists(inner, min_size=1, max_size=3)),
+        st.builds(lambda xs: {"anyOf": xs}, st.lists(inner, min_size=1, max_size=3)),
+        st.builds(lambda xs: {"oneOf": xs}, st.lists(inner, min_size=1, max_size=3)),
+        st.builds(lambda x: {"not": x}, inner),
+        st.builds(lambda a, b, c: {"if": a, "then": b, "else": c}, inner, inner, inner),
+        st.builds(lambda x: {"type": "array", "items": x}, inner),
+        st.builds(lambda x: {"properties": {"a": x, "b": x}}, inner),
+    ),
+    max_leaves=6,
+)
+
+
+@pytest.mark.parametrize("name", sorted(BUDGETS))
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(schema=relaxable, values=st.lists(small_values, min_size=1, max_size=10))
+def test_relaxed_grammars_accept_every_valid_value(name: str, schema: Any, values: list[Any]) -> None:
+    """With validator semantics the grammar accepts every value the schema accepts, under
+    every budget: a relaxation may only loosen it. (Exactness where nothing is warned is
+    tests/test_schema_converter.py's property.)"""
+    with budgets(BUDGETS[name]):
+        g, _ = convert(schema, validator=True)
+    validator = jsonschema.Draft202012Validator(schema)
+    for value in values:
+        if validator.is_valid(value):
+            assert accepts(g, value), (schema, value)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(schema=relaxable, values=st.lists(small_values, min_size=1, max_size=6))
+def test_past_every_budget_any_json_value(schema: Any, values: list[Any]) -> None:
+    """A grammar too large under every budget is any JSON value, said in a warning;
+    ``strict=True`` refuses it instead."""
+    with budgets((NO_ROOM,)):
+        g, found = convert(schema, validator=True)
+        if any("any JSON value is accepted" in w for w in found):
+            assert all(accepts(g, v) for v in values)
+            with pytest.raises(UnsupportedSchemaError):
+                schema_to_gbnf(schema, validator=True, strict=True)
+
+
+# --- one test per failure class found on real-world schemas ------------------------------
+
+
+def _alternatives(n: int) -> list[dict[str, Any]]:
+    """n object alternatives that overlap (no discriminator): oneOf must exclude each from
+    the others."""
+    return [
+        {"type": "object", "properties": {f"k{i}": {"type": "integer"}, "name": {"type": "string"}}} for i in range(n)
+    ]
+
+
+def test_a_large_oneof_is_read_as_anyof_with_a_warning() -> None:
+    """Excluding each of many overlapping alternatives from the others multiplies
+    complements (Travis CI's schema was refused after 54 s): past the budget the oneOf is
+    anyOf, warned at its pointer; valid documents are accepted."""
+    schema = {"properties": {"step": {"oneOf": _alternatives(12)}}}
+    g, found = convert(schema, validator=True)
+    assert any(w.startswith("#/properties/step: oneOf: relaxed: read as anyOf") for w in found), found
+    assert accepts(g, {"step": {"k3": 1, "name": "x"}})
+    assert accepts(g, {"step": {"k3": 1, "k4": 2}})  # in two alternatives: accepted (relaxed)
+    assert not accepts(g, {"step": {"name": 5}})  # in no alternative
+    with pytest.raises(UnsupportedSchemaError) as info:
+        schema_to_gbnf(schema, validator=True, strict=True)
+    assert info.value.keyword == "oneOf" and info.value.pointer == "#/properties/step"
+
+
+def test_a_discriminated_oneof_stays_exact() -> None:
+    """Alternatives told apart by a required constant (or a ``^literal$`` pattern) need no
+    exclusion: 48 of them convert exactly and fast, with no warning."""
+    alts = [
+        {
+            "type": "object",
+            "properties": {"type": {"const": f"T{i}"} if i % 2 else {"type": "string", "pattern": f"^T{i}$"}}
+            | {f"p{i}": {"type": "integer"}},
+            "required": ["type"],
+            "additionalProperties": False,
+        }
+        for i in range(48)
+    ]
+    g, found = convert({"oneOf": alts}, validator=True)
+    assert not found
+    assert accepts(g, {"type": "T7", "p7": 1}) and accepts(g, {"type": "T8"})
+    assert not accepts(g, {"type": "T7", "p8": 1}) and not accepts(g, {"type": "T48"})
+
+
+def test_products_of_alternatives_are_merged_not_refused() -> None:
+    """allOf of anyOfs multiplies alternatives (the old converter refused past 1024): past
+    the budget they are merged into atoms that accept what each accepts, warned."""
+    parts = [
+        {"anyOf": [{"properties": {f"a{i}": {"type": "integer"}}}, {"properties": {f"a{i}": {"type": "string"}}}]}
+        for i in range(8)
+    ]
+    g, found = convert({"type": "object", "allOf": parts}, validator=True)
+    assert any("relaxed:" in w and "alternatives of type object" in w for w in found), found
+    assert accepts(g, {f"a{i}": (i if i % 2 else str(i)) for i in range(8)})
+    assert not accepts(g, {"a0": None})
+
+
+def test_large_bounds_are_exact_and_small() -> None:
+    """A maxLength of 131072 took 131,000 parsed rules and 1.4 s; the shared base-16 rules
+    keep it exact in a few dozen."""
+    g, found = convert({"type": "string", "maxLength": 131072, "minLength": 70000})
+    assert not found and len(g.parsed.rules) < 200
+    assert accepts(g, "a" * 131072) and accepts(g, "é" * 70000)
+    assert not accepts(g, "a" * 131073) and not accepts(g, "a" * 69999)
+
+
+def test_many_required_keys_in_any_order_are_relaxed_not_reordered() -> None:
+    """Past the tracked keys, any order no longer falls back to the schema's order (stricter
+    than a validator): the untracked required keys may be missing, warned."""
+    keys = [f"k{i:02d}" for i in range(12)]
+    schema = {"type": "object", "properties": {k: {"type": "integer"} for k in keys}, "required": keys}
+    g, found = convert(schema, validator=True)
+    assert any(w.startswith("#: required: relaxed:") for w in found), found
+    doc = {k: 1 for k in reversed(keys)}
+    assert accepts(g, doc)
+    assert not accepts(g, {k: 1 for k in keys[1:]})  # a tracked required key is missing
+    assert not accepts(g, {**doc, "k05": "x"})
+
+
+def test_lookaround_pattern_properties_accept_matching_keys() -> None:
+    """A key pattern the grammar cannot enforce under additionalProperties: false no longer
+    rejects every such key: the warning says keys are not checked against it, and a key
+    takes the pattern's value or the additional one."""
+    schema = {
+        "type": "object",
+        "patternProperties": {"^(?!_)[a-z]+$": {"type": "integer"}},
+        "additionalProperties": False,
+    }
+    g, found = convert(schema, validator=True)
+    assert any("#: patternProperties: relaxed: keys are not checked against" in w for w in found), found
+    assert accepts(g, {"abc": 1, "de": 2})
+    assert not accepts(g, {"abc": "x"})
+
+
+def test_a_grammar_too_large_is_converted_again_under_a_tighter_budget() -> None:
+    """Past ``max_rules`` the conversion runs again under the next budget and says so."""
+    schema = {"properties": {"a": {"oneOf": _alternatives(4)}, "b": {"type": "string", "maxLength": 300}}}
+    levels = (Budget(**{**vars(LEVELS[0]), "max_rules": 40}), LEVELS[-1])
+    with budgets(levels):
+        g, found = convert(schema, validator=True)
+    assert any(w.startswith("#: $schema: relaxed: at full precision the grammar would have over 40 rules") for w in found)
+    assert accepts(g, {"a": {"k1": 1}, "b": "x" * 300})
