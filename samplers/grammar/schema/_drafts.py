@@ -1,6 +1,7 @@
 """The draft a schema is read under, and its metaschema check.
 
-The metaschema check is ``jsonschema``'s, with one change: the ``regex`` format (of
+The metaschema check is ``jsonschema``'s (after a fast walk that decides most valid schemas
+without it: :mod:`._metacheck`), with one change: the ``regex`` format (of
 ``pattern``, and of ``patternProperties`` names from draft 6 on) is judged by
 :func:`._regex.parse`, as ECMA-262 reads a pattern, never by Python's ``re``. A valid
 pattern with no regular-language meaning (lookaround, backreferences) passes here; the
@@ -18,6 +19,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..errors import SchemaError
+from . import _metacheck
 from ._regex import RegexSyntaxError, RegexUnsupported, parse
 
 #: jsonschema's validator class of each draft
@@ -98,11 +100,20 @@ def meta_validator(draft: str) -> Any:
 
 
 def meta_error(data: Any, draft: str) -> Any:
-    """The first error ``draft``'s metaschema finds in ``data`` (None: valid)."""
+    """The first error ``draft``'s metaschema finds in ``data`` (None: valid): ``jsonschema``'s
+    check, the reference (see :func:`first_error`)."""
     try:
         return next(iter(meta_validator(draft).iter_errors(data)), None)
     except RecursionError:
         raise SchemaError("the schema is nested too deeply") from None
+
+
+def first_error(data: Any, draft: str) -> Any:
+    """:func:`meta_error`, skipped where the fast check (:func:`._metacheck.valid`) finds the
+    schema valid: ``jsonschema`` decides and words the error only where it is not sure."""
+    if _metacheck.valid(data, draft, meta_validator(draft).format_checker):
+        return None
+    return meta_error(data, draft)
 
 
 def pointer(parts: Iterable[Any]) -> str:
@@ -126,7 +137,7 @@ def check(data: Any, draft: str | None) -> None:
     """Refuse a schema its draft's metaschema refuses (no check for a draft without one)."""
     if draft not in _CLASSES:
         return
-    e = meta_error(data, draft)
+    e = first_error(data, draft)
     if e is not None:
         raise SchemaError(describe(e))
 
@@ -210,7 +221,7 @@ def detect(data: Any) -> tuple[str, str | None]:
     error in every draft, never a reason to try another.
     """
     found = scan(data)
-    first = meta_error(data, "2020-12")
+    first = first_error(data, "2020-12")
     if first is None and not found:
         return "2020-12", None
     if _bad_regex(first):
@@ -220,7 +231,7 @@ def detect(data: Any) -> tuple[str, str | None]:
         return sum(d in OLD_KEYWORDS[k][1] for k in found)
 
     for d in sorted(("2020-12", *OLDER), key=score, reverse=True):  # stable: newest first on a tie
-        e = first if d == "2020-12" else meta_error(data, d)
+        e = first if d == "2020-12" else first_error(data, d)
         if _bad_regex(e):
             raise SchemaError(describe(e))
         if e is not None:
