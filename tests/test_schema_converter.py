@@ -192,7 +192,26 @@ def test_number_spec_intersection_and_emptiness() -> None:
 
 # --- strings, patterns, formats ------------------------------------------------------------
 
-PATTERNS = ["^a*$", "a+", "^[a-c]{2,3}$", "^(ab|cd)+x?$", "[0-9]", "^\\d{3}-\\w+$", "^.$", "^[^a]*$", "^é+", "x|^y$"]
+PATTERNS = [
+    "^a*$",
+    "a+",
+    "^[a-c]{2,3}$",
+    "^(ab|cd)+x?$",
+    "[0-9]",
+    "^\\d{3}-\\w+$",
+    "^.$",
+    "^[^a]*$",
+    "^é+",
+    "x|^y$",
+    # repetitions of what can match nothing (written over its non-empty part: a rule that
+    # repeats without consuming a character is left-recursive, which llama.cpp refuses)
+    "^(a*)*b$",
+    "^(a?b?)+c?$",
+    "^((a|)(b|))*$",
+    "^(x*){2,3}-$",
+    "^()*$",
+    "^([a-z .-]*)*\\/?$",
+]
 
 
 @pytest.mark.parametrize("pattern", PATTERNS)

@@ -29,6 +29,8 @@ __all__ = [
     "Repeat",
     "Seq",
     "anchored",
+    "nonempty",
+    "nullable",
     "parse",
 ]
 
@@ -437,3 +439,43 @@ def _no_anchor(node: Node) -> None:
             _no_anchor(it)
     elif isinstance(node, Repeat):
         _no_anchor(node.item)
+
+
+def nullable(node: Node) -> bool:
+    """Whether ``node`` (anchors removed) matches the empty string."""
+    if isinstance(node, CharSet):
+        return False
+    if isinstance(node, Seq):
+        return all(nullable(it) for it in node.items)
+    if isinstance(node, Alt):
+        return any(nullable(it) for it in node.items)
+    if isinstance(node, Repeat):
+        return node.min == 0 or nullable(node.item)
+    return True  # an anchor matches no character
+
+
+def nonempty(node: Node) -> Node | None:
+    """A node for the non-empty strings ``node`` matches (None: it matches only the empty
+    string). A repetition of a node that can match nothing (``(a*)*``) is written over its
+    non-empty part, so that no grammar rule can repeat without consuming a character."""
+    if not nullable(node):
+        return node
+    if isinstance(node, Seq):
+        # the first item that matches something: those before it match the empty string
+        alts = []
+        for i, it in enumerate(node.items):
+            head = nonempty(it)
+            if head is not None:
+                rest = node.items[i + 1 :]
+                alts.append(Seq((head, *rest)) if rest else head)
+        return None if not alts else alts[0] if len(alts) == 1 else Alt(tuple(alts))
+    if isinstance(node, Alt):
+        alts = [a for a in (nonempty(it) for it in node.items) if a is not None]
+        return None if not alts else alts[0] if len(alts) == 1 else Alt(tuple(alts))
+    if isinstance(node, Repeat):
+        inner = nonempty(node.item)
+        if inner is None or node.max == 0:
+            return None
+        # x{m,n} with x nullable matches what x'{0,n} matches; its non-empty strings: x'{1,n}
+        return Repeat(inner, 1, node.max)
+    return None

@@ -16,7 +16,7 @@ import functools
 import re
 from collections.abc import Callable
 
-from ._regex import MAX_CP, Alt, Anchor, CharSet, Intervals, Node, Repeat, Seq, intersect, norm
+from ._regex import MAX_CP, Alt, Anchor, CharSet, Intervals, Node, Repeat, Seq, intersect, nonempty, norm, nullable
 from ._rules import RuleSet, char_class, literal, repeat
 
 __all__ = ["FORMATS", "format_rule", "json_char", "regex_body", "string_literal"]
@@ -200,8 +200,16 @@ def regex_body(rs: RuleSet, node: Node) -> str:
     if isinstance(node, Alt):
         return "(" + " | ".join(regex_body(rs, it) for it in node.items) + ")"
     if isinstance(node, Repeat):
-        inner = _group(rs, node.item)
-        return repeat(rs, inner, node.min, node.max)
+        item: Node | None = node.item
+        lo = node.min
+        if nullable(node.item):
+            # x{m,n} with x nullable: x'{0,n} for x' its non-empty part (a rule repeating
+            # something that can be empty would be left-recursive)
+            item, lo = nonempty(node.item), 0
+            if item is None:
+                return '""'
+        assert item is not None
+        return repeat(rs, _group(rs, item), lo, node.max)
     if isinstance(node, Anchor):
         raise ValueError("anchors are removed by regex.anchored")
     raise TypeError(node)
