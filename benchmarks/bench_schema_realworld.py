@@ -147,9 +147,8 @@ def cases(folder: Path, subsets: tuple[str, ...], sample: int | None, seed: int,
 PHASES: dict[str, list[tuple[str, str]]] = {
     # phase -> (module, qualified name) of the functions whose exclusive time is the phase's
     "metaschema": [
-        ("samplers.grammar.schema", "_check_schema"),
-        ("samplers.grammar.schema._drafts", "meta_error"),
-        ("samplers.grammar.schema._drafts", "scan"),
+        ("samplers.grammar.schema._drafts", "check"),
+        ("samplers.grammar.schema._drafts", "detect"),
     ],
     "references": [("samplers.grammar.schema._lower", "Lowering._ref")],
     "lowering": [("samplers.grammar.schema._lower", "Lowering.lower")],

@@ -228,3 +228,55 @@ def test_a_grammar_too_large_is_converted_again_under_a_tighter_budget() -> None
     retried = "#: $schema: relaxed: at full precision the grammar would have over 40 rules"
     assert any(w.startswith(retried) for w in found), found
     assert accepts(g, {"a": {"k1": 1}, "b": "x" * 300})
+
+
+def test_harmless_metaschema_errors_are_warnings() -> None:
+    """Values repeated in ``enum``/``required``/``type`` and draft 4's empty ``required`` or
+    ``enum`` have a plain meaning (validators that never checked them read them so): a
+    warning, not a refusal; ``strict=True`` still refuses them."""
+    schema = {
+        "$schema": "http://json-schema.org/draft-04/schema#",
+        "type": "object",
+        "properties": {"code": {"enum": ["GB", "FR", "GB"]}, "kind": {"type": ["string", "string"]}},
+        "required": [],
+    }
+    g, found = convert(schema, validator=True)
+    assert "#/properties/code: enum: repeated values are read once" in found, found
+    assert any(w.startswith("#: required: an empty array") for w in found), found
+    assert accepts(g, {"code": "GB", "kind": "x"}) and accepts(g, {})
+    assert not accepts(g, {"code": "DE"})
+    with pytest.raises(schema_module.SchemaError, match=r"non-empty|non-unique"):
+        schema_to_gbnf(schema, strict=True)
+    with pytest.raises(schema_module.SchemaError):  # a real error stays one
+        schema_to_gbnf({**schema, "properties": {"code": {"enum": "GB"}}})
+
+
+def test_identifiers_that_are_not_and_pointers_lost_in_a_scope() -> None:
+    """Draft 4's ``id`` given an object (a property written where a keyword goes, in a
+    schema the metaschema does not see: under an unknown keyword, reached by ``$ref``) is
+    ignored with a warning; a JSON-pointer ``$ref`` that does not resolve in the scope an
+    enclosing ``id`` opened is read from the document's root (Heroku's schemas)."""
+    g, found = convert(
+        {
+            "$schema": "http://json-schema.org/draft-04/schema#",
+            "systems": {"items": {"id": {"type": "integer"}, "type": "object"}, "type": "array"},
+            "properties": {"cat": {"$ref": "#/systems"}},
+        },
+        validator=True,
+    )
+    assert any("/items: $id: ignored" in w for w in found), found
+    assert accepts(g, {"cat": [{}]}) and not accepts(g, {"cat": [1]})
+    heroku = {
+        "$schema": "http://json-schema.org/draft-04/schema#",
+        "definitions": {
+            "app": {
+                "id": "schemata/app",
+                "definitions": {"name": {"type": "string", "maxLength": 3}},
+                "properties": {"name": {"$ref": "#/definitions/app/definitions/name"}},
+            }
+        },
+        "properties": {"app": {"$ref": "#/definitions/app"}},
+    }
+    g, found = convert(heroku, validator=True)
+    assert any("does not resolve in its scope" in w for w in found), found
+    assert accepts(g, {"app": {"name": "abc"}}) and not accepts(g, {"app": {"name": "abcd"}})

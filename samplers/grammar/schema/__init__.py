@@ -151,13 +151,11 @@ def schema_to_gbnf(
             spec = specification_with(dialect)
         except Exception:
             spec = None  # not a dialect referencing knows: as if absent
-    checked = False
     if spec is None and default_draft is None:
         draft, note = _drafts.detect(data)
         if note is not None:
             warnings.warn(SchemaWarning(note), stacklevel=2)
         spec = specification_with(DRAFT_URIS[draft])
-        checked = True
     elif spec is None:
         spec = specification_with(DRAFT_URIS[default_draft or "2020-12"])
 
@@ -183,8 +181,8 @@ def schema_to_gbnf(
         reg = reg.with_resources(
             (u, Resource.from_contents(d, default_specification=spec)) for u, d in resources.items()
         )
-    if not checked:
-        _check_schema(data, spec)
+    for note in _drafts.check(data, _drafts.SPEC_DRAFTS.get(spec.name), lenient=not strict):
+        warnings.warn(SchemaWarning(note), stacklevel=2)
     root = Resource(contents=data, specification=spec)  # type: ignore[call-arg]
     try:
         base = root.id() or ""
@@ -216,6 +214,7 @@ def schema_to_gbnf(
             )
         low = Lowering(warn, formats == "assert", budget)
         low.specification = spec
+        low.root = resolver
         low.annotations = annotations
         low.dynamic = dynamic
         rs = RuleSet(max_rules=budget.max_rules)
@@ -270,9 +269,3 @@ def _metaschema(uri: str) -> Any:
         return REGISTRY[uri.rstrip("#")]
     except LookupError:
         return None
-
-
-def _check_schema(data: Any, spec: Any) -> None:
-    """Refuse a schema its draft's metaschema refuses (SchemaError: the first error, where;
-    patterns judged as ECMA-262)."""
-    _drafts.check(data, _drafts.SPEC_DRAFTS.get(spec.name))

@@ -133,13 +133,54 @@ def describe(e: Any) -> str:
     return f"JSON schema error at {where}: {e.message}"
 
 
-def check(data: Any, draft: str | None) -> None:
-    """Refuse a schema its draft's metaschema refuses (no check for a draft without one)."""
+def check(data: Any, draft: str | None, lenient: bool = True) -> list[str]:
+    """Refuse a schema its draft's metaschema refuses (no check for a draft without one),
+    unless every error is harmless (:func:`harmless`, with ``lenient``): then the
+    warnings to give (``"<pointer>: <keyword>: <message>"``)."""
     if draft not in _CLASSES:
-        return
+        return []
     e = first_error(data, draft)
-    if e is not None:
+    if e is None:
+        return []
+    notes = harmless(data, draft) if lenient else None
+    if notes is None:
         raise SchemaError(describe(e))
+    return notes
+
+
+def harmless(data: Any, draft: str) -> list[str] | None:
+    """The warnings for ``draft``'s metaschema errors in ``data`` when each is one whose
+    meaning is plain, else None: values repeated in ``enum``, ``required`` or ``type``
+    (read once: validators do), and an empty ``required`` or ``enum`` (draft 4 asks for
+    one item: no key required, no value allowed). Real schemas written for validators
+    that never checked them have these."""
+    notes: list[str] = []
+    for e in meta_validator(draft).iter_errors(data):
+        note = _harmless(e)
+        if note is None:
+            return None
+        notes.append(note)
+    return list(dict.fromkeys(notes))
+
+
+def _harmless(e: Any) -> str | None:
+    path = list(e.absolute_path)
+    key = path[-1] if path else None
+    where = pointer(path[:-1])
+    if e.validator == "uniqueItems" and key in ("enum", "required", "type"):
+        return f"{where}: {key}: repeated values are read once"
+    if e.validator == "minItems" and e.validator_value == 1 and key in ("enum", "required") and e.instance == []:
+        meaning = "no key is required" if key == "required" else "no value is allowed"
+        return f"{where}: {key}: an empty array ({meaning})"
+    if e.validator in ("anyOf", "oneOf") and e.context:
+        branches: dict[Any, list[Any]] = {}
+        for sub in e.context:
+            branches.setdefault(sub.relative_schema_path[0], []).append(sub)
+        for subs in branches.values():
+            notes = [_harmless(x) for x in subs]
+            if all(n is not None for n in notes):
+                return notes[0]
+    return None
 
 
 def scan(schema: Any) -> dict[str, str]:
@@ -234,7 +275,7 @@ def detect(data: Any) -> tuple[str, str | None]:
         e = first if d == "2020-12" else first_error(data, d)
         if _bad_regex(e):
             raise SchemaError(describe(e))
-        if e is not None:
+        if e is not None and harmless(data, d) is None:
             continue
         read = [k for k in found if d in OLD_KEYWORDS[k][1]]
         unread = [k for k in found if k not in read]

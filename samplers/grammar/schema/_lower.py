@@ -290,7 +290,10 @@ class Lowering:
         try:
             sub = resolver.in_subresource(self.specification.create_resource(schema)) if enter else resolver
         except Exception as e:
-            raise SchemaError(f"JSON schema error at {ptr}: invalid identifier: {type(e).__name__}: {e}") from None
+            # an identifier referencing cannot read (draft 4's id given an object: a property
+            # written where a keyword goes): the schema stays in its parent's scope
+            self.warn("$id", ptr, f"ignored: the identifier is not one ({type(e).__name__}: {e})")
+            sub = resolver
         scope = tuple(dict.fromkeys(u for u, _ in sub.dynamic_scope())) if self.dynamic else ()
         return Node("schema", schema=schema, resolver=sub, ptr=ptr, key=("schema", id(schema), sub._base_uri, scope))
 
@@ -883,12 +886,28 @@ class Lowering:
         try:
             resolved = r.lookup(ref)
         except Unresolvable as e:
-            raise SchemaError(f"JSON schema error at {ptr}: cannot resolve $ref {ref!r}: {e}") from None
+            resolved = self._from_root(ref, ptr)
+            if resolved is None:
+                raise SchemaError(f"JSON schema error at {ptr}: cannot resolve $ref {ref!r}: {e}") from None
         except Exception as e:
             raise SchemaError(
                 f"JSON schema error at {ptr}: cannot resolve $ref {ref!r}: {type(e).__name__}: {e}"
             ) from None
         return self.node(resolved.contents, resolved.resolver, f"{ptr}/$ref({ref})", enter=False)
+
+    def _from_root(self, ref: str, ptr: str) -> Any:
+        """A JSON-pointer ``$ref`` (``#/definitions/a/definitions/b``) that does not resolve
+        in its scope, looked up in the whole document instead (schemas that give
+        subschemas an ``id`` yet point from the root, as Heroku's do), with a warning; None
+        when that fails too."""
+        if self.root is None or not ref.startswith("#/"):
+            return None
+        try:
+            resolved = self.root.lookup(ref)
+        except Exception:
+            return None
+        self.warn("$ref", ptr, f"{ref!r} does not resolve in its scope (an enclosing id): read from the root")
+        return resolved
 
     def _one_of(self, nodes: list[Node], ptr: str) -> tuple[Atom, ...]:
         lowered = [self.lower(x) for x in nodes]
@@ -1168,6 +1187,8 @@ class Lowering:
 
     # set by the converter
     specification: Any = None
+    #: the resolver of the document's root (where a lost JSON-pointer $ref is looked up)
+    root: Any = None
     dynamic: bool = False
     #: whether the document has unevaluated* keywords (then annotations of a lone ``if`` count)
     annotations: bool = False
