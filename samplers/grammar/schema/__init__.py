@@ -56,7 +56,7 @@ from typing import Any
 from ..errors import SchemaError
 from ..json_schema import SchemaWarning
 from . import _drafts
-from ._budget import LEVELS, Budget
+from ._budget import LEVELS, Budget, TooLarge
 from ._emit import Emitter
 from ._lower import Lowering
 from ._rules import RuleSet
@@ -196,6 +196,7 @@ def schema_to_gbnf(
     text = json.dumps(data)
     annotations = "unevaluated" in text
     dynamic = "$dynamicAnchor" in text or "$dynamicAnchor" in json.dumps(resources or {}) or registry is not None
+    reason = ""
     for level, budget in enumerate(LEVELS):
         found: list[tuple[str, str, str]] = []
 
@@ -209,8 +210,8 @@ def schema_to_gbnf(
             warn(
                 "$schema",
                 "#",
-                f"relaxed: at full precision the grammar would have over {LEVELS[level - 1].max_rules} rules;"
-                f" converted again with tighter limits ({_limits(budget)})",
+                f"relaxed: at full precision the grammar would be too large ({reason}); converted again with"
+                f" tighter limits ({_limits(budget)})",
             )
         low = Lowering(warn, formats == "assert", budget)
         low.specification = spec
@@ -225,7 +226,8 @@ def schema_to_gbnf(
             rule = em.node(node)
         except RecursionError:
             raise SchemaError("the schema is nested too deeply") from None
-        except OverflowError:
+        except TooLarge as e:
+            reason = str(e)
             continue  # too large: again under the next budget
         _emit_warnings(found)
         if rule is None:
@@ -233,10 +235,7 @@ def schema_to_gbnf(
             return "root ::= [^\\x00-\\U0010FFFF]\n"
         return rs.text(rule)
     # past every budget: any JSON value
-    last = LEVELS[-1].max_rules
-    message = (
-        f"relaxed: even with the tightest limits the grammar would have over {last} rules; any JSON value is accepted"
-    )
+    message = f"relaxed: even with the tightest limits the grammar would be too large ({reason}); any JSON value"
     if strict:
         raise UnsupportedSchemaError("$schema", "#", message)
     _emit_warnings([("$schema", "#", message)])

@@ -13,7 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["LEVELS", "Budget"]
+__all__ = ["LEVELS", "Budget", "TooLarge"]
+
+
+class TooLarge(Exception):
+    """The grammar, or the work of writing it, grew past the budget: the conversion starts
+    again under the next one (never caught below :func:`schema_to_gbnf`, where an
+    ``OverflowError`` means a construct too large for an automaton)."""
 
 
 @dataclass(frozen=True)
@@ -39,12 +45,36 @@ class Budget:
     #: the patterns of ``patternProperties`` undeclared keys are told apart by (their
     #: classes are the subsets of them); past it a key may take either value
     pattern_classes: int = 4
+    #: the pairs of alternatives a conversion may meet (intersect) in all: the work of
+    #: allOf, if/then/else and not over unions (None: no limit)
+    max_pairs: int | None = 100_000
+    #: the most alternatives of one JSON type a union keeps (anyOf, a oneOf's
+    #: alternatives; unions of unions multiply them); past it they are merged like a
+    #: product's
+    max_union: int = 256
 
 
 LEVELS = (
     Budget(max_atoms=32, one_of_work=4096, tracked=3, tracked_required=8, max_rules=20000),
-    Budget(max_atoms=8, one_of_work=512, tracked=0, tracked_required=4, max_rules=20000, max_states=512),
     Budget(
-        max_atoms=2, one_of_work=0, tracked=0, tracked_required=0, max_rules=20000, max_states=64, pattern_classes=1
+        max_atoms=8,
+        one_of_work=512,
+        tracked=0,
+        tracked_required=4,
+        max_rules=20000,
+        max_states=512,
+        max_pairs=50_000,
+        max_union=64,
+    ),
+    Budget(
+        max_atoms=2,
+        one_of_work=0,
+        tracked=0,
+        tracked_required=0,
+        max_rules=20000,
+        max_states=64,
+        pattern_classes=1,
+        max_pairs=None,
+        max_union=16,
     ),
 )

@@ -27,7 +27,7 @@ from fractions import Fraction
 from typing import Any
 
 from ..errors import SchemaError
-from ._budget import LEVELS, Budget
+from ._budget import LEVELS, Budget, TooLarge
 from ._numbers import NumberSpec
 
 __all__ = ["Lowering", "Node"]
@@ -190,7 +190,15 @@ class Const:
     """One of a finite set of JSON values (canonical JSON texts)."""
 
     values: tuple[Any, ...]
+    #: each value's canonical text (:func:`canon`), and their set: computed once
+    keys: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    keyset: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
     type = "const"
+
+    def __post_init__(self) -> None:
+        keys = tuple(canon(v) for v in self.values)
+        object.__setattr__(self, "keys", keys)
+        object.__setattr__(self, "keyset", frozenset(keys))
 
 
 Atom = Null | Bool | Num | Str | Arr | Obj | Const
@@ -199,6 +207,19 @@ TYPE_ATOM = {a.type: a for a in ANY}
 
 
 def canon(value: Any) -> str:
+    """A JSON value's canonical text: numbers by their exact decimal (``1`` and ``1.0``
+    are one), object keys sorted."""
+    if isinstance(value, str | bool | int) or value is None:
+        return _canon_scalar(type(value), value)
+    return _canon(value)
+
+
+@functools.lru_cache(maxsize=8192)
+def _canon_scalar(kind: type, value: Any) -> str:  # kind: True and 1 are different keys
+    return _canon(value)
+
+
+def _canon(value: Any) -> str:
     import json
 
     def norm(v: Any) -> Any:
@@ -263,6 +284,8 @@ class Lowering:
         self.formats = formats
         self.max_atoms = budget.max_atoms
         self.one_of_work = budget.one_of_work
+        self.max_pairs = budget.max_pairs
+        self.max_union = budget.max_union
         self._memo: dict[tuple[Node, bool], tuple[Atom, ...]] = {}
         self._busy: set[tuple[Node, bool]] = set()
         #: whether the atoms being lowered will be complemented (an odd number of
@@ -317,7 +340,11 @@ class Lowering:
         if hit is not None:
             return hit
         if key in self._busy:
-            raise SchemaError(f"JSON schema error at {n.ptr}: a schema that refers to itself without nesting")
+            # X = allOf [X, Y] (or anyOf, or a $ref chain back to itself) before any
+            # property or item: a validator recurses without end; read as no constraint
+            # (accepting more, or under a complement nothing)
+            self.warn("$ref", n.ptr, "ignored: the schema refers to itself without nesting")
+            return () if self.neg else ANY
         self._busy.add(key)
         self._where.append(n.ptr)
         try:
@@ -361,6 +388,8 @@ class Lowering:
         out = _dedupe(a for atoms in lists for a in atoms)
         if 8 < len(out) <= 2 * self.max_atoms:
             out = self.prune(out)
+        if len(out) > self.max_union:
+            out = self.cap(out, {t: self.max_union for t in _type_counts(tuple(out))})
         return tuple(out)
 
     def intersect(self, xs: tuple[Atom, ...], ys: tuple[Atom, ...]) -> tuple[Atom, ...]:
@@ -373,31 +402,36 @@ class Lowering:
         self._pairs += len(xs) * len(ys)
         if self._limit is not None and self._pairs > self._limit:
             raise _OverBudget()
-        limit = max(self.max_atoms, len(xs), len(ys))
+        if self.max_pairs is not None and self._pairs > self.max_pairs:
+            raise TooLarge(f"over {self.max_pairs} pairs of alternatives met")
+        # per type, a product may keep as many atoms as the larger input had (a union met
+        # with one constraint stays as it is) or max_atoms; past that it is capped
+        cx, cy = _type_counts(xs), _type_counts(ys)
+        limits = {t: max(self.max_atoms, cx.get(t, 0), cy.get(t, 0)) for t in {*cx, *cy}}
+        most = sum(limits.values())
         seen: dict[Any, Atom] = {}
         for x, y in itertools.product(xs, ys):
             z = self.meet(x, y)
             if z is not None:
                 seen.setdefault(_atom_key(z), z)
-                if len(seen) > 2 * limit:
-                    seen = {_atom_key(a): a for a in self.cap(list(seen.values()), limit)}
+                if len(seen) > 2 * most:
+                    seen = {_atom_key(a): a for a in self.cap(list(seen.values()), limits)}
         out = list(seen.values())
         if len(out) > 8:
-            out = self.cap(self.prune(out) if len(out) <= 2 * limit else out, limit)
+            out = self.cap(self.prune(out) if len(out) <= 2 * most else out, limits)
         return tuple(out)
 
-    def cap(self, atoms: list[Atom], limit: int) -> list[Atom]:
-        """``atoms``, with those of a type that has more than ``limit`` of them merged
+    def cap(self, atoms: list[Atom], limits: dict[str, int]) -> list[Atom]:
+        """``atoms``, with those of a type that has more than its limit of them merged
         into their :meth:`hull` (warned: the grammar accepts more than the schema)."""
-        if len(atoms) <= limit:
-            return atoms
         by_type: dict[str, list[Atom]] = {}
         for a in atoms:
             by_type.setdefault(a.type, []).append(a)
-        if all(len(v) <= limit for v in by_type.values()):
+        if all(len(v) <= limits.get(t, self.max_atoms) for t, v in by_type.items()):
             return atoms
         out: list[Atom] = []
         for t, group in by_type.items():
+            limit = limits.get(t, self.max_atoms)
             if len(group) <= limit:
                 out += group
                 continue
@@ -510,16 +544,25 @@ class Lowering:
         )
 
     def prune(self, atoms: list[Atom]) -> list[Atom]:
-        """Drop the atoms another atom of the list contains (x within y: meet(x, y) == x)."""
+        """Drop the atoms another atom of the same type contains (x within y:
+        meet(x, y) == x). Quadratic in a type's atoms: types with more than 64 are kept as
+        they are."""
         keep: list[Atom] = []
-        quick = [_containment_key(a) for a in atoms]
+        by_type: dict[str, list[int]] = {}
+        for i, a in enumerate(atoms):
+            by_type.setdefault(a.type, []).append(i)
+        quick = [_containment_key(a) if len(by_type[a.type]) <= 64 else None for a in atoms]
         for i, x in enumerate(atoms):
             inside = False
-            for j, y in enumerate(atoms):
+            same = by_type[x.type]
+            if isinstance(x, Const) or len(same) > 64:
+                keep.append(x)
+                continue
+            self._pairs += len(same)
+            for j in same:
+                y = atoms[j]
                 if (
                     i != j
-                    and x.type == y.type
-                    and not isinstance(x, Const)
                     and _may_contain(quick[j], quick[i])
                     and _annotations(x) == _annotations(y)  # unevaluated* sees these
                     and self.meet(x, y) == x
@@ -536,8 +579,7 @@ class Lowering:
             c, other = (x, y) if isinstance(x, Const) else (y, x)
             assert isinstance(c, Const)
             if isinstance(other, Const):
-                keys = {canon(v) for v in other.values}
-                vals = tuple(v for v in c.values if canon(v) in keys)
+                vals = tuple(v for v, k in zip(c.values, c.keys, strict=True) if k in other.keyset)
             else:
                 vals = tuple(v for v in c.values if self.matches(other, v))
             return Const(vals) if vals else None
@@ -757,7 +799,7 @@ class Lowering:
     def matches(self, a: Atom, v: Any) -> bool:
         t = json_type(v)
         if isinstance(a, Const):
-            return canon(v) in {canon(x) for x in a.values}
+            return canon(v) in a.keyset
         if a.type != t:
             return False
         if isinstance(a, Null):
@@ -1224,6 +1266,13 @@ def _search(pattern: str, text: str) -> bool | None:
         return from_regex(anchored(parse(pattern))).accepts(text)
     except (ValueError, OverflowError):
         return None
+
+
+def _type_counts(atoms: tuple[Atom, ...]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for a in atoms:
+        out[a.type] = out.get(a.type, 0) + 1
+    return out
 
 
 def _atom_key(a: Atom) -> Any:

@@ -7,6 +7,8 @@ import re
 from collections.abc import Callable, Hashable
 from typing import Any
 
+from ._budget import TooLarge
+
 __all__ = ["FIXED_NAMES", "RuleSet", "automaton", "char_class", "literal"]
 
 _NAME_RE = re.compile(r"[^a-zA-Z0-9-]+")
@@ -110,7 +112,7 @@ class RuleSet:
             name = f"{base}-{k}"
         self._taken.add(name)
         if len(self._taken) > self.max_rules:
-            raise OverflowError(f"the grammar would have over {self.max_rules} rules")
+            raise TooLarge(f"the grammar would have over {self.max_rules} rules")
         return name
 
     def add(self, hint: str, body: str) -> str:
@@ -166,7 +168,7 @@ def automaton(rs: RuleSet, prefix: str, start: State, step: Step, accept: Any = 
             if nxt != accept and nxt not in edges:
                 todo.append(nxt)
                 if len(edges) + len(todo) > rs.max_rules:
-                    raise OverflowError(f"an automaton of over {rs.max_rules} states")
+                    raise TooLarge(f"an automaton of over {rs.max_rules} states")
     # the states that can accept: backwards from the accepting transitions
     back: dict[State, list[State]] = {}
     live: set[State] = set()
