@@ -179,7 +179,19 @@ class Obj:
     ev_names: frozenset[str] = frozenset()
     ev_patterns: tuple[str, ...] = ()
     ev_all: bool = False
+    #: key -> the nodes of props under that key (built on first use)
+    _by_key: Any = field(default=None, compare=False, repr=False)
     type = "object"
+
+    def declared(self, key: str) -> list[Node]:
+        """The ``props`` entries of ``key`` (one per merged schema that declares it)."""
+        index = self._by_key
+        if index is None:
+            index = {}
+            for k, n in self.props:
+                index.setdefault(k, []).append(n)
+            object.__setattr__(self, "_by_key", index)
+        return list(index.get(key, ()))
 
     def prop(self, name: str) -> Node:
         return all_of(*(n for k, n in self.props if k == name))
@@ -523,7 +535,7 @@ class Lowering:
             )
         objs: list[Obj] = atoms  # type: ignore[assignment]
         keys = list(dict.fromkeys(k for a in objs for k, _ in a.props))
-        props = tuple((k, any_of(*(value_node(a, k) for a in objs))) for k in keys)
+        props = tuple((k, _value_in_any(objs, k)) for k in keys)
         catch = any_of(*(_undeclared_value(a) for a in objs))
         ev_patterns = tuple(dict.fromkeys(p for a in objs for p in a.ev_patterns))
         return Obj(
@@ -1240,7 +1252,7 @@ def value_node(a: Obj, key: str, strict: bool = False) -> Node:
     """The schema a property ``key``'s value must meet in an object atom. Where whether a
     pattern matches ``key`` is unknown, its schema is left out and ``additionalProperties``
     does not apply: looser, never stricter, than the schema (``strict``: both apply)."""
-    parts = [n for k, n in a.props if k == key]
+    parts = a.declared(key)
     for p, n in a.patterns:
         if _search(p, key) is (None if strict else True) or _search(p, key) is True:
             parts.append(n)
@@ -1259,11 +1271,18 @@ def _search(pattern: str, text: str) -> bool | None:
     """Whether the ECMA ``pattern`` is found in ``text``; None: unknown (no DFA: lookaround,
     backreferences, too many states; Python's ``re`` is not asked, it reads ECMA-262
     patterns otherwise: ``\\p{..}``, ``(?<name>..)``, ``\\d``, ``$``)."""
+    d = _pattern_dfa(pattern)
+    return None if d is None else d.accepts(text)
+
+
+@functools.lru_cache(maxsize=1024)
+def _pattern_dfa(pattern: str) -> Any:
+    """The automaton of the strings ``pattern`` is found in (None: none can be built)."""
     from ._dfa import from_regex
     from ._regex import anchored, parse
 
     try:
-        return from_regex(anchored(parse(pattern))).accepts(text)
+        return from_regex(anchored(parse(pattern)))
     except (ValueError, OverflowError):
         return None
 
@@ -1309,6 +1328,17 @@ def _no_string(patterns: tuple[str, ...], lo: int, hi: int | None) -> bool:
         return d is not None and d.empty()
     except (ValueError, OverflowError):
         return False
+
+
+def _value_in_any(objs: list[Obj], key: str) -> Node:
+    """A node that a value of ``key`` in any of the object atoms meets (their union)."""
+    parts = []
+    for a in objs:
+        v = value_node(a, key)
+        if v is TRUE or v.key == ("true",):
+            return TRUE
+        parts.append(v)
+    return any_of(*parts)
 
 
 def _undeclared_value(a: Obj) -> Node:
