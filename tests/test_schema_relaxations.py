@@ -303,3 +303,17 @@ def test_unions_of_unions_are_capped() -> None:
         g, found = convert(schema, validator=True)
     assert any("relaxed:" in w and "alternatives of type object" in w for w in found), found
     assert accepts(g, {"t": 3, "p3": 1, "p7": 2}) and not accepts(g, {"t": "q", "p1": 1}) and not accepts(g, "x")
+
+
+def test_undeclared_keys_beside_very_many_declared_ones() -> None:
+    """ "Any key but the declared ones" is an automaton of a rule per state (ESLint's plugin
+    rules: thousands of names, over 20,000 rules); past ``max_key_states`` an undeclared
+    key may be a declared one (taking an undeclared key's value), warned."""
+    names = [f"{i:04d}/rule-name" for i in range(400)]  # a distinct tail each: over 4000 states
+    schema = {"type": "object", "properties": {n: {"enum": ["off", "warn", "error"]} for n in names}}
+    g, found = convert(schema, validator=True)
+    assert any("#: properties: relaxed: undeclared keys are not told apart" in w for w in found), found
+    assert accepts(g, {"plugin/0007/rule-name": "warn", "other": [1]})
+    assert accepts(g, {"plugin/0007/rule-name": 5})  # relaxed: a declared key with an undeclared key's value
+    g, found = convert(schema)  # the defaults invent no key: nothing to tell apart
+    assert not found and not accepts(g, {"plugin/0007/rule-name": 5}) and not accepts(g, {"other": 1})

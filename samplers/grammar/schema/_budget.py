@@ -52,6 +52,9 @@ class Budget:
     #: alternatives; unions of unions multiply them); past it they are merged like a
     #: product's
     max_union: int = 256
+    #: the most states of the automaton of "any key but the declared ones" (a key
+    #: automaton is a rule per state); past it undeclared keys may be declared ones
+    max_key_states: int = 2000
 
 
 LEVELS = (
@@ -65,6 +68,7 @@ LEVELS = (
         max_states=512,
         max_pairs=50_000,
         max_union=64,
+        max_key_states=500,
     ),
     Budget(
         max_atoms=2,
@@ -76,5 +80,6 @@ LEVELS = (
         pattern_classes=1,
         max_pairs=None,
         max_union=16,
+        max_key_states=100,
     ),
 )

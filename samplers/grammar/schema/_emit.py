@@ -495,6 +495,14 @@ class Emitter:
             except (OverflowError, RegexUnsupported):
                 loose.append(p)
         base = dfa_mod.literals(sorted(known)).complement() if known else None
+        if base is not None and len(base.edges) > self.budget.max_key_states:
+            self.warn(
+                "properties",
+                ptr,
+                f"relaxed: undeclared keys are not told apart from the {len(known)} declared ones (an automaton"
+                f" of {len(base.edges)} states): a declared key may also take an undeclared key's value",
+            )
+            base = None
         try:
             names_dfa = self._names_dfa(a, ptr)
         except (OverflowError, RegexUnsupported, RegexSyntaxError):
