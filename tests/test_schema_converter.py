@@ -275,6 +275,12 @@ FORMAT_CASES = {
         ["http://example.com/a?b#c", "urn:isbn:0451450523", "mailto:x@y.z"],
         ["//example.com", "http://a b", "1http://x"],
     ),
+    "uri-reference": (["http://example.com/a?b#c", "//example.com/x", "../a/b?c", "#frag", ""], ["a b", "a#b#c"]),
+    "iri": (["http://例え.jp/ä?ö#ü", "urn:x:y", "http://x.y/%20"], ["例え.jp", "http://a b", "http://x/\u0000"]),
+    "iri-reference": (["/ä/ö", "../例", "#ü", "http://x/ä"], ["a b", "ä#b#c"]),
+    "json-pointer": (["", "/a", "/a~0b/c~1d", "/ä/", "//"], ["a", "/a~2", "/~"]),
+    "relative-json-pointer": (["0", "1/a", "12#", "0/a~1b"], ["", "01/a", "-1", "1a", "#"]),
+    "uri-template": (["http://x/{id}", "/a{?q,r}/b", "plain", "{x}{y}"], ["{x", "x}", "{a{b}}"]),
 }
 
 

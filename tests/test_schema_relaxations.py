@@ -317,3 +317,20 @@ def test_undeclared_keys_beside_very_many_declared_ones() -> None:
     assert accepts(g, {"plugin/0007/rule-name": 5})  # relaxed: a declared key with an undeclared key's value
     g, found = convert(schema)  # the defaults invent no key: nothing to tell apart
     assert not found and not accepts(g, {"plugin/0007/rule-name": 5}) and not accepts(g, {"other": 1})
+
+
+def test_an_integer_with_a_zero_fraction_is_one_from_draft_6_only() -> None:
+    """Validator semantics accept ``1.0`` for an integer where the draft does (6 and
+    later); draft 4's integer has no fraction part (jsonschema's Draft4Validator agrees)."""
+    for draft, ok in (
+        ("http://json-schema.org/draft-04/schema#", False),
+        ("http://json-schema.org/draft-07/schema#", True),
+    ):
+        schema = {"$schema": draft, "properties": {"id": {"type": "integer"}}}
+        g, _ = convert(schema, validator=True)
+        assert (
+            g.accepts('{"id": 12345.0}')
+            == ok
+            == jsonschema.validators.validator_for(schema)(schema).is_valid({"id": 12345.0})
+        )
+        assert g.accepts('{"id": 12345}')

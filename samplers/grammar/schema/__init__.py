@@ -220,7 +220,8 @@ def schema_to_gbnf(
         low.dynamic = dynamic
         rs = RuleSet(max_rules=budget.max_rules)
         em = Emitter(low, rs, warn, property_order, additional_properties, budget)
-        em.integer_fraction = validator
+        em.free_digits = validator
+        em.integer_fraction = validator and low.draft() != "draft4"
         try:
             node = low.node(data, resolver, "#")
             rule = em.node(node)

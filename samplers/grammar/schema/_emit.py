@@ -75,10 +75,12 @@ class Emitter:
         self.extra = additional_properties
         self.rules: dict[Node, str | None] = {}
         self.dfa_rules: dict[Any, str] = {}
-        #: whether an integer may be written with a zero fraction (``1.0``) and numbers with
-        #: any number of digits: a validator's view; off for generation, where a model could
-        #: write zeros or digits without end (each part then has at most 16 digits where the
-        #: schema sets no bound, as in llama.cpp's converter)
+        #: whether numbers may have any number of digits: a validator's view; off for
+        #: generation, where a model could write digits without end (each part then has at
+        #: most 16 digits where the schema sets no bound, as in llama.cpp's converter)
+        self.free_digits = False
+        #: whether an integer may be written with a zero fraction (``1.0``): a validator's
+        #: view from draft 6 on (draft 4's integer has no fraction part)
         self.integer_fraction = False
         rs.fixed("ws", SPACE)
         #: node rules being written, and those of them referred to meanwhile (recursion)
@@ -181,7 +183,7 @@ class Emitter:
         bodies = []
         for s in specs:
             body = s.body(self.rs, warn, non_integer=a.non_integer, zero_fraction=self.integer_fraction)
-            if not self.integer_fraction:  # generation: no endless digits
+            if not self.free_digits:  # generation: no endless digits
                 body = cap_digits(body, GENERATION_DIGITS)
             if body:
                 bodies.append(body)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from ._regex import MAX_CP, Alt, Anchor, CharSet, Intervals, Node, Repeat, Seq, intersect, nonempty, norm, nullable
 from ._rules import RuleSet, char_class, literal, repeat
 
-__all__ = ["FORMATS", "format_rule", "json_char", "regex_body", "string_literal"]
+__all__ = ["FORMATS", "KNOWN_FORMATS", "format_rule", "json_char", "regex_body", "string_literal"]
 
 MAX_ESCAPE_RANGES = 16
 _RAW_OK = norm([(0x20, 0x21), (0x23, 0x5B), (0x5D, 0xD7FF), (0xE000, MAX_CP)])
@@ -325,10 +325,55 @@ def _helpers(rs: RuleSet, body: str) -> None:
             _helpers(rs, hbody)
 
 
+#: what an IRI adds to a URI's characters (RFC 3987's ucschar and iprivate, as one range:
+#: every non-ASCII character from U+00A0, surrogates apart)
+_IRI_EXTRA: Intervals = ((0xA0, 0xD7FF), (0xE000, MAX_CP))
+
+
+def _iri_part(rs: RuleSet) -> str:
+    return rs.add("iri-part", f"uri-char | {json_char(rs, _IRI_EXTRA)}")
+
+
+def _json_pointer(rs: RuleSet) -> str:
+    # RFC 6901: "/" then any characters, "~" and "/" written ~0 and ~1
+    other = norm([(0, ord("/") - 1), (ord("/") + 1, ord("~") - 1), (ord("~") + 1, MAX_CP)])
+    return f'("/" ({json_char(rs, other)} | "~" [01])*)*'
+
+
+def _dynamic_formats() -> dict[str, Callable[[RuleSet], str]]:
+    """Formats whose characters include non-ASCII ones, in every JSON spelling
+    (:func:`json_char`), so built per rule set: RFC 3986 references, RFC 3987 IRIs (like
+    ``uri``: a scheme, then characters a URI may hold, looser than the RFC's structure),
+    RFC 6901 JSON pointers, relative JSON pointers and RFC 6570 URI templates (literals
+    and ``{...}`` expressions, unchecked inside)."""
+
+    def template(rs: RuleSet) -> str:
+        no_braces = norm([(0, ord("{") - 1), (ord("{") + 1, ord("}") - 1), (ord("}") + 1, MAX_CP)])
+        ch = json_char(rs, no_braces)
+        return f'({ch} | "{{" {ch}* "}}")*'
+
+    return {
+        "uri-reference": lambda rs: 'uri-char* ("#" uri-char*)?',
+        "iri": lambda rs: f'[a-zA-Z] [a-zA-Z0-9+.-]* ":" {_iri_part(rs)}* ("#" {_iri_part(rs)}*)?',
+        "iri-reference": lambda rs: f'{_iri_part(rs)}* ("#" {_iri_part(rs)}*)?',
+        "json-pointer": _json_pointer,
+        "relative-json-pointer": lambda rs: f'("0" | [1-9] [0-9]*) ("#" | {_json_pointer(rs)})',
+        "uri-template": template,
+    }
+
+
+_DYNAMIC = _dynamic_formats()
+#: every format :func:`format_rule` enforces
+KNOWN_FORMATS = frozenset({*FORMATS, *_DYNAMIC})
+
+
 def format_rule(rs: RuleSet, name: str) -> str | None:
     """The rule name of a JSON string in ``format`` ``name`` (quotes included), or None
     for a format this module does not know."""
     body = FORMATS.get(name)
+    if body is None and name in _DYNAMIC:
+        body = _DYNAMIC[name](rs)
+        _helpers(rs, "uri-char")
     if body is None:
         return None
     _helpers(rs, body)
