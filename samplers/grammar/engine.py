@@ -21,6 +21,7 @@ share an engine; reads of known transitions take no lock).
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Iterable, Sequence
 
@@ -113,22 +114,22 @@ class Engine:
         self.grammar = grammar
         self.root = root
         # flatten: element position -> (type, value); rule id -> first position
-        types: list[int] = []
-        values: list[int] = []
-        self.rule_start: list[int] = []
-        for rule in grammar.rules:
-            self.rule_start.append(len(types))
-            for t, v in rule:
-                types.append(int(t))
-                values.append(int(v))
+        self.rule_start = (
+            list(itertools.accumulate((len(r) for r in grammar.rules[:-1]), initial=0)) if grammar.rules else []
+        )
+        flat = [e for rule in grammar.rules for e in rule]
+        types = [int(t) for t, _ in flat]
+        values = [int(v) for _, v in flat]
         self.types = types
         self.values = values
         n_rules = len(grammar.rules)
-        for t, v in zip(types, values, strict=True):
-            if t == _RULE_REF and not (0 <= v < n_rules and grammar.rules[v]):
+        refs = {v for t, v in zip(types, values, strict=True) if t == _RULE_REF}
+        for v in sorted(refs):
+            if not (0 <= v < n_rules and grammar.rules[v]):
                 raise GrammarError(f"a rule refers to undefined rule {v}")
         self._build_classes()
-        self.has_token_elements = any(t in (_TOKEN, _TOKEN_NOT) for t in types)
+        present = set(types)
+        self.has_token_elements = _TOKEN in present or _TOKEN_NOT in present
         # states
         self._lock = threading.RLock()
         self._stacks: list[tuple[Stack, ...]] = []
@@ -186,12 +187,17 @@ class Engine:
         self._char_pos: dict[int, int] = {}  # char element position -> row of _member
         self._after: dict[int, int] = {}
         rows: dict[tuple[bool, tuple[tuple[int, int], ...]], int] = {}
-        types = self.types
+        types, values = self.types, self.values
         char_types = (_CHAR, _CHAR_NOT, _ANY)
+        more = (_RNG, _CHAR_ALT)
         for pos, t in enumerate(types):
             if t in char_types:  # each starts a class ("ab" is CHAR, CHAR; [ab] CHAR, CHAR_ALT)
-                positive, items, after = self._class_items(pos)
-                key = (positive, tuple(items))
+                if t == _CHAR and types[pos + 1] not in more:  # one character: most elements
+                    positive, items, after = True, ((values[pos], values[pos]),), pos + 1
+                else:
+                    positive, items_list, after = self._class_items(pos)
+                    items = tuple(items_list)
+                key = (positive, items)
                 row = rows.get(key)
                 if row is None:
                     row = rows[key] = len(rows)
