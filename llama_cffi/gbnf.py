@@ -23,6 +23,12 @@ vocabulary.
 the same generated symbol names (``root_1``, ... numbered in llama.cpp's order), and
 exactly the texts llama.cpp accepts. :func:`check_grammar` adds what
 ``llama_grammar_init_impl`` checks (a root symbol, defined rules, no left recursion).
+Every JSON schema request goes through both, so they are built for speed: the port
+(``_Parser``, a step per character) is the reference, and :func:`parse_gbnf` first tries
+``_FastParser``, which reads the schema converter's kind of lines in bulk with regular
+expressions, other lines token by token, and replays lines it has met before; whatever it
+is not sure of (any error, token references, ...) goes to the port, so results and
+errors are the port's.
 Where it deliberately differs from llama.cpp:
 
 * The input is a ``str``: each code point is one character. llama.cpp decodes the UTF-8
@@ -65,6 +71,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 from functools import lru_cache
+from itertools import chain
 from typing import NoReturn
 
 from ._args import expect, expect_callable, expect_mapping, expect_str
@@ -557,6 +564,400 @@ def _line_column(text: str, pos: int) -> tuple[int, int]:
     return line, column
 
 
+# ---------------------------------------------------------------------------- the fast parser
+
+# Text as the schema converter writes it: one rule a line, "name ::= item item ...",
+# one blank between items (names, literals, classes, "." and "|", which does not end the
+# line), and no repetition, group or comment. re.findall with _FAST_LINES gives, in
+# order, (lines, "", "") for a run of such lines where no literal or class has a blank
+# inside (str.split can cut them into items), ("", lines, "") for a run of such lines
+# (which _FAST_ITEMS cuts), and ("", "", line) for any other line.
+_PLAIN_ITEM = (
+    r'[A-Za-z0-9-]+|"[^"\\ \r\n]*(?:\\[^ \r\n][^"\\ \r\n]*)*"'
+    r"|\[[^\]\\ \r\n]*(?:\\[^ \r\n][^\]\\ \r\n]*)*\]|\."
+)
+_SPACED_ITEM = (
+    r'[A-Za-z0-9-]+|"[^"\\\r\n]*(?:\\[^\r\n][^"\\\r\n]*)*"'
+    r"|\[[^\]\\\r\n]*(?:\\[^\r\n][^\]\\\r\n]*)*\]|\."
+)
+_FAST_LINES = re.compile(
+    rf"((?:[A-Za-z0-9-]+ ::= (?:(?:{_PLAIN_ITEM}|\|) )*(?:{_PLAIN_ITEM})(?:\n|\Z))+)"
+    rf"|((?:[A-Za-z0-9-]+ ::= (?:(?:{_SPACED_ITEM}|\|) )*(?:{_SPACED_ITEM})(?:\n|\Z))+)"
+    r"|(?!\Z)([^\n]*)(?:\n|\Z)"
+)
+# the items and newlines of lines that _FAST_LINES has checked (it skips " ::= ")
+_FAST_ITEMS = re.compile(rf"{_SPACED_ITEM}|\||\n")
+_END_KEY = "\n"  # in _Items: the end of a rule
+
+# Any other lines: the tokens of GBNF text for re.findall, each after the blanks before
+# it: a name (with "::=" after it: a rule's head, and the spaces, newlines and comments
+# after that), a literal, a character class, a repetition in braces, "(" or "|" (with
+# the spaces, newlines and comments after them: llama.cpp skips newlines there), a
+# comment, or any other one character (")", ".", "*", "+", "?", "\r", "\n", and what is
+# out of place). Every pattern is linear (no nested repetition that could match the same
+# text twice).
+_WS_NL = r"[ \t\r\n]*(?:\#[^\r\n]*[ \t\r\n]*)*"
+_FAST_TOKENS = re.compile(
+    rf"""[ \t]*(
+        [A-Za-z0-9-]+(?:[ \t]*::={_WS_NL})?
+        |"[^"\\]*(?:\\[\s\S][^"\\]*)*"
+        |\[[^\]\\]*(?:\\[\s\S][^\]\\]*)*\]
+        |[(|]{_WS_NL}
+        |\{{[ \t]*[0-9]+[ \t]*(?:,[ \t]*[0-9]*[ \t]*)?\}}
+        |\#[^\r\n]*
+        |[\s\S]
+    )""",
+    re.VERBOSE,
+)
+_FAST_REPETITION = re.compile(r"\{[ \t]*([0-9]+)[ \t]*(?:(,)[ \t]*([0-9]*)[ \t]*)?\}")
+_HEX_DIGITS = {2: re.compile("[0-9a-fA-F]{2}"), 4: re.compile("[0-9a-fA-F]{4}"), 8: re.compile("[0-9a-fA-F]{8}")}
+_FAST_CACHE_SIZE = 4096
+#: literal and class tokens -> their elements, shared by parses (JSON grammars repeat a
+#: few dozen of them)
+_fast_cache: dict[str, tuple[Element, ...]] = {}
+_END_ELEMENT: Element = (_END, 0)
+
+
+class _Unsure(Exception):
+    """The fast parser met something it leaves to the reference parser."""
+
+
+def _fast_char(body: str, i: int) -> tuple[int, int]:
+    """One character of a literal or class body at ``i`` (the tokenizer saw a character
+    after every backslash): ``(code point, next index)``."""
+    c = body[i]
+    if c != "\\":
+        return ord(c), i + 1
+    e = body[i + 1]
+    size = _HEX_ESCAPE_SIZES.get(e)
+    if size is not None:
+        if not _HEX_DIGITS[size].fullmatch(body, i + 2, i + 2 + size):
+            raise _Unsure
+        return int(body[i + 2 : i + 2 + size], 16), i + 2 + size
+    value = _SIMPLE_ESCAPES.get(e)
+    if value is None:
+        raise _Unsure
+    return value, i + 2
+
+
+def _fast_elements(token: str) -> tuple[Element, ...]:
+    """The elements of a literal (with its quotes) or character class (with its brackets)
+    token, as parse_sequence builds them; in a class, a range needs a character after
+    its "-" ("[a-]" is "a" and "-")."""
+    elements: list[Element] = []
+    if token[0] == '"':
+        body = token[1:-1]
+        if "\\" not in body:
+            elements = [(_CHAR, ord(c)) for c in body]
+        else:
+            i, n = 0, len(body)
+            while i < n:
+                value, i = _fast_char(body, i)
+                elements.append((_CHAR, value))
+    else:
+        negated = token.startswith("[^")
+        body = token[2:-1] if negated else token[1:-1]
+        first = _CHAR_NOT if negated else _CHAR
+        i, n = 0, len(body)
+        while i < n:
+            value, i = _fast_char(body, i)
+            elements.append((_CHAR_ALT if elements else first, value))
+            if i + 1 < n and body[i] == "-":
+                value, i = _fast_char(body, i + 1)
+                elements.append((_CHAR_RNG_UPPER, value))
+    out = tuple(elements)
+    if len(_fast_cache) >= _FAST_CACHE_SIZE:
+        _fast_cache.clear()
+    _fast_cache[token] = out
+    return out
+
+
+class _Items(dict[str, tuple[Element, ...]]):
+    """Item token -> the elements it stands for in one parse: a rule reference (its name
+    gets the next id when first met), a literal, a class, "." or "|"."""
+
+    def __init__(self, symbol_ids: dict[str, int]) -> None:
+        super().__init__({".": ((_CHAR_ANY, 0),), "|": ((_ALT, 0),), _END_KEY: (_END_ELEMENT,)})
+        self.symbol_ids = symbol_ids
+
+    def __missing__(self, token: str) -> tuple[Element, ...]:
+        if token[0] == '"' or token[0] == "[":
+            elements = _fast_cache.get(token) or _fast_elements(token)
+        else:
+            elements = ((_RULE_REF, self.symbol_ids.setdefault(token, len(self.symbol_ids))),)
+        self[token] = elements
+        return elements
+
+
+#: What parsing one line does, for :meth:`_FastParser.replay`: the symbols it creates in
+#: order, as (name, False) or, for a generated one, (base name, True); the rules it
+#: defines, as (symbol index, elements with symbol indexes for rule ids, positions of
+#: the rule references); the deepest group nesting.
+_FastTemplate = tuple[tuple[tuple[str, bool], ...], tuple[tuple[int, tuple[Element, ...], tuple[int, ...]], ...], int]
+_UNSEEN = "unseen"
+_SEEN = "seen"
+_FAST_TEMPLATES = 1024  # at most this many lines known
+_FAST_TEMPLATE_LINE = 4096  # and none longer
+#: (line, last line of the text) -> _SEEN (met once), its template, or None (no template)
+_fast_templates: dict[tuple[str, bool], _FastTemplate | str | None] = {}
+
+
+def _fast_template(line: str, at_end: bool) -> _FastTemplate | None:
+    """The template of ``line``: parsed alone (no symbol known before), or None where
+    that is unsure.
+
+    Parsed after other lines, the line creates the same symbols in the same order, less
+    the names known before, and its rules are the same with rule ids mapped. Only
+    llama.cpp's limit on repeated rules depends on what is known: a group counts the
+    symbols created inside it, which are fewer when some of its names are known, so a
+    line that passes alone passes there too."""
+    sub = _FastParser()
+    try:
+        if not sub.lines(line, at_end):
+            return None
+    except _Unsure:
+        return None
+    names = tuple((name.rsplit("_", 1)[0], True) if "_" in name else (name, False) for name in sub.symbol_ids)
+    rules = tuple(
+        (rule_id, elements, tuple(i for i, (t, _v) in enumerate(elements) if t == _RULE_REF))
+        for rule_id, elements in sub.rules.items()
+    )
+    return names, rules, sub.max_nesting
+
+
+class _FastParser:
+    """:func:`parse_gbnf` for the texts it is sure of: :meth:`parse` gives the grammar,
+    or None for anything else (any error, an unknown escape, token references, anything
+    but blanks and tabs inside braces, counts with many digits, ...), which the reference
+    parser then reads from the start. Lines as the schema converter writes them are cut
+    by a regular expression and str.split, other lines into tokens by one ``re.findall``,
+    instead of a step per character; the rules, ids and generated names are built as
+    :class:`_Parser` builds them."""
+
+    def __init__(self) -> None:
+        self.symbol_ids: dict[str, int] = {}
+        self.rules: dict[int, Rule] = {}
+        self.items = _Items(self.symbol_ids)
+        self.max_nesting = 0  # the deepest group nesting met
+
+    def parse(self, text: str) -> ParsedGrammar | None:
+        if "\0" in text:
+            return None
+        symbol_ids, rules = self.symbol_ids, self.rules
+        element_lists = self.items.__getitem__
+        other: list[str] = []  # lines waiting for self.lines
+        try:
+            for plain, spaced, line in _FAST_LINES.findall(text):
+                if not plain and not spaced:
+                    other.append(line)
+                    continue
+                if other:
+                    if not self.other_lines(other, False):
+                        return None
+                    other = []
+                # each rule as its name's reference, its elements and END
+                if plain:
+                    if plain[-1] != "\n":
+                        plain += "\n"
+                    items = plain.replace(" ::= ", " ").replace("\n", " \n ").split(" ")
+                    items.pop()  # "" after the last newline
+                    n_rules = plain.count("\n")
+                else:
+                    items = _FAST_ITEMS.findall(spaced)
+                    if items[-1] != "\n":
+                        items.append("\n")
+                    n_rules = spaced.count("\n") + (spaced[-1] != "\n")
+                elements = tuple(chain.from_iterable(map(element_lists, items)))
+                start = 0
+                for _ in range(n_rules):
+                    end = elements.index(_END_ELEMENT, start) + 1
+                    rules[elements[start][1]] = elements[start + 1 : end]
+                    start = end
+            if other and not self.other_lines(other, True):
+                return None
+        except _Unsure:
+            return None
+        if len(rules) != len(symbol_ids):
+            return None  # a rule used but not defined: the reference says where
+        return ParsedGrammar(tuple([rules[i] for i in range(len(rules))]), symbol_ids, ())
+
+    def other_lines(self, lines: list[str], at_end: bool) -> bool:
+        """Parse ``lines`` (``at_end``: the last lines of the text); False where unsure.
+
+        A line met before (the schema converter writes its helper rules, such as
+        json-number, the same way in every grammar) is replayed from a
+        :data:`_FastTemplate` of it; the other lines are parsed as one text."""
+        templates = _fast_templates
+        for k, line in enumerate(lines):
+            key = (line, at_end and k == len(lines) - 1)
+            template = templates.get(key, _UNSEEN)
+            if template is _UNSEEN or template is None:
+                if len(templates) + len(lines) > _FAST_TEMPLATES:
+                    templates.clear()
+                for j in range(k, len(lines)):
+                    if len(lines[j]) <= _FAST_TEMPLATE_LINE:
+                        templates.setdefault((lines[j], at_end and j == len(lines) - 1), _SEEN)
+                return self.lines("\n".join(lines[k:]), at_end)
+            if template is _SEEN:
+                template = templates[key] = _fast_template(*key)
+                if template is None:
+                    return self.lines("\n".join(lines[k:]), at_end)
+            assert isinstance(template, tuple)
+            self.replay(template)
+        return True
+
+    def replay(self, template: _FastTemplate) -> None:
+        """What parsing the line of ``template`` does (see :func:`_fast_template`)."""
+        symbol_ids, rules = self.symbol_ids, self.rules
+        names, template_rules, max_nesting = template
+        ids = []
+        for name, generated in names:
+            if generated:
+                rule_id = len(symbol_ids)
+                symbol_ids[f"{name}_{rule_id}"] = rule_id
+            else:
+                rule_id = symbol_ids.setdefault(name, len(symbol_ids))
+            ids.append(rule_id)
+        for rule_id, elements, refs in template_rules:
+            if refs:
+                new = list(elements)
+                for i in refs:
+                    new[i] = (_RULE_REF, ids[elements[i][1]])
+                elements = tuple(new)
+            rules[ids[rule_id]] = elements
+        if max_nesting > self.max_nesting:
+            self.max_nesting = max_nesting
+
+    def lines(self, text: str, at_end: bool) -> bool:
+        """Parse ``text``, whole lines (a line of the kind above after it unless
+        ``at_end``); False where unsure."""
+        tokens = iter(_FAST_TOKENS.findall(text))
+        symbol_ids, rules, items = self.symbol_ids, self.rules, self.items
+        groups: list[tuple[list[Element], int, int]] = []  # enclosing rule, its id, symbol count at "("
+        token = ""
+        rule_name = ""
+        for token in tokens:  # the first rule's head
+            c = token[0]
+            if c == "\n" or c == "\r" or c == "#":
+                continue
+            if c not in WORD_CHARS or ":" not in token:
+                return False
+            rule_name = token[: token.index(":")].rstrip(" \t")
+            break
+        else:
+            return True  # blank lines and comments
+        rule_id = symbol_ids.setdefault(rule_name, len(symbol_ids))
+        rule: list[Element] = []
+        last = 0  # last_sym_start
+        n_prev = 1  # n_prev_rules
+        for token in tokens:
+            c = token[0]
+            if c == "|":
+                rule.append((_ALT, 0))
+                last = len(rule)
+                n_prev = 1
+            elif ((c == '"' or c == "[") and len(token) > 1) or c == ".":  # not a lone '"' or '['
+                last = len(rule)
+                n_prev = 1
+                rule += items[token]
+            elif c in WORD_CHARS:
+                if ":" in token:  # a rule's head in a rule
+                    return False
+                last = len(rule)
+                n_prev = 1
+                rule += items[token]
+            elif c == "\n" or c == "\r":
+                if groups:
+                    continue
+                rule.append(_END_ELEMENT)
+                rules[rule_id] = tuple(rule)
+                for token in tokens:  # the next rule's head
+                    c = token[0]
+                    if c == "\n" or c == "\r" or c == "#":
+                        continue
+                    if c not in WORD_CHARS or ":" not in token:
+                        return False
+                    rule_name = token[: token.index(":")].rstrip(" \t")
+                    break
+                else:  # the end of the text
+                    return True
+                rule_id = symbol_ids.setdefault(rule_name, len(symbol_ids))
+                rule = []
+                last = 0
+                n_prev = 1
+            elif c == "(":  # a group is a rule of its own
+                groups.append((rule, rule_id, len(symbol_ids)))
+                rule_id = len(symbol_ids)
+                symbol_ids[f"{rule_name}_{rule_id}"] = rule_id
+                rule = []
+                last = 0
+                n_prev = 1
+                if len(groups) > self.max_nesting:
+                    self.max_nesting = len(groups)
+            elif c == ")":
+                if not groups:
+                    return False
+                rule.append(_END_ELEMENT)
+                rules[rule_id] = tuple(rule)
+                sub_rule_id = rule_id
+                rule, rule_id, n_before = groups.pop()
+                n_prev = max(1, len(symbol_ids) - n_before)
+                last = len(rule)
+                rule.append((_RULE_REF, sub_rule_id))
+            elif c == "*" or c == "+" or c == "?" or c == "{":
+                if c == "{":
+                    m = _FAST_REPETITION.fullmatch(token)
+                    if m is None:
+                        return False
+                    min_s, comma, max_s = m.groups()
+                    if len(min_s) > 4 or len(max_s or "") > 19:
+                        return False  # above the limit or out of range: the reference says which
+                    min_times = int(min_s)
+                    if min_times > MAX_REPETITION_THRESHOLD:
+                        return False
+                    max_times = int(max_s) if max_s else None if comma else min_times
+                    if max_times is not None and max_times > MAX_REPETITION_THRESHOLD:
+                        max_times = None
+                else:
+                    min_times, max_times = _OPERATORS[c]
+                # handle_repetitions
+                if last == len(rule):
+                    return False
+                total_rules = max_times if max_times else min_times if min_times > 0 else 1
+                if n_prev * total_rules > MAX_REPETITION_THRESHOLD:
+                    return False
+                if max_times is not None and max_times < min_times:
+                    return False
+                prev = tuple(rule[last:])
+                if min_times == 0:
+                    del rule[last:]
+                elif min_times > 1:
+                    rule += prev * (min_times - 1)
+                n_opt = 1 if max_times is None else max_times - min_times
+                last_rec_rule_id = 0
+                for i in range(n_opt):
+                    rec_rule_id = len(symbol_ids)
+                    symbol_ids[f"{rule_name}_{rec_rule_id}"] = rec_rule_id
+                    if i > 0 or max_times is None:
+                        ref = rec_rule_id if max_times is None else last_rec_rule_id
+                        rules[rec_rule_id] = (*prev, (_RULE_REF, ref), (_ALT, 0), _END_ELEMENT)
+                    else:
+                        rules[rec_rule_id] = (*prev, (_ALT, 0), _END_ELEMENT)
+                    last_rec_rule_id = rec_rule_id
+                if n_opt > 0:
+                    rule.append((_RULE_REF, last_rec_rule_id))
+                n_prev *= total_rules
+            elif c != "#":  # "::=" or another character out of place, "<", "!", ...
+                return False
+        if groups:
+            return False
+        if not at_end and (token[0] == "|" or (":" in token and token[0] in WORD_CHARS)):
+            return False  # the rule goes on in the next line (whose "::=" llama.cpp refuses)
+        rule.append(_END_ELEMENT)
+        rules[rule_id] = tuple(rule)
+        return True
+
+
 def parse_gbnf(text: str) -> ParsedGrammar:
     """Parse GBNF ``text`` as llama.cpp's ``llama_grammar_parser::parse`` does.
 
@@ -568,7 +969,9 @@ def parse_gbnf(text: str) -> ParsedGrammar:
     reference to a rule that is never defined (naming it and where it is first used).
     Text without rules gives a grammar without rules (which :func:`check_grammar`
     refuses, as llama.cpp does)."""
-    return _Parser(expect_str("text", text, "a str (GBNF text)")).parse()
+    text = expect_str("text", text, "a str (GBNF text)")
+    fast = _FastParser().parse(text)
+    return fast if fast is not None else _Parser(text).parse()
 
 
 # ---------------------------------------------------------------------------- checks
@@ -832,12 +1235,17 @@ def native_grammar_hazard(text: str) -> str | None:
     bad = inverted_repetition(text)
     if bad is not None:
         return f"repetition {bad} has its maximum below its minimum (llama.cpp would exhaust memory)"
-    parser = _Parser(text)
-    try:
-        grammar = parser.parse()
-    except GrammarError:  # llama.cpp refuses the text too, after what it parsed before
-        grammar = None
-    if parser.max_nesting > MAX_DEPTH:
+    fast = _FastParser()
+    grammar = fast.parse(text)
+    max_nesting = fast.max_nesting
+    if grammar is None:
+        parser = _Parser(text)
+        try:
+            grammar = parser.parse()
+        except GrammarError:  # llama.cpp refuses the text too, after what it parsed before
+            grammar = None
+        max_nesting = parser.max_nesting
+    if max_nesting > MAX_DEPTH:
         return (
             f"groups are nested more than {MAX_DEPTH} deep; llama.cpp's parser "
             "recurses once per level and would overflow the stack"

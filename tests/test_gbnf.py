@@ -23,15 +23,17 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import llama_cffi
+from llama_cffi import gbnf
 from llama_cffi.errors import ParamError
 from llama_cffi.gbnf import (
     MAX_DEPTH,
@@ -1080,3 +1082,280 @@ def chain(n: int, lead: str = "") -> str:
 def test_native_hazards(text: str, reason: str | None) -> None:
     hazard = native_grammar_hazard(text)
     assert (hazard is None) if reason is None else (hazard is not None and reason in hazard), hazard
+
+
+# ------------------------------------------------------- the fast parser against the reference
+#
+# parse_gbnf reads texts it is sure of with gbnf._FastParser (lines as the schema
+# converter writes them in bulk, other lines token by token, lines met before replayed
+# from templates) and falls back to gbnf._Parser, the port of llama.cpp's parser, for
+# anything else. It must give exactly what the reference gives.
+
+
+def reference_parse(text: str) -> ParsedGrammar:
+    return gbnf._Parser(text).parse()
+
+
+def parse_outcome(parse: Callable[[str], ParsedGrammar], text: str) -> tuple[object, ...]:
+    """The grammar (with the order of its symbols), or the error's type, message, line,
+    column and what was expected."""
+    try:
+        g = parse(text)
+    except GrammarError as e:
+        return (type(e), str(e), getattr(e, "line", None), getattr(e, "column", None), getattr(e, "expected", None))
+    return ("ok", g.rules, tuple(g.symbol_ids.items()), g.token_names, g.names)
+
+
+def assert_parses_like_reference(text: str) -> bool:
+    """parse_gbnf(text) is exactly the reference's, met for the first time, then again (a
+    template made of each line that is not of the converter's kind), then replayed; so
+    is the nesting depth that native_grammar_hazard reads. Whether the fast parser read
+    it."""
+    expected = parse_outcome(reference_parse, text)
+    for _ in range(3):
+        assert parse_outcome(parse_gbnf, text) == expected, text
+    fast = gbnf._FastParser()
+    g = fast.parse(text)
+    if g is None:
+        return False
+    assert ("ok", g.rules, tuple(g.symbol_ids.items()), g.token_names, g.names) == expected, text
+    reference = gbnf._Parser(text)
+    reference.parse()
+    assert fast.max_nesting == reference.max_nesting, text
+    return True
+
+
+FAST_PARSE_CASES = [
+    *[text for text, _rules, _ids in PARSE_CASES],
+    *[text for text, *_ in ERROR_CASES],
+    # escapes, in literals and classes, at the ends of ranges
+    'root ::= "\\x41\\xfF\\u00e9\\uD800\\U0001F600\\U00110000\\t\\n\\r\\\\\\"\\[\\]\\-"',
+    'root ::= [\\x00-\\x1F\\u2028-\\u2029\\U00010000-\\U0010FFFF\\t\\n\\r\\\\\\]\\-\\[\\"]',
+    'root ::= "\\x4G"',
+    'root ::= "\\u12"',
+    'root ::= "\\U1234567"',
+    'root ::= "\\U1234567G"',
+    'root ::= "\\x"',
+    'root ::= "\\a"',
+    "root ::= [\\q]",
+    "root ::= [a-\\x]",
+    'root ::= "\\',
+    "root ::= [a-",
+    "root ::= [\\",
+    # classes: ranges, "-" first and last, "^", empty
+    "root ::= [a-z0-9-] [-a] [a--] [^-] [^^] [^a-] [] [^] [a-\\]] [\\^a]",
+    "root ::= [ ] [ \\t] [^ ] [- ]",
+    'root ::= [ !#-\\[\\]-\\uD7FF\\uE000-\\U0010FFFF] | "a b" | "  " | " "',
+    # the converter's kind of line, and small departures from it
+    'root ::= a b | "c" [d] .\na ::= "x"\nb ::= [y]',
+    'root ::= a  b\na ::= "x"\nb ::= "y"',
+    'root ::= a b \na ::= "x"\nb ::= "y"',
+    'root ::= a b\t\na ::= "x"\nb ::= "y"',
+    'root::= a\na ::= "x"',
+    'root ::=a\na ::= "x"',
+    'root ::= a |\na ::= "x"',
+    'root ::= a |\n  "b"\na ::= "x"',
+    'root ::= a\n  | "b"\na ::= "x"',
+    'root ::= a ::= "x"',
+    'root ::= "a" "b" # c\nx ::= "y"',
+    'root ::= "a" ("b"\n  "c") | "d"\nx ::= "y"',
+    'root ::= ("a"\nx ::= "y")',
+    'root ::= "a\nx ::= "y"\n"',
+    'root ::= "a\nx ::= "y"\nz"',
+    'root ::= "a\nx ::= "\nz ::= "y"',
+    'root ::= [a\nx ::= ]\nz ::= "y"',
+    'root ::= x\nx ::= "y" |',
+    'root ::= x\nx ::= "y" |\n',
+    "root ::= x\nx ::=",
+    "root ::=\n",
+    "root ::= |",
+    "root ::= . | .* .+ .?",
+    # line ends, blank lines, comments
+    'root ::= a\r\na ::= "x"\r\n',
+    'root ::= a\ra ::= "x"\r',
+    'root ::= a\n\r\na ::= "x"',
+    '\n\n# c\n  \nroot ::= a # c\n\n# d\na ::= "x" # e',
+    'root ::= ( # c\n  "a" # d\n  | "b"\n) # e',
+    "#\nroot ::= #\n  a\na ::= #\n",
+    'root ::= "a" #\n',
+    'root ::= "a"\x0b',
+    'root ::= "a"\x0c\nb ::= "c"',
+    'root ::= "a"\u2028b ::= "c"',
+    # repetitions: every form, spaces, large and odd counts
+    'root ::= "a"{2} "b"{0,} "c"{1,3} "d"{ 2 , 4 } "e"{0,0} "f"{ 3 , }',
+    'root ::= "a"{,3}',
+    'root ::= "a"{1,2,3}',
+    'root ::= "a"{01}',
+    'root ::= "a"{00002}',
+    'root ::= "a"{0002,00003}',
+    'root ::= "a"{2000} | "b"{0,2000} | "c"{0,2001} | "d"{0,99999999999999999999}',
+    'root ::= "a"{2001}',
+    'root ::= "a"{1,184467440737095516150}',
+    'root ::= "a"{18446744073709551615}',
+    'root ::= "a"{3,2}',
+    'root ::= "a"{2}{1000}',
+    'root ::= "a"{2}{1001}',
+    'root ::= ("a" b){1000}\nb ::= "x"',
+    'b ::= "x"\nroot ::= ("a" b){1000}',
+    'root ::= "a"{0,0}*',
+    'root ::= "a"*{2}',
+    'root ::= ("a"?){3,}',
+    'root ::= "a"{ # c\n1}',
+    'root ::= ("a"{ # c\n1})',
+    'root ::= ("a"{\n1,\n2\n})',
+    'root ::= "a"{\t1\t,\t2\t}',
+    # groups
+    'root ::= ((("a")))*',
+    "root ::= ()",
+    "root ::= (|)",
+    'root ::= ("a" | ("b" ("c" | "d")+)?)+ "e"',
+    'root ::= ("a"',
+    'root ::= "a")',
+    "root ::= (\n)",
+    "root ::= ((\n\n))",
+    # tokens (not read by the fast parser)
+    "root ::= <[5]> !<[6]> <|im_end|>",
+    'root ::= "<" "!" [<!]',
+    # names
+    "root ::= a-b-1 ---\na-b-1 ::= ---\n--- ::= ",
+    "root ::= Root\nRoot ::= ROOT\nROOT ::= ",
+    "root ::= x_1",
+    "root ::= é",
+    "é ::= root",
+    "root ::= undefined",
+    'root ::= "a"\nroot ::= "b"',
+    'root ::= root-1 ("a")\nroot-1 ::= "b"',
+    # others
+    "",
+    " ",
+    "\n",
+    "# only a comment",
+    'root ::= "a\0"',
+    "\0",
+    "::=",
+    "root",
+    "root ::= ::=",
+]
+
+
+@pytest.mark.parametrize("text", FAST_PARSE_CASES)
+def test_fast_parse_cases(text: str) -> None:
+    assert_parses_like_reference(text)
+
+
+def test_fast_parser_reads_the_converters_grammars() -> None:
+    """The fast parser reads the schema converter's grammars itself (the point of it),
+    and gives what the reference gives."""
+    from samplers.grammar.schema import schema_to_gbnf
+
+    schemas: list[dict[str, Any]] = [
+        {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}, "required": ["a"]},
+        {"type": "array", "items": {"type": "number", "minimum": 0}, "minItems": 1, "maxItems": 5},
+        {"type": "string", "pattern": "^[a-z]{2,8}(-[0-9]+)?$"},
+        {"type": "object", "additionalProperties": {"enum": ["x y", 'q"uote', 3, None]}},
+        {"anyOf": [{"type": "string", "format": "date"}, {"type": "boolean"}, {"const": {"k": [1, 2]}}]},
+        {"type": "string", "minLength": 3, "maxLength": 300},
+    ]
+    for schema in schemas:
+        for validator in (False, True):
+            text = schema_to_gbnf(schema, validator=validator, formats="assert")
+            assert assert_parses_like_reference(text), text
+
+
+def test_fast_parser_falls_back() -> None:
+    for text in ["root ::= <[5]>", 'root ::= "\\q"', 'root ::= "a"{1,\n2}', "root ::= x", 'root ::= "a"{2001}']:
+        assert gbnf._FastParser().parse(text) is None
+        assert_parses_like_reference(text)
+
+
+@settings(max_examples=budget(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(grammars(dag=False, big=True, tokens=True), st.sampled_from(["\n", "\r\n", "\r"]))
+def test_fast_parse_random_grammars(rules: dict[str, tuple[tuple[Node, ...], ...]], newline: str) -> None:
+    text = grammar_text(rules, newline)
+    event(f"fast: {assert_parses_like_reference(text)}")
+
+
+@st.composite
+def mutated(draw: st.DrawFn, texts: st.SearchStrategy[str]) -> str:
+    """A text with up to 3 random edits (deletions, insertions of MUTATION_PIECES)."""
+    text = draw(texts)
+    for _ in range(draw(st.integers(0, 3))):
+        i = draw(st.integers(0, len(text)))
+        if draw(st.booleans()) and i < len(text):
+            text = text[:i] + text[i + 1 :]
+        else:
+            text = text[:i] + draw(st.sampled_from([*MUTATION_PIECES, " ", "  ", "\t", ".", "?", "+"])) + text[i:]
+    return text
+
+
+def printed(rules: dict[str, tuple[tuple[Node, ...], ...]]) -> str:
+    """The grammar printed by format_gbnf: the schema converter's kind of lines."""
+    try:
+        return format_gbnf(parse_gbnf(grammar_text(rules)))
+    except GrammarError:
+        return grammar_text(rules)
+
+
+@settings(max_examples=budget(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    grammar_texts()
+    | maybe_empty_grammars()
+    | mutated(grammars(dag=False, big=True).map(printed))
+    | mutated(maybe_empty_grammars())
+    | st.text(alphabet=GRAMMAR_CHARS)
+    | st.text(alphabet=GRAMMAR_CHARS).map(lambda s: "root ::= " + s)
+    | st.text()
+)
+def test_fast_parse_texts(text: str) -> None:
+    event(f"fast: {assert_parses_like_reference(text)}")
+
+
+# Lines that recur in grammars in other company: their templates are replayed where some
+# of their names are known before and some are not (a group counts the symbols created
+# inside it against llama.cpp's limit on repeated rules: "big" passes only where "d" or
+# "e" is known before it)
+TEMPLATE_LINES = [
+    'json-number ::= "-"? ("0" | [1-9] [0-9]*) ("." [0-9]+)? ([eE] [+-]? [0-9]+)?',
+    'ws ::= | " " | "\\n"{1,2} [ \\t]{0,20}',
+    'root ::= a b c d e ws json-number "x"',
+    'a ::= ("x" b c){2,3} | b*',
+    'b ::= "y" | c? | d',
+    "c ::= [a-z]+ b | (e (d))",
+    'big ::= ("a" d e){999}',
+    'd ::= "d" | e',
+    "e ::= (d | )*",
+    "e ::= d? e",
+    'd ::= "q" root',
+    "root ::= big b",
+    "a ::= ( # c",
+    '  "x" ) | b',
+    "b ::= x |",
+    'x ::= "z"',
+    "",
+    "# comment",
+    'x ::= "z"  # trailing',
+    'c ::= "[a-z]+ b"',
+    "c ::= c{2}",
+]
+
+
+@settings(max_examples=budget(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.sampled_from(TEMPLATE_LINES), min_size=1, max_size=8),
+    st.sampled_from(["\n", "\n", "\r\n"]),
+    st.booleans(),
+)
+def test_fast_parse_templates(lines: list[str], newline: str, define_all: bool) -> None:
+    if define_all:  # no name left undefined
+        lines = [
+            *lines,
+            *(f'{name} ::= "{name}"' for name in ["root", "a", "b", "c", "d", "e", "x", "big", "ws", "json-number"]),
+        ]
+    event(f"fast: {assert_parses_like_reference(newline.join(lines))}")
+
+
+def test_fast_parse_template_cache_is_bounded() -> None:
+    for i in range(3 * gbnf._FAST_TEMPLATES):
+        text = f'root ::= x{i} "a"?\nx{i} ::= ("b" root)*'
+        assert_parses_like_reference(text)
+        assert len(gbnf._fast_templates) <= gbnf._FAST_TEMPLATES
