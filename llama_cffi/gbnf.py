@@ -28,7 +28,7 @@ Every JSON schema request goes through both, so they are built for speed: the po
 ``_FastParser``, which reads the schema converter's kind of lines in bulk with regular
 expressions, other lines token by token, and replays lines it has met before; whatever it
 is not sure of (any error, token references, ...) goes to the port, so results and
-errors are the port's.
+errors are the port's. The checks work on the whole grammar at once where they can.
 Where it deliberately differs from llama.cpp:
 
 * The input is a ``str``: each code point is one character. llama.cpp decodes the UTF-8
@@ -66,12 +66,15 @@ The printer (GBNF text from a parsed grammar) is :func:`samplers.grammar.format_
 
 from __future__ import annotations
 
+import operator
 import re
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 from functools import lru_cache
-from itertools import chain
+from itertools import accumulate, chain
+from operator import itemgetter
 from typing import NoReturn
 
 from ._args import expect, expect_callable, expect_mapping, expect_str
@@ -989,8 +992,66 @@ def alternatives(rule: Rule) -> list[Rule]:
     return out
 
 
-def _validate(g: ParsedGrammar) -> None:
-    """Refuse a malformed (hand-built) grammar: what the parser can never produce."""
+def _validate(g: ParsedGrammar) -> _Leading:
+    """Refuse a malformed (hand-built) grammar: what the parser can never produce. Gives
+    the :class:`_Leading` of its rules.
+
+    The checks run over the whole grammar at once (the element types as one bytes
+    string, the distinct elements as a set); anything they do not clear is checked again
+    element by element (:func:`_validate_elements`), which raises the exact error."""
+    flat = list(chain.from_iterable(g.rules))
+    try:
+        types = bytes(map(_TYPE, flat))  # ValueError for a type past 255
+        valid = _valid(g, flat, types)
+    except Exception:  # a malformed element: the exact check says which
+        valid = False
+    if not valid:
+        _validate_elements(g)
+        for i, rule in enumerate(g.rules):
+            for t, v in rule:
+                try:
+                    operator.index(t), operator.index(v)
+                except TypeError:
+                    raise GrammarError(f"malformed rule {i}: element {(t, v)!r} is not a pair of integers") from None
+        types = bytes(map(_TYPE, flat))
+    return _Leading(g.rules, flat, types)
+
+
+_TYPE = itemgetter(0)
+_LAST = itemgetter(-1)
+# the types of a valid grammar's elements, one byte each, hold none of these: a type
+# past TOKEN_NOT, a modifier (CHAR_RNG_UPPER, CHAR_ALT) first or after an element that
+# is no character (END, ALT, RULE_REF, TOKEN, TOKEN_NOT)
+_BAD_TYPES = re.compile(rb"[^\x00-\x09]|^[\x05\x06]|[\x00-\x02\x08\x09][\x05\x06]")
+
+
+def _valid(g: ParsedGrammar, flat: list[Element], types: bytes) -> bool:
+    """Whether :func:`_validate_elements` passes ``g`` (False: not sure), given its
+    elements and their types."""
+    rules = g.rules
+    n = len(rules)
+    if not all(rules) or _BAD_TYPES.search(types):
+        return False
+    # each rule ends with END and has no other END
+    if types.count(0) != n or any(last[0] != _END for last in set(map(_LAST, rules))):
+        return False
+    n_tokens = len(g.token_names)
+    for t, v in set(flat):
+        if type(v) is not int and not isinstance(v, int):
+            return False
+        if t == _RULE_REF:
+            if not 0 <= v < n:
+                return False
+        elif t >= _TOKEN:
+            if not -n_tokens <= v <= _UINT32_MAX:
+                return False
+        elif t >= _CHAR and not 0 <= v <= _UINT32_MAX:
+            return False
+    return True
+
+
+def _validate_elements(g: ParsedGrammar) -> None:
+    """:func:`_validate`, element by element."""
     n = len(g.rules)
     for i, rule in enumerate(g.rules):
         if not rule or rule[-1][0] != _END or any(t == _END for t, _v in rule[:-1]):
@@ -1010,99 +1071,184 @@ def _validate(g: ParsedGrammar) -> None:
             prev = t
 
 
+# Where an alternative starts (at the start of a rule or after ALT/END) with rule
+# references (the run of them), or is empty (ends at once): in the element types of a
+# grammar as one bytes string.
+_LEADING_REFS = re.compile(rb"(?<![^\x00\x01])(?:\x02+|(?=[\x00\x01]))")
+
+
+class _Leading:
+    """What the left-recursion checks need of a valid grammar's rules, found in one pass
+    over the element types: which rules have an empty alternative (llama.cpp's
+    ``may_be_empty``), which derive the empty string (:attr:`nullable`), and the
+    alternatives that start with a rule reference or are empty, as ``(rule, its leading
+    references, whether they are the whole alternative)``."""
+
+    def __init__(self, rules: tuple[Rule, ...], flat: list[Element] | None = None, types: bytes = b"") -> None:
+        self.n = n = len(rules)
+        if flat is None:
+            flat = list(chain.from_iterable(rules))
+            types = bytes(map(_TYPE, flat))
+        ends = list(accumulate(map(len, rules)))
+        self.has_empty = has_empty = [False] * n
+        self.alts: list[tuple[int, tuple[int, ...], bool]] = []
+        append = self.alts.append
+        r = 0
+        for m in _LEADING_REFS.finditer(types):
+            s, e = m.span()
+            while ends[r] <= s:
+                r += 1
+            if s == e:
+                has_empty[r] = True
+                append((r, (), True))
+            elif e == s + 1:
+                append((r, (flat[s][1],), types[e] <= _ALT))
+            else:
+                append((r, tuple([v for _t, v in flat[s:e]]), types[e] <= _ALT))
+        self.nullable = self._nullable()
+
+    def _nullable(self) -> list[bool]:
+        """Rules that derive the empty string: those with an alternative made only of
+        references to such rules (a worklist, linear in the grammar's size)."""
+        nullable = [False] * self.n
+        pending: list[int] = []  # per alternative: references not yet known to be nullable
+        owner: list[int] = []  # per alternative: its rule
+        occurrences: dict[int, list[int]] = {}  # per rule: alternatives referring to it
+        todo: list[int] = []
+        for r, refs, whole in self.alts:
+            if not whole:
+                continue
+            if not refs:
+                if not nullable[r]:
+                    nullable[r] = True
+                    todo.append(r)
+                continue
+            k = len(pending)
+            pending.append(len(refs))
+            owner.append(r)
+            for v in refs:
+                occurrences.setdefault(v, []).append(k)
+        while todo:
+            for k in occurrences.get(todo.pop(), ()):
+                pending[k] -= 1
+                if pending[k] == 0 and not nullable[owner[k]]:
+                    nullable[owner[k]] = True
+                    todo.append(owner[k])
+        return nullable
+
+    def edges(self, empty: list[bool]) -> list[list[tuple[int, bool]]]:
+        """Per rule, the rules it can refer to before matching any character when the
+        rules that may match nothing are ``empty``, each with whether something follows
+        that reference in its alternative."""
+        edges: list[list[tuple[int, bool]]] = [[] for _ in range(self.n)]
+        for r, refs, whole in self.alts:
+            last = len(refs) - 1
+            for i, v in enumerate(refs):
+                edges[r].append((v, i < last or not whole))
+                if not empty[v]:
+                    break
+        return edges
+
+    def successors(self, empty: list[bool]) -> dict[int, list[int]]:
+        """The targets of :meth:`edges`, for the rules that have some."""
+        succ: dict[int, list[int]] = {}
+        for r, refs, _whole in self.alts:
+            for v in refs:
+                if r in succ:
+                    succ[r].append(v)
+                else:
+                    succ[r] = [v]
+                if not empty[v]:
+                    break
+        return succ
+
+
+def _acyclic(succ: dict[int, list[int]]) -> bool:
+    """Whether a graph has no cycle (Kahn's algorithm over the nodes with successors)."""
+    indegree = Counter(chain.from_iterable(succ.values()))
+    todo = [r for r in succ if r not in indegree]
+    done = 0
+    while todo:
+        done += 1
+        for v in succ[todo.pop()]:
+            indegree[v] -= 1
+            if indegree[v] == 0 and v in succ:
+                todo.append(v)
+    return done == len(succ)
+
+
 def _llama_left_recursion(rules: tuple[Rule, ...]) -> int | None:
     """``llama_grammar_detect_left_recursion`` over every rule, as llama_grammar_init_impl
     runs it: the first rule index from which a left-recursive cycle is found, or None.
+    For rules of a valid grammar."""
+    return _llama_cycle(_Leading(rules))
+
+
+def _llama_cycle(leading: _Leading) -> int | None:
+    """:func:`_llama_left_recursion`.
 
     llama.cpp only counts a rule as possibly empty when one of its alternatives is
-    literally empty. This runs without recursion and does not re-explore a rule already
-    fully explored (llama.cpp does, from inside the recursion): a rule whose exploration
-    returned false has no reachable cycle and cannot reach a rule on the current path
-    (that rule reaches it, so they would share a cycle), so exploring it again would
-    return false again; the answer, and the rule index reported, are the same."""
-    n = len(rules)
+    literally empty, so the references it follows from a rule before any character are
+    fixed: :meth:`_Leading.edges` with ``has_empty``. llama.cpp explores them depth first
+    from each rule in turn and reports the rule it started from when it meets a rule on
+    its current path. This does the same without recursion and does not re-explore a
+    rule already fully explored (llama.cpp does, from inside the recursion): such a rule
+    has no reachable cycle and cannot reach a rule on the current path (that rule
+    reaches it, so they would share a cycle), so exploring it again would find nothing;
+    the answer, and the rule index reported, are the same."""
+    if _acyclic(leading.successors(leading.has_empty)):
+        return None
+    edges = leading.edges(leading.has_empty)
+    n = leading.n
     visited = [False] * n
     in_progress = [False] * n
-    may_be_empty = [False] * n
-
-    def enter(r: int) -> None:
-        in_progress[r] = True
-        may_be_empty[r] = any(not alt for alt in alternatives(rules[r]))
-
     for start in range(n):
         if visited[start]:
             continue
-        enter(start)
-        stack = [[start, 0, 1]]  # rule, element index, "still at a leftmost position"
+        in_progress[start] = True
+        stack = [(start, iter(edges[start]))]
         while stack:
-            frame = stack[-1]
-            r, i, leftmost = frame
-            rule = rules[r]
-            if i == len(rule):
-                in_progress[r] = False
-                visited[r] = True
-                stack.pop()
-                if stack:  # back in the parent, just after its reference to r
-                    parent = stack[-1]
-                    if not may_be_empty[r]:
-                        parent[2] = 0
-                    parent[1] += 1
-                continue
-            t, v = rule[i]
-            if t == _RULE_REF and leftmost:
+            r, successors = stack[-1]
+            for v, _continued in successors:
                 if in_progress[v]:
                     return start
                 if not visited[v]:
-                    enter(v)
-                    stack.append([v, 0, 1])
-                    continue
-                if not may_be_empty[v]:
-                    frame[2] = 0
-            elif t == _END or t == _ALT:
-                frame[2] = 1
+                    in_progress[v] = True
+                    stack.append((v, iter(edges[v])))
+                    break
             else:
-                frame[2] = 0
-            frame[1] += 1
+                in_progress[r] = False
+                visited[r] = True
+                stack.pop()
     return None
 
 
 def _nullable_rules(rules: tuple[Rule, ...]) -> list[bool]:
-    """Which rules derive the empty string: those with an alternative made only of
-    references to such rules (a worklist, linear in the grammar's size)."""
-    nullable = [False] * len(rules)
-    pending: list[int] = []  # per alternative: references not yet known to be nullable
-    owner: list[int] = []  # per alternative: its rule
-    occurrences: list[list[int]] = [[] for _ in rules]  # per rule: alternatives referring to it
-    todo: list[int] = []
-    for r, rule in enumerate(rules):
-        for alt in alternatives(rule):
-            if any(t != _RULE_REF for t, _v in alt):
-                continue  # a character or token is never empty
-            k = len(pending)
-            pending.append(len(alt))
-            owner.append(r)
-            for _t, v in alt:
-                occurrences[v].append(k)
-            if not alt and not nullable[r]:
-                nullable[r] = True
-                todo.append(r)
-    while todo:
-        v = todo.pop()
-        for k in occurrences[v]:
-            pending[k] -= 1
-            if pending[k] == 0 and not nullable[owner[k]]:
-                nullable[owner[k]] = True
-                todo.append(owner[k])
-    return nullable
+    """Which rules derive the empty string (rules of a valid grammar)."""
+    return _Leading(rules).nullable
+
+
+def _leading_edges(rules: tuple[Rule, ...]) -> list[list[tuple[int, bool]]]:
+    """Per rule, the rules it can refer to before matching any character, each with
+    whether something follows that reference in its alternative (rules of a valid
+    grammar)."""
+    leading = _Leading(rules)
+    return leading.edges(leading.nullable)
 
 
 def _hidden_left_recursion(rules: tuple[Rule, ...]) -> int | None:
     """A rule on a left-recursive cycle (true nullability) that goes through a reference
     followed by more elements, or None. On such a cycle llama.cpp's parse stacks grow
     without bound; a cycle of references in last position only is harmless there (its
-    stacks repeat) and is accepted."""
-    edges = _leading_edges(rules)
-    component = _strongly_connected_components(len(rules), [[v for v, _ in es] for es in edges])
+    stacks repeat) and is accepted. For rules of a valid grammar."""
+    return _hidden_cycle(_leading_edges(rules))
+
+
+def _hidden_cycle(edges: list[list[tuple[int, bool]]]) -> int | None:
+    """:func:`_hidden_left_recursion` from the rules' :func:`_leading_edges`."""
+    if _acyclic({r: [v for v, _ in es] for r, es in enumerate(edges) if es}):
+        return None
+    component = _strongly_connected_components(len(edges), [[v for v, _ in es] for es in edges])
     for r, es in enumerate(edges):
         for v, continued in es:
             if continued and component[v] == component[r]:
@@ -1168,12 +1314,14 @@ def check_grammar(g: ParsedGrammar, root: str = "root") -> None:
         raise GrammarError(f"grammar does not contain a '{root}' symbol")
     if not 0 <= g.symbol_ids[root] < len(g.rules):
         raise GrammarError(f"grammar's '{root}' symbol has no rule")
-    _validate(g)
-    r = _llama_left_recursion(g.rules)
+    leading = _validate(g)
+    if _acyclic(leading.successors(leading.nullable)):  # llama.cpp follows some of these: no left recursion
+        return
+    r = _llama_cycle(leading)
     if r is not None:
         name = g.names[r] or f"#{r}"
         raise LeftRecursionError(f"unsupported grammar, left recursion detected for nonterminal '{name}'", name, False)
-    r = _hidden_left_recursion(g.rules)
+    r = _hidden_cycle(leading.edges(leading.nullable))
     if r is not None:
         name = g.names[r] or f"#{r}"
         raise LeftRecursionError(
@@ -1252,7 +1400,8 @@ def native_grammar_hazard(text: str) -> str | None:
         )
     if grammar is None:
         return None
-    r = _hidden_left_recursion(grammar.rules)
+    edges = _leading_edges(grammar.rules)
+    r = _hidden_cycle(edges)
     if r is not None:
         return (
             f"rule {grammar.names[r] or '#' + str(r)!r} is left-recursive: it can reach itself before "
@@ -1260,7 +1409,7 @@ def native_grammar_hazard(text: str) -> str | None:
             "this where the cycle passes rules that match nothing only indirectly, "
             "and its parse stacks then grow until memory runs out)"
         )
-    depth = _leading_reference_depth(grammar.rules)
+    depth = _leading_reference_depth(grammar.rules, edges)
     if depth > MAX_DEPTH:
         return (
             f"a chain of {depth} rule references can come before the first character "
@@ -1270,30 +1419,14 @@ def native_grammar_hazard(text: str) -> str | None:
     return None
 
 
-def _leading_edges(rules: tuple[Rule, ...]) -> list[list[tuple[int, bool]]]:
-    """Per rule, the rules it can refer to before matching any character, each with
-    whether something follows that reference in its alternative."""
-    nullable = _nullable_rules(rules)
-    edges: list[list[tuple[int, bool]]] = [[] for _ in rules]
-    for r, rule in enumerate(rules):
-        for alt in alternatives(rule):
-            for i, (t, v) in enumerate(alt):
-                if t != _RULE_REF:
-                    break
-                edges[r].append((v, i + 1 < len(alt)))
-                if not nullable[v]:
-                    break
-    return edges
-
-
-def _leading_reference_depth(rules: tuple[Rule, ...]) -> int:
+def _leading_reference_depth(rules: tuple[Rule, ...], edges: list[list[tuple[int, bool]]] | None = None) -> int:
     """An upper bound on the longest chain of rule references llama.cpp can follow before
     a character (in rules): the heaviest path through the components of the leading
     references, each component weighing its number of rules."""
     n = len(rules)
     if n == 0:
         return 0
-    succ = [[v for v, _ in es] for es in _leading_edges(rules)]
+    succ = [[v for v, _ in es] for es in (_leading_edges(rules) if edges is None else edges)]
     component = _strongly_connected_components(n, succ)
     count = max(component) + 1
     size = [0] * count

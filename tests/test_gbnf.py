@@ -43,6 +43,7 @@ from llama_cffi.gbnf import (
     GreType,
     LeftRecursionError,
     ParsedGrammar,
+    Rule,
     _hidden_left_recursion,
     _llama_left_recursion,
     check_grammar,
@@ -1084,12 +1085,14 @@ def test_native_hazards(text: str, reason: str | None) -> None:
     assert (hazard is None) if reason is None else (hazard is not None and reason in hazard), hazard
 
 
-# ------------------------------------------------------- the fast parser against the reference
+# ------------------------------------------ the fast parser and checks against the reference
 #
 # parse_gbnf reads texts it is sure of with gbnf._FastParser (lines as the schema
 # converter writes them in bulk, other lines token by token, lines met before replayed
 # from templates) and falls back to gbnf._Parser, the port of llama.cpp's parser, for
-# anything else. It must give exactly what the reference gives.
+# anything else; check_grammar's checks work on the whole grammar at once. Both must give
+# exactly what the reference gives: below, the reference parser and (test-only) the
+# element-by-element checks they replaced.
 
 
 def reference_parse(text: str) -> ParsedGrammar:
@@ -1359,3 +1362,265 @@ def test_fast_parse_template_cache_is_bounded() -> None:
         text = f'root ::= x{i} "a"?\nx{i} ::= ("b" root)*'
         assert_parses_like_reference(text)
         assert len(gbnf._fast_templates) <= gbnf._FAST_TEMPLATES
+
+
+# --- the checks as they were, element by element (the reference for check_grammar); as
+# before, _strongly_connected_components (unchanged) numbers the components
+
+
+def reference_validate(g: ParsedGrammar) -> None:
+    n = len(g.rules)
+    for i, rule in enumerate(g.rules):
+        if not rule or rule[-1][0] != GreType.END or any(t == GreType.END for t, _v in rule[:-1]):
+            raise GrammarError(f"malformed rule {i}: it must end with END (and only there)")
+        prev = GreType.END
+        for t, v in rule:
+            if t not in {int(x) for x in GreType}:
+                raise GrammarError(f"malformed rule {i}: unknown element type {t}")
+            if t == GreType.RULE_REF and not 0 <= v < n:
+                raise GrammarError(f"invalid grammar: rule {i} references undefined rule {v}")
+            if t in (GreType.CHAR_ALT, GreType.CHAR_RNG_UPPER) and prev not in CHAR_TYPES:
+                raise GrammarError(f"malformed rule {i}: {GreType(t).name} without a preceding character")
+            if t in CHAR_TYPES and not 0 <= v <= 2**32 - 1:
+                raise GrammarError(f"malformed rule {i}: character value {v} out of range")
+            if t in (GreType.TOKEN, GreType.TOKEN_NOT) and not -len(g.token_names) <= v <= 2**32 - 1:
+                raise GrammarError(f"malformed rule {i}: token value {v} out of range")
+            prev = t
+
+
+CHAR_TYPES = {GreType.CHAR, GreType.CHAR_NOT, GreType.CHAR_RNG_UPPER, GreType.CHAR_ALT, GreType.CHAR_ANY}
+
+
+def split_alternatives(rule: Rule) -> list[Rule]:
+    out: list[Rule] = []
+    start = 0
+    for i, (t, _v) in enumerate(rule):
+        if t in (GreType.ALT, GreType.END):
+            out.append(tuple(rule[start:i]))
+            start = i + 1
+    return out
+
+
+def reference_llama_left_recursion(rules: tuple[Rule, ...]) -> int | None:
+    n = len(rules)
+    visited = [False] * n
+    in_progress = [False] * n
+    may_be_empty = [False] * n
+
+    def enter(r: int) -> None:
+        in_progress[r] = True
+        may_be_empty[r] = any(not alt for alt in split_alternatives(rules[r]))
+
+    for start in range(n):
+        if visited[start]:
+            continue
+        enter(start)
+        stack = [[start, 0, 1]]  # rule, element index, "still at a leftmost position"
+        while stack:
+            frame = stack[-1]
+            r, i, leftmost = frame
+            rule = rules[r]
+            if i == len(rule):
+                in_progress[r] = False
+                visited[r] = True
+                stack.pop()
+                if stack:  # back in the parent, just after its reference to r
+                    parent = stack[-1]
+                    if not may_be_empty[r]:
+                        parent[2] = 0
+                    parent[1] += 1
+                continue
+            t, v = rule[i]
+            if t == GreType.RULE_REF and leftmost:
+                if in_progress[v]:
+                    return start
+                if not visited[v]:
+                    enter(v)
+                    stack.append([v, 0, 1])
+                    continue
+                if not may_be_empty[v]:
+                    frame[2] = 0
+            elif t == GreType.END or t == GreType.ALT:
+                frame[2] = 1
+            else:
+                frame[2] = 0
+            frame[1] += 1
+    return None
+
+
+def reference_nullable_rules(rules: tuple[Rule, ...]) -> list[bool]:
+    nullable = [False] * len(rules)
+    pending: list[int] = []
+    owner: list[int] = []
+    occurrences: list[list[int]] = [[] for _ in rules]
+    todo: list[int] = []
+    for r, rule in enumerate(rules):
+        for alt in split_alternatives(rule):
+            if any(t != GreType.RULE_REF for t, _v in alt):
+                continue
+            k = len(pending)
+            pending.append(len(alt))
+            owner.append(r)
+            for _t, v in alt:
+                occurrences[v].append(k)
+            if not alt and not nullable[r]:
+                nullable[r] = True
+                todo.append(r)
+    while todo:
+        v = todo.pop()
+        for k in occurrences[v]:
+            pending[k] -= 1
+            if pending[k] == 0 and not nullable[owner[k]]:
+                nullable[owner[k]] = True
+                todo.append(owner[k])
+    return nullable
+
+
+def reference_leading_edges(rules: tuple[Rule, ...]) -> list[list[tuple[int, bool]]]:
+    nullable = reference_nullable_rules(rules)
+    edges: list[list[tuple[int, bool]]] = [[] for _ in rules]
+    for r, rule in enumerate(rules):
+        for alt in split_alternatives(rule):
+            for i, (t, v) in enumerate(alt):
+                if t != GreType.RULE_REF:
+                    break
+                edges[r].append((v, i + 1 < len(alt)))
+                if not nullable[v]:
+                    break
+    return edges
+
+
+def reference_hidden_left_recursion(rules: tuple[Rule, ...]) -> int | None:
+    edges = reference_leading_edges(rules)
+    component = gbnf._strongly_connected_components(len(rules), [[v for v, _ in es] for es in edges])
+    for r, es in enumerate(edges):
+        for v, continued in es:
+            if continued and component[v] == component[r]:
+                return r
+    return None
+
+
+def reference_check(g: ParsedGrammar, root: str = "root") -> None:
+    if not g.rules:
+        raise GrammarError("grammar has no rules")
+    if root not in g.symbol_ids:
+        raise GrammarError(f"grammar does not contain a '{root}' symbol")
+    if not 0 <= g.symbol_ids[root] < len(g.rules):
+        raise GrammarError(f"grammar's '{root}' symbol has no rule")
+    reference_validate(g)
+    # the one change: values that are no integers (0.5) used to pass, then fail later
+    # or not at all, depending on where they were
+    for i, rule in enumerate(g.rules):
+        for t, v in rule:
+            if not (isinstance(t, int) and isinstance(v, int)):
+                raise GrammarError(f"malformed rule {i}: element {(t, v)!r} is not a pair of integers")
+    r = reference_llama_left_recursion(g.rules)
+    if r is not None:
+        name = g.names[r] or f"#{r}"
+        raise LeftRecursionError(f"unsupported grammar, left recursion detected for nonterminal '{name}'", name, False)
+    r = reference_hidden_left_recursion(g.rules)
+    if r is not None:
+        name = g.names[r] or f"#{r}"
+        raise LeftRecursionError(
+            f"unsupported grammar, left recursion through rules that may be empty detected for nonterminal '{name}'",
+            name,
+            True,
+        )
+
+
+def check_outcome(check: Callable[[ParsedGrammar, str], None], g: ParsedGrammar, root: str) -> tuple[object, ...]:
+    try:
+        check(g, root)
+    except LeftRecursionError as e:
+        return (type(e), str(e), e.rule, e.hidden)
+    except Exception as e:
+        return (type(e), str(e))
+    return ("ok",)
+
+
+def assert_checks_like_reference(g: ParsedGrammar, root: str = "root") -> None:
+    assert check_outcome(check_grammar, g, root) == check_outcome(reference_check, g, root), g
+    try:
+        reference_validate(g)
+    except Exception:
+        return
+    if not all(isinstance(v, int) for rule in g.rules for _t, v in rule):
+        return  # (values that are no int pass validation, then check_grammar fails alike)
+    pairs: list[tuple[Callable[[tuple[Rule, ...]], object], Callable[[tuple[Rule, ...]], object]]] = [
+        (_llama_left_recursion, reference_llama_left_recursion),
+        (gbnf._nullable_rules, reference_nullable_rules),
+        (gbnf._leading_edges, reference_leading_edges),
+        (_hidden_left_recursion, reference_hidden_left_recursion),
+    ]
+    for ours, reference in pairs:
+        assert ours(g.rules) == reference(g.rules), (ours, g)
+
+
+@st.composite
+def element_grammars(draw: st.DrawFn) -> ParsedGrammar:
+    """Small grammars built element by element, rich in left recursion: each alternative
+    a few rule references and characters (or nothing)."""
+    n = draw(st.integers(1, 6))
+    rules = []
+    for _ in range(n):
+        rule: list[Element] = []
+        for k in range(draw(st.integers(1, 3))):
+            if k:
+                rule.append(ALT)
+            for _ in range(draw(st.integers(0, 3))):
+                rule.append(R(draw(st.integers(0, n - 1))) if draw(st.integers(0, 3)) else C("x")[0])
+        rules.append((*rule, END))
+    return ParsedGrammar(tuple(rules), {f"r{i}": i for i in range(draw(st.integers(0, n)))} | {"root": 0})
+
+
+@st.composite
+def malformed(draw: st.DrawFn, grammars: st.SearchStrategy[ParsedGrammar]) -> ParsedGrammar:
+    """A grammar with one element replaced, removed or added: any type or value, lists,
+    triples, END in place or not."""
+    g = draw(grammars)
+    rules = [list(rule) for rule in g.rules]
+    i = draw(st.integers(0, len(rules) - 1))
+    j = draw(st.integers(0, len(rules[i])))
+    element = draw(
+        st.tuples(
+            st.integers(-1, 12) | st.sampled_from(list(GreType)),
+            st.integers(-3, 2**32) | st.sampled_from([-(2**40), 2**32 - 1, 2**32]),
+        )
+        | st.sampled_from([(2, 0.5), (3, float("nan")), [3, 97], (3, 97, 0), (3,), (True, 0), (2, True)])
+    )
+    op = draw(st.sampled_from(["replace", "insert", "delete", "empty"]))
+    if op == "replace" and j < len(rules[i]):
+        rules[i][j] = element
+    elif op == "delete" and j < len(rules[i]):
+        del rules[i][j]
+    elif op == "empty":
+        rules[i] = []
+    else:
+        rules[i].insert(j, element)
+    return ParsedGrammar(tuple(tuple(rule) for rule in rules), g.symbol_ids, g.token_names)
+
+
+def parsed(text: str) -> ParsedGrammar | None:
+    try:
+        return parse_gbnf(text)
+    except GrammarError:
+        return None
+
+
+@settings(max_examples=budget(500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    element_grammars()
+    | maybe_empty_grammars().map(parsed).filter(bool)
+    | grammar_texts().map(parsed).filter(bool)
+    | malformed(element_grammars())
+    | malformed(maybe_empty_grammars().map(parsed).filter(bool)),
+    st.sampled_from(["root", "root", "a", "r1"]),
+)
+def test_checks_like_reference(g: ParsedGrammar, root: str) -> None:
+    assert_checks_like_reference(g, root)
+
+
+@pytest.mark.parametrize("text", [t for t in FAST_PARSE_CASES if parsed(t)])
+def test_check_cases_like_reference(text: str) -> None:
+    g = parse_gbnf(text)
+    assert_checks_like_reference(g, "root")
