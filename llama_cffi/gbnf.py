@@ -615,6 +615,7 @@ _FAST_TOKENS = re.compile(
 _FAST_REPETITION = re.compile(r"\{[ \t]*([0-9]+)[ \t]*(?:(,)[ \t]*([0-9]*)[ \t]*)?\}")
 _HEX_DIGITS = {2: re.compile("[0-9a-fA-F]{2}"), 4: re.compile("[0-9a-fA-F]{4}"), 8: re.compile("[0-9a-fA-F]{8}")}
 _FAST_CACHE_SIZE = 4096
+_FAST_CACHE_TOKEN = 256  # the longest token kept
 #: literal and class tokens -> their elements, shared by parses (JSON grammars repeat a
 #: few dozen of them)
 _fast_cache: dict[str, tuple[Element, ...]] = {}
@@ -669,9 +670,10 @@ def _fast_elements(token: str) -> tuple[Element, ...]:
                 value, i = _fast_char(body, i + 1)
                 elements.append((_CHAR_RNG_UPPER, value))
     out = tuple(elements)
-    if len(_fast_cache) >= _FAST_CACHE_SIZE:
-        _fast_cache.clear()
-    _fast_cache[token] = out
+    if len(token) <= _FAST_CACHE_TOKEN:
+        if len(_fast_cache) >= _FAST_CACHE_SIZE:
+            _fast_cache.clear()
+        _fast_cache[token] = out
     return out
 
 
@@ -701,6 +703,7 @@ _UNSEEN = "unseen"
 _SEEN = "seen"
 _FAST_TEMPLATES = 1024  # at most this many lines known
 _FAST_TEMPLATE_LINE = 4096  # and none longer
+_FAST_TEMPLATE_ELEMENTS = 4096  # nor any that makes more elements
 #: (line, last line of the text) -> _SEEN (met once), its template, or None (no template)
 _fast_templates: dict[tuple[str, bool], _FastTemplate | str | None] = {}
 
@@ -720,6 +723,8 @@ def _fast_template(line: str, at_end: bool) -> _FastTemplate | None:
             return None
     except _Unsure:
         return None
+    if sum(map(len, sub.rules.values())) > _FAST_TEMPLATE_ELEMENTS:
+        return None  # (a large repetition) not kept
     names = tuple((name.rsplit("_", 1)[0], True) if "_" in name else (name, False) for name in sub.symbol_ids)
     rules = tuple(
         (rule_id, elements, tuple(i for i, (t, _v) in enumerate(elements) if t == _RULE_REF))

@@ -1228,6 +1228,9 @@ FAST_PARSE_CASES = [
     "root ::= undefined",
     'root ::= "a"\nroot ::= "b"',
     'root ::= root-1 ("a")\nroot-1 ::= "b"',
+    # sizes past what the caches keep: a long literal, a line that makes many elements
+    'root ::= "' + "abc\\n" * 200 + '" x\nx ::= [' + "a-z" * 100 + "]",
+    'root ::= ("a" | "b") x{0,1500}\nx ::= "y"',
     # others
     "",
     " ",
