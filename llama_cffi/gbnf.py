@@ -592,7 +592,7 @@ _FAST_LINES = re.compile(
 _FAST_ITEMS = re.compile(rf"{_SPACED_ITEM}|\||\n")
 _END_KEY = "\n"  # in _Items: the end of a rule
 
-# Any other lines: the tokens of GBNF text for re.findall, each after the blanks before
+# Any other lines: the tokens of GBNF text for re.finditer, each after the blanks before
 # it: a name (with "::=" after it: a rule's head, and the spaces, newlines and comments
 # after that), a literal, a character class, a repetition in braces, "(" or "|" (with
 # the spaces, newlines and comments after them: llama.cpp skips newlines there), a
@@ -612,6 +612,7 @@ _FAST_TOKENS = re.compile(
     )""",
     re.VERBOSE,
 )
+_GROUP_1 = itemgetter(1)
 _FAST_REPETITION = re.compile(r"\{[ \t]*([0-9]+)[ \t]*(?:(,)[ \t]*([0-9]*)[ \t]*)?\}")
 _HEX_DIGITS = {2: re.compile("[0-9a-fA-F]{2}"), 4: re.compile("[0-9a-fA-F]{4}"), 8: re.compile("[0-9a-fA-F]{8}")}
 _FAST_CACHE_SIZE = 4096
@@ -839,7 +840,9 @@ class _FastParser:
     def lines(self, text: str, at_end: bool) -> bool:
         """Parse ``text``, whole lines (a line of the kind above after it unless
         ``at_end``); False where unsure."""
-        tokens = iter(_FAST_TOKENS.findall(text))
+        # lazily: a literal or class that is never closed is read to the end of the text,
+        # once, and ends the parse (findall would read on, again from each '"' or '[')
+        tokens = map(_GROUP_1, _FAST_TOKENS.finditer(text))
         symbol_ids, rules, items = self.symbol_ids, self.rules, self.items
         groups: list[tuple[list[Element], int, int]] = []  # enclosing rule, its id, symbol count at "("
         token = ""

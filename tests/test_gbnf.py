@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import random
 import re
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -1358,6 +1359,25 @@ def test_fast_parse_templates(lines: list[str], newline: str, define_all: bool) 
             *(f'{name} ::= "{name}"' for name in ["root", "a", "b", "c", "d", "e", "x", "big", "ws", "json-number"]),
         ]
     event(f"fast: {assert_parses_like_reference(newline.join(lines))}")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "root ::= " + '"\\' * 20000,  # no literal ever closes: each '"' would read to the end
+        "root ::= " + "[\\" * 20000,
+        "root ::= " + '"x" ' * 20000 + "*",
+        "root ::= " + "(" * 20000,
+        'a ::= "x"\n' * 20000 + 'b ::= "',
+    ],
+    ids=["quotes", "brackets", "long line", "parentheses", "many lines"],
+)
+def test_fast_parse_is_linear(text: str) -> None:
+    """Texts that a tokenizer reading on after an error would take quadratic time on
+    (seconds, not milliseconds)."""
+    start = time.perf_counter()
+    assert_parses_like_reference(text)
+    assert time.perf_counter() - start < 2.0
 
 
 def test_fast_parse_template_cache_is_bounded() -> None:
