@@ -614,7 +614,6 @@ _FAST_TOKENS = re.compile(
 )
 _GROUP_1 = itemgetter(1)
 _FAST_REPETITION = re.compile(r"\{[ \t]*([0-9]+)[ \t]*(?:(,)[ \t]*([0-9]*)[ \t]*)?\}")
-_HEX_DIGITS = {2: re.compile("[0-9a-fA-F]{2}"), 4: re.compile("[0-9a-fA-F]{4}"), 8: re.compile("[0-9a-fA-F]{8}")}
 _FAST_CACHE_SIZE = 4096
 _FAST_CACHE_TOKEN = 256  # the longest token kept
 #: literal and class tokens -> their elements, shared by parses (JSON grammars repeat a
@@ -627,50 +626,47 @@ class _Unsure(Exception):
     """The fast parser met something it leaves to the reference parser."""
 
 
-def _fast_char(body: str, i: int) -> tuple[int, int]:
-    """One character of a literal or class body at ``i`` (the tokenizer saw a character
-    after every backslash): ``(code point, next index)``."""
-    c = body[i]
-    if c != "\\":
-        return ord(c), i + 1
-    e = body[i + 1]
-    size = _HEX_ESCAPE_SIZES.get(e)
-    if size is not None:
-        if not _HEX_DIGITS[size].fullmatch(body, i + 2, i + 2 + size):
-            raise _Unsure
-        return int(body[i + 2 : i + 2 + size], 16), i + 2 + size
-    value = _SIMPLE_ESCAPES.get(e)
+# one character of a literal or class body: an escape (\\x.., \\u...., \\U........ or a
+# backslash and one character, which may be no escape) or any other character
+_FAST_UNIT = re.compile(r"\\(?:x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|[\s\S])|[\s\S]")
+
+
+def _fast_value(unit: str) -> int:
+    """The code point of a unit of :data:`_FAST_UNIT`."""
+    if len(unit) == 1:
+        return ord(unit)
+    if len(unit) > 2:
+        return int(unit[2:], 16)
+    value = _SIMPLE_ESCAPES.get(unit[1])
     if value is None:
-        raise _Unsure
-    return value, i + 2
+        raise _Unsure  # an unknown escape, or \\x, \\u, \\U without their digits
+    return value
 
 
 def _fast_elements(token: str) -> tuple[Element, ...]:
     """The elements of a literal (with its quotes) or character class (with its brackets)
     token, as parse_sequence builds them; in a class, a range needs a character after
     its "-" ("[a-]" is "a" and "-")."""
-    elements: list[Element] = []
     if token[0] == '"':
         body = token[1:-1]
         if "\\" not in body:
-            elements = [(_CHAR, ord(c)) for c in body]
+            out = tuple([(_CHAR, ord(c)) for c in body])
         else:
-            i, n = 0, len(body)
-            while i < n:
-                value, i = _fast_char(body, i)
-                elements.append((_CHAR, value))
+            out = tuple([(_CHAR, _fast_value(unit)) for unit in _FAST_UNIT.findall(body)])
     else:
         negated = token.startswith("[^")
-        body = token[2:-1] if negated else token[1:-1]
+        units = _FAST_UNIT.findall(token, 2 if negated else 1, len(token) - 1)
+        elements: list[Element] = []
         first = _CHAR_NOT if negated else _CHAR
-        i, n = 0, len(body)
+        i, n = 0, len(units)
         while i < n:
-            value, i = _fast_char(body, i)
-            elements.append((_CHAR_ALT if elements else first, value))
-            if i + 1 < n and body[i] == "-":
-                value, i = _fast_char(body, i + 1)
-                elements.append((_CHAR_RNG_UPPER, value))
-    out = tuple(elements)
+            elements.append((_CHAR_ALT if elements else first, _fast_value(units[i])))
+            if i + 2 < n and units[i + 1] == "-":
+                elements.append((_CHAR_RNG_UPPER, _fast_value(units[i + 2])))
+                i += 3
+            else:
+                i += 1
+        out = tuple(elements)
     if len(token) <= _FAST_CACHE_TOKEN:
         if len(_fast_cache) >= _FAST_CACHE_SIZE:
             _fast_cache.clear()
