@@ -23,6 +23,12 @@ vocabulary.
 the same generated symbol names (``root_1``, ... numbered in llama.cpp's order), and
 exactly the texts llama.cpp accepts. :func:`check_grammar` adds what
 ``llama_grammar_init_impl`` checks (a root symbol, defined rules, no left recursion).
+Every JSON schema request goes through both, so they are built for speed: the port
+(``_Parser``, a step per character) is the reference, and :func:`parse_gbnf` first tries
+``_FastParser``, which reads the schema converter's kind of lines in bulk with regular
+expressions, other lines token by token, and replays lines it has met before; whatever it
+is not sure of (any error, token references, ...) goes to the port, so results and
+errors are the port's. The checks work on the whole grammar at once where they can.
 Where it deliberately differs from llama.cpp:
 
 * The input is a ``str``: each code point is one character. llama.cpp decodes the UTF-8
@@ -60,11 +66,15 @@ The printer (GBNF text from a parsed grammar) is :func:`samplers.grammar.format_
 
 from __future__ import annotations
 
+import operator
 import re
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 from functools import lru_cache
+from itertools import accumulate, chain
+from operator import itemgetter
 from typing import NoReturn
 
 from ._args import expect, expect_callable, expect_mapping, expect_str
@@ -557,6 +567,404 @@ def _line_column(text: str, pos: int) -> tuple[int, int]:
     return line, column
 
 
+# ---------------------------------------------------------------------------- the fast parser
+
+# Text as the schema converter writes it: one rule a line, "name ::= item item ...",
+# one blank between items (names, literals, classes, "." and "|", which does not end the
+# line), and no repetition, group or comment. re.findall with _FAST_LINES gives, in
+# order, (lines, "", "") for a run of such lines where no literal or class has a blank
+# inside (str.split can cut them into items), ("", lines, "") for a run of such lines
+# (which _FAST_ITEMS cuts), and ("", "", line) for any other line.
+_PLAIN_ITEM = (
+    r'[A-Za-z0-9-]+|"[^"\\ \r\n]*(?:\\[^ \r\n][^"\\ \r\n]*)*"'
+    r"|\[[^\]\\ \r\n]*(?:\\[^ \r\n][^\]\\ \r\n]*)*\]|\."
+)
+_SPACED_ITEM = (
+    r'[A-Za-z0-9-]+|"[^"\\\r\n]*(?:\\[^\r\n][^"\\\r\n]*)*"'
+    r"|\[[^\]\\\r\n]*(?:\\[^\r\n][^\]\\\r\n]*)*\]|\."
+)
+_FAST_LINES = re.compile(
+    rf"((?:[A-Za-z0-9-]+ ::= (?:(?:{_PLAIN_ITEM}|\|) )*(?:{_PLAIN_ITEM})(?:\n|\Z))+)"
+    rf"|((?:[A-Za-z0-9-]+ ::= (?:(?:{_SPACED_ITEM}|\|) )*(?:{_SPACED_ITEM})(?:\n|\Z))+)"
+    r"|(?!\Z)([^\n]*)(?:\n|\Z)"
+)
+# the items and newlines of lines that _FAST_LINES has checked (it skips " ::= ")
+_FAST_ITEMS = re.compile(rf"{_SPACED_ITEM}|\||\n")
+_END_KEY = "\n"  # in _Items: the end of a rule
+
+# Any other lines: the tokens of GBNF text for re.finditer, each after the blanks before
+# it: a name (with "::=" after it: a rule's head, and the spaces, newlines and comments
+# after that), a literal, a character class, a repetition in braces, "(" or "|" (with
+# the spaces, newlines and comments after them: llama.cpp skips newlines there), a
+# comment, or any other one character (")", ".", "*", "+", "?", "\r", "\n", and what is
+# out of place). Every pattern is linear (no nested repetition that could match the same
+# text twice).
+_WS_NL = r"[ \t\r\n]*(?:\#[^\r\n]*[ \t\r\n]*)*"
+_FAST_TOKENS = re.compile(
+    rf"""[ \t]*(
+        [A-Za-z0-9-]+(?:[ \t]*::={_WS_NL})?
+        |"[^"\\]*(?:\\[\s\S][^"\\]*)*"
+        |\[[^\]\\]*(?:\\[\s\S][^\]\\]*)*\]
+        |[(|]{_WS_NL}
+        |\{{[ \t]*[0-9]+[ \t]*(?:,[ \t]*[0-9]*[ \t]*)?\}}
+        |\#[^\r\n]*
+        |[\s\S]
+    )""",
+    re.VERBOSE,
+)
+_GROUP_1 = itemgetter(1)
+_FAST_REPETITION = re.compile(r"\{[ \t]*([0-9]+)[ \t]*(?:(,)[ \t]*([0-9]*)[ \t]*)?\}")
+_FAST_CACHE_SIZE = 4096
+_FAST_CACHE_TOKEN = 256  # the longest token kept
+#: literal and class tokens -> their elements, shared by parses (JSON grammars repeat a
+#: few dozen of them)
+_fast_cache: dict[str, tuple[Element, ...]] = {}
+_END_ELEMENT: Element = (_END, 0)
+
+
+class _Unsure(Exception):
+    """The fast parser met something it leaves to the reference parser."""
+
+
+# one character of a literal or class body: an escape (\\x.., \\u...., \\U........ or a
+# backslash and one character, which may be no escape) or any other character
+_FAST_UNIT = re.compile(r"\\(?:x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|[\s\S])|[\s\S]")
+
+
+def _fast_value(unit: str) -> int:
+    """The code point of a unit of :data:`_FAST_UNIT`."""
+    if len(unit) == 1:
+        return ord(unit)
+    if len(unit) > 2:
+        return int(unit[2:], 16)
+    value = _SIMPLE_ESCAPES.get(unit[1])
+    if value is None:
+        raise _Unsure  # an unknown escape, or \\x, \\u, \\U without their digits
+    return value
+
+
+def _fast_elements(token: str) -> tuple[Element, ...]:
+    """The elements of a literal (with its quotes) or character class (with its brackets)
+    token, as parse_sequence builds them; in a class, a range needs a character after
+    its "-" ("[a-]" is "a" and "-")."""
+    if token[0] == '"':
+        body = token[1:-1]
+        if "\\" not in body:
+            out = tuple([(_CHAR, ord(c)) for c in body])
+        else:
+            out = tuple([(_CHAR, _fast_value(unit)) for unit in _FAST_UNIT.findall(body)])
+    else:
+        negated = token.startswith("[^")
+        units = _FAST_UNIT.findall(token, 2 if negated else 1, len(token) - 1)
+        elements: list[Element] = []
+        first = _CHAR_NOT if negated else _CHAR
+        i, n = 0, len(units)
+        while i < n:
+            elements.append((_CHAR_ALT if elements else first, _fast_value(units[i])))
+            if i + 2 < n and units[i + 1] == "-":
+                elements.append((_CHAR_RNG_UPPER, _fast_value(units[i + 2])))
+                i += 3
+            else:
+                i += 1
+        out = tuple(elements)
+    if len(token) <= _FAST_CACHE_TOKEN:
+        if len(_fast_cache) >= _FAST_CACHE_SIZE:
+            _fast_cache.clear()
+        _fast_cache[token] = out
+    return out
+
+
+class _Items(dict[str, tuple[Element, ...]]):
+    """Item token -> the elements it stands for in one parse: a rule reference (its name
+    gets the next id when first met), a literal, a class, "." or "|"."""
+
+    def __init__(self, symbol_ids: dict[str, int]) -> None:
+        super().__init__({".": ((_CHAR_ANY, 0),), "|": ((_ALT, 0),), _END_KEY: (_END_ELEMENT,)})
+        self.symbol_ids = symbol_ids
+
+    def __missing__(self, token: str) -> tuple[Element, ...]:
+        if token[0] == '"' or token[0] == "[":
+            elements = _fast_cache.get(token) or _fast_elements(token)
+        else:
+            elements = ((_RULE_REF, self.symbol_ids.setdefault(token, len(self.symbol_ids))),)
+        self[token] = elements
+        return elements
+
+
+#: What parsing one line does, for :meth:`_FastParser.replay`: the symbols it creates in
+#: order, as (name, False) or, for a generated one, (base name, True); the rules it
+#: defines, as (symbol index, elements with symbol indexes for rule ids, positions of
+#: the rule references); the deepest group nesting.
+_FastTemplate = tuple[tuple[tuple[str, bool], ...], tuple[tuple[int, tuple[Element, ...], tuple[int, ...]], ...], int]
+_UNSEEN = "unseen"
+_SEEN = "seen"
+_FAST_TEMPLATES = 1024  # at most this many lines known
+_FAST_TEMPLATE_LINE = 4096  # and none longer
+_FAST_TEMPLATE_ELEMENTS = 4096  # nor any that makes more elements
+#: (line, last line of the text) -> _SEEN (met once), its template, or None (no template)
+_fast_templates: dict[tuple[str, bool], _FastTemplate | str | None] = {}
+
+
+def _fast_template(line: str, at_end: bool) -> _FastTemplate | None:
+    """The template of ``line``: parsed alone (no symbol known before), or None where
+    that is unsure.
+
+    Parsed after other lines, the line creates the same symbols in the same order, less
+    the names known before, and its rules are the same with rule ids mapped. Only
+    llama.cpp's limit on repeated rules depends on what is known: a group counts the
+    symbols created inside it, which are fewer when some of its names are known, so a
+    line that passes alone passes there too."""
+    sub = _FastParser()
+    try:
+        if not sub.lines(line, at_end):
+            return None
+    except _Unsure:
+        return None
+    if sum(map(len, sub.rules.values())) > _FAST_TEMPLATE_ELEMENTS:
+        return None  # (a large repetition) not kept
+    names = tuple((name.rsplit("_", 1)[0], True) if "_" in name else (name, False) for name in sub.symbol_ids)
+    rules = tuple(
+        (rule_id, elements, tuple(i for i, (t, _v) in enumerate(elements) if t == _RULE_REF))
+        for rule_id, elements in sub.rules.items()
+    )
+    return names, rules, sub.max_nesting
+
+
+class _FastParser:
+    """:func:`parse_gbnf` for the texts it is sure of: :meth:`parse` gives the grammar,
+    or None for anything else (any error, an unknown escape, token references, anything
+    but blanks and tabs inside braces, counts with many digits, ...), which the reference
+    parser then reads from the start. Lines as the schema converter writes them are cut
+    by a regular expression and str.split, other lines into tokens by one ``re.findall``,
+    instead of a step per character; the rules, ids and generated names are built as
+    :class:`_Parser` builds them."""
+
+    def __init__(self) -> None:
+        self.symbol_ids: dict[str, int] = {}
+        self.rules: dict[int, Rule] = {}
+        self.items = _Items(self.symbol_ids)
+        self.max_nesting = 0  # the deepest group nesting met
+
+    def parse(self, text: str) -> ParsedGrammar | None:
+        if "\0" in text:
+            return None
+        symbol_ids, rules = self.symbol_ids, self.rules
+        element_lists = self.items.__getitem__
+        other: list[str] = []  # lines waiting for self.lines
+        try:
+            for plain, spaced, line in _FAST_LINES.findall(text):
+                if not plain and not spaced:
+                    other.append(line)
+                    continue
+                if other:
+                    if not self.other_lines(other, False):
+                        return None
+                    other = []
+                # each rule as its name's reference, its elements and END
+                if plain:
+                    if plain[-1] != "\n":
+                        plain += "\n"
+                    items = plain.replace(" ::= ", " ").replace("\n", " \n ").split(" ")
+                    items.pop()  # "" after the last newline
+                    n_rules = plain.count("\n")
+                else:
+                    items = _FAST_ITEMS.findall(spaced)
+                    if items[-1] != "\n":
+                        items.append("\n")
+                    n_rules = spaced.count("\n") + (spaced[-1] != "\n")
+                elements = tuple(chain.from_iterable(map(element_lists, items)))
+                start = 0
+                for _ in range(n_rules):
+                    end = elements.index(_END_ELEMENT, start) + 1
+                    rules[elements[start][1]] = elements[start + 1 : end]
+                    start = end
+            if other and not self.other_lines(other, True):
+                return None
+        except _Unsure:
+            return None
+        if len(rules) != len(symbol_ids):
+            return None  # a rule used but not defined: the reference says where
+        return ParsedGrammar(tuple([rules[i] for i in range(len(rules))]), symbol_ids, ())
+
+    def other_lines(self, lines: list[str], at_end: bool) -> bool:
+        """Parse ``lines`` (``at_end``: the last lines of the text); False where unsure.
+
+        A line met before (the schema converter writes its helper rules, such as
+        json-number, the same way in every grammar) is replayed from a
+        :data:`_FastTemplate` of it; the other lines are parsed as one text."""
+        templates = _fast_templates
+        for k, line in enumerate(lines):
+            key = (line, at_end and k == len(lines) - 1)
+            template = templates.get(key, _UNSEEN)
+            if template is _UNSEEN or template is None:
+                if len(templates) + len(lines) > _FAST_TEMPLATES:
+                    templates.clear()
+                for j in range(k, len(lines)):
+                    if len(lines[j]) <= _FAST_TEMPLATE_LINE:
+                        templates.setdefault((lines[j], at_end and j == len(lines) - 1), _SEEN)
+                return self.lines("\n".join(lines[k:]), at_end)
+            if template is _SEEN:
+                template = templates[key] = _fast_template(*key)
+                if template is None:
+                    return self.lines("\n".join(lines[k:]), at_end)
+            assert isinstance(template, tuple)
+            self.replay(template)
+        return True
+
+    def replay(self, template: _FastTemplate) -> None:
+        """What parsing the line of ``template`` does (see :func:`_fast_template`)."""
+        symbol_ids, rules = self.symbol_ids, self.rules
+        names, template_rules, max_nesting = template
+        ids = []
+        for name, generated in names:
+            if generated:
+                rule_id = len(symbol_ids)
+                symbol_ids[f"{name}_{rule_id}"] = rule_id
+            else:
+                rule_id = symbol_ids.setdefault(name, len(symbol_ids))
+            ids.append(rule_id)
+        for rule_id, elements, refs in template_rules:
+            if refs:
+                new = list(elements)
+                for i in refs:
+                    new[i] = (_RULE_REF, ids[elements[i][1]])
+                elements = tuple(new)
+            rules[ids[rule_id]] = elements
+        if max_nesting > self.max_nesting:
+            self.max_nesting = max_nesting
+
+    def lines(self, text: str, at_end: bool) -> bool:
+        """Parse ``text``, whole lines (a line of the kind above after it unless
+        ``at_end``); False where unsure."""
+        # lazily: a literal or class that is never closed is read to the end of the text,
+        # once, and ends the parse (findall would read on, again from each '"' or '[')
+        tokens = map(_GROUP_1, _FAST_TOKENS.finditer(text))
+        symbol_ids, rules, items = self.symbol_ids, self.rules, self.items
+        groups: list[tuple[list[Element], int, int]] = []  # enclosing rule, its id, symbol count at "("
+        token = ""
+        rule_name = ""
+        for token in tokens:  # the first rule's head
+            c = token[0]
+            if c == "\n" or c == "\r" or c == "#":
+                continue
+            if c not in WORD_CHARS or ":" not in token:
+                return False
+            rule_name = token[: token.index(":")].rstrip(" \t")
+            break
+        else:
+            return True  # blank lines and comments
+        rule_id = symbol_ids.setdefault(rule_name, len(symbol_ids))
+        rule: list[Element] = []
+        last = 0  # last_sym_start
+        n_prev = 1  # n_prev_rules
+        for token in tokens:
+            c = token[0]
+            if c == "|":
+                rule.append((_ALT, 0))
+                last = len(rule)
+                n_prev = 1
+            elif ((c == '"' or c == "[") and len(token) > 1) or c == ".":  # not a lone '"' or '['
+                last = len(rule)
+                n_prev = 1
+                rule += items[token]
+            elif c in WORD_CHARS:
+                if ":" in token:  # a rule's head in a rule
+                    return False
+                last = len(rule)
+                n_prev = 1
+                rule += items[token]
+            elif c == "\n" or c == "\r":
+                if groups:
+                    continue
+                rule.append(_END_ELEMENT)
+                rules[rule_id] = tuple(rule)
+                for token in tokens:  # the next rule's head
+                    c = token[0]
+                    if c == "\n" or c == "\r" or c == "#":
+                        continue
+                    if c not in WORD_CHARS or ":" not in token:
+                        return False
+                    rule_name = token[: token.index(":")].rstrip(" \t")
+                    break
+                else:  # the end of the text
+                    return True
+                rule_id = symbol_ids.setdefault(rule_name, len(symbol_ids))
+                rule = []
+                last = 0
+                n_prev = 1
+            elif c == "(":  # a group is a rule of its own
+                groups.append((rule, rule_id, len(symbol_ids)))
+                rule_id = len(symbol_ids)
+                symbol_ids[f"{rule_name}_{rule_id}"] = rule_id
+                rule = []
+                last = 0
+                n_prev = 1
+                if len(groups) > self.max_nesting:
+                    self.max_nesting = len(groups)
+            elif c == ")":
+                if not groups:
+                    return False
+                rule.append(_END_ELEMENT)
+                rules[rule_id] = tuple(rule)
+                sub_rule_id = rule_id
+                rule, rule_id, n_before = groups.pop()
+                n_prev = max(1, len(symbol_ids) - n_before)
+                last = len(rule)
+                rule.append((_RULE_REF, sub_rule_id))
+            elif c == "*" or c == "+" or c == "?" or c == "{":
+                if c == "{":
+                    m = _FAST_REPETITION.fullmatch(token)
+                    if m is None:
+                        return False
+                    min_s, comma, max_s = m.groups()
+                    if len(min_s) > 4 or len(max_s or "") > 19:
+                        return False  # above the limit or out of range: the reference says which
+                    min_times = int(min_s)
+                    if min_times > MAX_REPETITION_THRESHOLD:
+                        return False
+                    max_times = int(max_s) if max_s else None if comma else min_times
+                    if max_times is not None and max_times > MAX_REPETITION_THRESHOLD:
+                        max_times = None
+                else:
+                    min_times, max_times = _OPERATORS[c]
+                # handle_repetitions
+                if last == len(rule):
+                    return False
+                total_rules = max_times if max_times else min_times if min_times > 0 else 1
+                if n_prev * total_rules > MAX_REPETITION_THRESHOLD:
+                    return False
+                if max_times is not None and max_times < min_times:
+                    return False
+                prev = tuple(rule[last:])
+                if min_times == 0:
+                    del rule[last:]
+                elif min_times > 1:
+                    rule += prev * (min_times - 1)
+                n_opt = 1 if max_times is None else max_times - min_times
+                last_rec_rule_id = 0
+                for i in range(n_opt):
+                    rec_rule_id = len(symbol_ids)
+                    symbol_ids[f"{rule_name}_{rec_rule_id}"] = rec_rule_id
+                    if i > 0 or max_times is None:
+                        ref = rec_rule_id if max_times is None else last_rec_rule_id
+                        rules[rec_rule_id] = (*prev, (_RULE_REF, ref), (_ALT, 0), _END_ELEMENT)
+                    else:
+                        rules[rec_rule_id] = (*prev, (_ALT, 0), _END_ELEMENT)
+                    last_rec_rule_id = rec_rule_id
+                if n_opt > 0:
+                    rule.append((_RULE_REF, last_rec_rule_id))
+                n_prev *= total_rules
+            elif c != "#":  # "::=" or another character out of place, "<", "!", ...
+                return False
+        if groups:
+            return False
+        if not at_end and (token[0] == "|" or (":" in token and token[0] in WORD_CHARS)):
+            return False  # the rule goes on in the next line (whose "::=" llama.cpp refuses)
+        rule.append(_END_ELEMENT)
+        rules[rule_id] = tuple(rule)
+        return True
+
+
 def parse_gbnf(text: str) -> ParsedGrammar:
     """Parse GBNF ``text`` as llama.cpp's ``llama_grammar_parser::parse`` does.
 
@@ -568,7 +976,9 @@ def parse_gbnf(text: str) -> ParsedGrammar:
     reference to a rule that is never defined (naming it and where it is first used).
     Text without rules gives a grammar without rules (which :func:`check_grammar`
     refuses, as llama.cpp does)."""
-    return _Parser(expect_str("text", text, "a str (GBNF text)")).parse()
+    text = expect_str("text", text, "a str (GBNF text)")
+    fast = _FastParser().parse(text)
+    return fast if fast is not None else _Parser(text).parse()
 
 
 # ---------------------------------------------------------------------------- checks
@@ -586,8 +996,66 @@ def alternatives(rule: Rule) -> list[Rule]:
     return out
 
 
-def _validate(g: ParsedGrammar) -> None:
-    """Refuse a malformed (hand-built) grammar: what the parser can never produce."""
+def _validate(g: ParsedGrammar) -> _Leading:
+    """Refuse a malformed (hand-built) grammar: what the parser can never produce. Gives
+    the :class:`_Leading` of its rules.
+
+    The checks run over the whole grammar at once (the element types as one bytes
+    string, the distinct elements as a set); anything they do not clear is checked again
+    element by element (:func:`_validate_elements`), which raises the exact error."""
+    flat = list(chain.from_iterable(g.rules))
+    try:
+        types = bytes(map(_TYPE, flat))  # ValueError for a type past 255
+        valid = _valid(g, flat, types)
+    except Exception:  # a malformed element: the exact check says which
+        valid = False
+    if not valid:
+        _validate_elements(g)
+        for i, rule in enumerate(g.rules):
+            for t, v in rule:
+                try:
+                    operator.index(t), operator.index(v)
+                except TypeError:
+                    raise GrammarError(f"malformed rule {i}: element {(t, v)!r} is not a pair of integers") from None
+        types = bytes(map(_TYPE, flat))
+    return _Leading(g.rules, flat, types)
+
+
+_TYPE = itemgetter(0)
+_LAST = itemgetter(-1)
+# the types of a valid grammar's elements, one byte each, hold none of these: a type
+# past TOKEN_NOT, a modifier (CHAR_RNG_UPPER, CHAR_ALT) first or after an element that
+# is no character (END, ALT, RULE_REF, TOKEN, TOKEN_NOT)
+_BAD_TYPES = re.compile(rb"[^\x00-\x09]|^[\x05\x06]|[\x00-\x02\x08\x09][\x05\x06]")
+
+
+def _valid(g: ParsedGrammar, flat: list[Element], types: bytes) -> bool:
+    """Whether :func:`_validate_elements` passes ``g`` (False: not sure), given its
+    elements and their types."""
+    rules = g.rules
+    n = len(rules)
+    if not all(rules) or _BAD_TYPES.search(types):
+        return False
+    # each rule ends with END and has no other END
+    if types.count(0) != n or any(last[0] != _END for last in set(map(_LAST, rules))):
+        return False
+    n_tokens = len(g.token_names)
+    for t, v in set(flat):
+        if type(v) is not int and not isinstance(v, int):
+            return False
+        if t == _RULE_REF:
+            if not 0 <= v < n:
+                return False
+        elif t >= _TOKEN:
+            if not -n_tokens <= v <= _UINT32_MAX:
+                return False
+        elif t >= _CHAR and not 0 <= v <= _UINT32_MAX:
+            return False
+    return True
+
+
+def _validate_elements(g: ParsedGrammar) -> None:
+    """:func:`_validate`, element by element."""
     n = len(g.rules)
     for i, rule in enumerate(g.rules):
         if not rule or rule[-1][0] != _END or any(t == _END for t, _v in rule[:-1]):
@@ -607,99 +1075,184 @@ def _validate(g: ParsedGrammar) -> None:
             prev = t
 
 
+# Where an alternative starts (at the start of a rule or after ALT/END) with rule
+# references (the run of them), or is empty (ends at once): in the element types of a
+# grammar as one bytes string.
+_LEADING_REFS = re.compile(rb"(?<![^\x00\x01])(?:\x02+|(?=[\x00\x01]))")
+
+
+class _Leading:
+    """What the left-recursion checks need of a valid grammar's rules, found in one pass
+    over the element types: which rules have an empty alternative (llama.cpp's
+    ``may_be_empty``), which derive the empty string (:attr:`nullable`), and the
+    alternatives that start with a rule reference or are empty, as ``(rule, its leading
+    references, whether they are the whole alternative)``."""
+
+    def __init__(self, rules: tuple[Rule, ...], flat: list[Element] | None = None, types: bytes = b"") -> None:
+        self.n = n = len(rules)
+        if flat is None:
+            flat = list(chain.from_iterable(rules))
+            types = bytes(map(_TYPE, flat))
+        ends = list(accumulate(map(len, rules)))
+        self.has_empty = has_empty = [False] * n
+        self.alts: list[tuple[int, tuple[int, ...], bool]] = []
+        append = self.alts.append
+        r = 0
+        for m in _LEADING_REFS.finditer(types):
+            s, e = m.span()
+            while ends[r] <= s:
+                r += 1
+            if s == e:
+                has_empty[r] = True
+                append((r, (), True))
+            elif e == s + 1:
+                append((r, (flat[s][1],), types[e] <= _ALT))
+            else:
+                append((r, tuple([v for _t, v in flat[s:e]]), types[e] <= _ALT))
+        self.nullable = self._nullable()
+
+    def _nullable(self) -> list[bool]:
+        """Rules that derive the empty string: those with an alternative made only of
+        references to such rules (a worklist, linear in the grammar's size)."""
+        nullable = [False] * self.n
+        pending: list[int] = []  # per alternative: references not yet known to be nullable
+        owner: list[int] = []  # per alternative: its rule
+        occurrences: dict[int, list[int]] = {}  # per rule: alternatives referring to it
+        todo: list[int] = []
+        for r, refs, whole in self.alts:
+            if not whole:
+                continue
+            if not refs:
+                if not nullable[r]:
+                    nullable[r] = True
+                    todo.append(r)
+                continue
+            k = len(pending)
+            pending.append(len(refs))
+            owner.append(r)
+            for v in refs:
+                occurrences.setdefault(v, []).append(k)
+        while todo:
+            for k in occurrences.get(todo.pop(), ()):
+                pending[k] -= 1
+                if pending[k] == 0 and not nullable[owner[k]]:
+                    nullable[owner[k]] = True
+                    todo.append(owner[k])
+        return nullable
+
+    def edges(self, empty: list[bool]) -> list[list[tuple[int, bool]]]:
+        """Per rule, the rules it can refer to before matching any character when the
+        rules that may match nothing are ``empty``, each with whether something follows
+        that reference in its alternative."""
+        edges: list[list[tuple[int, bool]]] = [[] for _ in range(self.n)]
+        for r, refs, whole in self.alts:
+            last = len(refs) - 1
+            for i, v in enumerate(refs):
+                edges[r].append((v, i < last or not whole))
+                if not empty[v]:
+                    break
+        return edges
+
+    def successors(self, empty: list[bool]) -> dict[int, list[int]]:
+        """The targets of :meth:`edges`, for the rules that have some."""
+        succ: dict[int, list[int]] = {}
+        for r, refs, _whole in self.alts:
+            for v in refs:
+                if r in succ:
+                    succ[r].append(v)
+                else:
+                    succ[r] = [v]
+                if not empty[v]:
+                    break
+        return succ
+
+
+def _acyclic(succ: dict[int, list[int]]) -> bool:
+    """Whether a graph has no cycle (Kahn's algorithm over the nodes with successors)."""
+    indegree = Counter(chain.from_iterable(succ.values()))
+    todo = [r for r in succ if r not in indegree]
+    done = 0
+    while todo:
+        done += 1
+        for v in succ[todo.pop()]:
+            indegree[v] -= 1
+            if indegree[v] == 0 and v in succ:
+                todo.append(v)
+    return done == len(succ)
+
+
 def _llama_left_recursion(rules: tuple[Rule, ...]) -> int | None:
     """``llama_grammar_detect_left_recursion`` over every rule, as llama_grammar_init_impl
     runs it: the first rule index from which a left-recursive cycle is found, or None.
+    For rules of a valid grammar."""
+    return _llama_cycle(_Leading(rules))
+
+
+def _llama_cycle(leading: _Leading) -> int | None:
+    """:func:`_llama_left_recursion`.
 
     llama.cpp only counts a rule as possibly empty when one of its alternatives is
-    literally empty. This runs without recursion and does not re-explore a rule already
-    fully explored (llama.cpp does, from inside the recursion): a rule whose exploration
-    returned false has no reachable cycle and cannot reach a rule on the current path
-    (that rule reaches it, so they would share a cycle), so exploring it again would
-    return false again; the answer, and the rule index reported, are the same."""
-    n = len(rules)
+    literally empty, so the references it follows from a rule before any character are
+    fixed: :meth:`_Leading.edges` with ``has_empty``. llama.cpp explores them depth first
+    from each rule in turn and reports the rule it started from when it meets a rule on
+    its current path. This does the same without recursion and does not re-explore a
+    rule already fully explored (llama.cpp does, from inside the recursion): such a rule
+    has no reachable cycle and cannot reach a rule on the current path (that rule
+    reaches it, so they would share a cycle), so exploring it again would find nothing;
+    the answer, and the rule index reported, are the same."""
+    if _acyclic(leading.successors(leading.has_empty)):
+        return None
+    edges = leading.edges(leading.has_empty)
+    n = leading.n
     visited = [False] * n
     in_progress = [False] * n
-    may_be_empty = [False] * n
-
-    def enter(r: int) -> None:
-        in_progress[r] = True
-        may_be_empty[r] = any(not alt for alt in alternatives(rules[r]))
-
     for start in range(n):
         if visited[start]:
             continue
-        enter(start)
-        stack = [[start, 0, 1]]  # rule, element index, "still at a leftmost position"
+        in_progress[start] = True
+        stack = [(start, iter(edges[start]))]
         while stack:
-            frame = stack[-1]
-            r, i, leftmost = frame
-            rule = rules[r]
-            if i == len(rule):
-                in_progress[r] = False
-                visited[r] = True
-                stack.pop()
-                if stack:  # back in the parent, just after its reference to r
-                    parent = stack[-1]
-                    if not may_be_empty[r]:
-                        parent[2] = 0
-                    parent[1] += 1
-                continue
-            t, v = rule[i]
-            if t == _RULE_REF and leftmost:
+            r, successors = stack[-1]
+            for v, _continued in successors:
                 if in_progress[v]:
                     return start
                 if not visited[v]:
-                    enter(v)
-                    stack.append([v, 0, 1])
-                    continue
-                if not may_be_empty[v]:
-                    frame[2] = 0
-            elif t == _END or t == _ALT:
-                frame[2] = 1
+                    in_progress[v] = True
+                    stack.append((v, iter(edges[v])))
+                    break
             else:
-                frame[2] = 0
-            frame[1] += 1
+                in_progress[r] = False
+                visited[r] = True
+                stack.pop()
     return None
 
 
 def _nullable_rules(rules: tuple[Rule, ...]) -> list[bool]:
-    """Which rules derive the empty string: those with an alternative made only of
-    references to such rules (a worklist, linear in the grammar's size)."""
-    nullable = [False] * len(rules)
-    pending: list[int] = []  # per alternative: references not yet known to be nullable
-    owner: list[int] = []  # per alternative: its rule
-    occurrences: list[list[int]] = [[] for _ in rules]  # per rule: alternatives referring to it
-    todo: list[int] = []
-    for r, rule in enumerate(rules):
-        for alt in alternatives(rule):
-            if any(t != _RULE_REF for t, _v in alt):
-                continue  # a character or token is never empty
-            k = len(pending)
-            pending.append(len(alt))
-            owner.append(r)
-            for _t, v in alt:
-                occurrences[v].append(k)
-            if not alt and not nullable[r]:
-                nullable[r] = True
-                todo.append(r)
-    while todo:
-        v = todo.pop()
-        for k in occurrences[v]:
-            pending[k] -= 1
-            if pending[k] == 0 and not nullable[owner[k]]:
-                nullable[owner[k]] = True
-                todo.append(owner[k])
-    return nullable
+    """Which rules derive the empty string (rules of a valid grammar)."""
+    return _Leading(rules).nullable
+
+
+def _leading_edges(rules: tuple[Rule, ...]) -> list[list[tuple[int, bool]]]:
+    """Per rule, the rules it can refer to before matching any character, each with
+    whether something follows that reference in its alternative (rules of a valid
+    grammar)."""
+    leading = _Leading(rules)
+    return leading.edges(leading.nullable)
 
 
 def _hidden_left_recursion(rules: tuple[Rule, ...]) -> int | None:
     """A rule on a left-recursive cycle (true nullability) that goes through a reference
     followed by more elements, or None. On such a cycle llama.cpp's parse stacks grow
     without bound; a cycle of references in last position only is harmless there (its
-    stacks repeat) and is accepted."""
-    edges = _leading_edges(rules)
-    component = _strongly_connected_components(len(rules), [[v for v, _ in es] for es in edges])
+    stacks repeat) and is accepted. For rules of a valid grammar."""
+    return _hidden_cycle(_leading_edges(rules))
+
+
+def _hidden_cycle(edges: list[list[tuple[int, bool]]]) -> int | None:
+    """:func:`_hidden_left_recursion` from the rules' :func:`_leading_edges`."""
+    if _acyclic({r: [v for v, _ in es] for r, es in enumerate(edges) if es}):
+        return None
+    component = _strongly_connected_components(len(edges), [[v for v, _ in es] for es in edges])
     for r, es in enumerate(edges):
         for v, continued in es:
             if continued and component[v] == component[r]:
@@ -765,12 +1318,14 @@ def check_grammar(g: ParsedGrammar, root: str = "root") -> None:
         raise GrammarError(f"grammar does not contain a '{root}' symbol")
     if not 0 <= g.symbol_ids[root] < len(g.rules):
         raise GrammarError(f"grammar's '{root}' symbol has no rule")
-    _validate(g)
-    r = _llama_left_recursion(g.rules)
+    leading = _validate(g)
+    if _acyclic(leading.successors(leading.nullable)):  # llama.cpp follows some of these: no left recursion
+        return
+    r = _llama_cycle(leading)
     if r is not None:
         name = g.names[r] or f"#{r}"
         raise LeftRecursionError(f"unsupported grammar, left recursion detected for nonterminal '{name}'", name, False)
-    r = _hidden_left_recursion(g.rules)
+    r = _hidden_cycle(leading.edges(leading.nullable))
     if r is not None:
         name = g.names[r] or f"#{r}"
         raise LeftRecursionError(
@@ -832,19 +1387,25 @@ def native_grammar_hazard(text: str) -> str | None:
     bad = inverted_repetition(text)
     if bad is not None:
         return f"repetition {bad} has its maximum below its minimum (llama.cpp would exhaust memory)"
-    parser = _Parser(text)
-    try:
-        grammar = parser.parse()
-    except GrammarError:  # llama.cpp refuses the text too, after what it parsed before
-        grammar = None
-    if parser.max_nesting > MAX_DEPTH:
+    fast = _FastParser()
+    grammar = fast.parse(text)
+    max_nesting = fast.max_nesting
+    if grammar is None:
+        parser = _Parser(text)
+        try:
+            grammar = parser.parse()
+        except GrammarError:  # llama.cpp refuses the text too, after what it parsed before
+            grammar = None
+        max_nesting = parser.max_nesting
+    if max_nesting > MAX_DEPTH:
         return (
             f"groups are nested more than {MAX_DEPTH} deep; llama.cpp's parser "
             "recurses once per level and would overflow the stack"
         )
     if grammar is None:
         return None
-    r = _hidden_left_recursion(grammar.rules)
+    edges = _leading_edges(grammar.rules)
+    r = _hidden_cycle(edges)
     if r is not None:
         return (
             f"rule {grammar.names[r] or '#' + str(r)!r} is left-recursive: it can reach itself before "
@@ -852,7 +1413,7 @@ def native_grammar_hazard(text: str) -> str | None:
             "this where the cycle passes rules that match nothing only indirectly, "
             "and its parse stacks then grow until memory runs out)"
         )
-    depth = _leading_reference_depth(grammar.rules)
+    depth = _leading_reference_depth(grammar.rules, edges)
     if depth > MAX_DEPTH:
         return (
             f"a chain of {depth} rule references can come before the first character "
@@ -862,30 +1423,14 @@ def native_grammar_hazard(text: str) -> str | None:
     return None
 
 
-def _leading_edges(rules: tuple[Rule, ...]) -> list[list[tuple[int, bool]]]:
-    """Per rule, the rules it can refer to before matching any character, each with
-    whether something follows that reference in its alternative."""
-    nullable = _nullable_rules(rules)
-    edges: list[list[tuple[int, bool]]] = [[] for _ in rules]
-    for r, rule in enumerate(rules):
-        for alt in alternatives(rule):
-            for i, (t, v) in enumerate(alt):
-                if t != _RULE_REF:
-                    break
-                edges[r].append((v, i + 1 < len(alt)))
-                if not nullable[v]:
-                    break
-    return edges
-
-
-def _leading_reference_depth(rules: tuple[Rule, ...]) -> int:
+def _leading_reference_depth(rules: tuple[Rule, ...], edges: list[list[tuple[int, bool]]] | None = None) -> int:
     """An upper bound on the longest chain of rule references llama.cpp can follow before
     a character (in rules): the heaviest path through the components of the leading
     references, each component weighing its number of rules."""
     n = len(rules)
     if n == 0:
         return 0
-    succ = [[v for v, _ in es] for es in _leading_edges(rules)]
+    succ = [[v for v, _ in es] for es in (_leading_edges(rules) if edges is None else edges)]
     component = _strongly_connected_components(n, succ)
     count = max(component) + 1
     size = [0] * count

@@ -23,15 +23,18 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import llama_cffi
+from llama_cffi import gbnf
 from llama_cffi.errors import ParamError
 from llama_cffi.gbnf import (
     MAX_DEPTH,
@@ -41,6 +44,7 @@ from llama_cffi.gbnf import (
     GreType,
     LeftRecursionError,
     ParsedGrammar,
+    Rule,
     _hidden_left_recursion,
     _llama_left_recursion,
     check_grammar,
@@ -1080,3 +1084,566 @@ def chain(n: int, lead: str = "") -> str:
 def test_native_hazards(text: str, reason: str | None) -> None:
     hazard = native_grammar_hazard(text)
     assert (hazard is None) if reason is None else (hazard is not None and reason in hazard), hazard
+
+
+# ------------------------------------------ the fast parser and checks against the reference
+#
+# parse_gbnf reads texts it is sure of with gbnf._FastParser (lines as the schema
+# converter writes them in bulk, other lines token by token, lines met before replayed
+# from templates) and falls back to gbnf._Parser, the port of llama.cpp's parser, for
+# anything else; check_grammar's checks work on the whole grammar at once. Both must give
+# exactly what the reference gives: below, the reference parser and (test-only) the
+# element-by-element checks they replaced.
+
+
+def reference_parse(text: str) -> ParsedGrammar:
+    return gbnf._Parser(text).parse()
+
+
+def parse_outcome(parse: Callable[[str], ParsedGrammar], text: str) -> tuple[object, ...]:
+    """The grammar (with the order of its symbols), or the error's type, message, line,
+    column and what was expected."""
+    try:
+        g = parse(text)
+    except GrammarError as e:
+        return (type(e), str(e), getattr(e, "line", None), getattr(e, "column", None), getattr(e, "expected", None))
+    return ("ok", g.rules, tuple(g.symbol_ids.items()), g.token_names, g.names)
+
+
+def assert_parses_like_reference(text: str) -> bool:
+    """parse_gbnf(text) is exactly the reference's, met for the first time, then again (a
+    template made of each line that is not of the converter's kind), then replayed; so
+    is the nesting depth that native_grammar_hazard reads. Whether the fast parser read
+    it."""
+    expected = parse_outcome(reference_parse, text)
+    for _ in range(3):
+        assert parse_outcome(parse_gbnf, text) == expected, text
+    fast = gbnf._FastParser()
+    g = fast.parse(text)
+    if g is None:
+        return False
+    assert ("ok", g.rules, tuple(g.symbol_ids.items()), g.token_names, g.names) == expected, text
+    reference = gbnf._Parser(text)
+    reference.parse()
+    assert fast.max_nesting == reference.max_nesting, text
+    return True
+
+
+FAST_PARSE_CASES = [
+    *[text for text, _rules, _ids in PARSE_CASES],
+    *[text for text, *_ in ERROR_CASES],
+    # escapes, in literals and classes, at the ends of ranges
+    'root ::= "\\x41\\xfF\\u00e9\\uD800\\U0001F600\\U00110000\\t\\n\\r\\\\\\"\\[\\]\\-"',
+    'root ::= [\\x00-\\x1F\\u2028-\\u2029\\U00010000-\\U0010FFFF\\t\\n\\r\\\\\\]\\-\\[\\"]',
+    'root ::= "\\x4G"',
+    'root ::= "\\u12"',
+    'root ::= "\\U1234567"',
+    'root ::= "\\U1234567G"',
+    'root ::= "\\x"',
+    'root ::= "\\a"',
+    "root ::= [\\q]",
+    "root ::= [a-\\x]",
+    'root ::= "\\',
+    "root ::= [a-",
+    "root ::= [\\",
+    # classes: ranges, "-" first and last, "^", empty
+    "root ::= [a-z0-9-] [-a] [a--] [^-] [^^] [^a-] [] [^] [a-\\]] [\\^a]",
+    "root ::= [ ] [ \\t] [^ ] [- ]",
+    'root ::= [ !#-\\[\\]-\\uD7FF\\uE000-\\U0010FFFF] | "a b" | "  " | " "',
+    # the converter's kind of line, and small departures from it
+    'root ::= a b | "c" [d] .\na ::= "x"\nb ::= [y]',
+    'root ::= a  b\na ::= "x"\nb ::= "y"',
+    'root ::= a b \na ::= "x"\nb ::= "y"',
+    'root ::= a b\t\na ::= "x"\nb ::= "y"',
+    'root::= a\na ::= "x"',
+    'root ::=a\na ::= "x"',
+    'root ::= a |\na ::= "x"',
+    'root ::= a |\n  "b"\na ::= "x"',
+    'root ::= a\n  | "b"\na ::= "x"',
+    'root ::= a ::= "x"',
+    'root ::= "a" "b" # c\nx ::= "y"',
+    'root ::= "a" ("b"\n  "c") | "d"\nx ::= "y"',
+    'root ::= ("a"\nx ::= "y")',
+    'root ::= "a\nx ::= "y"\n"',
+    'root ::= "a\nx ::= "y"\nz"',
+    'root ::= "a\nx ::= "\nz ::= "y"',
+    'root ::= [a\nx ::= ]\nz ::= "y"',
+    'root ::= x\nx ::= "y" |',
+    'root ::= x\nx ::= "y" |\n',
+    "root ::= x\nx ::=",
+    "root ::=\n",
+    "root ::= |",
+    "root ::= . | .* .+ .?",
+    # line ends, blank lines, comments
+    'root ::= a\r\na ::= "x"\r\n',
+    'root ::= a\ra ::= "x"\r',
+    'root ::= a\n\r\na ::= "x"',
+    '\n\n# c\n  \nroot ::= a # c\n\n# d\na ::= "x" # e',
+    'root ::= ( # c\n  "a" # d\n  | "b"\n) # e',
+    "#\nroot ::= #\n  a\na ::= #\n",
+    'root ::= "a" #\n',
+    'root ::= "a"\x0b',
+    'root ::= "a"\x0c\nb ::= "c"',
+    'root ::= "a"\u2028b ::= "c"',
+    # repetitions: every form, spaces, large and odd counts
+    'root ::= "a"{2} "b"{0,} "c"{1,3} "d"{ 2 , 4 } "e"{0,0} "f"{ 3 , }',
+    'root ::= "a"{,3}',
+    'root ::= "a"{1,2,3}',
+    'root ::= "a"{01}',
+    'root ::= "a"{00002}',
+    'root ::= "a"{0002,00003}',
+    'root ::= "a"{2000} | "b"{0,2000} | "c"{0,2001} | "d"{0,99999999999999999999}',
+    'root ::= "a"{2001}',
+    'root ::= "a"{1,184467440737095516150}',
+    'root ::= "a"{18446744073709551615}',
+    'root ::= "a"{3,2}',
+    'root ::= "a"{2}{1000}',
+    'root ::= "a"{2}{1001}',
+    'root ::= ("a" b){1000}\nb ::= "x"',
+    'b ::= "x"\nroot ::= ("a" b){1000}',
+    'root ::= "a"{0,0}*',
+    'root ::= "a"*{2}',
+    'root ::= ("a"?){3,}',
+    'root ::= "a"{ # c\n1}',
+    'root ::= ("a"{ # c\n1})',
+    'root ::= ("a"{\n1,\n2\n})',
+    'root ::= "a"{\t1\t,\t2\t}',
+    # groups
+    'root ::= ((("a")))*',
+    "root ::= ()",
+    "root ::= (|)",
+    'root ::= ("a" | ("b" ("c" | "d")+)?)+ "e"',
+    'root ::= ("a"',
+    'root ::= "a")',
+    "root ::= (\n)",
+    "root ::= ((\n\n))",
+    # tokens (not read by the fast parser)
+    "root ::= <[5]> !<[6]> <|im_end|>",
+    'root ::= "<" "!" [<!]',
+    # names
+    "root ::= a-b-1 ---\na-b-1 ::= ---\n--- ::= ",
+    "root ::= Root\nRoot ::= ROOT\nROOT ::= ",
+    "root ::= x_1",
+    "root ::= é",
+    "é ::= root",
+    "root ::= undefined",
+    'root ::= "a"\nroot ::= "b"',
+    'root ::= root-1 ("a")\nroot-1 ::= "b"',
+    # sizes past what the caches keep: a long literal, a line that makes many elements
+    'root ::= "' + "abc\\n" * 200 + '" x\nx ::= [' + "a-z" * 100 + "]",
+    'root ::= ("a" | "b") x{0,1500}\nx ::= "y"',
+    # others
+    "",
+    " ",
+    "\n",
+    "# only a comment",
+    'root ::= "a\0"',
+    "\0",
+    "::=",
+    "root",
+    "root ::= ::=",
+]
+
+
+@pytest.mark.parametrize("text", FAST_PARSE_CASES)
+def test_fast_parse_cases(text: str) -> None:
+    assert_parses_like_reference(text)
+
+
+def test_fast_parser_reads_the_converters_grammars() -> None:
+    """The fast parser reads the schema converter's grammars itself (the point of it),
+    and gives what the reference gives."""
+    from samplers.grammar.schema import schema_to_gbnf
+
+    schemas: list[dict[str, Any]] = [
+        {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}, "required": ["a"]},
+        {"type": "array", "items": {"type": "number", "minimum": 0}, "minItems": 1, "maxItems": 5},
+        {"type": "string", "pattern": "^[a-z]{2,8}(-[0-9]+)?$"},
+        {"type": "object", "additionalProperties": {"enum": ["x y", 'q"uote', 3, None]}},
+        {"anyOf": [{"type": "string", "format": "date"}, {"type": "boolean"}, {"const": {"k": [1, 2]}}]},
+        {"type": "string", "minLength": 3, "maxLength": 300},
+    ]
+    for schema in schemas:
+        for validator in (False, True):
+            text = schema_to_gbnf(schema, validator=validator, formats="assert")
+            assert assert_parses_like_reference(text), text
+
+
+def test_fast_parser_falls_back() -> None:
+    for text in ["root ::= <[5]>", 'root ::= "\\q"', 'root ::= "a"{1,\n2}', "root ::= x", 'root ::= "a"{2001}']:
+        assert gbnf._FastParser().parse(text) is None
+        assert_parses_like_reference(text)
+
+
+@settings(max_examples=budget(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(grammars(dag=False, big=True, tokens=True), st.sampled_from(["\n", "\r\n", "\r"]))
+def test_fast_parse_random_grammars(rules: dict[str, tuple[tuple[Node, ...], ...]], newline: str) -> None:
+    text = grammar_text(rules, newline)
+    event(f"fast: {assert_parses_like_reference(text)}")
+
+
+@st.composite
+def mutated(draw: st.DrawFn, texts: st.SearchStrategy[str]) -> str:
+    """A text with up to 3 random edits (deletions, insertions of MUTATION_PIECES)."""
+    text = draw(texts)
+    for _ in range(draw(st.integers(0, 3))):
+        i = draw(st.integers(0, len(text)))
+        if draw(st.booleans()) and i < len(text):
+            text = text[:i] + text[i + 1 :]
+        else:
+            text = text[:i] + draw(st.sampled_from([*MUTATION_PIECES, " ", "  ", "\t", ".", "?", "+"])) + text[i:]
+    return text
+
+
+def printed(rules: dict[str, tuple[tuple[Node, ...], ...]]) -> str:
+    """The grammar printed by format_gbnf: the schema converter's kind of lines."""
+    try:
+        return format_gbnf(parse_gbnf(grammar_text(rules)))
+    except GrammarError:
+        return grammar_text(rules)
+
+
+@settings(max_examples=budget(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    grammar_texts()
+    | maybe_empty_grammars()
+    | mutated(grammars(dag=False, big=True).map(printed))
+    | mutated(maybe_empty_grammars())
+    | st.text(alphabet=GRAMMAR_CHARS)
+    | st.text(alphabet=GRAMMAR_CHARS).map(lambda s: "root ::= " + s)
+    | st.text()
+)
+def test_fast_parse_texts(text: str) -> None:
+    event(f"fast: {assert_parses_like_reference(text)}")
+
+
+# Lines that recur in grammars in other company: their templates are replayed where some
+# of their names are known before and some are not (a group counts the symbols created
+# inside it against llama.cpp's limit on repeated rules: "big" passes only where "d" or
+# "e" is known before it)
+TEMPLATE_LINES = [
+    'json-number ::= "-"? ("0" | [1-9] [0-9]*) ("." [0-9]+)? ([eE] [+-]? [0-9]+)?',
+    'ws ::= | " " | "\\n"{1,2} [ \\t]{0,20}',
+    'root ::= a b c d e ws json-number "x"',
+    'a ::= ("x" b c){2,3} | b*',
+    'b ::= "y" | c? | d',
+    "c ::= [a-z]+ b | (e (d))",
+    'big ::= ("a" d e){999}',
+    'd ::= "d" | e',
+    "e ::= (d | )*",
+    "e ::= d? e",
+    'd ::= "q" root',
+    "root ::= big b",
+    "a ::= ( # c",
+    '  "x" ) | b',
+    "b ::= x |",
+    'x ::= "z"',
+    "",
+    "# comment",
+    'x ::= "z"  # trailing',
+    'c ::= "[a-z]+ b"',
+    "c ::= c{2}",
+]
+
+
+@settings(max_examples=budget(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.sampled_from(TEMPLATE_LINES), min_size=1, max_size=8),
+    st.sampled_from(["\n", "\n", "\r\n"]),
+    st.booleans(),
+)
+def test_fast_parse_templates(lines: list[str], newline: str, define_all: bool) -> None:
+    if define_all:  # no name left undefined
+        lines = [
+            *lines,
+            *(f'{name} ::= "{name}"' for name in ["root", "a", "b", "c", "d", "e", "x", "big", "ws", "json-number"]),
+        ]
+    event(f"fast: {assert_parses_like_reference(newline.join(lines))}")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "root ::= " + '"\\' * 20000,  # no literal ever closes: each '"' would read to the end
+        "root ::= " + "[\\" * 20000,
+        "root ::= " + '"x" ' * 20000 + "*",
+        "root ::= " + "(" * 20000,
+        'a ::= "x"\n' * 20000 + 'b ::= "',
+    ],
+    ids=["quotes", "brackets", "long line", "parentheses", "many lines"],
+)
+def test_fast_parse_is_linear(text: str) -> None:
+    """Texts that a tokenizer reading on after an error would take quadratic time on
+    (seconds, not milliseconds)."""
+    start = time.perf_counter()
+    assert_parses_like_reference(text)
+    assert time.perf_counter() - start < 2.0
+
+
+def test_fast_parse_template_cache_is_bounded() -> None:
+    for i in range(3 * gbnf._FAST_TEMPLATES):
+        text = f'root ::= x{i} "a"?\nx{i} ::= ("b" root)*'
+        assert_parses_like_reference(text)
+        assert len(gbnf._fast_templates) <= gbnf._FAST_TEMPLATES
+
+
+# --- the checks as they were, element by element (the reference for check_grammar); as
+# before, _strongly_connected_components (unchanged) numbers the components
+
+
+def reference_validate(g: ParsedGrammar) -> None:
+    n = len(g.rules)
+    for i, rule in enumerate(g.rules):
+        if not rule or rule[-1][0] != GreType.END or any(t == GreType.END for t, _v in rule[:-1]):
+            raise GrammarError(f"malformed rule {i}: it must end with END (and only there)")
+        prev = GreType.END
+        for t, v in rule:
+            if t not in {int(x) for x in GreType}:
+                raise GrammarError(f"malformed rule {i}: unknown element type {t}")
+            if t == GreType.RULE_REF and not 0 <= v < n:
+                raise GrammarError(f"invalid grammar: rule {i} references undefined rule {v}")
+            if t in (GreType.CHAR_ALT, GreType.CHAR_RNG_UPPER) and prev not in CHAR_TYPES:
+                raise GrammarError(f"malformed rule {i}: {GreType(t).name} without a preceding character")
+            if t in CHAR_TYPES and not 0 <= v <= 2**32 - 1:
+                raise GrammarError(f"malformed rule {i}: character value {v} out of range")
+            if t in (GreType.TOKEN, GreType.TOKEN_NOT) and not -len(g.token_names) <= v <= 2**32 - 1:
+                raise GrammarError(f"malformed rule {i}: token value {v} out of range")
+            prev = t
+
+
+CHAR_TYPES = {GreType.CHAR, GreType.CHAR_NOT, GreType.CHAR_RNG_UPPER, GreType.CHAR_ALT, GreType.CHAR_ANY}
+
+
+def split_alternatives(rule: Rule) -> list[Rule]:
+    out: list[Rule] = []
+    start = 0
+    for i, (t, _v) in enumerate(rule):
+        if t in (GreType.ALT, GreType.END):
+            out.append(tuple(rule[start:i]))
+            start = i + 1
+    return out
+
+
+def reference_llama_left_recursion(rules: tuple[Rule, ...]) -> int | None:
+    n = len(rules)
+    visited = [False] * n
+    in_progress = [False] * n
+    may_be_empty = [False] * n
+
+    def enter(r: int) -> None:
+        in_progress[r] = True
+        may_be_empty[r] = any(not alt for alt in split_alternatives(rules[r]))
+
+    for start in range(n):
+        if visited[start]:
+            continue
+        enter(start)
+        stack = [[start, 0, 1]]  # rule, element index, "still at a leftmost position"
+        while stack:
+            frame = stack[-1]
+            r, i, leftmost = frame
+            rule = rules[r]
+            if i == len(rule):
+                in_progress[r] = False
+                visited[r] = True
+                stack.pop()
+                if stack:  # back in the parent, just after its reference to r
+                    parent = stack[-1]
+                    if not may_be_empty[r]:
+                        parent[2] = 0
+                    parent[1] += 1
+                continue
+            t, v = rule[i]
+            if t == GreType.RULE_REF and leftmost:
+                if in_progress[v]:
+                    return start
+                if not visited[v]:
+                    enter(v)
+                    stack.append([v, 0, 1])
+                    continue
+                if not may_be_empty[v]:
+                    frame[2] = 0
+            elif t == GreType.END or t == GreType.ALT:
+                frame[2] = 1
+            else:
+                frame[2] = 0
+            frame[1] += 1
+    return None
+
+
+def reference_nullable_rules(rules: tuple[Rule, ...]) -> list[bool]:
+    nullable = [False] * len(rules)
+    pending: list[int] = []
+    owner: list[int] = []
+    occurrences: list[list[int]] = [[] for _ in rules]
+    todo: list[int] = []
+    for r, rule in enumerate(rules):
+        for alt in split_alternatives(rule):
+            if any(t != GreType.RULE_REF for t, _v in alt):
+                continue
+            k = len(pending)
+            pending.append(len(alt))
+            owner.append(r)
+            for _t, v in alt:
+                occurrences[v].append(k)
+            if not alt and not nullable[r]:
+                nullable[r] = True
+                todo.append(r)
+    while todo:
+        v = todo.pop()
+        for k in occurrences[v]:
+            pending[k] -= 1
+            if pending[k] == 0 and not nullable[owner[k]]:
+                nullable[owner[k]] = True
+                todo.append(owner[k])
+    return nullable
+
+
+def reference_leading_edges(rules: tuple[Rule, ...]) -> list[list[tuple[int, bool]]]:
+    nullable = reference_nullable_rules(rules)
+    edges: list[list[tuple[int, bool]]] = [[] for _ in rules]
+    for r, rule in enumerate(rules):
+        for alt in split_alternatives(rule):
+            for i, (t, v) in enumerate(alt):
+                if t != GreType.RULE_REF:
+                    break
+                edges[r].append((v, i + 1 < len(alt)))
+                if not nullable[v]:
+                    break
+    return edges
+
+
+def reference_hidden_left_recursion(rules: tuple[Rule, ...]) -> int | None:
+    edges = reference_leading_edges(rules)
+    component = gbnf._strongly_connected_components(len(rules), [[v for v, _ in es] for es in edges])
+    for r, es in enumerate(edges):
+        for v, continued in es:
+            if continued and component[v] == component[r]:
+                return r
+    return None
+
+
+def reference_check(g: ParsedGrammar, root: str = "root") -> None:
+    if not g.rules:
+        raise GrammarError("grammar has no rules")
+    if root not in g.symbol_ids:
+        raise GrammarError(f"grammar does not contain a '{root}' symbol")
+    if not 0 <= g.symbol_ids[root] < len(g.rules):
+        raise GrammarError(f"grammar's '{root}' symbol has no rule")
+    reference_validate(g)
+    # the one change: values that are no integers (0.5) used to pass, then fail later
+    # or not at all, depending on where they were
+    for i, rule in enumerate(g.rules):
+        for t, v in rule:
+            if not (isinstance(t, int) and isinstance(v, int)):
+                raise GrammarError(f"malformed rule {i}: element {(t, v)!r} is not a pair of integers")
+    r = reference_llama_left_recursion(g.rules)
+    if r is not None:
+        name = g.names[r] or f"#{r}"
+        raise LeftRecursionError(f"unsupported grammar, left recursion detected for nonterminal '{name}'", name, False)
+    r = reference_hidden_left_recursion(g.rules)
+    if r is not None:
+        name = g.names[r] or f"#{r}"
+        raise LeftRecursionError(
+            f"unsupported grammar, left recursion through rules that may be empty detected for nonterminal '{name}'",
+            name,
+            True,
+        )
+
+
+def check_outcome(check: Callable[[ParsedGrammar, str], None], g: ParsedGrammar, root: str) -> tuple[object, ...]:
+    try:
+        check(g, root)
+    except LeftRecursionError as e:
+        return (type(e), str(e), e.rule, e.hidden)
+    except Exception as e:
+        return (type(e), str(e))
+    return ("ok",)
+
+
+def assert_checks_like_reference(g: ParsedGrammar, root: str = "root") -> None:
+    assert check_outcome(check_grammar, g, root) == check_outcome(reference_check, g, root), g
+    try:
+        reference_validate(g)
+    except Exception:
+        return
+    if not all(isinstance(v, int) for rule in g.rules for _t, v in rule):
+        return  # (values that are no int pass validation, then check_grammar fails alike)
+    pairs: list[tuple[Callable[[tuple[Rule, ...]], object], Callable[[tuple[Rule, ...]], object]]] = [
+        (_llama_left_recursion, reference_llama_left_recursion),
+        (gbnf._nullable_rules, reference_nullable_rules),
+        (gbnf._leading_edges, reference_leading_edges),
+        (_hidden_left_recursion, reference_hidden_left_recursion),
+    ]
+    for ours, reference in pairs:
+        assert ours(g.rules) == reference(g.rules), (ours, g)
+
+
+@st.composite
+def element_grammars(draw: st.DrawFn) -> ParsedGrammar:
+    """Small grammars built element by element, rich in left recursion: each alternative
+    a few rule references and characters (or nothing)."""
+    n = draw(st.integers(1, 6))
+    rules = []
+    for _ in range(n):
+        rule: list[Element] = []
+        for k in range(draw(st.integers(1, 3))):
+            if k:
+                rule.append(ALT)
+            for _ in range(draw(st.integers(0, 3))):
+                rule.append(R(draw(st.integers(0, n - 1))) if draw(st.integers(0, 3)) else C("x")[0])
+        rules.append((*rule, END))
+    return ParsedGrammar(tuple(rules), {f"r{i}": i for i in range(draw(st.integers(0, n)))} | {"root": 0})
+
+
+@st.composite
+def malformed(draw: st.DrawFn, grammars: st.SearchStrategy[ParsedGrammar]) -> ParsedGrammar:
+    """A grammar with one element replaced, removed or added: any type or value, lists,
+    triples, END in place or not."""
+    g = draw(grammars)
+    rules = [list(rule) for rule in g.rules]
+    i = draw(st.integers(0, len(rules) - 1))
+    j = draw(st.integers(0, len(rules[i])))
+    element = draw(
+        st.tuples(
+            st.integers(-1, 12) | st.sampled_from(list(GreType)),
+            st.integers(-3, 2**32) | st.sampled_from([-(2**40), 2**32 - 1, 2**32]),
+        )
+        | st.sampled_from([(2, 0.5), (3, float("nan")), [3, 97], (3, 97, 0), (3,), (True, 0), (2, True)])
+    )
+    op = draw(st.sampled_from(["replace", "insert", "delete", "empty"]))
+    if op == "replace" and j < len(rules[i]):
+        rules[i][j] = element
+    elif op == "delete" and j < len(rules[i]):
+        del rules[i][j]
+    elif op == "empty":
+        rules[i] = []
+    else:
+        rules[i].insert(j, element)
+    return ParsedGrammar(tuple(tuple(rule) for rule in rules), g.symbol_ids, g.token_names)
+
+
+def parsed(text: str) -> ParsedGrammar | None:
+    try:
+        return parse_gbnf(text)
+    except GrammarError:
+        return None
+
+
+@settings(max_examples=budget(500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    element_grammars()
+    | maybe_empty_grammars().map(parsed).filter(bool)
+    | grammar_texts().map(parsed).filter(bool)
+    | malformed(element_grammars())
+    | malformed(maybe_empty_grammars().map(parsed).filter(bool)),
+    st.sampled_from(["root", "root", "a", "r1"]),
+)
+def test_checks_like_reference(g: ParsedGrammar, root: str) -> None:
+    assert_checks_like_reference(g, root)
+
+
+@pytest.mark.parametrize("text", [t for t in FAST_PARSE_CASES if parsed(t)])
+def test_check_cases_like_reference(text: str) -> None:
+    g = parse_gbnf(text)
+    assert_checks_like_reference(g, "root")
