@@ -175,7 +175,7 @@ class PhaseProfiler:
     functions it calls; the rest of a conversion is "other"."""
 
     def __init__(self) -> None:
-        self.times: collections.Counter[str] = collections.Counter()
+        self.times: dict[str, float] = collections.defaultdict(float)
         self._stack: list[list[Any]] = []  # [phase, start, child time]
         self._installed = False
 
@@ -198,7 +198,7 @@ class PhaseProfiler:
                 def wrap(fn: Callable[..., Any], phase: str = phase) -> Callable[..., Any]:
                     @functools.wraps(fn)
                     def timed(*a: Any, **k: Any) -> Any:
-                        frame = [phase, time.perf_counter(), 0.0]
+                        frame: list[Any] = [phase, time.perf_counter(), 0.0]
                         self._stack.append(frame)
                         try:
                             return fn(*a, **k)

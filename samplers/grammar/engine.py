@@ -190,6 +190,7 @@ class Engine:
         types, values = self.types, self.values
         char_types = (_CHAR, _CHAR_NOT, _ANY)
         more = (_RNG, _CHAR_ALT)
+        items: tuple[tuple[int, int], ...]
         for pos, t in enumerate(types):
             if t in char_types:  # each starts a class ("ab" is CHAR, CHAR; [ab] CHAR, CHAR_ALT)
                 if t == _CHAR and types[pos + 1] not in more:  # one character: most elements

@@ -55,8 +55,8 @@ from typing import Any
 
 from ..errors import SchemaError
 from ..json_schema import SchemaWarning
-from . import _drafts
-from ._budget import LEVELS, Budget, TooLarge
+from . import _budget, _drafts
+from ._budget import LEVELS, Budget
 from ._emit import Emitter
 from ._lower import Lowering
 from ._rules import RuleSet
@@ -227,7 +227,7 @@ def schema_to_gbnf(
             rule = em.node(node)
         except RecursionError:
             raise SchemaError("the schema is nested too deeply") from None
-        except TooLarge as e:
+        except _budget.TooLarge as e:
             reason = str(e)
             continue  # too large: again under the next budget
         _emit_warnings(found)

@@ -222,12 +222,12 @@ def canon(value: Any) -> str:
     """A JSON value's canonical text: numbers by their exact decimal (``1`` and ``1.0``
     are one), object keys sorted."""
     if isinstance(value, str | bool | int) or value is None:
-        return _canon_scalar(type(value), value)
+        return _canon_scalar(type(value).__name__, value)
     return _canon(value)
 
 
 @functools.lru_cache(maxsize=8192)
-def _canon_scalar(kind: type, value: Any) -> str:  # kind: True and 1 are different keys
+def _canon_scalar(kind: str, value: Any) -> str:  # kind: True and 1 are different keys
     return _canon(value)
 
 
@@ -969,7 +969,7 @@ class Lowering:
         self._limit = self._pairs + self.one_of_work if outer is None else min(outer, self._pairs + self.one_of_work)
         # what the exclusions warn about counts only if they finish
         said: list[tuple[str, str, str]] = []
-        warn, self.warn = self.warn, lambda *w: said.append(w)  # type: ignore[misc,assignment]
+        warn, self.warn = self.warn, lambda *w: said.append(w)
         mark = len(self._memo)
         try:
             # alternatives no value meets together need no exclusion (a discriminated
