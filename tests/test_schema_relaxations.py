@@ -79,6 +79,13 @@ _LEAVES: list[Any] = [
     {"dependentRequired": {"a": ["b"]}},
     {"uniqueItems": True},
     {"oneOf": [{"required": ["a"]}, {"required": ["b"]}]},
+    {"format": "color"},
+    {"type": "string", "format": "date", "maxLength": 12},
+    {"not": {"format": "date"}},
+    {"not": {"multipleOf": 2}},
+    {"multipleOf": 0.25, "minimum": 0, "maximum": 3},
+    {"not": {"type": "array", "uniqueItems": True}},
+    {"not": {"additionalProperties": {"type": "integer"}}},
     True,
 ]
 relaxable = st.recursive(
