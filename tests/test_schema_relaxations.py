@@ -341,3 +341,7 @@ def test_an_integer_with_a_zero_fraction_is_one_from_draft_6_only() -> None:
             == jsonschema.validators.validator_for(schema)(schema).is_valid({"id": 12345.0})
         )
         assert g.accepts('{"id": 12345}')
+        # a number that must be a multiple of 1 may be written 6000.0 in every draft
+        pounds = {"$schema": draft, "type": "number", "minimum": 0, "maximum": 99999999, "multipleOf": 1}
+        g, _ = convert(pounds, validator=True)
+        assert g.accepts("6000.0") and g.accepts("6000") and not g.accepts("6000.5")

@@ -182,7 +182,13 @@ class Emitter:
             specs = [s for s in nxt if not s.empty()]
         bodies = []
         for s in specs:
-            body = s.body(self.rs, warn, non_integer=a.non_integer, zero_fraction=self.integer_fraction)
+            body = s.body(
+                self.rs,
+                warn,
+                non_integer=a.non_integer,
+                zero_fraction=self.integer_fraction,
+                multiple_fraction=self.free_digits,
+            )
             if not self.free_digits:  # generation: no endless digits
                 body = cap_digits(body, GENERATION_DIGITS)
             if body:

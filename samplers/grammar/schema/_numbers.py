@@ -322,11 +322,22 @@ class NumberSpec:
             hi = math.ceil(self.hi) - 1 if self.hi_strict and self.hi.denominator == 1 else math.floor(self.hi)
         return lo, hi
 
-    def body(self, rs: RuleSet, warn: Warn, non_integer: bool = False, zero_fraction: bool = True) -> str:
+    def body(
+        self,
+        rs: RuleSet,
+        warn: Warn,
+        non_integer: bool = False,
+        zero_fraction: bool = True,
+        multiple_fraction: bool | None = None,
+    ) -> str:
         """GBNF for the numbers that meet these constraints (``warn(keyword, message)``
-        is called for what is not enforced)."""
+        is called for what is not enforced). ``zero_fraction``: an integer may be written
+        ``1.0``; ``multiple_fraction`` (default: the same): a number that is a multiple of
+        an integer may (draft 4's integer takes no fraction, its multiples of 1 do)."""
         divisor = self._divisor(warn)
         integer = self.integer or (divisor is not None and divisor[0].denominator == 1)
+        if not self.integer and multiple_fraction is not None:
+            zero_fraction = multiple_fraction
         zero = _ZERO_FRAC if zero_fraction else ""  # 1.0 is an integer to a validator
         bounded = self.lo is not None or self.hi is not None
         if integer:
