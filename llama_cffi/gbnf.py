@@ -730,6 +730,23 @@ def _fast_template(line: str, at_end: bool) -> _FastTemplate | None:
     return names, rules, sub.max_nesting
 
 
+def _next_head(tokens: Iterator[str]) -> str | None:
+    """The next rule's head among the fast parser's tokens (``name ::=``; blank lines and
+    comments skipped): "" at the end of the text, None where unsure."""
+    for token in tokens:
+        c = token[0]
+        if c == "\n" or c == "\r" or c == "#":
+            continue
+        if c not in WORD_CHARS or ":" not in token:
+            return None
+        return token
+    return ""
+
+
+def _head_name(head: str) -> str:
+    return head[: head.index(":")].rstrip(" \t")
+
+
 class _FastParser:
     """:func:`parse_gbnf` for the texts it is sure of: :meth:`parse` gives the grammar,
     or None for anything else (any error, an unknown escape, token references, anything
@@ -841,18 +858,11 @@ class _FastParser:
         tokens = map(_GROUP_1, _FAST_TOKENS.finditer(text))
         symbol_ids, rules, items = self.symbol_ids, self.rules, self.items
         groups: list[tuple[list[Element], int, int]] = []  # enclosing rule, its id, symbol count at "("
-        token = ""
-        rule_name = ""
-        for token in tokens:  # the first rule's head
-            c = token[0]
-            if c == "\n" or c == "\r" or c == "#":
-                continue
-            if c not in WORD_CHARS or ":" not in token:
-                return False
-            rule_name = token[: token.index(":")].rstrip(" \t")
-            break
-        else:
-            return True  # blank lines and comments
+        head = _next_head(tokens)  # the first rule's
+        if not head:
+            return head == ""  # blank lines and comments, or unsure
+        token = head
+        rule_name = _head_name(head)
         rule_id = symbol_ids.setdefault(rule_name, len(symbol_ids))
         rule: list[Element] = []
         last = 0  # last_sym_start
@@ -878,16 +888,11 @@ class _FastParser:
                     continue
                 rule.append(_END_ELEMENT)
                 rules[rule_id] = tuple(rule)
-                for token in tokens:  # the next rule's head
-                    c = token[0]
-                    if c == "\n" or c == "\r" or c == "#":
-                        continue
-                    if c not in WORD_CHARS or ":" not in token:
-                        return False
-                    rule_name = token[: token.index(":")].rstrip(" \t")
-                    break
-                else:  # the end of the text
-                    return True
+                head = _next_head(tokens)
+                if not head:
+                    return head == ""  # the end of the text, or unsure
+                token = head
+                rule_name = _head_name(head)
                 rule_id = symbol_ids.setdefault(rule_name, len(symbol_ids))
                 rule = []
                 last = 0

@@ -531,19 +531,26 @@ _LEAVES = [
     {"dependentRequired": {"a": ["b"]}},
     {"uniqueItems": True, "items": {"type": "boolean"}},
 ]
-combined_schemas = st.recursive(
-    st.sampled_from(_LEAVES),
-    lambda inner: st.one_of(
-        st.builds(lambda xs: {"allOf": xs}, st.lists(inner, min_size=1, max_size=3)),
-        st.builds(lambda xs: {"anyOf": xs}, st.lists(inner, min_size=1, max_size=3)),
-        st.builds(lambda xs: {"oneOf": xs}, st.lists(inner, min_size=1, max_size=3)),
-        st.builds(lambda x: {"not": x}, inner),
-        st.builds(lambda a, b, c: {"if": a, "then": b, "else": c}, inner, inner, inner),
-        st.builds(lambda x: {"type": "array", "items": x}, inner),
-        st.builds(lambda x: {"properties": {"a": x, "b": x}}, inner),
-    ),
-    max_leaves=6,
-)
+
+
+def combined(leaves: list[Any]) -> st.SearchStrategy[Any]:
+    """Schemas of ``leaves`` nested in allOf/anyOf/oneOf/not/if, items and properties."""
+    return st.recursive(
+        st.sampled_from(leaves),
+        lambda inner: st.one_of(
+            st.builds(lambda xs: {"allOf": xs}, st.lists(inner, min_size=1, max_size=3)),
+            st.builds(lambda xs: {"anyOf": xs}, st.lists(inner, min_size=1, max_size=3)),
+            st.builds(lambda xs: {"oneOf": xs}, st.lists(inner, min_size=1, max_size=3)),
+            st.builds(lambda x: {"not": x}, inner),
+            st.builds(lambda a, b, c: {"if": a, "then": b, "else": c}, inner, inner, inner),
+            st.builds(lambda x: {"type": "array", "items": x}, inner),
+            st.builds(lambda x: {"properties": {"a": x, "b": x}}, inner),
+        ),
+        max_leaves=6,
+    )
+
+
+combined_schemas = combined(_LEAVES)
 small_values = st.recursive(
     st.none() | st.booleans() | st.integers(-5, 5) | st.sampled_from([0.5, 1.5, 2.0, -3.25, "", "a", "ab", "b", "abc"]),
     lambda inner: (

@@ -28,7 +28,7 @@ from samplers.grammar.json_schema import SchemaWarning
 from samplers.grammar.schema import UnsupportedSchemaError, schema_to_gbnf
 from samplers.grammar.schema._budget import LEVELS, Budget
 
-from .test_schema_converter import small_values
+from .test_schema_converter import combined, small_values
 
 TINY = Budget(
     max_atoms=1, one_of_work=0, tracked=0, tracked_required=0, max_rules=20000, max_states=4, pattern_classes=0
@@ -88,19 +88,7 @@ _LEAVES: list[Any] = [
     {"not": {"additionalProperties": {"type": "integer"}}},
     True,
 ]
-relaxable = st.recursive(
-    st.sampled_from(_LEAVES),
-    lambda inner: st.one_of(
-        st.builds(lambda xs: {"allOf": xs}, st.lists(inner, min_size=1, max_size=3)),
-        st.builds(lambda xs: {"anyOf": xs}, st.lists(inner, min_size=1, max_size=3)),
-        st.builds(lambda xs: {"oneOf": xs}, st.lists(inner, min_size=1, max_size=3)),
-        st.builds(lambda x: {"not": x}, inner),
-        st.builds(lambda a, b, c: {"if": a, "then": b, "else": c}, inner, inner, inner),
-        st.builds(lambda x: {"type": "array", "items": x}, inner),
-        st.builds(lambda x: {"properties": {"a": x, "b": x}}, inner),
-    ),
-    max_leaves=6,
-)
+relaxable = combined(_LEAVES)
 
 
 @pytest.mark.parametrize("name", sorted(BUDGETS))
