@@ -324,6 +324,10 @@ def run_one(case: Case, engine: str, timeout_s: float, mode: str, prof: PhasePro
 def _worker(conn: Connection, timeout_s: float, mode: str, root: str) -> None:
     sys.path.insert(0, root)
     warnings.simplefilter("ignore")
+    # the peers' native code prints a warning per construct it approximates (xgrammar):
+    # the worker's stderr goes nowhere (its results and errors come back through the pipe)
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), 2)
     prof = None
     if mode == "phases":
         prof = PhaseProfiler()
