@@ -278,4 +278,64 @@ int llama_cffi_trie_masks(const llama_cffi_trie *t, int32_t n, const llama_cffi_
    -1 for an id outside [0, n_vocab) (logits before it already masked) or bad arguments */
 int32_t llama_cffi_mask_logits(int32_t n, float *logits, const int32_t *ids, const uint32_t *words, int32_t n_vocab);
 
+/* the grammar engine's core (grammar_engine.c; see samplers.grammar.engine, whose Python
+   version is the reference): stacks interned as cells, states as sorted sets of cells,
+   transitions into the caller's table. The grammar, flattened: per element position its
+   llama_gretype and value, rule_start per rule, and for each character element the row of
+   member (n_rows x n_classes bytes: does the element match the class) and the position
+   after it (char_row, after: -1 elsewhere). Grammars with token elements are refused
+   (NULL), as are inconsistent arrays. Returns below -1: -2 out of memory,
+   LLAMA_CFFI_GENGINE_BUDGET a state past max_stacks stacks (or max_cells stacks in all),
+   -4 bad arguments, -5 (group_step) the classes are not in one group. -1 is DEAD. */
+#define LLAMA_CFFI_GENGINE_BUDGET -3
+typedef struct llama_cffi_gengine llama_cffi_gengine;
+llama_cffi_gengine *llama_cffi_gengine_new(int32_t n_elems, const int32_t *types, const int32_t *values,
+                                           int32_t n_rules, const int32_t *rule_start, const int32_t *char_row,
+                                           const int32_t *after, int32_t n_rows, int32_t n_classes,
+                                           const uint8_t *member, int64_t max_stacks, int64_t max_cells);
+void llama_cffi_gengine_free(llama_cffi_gengine *e);
+int32_t llama_cffi_gengine_n_states(const llama_cffi_gengine *e);
+int64_t llama_cffi_gengine_n_cells(const llama_cffi_gengine *e);
+/* the start state: the alternatives of rule advanced */
+int32_t llama_cffi_gengine_start(llama_cffi_gengine *e, int32_t rule);
+int32_t llama_cffi_gengine_n_stacks(const llama_cffi_gengine *e, int32_t state);
+/* 1 when some stack of the state is empty */
+int32_t llama_cffi_gengine_complete(const llama_cffi_gengine *e, int32_t state);
+/* the state's stacks (in its order), each as positions bottom first: their lengths into
+   lens (n_stacks values), the positions into flat when they fit flat_cap; returns how many
+   positions there are in all */
+int64_t llama_cffi_gengine_stacks(const llama_cffi_gengine *e, int32_t state, int32_t *lens, int32_t *flat,
+                                  int64_t flat_cap);
+/* the state of n stacks (lens[i] positions each, laid end to end in flat, bottom first) */
+int32_t llama_cffi_gengine_intern(llama_cffi_gengine *e, int32_t n, const int32_t *lens, const int32_t *flat);
+/* The engine keeps its own table of transitions; the caller's copy (rows x n_classes
+   int32, LLAMA_CFFI_TRANS_UNKNOWN where not computed) is brought up to date by
+   llama_cffi_gengine_sync. The successor of state on class cls (computed once): */
+int32_t llama_cffi_gengine_step(llama_cffi_gengine *e, int32_t state, int32_t cls);
+/* every successor of state (computed once per group of classes the same stacks take) */
+int llama_cffi_gengine_fill_row(llama_cffi_gengine *e, int32_t state);
+/* when classes[0..n) lead state to one successor, it (computing, when some are unknown,
+   only the group of classes[0]); -5 when they do not, or when their group differs */
+int32_t llama_cffi_gengine_group_step(llama_cffi_gengine *e, int32_t state, const int32_t *classes, int32_t n);
+/* the transitions (states[i], classes[i]) computed (pairs with a negative state skipped) */
+int llama_cffi_gengine_fill(llama_cffi_gengine *e, int64_t n, const int32_t *states, const int32_t *classes);
+/* the rows changed since the last sync copied into table (n_rows >= the number of states),
+   and whether each of the states first .. first + n_complete - 1 is complete (some stack
+   empty) into complete; returns the rows copied */
+int32_t llama_cffi_gengine_sync(llama_cffi_gengine *e, int32_t *table, int32_t n_rows, uint8_t *complete,
+                                int32_t first, int32_t n_complete);
+/* the run of state (see samplers.grammar.compiled.CompiledGrammar._run): the classes that
+   lead it to the successor whose classes weigh most (class_weight per class; the state
+   itself on a tie, then the lowest id) as bits of run_words (W = n_classes / 64 + 1
+   words), and the chain of states those classes lead to, chain[0] = state, followed while
+   every class of the run leads the state reached to one successor and the state has at
+   most max_run_stacks stacks, filled up to cap + 1 states when it reaches a self-loop (or
+   when nothing follows state); returns the chain's length (at most cap + 1) */
+int32_t llama_cffi_gengine_run(llama_cffi_gengine *e, int32_t state, const double *class_weight, int32_t cap,
+                               int32_t max_run_stacks, int32_t *chain, uint64_t *run_words, int32_t W);
+/* per partial UTF-8 character (pchars[k]: value << 2 | bytes still needed), whether some
+   stack of state can take a completion of it (llama_grammar_match_partial_char), into out */
+int llama_cffi_gengine_pchar_ok(llama_cffi_gengine *e, int32_t state, const int64_t *pchars, int32_t n,
+                                uint8_t *out);
+
 #endif

@@ -17,7 +17,7 @@ names are re-exported here).
 from llama_cffi.gbnf import GrammarError, GrammarSyntaxError, GreType, ParsedGrammar, check_grammar, parse_gbnf
 
 from .compiled import CompiledGrammar
-from .errors import SchemaError, SchemaTypeError
+from .errors import GrammarBudgetError, SchemaError, SchemaTypeError
 from .gbnf import format_gbnf
 from .grammar import Grammar
 from .json_schema import json_schema_to_gbnf
@@ -29,6 +29,7 @@ from .vocab_index import VocabIndex
 __all__ = [
     "CompiledGrammar",
     "Grammar",
+    "GrammarBudgetError",
     "GrammarError",
     "GrammarMatcher",
     "GrammarSampler",

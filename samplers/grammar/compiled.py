@@ -171,6 +171,7 @@ class CompiledGrammar:
         if self.kernel == "c":
             trie = v.trie()
             self._cls, self._E, self._class_weight = trie.bind(self._cls_of_cp, eng.n_classes)
+            self._class_weight_f = self._class_weight.astype(np.float64)
             from llama_cffi._trie_walk import TrieGrammar
 
             self._tg = TrieGrammar(trie, self._cls, self._E, eng.n_classes, _ABSORB_MIN_ROWS)
@@ -760,6 +761,10 @@ class CompiledGrammar:
         if chain is not None:
             return chain
         eng, nc, cap = self.engine, self.engine.n_classes, self._run_cap
+        if eng.core == "c":  # the same run, computed by the engine's C core in one call
+            chain, run = eng.c_run(state, self._class_weight_f, cap, _RUN_STACKS_MAX)
+            self._store_run(state, chain, run)
+            return chain
         eng.fill_row(state)
         row = eng.table()[state, :nc]
         live = np.flatnonzero(row >= 0)
@@ -778,7 +783,7 @@ class CompiledGrammar:
                         states.pop()
                         states.extend(known[: cap + 1 - len(states)].tolist())
                         break
-                if len(eng.stacks(cur)) > _RUN_STACKS_MAX:
+                if eng.n_stacks(cur) > _RUN_STACKS_MAX:
                     break  # an ambiguous grammar: each step multiplies the stacks (a shorter run is as correct)
                 step = eng.group_step(cur, classes)  # not the whole row: the run's group
                 if step is None or step < 0:
@@ -792,6 +797,12 @@ class CompiledGrammar:
         else:  # nothing follows: the empty run covers the leaves of any length
             states.extend([state] * cap)
         chain = np.asarray(states, dtype=np.int32)
+        self._store_run(state, chain, run)
+        return chain
+
+    def _store_run(self, state: int, chain: npt.NDArray[np.int32], run: npt.NDArray[np.uint64]) -> None:
+        """Put the run of ``state`` into the tables the C walk reads, and its chain into
+        ``_run_chain``."""
         if state >= len(self._run_known):
             grow = max(2 * len(self._run_known), state + 1)
             known = np.zeros(grow, dtype=bool)
@@ -805,7 +816,6 @@ class CompiledGrammar:
         self._run_len[state] = len(chain) - 1
         self._run_known[state] = True
         self._run_chain[state] = chain
-        return chain
 
     def _run_scan(self, state: int, k: int) -> Any:
         """``llama_cffi._trie_walk.Trie.run_scan`` for the run of ``state`` (cached per
@@ -910,6 +920,8 @@ class CompiledGrammar:
         The union of the answers of its stack tops, each computed once per grammar
         position for every partial character at once (cached per state)."""
         ok = self._pchar_ok.get(state)
+        if ok is None and self.engine.core == "c":
+            ok = self._pchar_ok[state] = self.engine.c_pchar_ok(state, self._pchars)
         if ok is None:
             ok = np.zeros(len(self._pchars), dtype=bool)
             for pos in self.engine.char_tops(state):

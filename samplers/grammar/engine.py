@@ -17,19 +17,32 @@ the same algorithm with two changes that do not change the result:
 The engine is vocabulary-free; :mod:`samplers.grammar.compiled` builds token masks on it.
 States and transitions are added while matching, under a lock (several threads may
 share an engine; reads of known transitions take no lock).
+
+Two cores do the stack work: ``"c"`` (``llama_cffi/_native/grammar_engine.c``: stacks
+interned as cells, states as sorted cell sets, rows computed per group of classes; the
+default) and ``"python"`` (the code in this module, the reference the C core is tested
+against state for state). Grammars with token elements always take the Python core.
+Both keep a **budget**: a state of more than ``max_stacks`` stacks raises
+:class:`~samplers.grammar.errors.GrammarBudgetError` (an ambiguous grammar can multiply
+its stacks with every character; llama.cpp's matcher, which has no such bound, then
+takes unbounded time and memory), leaving the engine as it was.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from llama_cffi._args import expect, expect_array, expect_int, expect_iterable, type_error
 from llama_cffi.gbnf import GrammarError, GreType, ParsedGrammar
+
+from .errors import GrammarBudgetError
 
 Stack = tuple[int, ...]
 #: A partial UTF-8 sequence carried between tokens: ``(value so far, bytes still needed)``;
@@ -51,6 +64,35 @@ _CHAR, _CHAR_NOT, _RNG, _CHAR_ALT, _ANY = (
 _TOKEN, _TOKEN_NOT = int(GreType.TOKEN), int(GreType.TOKEN_NOT)
 _MAX_CP = 1 << 22  # llama.cpp's decoder can produce values up to 0x3FFFFF
 _ROW_MIN = 4  # a state needing this many unknown classes at once gets its whole row computed
+
+#: the engine cores: ``"c"`` (``llama_cffi/_native/grammar_engine.c``) and ``"python"``
+#: (this module's code, the reference)
+CORES = ("c", "python")
+#: default budget: the most stacks one parser state may have (one advance of a stack may
+#: visit at most ``max_stacks +`` the grammar's element count stacks)
+MAX_STACKS = 65536
+#: default budget: the most distinct stacks (C cells) an engine keeps in all (C core)
+MAX_CELLS = 1 << 22
+
+
+def default_core() -> str:
+    """The environment variable ``LLAMA_CFFI_GRAMMAR_CORE`` when set (``c`` or ``python``),
+    else ``"python"`` when ``LLAMA_CFFI_GRAMMAR_KERNEL`` says ``numpy`` (the reference walk
+    takes the reference engine), else ``"c"``."""
+    core = os.environ.get("LLAMA_CFFI_GRAMMAR_CORE", "").strip().lower()
+    if core:
+        if core not in CORES:
+            raise ValueError(f"LLAMA_CFFI_GRAMMAR_CORE must be one of {CORES}, not {core!r}")
+        return core
+    want = os.environ.get("LLAMA_CFFI_GRAMMAR_KERNEL", "c").strip().lower() or "c"
+    return "python" if want == "numpy" else "c"
+
+
+def _budget_error(what: str, max_stacks: int) -> GrammarBudgetError:
+    return GrammarBudgetError(
+        f"{what}: a parser state of more than {max_stacks} stacks (an ambiguous grammar whose stacks multiply "
+        "with every character); make the grammar less ambiguous or raise max_stacks"
+    )
 
 
 def decode_utf8(data: bytes, partial: Partial = NO_PARTIAL) -> tuple[list[int], Partial]:
@@ -103,8 +145,26 @@ class Engine:
     """States, classes and transitions for one grammar and start rule (see the module
     docstring). Made by :class:`samplers.grammar.Grammar`; shared by its matchers."""
 
-    def __init__(self, grammar: ParsedGrammar, root: str = "root") -> None:
+    def __init__(
+        self,
+        grammar: ParsedGrammar,
+        root: str = "root",
+        core: str | None = None,
+        max_stacks: int = MAX_STACKS,
+        max_cells: int = MAX_CELLS,
+    ) -> None:
         expect("grammar", grammar, ParsedGrammar, "a llama_cffi.gbnf.ParsedGrammar")
+        core = default_core() if core is None else core
+        if core not in CORES:
+            raise ValueError(f"core must be one of {CORES}, not {core!r}")
+        max_stacks = expect_int("max_stacks", max_stacks)
+        max_cells = expect_int("max_cells", max_cells)
+        if max_stacks < 1:
+            raise ValueError(f"max_stacks must be at least 1, not {max_stacks}")
+        if not 2 <= max_cells < 2**31 - 1:
+            raise ValueError(f"max_cells must be in [2, 2**31 - 1), not {max_cells}")
+        self.max_stacks = max_stacks
+        self.max_cells = max_cells
         if root not in grammar.symbol_ids:
             raise GrammarError(f"grammar does not contain a {root!r} symbol")
         if grammar.token_names:
@@ -141,10 +201,188 @@ class Engine:
         #: per state: does some stack have a token element on top / is some stack empty
         self._token_tops: list[tuple[tuple[int, int], ...]] = []
         self._complete: list[bool] = []
+        self.core = "python" if self.has_token_elements else core
+        self._c: Any = None
+        self._stack_cache: dict[int, tuple[Stack, ...]] = {}
+        if self.core == "c":
+            self._c_init()
+            self.start = self._c_call(
+                "the start state", _lib().llama_cffi_gengine_start(self._c, grammar.symbol_ids[root])
+            )
+            return
         start: dict[Stack, None] = {}
         for alt in self._alternatives(self.rule_start[grammar.symbol_ids[root]]):
             self._advance(() if self._is_end(alt) else (alt,), start)
+        self._check_size(start, "the start state")
         self.start = self.intern(tuple(start))
+
+    # ------------------------------------------------------------------ the C core
+    def _c_init(self) -> None:
+        """Make the C engine (``llama_cffi_gengine_new``) from the flattened grammar."""
+        from llama_cffi._binding import ffi
+
+        lib = _lib()
+        n = len(self.types)
+        types = np.ascontiguousarray(self.types, dtype=np.int32)
+        values = np.ascontiguousarray(self.values, dtype=np.int32)
+        rule_start = np.ascontiguousarray(self.rule_start, dtype=np.int32)
+        char_row = np.full(n, -1, dtype=np.int32)
+        after = np.full(n, -1, dtype=np.int32)
+        if self._char_pos:
+            pos = np.fromiter(self._char_pos.keys(), dtype=np.int64, count=len(self._char_pos))
+            char_row[pos] = np.fromiter(self._char_pos.values(), dtype=np.int32, count=len(pos))
+            after[pos] = np.fromiter((self._after[p] for p in pos.tolist()), dtype=np.int32, count=len(pos))
+        member = np.ascontiguousarray(self._member, dtype=np.uint8)
+        n_rows = member.shape[0]
+
+        def ptr(a: npt.NDArray[Any], t: str) -> Any:
+            return ffi.cast(t, a.ctypes.data) if a.size else ffi.NULL
+
+        raw = lib.llama_cffi_gengine_new(
+            n,
+            ptr(types, "int32_t *"),
+            ptr(values, "int32_t *"),
+            len(rule_start),
+            ptr(rule_start, "int32_t *"),
+            ptr(char_row, "int32_t *"),
+            ptr(after, "int32_t *"),
+            n_rows,
+            self.n_classes,
+            ptr(member, "uint8_t *"),
+            self.max_stacks,
+            self.max_cells,
+        )
+        if raw == ffi.NULL:  # pragma: no cover - the arrays come from a checked grammar
+            raise MemoryError("the grammar engine could not be made (out of memory)")
+        self._c = ffi.gc(raw, lib.llama_cffi_gengine_free)
+        self._ffi = ffi
+
+    def _c_call(self, what: str, rc: int) -> int:
+        """A C engine result, checked; new states (if any) get their Python side."""
+        if rc < -1:
+            if rc == -3:
+                raise _budget_error(what, self.max_stacks)
+            if rc == -2:
+                raise MemoryError(f"{what}: out of memory in the grammar engine")
+            raise GrammarError(f"{what}: the grammar engine refused its arguments (code {rc})")
+        self._c_sync()
+        return rc
+
+    def _c_sync(self) -> None:
+        """The Python side of the C engine's news: the rows of transitions it computed
+        since the last sync copied into ``_trans`` (grown first), and the completeness of
+        the states it made."""
+        lib = _lib()
+        n = int(lib.llama_cffi_gengine_n_states(self._c))
+        have = len(self._complete)
+        if n > len(self._trans):
+            cap = len(self._trans)
+            while cap < n:
+                cap *= 2
+            grown = np.full((cap, self.n_classes), _UNKNOWN, dtype=np.int32)
+            grown[: len(self._trans)] = self._trans
+            self._trans = grown
+        new = np.zeros(max(n - have, 1), dtype=np.uint8)
+        rc = lib.llama_cffi_gengine_sync(
+            self._c,
+            self._ffi.cast("int32_t *", self._trans.ctypes.data),
+            len(self._trans),
+            self._ffi.cast("uint8_t *", new.ctypes.data),
+            have,
+            n - have,
+        )
+        if rc < 0:  # pragma: no cover - the table was grown above
+            raise GrammarError(f"internal error: the grammar engine's sync failed (code {rc})")
+        if n > have:
+            self._complete.extend(new[: n - have].astype(bool).tolist())
+            self._token_tops.extend([()] * (n - have))
+
+    def c_run(
+        self, state: int, class_weight: npt.NDArray[np.float64], cap: int, max_run_stacks: int
+    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.uint64]]:
+        """The run of ``state`` by the C core (``llama_cffi_gengine_run``): its chain of
+        states (``cap + 1`` at most) and its classes as ``n_classes // 64 + 1`` words. For
+        :meth:`samplers.grammar.compiled.CompiledGrammar._run`; C core only."""
+        ffi = self._ffi
+        w = self.n_classes // 64 + 1
+        chain = np.empty(cap + 1, dtype=np.int32)
+        words = np.zeros(w, dtype=np.uint64)
+        cw = np.ascontiguousarray(class_weight, dtype=np.float64)
+        if len(cw) < self.n_classes:
+            raise ValueError("class_weight needs a value per class")
+        with self._lock:
+            n = self._c_call(
+                "a run",
+                _lib().llama_cffi_gengine_run(
+                    self._c,
+                    state,
+                    ffi.cast("double *", cw.ctypes.data),
+                    cap,
+                    max_run_stacks,
+                    ffi.cast("int32_t *", chain.ctypes.data),
+                    ffi.cast("uint64_t *", words.ctypes.data),
+                    w,
+                ),
+            )
+        return chain[:n], words
+
+    def c_pchar_ok(self, state: int, pchars: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+        """Per partial character (``value << 2 | bytes still needed``): can ``state`` take
+        a completion of it (C core; :meth:`partial_ok` for each)."""
+        pc = np.ascontiguousarray(pchars, dtype=np.int64)
+        out = np.zeros(max(len(pc), 1), dtype=np.uint8)
+        ffi = self._ffi
+        with self._lock:
+            self._c_call(
+                "partial characters",
+                _lib().llama_cffi_gengine_pchar_ok(
+                    self._c,
+                    state,
+                    ffi.cast("int64_t *", pc.ctypes.data),
+                    len(pc),
+                    ffi.cast("uint8_t *", out.ctypes.data),
+                ),
+            )
+        return out[: len(pc)].astype(bool)
+
+    def _c_stacks(self, state: int) -> tuple[Stack, ...]:
+        """A state's stacks from the C engine (cached)."""
+        got = self._stack_cache.get(state)
+        if got is None:
+            lib, ffi = _lib(), self._ffi
+            k = int(lib.llama_cffi_gengine_n_stacks(self._c, state))
+            lens = np.empty(max(k, 1), dtype=np.int32)
+            lp = ffi.cast("int32_t *", lens.ctypes.data)
+            total = int(lib.llama_cffi_gengine_stacks(self._c, state, lp, ffi.NULL, 0))
+            flat = np.empty(max(total, 1), dtype=np.int32)
+            lib.llama_cffi_gengine_stacks(self._c, state, lp, ffi.cast("int32_t *", flat.ctypes.data), total)
+            out: list[Stack] = []
+            at = 0
+            fl = flat.tolist()
+            for ln in lens[:k].tolist():
+                out.append(tuple(fl[at : at + ln]))
+                at += ln
+            got = tuple(sorted(out))
+            if len(self._stack_cache) > 4096:
+                self._stack_cache.clear()
+            self._stack_cache[state] = got
+        return got
+
+    def n_stacks(self, state: int) -> int:
+        """How many stacks ``state`` has (0 for ``DEAD``)."""
+        if type(state) is not int:
+            state = expect_int("state", state)
+        if state == DEAD:
+            return 0
+        if self._c is not None:
+            if not 0 <= state < len(self._complete):
+                raise IndexError(f"state {state} out of range")
+            return int(_lib().llama_cffi_gengine_n_stacks(self._c, state))
+        return len(self._stacks[state])
+
+    def _check_size(self, out: dict[Stack, None] | tuple[Stack, ...], what: str) -> None:
+        if len(out) > self.max_stacks:
+            raise _budget_error(what, self.max_stacks)
 
     # ------------------------------------------------------------------ elements
     def _is_end(self, pos: int) -> bool:
@@ -272,11 +510,14 @@ class Engine:
             todo = [stack]
             seen: set[Stack] = set()
             types, values, is_end = self.types, self.values, self._is_end
+            max_visit = self.max_stacks + len(types)
             while todo:
                 cur = todo.pop()
                 if cur in seen:
                     continue
                 seen.add(cur)
+                if len(seen) > max_visit:  # a nullable rule before a recursive reference: no end
+                    raise _budget_error("advancing a stack", self.max_stacks)
                 if not cur:
                     acc[cur] = None
                     continue
@@ -292,6 +533,7 @@ class Engine:
                     acc[cur] = None
                 else:  # pragma: no cover - a parsed grammar never leaves a stack here
                     raise GrammarError(f"internal error: stack top on element type {t}")
+            self._check_size(acc, "advancing a stack")
             res = self._advance_cache[stack] = tuple(acc)
         for s in res:
             out[s] = None
@@ -301,6 +543,20 @@ class Engine:
         expect_iterable("stacks", stacks, "a sequence of stacks (tuples of ints)")
         if not stacks:
             return DEAD
+        if self._c is not None:
+            flat = [p for st in stacks for p in st]
+            lens = np.array([len(st) for st in stacks], dtype=np.int32)
+            fa = np.array(flat if flat else [0], dtype=np.int32)
+            with self._lock:
+                return self._c_call(
+                    "interning a state",
+                    _lib().llama_cffi_gengine_intern(
+                        self._c,
+                        len(lens),
+                        self._ffi.cast("int32_t *", lens.ctypes.data),
+                        self._ffi.cast("int32_t *", fa.ctypes.data),
+                    ),
+                )
         key = tuple(sorted(set(stacks)))
         sid = self._state_ids.get(key)
         if sid is not None:
@@ -325,13 +581,19 @@ class Engine:
 
     @property
     def n_states(self) -> int:
-        return len(self._stacks)
+        return len(self._complete)
 
     def stacks(self, state: int) -> tuple[Stack, ...]:
-        """The stacks of ``state`` (positions into the flattened rules)."""
+        """The stacks of ``state`` (positions into the flattened rules), sorted."""
         if type(state) is not int:
             state = expect_int("state", state)
-        return () if state == DEAD else self._stacks[state]
+        if state == DEAD:
+            return ()
+        if self._c is not None:
+            if not 0 <= state < len(self._complete):
+                raise IndexError(f"state {state} out of range")
+            return self._c_stacks(state)
+        return self._stacks[state]
 
     def is_complete(self, state: int) -> bool:
         """Whether some stack is empty: the input so far is a complete sentence (EOG allowed)."""
@@ -365,6 +627,9 @@ class Engine:
 
     def _compute_one_locked(self, state: int, cls: int) -> None:
         """One transition (``llama_grammar_accept_chr`` then advance, over the stacks)."""
+        if self._c is not None:
+            self._c_call("a transition", _lib().llama_cffi_gengine_step(self._c, state, cls))
+            return
         out: dict[Stack, None] = {}
         types, member, char_pos, after = self.types, self._member, self._char_pos, self._after
         for stack in self._stacks[state]:
@@ -376,6 +641,7 @@ class Engine:
             if member[char_pos[pos], cls]:
                 nxt = after[pos]
                 self._advance(stack[:-1] if self._is_end(nxt) else (*stack[:-1], nxt), out)
+        self._check_size(out, "a transition")
         sid = self.intern(tuple(out))  # may grow the table: index it afresh
         self._trans[state, cls] = sid
 
@@ -392,6 +658,9 @@ class Engine:
         (``llama_grammar_accept_chr``: a stack continues when its top character element
         matches) lead to the same successor, so the successors are computed once per
         distinct set of matching stacks: a handful per state, whatever the class count."""
+        if self._c is not None:
+            self._c_call("a row of transitions", _lib().llama_cffi_gengine_fill_row(self._c, state))
+            return
         types, after = self.types, self._after
         live = [s for s in self._stacks[state] if s and types[s[-1]] not in (_TOKEN, _TOKEN_NOT)]
         if not live:  # token elements are not matched by characters; empty stacks match nothing
@@ -407,6 +676,7 @@ class Engine:
                 stack = live[k]
                 nxt = after[stack[-1]]
                 self._advance(stack[:-1] if self._is_end(nxt) else (*stack[:-1], nxt), out)
+            self._check_size(out, "a row of transitions")
             sid = self.intern(tuple(out))  # may grow the table: index it afresh
             self._trans[state, classes] = sid
 
@@ -425,6 +695,15 @@ class Engine:
         if (known != _UNKNOWN).all():
             return int(known[0]) if (known == known[0]).all() else None
         with self._lock:
+            if self._c is not None:
+                cl = np.ascontiguousarray(classes, dtype=np.int32)
+                rc = _lib().llama_cffi_gengine_group_step(
+                    self._c, state, self._ffi.cast("int32_t *", cl.ctypes.data), len(cl)
+                )
+                if rc == -5:
+                    self._c_sync()
+                    return None
+                return self._c_call("a group of transitions", rc)
             types, after = self.types, self._after
             live = [st for st in self._stacks[state] if st and types[st[-1]] not in (_TOKEN, _TOKEN_NOT)]
             if not live:
@@ -449,6 +728,7 @@ class Engine:
                 stack = live[k]
                 nxt = after[stack[-1]]
                 self._advance(stack[:-1] if self._is_end(nxt) else (*stack[:-1], nxt), out)
+            self._check_size(out, "a group of transitions")
             sid = self.intern(tuple(out))  # may grow the table: index it afresh
             self._trans[state, members] = sid
             return sid
@@ -481,7 +761,18 @@ class Engine:
         live = states >= 0
         s, c = states[live], classes[live]
         unknown = t[s, c] == _UNKNOWN
-        if unknown.any():
+        if unknown.any() and self._c is not None:
+            su = np.ascontiguousarray(s[unknown], dtype=np.int32)
+            cu = np.ascontiguousarray(c[unknown], dtype=np.int32)
+            ffi = self._ffi
+            with self._lock:
+                self._c_call(
+                    "transitions",
+                    _lib().llama_cffi_gengine_fill(
+                        self._c, len(su), ffi.cast("int32_t *", su.ctypes.data), ffi.cast("int32_t *", cu.ctypes.data)
+                    ),
+                )
+        elif unknown.any():
             need: dict[int, set[int]] = {}
             for st, cl in zip(s[unknown].tolist(), c[unknown].tolist(), strict=True):
                 need.setdefault(st, set()).add(cl)
@@ -530,7 +821,7 @@ class Engine:
             return b
         if b == DEAD:
             return a
-        return self.intern(self._stacks[a] + self._stacks[b])
+        return self.intern(self.stacks(a) + self.stacks(b))
 
     def char_only(self, state: int) -> int:
         """``state`` without its empty and token-topped stacks: what consuming a token's
@@ -541,7 +832,7 @@ class Engine:
         if state == DEAD or not (self._token_tops[state] or self._complete[state]):
             return state
         types = self.types
-        return self.intern([s for s in self._stacks[state] if s and types[s[-1]] not in (_TOKEN, _TOKEN_NOT)])
+        return self.intern([s for s in self.stacks(state) if s and types[s[-1]] not in (_TOKEN, _TOKEN_NOT)])
 
     def char_tops(self, state: int) -> tuple[int, ...]:
         """Positions of the character elements on top of the state's stacks (the stacks
@@ -551,7 +842,7 @@ class Engine:
         if state == DEAD:
             return ()
         types = self.types
-        return tuple({s[-1] for s in self._stacks[state] if s and types[s[-1]] not in (_TOKEN, _TOKEN_NOT)})
+        return tuple({s[-1] for s in self.stacks(state) if s and types[s[-1]] not in (_TOKEN, _TOKEN_NOT)})
 
     def partial_ok_at(
         self, pos: int, values: npt.NDArray[np.int64], remains: npt.NDArray[np.int64]
@@ -602,7 +893,7 @@ class Engine:
             elif n_remain == 3:
                 low = 1 << 16
         types, values = self.types, self.values
-        for stack in self._stacks[state]:
+        for stack in self.stacks(state):
             if not stack or types[stack[-1]] in (_TOKEN, _TOKEN_NOT):
                 continue
             pos = stack[-1]
@@ -629,3 +920,16 @@ class Engine:
             if hit:
                 return True
         return False
+
+
+_LIB: Any = None
+
+
+def _lib() -> Any:
+    """``llama_cffi._binding.lib`` (imported on first use: the Python core needs no extension)."""
+    global _LIB
+    if _LIB is None:
+        from llama_cffi._binding import lib
+
+        _LIB = lib
+    return _LIB

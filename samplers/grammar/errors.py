@@ -6,7 +6,16 @@ from __future__ import annotations
 
 from llama_cffi.errors import GrammarError, GrammarSyntaxError
 
-__all__ = ["GrammarError", "GrammarSyntaxError", "SchemaError", "SchemaTypeError"]
+__all__ = ["GrammarBudgetError", "GrammarError", "GrammarSyntaxError", "SchemaError", "SchemaTypeError"]
+
+
+class GrammarBudgetError(GrammarError):
+    """A parser state past the engine's budget: more than ``max_stacks`` stacks in one
+    state (an ambiguous grammar can multiply its stacks with every character), or more
+    than ``max_cells`` stacks in all. Raised by the step, walk or mask that met it; the
+    matcher and the engine are left as they were before it (the state that was too large
+    is not kept). Make the grammar less ambiguous, or raise the budget
+    (``Grammar(..., max_stacks=...)``)."""
 
 
 class SchemaError(GrammarError):

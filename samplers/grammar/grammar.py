@@ -10,7 +10,7 @@ from llama_cffi._args import expect, expect_str, type_error
 from llama_cffi.gbnf import GrammarError, ParsedGrammar, check_grammar, parse_gbnf, resolve_tokens
 
 from .compiled import CompiledGrammar
-from .engine import Engine
+from .engine import MAX_STACKS, Engine, default_core
 from .matcher import GrammarMatcher
 from .vocab_index import VocabIndex
 
@@ -23,24 +23,31 @@ class Grammar:
     Make one with :meth:`from_gbnf` (or :meth:`from_json_schema`); test whole strings
     with :meth:`accepts`; :meth:`compile` it for a model's vocabulary to get token masks
     and matchers. Immutable and shareable; compiled forms are cached per vocabulary.
+
+    ``max_stacks`` bounds the work of every step and mask: a parser state of more stacks
+    than that (an ambiguous grammar multiplies its stacks with every character) raises
+    :class:`~samplers.grammar.errors.GrammarBudgetError` instead of taking unbounded time
+    and memory.
     """
 
-    def __init__(self, parsed: ParsedGrammar, root: str = "root") -> None:
+    def __init__(self, parsed: ParsedGrammar, root: str = "root", max_stacks: int = MAX_STACKS) -> None:
         expect("parsed", parsed, ParsedGrammar, "a ParsedGrammar (use Grammar.from_gbnf)")
         expect_str("root", root)
         check_grammar(parsed, root)
         self.parsed = parsed
         self.root = root
-        self._engine = Engine(resolve_tokens(parsed, lambda _name: _NO_TOKEN), root)
+        self.max_stacks = max_stacks
+        self._engine = Engine(resolve_tokens(parsed, lambda _name: _NO_TOKEN), root, max_stacks=max_stacks)
+        self._engines: dict[str, Engine] = {self._engine.core: self._engine}
         #: per llama_cffi vocabulary, per mask cache size
         self._compiled: weakref.WeakKeyDictionary[Any, dict[tuple[int, str], CompiledGrammar]] = (
             weakref.WeakKeyDictionary()
         )
 
     @classmethod
-    def from_gbnf(cls, text: str, root: str = "root") -> Grammar:
+    def from_gbnf(cls, text: str, root: str = "root", max_stacks: int = MAX_STACKS) -> Grammar:
         """Parse GBNF text (llama.cpp's dialect; :class:`GrammarSyntaxError` on bad text)."""
-        return cls(parse_gbnf(text), root)
+        return cls(parse_gbnf(text), root, max_stacks)
 
     @classmethod
     def from_json_schema(cls, schema: Any, **options: Any) -> Grammar:
@@ -50,7 +57,8 @@ class Grammar:
         ``compat="llama.cpp"`` (see :func:`samplers.grammar.json_schema.json_schema_to_gbnf`)."""
         from .json_schema import json_schema_to_gbnf
 
-        return cls.from_gbnf(json_schema_to_gbnf(schema, **options))
+        max_stacks = options.pop("max_stacks", MAX_STACKS)
+        return cls.from_gbnf(json_schema_to_gbnf(schema, **options), max_stacks=max_stacks)
 
     @property
     def gbnf(self) -> str:
@@ -87,9 +95,10 @@ class Grammar:
         plus a mask cache of ``mask_cache_size`` masks (0: every mask computed). Cached
         per llama_cffi vocabulary, cache size and kernel. The vocabulary's index is built
         once per vocabulary (about half a second at 262,144 tokens, then memory-mapped from
-        the disk cache in ~15-30 ms); a compile on it takes 1-2 ms. ``kernel``: the mask walk,
-        ``"c"`` or ``"numpy"`` (the reference; default: ``"c"`` unless the environment
-        variable ``LLAMA_CFFI_GRAMMAR_KERNEL`` says ``numpy``)."""
+        the disk cache in ~15-30 ms); a compile on it takes 1-2 ms. ``kernel``: the mask walk
+        and the engine core, ``"c"`` (both in C) or ``"numpy"`` (the references: the numpy
+        walk over the Python engine; default: ``"c"`` unless the environment variable
+        ``LLAMA_CFFI_GRAMMAR_KERNEL`` says ``numpy``)."""
         from .compiled import default_kernel
 
         _check_vocab(vocab)
@@ -113,13 +122,22 @@ class Grammar:
                     raise GrammarError(f"invalid token {name!r}: it is {len(ids)} tokens, not one")
                 return int(ids[0])
 
-            engine = Engine(resolve_tokens(self.parsed, token_id), self.root)
+            engine = Engine(resolve_tokens(self.parsed, token_id), self.root, max_stacks=self.max_stacks)
         else:
-            engine = self._engine
+            engine = self._engine_for("python" if kernel == "numpy" else default_core())
         compiled = CompiledGrammar(engine, index, mask_cache_size, kernel)
         if cacheable:
             self._compiled.setdefault(key, {})[(mask_cache_size, kernel)] = compiled
         return compiled
+
+    def _engine_for(self, core: str) -> Engine:
+        """The vocabulary-free engine with this core (made once)."""
+        eng = self._engines.get(core)
+        if eng is None:
+            eng = self._engines[core] = Engine(
+                resolve_tokens(self.parsed, lambda _name: _NO_TOKEN), self.root, core=core, max_stacks=self.max_stacks
+            )
+        return eng
 
     def matcher(self, vocab: Any) -> GrammarMatcher:
         """A fresh matcher for ``vocab`` (compiling on first use)."""

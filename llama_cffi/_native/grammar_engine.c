@@ -1,0 +1,778 @@
+/* The grammar engine's core: llama.cpp's stack advance, the interning of stacks and of
+ * stack sets (parser states), and transitions, for samplers.grammar.engine (whose Python
+ * version is the reference this one is tested against, state for state).
+ *
+ * A stack is interned as a cons cell (below, top): the stack below it and the element
+ * position on top; cell 0 is the empty stack. Pushing and popping are then O(1) and two
+ * equal stacks are the same cell, so a stack set is a sorted array of cell ids and a state
+ * is such an array interned. advance(cell) (llama_grammar_advance_stack: expand rule
+ * references on top until a terminal or nothing is on top) is cached per cell.
+ *
+ * A transition of state s on character class c is llama_grammar_accept_chr then advance
+ * over s's stacks; the caller's table (int32, rows x n_classes, owned by Python) receives
+ * it. Classes that the same stacks accept share a successor, so a row is computed once
+ * per group of classes (llama_cffi_gengine_fill_row).
+ *
+ * Budgets: a state of more than max_stacks stacks, or more than max_cells stacks in all,
+ * ends the call with LLAMA_CFFI_GENGINE_BUDGET (an ambiguous grammar can multiply its
+ * stacks with every character); the engine is left consistent. Every index read from
+ * the grammar arrays was checked when the engine was made. Not thread-safe: the caller
+ * serialises calls (samplers.grammar.engine holds its lock). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "llama_cffi.h"
+
+enum { T_END = 0, T_ALT = 1, T_REF = 2, T_CHAR = 3, T_CHAR_NOT = 4, T_RNG = 5, T_CHAR_ALT = 6, T_ANY = 7,
+       T_TOKEN = 8, T_TOKEN_NOT = 9 };
+
+typedef struct {
+    int32_t *v;
+    int64_t n, cap;
+} ivec;
+
+static int iv_push(ivec *a, int32_t x) {
+    if (a->n == a->cap) {
+        int64_t cap = a->cap ? a->cap * 2 : 64;
+        int32_t *p = (int32_t *)realloc(a->v, sizeof(int32_t) * (size_t)cap);
+        if (!p) return -1;
+        a->v = p;
+        a->cap = cap;
+    }
+    a->v[a->n++] = x;
+    return 0;
+}
+
+static int iv_reserve(ivec *a, int64_t n) {
+    if (n <= a->cap) return 0;
+    int64_t cap = a->cap ? a->cap : 64;
+    while (cap < n) cap *= 2;
+    int32_t *p = (int32_t *)realloc(a->v, sizeof(int32_t) * (size_t)cap);
+    if (!p) return -1;
+    a->v = p;
+    a->cap = cap;
+    return 0;
+}
+
+/* open addressing: slots hold id + 1 (0 empty) */
+typedef struct {
+    int32_t *slot;
+    int64_t cap; /* a power of two */
+    int64_t n;
+} htab;
+
+static uint64_t mix64(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    x ^= x >> 33;
+    return x;
+}
+
+struct llama_cffi_gengine {
+    /* the grammar, flattened (checked at creation) */
+    int32_t n_elems, n_rules, n_rows, n_classes;
+    int32_t *types, *values, *rule_start, *char_row, *after;
+    uint8_t *member; /* n_rows x n_classes */
+    int64_t max_stacks, max_cells;
+    /* cells */
+    ivec below, top, adv_off, adv_len, mark;
+    ivec adv_pool;
+    htab cells;
+    int32_t gen;
+    /* states, and their transitions (n_states x n_classes, LLAMA_CFFI_TRANS_UNKNOWN where
+       not computed yet); rows changed since the last llama_cffi_gengine_sync are listed
+       in dirty (row_dirty: whether a row is listed) */
+    ivec st_off, st_len, st_pool;
+    htab states;
+    ivec trans, dirty, row_dirty;
+    /* scratch */
+    ivec todo, out, live, hits, sig_rep, cells_buf, succ, chain;
+    uint64_t *sig;
+    int64_t sig_cap;
+    int32_t *group;
+    int32_t out_gen;
+};
+
+static int32_t grammar_is_end(const llama_cffi_gengine *e, int32_t pos) {
+    return e->types[pos] == T_END || e->types[pos] == T_ALT;
+}
+
+static int htab_grow(htab *h, int64_t need, uint64_t (*hash)(const llama_cffi_gengine *, int32_t),
+                     const llama_cffi_gengine *e) {
+    if ((need + 1) * 2 <= h->cap) return 0;
+    int64_t cap = h->cap ? h->cap : 1024;
+    while ((need + 1) * 2 > cap) cap *= 2;
+    int32_t *slot = (int32_t *)calloc((size_t)cap, sizeof(int32_t));
+    if (!slot) return -1;
+    for (int64_t i = 0; i < h->cap; i++) {
+        int32_t id1 = h->slot[i];
+        if (!id1) continue;
+        uint64_t j = hash(e, id1 - 1) & (uint64_t)(cap - 1);
+        while (slot[j]) j = (j + 1) & (uint64_t)(cap - 1);
+        slot[j] = id1;
+    }
+    free(h->slot);
+    h->slot = slot;
+    h->cap = cap;
+    return 0;
+}
+
+static uint64_t cell_key_hash(int32_t below, int32_t top) {
+    return mix64(((uint64_t)(uint32_t)below << 32) | (uint32_t)top);
+}
+
+static uint64_t cell_hash(const llama_cffi_gengine *e, int32_t id) {
+    return cell_key_hash(e->below.v[id], e->top.v[id]);
+}
+
+static uint64_t set_key_hash(const int32_t *a, int64_t n) {
+    uint64_t h = 0x9e3779b97f4a7c15ULL ^ (uint64_t)n;
+    for (int64_t i = 0; i < n; i++) h = mix64(h ^ (uint32_t)a[i]) + 0x9e3779b97f4a7c15ULL;
+    return h;
+}
+
+static uint64_t words_hash(const uint64_t *a, int64_t n) {
+    uint64_t h = 0x9e3779b97f4a7c15ULL ^ (uint64_t)n;
+    for (int64_t i = 0; i < n; i++) h = mix64(h ^ a[i]) + 0x9e3779b97f4a7c15ULL;
+    return h;
+}
+
+static uint64_t state_hash(const llama_cffi_gengine *e, int32_t id) {
+    return set_key_hash(e->st_pool.v + e->st_off.v[id], e->st_len.v[id]);
+}
+
+/* the cell (below, top), made if new; -2 out of memory, -3 over the cell budget */
+static int32_t cons(llama_cffi_gengine *e, int32_t below, int32_t top) {
+    uint64_t h = cell_key_hash(below, top);
+    uint64_t m = (uint64_t)(e->cells.cap - 1);
+    for (uint64_t j = h & m;; j = (j + 1) & m) {
+        int32_t id1 = e->cells.slot[j];
+        if (!id1) break;
+        if (e->below.v[id1 - 1] == below && e->top.v[id1 - 1] == top) return id1 - 1;
+    }
+    if (e->below.n >= e->max_cells) return -3;
+    int32_t id = (int32_t)e->below.n;
+    if (iv_push(&e->below, below) || iv_push(&e->top, top) || iv_push(&e->adv_off, -1) ||
+        iv_push(&e->adv_len, 0) || iv_push(&e->mark, 0))
+        return -2;
+    if (htab_grow(&e->cells, e->below.n, cell_hash, e)) return -2;
+    m = (uint64_t)(e->cells.cap - 1);
+    uint64_t j = h & m;
+    while (e->cells.slot[j]) j = (j + 1) & m;
+    e->cells.slot[j] = id + 1;
+    e->cells.n++;
+    return id;
+}
+
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* the state of the (sorted, distinct) cells a[0..n): -1 (DEAD) when n == 0 */
+static int32_t intern_sorted(llama_cffi_gengine *e, const int32_t *a, int64_t n) {
+    if (n == 0) return -1;
+    uint64_t h = set_key_hash(a, n);
+    uint64_t m = (uint64_t)(e->states.cap - 1);
+    for (uint64_t j = h & m;; j = (j + 1) & m) {
+        int32_t id1 = e->states.slot[j];
+        if (!id1) break;
+        int32_t id = id1 - 1;
+        if (e->st_len.v[id] == n && !memcmp(e->st_pool.v + e->st_off.v[id], a, sizeof(int32_t) * (size_t)n))
+            return id;
+    }
+    if (e->st_off.n >= INT32_MAX - 1) return -2;
+    int32_t id = (int32_t)e->st_off.n;
+    int64_t off = e->st_pool.n;
+    if (off > INT32_MAX - n) return -2;
+    /* reserve everything first: a failure leaves the engine as it was */
+    if (iv_reserve(&e->st_pool, off + n) || iv_reserve(&e->st_off, id + 1) || iv_reserve(&e->st_len, id + 1) ||
+        iv_reserve(&e->row_dirty, id + 1) || iv_reserve(&e->trans, (int64_t)(id + 1) * e->n_classes) ||
+        htab_grow(&e->states, id + 1, state_hash, e))
+        return -2;
+    memcpy(e->st_pool.v + off, a, sizeof(int32_t) * (size_t)n);
+    e->st_pool.n = off + n;
+    e->st_off.v[e->st_off.n++] = (int32_t)off;
+    e->st_len.v[e->st_len.n++] = (int32_t)n;
+    e->row_dirty.v[e->row_dirty.n++] = 0;
+    for (int32_t c = 0; c < e->n_classes; c++) e->trans.v[e->trans.n++] = LLAMA_CFFI_TRANS_UNKNOWN;
+    m = (uint64_t)(e->states.cap - 1);
+    uint64_t j = h & m;
+    while (e->states.slot[j]) j = (j + 1) & m;
+    e->states.slot[j] = id + 1;
+    e->states.n++;
+    return id;
+}
+
+/* advance(cell) into the cache (adv_pool[adv_off[cell] ..][adv_len[cell]]); 0, -2, -3 */
+static int advance(llama_cffi_gengine *e, int32_t cell) {
+    if (e->adv_off.v[cell] >= 0) return 0;
+    if (++e->gen == INT32_MAX) {
+        memset(e->mark.v, 0, sizeof(int32_t) * (size_t)e->mark.n);
+        e->gen = 1;
+    }
+    const int32_t gen = e->gen;
+    int64_t start = e->adv_pool.n, visited = 0;
+    /* a grammar with a nullable rule before a recursive reference (not left recursion in
+       llama.cpp's sense) expands forever: the stacks one advance visits are bounded */
+    const int64_t max_visit = e->max_stacks + e->n_elems;
+    e->todo.n = 0;
+    if (iv_push(&e->todo, cell)) return -2;
+    while (e->todo.n) {
+        int32_t cur = e->todo.v[--e->todo.n];
+        if (e->mark.v[cur] == gen) continue;
+        e->mark.v[cur] = gen;
+        if (++visited > max_visit) {
+            e->adv_pool.n = start;
+            return -3;
+        }
+        if (cur == 0) {
+            if (iv_push(&e->adv_pool, 0)) return -2;
+            continue;
+        }
+        int32_t pos = e->top.v[cur];
+        int32_t t = e->types[pos];
+        if (t == T_REF) {
+            int32_t base = e->below.v[cur];
+            if (!grammar_is_end(e, pos + 1)) {
+                base = cons(e, base, pos + 1);
+                if (base < 0) return base;
+            }
+            int32_t sub = e->rule_start[e->values[pos]];
+            for (;;) {
+                int32_t s = grammar_is_end(e, sub) ? base : cons(e, base, sub);
+                if (s < 0) return s;
+                if (iv_push(&e->todo, s)) return -2;
+                while (!grammar_is_end(e, sub)) sub++;
+                if (e->types[sub] == T_END) break;
+                sub++;
+            }
+        } else {
+            if (iv_push(&e->adv_pool, cur)) return -2;
+        }
+        if (e->adv_pool.n - start > e->max_stacks) {
+            e->adv_pool.n = start;
+            return -3;
+        }
+    }
+    if (e->adv_pool.n > INT32_MAX) return -2;
+    e->adv_off.v[cell] = (int32_t)start;
+    e->adv_len.v[cell] = (int32_t)(e->adv_pool.n - start);
+    return 0;
+}
+
+/* add advance(cell) to the output set e->out (seen: per cell, the out_gen at which it was
+   added) */
+static int out_add_advanced(llama_cffi_gengine *e, int32_t cell, ivec *seen) {
+    int rc = advance(e, cell);
+    if (rc) return rc;
+    int32_t off = e->adv_off.v[cell], len = e->adv_len.v[cell];
+    if (iv_reserve(seen, e->below.n)) return -2;
+    while (seen->n < e->below.n) seen->v[seen->n++] = 0;
+    for (int32_t i = 0; i < len; i++) {
+        int32_t s = e->adv_pool.v[off + i];
+        if (seen->v[s] == e->out_gen) continue;
+        seen->v[s] = e->out_gen;
+        if (iv_push(&e->out, s)) return -2;
+        if (e->out.n > e->max_stacks) return -3;
+    }
+    return 0;
+}
+
+static int new_out(llama_cffi_gengine *e) {
+    e->out.n = 0;
+    if (++e->out_gen == INT32_MAX) {
+        memset(e->hits.v, 0, sizeof(int32_t) * (size_t)e->hits.n);
+        e->out_gen = 1;
+    }
+    return 0;
+}
+
+/* the state after the stacks whose top is a character element matched by class cls
+   advance past it; the matching ones are given (cells) */
+static int32_t successor(llama_cffi_gengine *e, const int32_t *cells, int64_t n) {
+    new_out(e);
+    for (int64_t i = 0; i < n; i++) {
+        int32_t s = cells[i];
+        int32_t pos = e->top.v[s];
+        int32_t nxt = e->after[pos];
+        int32_t b = e->below.v[s];
+        int32_t ns = grammar_is_end(e, nxt) ? b : cons(e, b, nxt);
+        if (ns < 0) return ns;
+        int rc = out_add_advanced(e, ns, &e->hits);
+        if (rc) return rc;
+    }
+    qsort(e->out.v, (size_t)e->out.n, sizeof(int32_t), cmp_i32);
+    return intern_sorted(e, e->out.v, e->out.n);
+}
+
+static void htab_free(htab *h) { free(h->slot); }
+
+void llama_cffi_gengine_free(llama_cffi_gengine *e) {
+    if (!e) return;
+    free(e->types);
+    free(e->values);
+    free(e->rule_start);
+    free(e->char_row);
+    free(e->after);
+    free(e->member);
+    ivec *vs[] = {&e->below, &e->top, &e->adv_off, &e->adv_len, &e->mark, &e->adv_pool, &e->st_off,
+                  &e->st_len, &e->st_pool, &e->todo, &e->out, &e->live, &e->hits, &e->sig_rep, &e->cells_buf, &e->succ,
+                  &e->trans, &e->dirty, &e->row_dirty, &e->chain};
+    for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++) free(vs[i]->v);
+    htab_free(&e->cells);
+    htab_free(&e->states);
+    free(e->sig);
+    free(e->group);
+    free(e);
+}
+
+static void *dup(const void *p, size_t n) {
+    void *q = malloc(n ? n : 1);
+    if (q && n) memcpy(q, p, n);
+    return q;
+}
+
+llama_cffi_gengine *llama_cffi_gengine_new(int32_t n_elems, const int32_t *types, const int32_t *values,
+                                           int32_t n_rules, const int32_t *rule_start, const int32_t *char_row,
+                                           const int32_t *after, int32_t n_rows, int32_t n_classes,
+                                           const uint8_t *member, int64_t max_stacks, int64_t max_cells) {
+    if (n_elems < 1 || n_rules < 1 || n_rows < 0 || n_classes < 1 || !types || !values || !rule_start ||
+        !char_row || !after || (n_rows && !member) || max_stacks < 1 || max_cells < 2 || max_cells > INT32_MAX - 1)
+        return NULL;
+    /* every rule ends with END: walks to the end of an alternative stay inside */
+    if (types[n_elems - 1] != T_END) return NULL;
+    for (int32_t r = 0; r < n_rules; r++)
+        if (rule_start[r] < 0 || rule_start[r] >= n_elems) return NULL;
+    for (int32_t p = 0; p < n_elems; p++) {
+        int32_t t = types[p];
+        if (t < T_END || t > T_TOKEN_NOT) return NULL;
+        if (t == T_REF) {
+            if (values[p] < 0 || values[p] >= n_rules || p + 1 >= n_elems) return NULL;
+        }
+        if (t == T_CHAR || t == T_CHAR_NOT || t == T_ANY) {
+            if (char_row[p] < 0 || char_row[p] >= n_rows || after[p] <= p || after[p] >= n_elems) return NULL;
+        } else if (t == T_TOKEN || t == T_TOKEN_NOT) {
+            return NULL; /* token elements stay with the Python engine */
+        }
+    }
+    llama_cffi_gengine *e = (llama_cffi_gengine *)calloc(1, sizeof *e);
+    if (!e) return NULL;
+    e->n_elems = n_elems;
+    e->n_rules = n_rules;
+    e->n_rows = n_rows;
+    e->n_classes = n_classes;
+    e->max_stacks = max_stacks;
+    e->max_cells = max_cells;
+    size_t ne = sizeof(int32_t) * (size_t)n_elems;
+    e->types = (int32_t *)dup(types, ne);
+    e->values = (int32_t *)dup(values, ne);
+    e->rule_start = (int32_t *)dup(rule_start, sizeof(int32_t) * (size_t)n_rules);
+    e->char_row = (int32_t *)dup(char_row, ne);
+    e->after = (int32_t *)dup(after, ne);
+    e->member = (uint8_t *)dup(member, (size_t)n_rows * (size_t)n_classes);
+    e->group = (int32_t *)malloc(sizeof(int32_t) * (size_t)n_classes);
+    if (!e->types || !e->values || !e->rule_start || !e->char_row || !e->after || !e->member || !e->group ||
+        htab_grow(&e->cells, 1024, cell_hash, e) || htab_grow(&e->states, 1024, state_hash, e) ||
+        iv_push(&e->below, -1) || iv_push(&e->top, -1) || iv_push(&e->adv_off, -1) || iv_push(&e->adv_len, 0) ||
+        iv_push(&e->mark, 0)) {
+        llama_cffi_gengine_free(e);
+        return NULL;
+    }
+    /* cell 0, the empty stack, is not in the table: cons never makes (below=-1, top=-1) */
+    return e;
+}
+
+static int check_state(const llama_cffi_gengine *e, int32_t state) {
+    return state >= 0 && state < e->st_off.n;
+}
+
+int32_t llama_cffi_gengine_n_states(const llama_cffi_gengine *e) { return e ? (int32_t)e->st_off.n : -1; }
+
+int64_t llama_cffi_gengine_n_cells(const llama_cffi_gengine *e) { return e ? e->below.n : -1; }
+
+int32_t llama_cffi_gengine_start(llama_cffi_gengine *e, int32_t rule) {
+    if (!e || rule < 0 || rule >= e->n_rules) return -4;
+    new_out(e);
+    int32_t sub = e->rule_start[rule];
+    for (;;) {
+        int32_t s = grammar_is_end(e, sub) ? 0 : cons(e, 0, sub);
+        if (s < 0) return s;
+        int rc = out_add_advanced(e, s, &e->hits);
+        if (rc) return rc;
+        while (!grammar_is_end(e, sub)) sub++;
+        if (e->types[sub] == T_END) break;
+        sub++;
+    }
+    qsort(e->out.v, (size_t)e->out.n, sizeof(int32_t), cmp_i32);
+    return intern_sorted(e, e->out.v, e->out.n);
+}
+
+int32_t llama_cffi_gengine_n_stacks(const llama_cffi_gengine *e, int32_t state) {
+    if (!e || !check_state(e, state)) return -4;
+    return e->st_len.v[state];
+}
+
+int32_t llama_cffi_gengine_complete(const llama_cffi_gengine *e, int32_t state) {
+    if (!e || !check_state(e, state)) return -4;
+    return e->st_len.v[state] > 0 && e->st_pool.v[e->st_off.v[state]] == 0; /* sorted: cell 0 first */
+}
+
+int64_t llama_cffi_gengine_stacks(const llama_cffi_gengine *e, int32_t state, int32_t *lens, int32_t *flat,
+                                  int64_t flat_cap) {
+    if (!e || !check_state(e, state) || !lens || (!flat && flat_cap)) return -4;
+    const int32_t *cells = e->st_pool.v + e->st_off.v[state];
+    int64_t total = 0;
+    for (int32_t i = 0; i < e->st_len.v[state]; i++) {
+        int32_t depth = 0;
+        for (int32_t c = cells[i]; c != 0; c = e->below.v[c]) depth++;
+        lens[i] = depth;
+        if (total + depth <= flat_cap) { /* bottom first */
+            int32_t k = depth;
+            for (int32_t c = cells[i]; c != 0; c = e->below.v[c]) flat[total + --k] = e->top.v[c];
+        }
+        total += depth;
+    }
+    return total;
+}
+
+int32_t llama_cffi_gengine_intern(llama_cffi_gengine *e, int32_t n, const int32_t *lens, const int32_t *flat) {
+    if (!e || n < 0 || (n && (!lens || !flat))) return -4;
+    new_out(e);
+    int64_t at = 0;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t s = 0;
+        if (lens[i] < 0) return -4;
+        for (int32_t k = 0; k < lens[i]; k++) {
+            int32_t pos = flat[at + k];
+            if (pos < 0 || pos >= e->n_elems) return -4;
+            s = cons(e, s, pos);
+            if (s < 0) return s;
+        }
+        at += lens[i];
+        if (iv_reserve(&e->hits, e->below.n)) return -2;
+        while (e->hits.n < e->below.n) e->hits.v[e->hits.n++] = 0;
+        if (e->hits.v[s] == e->out_gen) continue;
+        e->hits.v[s] = e->out_gen;
+        if (iv_push(&e->out, s)) return -2;
+    }
+    qsort(e->out.v, (size_t)e->out.n, sizeof(int32_t), cmp_i32);
+    return intern_sorted(e, e->out.v, e->out.n);
+}
+
+/* the state's stacks whose top is a character element, into e->live */
+static int live_stacks(llama_cffi_gengine *e, int32_t state) {
+    e->live.n = 0;
+    const int32_t *cells = e->st_pool.v + e->st_off.v[state];
+    int32_t n = e->st_len.v[state];
+    if (iv_reserve(&e->live, n)) return -2;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t c = cells[i];
+        if (c == 0) continue;
+        int32_t t = e->types[e->top.v[c]];
+        if (t == T_CHAR || t == T_CHAR_NOT || t == T_ANY) e->live.v[e->live.n++] = c;
+    }
+    return 0;
+}
+
+/* record a transition in the engine's table (and its row as changed) */
+static int set_trans(llama_cffi_gengine *e, int32_t state, int32_t cls, int32_t succ) {
+    e->trans.v[(int64_t)state * e->n_classes + cls] = succ;
+    if (!e->row_dirty.v[state]) {
+        if (iv_push(&e->dirty, state)) return -2;
+        e->row_dirty.v[state] = 1;
+    }
+    return 0;
+}
+
+static int32_t step_(llama_cffi_gengine *e, int32_t state, int32_t cls) {
+    int32_t known = e->trans.v[(int64_t)state * e->n_classes + cls];
+    if (known != LLAMA_CFFI_TRANS_UNKNOWN) return known;
+    int rc = live_stacks(e, state);
+    if (rc) return rc;
+    /* the matching stacks (live is scratch: compact it in place) */
+    int64_t k = 0;
+    for (int64_t i = 0; i < e->live.n; i++) {
+        int32_t c = e->live.v[i];
+        if (e->member[(size_t)e->char_row[e->top.v[c]] * (size_t)e->n_classes + (size_t)cls]) e->live.v[k++] = c;
+    }
+    int32_t s = k ? successor(e, e->live.v, k) : -1; /* successor() uses out/hits, not live */
+    if (s < -1) return s;
+    if (set_trans(e, state, cls, s)) return -2;
+    return s;
+}
+
+int32_t llama_cffi_gengine_step(llama_cffi_gengine *e, int32_t state, int32_t cls) {
+    if (!e || !check_state(e, state) || cls < 0 || cls >= e->n_classes) return -4;
+    return step_(e, state, cls);
+}
+
+/* per class, which live stacks match it (words per class), the classes grouped by it:
+   group[c] the group, sig_rep[g] a class of group g; returns the number of groups */
+static int64_t class_groups(llama_cffi_gengine *e, int64_t *words_out) {
+    const int64_t nl = e->live.n, nc = e->n_classes;
+    const int64_t words = (nl + 63) / 64;
+    *words_out = words;
+    if (words * nc > e->sig_cap) {
+        uint64_t *p = (uint64_t *)realloc(e->sig, sizeof(uint64_t) * (size_t)(words * nc));
+        if (!p) return -2;
+        e->sig = p;
+        e->sig_cap = words * nc;
+    }
+    memset(e->sig, 0, sizeof(uint64_t) * (size_t)(words * nc));
+    for (int64_t i = 0; i < nl; i++) {
+        const uint8_t *row = e->member + (size_t)e->char_row[e->top.v[e->live.v[i]]] * (size_t)nc;
+        const uint64_t bit = (uint64_t)1 << (i & 63);
+        uint64_t *col = e->sig + i / 64;
+        for (int64_t c = 0; c < nc; c++)
+            if (row[c]) col[c * words] |= bit;
+    }
+    /* group equal signatures: a small hash table over classes */
+    int64_t cap = 16;
+    while (cap < 2 * nc) cap *= 2;
+    int32_t *tab = (int32_t *)calloc((size_t)cap, sizeof(int32_t));
+    if (!tab) return -2;
+    e->sig_rep.n = 0;
+    for (int64_t c = 0; c < nc; c++) {
+        const uint64_t *s = e->sig + c * words;
+        uint64_t h = words_hash(s, words);
+        uint64_t j = h & (uint64_t)(cap - 1);
+        for (;;) {
+            int32_t g1 = tab[j];
+            if (!g1) {
+                if (iv_push(&e->sig_rep, (int32_t)c)) {
+                    free(tab);
+                    return -2;
+                }
+                tab[j] = (int32_t)e->sig_rep.n;
+                e->group[c] = (int32_t)e->sig_rep.n - 1;
+                break;
+            }
+            if (!memcmp(e->sig + (int64_t)e->sig_rep.v[g1 - 1] * words, s, sizeof(uint64_t) * (size_t)words)) {
+                e->group[c] = g1 - 1;
+                break;
+            }
+            j = (j + 1) & (uint64_t)(cap - 1);
+        }
+    }
+    free(tab);
+    return e->sig_rep.n;
+}
+
+/* the successor of group g (its stacks: the bits of its signature); -1 when none match */
+static int32_t group_successor(llama_cffi_gengine *e, int32_t g, int64_t words, ivec *cells) {
+    const uint64_t *s = e->sig + (int64_t)e->sig_rep.v[g] * words;
+    cells->n = 0;
+    for (int64_t i = 0; i < e->live.n; i++)
+        if ((s[i / 64] >> (i & 63)) & 1u)
+            if (iv_push(cells, e->live.v[i])) return -2;
+    if (!cells->n) return -1;
+    return successor(e, cells->v, cells->n);
+}
+
+static int fill_row_(llama_cffi_gengine *e, int32_t state) {
+    const int32_t *row = e->trans.v + (int64_t)state * e->n_classes;
+    int32_t c0 = 0;
+    while (c0 < e->n_classes && row[c0] != LLAMA_CFFI_TRANS_UNKNOWN) c0++;
+    if (c0 == e->n_classes) return 0; /* known already */
+    int rc = live_stacks(e, state);
+    if (rc) return rc;
+    if (!e->live.n) {
+        for (int32_t c = 0; c < e->n_classes; c++)
+            if (set_trans(e, state, c, -1)) return -2;
+        return 0;
+    }
+    int64_t words;
+    int64_t ng = class_groups(e, &words);
+    if (ng < 0) return (int)ng;
+    /* successors per group, then the row (the successors' interning may add cells and
+       states, but leaves live, sig and group alone) */
+    if (iv_reserve(&e->succ, ng)) return -2;
+    for (int64_t g = 0; g < ng; g++) {
+        int32_t s = group_successor(e, (int32_t)g, words, &e->cells_buf);
+        if (s < -1) return s;
+        e->succ.v[g] = s;
+    }
+    for (int32_t c = 0; c < e->n_classes; c++)
+        if (set_trans(e, state, c, e->succ.v[e->group[c]])) return -2;
+    return 0;
+}
+
+int llama_cffi_gengine_fill_row(llama_cffi_gengine *e, int32_t state) {
+    if (!e || !check_state(e, state)) return -4;
+    return fill_row_(e, state);
+}
+
+/* see the header: the successor shared by classes[0..n), -5 when they have none in common
+   for certain */
+static int32_t group_step_(llama_cffi_gengine *e, int32_t state, const int32_t *classes, int32_t n) {
+    const int32_t *row = e->trans.v + (int64_t)state * e->n_classes;
+    int all_known = 1;
+    for (int32_t i = 0; i < n && all_known; i++) all_known = row[classes[i]] != LLAMA_CFFI_TRANS_UNKNOWN;
+    if (all_known) {
+        for (int32_t i = 1; i < n; i++)
+            if (row[classes[i]] != row[classes[0]]) return -5;
+        return row[classes[0]];
+    }
+    int rc = live_stacks(e, state);
+    if (rc) return rc;
+    if (!e->live.n) {
+        for (int32_t c = 0; c < e->n_classes; c++)
+            if (set_trans(e, state, c, -1)) return -2;
+        return -1;
+    }
+    int64_t words;
+    int64_t ng = class_groups(e, &words);
+    if (ng < 0) return (int32_t)ng;
+    int32_t g = e->group[classes[0]];
+    for (int32_t i = 1; i < n; i++)
+        if (e->group[classes[i]] != g) return -5;
+    int32_t s = group_successor(e, g, words, &e->cells_buf);
+    if (s < -1) return s;
+    for (int32_t c = 0; c < e->n_classes; c++)
+        if (e->group[c] == g && set_trans(e, state, c, s)) return -2;
+    return s;
+}
+
+int32_t llama_cffi_gengine_group_step(llama_cffi_gengine *e, int32_t state, const int32_t *classes, int32_t n) {
+    if (!e || !check_state(e, state) || n < 1 || !classes) return -4;
+    for (int32_t i = 0; i < n; i++)
+        if (classes[i] < 0 || classes[i] >= e->n_classes) return -4;
+    return group_step_(e, state, classes, n);
+}
+
+int llama_cffi_gengine_fill(llama_cffi_gengine *e, int64_t n, const int32_t *states, const int32_t *classes) {
+    if (!e || n < 0 || (n && (!states || !classes))) return -4;
+    for (int64_t i = 0; i < n; i++) {
+        int32_t st = states[i], c = classes[i];
+        if (st < 0) continue;
+        if (!check_state(e, st) || c < 0 || c >= e->n_classes) return -4;
+        int32_t s = step_(e, st, c);
+        if (s < -1) return s;
+    }
+    return 0;
+}
+
+int32_t llama_cffi_gengine_sync(llama_cffi_gengine *e, int32_t *table, int32_t n_rows, uint8_t *complete,
+                                int32_t first, int32_t n_complete) {
+    if (!e || !table || n_rows < e->st_off.n || first < 0 || n_complete < 0 || first + n_complete > e->st_off.n ||
+        (n_complete && !complete))
+        return -4;
+    const int64_t nc = e->n_classes;
+    for (int64_t i = 0; i < e->dirty.n; i++) {
+        int32_t st = e->dirty.v[i];
+        memcpy(table + (int64_t)st * nc, e->trans.v + (int64_t)st * nc, sizeof(int32_t) * (size_t)nc);
+        e->row_dirty.v[st] = 0;
+    }
+    int32_t copied = (int32_t)e->dirty.n;
+    e->dirty.n = 0;
+    for (int32_t i = 0; i < n_complete; i++) {
+        int32_t st = first + i;
+        complete[i] = e->st_len.v[st] > 0 && e->st_pool.v[e->st_off.v[st]] == 0;
+    }
+    return copied;
+}
+
+int32_t llama_cffi_gengine_run(llama_cffi_gengine *e, int32_t state, const double *class_weight, int32_t cap,
+                               int32_t max_run_stacks, int32_t *chain, uint64_t *run_words, int32_t W) {
+    if (!e || !check_state(e, state) || !class_weight || cap < 0 || !chain || !run_words ||
+        W != e->n_classes / 64 + 1)
+        return -4;
+    int rc = fill_row_(e, state);
+    if (rc) return rc;
+    const int64_t nc = e->n_classes;
+    memset(run_words, 0, sizeof(uint64_t) * (size_t)W);
+    int32_t len = 0;
+    chain[len++] = state;
+    const int32_t *row = e->trans.v + (int64_t)state * nc;
+    /* the successor whose classes weigh most (the state itself on a tie, then the lowest id) */
+    int32_t best = -1;
+    double best_w = -1.0;
+    e->cells_buf.n = 0; /* scratch: the distinct successors */
+    for (int64_t c = 0; c < nc; c++) {
+        int32_t s = row[c];
+        if (s < 0) continue;
+        int seen = 0;
+        for (int64_t i = 0; i < e->cells_buf.n; i++)
+            if (e->cells_buf.v[i] == s) seen = 1;
+        if (seen) continue;
+        if (iv_push(&e->cells_buf, s)) return -2;
+        double w = s == state ? 0.5 : 0.0;
+        for (int64_t d = c; d < nc; d++)
+            if (row[d] == s) w += class_weight[d];
+        if (w > best_w || (w == best_w && s < best)) {
+            best_w = w;
+            best = s;
+        }
+    }
+    if (best < 0) { /* nothing follows: the empty run covers the leaves of any length */
+        while (len <= cap) chain[len++] = state;
+        return len;
+    }
+    e->chain.n = 0;
+    for (int64_t c = 0; c < nc; c++)
+        if (row[c] == best) {
+            if (iv_push(&e->chain, (int32_t)c)) return -2;
+            run_words[c / 64] |= (uint64_t)1 << (c % 64);
+        }
+    int32_t cur = state;
+    while (len <= cap) {
+        if (e->st_len.v[cur] > max_run_stacks) break; /* an ambiguous grammar: a shorter run is as correct */
+        int32_t nx = group_step_(e, cur, e->chain.v, (int32_t)e->chain.n);
+        if (nx == -5 || nx == -1) break;
+        if (nx < -1) return nx;
+        if (nx == cur) { /* a self-loop: the chain stays here */
+            while (len <= cap) chain[len++] = cur;
+            break;
+        }
+        chain[len++] = nx;
+        cur = nx;
+    }
+    return len;
+}
+
+int llama_cffi_gengine_pchar_ok(llama_cffi_gengine *e, int32_t state, const int64_t *pchars, int32_t n,
+                                uint8_t *out) {
+    if (!e || !check_state(e, state) || n < 0 || (n && (!pchars || !out))) return -4;
+    memset(out, 0, (size_t)n);
+    int rc = live_stacks(e, state);
+    if (rc) return rc;
+    for (int64_t i = 0; i < e->live.n; i++) {
+        int32_t top = e->top.v[e->live.v[i]];
+        int dup = 0; /* the same position on several stacks answers the same */
+        for (int64_t j = 0; j < i && !dup; j++) dup = e->top.v[e->live.v[j]] == top;
+        if (dup) continue;
+        const int positive = e->types[top] == T_CHAR || e->types[top] == T_ANY;
+        for (int32_t k = 0; k < n; k++) {
+            if (out[k]) continue;
+            int64_t value = pchars[k] >> 2, remain = pchars[k] & 3;
+            /* llama_grammar_match_partial_char */
+            if (remain <= 0 || (remain == 1 && value < 2)) continue;
+            int64_t low = value << (remain * 6);
+            int64_t high = low | (((int64_t)1 << (remain * 6)) - 1);
+            if (low == 0) {
+                if (remain == 2) low = 1 << 11;
+                else if (remain == 3) low = 1 << 16;
+            }
+            int32_t pos = top;
+            int overlap = 0, any = 0;
+            for (;;) {
+                if (e->types[pos + 1] == T_RNG) {
+                    overlap |= e->values[pos] <= high && low <= e->values[pos + 1];
+                    pos += 2;
+                } else if (e->types[pos] == T_ANY) {
+                    any = 1;
+                    break;
+                } else {
+                    overlap |= low <= e->values[pos] && e->values[pos] <= high;
+                    pos += 1;
+                }
+                if (e->types[pos] != T_CHAR_ALT) break;
+            }
+            out[k] = any ? 1 : (uint8_t)(positive ? overlap : !overlap);
+        }
+    }
+    return 0;
+}

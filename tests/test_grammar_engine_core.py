@@ -1,0 +1,340 @@
+"""The grammar engine's C core (``llama_cffi/_native/grammar_engine.c``) against the
+Python core it replaced, which stays as the reference (``Engine(..., core="python")``):
+state for state on random grammars and random strings (the same stacks, completeness,
+rows of transitions, groups), the same budget errors at the same steps, bad arguments to
+the C functions refused, and the ambiguous grammars whose stacks multiply with every
+character ended by the budget instead of running without bound."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from llama_cffi.gbnf import check_grammar, parse_gbnf, resolve_tokens
+from samplers.grammar import Grammar, GrammarError
+from samplers.grammar.engine import DEAD, Engine
+from samplers.grammar.errors import GrammarBudgetError
+
+from .conftest import run_isolated
+from .test_gbnf import CHARS, Node, budget, grammar_text, grammars
+
+#: stacks multiply with every "a": after n of them, every sequence of n pending letters
+#: of b, c, d, e (4^n stacks); llama.cpp's matcher has no bound on this
+AMBIGUOUS = 'root ::= x\nx ::= "a" x "b" | "a" x "c" | "a" x "d" | "a" x "e" | ""\n'
+
+
+def engines(text: str, max_stacks: int = 16384, check: bool = True) -> tuple[Engine, Engine]:
+    parsed = resolve_tokens(parse_gbnf(text), lambda _n: 2**31 - 1)
+    if check:
+        check_grammar(parsed, "root")
+    return Engine(parsed, core="c", max_stacks=max_stacks), Engine(parsed, core="python", max_stacks=max_stacks)
+
+
+def same_state(c: Engine, p: Engine, sc: int, sp: int, where: str) -> None:
+    assert (sc == DEAD) == (sp == DEAD), where
+    assert c.stacks(sc) == p.stacks(sp), where
+    assert c.n_stacks(sc) == p.n_stacks(sp) == len(p.stacks(sp)), where
+    assert c.is_complete(sc) == p.is_complete(sp), where
+    assert c.char_tops(sc) == p.char_tops(sp) or set(c.char_tops(sc)) == set(p.char_tops(sp)), where
+
+
+#: partial characters (value << 2 | bytes still needed): lead bytes of 2-, 3- and 4-byte
+#: characters, sequences one byte short, overlong leads and values past U+10FFFF
+PCHARS = sorted(
+    {(v << 2) | r for r in (1, 2, 3) for v in range(0, 64) if (v << (6 * r)) < (1 << 22)}
+    | {((0x3A0 >> 6) << 2) | 1, ((0x4E2D >> 6) << 2) | 1, ((0x4E2D >> 12) << 2) | 2, (0x06 << 2) | 2, (0x0 << 2) | 3}
+)
+
+
+def check_pchars_and_run(c: Engine, p: Engine, sc: int, sp: int, where: str) -> None:
+    """The C core's per-state answers for partial characters equal the Python core's
+    ``partial_ok``; its run is a valid one: every class of the run leads each state of the
+    chain to the next (a chain padded with one state is a self-loop)."""
+    got = c.c_pchar_ok(sc, np.array(PCHARS, dtype=np.int64)).tolist()
+    want = [p.partial_ok(sp, (v >> 2, v & 3)) for v in PCHARS]
+    assert got == want, where
+    try:
+        chain, words = c.c_run(sc, np.arange(1, c.n_classes + 1, dtype=np.float64), 6, 256)
+    except GrammarBudgetError:
+        return
+    classes = [k for k in range(c.n_classes) if (int(words[k // 64]) >> (k % 64)) & 1]
+    assert chain[0] == sc and 1 <= len(chain) <= 7, where
+    for a, b in zip(chain.tolist(), chain[1:].tolist(), strict=False):
+        for k in classes:
+            assert c.step(a, k) == b, f"{where}: run class {k} from {a}"
+    if not classes:
+        assert chain.tolist() == [sc] * 7, where
+
+
+def step_both(c: Engine, p: Engine, sc: int, sp: int, cp: int, where: str) -> tuple[int, int] | None:
+    """One code point in both cores: their successors, or None when both ran past the budget."""
+    errs = []
+    out = []
+    for eng, s in ((c, sc), (p, sp)):
+        try:
+            out.append(eng.step(s, eng.class_of(cp)))
+            errs.append(False)
+        except GrammarBudgetError:
+            out.append(DEAD)
+            errs.append(True)
+    assert errs[0] == errs[1], f"{where}: budget error in one core only (c, python) = {errs}"
+    if errs[0]:
+        return None
+    return out[0], out[1]
+
+
+@settings(max_examples=budget(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(grammars(dag=False), st.randoms(use_true_random=False), st.sampled_from([3, 16, 256]))
+def test_cores_agree_state_for_state(
+    rules: dict[str, tuple[tuple[Node, ...], ...]], rng: random.Random, max_stacks: int
+) -> None:
+    """Random grammars (recursion, classes, repetitions), random strings over their
+    characters: after every code point the C core's state has the Python core's stacks,
+    completeness and stack tops; whole rows (``fill_row``) and a class group's step
+    (``group_step``) lead to the same stack sets; a budget error comes at the same step in
+    both, with small budgets too."""
+    text = grammar_text(rules)
+    try:
+        c, p = engines(text, max_stacks)
+    except GrammarBudgetError:
+        with pytest.raises(GrammarBudgetError):
+            Engine(resolve_tokens(parse_gbnf(text), lambda _n: 0), core="python", max_stacks=max_stacks)
+        event("start over budget")
+        return
+    except GrammarError:  # refused by check_grammar (left recursion, undefined rules, ...)
+        event("refused")
+        return
+    assert c.core == "c" and p.core == "python"
+    assert c.n_classes == p.n_classes
+    same_state(c, p, c.start, p.start, "start")
+    alphabet = sorted(set(CHARS) | {"z"})
+    for trial in range(4):
+        sc, sp = c.start, p.start
+        for i in range(rng.randint(1, 12)):
+            where = f"trial {trial} char {i}"
+            if sc != DEAD and rng.random() < 0.3:
+                rows = []
+                for eng, s in ((c, sc), (p, sp)):
+                    try:
+                        eng.fill_row(s)
+                        rows.append(eng.table()[s, : eng.n_classes].copy())
+                    except GrammarBudgetError:
+                        rows.append(None)
+                assert (rows[0] is None) == (rows[1] is None), where
+                if rows[0] is not None:
+                    for k in range(c.n_classes):
+                        same_state(c, p, int(rows[0][k]), int(rows[1][k]), f"{where} row class {k}")
+            if sc != DEAD and rng.random() < 0.3:
+                classes = np.array(sorted(rng.sample(range(c.n_classes), min(c.n_classes, rng.randint(1, 3)))))
+                gc_ = gp = None
+                errs = []
+                for k, (eng, s) in enumerate(((c, sc), (p, sp))):
+                    try:
+                        r = eng.group_step(s, classes)
+                        errs.append(False)
+                    except GrammarBudgetError:
+                        r = None
+                        errs.append(True)
+                    if k == 0:
+                        gc_ = r
+                    else:
+                        gp = r
+                assert errs[0] == errs[1], where
+                assert (gc_ is None) == (gp is None), where
+                if gc_ is not None and gp is not None:
+                    same_state(c, p, gc_, gp, f"{where} group {classes.tolist()}")
+            cp = ord(rng.choice(alphabet))
+            got = step_both(c, p, sc, sp, cp, where)
+            if got is None:
+                event("budget")
+                break
+            sc, sp = got
+            same_state(c, p, sc, sp, where)
+            if sc == DEAD:
+                break
+        if sc != DEAD:
+            check_pchars_and_run(c, p, sc, sp, f"trial {trial}")
+        # unions and the character-only part (what a token's walk continues from)
+        if sc != DEAD:
+            same_state(c, p, c.union(sc, c.start), p.union(sp, p.start), f"trial {trial} union")
+            same_state(c, p, c.char_only(sc), p.char_only(sp), f"trial {trial} char_only")
+
+
+def test_cores_agree_on_json() -> None:
+    """llama.cpp's json.gbnf, a document walked character by character: the same states."""
+    from samplers.grammar.builtin import JSON as JSON_GBNF
+
+    c, p = engines(JSON_GBNF)
+    sc, sp = c.start, p.start
+    doc = '{"a": [1, -2.5e3, true, null, "x\\u00e9y"], "b": {"c": "日本"}}'
+    for i, ch in enumerate(doc):
+        got = step_both(c, p, sc, sp, ord(ch), f"char {i}")
+        assert got is not None
+        sc, sp = got
+        same_state(c, p, sc, sp, f"char {i} {ch!r}")
+    assert c.is_complete(sc) and p.is_complete(sp)
+
+
+@pytest.mark.parametrize("core", ["c", "python"])
+def test_ambiguous_grammar_ends_in_budget_error(core: str) -> None:
+    """The stacks of AMBIGUOUS multiply by 4 with every "a": the step that would make a
+    state past the budget raises GrammarBudgetError naming it; the engine is left as it was
+    (the same step raises again, the states before it still answer), and a bigger budget
+    goes further."""
+    parsed = resolve_tokens(parse_gbnf(AMBIGUOUS), lambda _n: 0)
+    eng = Engine(parsed, core=core, max_stacks=1000)
+    cls = eng.class_of(ord("a"))
+    s = eng.start
+    sizes = []
+    with pytest.raises(GrammarBudgetError, match="more than 1000 stacks"):
+        for _ in range(50):
+            s = eng.step(s, cls)
+            sizes.append(eng.n_stacks(s))
+    assert 2 <= len(sizes) < 50 and sizes[-1] <= 1000
+    assert all(b >= 3 * a for a, b in itertools.pairwise(sizes)), sizes
+    with pytest.raises(GrammarBudgetError):
+        eng.step(s, cls)
+    assert eng.n_stacks(s) == sizes[-1]
+    assert eng.step(s, eng.class_of(ord("b"))) != DEAD
+    big = Engine(parsed, core=core, max_stacks=4 * sizes[-1] + 1000)
+    t = big.start
+    for _ in range(len(sizes) + 1):
+        t = big.step(t, cls)
+    assert big.n_stacks(t) > 1000
+
+
+def test_ambiguous_grammar_masks_end_in_budget_error() -> None:
+    """A mask over a vocabulary with long runs of "a" (each token's walk multiplies the
+    stacks by 4 per character): the default budget ends it in a GrammarBudgetError, in a
+    child process that must finish (a hang fails the test), never a crash."""
+    code = f"""
+from samplers.grammar import Grammar
+from samplers.grammar.errors import GrammarBudgetError
+vocab = [b"a" * n for n in range(1, 40)] + [b"b", b"c", b"ab", b"</s>"]
+g = Grammar.from_gbnf({AMBIGUOUS!r})
+c = g.compile(vocab, mask_cache_size=0)
+m = c.matcher()
+try:
+    m.allowed_tokens()
+    print("computed")
+except GrammarBudgetError as e:
+    print("budget", str(e)[:60])
+small = Grammar.from_gbnf({AMBIGUOUS!r}, max_stacks=64).compile(vocab, mask_cache_size=0).matcher()
+try:
+    small.allowed_tokens()
+    print("computed")
+except GrammarBudgetError:
+    print("budget small")
+"""
+    out = run_isolated(code, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    assert lines[0].startswith("budget"), out
+    assert lines[1] == "budget small", out
+
+
+def test_c_core_refuses_bad_arguments() -> None:
+    """Out-of-range states and classes given to the C functions raise, never read out of
+    bounds."""
+    from llama_cffi._binding import ffi, lib
+
+    c, _ = engines('root ::= "a" [b-d]* "e"\n')
+    h = c._c
+    assert lib.llama_cffi_gengine_step(h, 10**6, 0) == -4
+    assert lib.llama_cffi_gengine_step(h, c.start, 10**6) == -4
+    assert lib.llama_cffi_gengine_step(h, -5, 0) == -4
+    assert lib.llama_cffi_gengine_n_stacks(h, 10**6) == -4
+    assert lib.llama_cffi_gengine_fill_row(h, 10**6) == -4
+    assert lib.llama_cffi_gengine_complete(h, -1) == -4
+    lens = np.array([1], dtype=np.int32)
+    flat = np.array([10**6], dtype=np.int32)
+    i32 = lambda a: ffi.cast("int32_t *", a.ctypes.data)  # noqa: E731
+    assert lib.llama_cffi_gengine_intern(h, 1, i32(lens), i32(flat)) == -4
+    lens[0] = -1
+    assert lib.llama_cffi_gengine_intern(h, 1, i32(lens), i32(flat)) == -4
+    st_ = np.array([5], dtype=np.int32)
+    cl = np.array([0], dtype=np.int32)
+    assert lib.llama_cffi_gengine_fill(h, 1, i32(st_), i32(cl)) == -4
+    st_[0] = c.start
+    cl[0] = c.n_classes
+    assert lib.llama_cffi_gengine_fill(h, 1, i32(st_), i32(cl)) == -4
+    assert lib.llama_cffi_gengine_group_step(h, c.start, i32(cl), 1) == -4
+    # a table with fewer rows than states is refused
+    table = np.full((1, c.n_classes), -2, dtype=np.int32)
+    c.fill_row(c.start)
+    if c.n_states > 1:
+        assert lib.llama_cffi_gengine_sync(h, i32(table), 1, ffi.NULL, 0, 0) == -4
+    weights = np.ones(c.n_classes, dtype=np.float64)
+    chain = np.zeros(4, dtype=np.int32)
+    words = np.zeros(1, dtype=np.uint64)
+    assert (
+        lib.llama_cffi_gengine_run(
+            h,
+            c.start,
+            ffi.cast("double *", weights.ctypes.data),
+            3,
+            8,
+            i32(chain),
+            ffi.cast("uint64_t *", words.ctypes.data),
+            7,
+        )
+        == -4
+    )
+    pch = np.zeros(1, dtype=np.int64)
+    out = np.zeros(1, dtype=np.uint8)
+    assert (
+        lib.llama_cffi_gengine_pchar_ok(
+            h, 10**6, ffi.cast("int64_t *", pch.ctypes.data), 1, ffi.cast("uint8_t *", out.ctypes.data)
+        )
+        == -4
+    )
+    types = np.array([3, 0], dtype=np.int32)  # CHAR then END, with a bad row
+    values = np.array([97, 0], dtype=np.int32)
+    rs = np.array([0], dtype=np.int32)
+    bad_row = np.array([7, -1], dtype=np.int32)
+    after = np.array([1, -1], dtype=np.int32)
+    member = np.ones((1, 1), dtype=np.uint8)
+
+    def p(a: np.ndarray, t: str = "int32_t *") -> object:
+        return ffi.cast(t, a.ctypes.data)
+
+    assert (
+        lib.llama_cffi_gengine_new(
+            2, p(types), p(values), 1, p(rs), p(bad_row), p(after), 1, 1, p(member, "uint8_t *"), 8, 64
+        )
+        == ffi.NULL
+    )
+    ok_row = np.array([0, -1], dtype=np.int32)
+    e = lib.llama_cffi_gengine_new(
+        2, p(types), p(values), 1, p(rs), p(ok_row), p(after), 1, 1, p(member, "uint8_t *"), 8, 64
+    )
+    assert e != ffi.NULL
+    lib.llama_cffi_gengine_free(e)
+
+
+def test_grammar_max_stacks_option() -> None:
+    """``Grammar(..., max_stacks=)`` reaches the engine; ``accepts`` raises the budget error."""
+    g = Grammar.from_gbnf(AMBIGUOUS, max_stacks=100)  # 5, 20, 80, 320, ... stacks after each "a"
+    assert g._engine.max_stacks == 100
+    assert g.accepts("aabc") and not g.accepts("aab")  # short inputs stay within the budget
+    with pytest.raises(GrammarBudgetError):
+        g.accepts("a" * 10 + "b" * 10)
+    assert Grammar.from_gbnf(AMBIGUOUS).accepts("aaabcd")
+    with pytest.raises(ValueError):
+        Grammar.from_gbnf(AMBIGUOUS, max_stacks=0)
+
+
+@pytest.mark.parametrize("core", ["c", "python"])
+def test_unchecked_left_recursion_ends_in_budget_error(core: str) -> None:
+    """A left-recursive grammar given to the engine without ``check_grammar`` (which
+    refuses it) would expand its first stack forever: the advance's budget ends it."""
+    parsed = resolve_tokens(parse_gbnf('root ::= root "a" | "b"\n'), lambda _n: 0)
+    with pytest.raises(GrammarError, match=r"left recursion|left-recursive"):
+        check_grammar(parsed, "root")
+    with pytest.raises(GrammarBudgetError, match=r"advancing a stack|the start state"):
+        Engine(parsed, core=core, max_stacks=1000)
