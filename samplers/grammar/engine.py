@@ -282,19 +282,19 @@ class Engine:
             grown = np.full((cap, self.n_classes), _UNKNOWN, dtype=np.int32)
             grown[: len(self._trans)] = self._trans
             self._trans = grown
-        new = np.zeros(max(n - have, 1), dtype=np.uint8)
+        new = np.zeros(n - have, dtype=np.uint8) if n > have else None
         rc = lib.llama_cffi_gengine_sync(
             self._c,
             self._ffi.cast("int32_t *", self._trans.ctypes.data),
             len(self._trans),
-            self._ffi.cast("uint8_t *", new.ctypes.data),
+            self._ffi.cast("uint8_t *", new.ctypes.data) if new is not None else self._ffi.NULL,
             have,
             n - have,
         )
         if rc < 0:  # pragma: no cover - the table was grown above
             raise GrammarError(f"internal error: the grammar engine's sync failed (code {rc})")
-        if n > have:
-            self._complete.extend(new[: n - have].astype(bool).tolist())
+        if new is not None:
+            self._complete.extend(new.astype(bool).tolist())
             self._token_tops.extend([()] * (n - have))
 
     def c_run(
@@ -754,16 +754,13 @@ class Engine:
         return self._trans
 
     def fill(self, states: npt.NDArray[np.int32], classes: npt.NDArray[np.int32]) -> None:
-        """Compute every unknown transition among the pairs ``(states[i], classes[i])``."""
-        states = expect_array("states", states, "state ids (ints)", "iu")
-        classes = expect_array("classes", classes, "class ids (ints)", "iu")
-        t = self._trans
-        live = states >= 0
-        s, c = states[live], classes[live]
-        unknown = t[s, c] == _UNKNOWN
-        if unknown.any() and self._c is not None:
-            su = np.ascontiguousarray(s[unknown], dtype=np.int32)
-            cu = np.ascontiguousarray(c[unknown], dtype=np.int32)
+        """Compute every unknown transition among the pairs ``(states[i], classes[i])``
+        (pairs with a negative state are skipped)."""
+        if self._c is not None:  # the C core skips known and DEAD pairs itself
+            su = np.ascontiguousarray(states, dtype=np.int32)
+            cu = np.ascontiguousarray(classes, dtype=np.int32)
+            if su.ndim != 1 or su.shape != cu.shape:
+                raise ValueError(f"states and classes must be 1-D of one length, not {su.shape} and {cu.shape}")
             ffi = self._ffi
             with self._lock:
                 self._c_call(
@@ -772,7 +769,14 @@ class Engine:
                         self._c, len(su), ffi.cast("int32_t *", su.ctypes.data), ffi.cast("int32_t *", cu.ctypes.data)
                     ),
                 )
-        elif unknown.any():
+            return
+        states = expect_array("states", states, "state ids (ints)", "iu")
+        classes = expect_array("classes", classes, "class ids (ints)", "iu")
+        t = self._trans
+        live = states >= 0
+        s, c = states[live], classes[live]
+        unknown = t[s, c] == _UNKNOWN
+        if unknown.any():
             need: dict[int, set[int]] = {}
             for st, cl in zip(s[unknown].tolist(), c[unknown].tolist(), strict=True):
                 need.setdefault(st, set()).add(cl)
