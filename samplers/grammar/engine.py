@@ -235,20 +235,20 @@ class Engine:
         member = np.ascontiguousarray(self._member, dtype=np.uint8)
         n_rows = member.shape[0]
 
-        def ptr(a: npt.NDArray[Any], t: str) -> Any:
-            return ffi.cast(t, a.ctypes.data) if a.size else ffi.NULL
+        def ptr(a: npt.NDArray[Any], t: str) -> Any:  # t: "int32_t[]", ...
+            return ffi.from_buffer(t, a) if a.size else ffi.NULL
 
         raw = lib.llama_cffi_gengine_new(
             n,
-            ptr(types, "int32_t *"),
-            ptr(values, "int32_t *"),
+            ptr(types, "int32_t[]"),
+            ptr(values, "int32_t[]"),
             len(rule_start),
-            ptr(rule_start, "int32_t *"),
-            ptr(char_row, "int32_t *"),
-            ptr(after, "int32_t *"),
+            ptr(rule_start, "int32_t[]"),
+            ptr(char_row, "int32_t[]"),
+            ptr(after, "int32_t[]"),
             n_rows,
             self.n_classes,
-            ptr(member, "uint8_t *"),
+            ptr(member, "uint8_t[]"),
             self.max_stacks,
             self.max_cells,
         )
@@ -256,6 +256,7 @@ class Engine:
             raise MemoryError("the grammar engine could not be made (out of memory)")
         self._c = ffi.gc(raw, lib.llama_cffi_gengine_free)
         self._ffi = ffi
+        self._trans_ptr = ffi.from_buffer("int32_t[]", self._trans)
 
     def _c_call(self, what: str, rc: int) -> int:
         """A C engine result, checked; new states (if any) get their Python side."""
@@ -282,12 +283,13 @@ class Engine:
             grown = np.full((cap, self.n_classes), _UNKNOWN, dtype=np.int32)
             grown[: len(self._trans)] = self._trans
             self._trans = grown
+            self._trans_ptr = self._ffi.from_buffer("int32_t[]", grown)
         new = np.zeros(n - have, dtype=np.uint8) if n > have else None
         rc = lib.llama_cffi_gengine_sync(
             self._c,
-            self._ffi.cast("int32_t *", self._trans.ctypes.data),
+            self._trans_ptr,
             len(self._trans),
-            self._ffi.cast("uint8_t *", new.ctypes.data) if new is not None else self._ffi.NULL,
+            self._ffi.from_buffer("uint8_t[]", new) if new is not None else self._ffi.NULL,
             have,
             n - have,
         )
@@ -316,11 +318,11 @@ class Engine:
                 _lib().llama_cffi_gengine_run(
                     self._c,
                     state,
-                    ffi.cast("double *", cw.ctypes.data),
+                    ffi.from_buffer("double[]", cw),
                     cap,
                     max_run_stacks,
-                    ffi.cast("int32_t *", chain.ctypes.data),
-                    ffi.cast("uint64_t *", words.ctypes.data),
+                    ffi.from_buffer("int32_t[]", chain),
+                    ffi.from_buffer("uint64_t[]", words),
                     w,
                 ),
             )
@@ -338,9 +340,9 @@ class Engine:
                 _lib().llama_cffi_gengine_pchar_ok(
                     self._c,
                     state,
-                    ffi.cast("int64_t *", pc.ctypes.data),
+                    ffi.from_buffer("int64_t[]", pc),
                     len(pc),
-                    ffi.cast("uint8_t *", out.ctypes.data),
+                    ffi.from_buffer("uint8_t[]", out),
                 ),
             )
         return out[: len(pc)].astype(bool)
@@ -352,10 +354,10 @@ class Engine:
             lib, ffi = _lib(), self._ffi
             k = int(lib.llama_cffi_gengine_n_stacks(self._c, state))
             lens = np.empty(max(k, 1), dtype=np.int32)
-            lp = ffi.cast("int32_t *", lens.ctypes.data)
+            lp = ffi.from_buffer("int32_t[]", lens)
             total = int(lib.llama_cffi_gengine_stacks(self._c, state, lp, ffi.NULL, 0))
             flat = np.empty(max(total, 1), dtype=np.int32)
-            lib.llama_cffi_gengine_stacks(self._c, state, lp, ffi.cast("int32_t *", flat.ctypes.data), total)
+            lib.llama_cffi_gengine_stacks(self._c, state, lp, ffi.from_buffer("int32_t[]", flat), total)
             out: list[Stack] = []
             at = 0
             fl = flat.tolist()
@@ -553,8 +555,8 @@ class Engine:
                     _lib().llama_cffi_gengine_intern(
                         self._c,
                         len(lens),
-                        self._ffi.cast("int32_t *", lens.ctypes.data),
-                        self._ffi.cast("int32_t *", fa.ctypes.data),
+                        self._ffi.from_buffer("int32_t[]", lens),
+                        self._ffi.from_buffer("int32_t[]", fa),
                     ),
                 )
         key = tuple(sorted(set(stacks)))
@@ -698,7 +700,7 @@ class Engine:
             if self._c is not None:
                 cl = np.ascontiguousarray(classes, dtype=np.int32)
                 rc = _lib().llama_cffi_gengine_group_step(
-                    self._c, state, self._ffi.cast("int32_t *", cl.ctypes.data), len(cl)
+                    self._c, state, self._ffi.from_buffer("int32_t[]", cl), len(cl)
                 )
                 if rc == -5:
                     self._c_sync()
@@ -766,7 +768,7 @@ class Engine:
                 self._c_call(
                     "transitions",
                     _lib().llama_cffi_gengine_fill(
-                        self._c, len(su), ffi.cast("int32_t *", su.ctypes.data), ffi.cast("int32_t *", cu.ctypes.data)
+                        self._c, len(su), ffi.from_buffer("int32_t[]", su), ffi.from_buffer("int32_t[]", cu)
                     ),
                 )
             return
