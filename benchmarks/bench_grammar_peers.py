@@ -755,8 +755,49 @@ def run_engine(
     return res
 
 
+def jsb_cases(archive: Path, sample: int, seed: int) -> dict[str, Case]:
+    """``sample`` JSON schemas drawn from JSONSchemaBench (the maskbench archive or its
+    folder; see ``bench_schema_realworld.py``), each with its first valid test document
+    that our converter's default grammar accepts and that is at least 20 characters long
+    (schemas where none is are passed over), drawn with ``seed`` across the paper's
+    subsets in turn. Named ``jsb:<file>``."""
+    import random
+
+    from benchmarks.bench_schema_realworld import PAPER_SUBSETS as SUBSETS
+    from benchmarks.bench_schema_realworld import data_dir
+    from samplers.grammar import Grammar
+
+    folder = data_dir(archive)
+    rng = random.Random(seed)
+    pools = {s: sorted(folder.glob(f"{s}---*.json")) for s in SUBSETS}
+    for files in pools.values():
+        rng.shuffle(files)
+    out: dict[str, Case] = {}
+    while len(out) < sample and any(pools.values()):
+        for s in SUBSETS:
+            if not pools[s] or len(out) >= sample:
+                continue
+            f = pools[s].pop()
+            d = json.loads(f.read_text(encoding="utf-8"))
+            docs = [json.dumps(t["data"], ensure_ascii=False) for t in d.get("tests", []) if t.get("valid")]
+            docs = [x for x in docs if len(x) >= 20]
+            if not docs:
+                continue
+            try:
+                g = Grammar.from_json_schema(d["schema"])
+                doc = next((x for x in docs if g.accepts(x)), None)
+            except Exception:
+                continue
+            if doc is not None:
+                out[f"jsb:{f.name}"] = Case(f"jsb:{f.name}", f"JSONSchemaBench {s}", d["schema"], doc)
+    return out
+
+
 def child_main(args: argparse.Namespace) -> int:
     engine, name = args.child
+    if args.cases_file is not None:
+        for k, v in json.loads(args.cases_file.read_text(encoding="utf-8")).items():
+            CASES.setdefault(k, Case(k, v["what"], v["schema"], v["doc"]))
     case = CASES[name]
     try:
         res = run_engine(engine, case, args.model, args.compile_timeout, args.masks_out)
@@ -893,6 +934,8 @@ def run_children(args: argparse.Namespace, engines: list[str], grammars: list[st
                     continue  # skipped, failed or timed out once: not again
                 cmd = [sys.executable, str(script), "--child", e, g, "--model", str(args.model)]
                 cmd += ["--compile-timeout", str(args.compile_timeout)]
+                if args.cases_file is not None:
+                    cmd += ["--cases-file", str(args.cases_file)]
                 if r == 0:
                     cmd += ["--masks-out", str(tmp / f"{e}-{g}.npy")]
                 if args.quiet_wait > 0:
@@ -940,6 +983,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="also write the results here, as JSON")
     ap.add_argument("--child", nargs=2, metavar=("ENGINE", "GRAMMAR"), help=argparse.SUPPRESS)
     ap.add_argument("--masks-out", type=Path, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--cases-file", type=Path, default=None, help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--jsb",
+        type=Path,
+        default=None,
+        help="JSONSchemaBench's maskbench archive (or folder): add --jsb-sample schemas drawn from it",
+    )
+    ap.add_argument("--jsb-sample", type=int, default=10, help="schemas drawn from --jsb (default 10)")
+    ap.add_argument("--jsb-seed", type=int, default=0, help="seed of the --jsb draw (default 0)")
     args = ap.parse_args(argv)
     if args.model is None:
         import llama_cffi
@@ -956,6 +1008,16 @@ def main(argv: list[str] | None = None) -> int:
         grammars = [g.strip() for g in args.grammars.split(",") if g.strip()]
     else:
         grammars = list(QUICK_GRAMMARS if args.quick else CASES)
+    if args.jsb is not None:
+        extra = jsb_cases(args.jsb, args.jsb_sample, args.jsb_seed)
+        CASES.update(extra)
+        grammars += list(extra)
+        cases_dir = Path(tempfile.mkdtemp(prefix="bench_grammar_peers-cases-"))
+        args.cases_file = cases_dir / "cases.json"
+        args.cases_file.write_text(
+            json.dumps({k: {"what": c.what, "schema": c.schema, "doc": c.doc} for k, c in extra.items()}),
+            encoding="utf-8",
+        )
     for g in grammars:
         if g not in CASES:
             ap.error(f"unknown grammar {g!r} (known: {', '.join(CASES)})")

@@ -338,3 +338,21 @@ def test_unchecked_left_recursion_ends_in_budget_error(core: str) -> None:
         check_grammar(parsed, "root")
     with pytest.raises(GrammarBudgetError, match=r"advancing a stack|the start state"):
         Engine(parsed, core=core, max_stacks=1000)
+
+
+def test_compiling_a_grammar_does_not_import_numpy_ma() -> None:
+    """A process's first ``np.unique`` imports ``numpy.ma`` (~12 ms): the engine's set-up
+    (character classes) avoids it, so a fresh process's first grammar does not pay it."""
+    out = run_isolated(
+        """
+import sys
+from samplers.grammar import Grammar
+from samplers.grammar.builtin import JSON
+assert "numpy.ma" not in sys.modules
+g = Grammar.from_json_schema({"type": "object", "properties": {"a": {"type": "string", "maxLength": 5}}})
+assert g.accepts('{"a": "xy"}') and Grammar.from_gbnf(JSON).accepts('{"b": [1, 2]}')
+print("numpy.ma" in sys.modules)
+"""
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False"
