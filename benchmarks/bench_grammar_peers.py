@@ -93,7 +93,9 @@ from benchmarks.common import command_line, run_child, self_peak_rss_kib, wait_q
 
 Mask = npt.NDArray[np.uint32]
 
-ENGINES = ("ours", "ours-nocache", "llguidance", "xgrammar", "outlines")
+#: ``ours-nocache-pycore``: ``ours-nocache`` with the grammar engine's Python core (the
+#: reference), to compare the C core with in the same run
+ENGINES = ("ours", "ours-nocache", "ours-nocache-pycore", "llguidance", "xgrammar", "outlines")
 #: the distribution each peer engine comes from, and the version this script was written for
 PEERS = {
     "llguidance": ("llguidance", "1.9.1"),
@@ -666,6 +668,10 @@ class Outlines(Runner):
 def make_runner(engine: str) -> Runner:
     if engine in ("ours", "ours-nocache"):
         return Ours(cache=engine == "ours")
+    if engine == "ours-nocache-pycore":
+        # the C walk over the engine's Python core (the reference the C core replaced)
+        os.environ["LLAMA_CFFI_GRAMMAR_CORE"] = "python"
+        return Ours(cache=False)
     cls = {"llguidance": LLGuidance, "xgrammar": XGrammar, "outlines": Outlines}.get(engine)
     if cls is None:
         raise SystemExit(f"unknown engine {engine!r} (known: {', '.join(ENGINES)})")
@@ -969,7 +975,11 @@ def parse_child(child: Any, engine: str, grammar: str, compile_timeout: float) -
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated, of {', '.join(ENGINES)}")
+    ap.add_argument(
+        "--engines",
+        default=",".join(e for e in ENGINES if e != "ours-nocache-pycore"),
+        help=f"comma-separated, of {', '.join(ENGINES)} (default: all but ours-nocache-pycore)",
+    )
     ap.add_argument("--grammars", default=None, help=f"comma-separated, of {', '.join(CASES)} (default: all)")
     ap.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK_GRAMMARS)}")
     ap.add_argument("--compile-timeout", type=float, default=60.0, help="seconds per grammar compile (default 60)")
