@@ -356,3 +356,44 @@ print("numpy.ma" in sys.modules)
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "False"
+
+
+def test_c_core_shared_by_threads() -> None:
+    """Four threads walk documents through one C-core engine at once (its C calls release
+    the GIL and grow its arrays), reading stacks and stack counts as they go: every thread
+    ends where the Python core ends on the same document."""
+    import threading
+
+    from samplers.grammar.builtin import JSON_VALUE
+
+    c, p = engines(JSON_VALUE)
+    docs = [
+        f'{{"k{i}": [{i}, "s\\u00e9{i}", {{"n": null, "t": true}}], "x": -{i}.5e{i % 9}}}' for i in range(40)
+    ]
+    results: dict[int, list[int]] = {}
+    errors: list[BaseException] = []
+
+    def work(t: int) -> None:
+        try:
+            out = []
+            for d in docs[t::4]:
+                s = c.start
+                for ch in d:
+                    s = c.step(s, c.class_of(ord(ch)))
+                    c.n_stacks(s)
+                    c.stacks(s)
+                out.append(s)
+            results[t] = out
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    for t in range(4):
+        for d, s in zip(docs[t::4], results[t], strict=True):
+            assert c.stacks(s) == p.stacks(p.walk(p.start, [ord(ch) for ch in d])), d
+            assert c.is_complete(s)

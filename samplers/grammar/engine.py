@@ -352,12 +352,13 @@ class Engine:
         got = self._stack_cache.get(state)
         if got is None:
             lib, ffi = _lib(), self._ffi
-            k = int(lib.llama_cffi_gengine_n_stacks(self._c, state))
-            lens = np.empty(max(k, 1), dtype=np.int32)
-            lp = ffi.from_buffer("int32_t[]", lens)
-            total = int(lib.llama_cffi_gengine_stacks(self._c, state, lp, ffi.NULL, 0))
-            flat = np.empty(max(total, 1), dtype=np.int32)
-            lib.llama_cffi_gengine_stacks(self._c, state, lp, ffi.from_buffer("int32_t[]", flat), total)
+            with self._lock:  # (another thread's C call may be growing the engine's arrays)
+                k = int(lib.llama_cffi_gengine_n_stacks(self._c, state))
+                lens = np.empty(max(k, 1), dtype=np.int32)
+                lp = ffi.from_buffer("int32_t[]", lens)
+                total = int(lib.llama_cffi_gengine_stacks(self._c, state, lp, ffi.NULL, 0))
+                flat = np.empty(max(total, 1), dtype=np.int32)
+                lib.llama_cffi_gengine_stacks(self._c, state, lp, ffi.from_buffer("int32_t[]", flat), total)
             out: list[Stack] = []
             at = 0
             fl = flat.tolist()
@@ -379,7 +380,8 @@ class Engine:
         if self._c is not None:
             if not 0 <= state < len(self._complete):
                 raise IndexError(f"state {state} out of range")
-            return int(_lib().llama_cffi_gengine_n_stacks(self._c, state))
+            with self._lock:  # (another thread's C call may be growing the engine's arrays)
+                return int(_lib().llama_cffi_gengine_n_stacks(self._c, state))
         return len(self._stacks[state])
 
     def _check_size(self, out: dict[Stack, None] | tuple[Stack, ...], what: str) -> None:
