@@ -55,11 +55,11 @@ def check_pchars_and_run(c: Engine, p: Engine, sc: int, sp: int, where: str) -> 
     """The C core's per-state answers for partial characters equal the Python core's
     ``partial_ok``; its run is a valid one: every class of the run leads each state of the
     chain to the next (a chain padded with one state is a self-loop)."""
-    got = c.c_pchar_ok(sc, np.array(PCHARS, dtype=np.int64)).tolist()
+    got = c._c_pchar_ok(sc, np.array(PCHARS, dtype=np.int64)).tolist()
     want = [p.partial_ok(sp, (v >> 2, v & 3)) for v in PCHARS]
     assert got == want, where
     try:
-        chain, words = c.c_run(sc, np.arange(1, c.n_classes + 1, dtype=np.float64), 6, 256)
+        chain, words = c._c_run(sc, np.arange(1, c.n_classes + 1, dtype=np.float64), 6, 256)
     except GrammarBudgetError:
         return
     classes = [k for k in range(c.n_classes) if (int(words[k // 64]) >> (k % 64)) & 1]
@@ -367,9 +367,7 @@ def test_c_core_shared_by_threads() -> None:
     from samplers.grammar.builtin import JSON_VALUE
 
     c, p = engines(JSON_VALUE)
-    docs = [
-        f'{{"k{i}": [{i}, "s\\u00e9{i}", {{"n": null, "t": true}}], "x": -{i}.5e{i % 9}}}' for i in range(40)
-    ]
+    docs = [f'{{"k{i}": [{i}, "s\\u00e9{i}", {{"n": null, "t": true}}], "x": -{i}.5e{i % 9}}}' for i in range(40)]
     results: dict[int, list[int]] = {}
     errors: list[BaseException] = []
 
@@ -397,3 +395,19 @@ def test_c_core_shared_by_threads() -> None:
         for d, s in zip(docs[t::4], results[t], strict=True):
             assert c.stacks(s) == p.stacks(p.walk(p.start, [ord(ch) for ch in d])), d
             assert c.is_complete(s)
+
+
+def test_c_core_cell_budget() -> None:
+    """The C core's bound on the stacks it keeps in all (``max_cells``): a walk that needs
+    more raises GrammarBudgetError, and the states made before it still answer."""
+    from samplers.grammar.builtin import JSON
+
+    parsed = resolve_tokens(parse_gbnf(JSON), lambda _n: 0)
+    eng = Engine(parsed, core="c", max_cells=400)
+    s = eng.start
+    with pytest.raises(GrammarBudgetError, match="max_cells=400"):
+        for ch in '{"a": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}':
+            s = eng.step(s, eng.class_of(ord(ch)))
+    assert eng.n_stacks(s) >= 1 and eng.stacks(s)
+    with pytest.raises(ValueError):
+        Engine(parsed, core="c", max_cells=1)

@@ -13,8 +13,9 @@
  * it. Classes that the same stacks accept share a successor, so a row is computed once
  * per group of classes (llama_cffi_gengine_fill_row).
  *
- * Budgets: a state of more than max_stacks stacks, or more than max_cells stacks in all,
- * ends the call with LLAMA_CFFI_GENGINE_BUDGET (an ambiguous grammar can multiply its
+ * Budgets: a state of more than max_stacks stacks (or one advance visiting more than
+ * max_stacks + the grammar's size stacks) ends the call with LLAMA_CFFI_GENGINE_BUDGET,
+ * more than max_cells stacks (or states) in all with LLAMA_CFFI_GENGINE_CELLS (an ambiguous grammar can multiply its
  * stacks with every character); the engine is left consistent. Every index read from
  * the grammar arrays was checked when the engine was made. Not thread-safe: the caller
  * serialises calls (samplers.grammar.engine holds its lock). */
@@ -143,7 +144,7 @@ static uint64_t state_hash(const llama_cffi_gengine *e, int32_t id) {
     return set_key_hash(e->st_pool.v + e->st_off.v[id], e->st_len.v[id]);
 }
 
-/* the cell (below, top), made if new; -2 out of memory, -3 over the cell budget */
+/* the cell (below, top), made if new; -2 out of memory, -6 over the cell budget */
 static int32_t cons(llama_cffi_gengine *e, int32_t below, int32_t top) {
     uint64_t h = cell_key_hash(below, top);
     uint64_t m = (uint64_t)(e->cells.cap - 1);
@@ -152,7 +153,7 @@ static int32_t cons(llama_cffi_gengine *e, int32_t below, int32_t top) {
         if (!id1) break;
         if (e->below.v[id1 - 1] == below && e->top.v[id1 - 1] == top) return id1 - 1;
     }
-    if (e->below.n >= e->max_cells) return -3;
+    if (e->below.n >= e->max_cells) return LLAMA_CFFI_GENGINE_CELLS;
     int32_t id = (int32_t)e->below.n;
     if (iv_push(&e->below, below) || iv_push(&e->top, top) || iv_push(&e->adv_off, -1) ||
         iv_push(&e->adv_len, 0) || iv_push(&e->mark, 0))
@@ -184,6 +185,8 @@ static int32_t intern_sorted(llama_cffi_gengine *e, const int32_t *a, int64_t n)
             return id;
     }
     if (e->st_off.n >= INT32_MAX - 1) return -2;
+    /* the memory bound: as many states as cells at most, and 8 state entries per cell */
+    if (e->st_off.n >= e->max_cells || e->st_pool.n + n > 8 * e->max_cells) return LLAMA_CFFI_GENGINE_CELLS;
     int32_t id = (int32_t)e->st_off.n;
     int64_t off = e->st_pool.n;
     if (off > INT32_MAX - n) return -2;
@@ -258,6 +261,10 @@ static int advance(llama_cffi_gengine *e, int32_t cell) {
         }
     }
     if (e->adv_pool.n > INT32_MAX) return -2;
+    if (e->adv_pool.n > 8 * e->max_cells) { /* the memory bound: 8 advanced entries per cell */
+        e->adv_pool.n = start;
+        return LLAMA_CFFI_GENGINE_CELLS;
+    }
     e->adv_off.v[cell] = (int32_t)start;
     e->adv_len.v[cell] = (int32_t)(e->adv_pool.n - start);
     return 0;

@@ -285,9 +285,11 @@ int32_t llama_cffi_mask_logits(int32_t n, float *logits, const int32_t *ids, con
    member (n_rows x n_classes bytes: does the element match the class) and the position
    after it (char_row, after: -1 elsewhere). Grammars with token elements are refused
    (NULL), as are inconsistent arrays. Returns below -1: -2 out of memory,
-   LLAMA_CFFI_GENGINE_BUDGET a state past max_stacks stacks (or max_cells stacks in all),
-   -4 bad arguments, -5 (group_step) the classes are not in one group. -1 is DEAD. */
+   LLAMA_CFFI_GENGINE_BUDGET a state past max_stacks stacks (or an advance visiting more than
+   max_stacks + n_elems stacks), LLAMA_CFFI_GENGINE_CELLS more than max_cells stacks kept in
+   all, -4 bad arguments, -5 (group_step) the classes are not in one group. -1 is DEAD. */
 #define LLAMA_CFFI_GENGINE_BUDGET -3
+#define LLAMA_CFFI_GENGINE_CELLS -6
 typedef struct llama_cffi_gengine llama_cffi_gengine;
 llama_cffi_gengine *llama_cffi_gengine_new(int32_t n_elems, const int32_t *types, const int32_t *values,
                                            int32_t n_rules, const int32_t *rule_start, const int32_t *char_row,

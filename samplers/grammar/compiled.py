@@ -762,7 +762,7 @@ class CompiledGrammar:
             return chain
         eng, nc, cap = self.engine, self.engine.n_classes, self._run_cap
         if eng.core == "c":  # the same run, computed by the engine's C core in one call
-            chain, run = eng.c_run(state, self._class_weight_f, cap, _RUN_STACKS_MAX)
+            chain, run = eng._c_run(state, self._class_weight_f, cap, _RUN_STACKS_MAX)
             self._store_run(state, chain, run)
             return chain
         eng.fill_row(state)
@@ -921,7 +921,7 @@ class CompiledGrammar:
         position for every partial character at once (cached per state)."""
         ok = self._pchar_ok.get(state)
         if ok is None and self.engine.core == "c":
-            ok = self._pchar_ok[state] = self.engine.c_pchar_ok(state, self._pchars)
+            ok = self._pchar_ok[state] = self.engine._c_pchar_ok(state, self._pchars)
         if ok is None:
             ok = np.zeros(len(self._pchars), dtype=bool)
             for pos in self.engine.char_tops(state):

@@ -71,7 +71,8 @@ CORES = ("c", "python")
 #: default budget: the most stacks one parser state may have (one advance of a stack may
 #: visit at most ``max_stacks +`` the grammar's element count stacks)
 MAX_STACKS = 65536
-#: default budget: the most distinct stacks (C cells) an engine keeps in all (C core)
+#: default budget: the most distinct stacks (C cells), and states, an engine keeps in all
+#: (C core; its memory bound)
 MAX_CELLS = 1 << 22
 
 
@@ -263,6 +264,11 @@ class Engine:
         if rc < -1:
             if rc == -3:
                 raise _budget_error(what, self.max_stacks)
+            if rc == -6:
+                raise GrammarBudgetError(
+                    f"{what}: the grammar engine keeps more than max_cells={self.max_cells} distinct stacks or states; "
+                    "make the grammar less ambiguous or raise max_cells"
+                )
             if rc == -2:
                 raise MemoryError(f"{what}: out of memory in the grammar engine")
             raise GrammarError(f"{what}: the grammar engine refused its arguments (code {rc})")
@@ -299,7 +305,7 @@ class Engine:
             self._complete.extend(new.astype(bool).tolist())
             self._token_tops.extend([()] * (n - have))
 
-    def c_run(
+    def _c_run(
         self, state: int, class_weight: npt.NDArray[np.float64], cap: int, max_run_stacks: int
     ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.uint64]]:
         """The run of ``state`` by the C core (``llama_cffi_gengine_run``): its chain of
@@ -328,7 +334,7 @@ class Engine:
             )
         return chain[:n], words
 
-    def c_pchar_ok(self, state: int, pchars: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+    def _c_pchar_ok(self, state: int, pchars: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
         """Per partial character (``value << 2 | bytes still needed``): can ``state`` take
         a completion of it (C core; :meth:`partial_ok` for each)."""
         pc = np.ascontiguousarray(pchars, dtype=np.int64)
@@ -764,8 +770,13 @@ class Engine:
         """Compute every unknown transition among the pairs ``(states[i], classes[i])``
         (pairs with a negative state are skipped)."""
         if self._c is not None:  # the C core skips known and DEAD pairs itself
-            su = np.ascontiguousarray(states, dtype=np.int32)
-            cu = np.ascontiguousarray(classes, dtype=np.int32)
+            sa = expect_array("states", states, "state ids (ints)", "iu")
+            ca = expect_array("classes", classes, "class ids (ints)", "iu")
+            for name, a in (("states", sa), ("classes", ca)):
+                if a.size and (int(a.max()) >= 2**31 or int(a.min()) < -(2**31)):
+                    raise ValueError(f"{name} out of range: {int(a.min())} .. {int(a.max())}")
+            su = np.ascontiguousarray(sa, dtype=np.int32)
+            cu = np.ascontiguousarray(ca, dtype=np.int32)
             if su.ndim != 1 or su.shape != cu.shape:
                 raise ValueError(f"states and classes must be 1-D of one length, not {su.shape} and {cu.shape}")
             ffi = self._ffi
