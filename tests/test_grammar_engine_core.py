@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,6 +27,8 @@ from .test_gbnf import CHARS, Node, budget, grammar_text, grammars
 #: stacks multiply with every "a": after n of them, every sequence of n pending letters
 #: of b, c, d, e (4^n stacks); llama.cpp's matcher has no bound on this
 AMBIGUOUS = 'root ::= x\nx ::= "a" x "b" | "a" x "c" | "a" x "d" | "a" x "e" | ""\n'
+#: found by hypothesis in a long run of the kernel tests (stacks past the budget)
+FOUND = 'root ::= "0" | [^a] [^a] (root* root "0")\n'
 
 
 def engines(text: str, max_stacks: int = 16384, check: bool = True) -> tuple[Engine, Engine]:
@@ -236,6 +239,38 @@ except GrammarBudgetError:
     lines = out.stdout.strip().splitlines()
     assert lines[0].startswith("budget"), out
     assert lines[1] == "budget small", out
+
+
+def test_found_grammar_walk_ends_in_budget_error(tiny_model_path: Path) -> None:
+    """FOUND (from a long hypothesis run of the kernel tests) doubles its stacks with
+    about every token of the tiny model's vocabulary: a random walk (seed 37) reaches the
+    budget at its tenth mask. In a child that must finish: the typed error, not a hang or
+    all the memory (what the Python engine did before the budget)."""
+    code = f"""
+import random
+import numpy as np
+import llama_cffi
+from samplers.grammar import Grammar
+from samplers.grammar.errors import GrammarBudgetError
+m = llama_cffi.Model.load({str(tiny_model_path)!r}, vocab_only=True)
+c = Grammar.from_gbnf({FOUND!r}).compile(m, mask_cache_size=0)
+rng = random.Random(37)
+mt = c.matcher()
+sizes = []
+try:
+    for step in range(30):
+        allowed = np.flatnonzero(mt.allowed_tokens() & ~c.vocab.eog)
+        mt.accept_token(int(rng.choice(allowed.tolist())))
+        sizes.append(c.engine.n_stacks(mt.state))
+    print("no budget error", sizes)
+except GrammarBudgetError as e:
+    print("budget", step, max(sizes))
+"""
+    out = run_isolated(code, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    words = out.stdout.split()
+    assert words[0] == "budget", out.stdout
+    assert int(words[2]) > 1000, out.stdout  # the stacks grew that far before the budget
 
 
 def test_c_core_refuses_bad_arguments() -> None:

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import llama_cffi
-from samplers.grammar import Grammar, GrammarError
+from samplers.grammar import Grammar, GrammarBudgetError, GrammarError
 from samplers.grammar.compiled import CompiledGrammar
 from samplers.grammar.vocab_index import VocabIndex
 
@@ -52,7 +52,13 @@ def compare_walk(c: CompiledGrammar, n: CompiledGrammar, rng: random.Random, ste
     assert c.kernel == "c" and n.kernel == "numpy"
     mc, mn = c.matcher(), n.matcher()
     for step in range(steps):
-        got, want = c.packed(mc.state, mc.partial), n.packed(mn.state, mn.partial)
+        try:
+            got, want = c.packed(mc.state, mc.partial), n.packed(mn.state, mn.partial)
+        except GrammarBudgetError:
+            # an ambiguous grammar past the engine's stack budget (the walks visit different
+            # states, so one kernel may meet it first): the documented typed error
+            event("budget")
+            return step
         if not np.array_equal(got, want):
             diff = np.flatnonzero(_unpack(c, got) != _unpack(n, want))
             pieces = [(c.vocab.piece(int(t)), bool(_unpack(n, want)[t])) for t in diff[:6]]
