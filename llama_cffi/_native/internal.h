@@ -38,4 +38,13 @@ void llama_cffi_vp_sort(llama_cffi_vp *cand, size_t m);
 int llama_cffi_vp_push(llama_cffi_vp **cand, size_t *m, size_t *cap, float v, int64_t pos);
 float llama_cffi_select(float *a, int n, int r);
 
+/* pool.c: the process's one pool of worker threads (rows.c and trie_walk.c share it).
+   llama_cffi_pool_run: fn(arg, worker) on up to `helpers` pool threads (worker 0, 1, ...)
+   and on the caller's (worker -1); returns when every one has returned, with how many
+   pool threads took part. One job at a time: a second caller waits. A job hands out its
+   items itself (an atomic counter); fn must not call llama_cffi_pool_run. */
+typedef void (*llama_cffi_pool_fn)(void *arg, int worker);
+int llama_cffi_pool_run(int helpers, llama_cffi_pool_fn fn, void *arg);
+int llama_cffi_pool_size(void);
+
 #endif

@@ -54,7 +54,8 @@ int llama_cffi_rows_measure(int n_rows, const float *const *rows, int n, const i
                             int k_stride, const int32_t *measure, int n_threads, float *out_max, double *out_log_norm,
                             double *out_entropy, int32_t *out_status, int32_t *out_n_top, int32_t *top_ids,
                             float *top_logits);
-/* worker threads the pool holds now (it grows on demand, never shrinks) */
+/* worker threads the process's pool holds now (pool.c: shared by the rows and the grammar
+   masks; it grows on demand, never shrinks) */
 int llama_cffi_rows_pool_size(void);
 /* log(sum(exp(x - max[r]))) over the first n[r] of each stride floats of x, the sum
    with llama_cffi_softmax_sum (samplers.chain_batch: a chain's sampling surprisal for

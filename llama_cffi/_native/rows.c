@@ -4,7 +4,6 @@
 #include "internal.h"
 
 #include <math.h>
-#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -37,7 +36,7 @@ typedef struct {
     int32_t *out_n_top;
     int32_t *top_ids;
     float *top_logits;
-    int next;  /* next row to take (under pool_mu) */
+    int next;  /* next row to take (atomic) */
     int error; /* out of memory somewhere */
 } rows_job;
 
@@ -302,21 +301,9 @@ static void rows_one(rows_job *j, int r, float *scratch, float *bmax, float *sel
     j->out_n_top[slot] = got;
 }
 
-/* ------------------------------------------------------------------ the pool */
+/* ------------------------------------------------------------------ the work */
 
 #define ROWS_MAX_THREADS 64
-
-static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t pool_start = PTHREAD_COND_INITIALIZER;
-static pthread_cond_t pool_done = PTHREAD_COND_INITIALIZER;
-/* one call at a time uses the pool (a second caller waits here, its GIL released) */
-static pthread_mutex_t pool_call = PTHREAD_MUTEX_INITIALIZER;
-static int pool_workers = 0;         /* threads started */
-static unsigned long pool_round = 0; /* bumped for each job */
-static rows_job *pool_job = NULL;
-static int pool_wanted = 0;  /* workers that take part in the current job */
-static int pool_running = 0; /* of them, still working */
-static int pool_atfork = 0;
 
 typedef struct {
     float *scratch; /* ROWS_BLOCK exponentials */
@@ -339,73 +326,20 @@ static int rows_buffers_fit(rows_buffers *b, int n) {
     return 0;
 }
 
-/* take rows until none is left */
-static void rows_work(rows_job *j, rows_buffers *buf) {
-    if (rows_buffers_fit(buf, j->n) != 0) {
-        pthread_mutex_lock(&pool_mu);
-        j->error = 1;
-        pthread_mutex_unlock(&pool_mu);
+/* take rows until none is left (on any thread of the pool: each keeps its buffers) */
+static void rows_task(void *arg, int worker) {
+    static __thread rows_buffers buf; /* this thread's, reused across calls */
+    rows_job *j = (rows_job *)arg;
+    (void)worker;
+    if (rows_buffers_fit(&buf, j->n) != 0) {
+        __atomic_store_n(&j->error, 1, __ATOMIC_RELAXED);
         return;
     }
     for (;;) {
-        pthread_mutex_lock(&pool_mu);
-        const int r = j->next < j->n_rows ? j->next++ : -1;
-        pthread_mutex_unlock(&pool_mu);
-        if (r < 0) return;
-        rows_one(j, r, buf->scratch, buf->bmax, buf->bmax + buf->cap_nb);
+        const int r = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+        if (r >= j->n_rows) return;
+        rows_one(j, r, buf.scratch, buf.bmax, buf.bmax + buf.cap_nb);
     }
-}
-
-static void *rows_worker(void *arg) {
-    const int index = (int)(intptr_t)arg;
-    rows_buffers buf;
-    memset(&buf, 0, sizeof(buf));
-    unsigned long seen = 0;
-    pthread_mutex_lock(&pool_mu);
-    for (;;) {
-        while (pool_round == seen) pthread_cond_wait(&pool_start, &pool_mu);
-        seen = pool_round;
-        if (index >= pool_wanted) continue;
-        rows_job *j = pool_job;
-        pthread_mutex_unlock(&pool_mu);
-        rows_work(j, &buf);
-        pthread_mutex_lock(&pool_mu);
-        if (--pool_running == 0) pthread_cond_signal(&pool_done);
-    }
-    return NULL; /* not reached: workers live as long as the process */
-}
-
-/* a child made by fork() has none of the workers: start afresh */
-static void rows_after_fork_child(void) {
-    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-    pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
-    pool_mu = mu;
-    pool_call = mu;
-    pool_start = cv;
-    pool_done = cv;
-    pool_workers = 0;
-    pool_round = 0;
-    pool_job = NULL;
-    pool_wanted = pool_running = 0;
-}
-
-/* start workers until there are `want` (under pool_mu); returns how many there are */
-static int rows_grow_pool(int want) {
-    if (!pool_atfork) {
-        pthread_atfork(NULL, NULL, rows_after_fork_child);
-        pool_atfork = 1;
-    }
-    while (pool_workers < want) {
-        pthread_t t;
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        const int rc = pthread_create(&t, &attr, rows_worker, (void *)(intptr_t)pool_workers);
-        pthread_attr_destroy(&attr);
-        if (rc != 0) break;
-        ++pool_workers;
-    }
-    return pool_workers;
 }
 
 int llama_cffi_rows_measure(int n_rows, const float *const *rows, int n, const int32_t *k, const int32_t *dest, int k_stride, const int32_t *measure, int n_threads, float *out_max, double *out_log_norm, double *out_entropy, int32_t *out_status, int32_t *out_n_top, int32_t *top_ids, float *top_logits) {
@@ -432,36 +366,11 @@ int llama_cffi_rows_measure(int n_rows, const float *const *rows, int n, const i
     int helpers = n_threads - 1;
     if (helpers > n_rows - 1) helpers = n_rows - 1;
     if (helpers > ROWS_MAX_THREADS - 1) helpers = ROWS_MAX_THREADS - 1;
-    if (helpers < 0) helpers = 0;
-    static __thread rows_buffers own; /* the calling thread's buffers, reused */
-    if (helpers == 0) {
-        rows_work(&j, &own);
-        return j.error ? -2 : 0;
-    }
-    pthread_mutex_lock(&pool_call);
-    pthread_mutex_lock(&pool_mu);
-    helpers = rows_grow_pool(helpers) < helpers ? pool_workers : helpers;
-    pool_job = &j;
-    pool_wanted = helpers;
-    pool_running = helpers;
-    ++pool_round;
-    pthread_cond_broadcast(&pool_start);
-    pthread_mutex_unlock(&pool_mu);
-    rows_work(&j, &own);
-    pthread_mutex_lock(&pool_mu);
-    while (pool_running > 0) pthread_cond_wait(&pool_done, &pool_mu);
-    pool_job = NULL;
-    pthread_mutex_unlock(&pool_mu);
-    pthread_mutex_unlock(&pool_call);
-    return j.error ? -2 : 0;
+    llama_cffi_pool_run(helpers, rows_task, &j); /* helpers <= 0: this thread alone */
+    return __atomic_load_n(&j.error, __ATOMIC_RELAXED) ? -2 : 0;
 }
 
-int llama_cffi_rows_pool_size(void) {
-    pthread_mutex_lock(&pool_mu);
-    const int n = pool_workers;
-    pthread_mutex_unlock(&pool_mu);
-    return n;
-}
+int llama_cffi_rows_pool_size(void) { return llama_cffi_pool_size(); }
 
 /* log(sum(exp(x - max[r]))) over the first n[r] values of row r of a (n_rows, stride)
    matrix, with llama_cffi_softmax_sum (ggml's kernel when bound: the arithmetic of the

@@ -19,11 +19,10 @@
  * the walk leaves that node's subtree untouched and reports it as pending, with the
  * reason; Python computes what was missing and walks the pending nodes again. Nothing
  * is allocated inside the loops; every index read from an array is bounds-checked. */
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "llama_cffi.h"
+#include "internal.h"
 
 #define SET_BIT(mask, t) ((mask)[(uint32_t)(t) >> 5] |= (uint32_t)1 << ((uint32_t)(t)&31u))
 
@@ -537,61 +536,22 @@ typedef struct {
     int32_t frames_cap;
     int32_t *rcs;
     int32_t n;
-    int32_t next; /* under tw_mu */
+    int32_t next; /* atomic */
 } tw_batch;
 
-static pthread_mutex_t tw_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t tw_start = PTHREAD_COND_INITIALIZER;
-static pthread_cond_t tw_done = PTHREAD_COND_INITIALIZER;
-static pthread_mutex_t tw_call = PTHREAD_MUTEX_INITIALIZER; /* one batch at a time uses the pool */
-static int tw_workers = 0;
-static unsigned long tw_round = 0;
-static tw_batch *tw_job = NULL;
-static int tw_wanted = 0, tw_running = 0, tw_atfork = 0;
-
-static void tw_work(tw_batch *b) {
+/* take masks until none is left (on any thread of the pool) */
+static void tw_task(void *arg, int worker) {
+    tw_batch *b = (tw_batch *)arg;
+    (void)worker;
     for (;;) {
-        pthread_mutex_lock(&tw_mu);
-        const int32_t i = b->next < b->n ? b->next++ : -1;
-        pthread_mutex_unlock(&tw_mu);
-        if (i < 0) return;
+        const int32_t i = __atomic_fetch_add(&b->next, 1, __ATOMIC_RELAXED);
+        if (i >= b->n) return;
         b->n_pending[i] = 0;
         b->rcs[i] = llama_cffi_trie_mask(b->t, b->gs[i], b->plans[i], b->masks[i],
                                          b->pending + (size_t)i * 4 * (size_t)b->pending_cap, b->pending_cap,
                                          &b->n_pending[i], b->frames + (size_t)i * (size_t)b->frames_cap,
                                          b->frames_cap);
     }
-}
-
-static void *tw_worker(void *arg) {
-    const int index = (int)(intptr_t)arg;
-    unsigned long seen = 0;
-    pthread_mutex_lock(&tw_mu);
-    for (;;) {
-        while (tw_round == seen) pthread_cond_wait(&tw_start, &tw_mu);
-        seen = tw_round;
-        if (index >= tw_wanted) continue;
-        tw_batch *b = tw_job;
-        pthread_mutex_unlock(&tw_mu);
-        tw_work(b);
-        pthread_mutex_lock(&tw_mu);
-        if (--tw_running == 0) pthread_cond_signal(&tw_done);
-    }
-    return NULL; /* not reached: workers live as long as the process */
-}
-
-/* a child made by fork() has none of the workers: start afresh */
-static void tw_after_fork_child(void) {
-    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-    pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
-    tw_mu = mu;
-    tw_call = mu;
-    tw_start = cv;
-    tw_done = cv;
-    tw_workers = 0;
-    tw_round = 0;
-    tw_job = NULL;
-    tw_wanted = tw_running = 0;
 }
 
 int llama_cffi_trie_masks(const llama_cffi_trie *t, int32_t n, const llama_cffi_trie_grammar *const *gs,
@@ -607,37 +567,6 @@ int llama_cffi_trie_masks(const llama_cffi_trie *t, int32_t n, const llama_cffi_
     tw_batch b = {t, gs, plans, masks, pending, pending_cap, n_pending, frames, frames_cap, rcs, n, 0};
     if (n_threads > TW_MAX_THREADS) n_threads = TW_MAX_THREADS;
     if (n_threads > n) n_threads = n;
-    if (n_threads <= 1) {
-        tw_work(&b);
-        return 0;
-    }
-    pthread_mutex_lock(&tw_call);
-    pthread_mutex_lock(&tw_mu);
-    if (!tw_atfork) {
-        pthread_atfork(NULL, NULL, tw_after_fork_child);
-        tw_atfork = 1;
-    }
-    while (tw_workers < n_threads - 1) {
-        pthread_t th;
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        const int rc = pthread_create(&th, &attr, tw_worker, (void *)(intptr_t)tw_workers);
-        pthread_attr_destroy(&attr);
-        if (rc != 0) break;
-        ++tw_workers;
-    }
-    tw_job = &b;
-    tw_wanted = tw_workers < n_threads - 1 ? tw_workers : n_threads - 1;
-    tw_running = tw_wanted;
-    ++tw_round;
-    pthread_cond_broadcast(&tw_start);
-    pthread_mutex_unlock(&tw_mu);
-    tw_work(&b); /* the caller's thread takes jobs too */
-    pthread_mutex_lock(&tw_mu);
-    while (tw_running > 0) pthread_cond_wait(&tw_done, &tw_mu);
-    tw_job = NULL;
-    pthread_mutex_unlock(&tw_mu);
-    pthread_mutex_unlock(&tw_call);
+    llama_cffi_pool_run(n_threads - 1, tw_task, &b); /* the process's pool (pool.c) */
     return 0;
 }
