@@ -46,7 +46,8 @@ class Grammar:
 
     @classmethod
     def from_gbnf(cls, text: str, root: str = "root", max_stacks: int = MAX_STACKS) -> Grammar:
-        """Parse GBNF text (llama.cpp's dialect; :class:`GrammarSyntaxError` on bad text)."""
+        """Parse GBNF text (llama.cpp's dialect; :class:`GrammarSyntaxError` on bad text).
+        ``max_stacks``: the engine's budget (see the class docstring)."""
         return cls(parse_gbnf(text), root, max_stacks)
 
     @classmethod
@@ -54,7 +55,8 @@ class Grammar:
         """The grammar of a JSON schema: a dict, a bool, JSON text, or a pydantic model
         class or ``TypeAdapter``. The complete converter by default (options:
         :func:`samplers.grammar.schema.schema_to_gbnf`), llama.cpp's with
-        ``compat="llama.cpp"`` (see :func:`samplers.grammar.json_schema.json_schema_to_gbnf`)."""
+        ``compat="llama.cpp"`` (see :func:`samplers.grammar.json_schema.json_schema_to_gbnf`).
+        ``max_stacks=`` among the options is the engine's budget (see the class docstring)."""
         from .json_schema import json_schema_to_gbnf
 
         max_stacks = options.pop("max_stacks", MAX_STACKS)
