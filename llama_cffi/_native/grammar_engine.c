@@ -93,11 +93,20 @@ struct llama_cffi_gengine {
     uint64_t *sig;
     int64_t sig_cap;
     int32_t *group;
+    uint8_t *pos_seen; /* n_elems flags, all 0 between calls */
     int32_t out_gen;
 };
 
 static int32_t grammar_is_end(const llama_cffi_gengine *e, int32_t pos) {
     return e->types[pos] == T_END || e->types[pos] == T_ALT;
+}
+
+/* id into the first free slot from hash (cap: a power of two, with a free slot) */
+static void slot_put(int32_t *slot, int64_t cap, uint64_t hash, int32_t id) {
+    const uint64_t m = (uint64_t)(cap - 1);
+    uint64_t j = hash & m;
+    while (slot[j]) j = (j + 1) & m;
+    slot[j] = id + 1;
 }
 
 static int htab_grow(htab *h, int64_t need, uint64_t (*hash)(const llama_cffi_gengine *, int32_t),
@@ -107,13 +116,8 @@ static int htab_grow(htab *h, int64_t need, uint64_t (*hash)(const llama_cffi_ge
     while ((need + 1) * 2 > cap) cap *= 2;
     int32_t *slot = (int32_t *)calloc((size_t)cap, sizeof(int32_t));
     if (!slot) return -1;
-    for (int64_t i = 0; i < h->cap; i++) {
-        int32_t id1 = h->slot[i];
-        if (!id1) continue;
-        uint64_t j = hash(e, id1 - 1) & (uint64_t)(cap - 1);
-        while (slot[j]) j = (j + 1) & (uint64_t)(cap - 1);
-        slot[j] = id1;
-    }
+    for (int64_t i = 0; i < h->cap; i++)
+        if (h->slot[i]) slot_put(slot, cap, hash(e, h->slot[i] - 1), h->slot[i] - 1);
     free(h->slot);
     h->slot = slot;
     h->cap = cap;
@@ -159,10 +163,7 @@ static int32_t cons(llama_cffi_gengine *e, int32_t below, int32_t top) {
         iv_push(&e->adv_len, 0) || iv_push(&e->mark, 0))
         return -2;
     if (htab_grow(&e->cells, e->below.n, cell_hash, e)) return -2;
-    m = (uint64_t)(e->cells.cap - 1);
-    uint64_t j = h & m;
-    while (e->cells.slot[j]) j = (j + 1) & m;
-    e->cells.slot[j] = id + 1;
+    slot_put(e->cells.slot, e->cells.cap, h, id);
     e->cells.n++;
     return id;
 }
@@ -201,10 +202,7 @@ static int32_t intern_sorted(llama_cffi_gengine *e, const int32_t *a, int64_t n)
     e->st_len.v[e->st_len.n++] = (int32_t)n;
     e->row_dirty.v[e->row_dirty.n++] = 0;
     for (int32_t c = 0; c < e->n_classes; c++) e->trans.v[e->trans.n++] = LLAMA_CFFI_TRANS_UNKNOWN;
-    m = (uint64_t)(e->states.cap - 1);
-    uint64_t j = h & m;
-    while (e->states.slot[j]) j = (j + 1) & m;
-    e->states.slot[j] = id + 1;
+    slot_put(e->states.slot, e->states.cap, h, id);
     e->states.n++;
     return id;
 }
@@ -218,8 +216,8 @@ static int advance(llama_cffi_gengine *e, int32_t cell) {
     }
     const int32_t gen = e->gen;
     int64_t start = e->adv_pool.n, visited = 0;
-    /* a grammar with a nullable rule before a recursive reference (not left recursion in
-       llama.cpp's sense) expands forever: the stacks one advance visits are bounded */
+    /* a left-recursive grammar (one made without check_grammar, which refuses it) would
+       expand forever: the stacks one advance visits are bounded */
     const int64_t max_visit = e->max_stacks + e->n_elems;
     e->todo.n = 0;
     if (iv_push(&e->todo, cell)) return -2;
@@ -333,6 +331,7 @@ void llama_cffi_gengine_free(llama_cffi_gengine *e) {
     htab_free(&e->states);
     free(e->sig);
     free(e->group);
+    free(e->pos_seen);
     free(e);
 }
 
@@ -381,7 +380,9 @@ llama_cffi_gengine *llama_cffi_gengine_new(int32_t n_elems, const int32_t *types
     e->after = (int32_t *)dup(after, ne);
     e->member = (uint8_t *)dup(member, (size_t)n_rows * (size_t)n_classes);
     e->group = (int32_t *)malloc(sizeof(int32_t) * (size_t)n_classes);
+    e->pos_seen = (uint8_t *)calloc((size_t)n_elems, 1);
     if (!e->types || !e->values || !e->rule_start || !e->char_row || !e->after || !e->member || !e->group ||
+        !e->pos_seen ||
         htab_grow(&e->cells, 1024, cell_hash, e) || htab_grow(&e->states, 1024, state_hash, e) ||
         iv_push(&e->below, -1) || iv_push(&e->top, -1) || iv_push(&e->adv_off, -1) || iv_push(&e->adv_len, 0) ||
         iv_push(&e->mark, 0)) {
@@ -748,9 +749,8 @@ int llama_cffi_gengine_pchar_ok(llama_cffi_gengine *e, int32_t state, const int6
     if (rc) return rc;
     for (int64_t i = 0; i < e->live.n; i++) {
         int32_t top = e->top.v[e->live.v[i]];
-        int dup = 0; /* the same position on several stacks answers the same */
-        for (int64_t j = 0; j < i && !dup; j++) dup = e->top.v[e->live.v[j]] == top;
-        if (dup) continue;
+        if (e->pos_seen[top]) continue; /* the same position on several stacks answers the same */
+        e->pos_seen[top] = 1;
         const int positive = e->types[top] == T_CHAR || e->types[top] == T_ANY;
         for (int32_t k = 0; k < n; k++) {
             if (out[k]) continue;
@@ -781,5 +781,6 @@ int llama_cffi_gengine_pchar_ok(llama_cffi_gengine *e, int32_t state, const int6
             out[k] = any ? 1 : (uint8_t)(positive ? overlap : !overlap);
         }
     }
+    for (int64_t i = 0; i < e->live.n; i++) e->pos_seen[e->top.v[e->live.v[i]]] = 0;
     return 0;
 }

@@ -37,8 +37,8 @@ class Grammar:
         self.parsed = parsed
         self.root = root
         self.max_stacks = max_stacks
-        self._engine = Engine(resolve_tokens(parsed, lambda _name: _NO_TOKEN), root, max_stacks=max_stacks)
-        self._engines: dict[str, Engine] = {self._engine.core: self._engine}
+        self._engines: dict[str, Engine] = {}  # per engine core
+        self._engine = self._engine_for(default_core())
         #: per llama_cffi vocabulary, per mask cache size
         self._compiled: weakref.WeakKeyDictionary[Any, dict[tuple[int, str], CompiledGrammar]] = (
             weakref.WeakKeyDictionary()
