@@ -787,9 +787,11 @@ class Lowering:
             return tuple(parts)
         if isinstance(a, Obj):
             parts = []
-            for k in a.required:
+            # in a fixed order (a set's order changes with the process's hash seed, and the
+            # parts' order decides the order of keys in the products made of them)
+            for k in sorted(a.required):
                 parts.append(Obj(forbidden=frozenset({k})))
-            for k in a.forbidden:
+            for k in sorted(a.forbidden):
                 parts.append(Obj(required=frozenset({k})))
             if a.min_props > len(a.required):
                 parts.append(Obj(max_props=a.min_props - 1))
