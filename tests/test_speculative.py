@@ -623,8 +623,10 @@ def test_greedy_lookup_is_plain_greedy_under_the_condition(default_model_path: P
     """Issue 36's prompt: under the full condition (no repacking, flash attention on, at most
     7 rows per verify decode: ``max_draft=6``, at most 256 cells) greedy speculative output
     is plain greedy output, character for character. With ``PromptLookup()`` (verify decodes
-    of up to 9 rows) it leaves it, as the issue found: ``use_extra_bufts=False`` alone, what
-    the docs said, is not enough."""
+    of up to 9 rows) rows are computed another way (the row-level test above shows they
+    differ), so output is equal only up to rounding: on an AVX-512 CPU it left plain output
+    at character 88, as the issue found; on an AVX2-only CPU the flips do not reach a token.
+    Either way it agrees with plain output up to there."""
     with llama_cffi.Model.load(default_model_path, use_extra_bufts=False) as model, model.context(n_ctx=1024) as ctx:
         store = BranchStore(ctx)
         plain = generate(store, TWO_FUNCTIONS, 96)
@@ -633,7 +635,7 @@ def test_greedy_lookup_is_plain_greedy_under_the_condition(default_model_path: P
         assert generate(store, TWO_FUNCTIONS, 96, drafter=lookup) == plain
         assert lookup.stats.tokens_per_decode > 1.5, lookup.stats
         wide = generate(store, TWO_FUNCTIONS, 96, drafter=PromptLookup())
-        assert wide != plain and wide[:88] == plain[:88]
+        assert wide[:88] == plain[:88]
 
 
 def test_cli_generate_lookup_and_draft_model(tiny_model_path: Path) -> None:
