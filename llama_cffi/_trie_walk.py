@@ -29,6 +29,7 @@ runs); ``mask`` arrays are written, nothing else is.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -56,6 +57,7 @@ PEND_RUN: int = int(lib.LLAMA_CFFI_PEND_RUN)
 PEND_PCHAR: int = int(lib.LLAMA_CFFI_PEND_PCHAR)
 
 _PENDING_CAP = 16384  # entries per walk call; more are walked in further calls
+_ENGINE_ERR = -100  # a walk's engine error rc comes back as _ENGINE_ERR + rc (LLAMA_CFFI_GENGINE_WALK_ERR)
 _BATCH_PENDING_CAP = 256  # per job of a batch: a job with more is done again on its own
 _NO_PENDING = np.zeros((0, 4), dtype=np.int32)
 _NO_PENDING.flags.writeable = False
@@ -133,12 +135,14 @@ class RunScan:
     nodes whose parent's path is such a path and that leave it: their class is not in
     ``L``, or their parent is ``k`` deep), grouped by the parent's depth ``d`` and the
     node's class ``c``: group ``d * n_classes + c`` is
-    ``frontier[group_start[g]:group_start[g + 1]]``; and ``pt_tokens`` (such tokens that
+    ``frontier[group_start[g]:group_start[g + 1]]``, except the root's children, which
+    are implicit (a walk takes them from the grammar's root groups: see ``llama_cffi.h``);
+    ``run``, the run's classes (``W`` words); and ``pt_tokens`` (such tokens that
     end inside a character, decided by the partial character alone), with their depth
     in characters ``pt_depth``. (A plain class: a dataclass would cost milliseconds of
     code generation at the first import.)"""
 
-    __slots__ = ("frontier", "group_start", "k", "mask", "on", "pt_depth", "pt_tokens")
+    __slots__ = ("frontier", "group_start", "k", "mask", "on", "pt_depth", "pt_tokens", "run")
 
     def __init__(
         self,
@@ -148,9 +152,10 @@ class RunScan:
         group_start: I32,
         pt_tokens: I32,
         pt_depth: I32,
+        run: U64,
         on: npt.NDArray[np.uint8] | None = None,
     ) -> None:
-        self.k, self.mask, self.frontier, self.group_start = k, mask, frontier, group_start
+        self.k, self.mask, self.frontier, self.group_start, self.run = k, mask, frontier, group_start, run
         self.pt_tokens, self.pt_depth = pt_tokens, pt_depth
         #: which nodes are on the run's paths (kept by scans that shorter ones derive from)
         self.on = on
@@ -160,13 +165,23 @@ class _ScanOut:
     """The outputs of a run scan (the C functions' common last arguments), and the
     :class:`RunScan` made of them."""
 
-    def __init__(self, trie: Trie, n_classes: int, k: int) -> None:
-        self.k = k
+    def __init__(self, trie: Trie, n_classes: int, k: int, run: U64, reuse: _ScanOut | None = None) -> None:
+        self.k, self.run = k, run
         self.cap = trie.n_nodes + 1
         self.mask = np.zeros(trie.n_words, dtype=np.uint32)
+        self.group_start = np.empty((k + 1) * n_classes + 1, dtype=np.int32)
+        self.scratch: I32
+        self.frontier: I32
+        self.pt: I32
+        self.pt_depth: I32
+        self.n_front: Any
+        self.n_pt: Any
+        if reuse is not None:  # the buffers whose contents are copied out: another scan's (no scan runs meanwhile)
+            self.scratch, self.frontier, self.pt = reuse.scratch, reuse.frontier, reuse.pt
+            self.pt_depth, self.n_front, self.n_pt = reuse.pt_depth, reuse.n_front, reuse.n_pt
+            return
         self.scratch = np.empty(2 * self.cap, dtype=np.int32)
         self.frontier = np.empty(self.cap, dtype=np.int32)
-        self.group_start = np.empty((k + 1) * n_classes + 1, dtype=np.int32)
         self.pt = np.empty(trie.n_vocab + 1, dtype=np.int32)
         self.pt_depth = np.empty(trie.n_vocab + 1, dtype=np.int32)
         self.n_front = ffi.new("int32_t *")
@@ -196,6 +211,7 @@ class _ScanOut:
             self.group_start,
             self.pt[:n].copy(),
             self.pt_depth[:n].copy(),
+            self.run,
             on,
         )
 
@@ -303,6 +319,7 @@ class Trie:
         self._keep.append(buf)
         t.has_pt = buf
         self._frames_n = 3 * (max_depth + 2)
+        self._n_root_children = int(self._arrays["n_child"][n_nodes])
 
     @property
     def n_words(self) -> int:
@@ -341,12 +358,12 @@ class Trie:
         nodes are on the run's paths, for :meth:`run_derive`."""
         cls = _i32("cls", cls, self.n_nodes)
         w = n_classes // 64 + 1
-        run = np.ascontiguousarray(run, dtype=np.uint64)
+        run = np.array(run, dtype=np.uint64)  # a copy: the scan keeps it
         if run.shape != (w,):
             raise ValueError(f"run must be {w} uint64 words")
         if not 0 <= k <= self.max_depth + 1:
             raise ValueError(f"k must lie in [0, {self.max_depth + 1}], not {k}")
-        out = _ScanOut(self, n_classes, k)
+        out = _ScanOut(self, n_classes, k, run)
         on = np.empty(self.n_nodes + 1, dtype=np.uint8) if keep_on else None
         rc = lib.llama_cffi_trie_run_scan(
             self._struct,
@@ -418,7 +435,7 @@ class Trie:
         if base.on is None or not 0 <= k < base.k:
             raise ValueError("run_derive needs a scan made with keep_on, of a greater length")
         cls = _i32("cls", cls, self.n_nodes)
-        run = np.ascontiguousarray(run, dtype=np.uint64)
+        run = np.array(run, dtype=np.uint64)  # a copy: the scan keeps it
         if run.shape != (n_classes // 64 + 1,) or len(base.group_start) != (base.k + 1) * n_classes + 1:
             raise ValueError("run or base does not fit n_classes")
         cap = len(base.frontier) + self.n_nodes + 1
@@ -444,7 +461,9 @@ class Trie:
         _check_rc(rc, "trie run derive")
         keep = base.pt_depth <= k
         mask = base.mask & self.len_mask(k)
-        return RunScan(k, mask, frontier[: n_front[0]].copy(), group_start, base.pt_tokens[keep], base.pt_depth[keep])
+        return RunScan(
+            k, mask, frontier[: n_front[0]].copy(), group_start, base.pt_tokens[keep], base.pt_depth[keep], run
+        )
 
 
 class TrieGrammar:
@@ -466,6 +485,22 @@ class TrieGrammar:
         self._keep: dict[str, Any] = {"cls": ffi.from_buffer("int32_t[]", self._cls)}
         self._keep["E"] = ffi.from_buffer("uint64_t[]", self._E)
         g.cls, g.E = self._keep["cls"], self._keep["E"]
+        # the root's children by class: every scan's implicit depth-0 frontier
+        self._root_nodes = np.empty(max(1, int(trie._n_root_children)), dtype=np.int32)
+        self._root_start = np.empty(n_classes + 1, dtype=np.int32)
+        self._keep["root_nodes"] = ffi.from_buffer("int32_t[]", self._root_nodes)
+        self._keep["root_start"] = ffi.from_buffer("int32_t[]", self._root_start)
+        _check_rc(
+            lib.llama_cffi_trie_root_groups(
+                trie._struct, self._keep["cls"], n_classes, self._keep["root_nodes"], self._keep["root_start"]
+            ),
+            "trie root groups",
+        )
+        g.root_nodes, g.root_start = self._keep["root_nodes"], self._keep["root_start"]
+        self._scan_bufs: _ScanOut | None = None
+        g.engine = ffi.NULL
+        self._engine: Any = None
+        self._on_engine_error: Callable[[int], object] | None = None
         self._tables: tuple[Any, ...] = ()
         self._pending = np.empty(4 * _PENDING_CAP, dtype=np.int32)
         self._pending_c = ffi.from_buffer("int32_t[]", self._pending)
@@ -473,16 +508,26 @@ class TrieGrammar:
         self._frames = np.empty(trie._frames_n, dtype=np.int32)
         self._frames_c = ffi.from_buffer("int32_t[]", self._frames)
 
+    def attach_engine(self, engine: Any, on_error: Callable[[int], object]) -> None:
+        """Let :meth:`mask` and :meth:`walk` compute the transitions they meet with
+        ``engine`` (a ``llama_cffi_gengine *`` of this grammar, kept alive here) instead of
+        leaving them pending; the caller holds the engine (its lock) during each walk and
+        syncs its own copy of the table after. ``on_error(rc)`` raises for an engine
+        error ``rc`` (budget, memory). Batched masks (:meth:`Trie.masks`) never use it."""
+        self._engine = engine
+        self._on_engine_error = on_error
+        self._g.engine = ffi.cast("void *", engine)
+
     def run_scan(self, run: U64, k: int) -> RunScan:
         """:meth:`Trie.run_scan` for this grammar, faster (subtrees wholly of the run are set
         at once, not visited); without ``on``, so not a base for :meth:`Trie.run_derive`."""
         trie = self.trie
-        run = np.ascontiguousarray(run, dtype=np.uint64)
+        run = np.array(run, dtype=np.uint64)  # a copy: the scan keeps it
         if run.shape != (self.W,):
             raise ValueError(f"run must be {self.W} uint64 words")
         if not 0 <= k <= trie.max_depth + 1:
             raise ValueError(f"k must lie in [0, {trie.max_depth + 1}], not {k}")
-        out = _ScanOut(trie, self.n_classes, k)
+        out = self._scan_bufs = _ScanOut(trie, self.n_classes, k, run, self._scan_bufs)
         rc = lib.llama_cffi_trie_run_scan_skip(
             trie._struct, self._g, ffi.from_buffer("uint64_t[]", run), k, *out.args()
         )
@@ -573,7 +618,7 @@ class TrieGrammar:
             raise ValueError("give nodes or a scan")
         nodes = _i32("nodes", nodes)
         n = len(nodes)
-        st = gs = ds = ffi.NULL
+        st = gs = ds = rw = ffi.NULL
         k = 0
         if states is not None:
             states = _i32("states", states, n)
@@ -587,6 +632,7 @@ class TrieGrammar:
             depth_states = _i32("depth_states", depth_states, k + 1)
             gs = ffi.from_buffer("int32_t[]", scan.group_start)
             ds = ffi.from_buffer("int32_t[]", depth_states)
+            rw = ffi.from_buffer("uint64_t[]", np.ascontiguousarray(scan.run, dtype=np.uint64))
         rc = lib.llama_cffi_trie_walk(
             trie._struct,
             self._g,
@@ -595,6 +641,7 @@ class TrieGrammar:
             n,
             gs,
             ds,
+            rw,
             k,
             int(start),
             ffi.from_buffer("uint32_t[]", mask),
@@ -607,7 +654,11 @@ class TrieGrammar:
         scan of its run, the states down its chain (``depth_states``, ``k + 1``) and the
         tokens to set besides the walk's (``extra``). An opaque object; keeps its arrays
         alive."""
-        if len(scan.group_start) != (scan.k + 1) * self.n_classes + 1 or scan.mask.shape != (self.trie.n_words,):
+        if (
+            len(scan.group_start) != (scan.k + 1) * self.n_classes + 1
+            or scan.mask.shape != (self.trie.n_words,)
+            or scan.run.shape != (self.W,)
+        ):
             raise ValueError("the scan was made for another grammar or vocabulary")
         ds = _i32("depth_states", depth_states, scan.k + 1)
         ex = _i32("extra", extra)
@@ -618,8 +669,9 @@ class TrieGrammar:
             ffi.from_buffer("int32_t[]", scan.group_start),
             ffi.from_buffer("uint32_t[]", scan.mask),
             ffi.from_buffer("int32_t[]", ex),
+            ffi.from_buffer("uint64_t[]", scan.run),
         ]
-        p.depth_states, p.frontier, p.group_start, p.base, p.extra = keep
+        p.depth_states, p.frontier, p.group_start, p.base, p.extra, p.run = keep
         p.start, p.k, p.n_frontier, p.n_extra = int(start), scan.k, len(scan.frontier), len(ex)
         return (p, keep, ds, ex, scan, self)
 
@@ -645,6 +697,8 @@ class TrieGrammar:
 
     def _pending_after(self, rc: int, what: str) -> tuple[I32, bool]:
         """A walk's pending entries (a copy) and whether it stopped early (``rc`` -3)."""
+        if rc <= _ENGINE_ERR and self._on_engine_error is not None:
+            self._on_engine_error(rc - _ENGINE_ERR)  # raises
         full = rc == -3
         if not full:
             _check_rc(rc, what)

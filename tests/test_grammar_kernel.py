@@ -186,6 +186,71 @@ def test_a_document_through_a_bounded_string(big_vocab: llama_cffi.Model) -> Non
     assert mc.can_end()
 
 
+def _pending_reasons(c: CompiledGrammar, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Record the reasons of every pending entry the C walks of ``c`` report."""
+    from llama_cffi._trie_walk import TrieGrammar
+
+    seen: list[int] = []
+    for name in ("mask", "walk"):
+        orig = getattr(TrieGrammar, name)
+
+        def wrapped(self: Any, *a: Any, _orig: Any = orig, **k: Any) -> Any:
+            pend, full = _orig(self, *a, **k)
+            if self is c._tg:
+                seen.extend(pend[:, 2].tolist())
+            return pend, full
+
+        monkeypatch.setattr(TrieGrammar, name, wrapped)
+    return seen
+
+
+def test_walk_computes_transitions_in_the_engine(big_vocab: llama_cffi.Model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the C engine core, a mask's walk computes the transitions it meets in the
+    engine (none is left pending for Python), masks stay equal to the numpy walk's, and
+    the Python copy of the table holds what the walk computed. Detached from the engine,
+    the same walk leaves them pending (what the first half checks can fail)."""
+    from llama_cffi._binding import ffi
+    from llama_cffi._trie_walk import PEND_TRANS, TRANS_UNKNOWN
+
+    g = Grammar.from_json_schema(_BIG_SCHEMAS["bounded string"])
+    c, n = both(g, big_vocab)
+    assert c.engine.core == "c"
+    reasons = _pending_reasons(c, monkeypatch)
+    compare_walk(c, n, random.Random(3), 25, "engine walk")
+    assert reasons and PEND_TRANS not in reasons, sorted(set(reasons))  # runs are still asked of Python
+    t = c.engine.table()
+    assert c.engine.n_states == len(c.engine._complete) and (t[: c.engine.n_states] != TRANS_UNKNOWN).any()
+    for s in range(c.engine.n_states):  # the copy equals the engine's own answers where known
+        for cl in np.flatnonzero(t[s, : c.engine.n_classes] != TRANS_UNKNOWN)[:5].tolist():
+            assert c.engine.step(s, cl) == t[s, cl]
+    fresh = Grammar.from_json_schema(_BIG_SCHEMAS["bounded string"])  # its own engine, nothing computed
+    detached = fresh.compile(big_vocab, mask_cache_size=0, kernel="c")
+    assert detached is not c
+    detached._tg._g.engine = ffi.NULL
+    reasons2 = _pending_reasons(detached, monkeypatch)
+    assert np.array_equal(detached.packed(detached.matcher().state), n.packed(n.matcher().state))
+    assert PEND_TRANS in reasons2
+
+
+def test_run_scans_leave_the_root_children_implicit(big_vocab: llama_cffi.Model) -> None:
+    """A run scan lists no child of the root in its frontier (those come from the
+    grammar's root groups, the same for every run): a scan costs what the run's own
+    paths cost, not the vocabulary's tens of thousands of first characters. The root
+    groups hold every root child once, under its class."""
+    c = Grammar.from_json_schema(_BIG_SCHEMAS["bounded string"]).compile(big_vocab, mask_cache_size=0, kernel="c")
+    trie, tg = c.vocab.trie(), c._tg
+    lo, hi = int(trie._arrays["level_base"][0]), int(trie._arrays["level_base"][1])
+    assert sorted(tg._root_nodes.tolist()) == list(range(lo, hi))
+    for cl in range(c.engine.n_classes):
+        group = tg._root_nodes[tg._root_start[cl] : tg._root_start[cl + 1]]
+        assert (c._cls[group] == cl).all()
+    m = c.matcher()
+    c.packed(m.state)
+    assert c._run_scans
+    for scan in c._run_scans.values():
+        assert not ((scan.frontier >= lo) & (scan.frontier < hi)).any()
+
+
 def test_kernel_selection(vocab_model: llama_cffi.Model, monkeypatch: pytest.MonkeyPatch) -> None:
     """``kernel=`` or the environment variable picks the walk; compiled grammars are cached
     per kernel; a wrong name is refused."""

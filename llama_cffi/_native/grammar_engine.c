@@ -24,6 +24,11 @@
 
 #include "llama_cffi.h"
 
+/* (internal.h pulls in llama.cpp's headers, which this file does not need) */
+#define LLAMA_CFFI_GENGINE_WALK_ERR (-100) /* as internal.h: engine errors of walk_step, offset */
+int32_t llama_cffi_gengine_walk_step(llama_cffi_gengine *e, int32_t state, int32_t cls);
+const int32_t *llama_cffi_gengine_table(const llama_cffi_gengine *e);
+
 enum { T_END = 0, T_ALT = 1, T_REF = 2, T_CHAR = 3, T_CHAR_NOT = 4, T_RNG = 5, T_CHAR_ALT = 6, T_ANY = 7,
        T_TOKEN = 8, T_TOKEN_NOT = 9 };
 
@@ -515,6 +520,14 @@ static int32_t step_(llama_cffi_gengine *e, int32_t state, int32_t cls) {
 int32_t llama_cffi_gengine_step(llama_cffi_gengine *e, int32_t state, int32_t cls) {
     if (!e || !check_state(e, state) || cls < 0 || cls >= e->n_classes) return -4;
     return step_(e, state, cls);
+}
+
+const int32_t *llama_cffi_gengine_table(const llama_cffi_gengine *e) { return e->trans.v; }
+
+int32_t llama_cffi_gengine_walk_step(llama_cffi_gengine *e, int32_t state, int32_t cls) {
+    if (!e || !check_state(e, state) || cls < 0 || cls >= e->n_classes) return LLAMA_CFFI_GENGINE_WALK_ERR - 4;
+    int32_t s = step_(e, state, cls);
+    return s < -1 ? LLAMA_CFFI_GENGINE_WALK_ERR + s : s;
 }
 
 /* per class, which live stacks match it (words per class), the classes grouped by it:

@@ -47,4 +47,13 @@ typedef void (*llama_cffi_pool_fn)(void *arg, int worker);
 int llama_cffi_pool_run(int helpers, llama_cffi_pool_fn fn, void *arg);
 int llama_cffi_pool_size(void);
 
+/* grammar_engine.c, for trie_walk.c's walks: llama_cffi_gengine_step (the successor of
+   state by class, computed when unknown, -1 none), its errors offset: an engine error rc
+   (-2 out of memory, -3 stack budget, -4 bad arguments, -6 cell budget) comes back as
+   LLAMA_CFFI_GENGINE_WALK_ERR + rc, and a walk returns it as is. */
+#define LLAMA_CFFI_GENGINE_WALK_ERR (-100)
+int32_t llama_cffi_gengine_walk_step(llama_cffi_gengine *e, int32_t state, int32_t cls);
+/* the engine's transition table (n_states rows of n_classes), valid until its next step */
+const int32_t *llama_cffi_gengine_table(const llama_cffi_gengine *e);
+
 #endif

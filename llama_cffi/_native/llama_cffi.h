@@ -201,7 +201,20 @@ typedef struct {
     const int32_t *run_len;
     const uint8_t *pchar_known;
     const uint8_t *pchar_ok;
+    const int32_t *root_nodes; /* the root's children grouped by class (llama_cffi_trie_root_groups) */
+    const int32_t *root_start; /* n_classes + 1: class c's are root_nodes[root_start[c] .. root_start[c + 1]] */
+    /* NULL, or the grammar's llama_cffi_gengine: a walk of one mask (llama_cffi_trie_walk,
+       llama_cffi_trie_mask; not llama_cffi_trie_masks, whose threads share the engine)
+       then computes the transitions it meets instead of leaving them pending, reading
+       them from the engine, not from trans, and may add states (the caller holds the
+       engine; an engine error rc comes back as -100 + rc) */
+    void *engine;
 } llama_cffi_trie_grammar;
+/* the root's children (n_child[root] of them) grouped by class, for a grammar's
+   llama_cffi_trie_grammar: out_nodes (n_child[root] values), out_start (n_classes + 1).
+   0, -1 bad data */
+int llama_cffi_trie_root_groups(const llama_cffi_trie *t, const int32_t *cls, int32_t n_classes, int32_t *out_nodes,
+                                int32_t *out_start);
 /* per node its class (cls_of_cp[node_cpi[node]]) into out_cls, and its E into out_E
    (W * (n_nodes + 1) words); out_count: the nodes of each class (n_classes + 1 values).
    0, -1 bad data */
@@ -212,7 +225,11 @@ int llama_cffi_trie_bind(const llama_cffi_trie *t, const int32_t *cls_of_cp, int
    in characters (pt_depth); the nodes where such paths leave the run (a class not in it,
    or a (k+1)-th character) into frontier, grouped by the parent's depth d and the class
    c (group d * n_classes + c: frontier[group_start[g] .. group_start[g + 1]],
-   (k + 1) * n_classes + 1 entries); scratch holds 2 * frontier_cap values. on_out
+   (k + 1) * n_classes + 1 entries), except the root's children that leave it (their
+   class is not in run, or k is 0): those are implicit, the grammar's root groups
+   (root_nodes), the same for every run, and a walk adds them itself (a vocabulary's
+   first characters are tens of thousands of nodes, which a scan per run would list
+   again). scratch holds 2 * frontier_cap values. on_out
    (n_nodes + 1 bytes, or NULL): which nodes are on such paths.
    0, -1 bad data, -2 out of memory, -3 a buffer too small */
 int llama_cffi_trie_run_scan(const llama_cffi_trie *t, const int32_t *cls, int32_t n_classes, const uint64_t *run,
@@ -240,13 +257,14 @@ int llama_cffi_trie_run_derive(const llama_cffi_trie *t, const int32_t *cls, int
    Node i is entered from state states[i] (start when states is NULL; the root is
    entered with no character); with group_start the nodes are grouped as
    llama_cffi_trie_run_scan leaves them, those of depth d entered from depth_states[d]
-   (d = 0 .. k). A subtree the walk cannot decide yet is left untouched and reported in
+   (d = 0 .. k), and the implicit root groups of g added at depth 0 (the classes not in
+   run, or every class when k is 0; run: W words). A subtree the walk cannot decide yet is left untouched and reported in
    pending, 4 values each: (node, state before it, LLAMA_CFFI_PEND_*, the class / the
    state whose run or partial characters are missing). frames: 3 * (max_depth + 2)
    values or more. 0, -1 bad data, -3 pending full (the mask is then incomplete) */
 int llama_cffi_trie_walk(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, const int32_t *nodes,
                          const int32_t *states, int32_t n, const int32_t *group_start, const int32_t *depth_states,
-                         int32_t k, int32_t start, uint32_t *mask, int32_t *pending, int32_t pending_cap,
+                         const uint64_t *run, int32_t k, int32_t start, uint32_t *mask, int32_t *pending, int32_t pending_cap,
                          int32_t *n_pending, int32_t *frames, int32_t frames_cap);
 /* a mask from one start state in one call: base (the run scan's mask) copied into mask,
    the extra tokens set, then the walk of the scan's frontier (llama_cffi_trie_walk with
@@ -258,6 +276,7 @@ typedef struct {
     const int32_t *frontier;
     int32_t n_frontier;
     const int32_t *group_start;  /* (k + 1) * n_classes + 1 */
+    const uint64_t *run;         /* the run's classes, W words */
     const uint32_t *base;        /* ceil(n_vocab / 32) words */
     const int32_t *extra;        /* tokens set besides the walk's */
     int32_t n_extra;

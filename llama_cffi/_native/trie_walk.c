@@ -69,6 +69,50 @@ int llama_cffi_trie_bind(const llama_cffi_trie *t, const int32_t *cls_of_cp, int
     return 0;
 }
 
+int llama_cffi_trie_root_groups(const llama_cffi_trie *t, const int32_t *cls, int32_t n_classes, int32_t *out_nodes,
+                                int32_t *out_start) {
+    if (!t || !cls || !out_nodes || !out_start || n_classes < 0) return -1;
+    const int32_t root = t->n_nodes, fc = t->first_child[root], n = t->n_child[root];
+    if (fc < 0 || n < 0 || fc + n > t->n_nodes) return -1;
+    memset(out_start, 0, sizeof(int32_t) * ((size_t)n_classes + 1));
+    for (int32_t i = 0; i < n; i++) {
+        int32_t c = cls[fc + i];
+        if (c < 0 || c >= n_classes) return -1;
+        out_start[c + 1]++;
+    }
+    for (int32_t c = 0; c < n_classes; c++) out_start[c + 1] += out_start[c];
+    for (int32_t i = 0; i < n; i++) out_nodes[out_start[cls[fc + i]]++] = fc + i; /* counting sort, stable */
+    for (int32_t c = n_classes; c > 0; c--) out_start[c] = out_start[c - 1];
+    out_start[0] = 0;
+    return 0;
+}
+
+/* the root's children of class c in g's root groups: *a .. *b of g->root_nodes; 0, -1 bad data */
+static inline int root_group(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, int32_t c, int32_t *a,
+                             int32_t *b) {
+    const int32_t nroot = t->n_child[t->n_nodes];
+    *a = g->root_start[c];
+    *b = g->root_start[c + 1];
+    return (*a < 0 || *b < *a || *b > nroot) ? -1 : 0;
+}
+
+/* where a walk reads transitions: the engine's table when g has an engine, else trans;
+   and how many states there are */
+static inline const int32_t *table_of(const llama_cffi_trie_grammar *g) {
+    return g->engine ? llama_cffi_gengine_table((const llama_cffi_gengine *)g->engine) : g->trans;
+}
+static inline int32_t n_states_of(const llama_cffi_trie_grammar *g) {
+    return g->engine ? llama_cffi_gengine_n_states((const llama_cffi_gengine *)g->engine) : g->n_states;
+}
+
+/* a transition not computed yet (UNKNOWN in the table): computed by the engine when g has
+   one (the successor, -1 none, or an engine error <= LLAMA_CFFI_GENGINE_WALK_ERR);
+   LLAMA_CFFI_TRANS_UNKNOWN (leave it pending) when not */
+static inline int32_t compute_trans(const llama_cffi_trie_grammar *g, int32_t s, int32_t c) {
+    if (!g->engine) return LLAMA_CFFI_TRANS_UNKNOWN;
+    return llama_cffi_gengine_walk_step((llama_cffi_gengine *)g->engine, s, c);
+}
+
 /* does every class of E[node] lie in the set? (W words each) */
 static inline int covered(const uint64_t *E, int32_t node, int32_t W, const uint64_t *set) {
     const uint64_t *e = E + (size_t)node * (size_t)W;
@@ -147,7 +191,7 @@ int llama_cffi_trie_run_scan(const llama_cffi_trie *t, const int32_t *cls, int32
                         pt_tokens[np_++] = tok;
                     }
                 }
-            } else {
+            } else if (j > 0) { /* (a root child that leaves the run is implicit: the root groups) */
                 scratch[2 * (size_t)nf] = n;
                 scratch[2 * (size_t)nf + 1] = j * n_classes + c;
                 nf++;
@@ -239,6 +283,8 @@ static int descend(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, i
         int v = visit(t, g, node, ps, s, mask, pending, pending_cap, n_pending);
         if (v <= 0) return v;
     }
+    const int32_t *tab = table_of(g);
+    int32_t n_st = n_states_of(g);
     int32_t d = 0;
     f_node[0] = node;
     f_state[0] = s;
@@ -247,7 +293,7 @@ static int descend(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, i
         int32_t cur = f_node[d], cs = f_state[d];
         int32_t fc = t->first_child[cur], ncld = t->n_child[cur];
         if (fc < 0 || ncld < 0 || fc + ncld > n_nodes) return -1;
-        const int32_t *row = g->trans + (size_t)cs * (size_t)nc_;
+        const int32_t *row = tab + (size_t)cs * (size_t)nc_;
         int32_t k = f_next[d];
         int descended = 0;
         while (k < ncld) {
@@ -257,11 +303,18 @@ static int descend(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, i
             if (c < 0 || c >= nc_) return -1;
             int32_t s2 = row[c];
             if (s2 == LLAMA_CFFI_TRANS_UNKNOWN) {
-                PEND(ch, cs, LLAMA_CFFI_PEND_TRANS, c);
-                continue;
+                s2 = compute_trans(g, cs, c);
+                if (s2 <= LLAMA_CFFI_GENGINE_WALK_ERR) return s2;
+                if (s2 == LLAMA_CFFI_TRANS_UNKNOWN) {
+                    PEND(ch, cs, LLAMA_CFFI_PEND_TRANS, c);
+                    continue;
+                }
+                tab = table_of(g); /* the engine's table may have moved, and grown */
+                n_st = n_states_of(g);
+                row = tab + (size_t)cs * (size_t)nc_;
             }
             if (s2 < 0) continue;
-            if (s2 >= g->n_states) return -1;
+            if (s2 >= n_st) return -1;
             int v = visit(t, g, ch, cs, s2, mask, pending, pending_cap, n_pending);
             if (v < 0) return v;
             if (v == 0) continue;
@@ -281,11 +334,12 @@ static int descend(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, i
 
 int llama_cffi_trie_walk(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, const int32_t *nodes,
                          const int32_t *states, int32_t n, const int32_t *group_start, const int32_t *depth_states,
-                         int32_t k, int32_t start, uint32_t *mask, int32_t *pending, int32_t pending_cap,
+                         const uint64_t *run, int32_t k, int32_t start, uint32_t *mask, int32_t *pending, int32_t pending_cap,
                          int32_t *n_pending, int32_t *frames, int32_t frames_cap) {
     if (!t || !g || (!nodes && n) || !mask || !pending || !n_pending || !frames) return -1;
-    if (!states && !group_start && (start < 0 || start >= g->n_states)) return -1;
-    if (group_start && (!depth_states || k < 0 || k > t->max_depth + 1)) return -1;
+    if (!states && !group_start && (start < 0 || start >= n_states_of(g))) return -1;
+    if (group_start && (!depth_states || !run || !g->root_nodes || !g->root_start || k < 0 || k > t->max_depth + 1))
+        return -1;
     const int32_t n_nodes = t->n_nodes, nc_ = g->n_classes;
     const int32_t depth_cap = frames_cap / 3;
     if (depth_cap < t->max_depth + 2) return -1;
@@ -296,22 +350,28 @@ int llama_cffi_trie_walk(const llama_cffi_trie *t, const llama_cffi_trie_grammar
            depth: a class that state does not take skips its group at once */
         for (int32_t d = 0; d <= k; d++) {
             int32_t ps = depth_states[d];
-            if (ps < 0 || ps >= g->n_states) return -1;
-            const int32_t *row = g->trans + (size_t)ps * (size_t)nc_;
+            if (ps < 0 || ps >= n_states_of(g)) return -1;
             for (int32_t c = 0; c < nc_; c++) {
                 int64_t gi = (int64_t)d * nc_ + c;
                 int32_t a = group_start[gi], b = group_start[gi + 1];
                 if (a < 0 || b < a || b > n) return -1;
-                if (a == b) continue;
-                int32_t s = row[c];
+                /* at depth 0, the root's children of a class that leaves the run: implicit */
+                int32_t ra = 0, rb = 0;
+                if (d == 0 && (k == 0 || !in_set(run, c)) && root_group(t, g, c, &ra, &rb)) return -1;
+                if (a == b && ra == rb) continue;
+                /* (the table is read again for each class: a descent may move the engine's) */
+                int32_t s = table_of(g)[(size_t)ps * (size_t)nc_ + (size_t)c];
+                if (s == LLAMA_CFFI_TRANS_UNKNOWN) s = compute_trans(g, ps, c);
+                if (s <= LLAMA_CFFI_GENGINE_WALK_ERR) return s;
                 if (s == LLAMA_CFFI_TRANS_UNKNOWN) {
                     for (int32_t i = a; i < b; i++) PEND(nodes[i], ps, LLAMA_CFFI_PEND_TRANS, c);
+                    for (int32_t i = ra; i < rb; i++) PEND(g->root_nodes[i], ps, LLAMA_CFFI_PEND_TRANS, c);
                     continue;
                 }
                 if (s < 0) continue;
-                if (s >= g->n_states) return -1;
-                for (int32_t i = a; i < b; i++) {
-                    int32_t node = nodes[i];
+                if (s >= n_states_of(g)) return -1;
+                for (int32_t i = a; i < rb - ra + b; i++) {
+                    int32_t node = i < b ? nodes[i] : g->root_nodes[ra + (i - b)];
                     if (node < 0 || node >= n_nodes || g->cls[node] != c) return -1;
                     int rc = descend(t, g, node, ps, s, 0, mask, pending, pending_cap, n_pending, f_node, f_state,
                                      f_next, depth_cap);
@@ -324,7 +384,7 @@ int llama_cffi_trie_walk(const llama_cffi_trie *t, const llama_cffi_trie_grammar
     for (int32_t i = 0; i < n; i++) {
         int32_t node = nodes[i];
         int32_t ps = states ? states[i] : start;
-        if (node < 0 || node > n_nodes || ps < 0 || ps >= g->n_states) return -1;
+        if (node < 0 || node > n_nodes || ps < 0 || ps >= n_states_of(g)) return -1;
         int rc;
         if (node == n_nodes) { /* the root: no character (its partial tokens are decided by the caller) */
             rc = descend(t, g, node, ps, ps, 1, mask, pending, pending_cap, n_pending, f_node, f_state, f_next,
@@ -332,13 +392,15 @@ int llama_cffi_trie_walk(const llama_cffi_trie *t, const llama_cffi_trie_grammar
         } else {
             int32_t c = g->cls[node];
             if (c < 0 || c >= nc_) return -1;
-            int32_t s = g->trans[(size_t)ps * (size_t)nc_ + (size_t)c];
+            int32_t s = table_of(g)[(size_t)ps * (size_t)nc_ + (size_t)c];
+            if (s == LLAMA_CFFI_TRANS_UNKNOWN) s = compute_trans(g, ps, c);
+            if (s <= LLAMA_CFFI_GENGINE_WALK_ERR) return s;
             if (s == LLAMA_CFFI_TRANS_UNKNOWN) {
                 PEND(node, ps, LLAMA_CFFI_PEND_TRANS, c);
                 continue;
             }
             if (s < 0) continue;
-            if (s >= g->n_states) return -1;
+            if (s >= n_states_of(g)) return -1;
             rc = descend(t, g, node, ps, s, 0, mask, pending, pending_cap, n_pending, f_node, f_state, f_next,
                          depth_cap);
         }
@@ -357,8 +419,8 @@ int llama_cffi_trie_mask(const llama_cffi_trie *t, const llama_cffi_trie_grammar
         if (tok < 0 || tok >= t->n_vocab) return -1;
         SET_BIT(mask, tok);
     }
-    return llama_cffi_trie_walk(t, g, p->frontier, NULL, p->n_frontier, p->group_start, p->depth_states, p->k,
-                                p->start, mask, pending, pending_cap, n_pending, frames, frames_cap);
+    return llama_cffi_trie_walk(t, g, p->frontier, NULL, p->n_frontier, p->group_start, p->depth_states, p->run,
+                                p->k, p->start, mask, pending, pending_cap, n_pending, frames, frames_cap);
 }
 
 int llama_cffi_trie_run_scan_skip(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, const uint64_t *run,
@@ -384,23 +446,37 @@ int llama_cffi_trie_run_scan_skip(const llama_cffi_trie *t, const llama_cffi_tri
        whole subtree is made of the run's classes and ends within k characters has its
        tokens set at once (rows row_start .. row_end: no token below it ends inside a
        character, E says so) and is not descended into */
+    /* the root's children on the run: its classes' root groups (the others are implicit,
+       not listed: see llama_cffi.h) */
+    if (!g->root_nodes || !g->root_start) return -1;
+    const int32_t nroot = n_child[n_nodes];
     const int32_t depth_cap = t->max_depth + 2;
-    int32_t *fr_node = (int32_t *)malloc(sizeof(int32_t) * 2 * (size_t)depth_cap);
+    int32_t *fr_node = (int32_t *)malloc(sizeof(int32_t) * (2 * (size_t)depth_cap + (size_t)nroot + 1));
     if (!fr_node) return -2;
-    int32_t *fr_next = fr_node + depth_cap;
+    int32_t *fr_next = fr_node + depth_cap, *on_root = fr_node + 2 * depth_cap;
+    int32_t n_on_root = 0;
+    int rc = 0;
+    if (k > 0)
+        for (int32_t c = 0; c < nc; c++) {
+            if (!in_set(run, c)) continue;
+            int32_t a, b;
+            if (root_group(t, g, c, &a, &b) || n_on_root + (b - a) > nroot) { rc = -1; goto done; }
+            memcpy(on_root + n_on_root, g->root_nodes + a, sizeof(int32_t) * (size_t)(b - a));
+            n_on_root += b - a;
+        }
     int32_t d = 0; /* the depth of fr_node[d] */
     fr_node[0] = n_nodes;
     fr_next[0] = 0;
-    int rc = 0;
     while (d >= 0) {
         const int32_t node = fr_node[d];
-        const int32_t fc = first_child[node], ncld = n_child[node];
-        if (fc < 0 || ncld < 0 || fc + ncld > n_nodes) { rc = -1; break; }
+        const int32_t fc = first_child[node], ncld = d == 0 ? n_on_root : n_child[node];
+        if (fc < 0 || ncld < 0 || (d > 0 && fc + ncld > n_nodes)) { rc = -1; break; }
         int32_t j = fr_next[d];
         int pushed = 0;
         while (j < ncld) {
-            const int32_t ch = fc + j;
+            const int32_t ch = d == 0 ? on_root[j] : fc + j;
             j++;
+            if ((uint32_t)ch >= (uint32_t)n_nodes) { rc = -1; goto done; }
             const int32_t c = cls[ch];
             if ((uint32_t)c >= (uint32_t)nc) { rc = -1; goto done; }
             if (d >= k || !in_set(run, c)) {
@@ -482,7 +558,7 @@ int llama_cffi_trie_run_derive(const llama_cffi_trie *t, const int32_t *cls, int
             if (a < 0 || b < a || b > n_base || n + (b - a) > frontier_cap) return -1;
             memcpy(frontier + n, base_frontier + a, sizeof(int32_t) * (size_t)(b - a));
             n += b - a;
-        } else {
+        } else if (k > 0) { /* (at depth 0 with k = 0, every root child is implicit) */
             for (int32_t x = lo; x < hi; x++) {
                 if (!on[x] || cls[x] != c) continue;
                 if (n >= frontier_cap) return -3;
@@ -547,7 +623,9 @@ static void tw_task(void *arg, int worker) {
         const int32_t i = __atomic_fetch_add(&b->next, 1, __ATOMIC_RELAXED);
         if (i >= b->n) return;
         b->n_pending[i] = 0;
-        b->rcs[i] = llama_cffi_trie_mask(b->t, b->gs[i], b->plans[i], b->masks[i],
+        llama_cffi_trie_grammar g = *b->gs[i];
+        g.engine = NULL; /* the threads share engines: transitions not computed yet stay pending */
+        b->rcs[i] = llama_cffi_trie_mask(b->t, &g, b->plans[i], b->masks[i],
                                          b->pending + (size_t)i * 4 * (size_t)b->pending_cap, b->pending_cap,
                                          &b->n_pending[i], b->frames + (size_t)i * (size_t)b->frames_cap,
                                          b->frames_cap);

@@ -175,6 +175,8 @@ class CompiledGrammar:
             from llama_cffi._trie_walk import TrieGrammar
 
             self._tg = TrieGrammar(trie, self._cls, self._E, eng.n_classes, _ABSORB_MIN_ROWS)
+            if eng.core == "c":  # one mask's walk computes the transitions it meets (the engine's lock held)
+                self._tg.attach_engine(eng._c, lambda rc: eng._c_call("transitions", rc))
             self._run_cap = trie.max_depth + 1  # a run this long covers every token
             self._run_known = np.zeros(64, dtype=bool)
             self._run_words = np.zeros((64, w), dtype=np.uint64)
@@ -663,11 +665,21 @@ class CompiledGrammar:
         words = np.empty(self.n_words, dtype=np.uint32) if out is None else out
         nodes: npt.NDArray[np.int32] | None = None
         states: npt.NDArray[np.int32] | None = None
+        on_engine = eng.core == "c"
         while True:
             tg.set_tables(
                 eng.table(), self._run_known, self._run_words, self._run_len, self._pchar_known, self._pchar_tab
             )
-            if nodes is None:
+            if on_engine:  # the walk computes transitions in the engine: hold it, then copy its news
+                with eng._lock:
+                    try:
+                        if nodes is None:
+                            pend, full = tg.mask(plan, words)
+                        else:
+                            pend, full = tg.walk(words, start, nodes, states)
+                    finally:
+                        eng._c_sync()
+            elif nodes is None:
                 pend, full = tg.mask(plan, words)
             else:
                 pend, full = tg.walk(words, start, nodes, states)
