@@ -498,7 +498,7 @@ class TrieGrammar:
         )
         g.root_nodes, g.root_start = self._keep["root_nodes"], self._keep["root_start"]
         self._scan_bufs: _ScanOut | None = None
-        g.engine = ffi.NULL
+        g.engine = g.class_weight = g.run_chain = ffi.NULL
         self._engine: Any = None
         self._on_engine_error: Callable[[int], object] | None = None
         self._tables: tuple[Any, ...] = ()
@@ -508,15 +508,36 @@ class TrieGrammar:
         self._frames = np.empty(trie._frames_n, dtype=np.int32)
         self._frames_c = ffi.from_buffer("int32_t[]", self._frames)
 
-    def attach_engine(self, engine: Any, on_error: Callable[[int], object]) -> None:
+    def attach_engine(
+        self,
+        engine: Any,
+        on_error: Callable[[int], object],
+        class_weight: npt.NDArray[np.float64] | None = None,
+        run_cap: int = 0,
+        max_run_stacks: int = 0,
+    ) -> None:
         """Let :meth:`mask` and :meth:`walk` compute the transitions they meet with
         ``engine`` (a ``llama_cffi_gengine *`` of this grammar, kept alive here) instead of
         leaving them pending; the caller holds the engine (its lock) during each walk and
-        syncs its own copy of the table after. ``on_error(rc)`` raises for an engine
-        error ``rc`` (budget, memory). Batched masks (:meth:`Trie.masks`) never use it."""
+        syncs its own copy of the table after. With ``class_weight`` (per class, float64)
+        they also compute the runs of states below the run tables' length
+        (``llama_cffi_gengine_run(..., run_cap, max_run_stacks)``), writing them into the
+        tables given to :meth:`set_tables`. ``on_error(rc)`` raises for an engine error
+        ``rc`` (budget, memory). Batched masks (:meth:`Trie.masks`) never use it."""
         self._engine = engine
         self._on_engine_error = on_error
-        self._g.engine = ffi.cast("void *", engine)
+        g = self._g
+        g.engine = ffi.cast("void *", engine)
+        if class_weight is not None:
+            cw = np.ascontiguousarray(class_weight, dtype=np.float64)
+            if cw.shape != (self.n_classes,) or not 0 <= run_cap <= self.trie.max_depth + 1 or max_run_stacks < 0:
+                raise ValueError("class_weight needs n_classes values; run_cap and max_run_stacks in range")
+            chain = np.empty(run_cap + 1, dtype=np.int32)
+            self._keep["class_weight"] = ffi.from_buffer("double[]", cw)
+            self._keep["run_chain"] = ffi.from_buffer("int32_t[]", chain)
+            self._keep["run_arrays"] = (cw, chain)
+            g.class_weight, g.run_chain = self._keep["class_weight"], self._keep["run_chain"]
+            g.run_cap, g.max_run_stacks = int(run_cap), int(max_run_stacks)
 
     def run_scan(self, run: U64, k: int) -> RunScan:
         """:meth:`Trie.run_scan` for this grammar, faster (subtrees wholly of the run are set

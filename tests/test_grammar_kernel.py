@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import llama_cffi
 from samplers.grammar import Grammar, GrammarBudgetError, GrammarError
-from samplers.grammar.compiled import CompiledGrammar
+from samplers.grammar.compiled import _RUN_STACKS_MAX, CompiledGrammar
 from samplers.grammar.vocab_index import VocabIndex
 
 from .conftest import run_isolated
@@ -205,19 +205,23 @@ def _pending_reasons(c: CompiledGrammar, monkeypatch: pytest.MonkeyPatch) -> lis
 
 
 def test_walk_computes_transitions_in_the_engine(big_vocab: llama_cffi.Model, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With the C engine core, a mask's walk computes the transitions it meets in the
-    engine (none is left pending for Python), masks stay equal to the numpy walk's, and
-    the Python copy of the table holds what the walk computed. Detached from the engine,
-    the same walk leaves them pending (what the first half checks can fail)."""
+    """With the C engine core, a mask's walk computes the transitions and the runs it
+    needs in the engine (none is left pending for Python), masks stay equal to the numpy
+    walk's, the runs it wrote are the engine's, and the Python copy of the table holds
+    what the walk computed. Detached from the engine, the same walk leaves them pending
+    (what the first half checks can fail)."""
     from llama_cffi._binding import ffi
-    from llama_cffi._trie_walk import PEND_TRANS, TRANS_UNKNOWN
+    from llama_cffi._trie_walk import PEND_RUN, PEND_TRANS, TRANS_UNKNOWN
 
     g = Grammar.from_json_schema(_BIG_SCHEMAS["bounded string"])
     c, n = both(g, big_vocab)
     assert c.engine.core == "c"
     reasons = _pending_reasons(c, monkeypatch)
     compare_walk(c, n, random.Random(3), 25, "engine walk")
-    assert reasons and PEND_TRANS not in reasons, sorted(set(reasons))  # runs are still asked of Python
+    assert PEND_TRANS not in reasons and PEND_RUN not in reasons, sorted(set(reasons))
+    for s in np.flatnonzero(c._run_known[: c.engine.n_states]).tolist():  # the runs the walks wrote
+        chain, words = c.engine._c_run(s, c._class_weight_f, c._run_cap, _RUN_STACKS_MAX)
+        assert np.array_equal(c._run_words[s], words) and c._run_len[s] == len(chain) - 1, s
     t = c.engine.table()
     assert c.engine.n_states == len(c.engine._complete) and (t[: c.engine.n_states] != TRANS_UNKNOWN).any()
     for s in range(c.engine.n_states):  # the copy equals the engine's own answers where known

@@ -209,6 +209,14 @@ typedef struct {
        them from the engine, not from trans, and may add states (the caller holds the
        engine; an engine error rc comes back as -100 + rc) */
     void *engine;
+    /* with an engine and class_weight set, such a walk also computes the run of a state it
+       needs (llama_cffi_gengine_run with these arguments, run_chain its scratch of
+       run_cap + 1 values) when the state is below n_run_states, writing run_words, run_len
+       and run_known (which must then be writeable), instead of leaving it pending */
+    const double *class_weight;
+    int32_t run_cap;
+    int32_t max_run_stacks;
+    int32_t *run_chain;
 } llama_cffi_trie_grammar;
 /* the root's children (n_child[root] of them) grouped by class, for a grammar's
    llama_cffi_trie_grammar: out_nodes (n_child[root] values), out_start (n_classes + 1).

@@ -247,10 +247,21 @@ static inline int node_tokens(const llama_cffi_trie *t, const llama_cffi_trie_gr
 /* after node's character, in live state s (reached from ps): absorb, or take the tokens
    ending here; 1: descend into the children, 0: done with this subtree, <0 error */
 static inline int visit(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, int32_t node, int32_t ps,
-                        int32_t s, uint32_t *mask, int32_t *pending, int32_t pending_cap, int32_t *n_pending) {
+                        int32_t s, uint32_t *mask, int32_t *pending, int32_t pending_cap, int32_t *n_pending,
+                        int *moved) {
     const int32_t W = g->W;
     int32_t rs = t->row_start[node], re = t->row_end[node];
     if (rs < 0 || re < rs || re > t->n_vocab) return -1;
+    if (s < g->n_run_states && !g->run_known[s] && re - rs >= g->absorb_min_rows && g->engine && g->class_weight &&
+        g->run_chain) {
+        /* the run of s, computed here (the arrays are the caller's writeable tables) */
+        int32_t n = llama_cffi_gengine_run((llama_cffi_gengine *)g->engine, s, g->class_weight, g->run_cap,
+                                           g->max_run_stacks, g->run_chain, (uint64_t *)g->run_words + (size_t)s * W, W);
+        *moved = 1; /* the engine may have made states: its table may have moved */
+        if (n < 0) return LLAMA_CFFI_GENGINE_WALK_ERR + n;
+        ((int32_t *)g->run_len)[s] = n - 1;
+        ((uint8_t *)g->run_known)[s] = 1;
+    }
     if (s < g->n_run_states && g->run_known[s]) {
         if (t->height[node] <= g->run_len[s] && covered(g->E, node, W, g->run_words + (size_t)s * (size_t)W)) {
             /* every token below continues in s's run: the whole subtree */
@@ -279,8 +290,9 @@ static int descend(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, i
                    int root, uint32_t *mask, int32_t *pending, int32_t pending_cap, int32_t *n_pending,
                    int32_t *f_node, int32_t *f_state, int32_t *f_next, int32_t depth_cap) {
     const int32_t n_nodes = t->n_nodes, nc_ = g->n_classes;
+    int moved = 0;
     if (!root) {
-        int v = visit(t, g, node, ps, s, mask, pending, pending_cap, n_pending);
+        int v = visit(t, g, node, ps, s, mask, pending, pending_cap, n_pending, &moved);
         if (v <= 0) return v;
     }
     const int32_t *tab = table_of(g);
@@ -315,7 +327,13 @@ static int descend(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, i
             }
             if (s2 < 0) continue;
             if (s2 >= n_st) return -1;
-            int v = visit(t, g, ch, cs, s2, mask, pending, pending_cap, n_pending);
+            int v = visit(t, g, ch, cs, s2, mask, pending, pending_cap, n_pending, &moved);
+            if (moved) {
+                tab = table_of(g);
+                n_st = n_states_of(g);
+                row = tab + (size_t)cs * (size_t)nc_;
+                moved = 0;
+            }
             if (v < 0) return v;
             if (v == 0) continue;
             if (d + 1 >= depth_cap) return -1;

@@ -175,9 +175,15 @@ class CompiledGrammar:
             from llama_cffi._trie_walk import TrieGrammar
 
             self._tg = TrieGrammar(trie, self._cls, self._E, eng.n_classes, _ABSORB_MIN_ROWS)
-            if eng.core == "c":  # one mask's walk computes the transitions it meets (the engine's lock held)
-                self._tg.attach_engine(eng._c, lambda rc: eng._c_call("transitions", rc))
             self._run_cap = trie.max_depth + 1  # a run this long covers every token
+            if eng.core == "c":  # one mask's walk computes the transitions and runs it needs (the engine's lock held)
+                self._tg.attach_engine(
+                    eng._c,
+                    lambda rc: eng._c_call("a walk", rc),
+                    self._class_weight_f[: eng.n_classes],
+                    self._run_cap,
+                    _RUN_STACKS_MAX,
+                )
             self._run_known = np.zeros(64, dtype=bool)
             self._run_words = np.zeros((64, w), dtype=np.uint64)
             self._run_len = np.zeros(64, dtype=np.int32)
@@ -187,6 +193,9 @@ class CompiledGrammar:
             self._run_bases: dict[bytes, Any] = {}  # per run: its full-length scan with its paths
             self._pchar_known = np.zeros(64, dtype=bool)
             self._pchar_tab = np.zeros((64, max(len(self._pchars), 1)), dtype=bool)
+            #: start states whose walk has nothing left to wait for (a walk of theirs computed
+            #: every transition, run and partial-character answer it reads: the tables only grow)
+            self._settled: set[int] = set()
         else:
             self._cls = self._cls_of_cp[v.node_cpi]
             self._prepare_absorb()
@@ -667,6 +676,8 @@ class CompiledGrammar:
         states: npt.NDArray[np.int32] | None = None
         on_engine = eng.core == "c"
         while True:
+            if on_engine and len(self._run_known) < eng.n_states + 64:  # room for the runs the walk computes
+                self._grow_runs(2 * eng.n_states + 64)
             tg.set_tables(
                 eng.table(), self._run_known, self._run_words, self._run_len, self._pchar_known, self._pchar_tab
             )
@@ -696,6 +707,7 @@ class CompiledGrammar:
                 nodes = states = None
                 continue
             if not len(pend):
+                self._settled.add(start)
                 return words
             nodes, states = pend[:, 0].copy(), pend[:, 1].copy()
 
@@ -816,18 +828,21 @@ class CompiledGrammar:
         """Put the run of ``state`` into the tables the C walk reads, and its chain into
         ``_run_chain``."""
         if state >= len(self._run_known):
-            grow = max(2 * len(self._run_known), state + 1)
-            known = np.zeros(grow, dtype=bool)
-            known[: len(self._run_known)] = self._run_known
-            words = np.zeros((grow, self._W), dtype=np.uint64)
-            words[: len(self._run_words)] = self._run_words
-            lens = np.zeros(grow, dtype=np.int32)
-            lens[: len(self._run_len)] = self._run_len
-            self._run_known, self._run_words, self._run_len = known, words, lens
+            self._grow_runs(max(2 * len(self._run_known), state + 1))
         self._run_words[state] = run
         self._run_len[state] = len(chain) - 1
         self._run_known[state] = True
         self._run_chain[state] = chain
+
+    def _grow_runs(self, n: int) -> None:
+        """The run tables the C walk reads (and, with the engine, writes) made ``n`` rows long."""
+        known = np.zeros(n, dtype=bool)
+        known[: len(self._run_known)] = self._run_known
+        words = np.zeros((n, self._W), dtype=np.uint64)
+        words[: len(self._run_words)] = self._run_words
+        lens = np.zeros(n, dtype=np.int32)
+        lens[: len(self._run_len)] = self._run_len
+        self._run_known, self._run_words, self._run_len = known, words, lens
 
     def _run_scan(self, state: int, k: int) -> Any:
         """``llama_cffi._trie_walk.Trie.run_scan`` for the run of ``state`` (cached per

@@ -112,6 +112,12 @@ def _walk_jobs(
                 words = out[i].view(np.uint8)
                 words[len(packed) : 4 * c.n_words] = 0
                 words[: len(packed)] = packed
+            elif key[0] not in c._settled:
+                # a state whose walk would wait for something (a transition, a run): on its
+                # own, where the walk computes it in the engine, rather than twice
+                row = out[i, : c.n_words]
+                c._mask_words_c(key[0], row)
+                c._store(key, row)
             else:
                 todo.append((i, c, key, c._batch_plan(key[0])))
         if not todo:
