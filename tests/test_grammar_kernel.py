@@ -236,6 +236,28 @@ def test_walk_computes_transitions_in_the_engine(big_vocab: llama_cffi.Model, mo
     assert PEND_TRANS in reasons2
 
 
+def test_first_and_later_masks_of_a_state_agree(big_vocab: llama_cffi.Model) -> None:
+    """A state's first mask skips the plan when its run starts few tokens (a walk from the
+    root through the root groups); its second makes the plan (the run's scan and the
+    frontier). Both equal the numpy walk's mask, for every state along a document."""
+    schema = _BIG_SCHEMAS["bounded string"]
+    doc = json.dumps({"name": "Ada", "bio": "an engineer"})
+    c, n = both(Grammar.from_json_schema(schema), big_vocab)
+    mc, mn = c.matcher(), n.matcher()
+    skipped = 0
+    for tok in [*big_vocab.tokenize(doc, add_special=False).tolist(), None]:
+        want = n.packed(mn.state, mn.partial)
+        first = c.packed(mc.state, mc.partial).copy()
+        skipped += mc.state in c._visited and mc.state not in c._plans
+        assert np.array_equal(first, want)
+        assert np.array_equal(c.packed(mc.state, mc.partial), want)  # the second: with a plan
+        assert mc.state in c._plans
+        if tok is None:
+            break
+        assert mc.accept_token(tok) and mn.accept_token(tok)
+    assert skipped >= 3  # the path was taken (literal keys, punctuation)
+
+
 def test_run_scans_leave_the_root_children_implicit(big_vocab: llama_cffi.Model) -> None:
     """A run scan lists no child of the root in its frontier (those come from the
     grammar's root groups, the same for every run): a scan costs what the run's own
@@ -249,7 +271,8 @@ def test_run_scans_leave_the_root_children_implicit(big_vocab: llama_cffi.Model)
         group = tg._root_nodes[tg._root_start[cl] : tg._root_start[cl + 1]]
         assert (c._cls[group] == cl).all()
     m = c.matcher()
-    c.packed(m.state)
+    for _ in range(2):  # the second mask of a state makes its plan and scan
+        c.packed(m.state)
     assert c._run_scans
     for scan in c._run_scans.values():
         assert not ((scan.frontier >= lo) & (scan.frontier < hi)).any()

@@ -57,6 +57,7 @@ _TOKEN_NOT = 9
 _ABSORB_MIN_ROWS = 64  # subtrees smaller than this are walked rather than absorbed
 _SPINE_MAX = 32768  # at most this many undecided tokens are walked one by one
 _SCAN_SHORT = 4  # a run this short is scanned on its own, not derived from its full-length scan
+_ROOT_PLAN_MAX = 64  # a first mask skips the plan when its run starts at most this many root children
 _RUN_STACKS_MAX = 256  # a run's chain stops at a state with more stacks than this
 
 #: the mask walks: ``"c"`` (the trie walk in C, ``llama_cffi._trie_walk``) or ``"numpy"``
@@ -196,6 +197,20 @@ class CompiledGrammar:
             #: start states whose walk has nothing left to wait for (a walk of theirs computed
             #: every transition, run and partial-character answer it reads: the tables only grow)
             self._settled: set[int] = set()
+            self._visited: set[int] = set()  # start states masked once (the second mask makes a plan)
+            self._root_pt = trie._arrays["root_pt"]
+            self._root_count = np.diff(self._tg._root_start)  # per class, the root's children of it
+            from llama_cffi._trie_walk import RunScan
+
+            self._root_scan = RunScan(  # a run of length 0: every first character from the root groups
+                0,
+                np.zeros(trie.n_words, dtype=np.uint32),
+                np.zeros(0, dtype=np.int32),
+                np.zeros(eng.n_classes + 1, dtype=np.int32),
+                np.zeros(0, dtype=np.int32),
+                np.zeros(0, dtype=np.int32),
+                np.zeros(w, dtype=np.uint64),
+            )
         else:
             self._cls = self._cls_of_cp[v.node_cpi]
             self._prepare_absorb()
@@ -670,7 +685,11 @@ class CompiledGrammar:
         eng, tg = self.engine, self._tg
         plan = self._plans.get(start)
         if plan is None:
-            plan = self._plans[start] = self._plan(start)
+            if start in self._visited or not self._root_plan_pays(start):
+                plan = self._plans[start] = self._plan(start)
+            else:  # most states are masked once (inside literals and bounded strings): no plan yet
+                self._visited.add(start)
+                plan = self._root_plan(start)
         words = np.empty(self.n_words, dtype=np.uint32) if out is None else out
         nodes: npt.NDArray[np.int32] | None = None
         states: npt.NDArray[np.int32] | None = None
@@ -762,6 +781,30 @@ class CompiledGrammar:
                 extra.append(sel[self._state_pchar_ok(s_)[self._pchar_slot[sel]]])
         toks = np.concatenate(extra).astype(np.int32) if extra else np.zeros(0, dtype=np.int32)
         return self._tg.plan(start, scan, chain, toks)
+
+    def _root_plan_pays(self, start: int) -> bool:
+        """Whether the first mask from ``start`` should skip the plan: when its run's scan is
+        not made yet and the run starts few tokens (its classes hold at most
+        ``_ROOT_PLAN_MAX`` of the root's children). A run that starts many (a string's
+        content) is worth its scan, which every state with that run shares."""
+        chain = self._run(start)
+        run = self._run_words[start]
+        if (run.tobytes(), len(chain) - 1) in self._run_scans:
+            return False
+        bits = np.unpackbits(run.view(np.uint8), bitorder="little")[: self.engine.n_classes]
+        return int(self._root_count[bits.astype(bool)].sum()) <= _ROOT_PLAN_MAX
+
+    def _root_plan(self, start: int) -> Any:
+        """A plan for the first mask from ``start``: no run, no scan (what a plan costs is
+        repaid only by a state masked again), the walk from the root through the root
+        groups; besides it, the tokens that are only a partial character that ``start``
+        can complete, and end-of-generation when ``start`` is complete."""
+        extra = [self._eog_ids] if self.engine.is_complete(start) else []
+        rp = self._root_pt
+        if len(rp):
+            extra.append(rp[self._state_pchar_ok(start)[self._pchar_slot[rp]]])
+        toks = np.concatenate(extra).astype(np.int32) if extra else np.zeros(0, dtype=np.int32)
+        return self._tg.plan(start, self._root_scan, np.array([start], dtype=np.int32), toks)
 
     def _run_key(self, state: int, row: npt.NDArray[np.int32]) -> bytes:
         """The classes of the run of ``state`` (see :meth:`_run`) as a key, from its row."""
