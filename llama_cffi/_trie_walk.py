@@ -712,6 +712,51 @@ class TrieGrammar:
         )
         return self._pending_after(rc, "trie mask")
 
+    def detach_engine(self) -> None:
+        """Undo :meth:`attach_engine`: walks leave transitions and runs pending again."""
+        g = self._g
+        g.engine = g.class_weight = g.run_chain = ffi.NULL
+        self._engine = self._on_engine_error = None
+
+    @property
+    def has_engine(self) -> bool:
+        """Whether :meth:`attach_engine` was called (and not undone)."""
+        return self._engine is not None
+
+    def first_mask(
+        self, start: int, out: U32, root_plan_max: int, eog: I32, pchars: npt.NDArray[np.int64]
+    ) -> tuple[bool, I32, bool]:
+        """The first mask from ``start`` without a plan (``llama_cffi_trie_first_mask``;
+        needs :meth:`attach_engine` with the runs' arguments): returns whether it was made
+        (False: ``start``'s run starts more than ``root_plan_max`` of the root's children,
+        so a plan pays, and ``out`` is untouched), then what :meth:`walk` returns.
+        ``eog``: the end-of-generation tokens; ``pchars``: the trie's partial characters
+        (``value << 2 | bytes still needed``)."""
+        if not self._tables:
+            raise RuntimeError("set_tables() first")
+        if self._g.class_weight == ffi.NULL:
+            raise RuntimeError("attach_engine() with class_weight first")
+        _words("out", out, self.trie.n_words)
+        eog = _i32("eog", eog)
+        pc = np.ascontiguousarray(pchars, dtype=np.int64)
+        if len(pc) != self.trie.n_pchars:
+            raise ValueError(f"pchars must have {self.trie.n_pchars} values")
+        rc = lib.llama_cffi_trie_first_mask(
+            self.trie._struct,
+            self._g,
+            int(start),
+            int(root_plan_max),
+            ffi.from_buffer("int32_t[]", eog),
+            len(eog),
+            ffi.from_buffer("int64_t[]", pc) if len(pc) else ffi.NULL,
+            ffi.from_buffer("uint32_t[]", out),
+            *self._walk_buffers(),
+        )
+        if rc == 1:
+            return False, _NO_PENDING, False
+        pend, full = self._pending_after(rc, "first mask")
+        return True, pend, full
+
     def _walk_buffers(self) -> tuple[Any, ...]:
         """The pending list and the walk's frames: the C walks' last arguments."""
         return (self._pending_c, _PENDING_CAP, self._n_pending, self._frames_c, len(self._frames))

@@ -210,7 +210,6 @@ def test_walk_computes_transitions_in_the_engine(big_vocab: llama_cffi.Model, mo
     walk's, the runs it wrote are the engine's, and the Python copy of the table holds
     what the walk computed. Detached from the engine, the same walk leaves them pending
     (what the first half checks can fail)."""
-    from llama_cffi._binding import ffi
     from llama_cffi._trie_walk import PEND_RUN, PEND_TRANS, TRANS_UNKNOWN
 
     g = Grammar.from_json_schema(_BIG_SCHEMAS["bounded string"])
@@ -230,7 +229,7 @@ def test_walk_computes_transitions_in_the_engine(big_vocab: llama_cffi.Model, mo
     fresh = Grammar.from_json_schema(_BIG_SCHEMAS["bounded string"])  # its own engine, nothing computed
     detached = fresh.compile(big_vocab, mask_cache_size=0, kernel="c")
     assert detached is not c
-    detached._tg._g.engine = ffi.NULL
+    detached._tg.detach_engine()
     reasons2 = _pending_reasons(detached, monkeypatch)
     assert np.array_equal(detached.packed(detached.matcher().state), n.packed(n.matcher().state))
     assert PEND_TRANS in reasons2

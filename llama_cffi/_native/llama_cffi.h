@@ -292,6 +292,19 @@ typedef struct {
 int llama_cffi_trie_mask(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, const llama_cffi_trie_plan *p,
                          uint32_t *mask, int32_t *pending, int32_t pending_cap, int32_t *n_pending, int32_t *frames,
                          int32_t frames_cap);
+/* the first mask from start, without a plan, for a grammar with an engine (and the
+   runs' arguments): start's run computed if unknown; when it starts more than
+   root_plan_max of the root's children, nothing is written and 1 is returned (a plan
+   pays: see samplers.grammar.compiled). Otherwise mask (overwritten) gets eog (n_eog
+   tokens) when start is complete, the tokens that are only a partial character that
+   start can complete (pchars: t->n_pchars values, value << 2 | bytes still needed; the
+   answers written into g's pchar tables), and the walk from the root through the root
+   groups; pending as llama_cffi_trie_walk. start must lie below g's run and pchar
+   tables' lengths (else 1). 0, 1, -1 bad data, -3 pending full, -100 + an engine error */
+int llama_cffi_trie_first_mask(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, int32_t start,
+                               int32_t root_plan_max, const int32_t *eog, int32_t n_eog, const int64_t *pchars,
+                               uint32_t *mask, int32_t *pending, int32_t pending_cap, int32_t *n_pending,
+                               int32_t *frames, int32_t frames_cap);
 /* many masks in one call, shared among n_threads threads (the caller's and a pool kept for
    the process): job i is llama_cffi_trie_mask(t, gs[i], plans[i], masks[i], ...)
    with its own pending (4 * pending_cap values at pending + i * 4 * pending_cap, their

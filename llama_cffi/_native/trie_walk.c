@@ -441,6 +441,84 @@ int llama_cffi_trie_mask(const llama_cffi_trie *t, const llama_cffi_trie_grammar
                                 p->k, p->start, mask, pending, pending_cap, n_pending, frames, frames_cap);
 }
 
+int llama_cffi_trie_first_mask(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, int32_t start,
+                               int32_t root_plan_max, const int32_t *eog, int32_t n_eog, const int64_t *pchars,
+                               uint32_t *mask, int32_t *pending, int32_t pending_cap, int32_t *n_pending,
+                               int32_t *frames, int32_t frames_cap) {
+    if (!t || !g || !g->engine || !g->class_weight || !g->run_chain || !g->root_nodes || !g->root_start || !mask ||
+        !pending || !n_pending || !frames || (n_eog && !eog) || (t->n_pchars && !pchars) || n_eog < 0)
+        return -1;
+    llama_cffi_gengine *e = (llama_cffi_gengine *)g->engine;
+    const int32_t W = g->W, nc_ = g->n_classes, n_nodes = t->n_nodes;
+    const int32_t depth_cap = frames_cap / 3;
+    if (depth_cap < t->max_depth + 2) return -1;
+    if (start < 0 || start >= n_states_of(g)) return -1;
+    *n_pending = 0;
+    /* the run of start: a plan pays when it starts many tokens */
+    if (start >= g->n_run_states || start >= g->n_pchar_states) return 1;
+    if (!g->run_known[start]) {
+        int32_t n = llama_cffi_gengine_run(e, start, g->class_weight, g->run_cap, g->max_run_stacks, g->run_chain,
+                                           (uint64_t *)g->run_words + (size_t)start * W, W);
+        if (n < 0) return LLAMA_CFFI_GENGINE_WALK_ERR + n;
+        ((int32_t *)g->run_len)[start] = n - 1;
+        ((uint8_t *)g->run_known)[start] = 1;
+    }
+    const uint64_t *run = g->run_words + (size_t)start * W;
+    int64_t starts = 0;
+    for (int32_t c = 0; c < nc_; c++) {
+        if (!in_set(run, c)) continue;
+        int32_t a, b;
+        if (root_group(t, g, c, &a, &b)) return -1;
+        starts += b - a;
+    }
+    if (starts > root_plan_max) return 1;
+    /* the tokens besides the walk's: end-of-generation when start is complete, and the
+       tokens that are only a partial character that start can complete */
+    memset(mask, 0, sizeof(uint32_t) * (((size_t)t->n_vocab + 31) / 32));
+    int32_t complete = llama_cffi_gengine_complete(e, start);
+    if (complete < 0) return -1;
+    if (complete)
+        for (int32_t i = 0; i < n_eog; i++) {
+            if (eog[i] < 0 || eog[i] >= t->n_vocab) return -1;
+            SET_BIT(mask, eog[i]);
+        }
+    if (t->n_root_pt) {
+        uint8_t *ok = (uint8_t *)g->pchar_ok + (size_t)start * (size_t)t->n_pchars;
+        if (!g->pchar_known[start]) {
+            int rc = llama_cffi_gengine_pchar_ok(e, start, pchars, t->n_pchars, ok);
+            if (rc < 0) return LLAMA_CFFI_GENGINE_WALK_ERR + rc;
+            ((uint8_t *)g->pchar_known)[start] = 1;
+        }
+        for (int32_t i = 0; i < t->n_root_pt; i++) {
+            int32_t tok = t->root_pt[i];
+            if (tok < 0 || tok >= t->n_vocab) return -1;
+            int32_t slot = t->pchar_slot[tok];
+            if (slot < 0 || slot >= t->n_pchars) return -1;
+            if (ok[slot]) SET_BIT(mask, tok);
+        }
+    }
+    /* the walk from the root, a class at a time through the root groups */
+    int32_t *f_node = frames, *f_state = frames + depth_cap, *f_next = frames + 2 * depth_cap;
+    for (int32_t c = 0; c < nc_; c++) {
+        int32_t a, b;
+        if (root_group(t, g, c, &a, &b)) return -1;
+        if (a == b) continue;
+        int32_t s = table_of(g)[(size_t)start * (size_t)nc_ + (size_t)c];
+        if (s == LLAMA_CFFI_TRANS_UNKNOWN) s = compute_trans(g, start, c);
+        if (s <= LLAMA_CFFI_GENGINE_WALK_ERR) return s;
+        if (s < 0) continue;
+        if (s >= n_states_of(g)) return -1;
+        for (int32_t i = a; i < b; i++) {
+            int32_t node = g->root_nodes[i];
+            if (node < 0 || node >= n_nodes || g->cls[node] != c) return -1;
+            int rc = descend(t, g, node, start, s, 0, mask, pending, pending_cap, n_pending, f_node, f_state, f_next,
+                             depth_cap);
+            if (rc < 0) return rc;
+        }
+    }
+    return 0;
+}
+
 int llama_cffi_trie_run_scan_skip(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, const uint64_t *run,
                                   int32_t k, uint32_t *mask, int32_t *frontier, int32_t frontier_cap,
                                   int32_t *n_frontier, int32_t *group_start, int32_t *pt_tokens, int32_t *pt_depth,

@@ -168,6 +168,7 @@ class CompiledGrammar:
         self._loop_words = np.zeros((64, w), dtype=np.uint64)
         self._nonpartial = ~v.has_partial
         self._eog_ids = np.flatnonzero(v.eog)
+        self._eog_i32 = self._eog_ids.astype(np.int32)
         self._absorb_ready = False
         if self.kernel == "c":
             trie = v.trie()
@@ -683,32 +684,49 @@ class CompiledGrammar:
         from llama_cffi._trie_walk import PEND_PCHAR, PEND_RUN, PEND_TRANS
 
         eng, tg = self.engine, self._tg
+        on_engine = tg.has_engine
         plan = self._plans.get(start)
+        first = False  # the C engine's first mask of start, without a plan
         if plan is None:
-            if start in self._visited or not self._root_plan_pays(start):
-                plan = self._plans[start] = self._plan(start)
-            else:  # most states are masked once (inside literals and bounded strings): no plan yet
+            if start not in self._visited:  # most states are masked once (inside literals and bounded strings)
                 self._visited.add(start)
-                plan = self._root_plan(start)
+                if on_engine:
+                    first = True
+                elif self._root_plan_pays(start):
+                    plan = self._root_plan(start)
+            if plan is None and not first:
+                plan = self._plans[start] = self._plan(start)
         words = np.empty(self.n_words, dtype=np.uint32) if out is None else out
         nodes: npt.NDArray[np.int32] | None = None
         states: npt.NDArray[np.int32] | None = None
-        on_engine = eng.core == "c"
         while True:
-            if on_engine and len(self._run_known) < eng.n_states + 64:  # room for the runs the walk computes
-                self._grow_runs(2 * eng.n_states + 64)
+            if on_engine:  # room for the runs and partial-character answers the walk computes
+                need = eng.n_states + 64
+                if len(self._run_known) < need:
+                    self._grow_runs(2 * need)
+                if len(self._pchar_known) < need:
+                    self._grow_pchars(2 * need)
             tg.set_tables(
                 eng.table(), self._run_known, self._run_words, self._run_len, self._pchar_known, self._pchar_tab
             )
-            if on_engine:  # the walk computes transitions in the engine: hold it, then copy its news
+            if on_engine:  # the walk computes transitions and runs in the engine: hold it, then copy its news
+                made = True
                 with eng._lock:
                     try:
-                        if nodes is None:
+                        if first:
+                            made, pend, full = tg.first_mask(start, words, _ROOT_PLAN_MAX, self._eog_i32, self._pchars)
+                        elif nodes is None:
                             pend, full = tg.mask(plan, words)
                         else:
                             pend, full = tg.walk(words, start, nodes, states)
                     finally:
                         eng._c_sync()
+                if first and (not made or full):  # a plan pays (a run that starts many tokens), or is needed
+                    first = False
+                    plan = self._plans[start] = self._plan(start)
+                    nodes = states = None
+                    continue
+                first = False
             elif nodes is None:
                 pend, full = tg.mask(plan, words)
             else:
@@ -724,6 +742,8 @@ class CompiledGrammar:
                     self._pchar_row(s_)
             if full:  # the walk stopped early: everything again, with what it missed now known
                 nodes = states = None
+                if plan is None:
+                    plan = self._plans[start] = self._plan(start)
                 continue
             if not len(pend):
                 self._settled.add(start)
@@ -908,15 +928,19 @@ class CompiledGrammar:
             self._run_scans[key] = got
         return got
 
+    def _grow_pchars(self, n: int) -> None:
+        """The partial-character tables the C walk reads (and, with the engine, writes) made
+        ``n`` rows long."""
+        known = np.zeros(n, dtype=bool)
+        known[: len(self._pchar_known)] = self._pchar_known
+        tab = np.zeros((n, self._pchar_tab.shape[1]), dtype=bool)
+        tab[: len(self._pchar_tab)] = self._pchar_tab
+        self._pchar_known, self._pchar_tab = known, tab
+
     def _pchar_row(self, state: int) -> None:
         """Put :meth:`_state_pchar_ok` of ``state`` into the table the C walk reads."""
         if state >= len(self._pchar_known):
-            cap = max(2 * len(self._pchar_known), state + 1)
-            known = np.zeros(cap, dtype=bool)
-            known[: len(self._pchar_known)] = self._pchar_known
-            tab = np.zeros((cap, self._pchar_tab.shape[1]), dtype=bool)
-            tab[: len(self._pchar_tab)] = self._pchar_tab
-            self._pchar_known, self._pchar_tab = known, tab
+            self._grow_pchars(max(2 * len(self._pchar_known), state + 1))
         self._pchar_tab[state, : len(self._pchars)] = self._state_pchar_ok(state)
         self._pchar_known[state] = True
 

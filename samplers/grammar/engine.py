@@ -290,20 +290,15 @@ class Engine:
             grown[: len(self._trans)] = self._trans
             self._trans = grown
             self._trans_ptr = self._ffi.from_buffer("int32_t[]", grown)
-        new = np.zeros(n - have, dtype=np.uint8) if n > have else None
-        rc = lib.llama_cffi_gengine_sync(
-            self._c,
-            self._trans_ptr,
-            len(self._trans),
-            self._ffi.from_buffer("uint8_t[]", new) if new is not None else self._ffi.NULL,
-            have,
-            n - have,
-        )
+        if n > have:
+            # the new states' Python side first: another thread may read a row of the table
+            # without the lock (step's fast path) and go on to a state the rows name
+            complete = _lib().llama_cffi_gengine_complete
+            self._token_tops.extend([()] * (n - have))
+            self._complete.extend([complete(self._c, s) > 0 for s in range(have, n)])
+        rc = lib.llama_cffi_gengine_sync(self._c, self._trans_ptr, len(self._trans), self._ffi.NULL, have, 0)
         if rc < 0:  # pragma: no cover - the table was grown above
             raise GrammarError(f"internal error: the grammar engine's sync failed (code {rc})")
-        if new is not None:
-            self._complete.extend(new.astype(bool).tolist())
-            self._token_tops.extend([()] * (n - have))
 
     def _c_run(
         self, state: int, class_weight: npt.NDArray[np.float64], cap: int, max_run_stacks: int
