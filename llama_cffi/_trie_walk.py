@@ -499,6 +499,7 @@ class TrieGrammar:
         g.root_nodes, g.root_start = self._keep["root_nodes"], self._keep["root_start"]
         self._scan_bufs: _ScanOut | None = None
         g.engine = g.class_weight = g.run_chain = ffi.NULL
+        self._g_plain: Any = None
         self._engine: Any = None
         self._on_engine_error: Callable[[int], object] | None = None
         self._tables: tuple[Any, ...] = ()
@@ -527,6 +528,7 @@ class TrieGrammar:
         self._engine = engine
         self._on_engine_error = on_error
         g = self._g
+        self._g_plain = None
         g.engine = ffi.cast("void *", engine)
         if class_weight is not None:
             cw = np.ascontiguousarray(class_weight, dtype=np.float64)
@@ -609,6 +611,7 @@ class TrieGrammar:
         ]
         g.trans, g.run_known, g.run_words, g.run_len, g.pchar_known, g.pchar_ok = keep
         g.n_states, g.n_run_states, g.n_pchar_states = len(trans), len(run_known), len(pchar_known)
+        self._g_plain = None  # (the copy without the engine is made again on its next use)
         self._tables = tables
         self._keep["tables"] = keep
 
@@ -715,6 +718,7 @@ class TrieGrammar:
     def detach_engine(self) -> None:
         """Undo :meth:`attach_engine`: walks leave transitions and runs pending again."""
         g = self._g
+        self._g_plain = None
         g.engine = g.class_weight = g.run_chain = ffi.NULL
         self._engine = self._on_engine_error = None
 
@@ -756,6 +760,23 @@ class TrieGrammar:
             return False, _NO_PENDING, False
         pend, full = self._pending_after(rc, "first mask")
         return True, pend, full
+
+    def mask_plain(self, plan: Any, out: U32) -> tuple[I32, bool]:
+        """:meth:`mask` reading only the tables given to :meth:`set_tables`, never the
+        engine (which it neither needs nor holds): for a start state whose walks have
+        nothing left to compute; a transition or run missing from the tables is pending as
+        without an engine."""
+        if not self._tables:
+            raise RuntimeError("set_tables() first")
+        _words("out", out, self.trie.n_words)
+        gp = self._g_plain
+        if gp is None:
+            gp = self._g_plain = ffi.new("llama_cffi_trie_grammar *", self._g[0])
+            gp.engine = gp.class_weight = gp.run_chain = ffi.NULL
+        rc = lib.llama_cffi_trie_mask(
+            self.trie._struct, gp, plan[0], ffi.from_buffer("uint32_t[]", out), *self._walk_buffers()
+        )
+        return self._pending_after(rc, "trie mask")
 
     def _walk_buffers(self) -> tuple[Any, ...]:
         """The pending list and the walk's frames: the C walks' last arguments."""

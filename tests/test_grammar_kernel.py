@@ -238,7 +238,8 @@ def test_walk_computes_transitions_in_the_engine(big_vocab: llama_cffi.Model, mo
 def test_first_and_later_masks_of_a_state_agree(big_vocab: llama_cffi.Model) -> None:
     """A state's first mask skips the plan when its run starts few tokens (a walk from the
     root through the root groups); its second makes the plan (the run's scan and the
-    frontier). Both equal the numpy walk's mask, for every state along a document."""
+    frontier); the third, the state settled, reads the tables alone, not the engine. All
+    equal the numpy walk's mask, for every state along a document."""
     schema = _BIG_SCHEMAS["bounded string"]
     doc = json.dumps({"name": "Ada", "bio": "an engineer"})
     c, n = both(Grammar.from_json_schema(schema), big_vocab)
@@ -250,7 +251,8 @@ def test_first_and_later_masks_of_a_state_agree(big_vocab: llama_cffi.Model) -> 
         skipped += mc.state in c._visited and mc.state not in c._plans
         assert np.array_equal(first, want)
         assert np.array_equal(c.packed(mc.state, mc.partial), want)  # the second: with a plan
-        assert mc.state in c._plans
+        assert mc.state in c._plans and mc.state in c._settled
+        assert np.array_equal(c.packed(mc.state, mc.partial), want)  # the third: the tables alone
         if tok is None:
             break
         assert mc.accept_token(tok) and mn.accept_token(tok)

@@ -686,6 +686,15 @@ class CompiledGrammar:
         eng, tg = self.engine, self._tg
         on_engine = tg.has_engine
         plan = self._plans.get(start)
+        if on_engine and plan is not None and start in self._settled:
+            # everything its walk reads is in the tables: no engine, no lock, one C call
+            words = np.empty(self.n_words, dtype=np.uint32) if out is None else out
+            tg.set_tables(
+                eng.table(), self._run_known, self._run_words, self._run_len, self._pchar_known, self._pchar_tab
+            )
+            pend, full = tg.mask_plain(plan, words)
+            if not full and not len(pend):
+                return words
         first = False  # the C engine's first mask of start, without a plan
         if plan is None:
             if start not in self._visited:  # most states are masked once (inside literals and bounded strings)
