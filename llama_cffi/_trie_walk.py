@@ -142,7 +142,7 @@ class RunScan:
     in characters ``pt_depth``. (A plain class: a dataclass would cost milliseconds of
     code generation at the first import.)"""
 
-    __slots__ = ("frontier", "group_start", "k", "mask", "on", "pt_depth", "pt_tokens", "run")
+    __slots__ = ("absorbed", "frontier", "group_start", "k", "mask", "on", "pt_depth", "pt_tokens", "run")
 
     def __init__(
         self,
@@ -157,8 +157,11 @@ class RunScan:
     ) -> None:
         self.k, self.mask, self.frontier, self.group_start, self.run = k, mask, frontier, group_start, run
         self.pt_tokens, self.pt_depth = pt_tokens, pt_depth
-        #: which nodes are on the run's paths (kept by scans that shorter ones derive from)
+        #: which nodes are on the run's paths (kept by scans that shorter ones derive from;
+        #: with ``absorbed``, those a skipping scan visited)
         self.on = on
+        #: the subtrees a skipping scan kept for derivations took whole: (node, level) pairs
+        self.absorbed: I32 | None = None
 
 
 class _ScanOut:
@@ -541,9 +544,10 @@ class TrieGrammar:
             g.class_weight, g.run_chain = self._keep["class_weight"], self._keep["run_chain"]
             g.run_cap, g.max_run_stacks = int(run_cap), int(max_run_stacks)
 
-    def run_scan(self, run: U64, k: int) -> RunScan:
+    def run_scan(self, run: U64, k: int, keep: bool = False) -> RunScan:
         """:meth:`Trie.run_scan` for this grammar, faster (subtrees wholly of the run are set
-        at once, not visited); without ``on``, so not a base for :meth:`Trie.run_derive`."""
+        at once, not visited). ``keep``: keep what :meth:`run_derive` needs (the visited
+        nodes on the run's paths, the subtrees taken whole)."""
         trie = self.trie
         run = np.array(run, dtype=np.uint64)  # a copy: the scan keeps it
         if run.shape != (self.W,):
@@ -551,10 +555,67 @@ class TrieGrammar:
         if not 0 <= k <= trie.max_depth + 1:
             raise ValueError(f"k must lie in [0, {trie.max_depth + 1}], not {k}")
         out = self._scan_bufs = _ScanOut(trie, self.n_classes, k, run, self._scan_bufs)
+        on = absorbed = None
+        n_abs = ffi.new("int32_t *")
+        if keep:
+            on = np.zeros(trie.n_nodes + 1, dtype=np.uint8)
+            absorbed = np.empty(2 * (trie.n_nodes + 1), dtype=np.int32)
         rc = lib.llama_cffi_trie_run_scan_skip(
-            trie._struct, self._g, ffi.from_buffer("uint64_t[]", run), k, *out.args()
+            trie._struct,
+            self._g,
+            ffi.from_buffer("uint64_t[]", run),
+            k,
+            *out.args(),
+            ffi.NULL if on is None else ffi.from_buffer("uint8_t[]", on),
+            ffi.NULL if absorbed is None else ffi.from_buffer("int32_t[]", absorbed),
+            0 if absorbed is None else trie.n_nodes + 1,
+            n_abs,
         )
-        return out.result(rc)
+        got = out.result(rc, on)
+        if absorbed is not None:
+            got.absorbed = absorbed[: 2 * n_abs[0]].copy()
+        return got
+
+    def run_derive(self, base: RunScan, k: int) -> RunScan:
+        """:meth:`Trie.run_derive` from a base made by :meth:`run_scan` with ``keep``: the
+        same mask, partial tokens and groups, reading only the nodes ``k`` deep."""
+        trie = self.trie
+        if base.on is None or base.absorbed is None or not 0 <= k < base.k:
+            raise ValueError("run_derive needs a scan made with keep=True, of a greater length")
+        if len(base.group_start) != (base.k + 1) * self.n_classes + 1 or base.run.shape != (self.W,):
+            raise ValueError("the base was made for another grammar")
+        cap = len(base.frontier) + trie.n_nodes + 1
+        frontier = np.empty(cap, dtype=np.int32)
+        group_start = np.empty((k + 1) * self.n_classes + 1, dtype=np.int32)
+        n_front = ffi.new("int32_t *")
+        rc = lib.llama_cffi_trie_run_derive_skip(
+            trie._struct,
+            self._g,
+            ffi.from_buffer("uint64_t[]", base.run),
+            k,
+            ffi.from_buffer("uint8_t[]", base.on),
+            ffi.from_buffer("int32_t[]", base.absorbed) if len(base.absorbed) else ffi.NULL,
+            len(base.absorbed) // 2,
+            ffi.from_buffer("int32_t[]", base.frontier),
+            len(base.frontier),
+            ffi.from_buffer("int32_t[]", base.group_start),
+            base.k,
+            ffi.from_buffer("int32_t[]", frontier),
+            cap,
+            n_front,
+            ffi.from_buffer("int32_t[]", group_start),
+        )
+        _check_rc(rc, "trie run derive")
+        keep = base.pt_depth <= k
+        return RunScan(
+            k,
+            base.mask & trie.len_mask(k),
+            frontier[: n_front[0]].copy(),
+            group_start,
+            base.pt_tokens[keep],
+            base.pt_depth[keep],
+            base.run,
+        )
 
     def set_tables(
         self,

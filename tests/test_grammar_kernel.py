@@ -139,6 +139,15 @@ def test_random_vocabularies(data: st.DataObject) -> None:
             assert sorted(zip(fast.pt_tokens.tolist(), fast.pt_depth.tolist(), strict=True)) == sorted(
                 zip(plain.pt_tokens.tolist(), plain.pt_depth.tolist(), strict=True)
             )
+        # shorter lengths derived from a full-length base: from the skipping scan (which
+        # reads only the nodes k deep) as from the plain one (which marked every node)
+        cap = trie.max_depth + 1
+        fast_base, plain_base = c._tg.run_scan(run, cap, keep=True), trie.run_scan(c._cls, nc, run, cap, keep_on=True)
+        for k in sorted({1, 2, 3, len(c._run_chain[state]) - 1, trie.max_depth // 2, trie.max_depth} - {cap}):
+            fast, plain = c._tg.run_derive(fast_base, k), trie.run_derive(plain_base, c._cls, nc, run, k)
+            assert np.array_equal(fast.mask, plain.mask) and np.array_equal(fast.group_start, plain.group_start), k
+            assert sorted(fast.frontier.tolist()) == sorted(plain.frontier.tolist()), k
+            assert sorted(fast.pt_tokens.tolist()) == sorted(plain.pt_tokens.tolist()), k
 
 
 _BIG_SCHEMAS: dict[str, dict[str, Any]] = {

@@ -247,11 +247,26 @@ int llama_cffi_trie_run_scan(const llama_cffi_trie *t, const int32_t *cls, int32
 /* llama_cffi_trie_run_scan without on_out, faster: a node whose whole subtree is of the
    run's classes (g's E) and within k characters has its tokens set at once, unvisited.
    The same mask, partial tokens and groups (the nodes within a group may come in another
-   order). */
+   order).
+   With on_out (n_nodes + 1 bytes, zeroed by the caller) and absorbed (2 * absorbed_cap
+   values), it also keeps what llama_cffi_trie_run_derive_skip needs: the nodes on the
+   run's paths it visited (on_out), and those whose whole subtree it took unvisited, with
+   their level (absorbed, *n_absorbed pairs); all NULL: neither. */
 int llama_cffi_trie_run_scan_skip(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, const uint64_t *run,
                                   int32_t k, uint32_t *mask, int32_t *frontier, int32_t frontier_cap,
                                   int32_t *n_frontier, int32_t *group_start, int32_t *pt_tokens, int32_t *pt_depth,
-                                  int32_t pt_cap, int32_t *n_pt, int32_t *scratch);
+                                  int32_t pt_cap, int32_t *n_pt, int32_t *scratch, uint8_t *on_out,
+                                  int32_t *absorbed, int32_t absorbed_cap, int32_t *n_absorbed);
+/* llama_cffi_trie_run_derive from a llama_cffi_trie_run_scan_skip base (its on_out and
+   absorbed): the same frontier and groups (the nodes within a group may come in another
+   order), reading only the nodes of level k, not the whole trie: the run's nodes of level
+   k are those the base visited there and the level-k blocks below the subtrees it took
+   whole. 0, -1 bad data, -2 out of memory, -3 frontier_cap too small */
+int llama_cffi_trie_run_derive_skip(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, const uint64_t *run,
+                                    int32_t k, const uint8_t *on, const int32_t *absorbed, int32_t n_absorbed,
+                                    const int32_t *base_frontier, int32_t n_base, const int32_t *base_group_start,
+                                    int32_t base_k, int32_t *frontier, int32_t frontier_cap, int32_t *n_frontier,
+                                    int32_t *group_start);
 /* the frontier of the same run for a shorter length k < base_k, from a scan of length
    base_k (its frontier, group_start and on_out): groups of depth below k copied, those of
    depth k made of the base's off-run nodes and of its on-path nodes of level k. (The

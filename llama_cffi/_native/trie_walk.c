@@ -522,7 +522,10 @@ int llama_cffi_trie_first_mask(const llama_cffi_trie *t, const llama_cffi_trie_g
 int llama_cffi_trie_run_scan_skip(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, const uint64_t *run,
                                   int32_t k, uint32_t *mask, int32_t *frontier, int32_t frontier_cap,
                                   int32_t *n_frontier, int32_t *group_start, int32_t *pt_tokens, int32_t *pt_depth,
-                                  int32_t pt_cap, int32_t *n_pt, int32_t *scratch) {
+                                  int32_t pt_cap, int32_t *n_pt, int32_t *scratch, uint8_t *on_out,
+                                  int32_t *absorbed, int32_t absorbed_cap, int32_t *n_absorbed) {
+    if ((on_out || absorbed) && (!on_out || !absorbed || !n_absorbed || absorbed_cap < 0)) return -1;
+    if (n_absorbed) *n_absorbed = 0;
     if (!t || !g || !run || !mask || !frontier || !n_frontier || !group_start || !pt_tokens || !pt_depth || !n_pt ||
         !scratch || k < 0 || k > t->max_depth + 1)
         return -1;
@@ -586,6 +589,12 @@ int llama_cffi_trie_run_scan_skip(const llama_cffi_trie *t, const llama_cffi_tri
             if (d + 1 + height[ch] <= k && covered(g->E, ch, W, run)) {
                 const int32_t re = row_end[ch];
                 if (rs < 0 || re < rs || re > n_vocab) { rc = -1; goto done; }
+                if (absorbed) { /* (node, level): its subtree is on the run's paths, unvisited */
+                    if (*n_absorbed >= absorbed_cap) { rc = -3; goto done; }
+                    absorbed[2 * (size_t)*n_absorbed] = ch;
+                    absorbed[2 * (size_t)*n_absorbed + 1] = d;
+                    (*n_absorbed)++;
+                }
                 for (int32_t r = rs; r < re; r++) {
                     const int32_t tok = order[r];
                     if ((uint32_t)tok >= (uint32_t)n_vocab) { rc = -1; goto done; }
@@ -606,6 +615,7 @@ int llama_cffi_trie_run_scan_skip(const llama_cffi_trie *t, const llama_cffi_tri
                 }
             }
             if (d + 1 >= depth_cap) { rc = -1; goto done; }
+            if (on_out) on_out[ch] = 1; /* visited on the run's paths */
             fr_next[d] = j;
             d++;
             fr_node[d] = ch;
@@ -665,6 +675,102 @@ int llama_cffi_trie_run_derive(const llama_cffi_trie *t, const int32_t *cls, int
     group_start[(int64_t)(k + 1) * nc] = n;
     *n_frontier = n;
     return 0;
+}
+
+int llama_cffi_trie_run_derive_skip(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, const uint64_t *run,
+                                    int32_t k, const uint8_t *on, const int32_t *absorbed, int32_t n_absorbed,
+                                    const int32_t *base_frontier, int32_t n_base, const int32_t *base_group_start,
+                                    int32_t base_k, int32_t *frontier, int32_t frontier_cap, int32_t *n_frontier,
+                                    int32_t *group_start) {
+    if (!t || !g || !run || !on || (n_absorbed && !absorbed) || n_absorbed < 0 || !base_frontier ||
+        !base_group_start || !frontier || !n_frontier || !group_start || k < 0 || k >= base_k ||
+        base_k > t->max_depth + 1)
+        return -1;
+    const int32_t nc = g->n_classes, n_nodes = t->n_nodes;
+    const int32_t *const cls = g->cls, *const lb = t->level_base;
+    /* groups of parents shallower than k: the base scan's */
+    int32_t upto = base_group_start[(int64_t)k * nc];
+    if (upto < 0 || upto > n_base || upto > frontier_cap) return -1;
+    memcpy(frontier, base_frontier, sizeof(int32_t) * (size_t)upto);
+    for (int64_t gi = 0; gi <= (int64_t)k * nc; gi++) group_start[gi] = base_group_start[gi];
+    /* the run's nodes of level k (those a parent k deep reaches on the run): visited by the
+       base scan (on), or inside a subtree it took whole (absorbed: node, level), found by
+       going down its contiguous blocks of nodes level by level */
+    int32_t *level_nodes = NULL;
+    int32_t n_level = 0;
+    if (k > 0 && k < t->max_depth) {
+        const int32_t lo = lb[k], hi = lb[k + 1];
+        if (lo < 0 || hi < lo || hi > n_nodes) return -1;
+        level_nodes = (int32_t *)malloc(sizeof(int32_t) * ((size_t)(hi - lo) + 1));
+        if (!level_nodes) return -2;
+        for (int32_t x = lo; x < hi; x++)
+            if (on[x]) level_nodes[n_level++] = x;
+        for (int32_t i = 0; i < n_absorbed; i++) {
+            int32_t a = absorbed[2 * (size_t)i], lvl = absorbed[2 * (size_t)i + 1];
+            if (a < 0 || a >= n_nodes || lvl < 0 || lvl >= t->max_depth || a < lb[lvl] || a >= lb[lvl + 1]) {
+                free(level_nodes);
+                return -1;
+            }
+            if (lvl > k) continue;
+            int32_t blo = a, bhi = a + 1;
+            for (int32_t j = lvl; j < k && blo < bhi; j++) { /* the block's children: the next level's block */
+                int32_t f = blo, l = bhi - 1;
+                while (f < bhi && t->n_child[f] == 0) f++;
+                while (l >= f && t->n_child[l] == 0) l--;
+                if (f > l) {
+                    blo = bhi = 0;
+                    break;
+                }
+                blo = t->first_child[f];
+                bhi = t->first_child[l] + t->n_child[l];
+                if (blo < lb[j + 1] || bhi > lb[j + 2 <= t->max_depth ? j + 2 : t->max_depth] || bhi < blo) {
+                    free(level_nodes);
+                    return -1;
+                }
+            }
+            if (bhi - blo + n_level > hi - lo) { /* more than the level holds: bad data */
+                free(level_nodes);
+                return -1;
+            }
+            for (int32_t x = blo; x < bhi; x++) level_nodes[n_level++] = x;
+        }
+    }
+    /* groups of parents k deep: a class off the run, the base's nodes; a class of the run,
+       its nodes of level k (counting sort by class) */
+    int32_t n = upto;
+    int32_t *count = (int32_t *)calloc((size_t)nc + 1, sizeof(int32_t));
+    if (!count) {
+        free(level_nodes);
+        return -2;
+    }
+    int rc = 0;
+    for (int32_t i = 0; i < n_level; i++) {
+        int32_t c = cls[level_nodes[i]];
+        if (c < 0 || c >= nc || !in_set(run, c)) { rc = -1; goto out; }
+        count[c]++;
+    }
+    for (int32_t c = 0; c < nc; c++) {
+        int64_t gi = (int64_t)k * nc + c;
+        group_start[gi] = n;
+        if (!in_set(run, c)) {
+            int32_t a = base_group_start[gi], b = base_group_start[gi + 1];
+            if (a < 0 || b < a || b > n_base || n + (b - a) > frontier_cap) { rc = -1; goto out; }
+            memcpy(frontier + n, base_frontier + a, sizeof(int32_t) * (size_t)(b - a));
+            n += b - a;
+        } else {
+            if (n + count[c] > frontier_cap) { rc = -3; goto out; }
+            int32_t here = count[c];
+            count[c] = n; /* from now on: where class c's next node goes */
+            n += here;
+        }
+    }
+    group_start[(int64_t)(k + 1) * nc] = n;
+    for (int32_t i = 0; i < n_level; i++) frontier[count[cls[level_nodes[i]]]++] = level_nodes[i];
+    *n_frontier = n;
+out:
+    free(count);
+    free(level_nodes);
+    return rc;
 }
 
 int32_t llama_cffi_mask_logits(int32_t n, float *logits, const int32_t *ids, const uint32_t *words, int32_t n_vocab) {

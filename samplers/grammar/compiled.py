@@ -918,22 +918,24 @@ class CompiledGrammar:
 
     def _run_scan(self, state: int, k: int) -> Any:
         """``llama_cffi._trie_walk.Trie.run_scan`` for the run of ``state`` (cached per
-        run: states with the same classes and length share it). Full-length and short runs
-        are scanned (subtrees wholly of the run taken at once); the other lengths (the
-        positions near the end of a bounded string) are derived from a full-length scan
-        that kept which nodes are on the run's paths (made once per run)."""
+        run: states with the same classes and length share it). Full-length runs, and short
+        ones of a run with no full-length base yet, are scanned (subtrees wholly of the run
+        taken at once); the other lengths (the positions of a bounded string) are derived
+        from a full-length scan that kept the nodes it visited and the subtrees it took
+        whole (made once per run; a derivation reads only the trie's nodes ``k`` deep)."""
         run = self._run_words[state]
         key = (run.tobytes(), k)
         got = self._run_scans.get(key)
         if got is None:
-            trie, nc, cap = self.vocab.trie(), self.engine.n_classes, self._run_cap
-            if k == cap or k <= _SCAN_SHORT:
+            cap = self._run_cap
+            if k == cap or (k <= _SCAN_SHORT and key[0] not in self._run_bases):
                 got = self._tg.run_scan(run, k)  # subtrees wholly of the run set at once
             else:  # derived from the full-length scan that kept its paths (made once per run)
                 base = self._run_bases.get(key[0])
                 if base is None:
-                    base = self._run_bases[key[0]] = trie.run_scan(self._cls, nc, run, cap, keep_on=True)
-                got = trie.run_derive(base, self._cls, nc, run, k)
+                    base = self._run_bases[key[0]] = self._tg.run_scan(run, cap, keep=True)
+                    self._run_scans.setdefault((key[0], cap), base)
+                got = self._tg.run_derive(base, k)
             self._run_scans[key] = got
         return got
 
