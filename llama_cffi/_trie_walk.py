@@ -219,6 +219,16 @@ class _ScanOut:
         )
 
 
+def _derived(trie: Trie, base: RunScan, k: int, frontier: I32, group_start: I32) -> RunScan:
+    """The scan of length ``k`` derived from ``base``: its frontier and groups as the C
+    derivation made them; the mask and partial tokens the base's, limited to ``k``
+    characters."""
+    keep = base.pt_depth <= k
+    return RunScan(
+        k, base.mask & trie.len_mask(k), frontier, group_start, base.pt_tokens[keep], base.pt_depth[keep], base.run
+    )
+
+
 class Trie:
     """One vocabulary's code-point trie for the C walks (the layout of
     :class:`samplers.grammar.vocab_index.VocabIndex`; see ``llama_cffi.h``). Node
@@ -462,11 +472,7 @@ class Trie:
             ffi.from_buffer("int32_t[]", group_start),
         )
         _check_rc(rc, "trie run derive")
-        keep = base.pt_depth <= k
-        mask = base.mask & self.len_mask(k)
-        return RunScan(
-            k, mask, frontier[: n_front[0]].copy(), group_start, base.pt_tokens[keep], base.pt_depth[keep], run
-        )
+        return _derived(self, base, k, frontier[: n_front[0]].copy(), group_start)
 
 
 class TrieGrammar:
@@ -606,16 +612,7 @@ class TrieGrammar:
             ffi.from_buffer("int32_t[]", group_start),
         )
         _check_rc(rc, "trie run derive")
-        keep = base.pt_depth <= k
-        return RunScan(
-            k,
-            base.mask & trie.len_mask(k),
-            frontier[: n_front[0]].copy(),
-            group_start,
-            base.pt_tokens[keep],
-            base.pt_depth[keep],
-            base.run,
-        )
+        return _derived(trie, base, k, frontier[: n_front[0]].copy(), group_start)
 
     def set_tables(
         self,

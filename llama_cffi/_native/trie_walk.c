@@ -113,6 +113,18 @@ static inline int32_t compute_trans(const llama_cffi_trie_grammar *g, int32_t s,
     return llama_cffi_gengine_walk_step((llama_cffi_gengine *)g->engine, s, c);
 }
 
+/* the run of state s (below g's run tables' length) computed by g's engine and written
+   into those tables (writeable: see llama_cffi.h); 0, or an engine error offset */
+static int compute_run(const llama_cffi_trie_grammar *g, int32_t s) {
+    int32_t n = llama_cffi_gengine_run((llama_cffi_gengine *)g->engine, s, g->class_weight, g->run_cap,
+                                       g->max_run_stacks, g->run_chain, (uint64_t *)g->run_words + (size_t)s * g->W,
+                                       g->W);
+    if (n < 0) return LLAMA_CFFI_GENGINE_WALK_ERR + n;
+    ((int32_t *)g->run_len)[s] = n - 1;
+    ((uint8_t *)g->run_known)[s] = 1;
+    return 0;
+}
+
 /* does every class of E[node] lie in the set? (W words each) */
 static inline int covered(const uint64_t *E, int32_t node, int32_t W, const uint64_t *set) {
     const uint64_t *e = E + (size_t)node * (size_t)W;
@@ -255,12 +267,9 @@ static inline int visit(const llama_cffi_trie *t, const llama_cffi_trie_grammar 
     if (s < g->n_run_states && !g->run_known[s] && re - rs >= g->absorb_min_rows && g->engine && g->class_weight &&
         g->run_chain) {
         /* the run of s, computed here (the arrays are the caller's writeable tables) */
-        int32_t n = llama_cffi_gengine_run((llama_cffi_gengine *)g->engine, s, g->class_weight, g->run_cap,
-                                           g->max_run_stacks, g->run_chain, (uint64_t *)g->run_words + (size_t)s * W, W);
         *moved = 1; /* the engine may have made states: its table may have moved */
-        if (n < 0) return LLAMA_CFFI_GENGINE_WALK_ERR + n;
-        ((int32_t *)g->run_len)[s] = n - 1;
-        ((uint8_t *)g->run_known)[s] = 1;
+        int rc = compute_run(g, s);
+        if (rc) return rc;
     }
     if (s < g->n_run_states && g->run_known[s]) {
         if (t->height[node] <= g->run_len[s] && covered(g->E, node, W, g->run_words + (size_t)s * (size_t)W)) {
@@ -457,11 +466,8 @@ int llama_cffi_trie_first_mask(const llama_cffi_trie *t, const llama_cffi_trie_g
     /* the run of start: a plan pays when it starts many tokens */
     if (start >= g->n_run_states || start >= g->n_pchar_states) return 1;
     if (!g->run_known[start]) {
-        int32_t n = llama_cffi_gengine_run(e, start, g->class_weight, g->run_cap, g->max_run_stacks, g->run_chain,
-                                           (uint64_t *)g->run_words + (size_t)start * W, W);
-        if (n < 0) return LLAMA_CFFI_GENGINE_WALK_ERR + n;
-        ((int32_t *)g->run_len)[start] = n - 1;
-        ((uint8_t *)g->run_known)[start] = 1;
+        int rc = compute_run(g, start);
+        if (rc) return rc;
     }
     const uint64_t *run = g->run_words + (size_t)start * W;
     int64_t starts = 0;
