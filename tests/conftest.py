@@ -9,6 +9,9 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -148,6 +151,46 @@ def run_isolated(
         cwd=ROOT,
         env=child_env,
     )
+
+
+class AbortGate:
+    """An abort callback that holds a decode at its first poll until :attr:`release` is set,
+    then lets it go on (returns False): a test can act while a decode is certainly in flight,
+    with no timing involved. :attr:`polls` counts the polls that reached Python; the C
+    callback answers a set abort flag without polling Python, so ``polls == 1`` after an
+    abort requested while held proves the decode stopped at its next check."""
+
+    def __init__(self) -> None:
+        self.inside = threading.Event()
+        self.release = threading.Event()
+        self.polls = 0
+
+    def __call__(self) -> bool:
+        self.polls += 1
+        if self.polls == 1:
+            self.inside.set()
+            self.release.wait(30)
+        return False
+
+    @contextmanager
+    def installed(self, ctx: Any) -> Iterator[AbortGate]:
+        """Poll this gate at every check of ``ctx``'s decodes (interval 0) while inside."""
+        ctx.set_abort_callback(self, interval=0)
+        try:
+            yield self
+        finally:
+            self.release.set()
+            ctx.set_abort_callback(None)
+
+    def release_on_abort_request(self, ctx: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Release the held decode once ``ctx.request_abort()`` has set the abort flag."""
+        real = ctx.request_abort
+
+        def request_abort() -> None:
+            real()
+            self.release.set()
+
+        monkeypatch.setattr(ctx, "request_abort", request_abort)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

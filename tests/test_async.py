@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ import samplers as S
 from llama_cffi import Model
 from samplers.branch import BranchStore
 from samplers.search import acomplete, agenerate, astream, complete, generate, stream
+from tests.conftest import AbortGate
 
 PROMPT = "The capital of France is"
 
@@ -96,29 +96,26 @@ def test_two_contexts_run_concurrently(tiny_model: Model) -> None:
 
 
 @pytest.mark.default_model
-def test_cancelling_acomplete_aborts_the_prompt_decode(default_model: Model) -> None:
-    """Cancelled during its ~550-token prompt decode, acomplete returns within a fraction
-    of the decode's time (the abort callback stopped it), the store holds no branch, and
-    the context then generates exactly what a fresh one does."""
+def test_cancelling_acomplete_aborts_the_prompt_decode(default_model: Model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cancelled during its ~550-token prompt decode (held at its first abort poll until the
+    cancellation has requested the abort), acomplete's decode stops at its next check, the
+    store holds no branch, and the context then generates exactly what a fresh one does."""
     toks = long_prompt(default_model)
     with default_model.context(n_ctx=1024, n_batch=1024, n_ubatch=1024, n_seq_max=2, kv_unified=True) as ctx:
         store = BranchStore(ctx)
-        t0 = time.perf_counter()
-        ctx.decode(toks, logits="none")
-        full = time.perf_counter() - t0
-        ctx.memory.clear()
+        gate = AbortGate()
+        gate.release_on_abort_request(ctx, monkeypatch)
 
-        async def main() -> float:
+        async def main() -> None:
             task = asyncio.ensure_future(acomplete(store, toks, 4))
-            await asyncio.sleep(full / 5)
-            t1 = time.perf_counter()
+            assert await asyncio.to_thread(gate.inside.wait, 30)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            return time.perf_counter() - t1
 
-        waited = asyncio.run(main())
-        assert waited < full / 2, (waited, full)
+        with gate.installed(ctx):
+            asyncio.run(main())
+        assert gate.polls == 1  # aborted at the check after the request, not run to the end
         assert len(store) == 0 and store.available == 2
         assert ctx.memory.seq_pos_max(0) == -1
         after = generate(store, PROMPT, 8)
@@ -162,19 +159,22 @@ def test_cancelling_astream_keeps_the_branch_consistent(tiny_model: Model) -> No
 
 
 @pytest.mark.default_model
-def test_cancelling_astep_changes_no_branch(default_model: Model) -> None:
+def test_cancelling_astep_changes_no_branch(default_model: Model, monkeypatch: pytest.MonkeyPatch) -> None:
     """A step over 63 branches, cancelled while it decodes, is aborted: every branch keeps
-    its position, history and snapshot; the next step works."""
+    its position, history and snapshot; the next step works. The decode is held at its first
+    abort poll until the cancellation has requested the abort, so no timing is involved."""
     with default_model.context(n_ctx=512, n_seq_max=64, kv_unified=True, n_batch=512) as ctx:
         store = BranchStore(ctx)
         root = store.create(long_prompt(default_model)[:200])
         kids = [root.fork() for _ in range(63)]
         before = [(k.position, k.tokens, k.logits.copy()) for k in kids]
         moves = {k: int(np.argmax(k.logits)) for k in kids}
+        gate = AbortGate()
+        gate.release_on_abort_request(ctx, monkeypatch)
 
         async def main() -> bool:
             task = asyncio.ensure_future(store.astep(moves))
-            await asyncio.sleep(0.02)
+            assert await asyncio.to_thread(gate.inside.wait, 30)  # the decode is in flight
             task.cancel()
             try:
                 await task
@@ -182,13 +182,14 @@ def test_cancelling_astep_changes_no_branch(default_model: Model) -> None:
                 return True
             return False
 
-        cancelled = asyncio.run(main())
-        assert cancelled
+        with gate.installed(ctx):
+            cancelled = asyncio.run(main())
+        assert cancelled and gate.polls == 1
         after = [(k.position, k.tokens, k.logits.copy()) for k in kids]
-        # 62 rows of a 270M model take far longer than the 20 ms before the cancel
         for (p0, t0_, l0), (p1, t1, l1) in zip(before, after, strict=True):
             assert p0 == p1 and t0_ == t1 and np.array_equal(l0, l1)
         store.step({k: int(np.argmax(k.logits)) for k in kids})
+        assert all(k.position == p0 + 1 for k, (p0, _, _) in zip(kids, before, strict=True))
         assert all(k.position == k.store.ctx.memory.seq_pos_max(k.seq_id) + 1 for k in kids)
         store.drain()
 

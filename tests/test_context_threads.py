@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pytest
 
 from llama_cffi import ConcurrentUseError, DecodeAbortedError, Model
 from tests import tiny_model as tm
-from tests.conftest import run_isolated
+from tests.conftest import AbortGate, run_isolated
 
 PROMPT = [tm.BOS_ID, 40, 41, 42, 300, 301, 77, 78, 79, 80, 81, 82]
 
@@ -94,20 +93,23 @@ def test_callback_exception_at_every_poll_is_raised_by_that_decode(tiny_model: M
 
 @pytest.mark.default_model
 def test_request_abort_from_another_thread(default_model: Model) -> None:
-    """request_abort() from another thread stops a long prefill early."""
+    """request_abort() from another thread, while a long prefill is held at its first abort
+    poll, stops the prefill at its next check (DecodeAbortedError; no timing involved)."""
     toks = long_prompt(default_model)
     with default_model.context(n_ctx=1024, n_batch=1024, n_ubatch=1024) as ctx:
-        t0 = time.perf_counter()
-        ctx.decode(toks)
-        full = time.perf_counter() - t0
-        ctx.memory.clear()
-        timer = threading.Timer(full * 0.2, ctx.request_abort)
-        timer.start()
-        t0 = time.perf_counter()
-        with pytest.raises(DecodeAbortedError):
+        gate = AbortGate()
+
+        def other() -> None:
+            gate.inside.wait(30)
+            ctx.request_abort()
+            gate.release.set()
+
+        t = threading.Thread(target=other)
+        t.start()
+        with gate.installed(ctx), pytest.raises(DecodeAbortedError):
             ctx.decode(toks)
-        assert time.perf_counter() - t0 < full * 0.8
-        timer.join()
+        t.join()
+        assert gate.polls == 1 and ctx.n_past == 0
         ctx.memory.clear()
         assert np.isfinite(ctx.decode(toks[:8])).all()  # still usable
 
@@ -154,22 +156,36 @@ def test_ctrl_c_during_decode_is_a_clean_keyboard_interrupt(default_model_path: 
 
 @pytest.mark.default_model
 def test_concurrent_use_is_refused(default_model: Model) -> None:
-    """A second thread using a busy context gets ConcurrentUseError instead of corrupting it."""
+    """A second thread using a busy context gets ConcurrentUseError instead of corrupting it
+    (the decode is held at its first abort poll until the other thread has tried, so no
+    timing is involved)."""
     toks = long_prompt(default_model)
     with default_model.context(n_ctx=1024, n_batch=1024, n_ubatch=1024) as ctx:
         errors: list[BaseException] = []
+        inside, tried = threading.Event(), threading.Event()
+
+        def hold() -> bool:
+            inside.set()
+            tried.wait(30)
+            return False
 
         def other() -> None:
-            time.sleep(0.05)
+            inside.wait(30)
             try:
                 ctx.decode_single(5, seq_id=0)
             except BaseException as exc:
                 errors.append(exc)
+            tried.set()
 
         t = threading.Thread(target=other)
         t.start()
-        ctx.decode(toks)
-        t.join()
+        ctx.set_abort_callback(hold, interval=0)
+        try:
+            ctx.decode(toks)
+        finally:
+            tried.set()
+            t.join()
+            ctx.set_abort_callback(None)
         assert len(errors) == 1 and isinstance(errors[0], ConcurrentUseError)
         assert ctx.n_past == len(toks)  # the first decode completed intact
 
@@ -268,25 +284,28 @@ def test_one_context_per_thread_matches_sequential(tiny_model: Model) -> None:
 
 
 @pytest.mark.default_model
-def test_adecode_cancellation_aborts(default_model: Model) -> None:
-    """Cancelling an awaiting adecode aborts the native decode; the context is usable after."""
+def test_adecode_cancellation_aborts(default_model: Model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cancelling an awaiting adecode aborts the native decode (held at its first abort poll
+    until the cancellation has requested the abort, so no timing is involved): it stops at
+    its next check, the prompt's one ubatch leaves nothing in memory, and the context is
+    usable after."""
     toks = long_prompt(default_model)
     with default_model.context(n_ctx=1024, n_batch=1024, n_ubatch=1024) as ctx:
+        gate = AbortGate()
+        gate.release_on_abort_request(ctx, monkeypatch)
 
-        async def main() -> float:
-            t0 = time.perf_counter()
+        async def main() -> None:
             task = asyncio.ensure_future(ctx.adecode(toks))
-            await asyncio.sleep(0.1)
+            assert await asyncio.to_thread(gate.inside.wait, 30)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            return time.perf_counter() - t0
 
-        elapsed = asyncio.run(main())
-        assert elapsed < 1.5
-        ctx.memory.clear()
+        with gate.installed(ctx):
+            asyncio.run(main())
+        assert gate.polls == 1 and ctx.n_past == 0
         out = asyncio.run(ctx.adecode(toks[:8]))
-        assert np.isfinite(out).all()
+        assert np.isfinite(out).all() and ctx.n_past == 8
 
 
 def test_threads_sampling_with_grammars_match_sequential(tiny_model: Model) -> None:
