@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import llama_cffi
+import samplers.grammar.compiled as compiled_mod
 from samplers.grammar import Grammar, GrammarBudgetError, GrammarError
 from samplers.grammar.compiled import _RUN_STACKS_MAX, CompiledGrammar
 from samplers.grammar.vocab_index import VocabIndex
@@ -87,17 +88,28 @@ def both(grammar: Grammar, vocab: Any) -> tuple[CompiledGrammar, CompiledGrammar
     )
 
 
+@pytest.mark.parametrize("derive", ["default", "always"])
 @settings(
     max_examples=budget(80),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
-@given(grammars(dag=False, tokens=True), st.randoms(use_true_random=False))
+@given(rules=grammars(dag=False, tokens=True), rng=st.randoms(use_true_random=False))
 def test_random_grammars_tiny_vocabulary(
-    vocab_model: llama_cffi.Model, rules: dict[str, tuple[tuple[Node, ...], ...]], rng: random.Random
+    vocab_model: llama_cffi.Model,
+    rules: dict[str, tuple[tuple[Node, ...], ...]],
+    rng: random.Random,
+    derive: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Random grammars (classes, repetitions, recursion, token elements) on the tiny
-    model's vocabulary (byte-fallback tokens: partial characters too)."""
+    model's vocabulary (byte-fallback tokens: partial characters too). ``always``: a
+    state's mask is derived from another state's wherever the classes they differ on are
+    no more than those they agree on, however few root children the state reaches (on
+    the default model's vocabulary: at most an eighth, of thousands)."""
+    if derive == "always":  # (exact whatever the thresholds: they only decide where it pays)
+        monkeypatch.setattr(compiled_mod, "_DERIVE_MIN_ROOT", 0)
+        monkeypatch.setattr(compiled_mod, "_DERIVE_SHARE", 1)
     try:
         g = Grammar.from_gbnf(grammar_text(rules))
         c, n = both(g, vocab_model)
@@ -105,14 +117,21 @@ def test_random_grammars_tiny_vocabulary(
         event("refused")
         return
     event(f"steps {compare_walk(c, n, rng, 10)}")
+    if derive == "always":
+        event(f"derived {sum(d is not None for d in getattr(c, '_derived', {}).values()) > 0}")
 
 
-@settings(max_examples=budget(80), deadline=None)
-@given(st.data())
-def test_random_vocabularies(data: st.DataObject) -> None:
+@pytest.mark.parametrize("derive", ["default", "always"])
+@settings(max_examples=budget(80), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_random_vocabularies(data: st.DataObject, derive: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Random vocabularies (pieces that end inside a character, lone lead bytes) with
     grammars of self-loops, chains of optional characters (bounded repetitions) and
-    alternatives, every mask along a random walk."""
+    alternatives, every mask along a random walk. ``always``: masks derived from other
+    states' wherever the thresholds allow (see test_random_grammars_tiny_vocabulary)."""
+    if derive == "always":
+        monkeypatch.setattr(compiled_mod, "_DERIVE_MIN_ROOT", 0)
+        monkeypatch.setattr(compiled_mod, "_DERIVE_SHARE", 1)
     rng = random.Random(data.draw(st.integers(0, 2**32 - 1), label="seed"))
     pieces = {b"".join(rng.choice(_PIECE_PARTS) for _ in range(rng.randint(1, 8))) for _ in range(500)}
     pieces |= {p + rng.choice(_PARTIALS) for p in list(pieces)[:40]} | set(_PARTIALS) | set(_PIECE_PARTS)
@@ -127,6 +146,8 @@ def test_random_vocabularies(data: st.DataObject) -> None:
     text = data.draw(st.sampled_from([*_SELF_LOOP_GRAMMARS, *bounded]), label="grammar")
     c, n = both(Grammar.from_gbnf(text), vocab)
     compare_walk(c, n, rng, 12, text)
+    if derive == "always":
+        event(f"derived {sum(d is not None for d in c._derived.values()) > 0}")
     # the scans the walks start from: the one that skips whole subtrees equals the plain
     # one (the same tokens, partial tokens and groups), at every length of every run met
     trie, nc = c.vocab.trie(), c.engine.n_classes
@@ -179,6 +200,66 @@ def test_default_vocabulary_schemas(big_vocab: llama_cffi.Model, name: str) -> N
     c, n = both(g, big_vocab)
     for seed in range(2):
         compare_walk(c, n, random.Random(seed), 40, f"{name} seed {seed}")
+
+
+_KEYED_SCHEMAS: dict[str, tuple[dict[str, Any], Any]] = {
+    # named keys beside any other key (Snowplow sp_399's shape): every state inside a key
+    # that may still become a named one differs from "any other key" on one class
+    "named and other keys": (
+        {
+            "type": "object",
+            "additionalProperties": True,
+            "properties": {
+                "device": {
+                    "type": "object",
+                    "additionalProperties": True,
+                    "properties": {"android_channel": {"type": "string"}, "named_user_id": {"type": "string"}},
+                },
+                "id": {"type": "string"},
+                "occurred": {"type": "string"},
+                "offset": {"type": "string"},
+            },
+        },
+        {  # the named keys in order, then others (this converter writes them so)
+            "device": {"android_channel": "1f0e", "named_user_id": "u1", "named_usr": [1, "é"]},
+            "id": "x",
+            "offset": "0",
+            "occurrence": {"o": None},
+            "idx": 3,
+        },
+    ),
+    "keys by pattern": (
+        {
+            "type": "object",
+            "patternProperties": {"^x-": {"type": "integer"}},
+            "properties": {"name": {"type": "string"}},
+            "additionalProperties": {"type": "boolean"},
+        },
+        {"name": "n", "x-a": 1, "nam": True, "x": False},  # the named key first
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(_KEYED_SCHEMAS))
+def test_derived_masks_equal_the_walk(big_vocab: llama_cffi.Model, name: str) -> None:
+    """Masks derived from another state's (a key that may still become a named one, from
+    "any other key": the other mask with the subtrees of the differing classes walked
+    again) equal the numpy walk's, along a document and along random walks, first and
+    later visits alike; the derivation was used."""
+    schema, doc = _KEYED_SCHEMAS[name]
+    c, n = both(Grammar.from_json_schema(schema), big_vocab)
+    mc, mn = c.matcher(), n.matcher()
+    for tok in [*big_vocab.tokenize(json.dumps(doc, ensure_ascii=False), add_special=False).tolist(), None]:
+        want = n.packed(mn.state, mn.partial)
+        assert np.array_equal(c.packed(mc.state, mc.partial), want)
+        assert np.array_equal(c.packed(mc.state, mc.partial), want)  # again: G's mask from its plan
+        if tok is None:
+            break
+        assert mc.accept_token(tok) and mn.accept_token(tok)
+    assert mc.can_end()
+    assert sum(d is not None for d in c._derived.values()) >= 3
+    for seed in range(2):
+        compare_walk(c, n, random.Random(seed), 30, f"{name} seed {seed}")
 
 
 def test_a_document_through_a_bounded_string(big_vocab: llama_cffi.Model) -> None:

@@ -59,6 +59,10 @@ _SPINE_MAX = 32768  # at most this many undecided tokens are walked one by one
 _SCAN_SHORT = 4  # a run this short is scanned on its own, not derived from its full-length scan
 _ROOT_PLAN_MAX = 64  # a first mask skips the plan when its run starts at most this many root children
 _RUN_STACKS_MAX = 256  # a run's chain stops at a state with more stacks than this
+#: a state whose transitions lead at least this many of the root's children on, all but at
+#: most 1/_DERIVE_SHARE of them as another state's do, takes its mask from that state's
+_DERIVE_MIN_ROOT = 2048
+_DERIVE_SHARE = 8
 
 #: the mask walks: ``"c"`` (the trie walk in C, ``llama_cffi._trie_walk``) or ``"numpy"``
 #: (the vectorised walk in this module, the reference the C walk is tested against)
@@ -105,6 +109,18 @@ class _Spine(NamedTuple):
     n_partial: int
     n_empty: int
     walk: npt.NDArray[np.int64]
+
+
+class _Derived(NamedTuple):
+    """A state's mask from another's (:meth:`CompiledGrammar._derivation`)."""
+
+    of: int  #: the state whose mask it starts from
+    nodes: npt.NDArray[np.int32]  #: the root's children walked again from the state
+    keep: npt.NDArray[np.uint32]  #: the other mask's words to keep (not below ``nodes``, not root-level)
+    tokens: npt.NDArray[np.int64]  #: set besides: the state's end-of-generation and partial-character tokens
+
+
+_UNSET: Any = object()
 
 
 class CompiledGrammar:
@@ -199,6 +215,10 @@ class CompiledGrammar:
             #: every transition, run and partial-character answer it reads: the tables only grow)
             self._settled: set[int] = set()
             self._visited: set[int] = set()  # start states masked once (the second mask makes a plan)
+            #: per start state: the state its mask is derived from and how (None: not derived)
+            self._derived: dict[int, _Derived | None] = {}
+            self._class_words: dict[int, npt.NDArray[np.uint32]] = {}  # per class: its root children's tokens
+            self._root_pt_eog: npt.NDArray[np.uint32] | None = None
             self._root_pt = trie._arrays["root_pt"]
             self._root_count = np.diff(self._tg._root_start)  # per class, the root's children of it
             from llama_cffi._trie_walk import RunScan
@@ -671,7 +691,9 @@ class CompiledGrammar:
         rare, take the numpy walk)."""
         return self.kernel == "c" and state != DEAD and partial[1] == 0 and not self.engine.has_token_elements
 
-    def _mask_words_c(self, start: int, out: npt.NDArray[np.uint32] | None = None) -> npt.NDArray[np.uint32]:
+    def _mask_words_c(
+        self, start: int, out: npt.NDArray[np.uint32] | None = None, derive: bool = True
+    ) -> npt.NDArray[np.uint32]:
         """The mask from ``start`` as ``uint32`` words (into ``out`` when given), by the C
         walk: the tokens made of the start state's run (its self-loop classes, or the
         classes that lead it down a chain of states, as inside a bounded string) from one
@@ -681,11 +703,16 @@ class CompiledGrammar:
         characters not computed yet) computed here and walked again. What a start state
         needs besides the walk (its run's scan, its chain, the tokens ending inside a
         character on its run, end-of-generation) is prepared once per state."""
-        from llama_cffi._trie_walk import PEND_PCHAR, PEND_RUN, PEND_TRANS
-
         eng, tg = self.engine, self._tg
         on_engine = tg.has_engine
         plan = self._plans.get(start)
+        if on_engine and derive and plan is None:
+            d = self._derived.get(start, _UNSET)
+            if d is _UNSET:
+                d = self._derived[start] = self._derivation(start)
+            if d is not None:
+                words = np.empty(self.n_words, dtype=np.uint32) if out is None else out
+                return self._mask_words_derived(start, d, words)
         if on_engine and plan is not None and start in self._settled:
             # everything its walk reads is in the tables: no engine, no lock, one C call
             words = np.empty(self.n_words, dtype=np.uint32) if out is None else out
@@ -709,15 +736,12 @@ class CompiledGrammar:
         nodes: npt.NDArray[np.int32] | None = None
         states: npt.NDArray[np.int32] | None = None
         while True:
-            if on_engine:  # room for the runs and partial-character answers the walk computes
-                need = eng.n_states + 64
-                if len(self._run_known) < need:
-                    self._grow_runs(2 * need)
-                if len(self._pchar_known) < need:
-                    self._grow_pchars(2 * need)
-            tg.set_tables(
-                eng.table(), self._run_known, self._run_words, self._run_len, self._pchar_known, self._pchar_tab
-            )
+            if on_engine:  # with room for the runs and partial-character answers the walk computes
+                self._walk_tables()
+            else:
+                tg.set_tables(
+                    eng.table(), self._run_known, self._run_words, self._run_len, self._pchar_known, self._pchar_tab
+                )
             if on_engine:  # the walk computes transitions and runs in the engine: hold it, then copy its news
                 made = True
                 with eng._lock:
@@ -741,14 +765,7 @@ class CompiledGrammar:
             else:
                 pend, full = tg.walk(words, start, nodes, states)
             if len(pend):
-                why = pend[:, 2]
-                sel = why == PEND_TRANS
-                if sel.any():
-                    eng.fill(pend[sel, 1], pend[sel, 3])
-                for s_ in sorted(set(pend[why == PEND_RUN, 3].tolist()), reverse=True):
-                    self._run(s_)  # newest first: down a chain, the later states' runs serve the earlier
-                for s_ in set(pend[why == PEND_PCHAR, 3].tolist()):
-                    self._pchar_row(s_)
+                self._resolve_pending(pend)
             if full:  # the walk stopped early: everything again, with what it missed now known
                 nodes = states = None
                 if plan is None:
@@ -758,6 +775,124 @@ class CompiledGrammar:
                 self._settled.add(start)
                 return words
             nodes, states = pend[:, 0].copy(), pend[:, 1].copy()
+
+    # ------------------------------------------------------------------ derived masks
+    def _derivation(self, start: int) -> _Derived | None:
+        """How the mask of ``start`` follows from another state's, or None. Let ``G`` be the
+        successor of ``start`` that the most root children lead to (weighing classes by their
+        root children). A token whose first character has class ``c`` is allowed from
+        ``start`` exactly when it is from ``G`` if both states go to the same state on ``c``;
+        so where the classes on which they differ (``X``) hold few root children, the mask
+        of ``start`` is the mask of ``G`` with the subtrees of ``X``'s root children walked
+        again from ``start``, and with its own end-of-generation and partial-character
+        tokens. The content of a key next to the keys an object names (every class but one
+        leads to the same "any other key" state) is the case that needs it: there the walk
+        from ``start`` itself enters most of the trie's 19,000 root subtrees one by one."""
+        eng = self.engine
+        eng.fill_row(start)
+        row = eng.table()[start]
+        live = row >= 0
+        weight = self._root_count
+        if not live.any() or int(weight[live].sum()) < _DERIVE_MIN_ROOT:
+            return None
+        per: dict[int, int] = {}  # successor -> root children (a dict: np.unique imports numpy.ma, ~12 ms)
+        for s_, w_ in zip(row[live].tolist(), weight[live].tolist(), strict=True):
+            per[s_] = per.get(s_, 0) + w_
+        g = max(per, key=per.__getitem__)
+        if g == start:  # a run: the plan's scan serves it
+            return None
+        eng.fill_row(g)
+        table = eng.table()
+        differ = np.flatnonzero(table[start] != table[g])
+        if int(weight[differ].sum()) * _DERIVE_SHARE > int(weight[live].sum()):
+            return None
+        rs = self._tg._root_start
+        groups = [self._tg._root_nodes[rs[c] : rs[c + 1]] for c in differ.tolist()]
+        nodes = np.concatenate(groups) if groups else np.zeros(0, dtype=np.int32)
+        clear = self._root_pt_eog_words().copy()
+        for c in differ.tolist():
+            clear |= self._class_tokens(c)
+        extra = [self._eog_ids] if eng.is_complete(start) else []
+        rp = self._root_pt
+        if len(rp):
+            extra.append(rp[self._state_pchar_ok(start)[self._pchar_slot[rp]]])
+        toks = np.concatenate(extra).astype(np.int64) if extra else np.zeros(0, dtype=np.int64)
+        return _Derived(g, np.ascontiguousarray(nodes, dtype=np.int32), ~clear, toks)
+
+    def _root_pt_eog_words(self) -> npt.NDArray[np.uint32]:
+        """The tokens that are only a partial character, and end-of-generation, as words."""
+        if self._root_pt_eog is None:
+            m = np.zeros(self.n_words * 32, dtype=bool)
+            m[self._root_pt] = True
+            m[self._eog_ids] = True
+            self._root_pt_eog = np.packbits(m, bitorder="little").view(np.uint32)
+        return self._root_pt_eog
+
+    def _class_tokens(self, c: int) -> npt.NDArray[np.uint32]:
+        """The tokens below the root's children of class ``c``, as words (cached)."""
+        w = self._class_words.get(c)
+        if w is None:
+            v, rs = self.vocab, self._tg._root_start
+            m = np.zeros(self.n_words * 32, dtype=bool)
+            for node in self._tg._root_nodes[rs[c] : rs[c + 1]].tolist():
+                m[v.order[v.row_start[node] : v.row_end[node]]] = True
+            w = self._class_words[c] = np.packbits(m, bitorder="little").view(np.uint32)
+        return w
+
+    def _mask_words_derived(self, start: int, d: _Derived, words: npt.NDArray[np.uint32]) -> npt.NDArray[np.uint32]:
+        """The mask of ``start`` from the mask of ``d.of`` (see :meth:`_derivation`): that
+        mask, less the subtrees of ``d.nodes`` and the root-level tokens, plus the state's
+        own root-level tokens and its walk below ``d.nodes``."""
+        eng, tg = self.engine, self._tg
+        todo: tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]] | None = None
+        while True:
+            if todo is None:  # from the other state's mask
+                self._mask_words_c(d.of, words, derive=False)
+                np.bitwise_and(words, d.keep, out=words)
+                t = d.tokens
+                if len(t):
+                    np.bitwise_or.at(words, t >> 5, np.left_shift(np.uint32(1), (t & 31).astype(np.uint32)))
+                todo = d.nodes, np.full(len(d.nodes), start, dtype=np.int32)
+            if not len(todo[0]):
+                return words
+            self._walk_tables()
+            with eng._lock:  # the walk computes transitions and runs in the engine
+                try:
+                    pend, full = tg.walk(words, start, *todo)
+                finally:
+                    eng._c_sync()
+            if len(pend):
+                self._resolve_pending(pend)
+            if full:  # the walk stopped early: all again, with what it missed now known
+                todo = None
+            else:  # the subtrees it could not decide, walked again
+                todo = pend[:, 0].copy(), pend[:, 1].copy()
+
+    def _walk_tables(self) -> None:
+        """Room in the run and partial-character tables for what an engine walk computes
+        (64 states ahead), and the C walk's view of the tables, current."""
+        eng = self.engine
+        need = eng.n_states + 64
+        if len(self._run_known) < need:
+            self._grow_runs(2 * need)
+        if len(self._pchar_known) < need:
+            self._grow_pchars(2 * need)
+        self._tg.set_tables(
+            eng.table(), self._run_known, self._run_words, self._run_len, self._pchar_known, self._pchar_tab
+        )
+
+    def _resolve_pending(self, pend: npt.NDArray[np.int32]) -> None:
+        """Compute what a walk left pending: transitions, runs, partial-character answers."""
+        from llama_cffi._trie_walk import PEND_PCHAR, PEND_RUN, PEND_TRANS
+
+        why = pend[:, 2]
+        sel = why == PEND_TRANS
+        if sel.any():
+            self.engine.fill(pend[sel, 1], pend[sel, 3])
+        for s_ in sorted(set(pend[why == PEND_RUN, 3].tolist()), reverse=True):
+            self._run(s_)  # newest first: down a chain, the later states' runs serve the earlier
+        for s_ in set(pend[why == PEND_PCHAR, 3].tolist()):
+            self._pchar_row(s_)
 
     def _batch_plan(self, state: int) -> Any:
         """For :func:`~samplers.grammar.fill_masks` (under the lock): the plan of ``state``,
