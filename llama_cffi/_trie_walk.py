@@ -229,6 +229,41 @@ def _derived(trie: Trie, base: RunScan, k: int, frontier: I32, group_start: I32)
     )
 
 
+def below_summary(
+    level_base: npt.ArrayLike, parent: npt.ArrayLike, node_cp: npt.ArrayLike, has_pt: npt.ArrayLike
+) -> tuple[U64, npt.NDArray[np.uint8]]:
+    """Per node of a trie (numbered level by level, the root last; see :class:`Trie`): the
+    ASCII code points strictly below it (``below_asc``: 2 words per node, bit ``cp % 64``
+    of word ``cp // 64``), and ``below_flags``: bit 0, a code point >= 128 strictly
+    below; bit 1, a token ending inside a character at or below (``has_pt``). One pass
+    up the levels, shared by every grammar on the vocabulary."""
+    base = np.asarray(level_base, dtype=np.int64)
+    par = np.asarray(parent, dtype=np.int64)
+    cp = np.asarray(node_cp, dtype=np.int64)
+    n = len(par)
+    lo_bits = np.zeros(n + 1, dtype=np.uint64)
+    hi_bits = np.zeros(n + 1, dtype=np.uint64)
+    one = np.uint64(1)
+    own_lo = np.where(cp < 64, np.left_shift(one, (cp & 63).astype(np.uint64)), np.uint64(0))
+    own_hi = np.where((cp >= 64) & (cp < 128), np.left_shift(one, (cp & 63).astype(np.uint64)), np.uint64(0))
+    na = np.zeros(n + 1, dtype=bool)
+    own_na = cp >= 128
+    pt = np.asarray(has_pt).astype(bool).copy()
+    for lo, hi in zip(base[-2::-1].tolist(), base[:0:-1].tolist(), strict=True):
+        if hi == lo:
+            continue
+        p = par[lo:hi]
+        starts = np.flatnonzero(np.r_[True, p[1:] != p[:-1]])
+        ups = p[starts]
+        lo_bits[ups] |= np.bitwise_or.reduceat(lo_bits[lo:hi] | own_lo[lo:hi], starts)
+        hi_bits[ups] |= np.bitwise_or.reduceat(hi_bits[lo:hi] | own_hi[lo:hi], starts)
+        na[ups] |= np.logical_or.reduceat(na[lo:hi] | own_na[lo:hi], starts)
+        pt[ups] |= np.logical_or.reduceat(pt[lo:hi], starts)
+    asc = np.empty(2 * (n + 1), dtype=np.uint64)
+    asc[0::2], asc[1::2] = lo_bits, hi_bits
+    return asc, (na.astype(np.uint8) | (pt.astype(np.uint8) << 1)).astype(np.uint8)
+
+
 class Trie:
     """One vocabulary's code-point trie for the C walks (the layout of
     :class:`samplers.grammar.vocab_index.VocabIndex`; see ``llama_cffi.h``). Node
@@ -241,7 +276,9 @@ class Trie:
     ``root_pt``: the tokens that are only a partial character; ``n_pchars``: the
     number of distinct partial characters; ``max_depth``: the longest token in code
     points. ``height`` (+: the most code points below each node) is computed when not
-    given. ``lengths`` (per token, its whole code points) lets :meth:`run_derive` work."""
+    given. ``lengths`` (per token, its whole code points) lets :meth:`run_derive` work.
+    ``below_asc`` and ``below_flags`` (see :func:`below_summary`) are computed from
+    ``uniq_cps`` (the code point of each ``node_cpi`` value) when not given."""
 
     def __init__(
         self,
@@ -263,6 +300,9 @@ class Trie:
         root_pt: npt.ArrayLike,
         height: npt.ArrayLike | None = None,
         lengths: npt.ArrayLike | None = None,
+        below_asc: npt.ArrayLike | None = None,
+        below_flags: npt.ArrayLike | None = None,
+        uniq_cps: npt.ArrayLike | None = None,
     ) -> None:
         node_cpi_a = _i32("node_cpi", node_cpi)
         n_nodes = len(node_cpi_a)
@@ -316,6 +356,17 @@ class Trie:
                 height_a[p[starts]] = np.maximum(height_a[p[starts]], top)
         self._arrays["height"] = height_a
         self._arrays["level_base"] = base.astype(np.int32)
+        if below_asc is None or below_flags is None:
+            if uniq_cps is None:
+                raise ValueError("give below_asc and below_flags, or uniq_cps to compute them")
+            ucp = np.asarray(uniq_cps, dtype=np.int64)
+            if len(node_cpi_a) and (int(node_cpi_a.min()) < 0 or int(node_cpi_a.max()) >= len(ucp)):
+                raise ValueError("node_cpi holds an index out of range of uniq_cps")
+            below_asc, below_flags = below_summary(base, par, ucp[node_cpi_a], self._has_pt)
+        self._below_asc = np.ascontiguousarray(below_asc, dtype=np.uint64)
+        self._below_flags = np.ascontiguousarray(below_flags, dtype=np.uint8)
+        if self._below_asc.shape != (2 * (n_nodes + 1),) or self._below_flags.shape != (n_nodes + 1,):
+            raise ValueError(f"below_asc must have {2 * (n_nodes + 1)} values and below_flags {n_nodes + 1}")
         self._lengths = None if lengths is None else np.asarray(lengths)
         if self._lengths is not None and self._lengths.shape != (n_vocab,):
             raise ValueError(f"lengths must have {n_vocab} values")
@@ -331,6 +382,12 @@ class Trie:
         buf = ffi.from_buffer("uint8_t[]", self._has_pt)
         self._keep.append(buf)
         t.has_pt = buf
+        buf = ffi.from_buffer("uint64_t[]", self._below_asc)
+        self._keep.append(buf)
+        t.below_asc = buf
+        buf = ffi.from_buffer("uint8_t[]", self._below_flags)
+        self._keep.append(buf)
+        t.below_flags = buf
         self._frames_n = 3 * (max_depth + 2)
         self._n_root_children = int(self._arrays["n_child"][n_nodes])
 
@@ -339,31 +396,25 @@ class Trie:
         """``uint32`` words of a mask: ``ceil(n_vocab / 32)``."""
         return (self.n_vocab + 31) // 32
 
-    def bind(self, cls_of_cp: npt.ArrayLike, n_classes: int) -> tuple[I32, U64, npt.NDArray[np.int64]]:
-        """One grammar's node arrays: each node's class (``cls_of_cp[node_cpi[node]]``),
-        ``E`` (``(n_nodes + 1, W)`` words, ``W = n_classes // 64 + 1``: the classes below
-        each node, bit ``n_classes`` where a token ending inside a character ends at or
-        below it), and how many nodes each class has. About a millisecond for 460,000
-        nodes."""
+    def bind(self, cls_of_cp: npt.ArrayLike, n_classes: int) -> tuple[I32, npt.NDArray[np.int64]]:
+        """One grammar's node array: each node's class (``cls_of_cp[node_cpi[node]]``), and
+        how many nodes each class has. The only per-node array a grammar writes: which
+        classes lie below a node is read from the trie's shared summaries."""
         cc = _i32("cls_of_cp", cls_of_cp)
         if not 0 <= n_classes < 2**24:
             raise ValueError(f"n_classes {n_classes} is out of range")
-        w = n_classes // 64 + 1
         cls = np.empty(self.n_nodes, dtype=np.int32)
-        e = np.empty((self.n_nodes + 1, w), dtype=np.uint64)
         count = np.empty(n_classes + 1, dtype=np.int64)
         rc = lib.llama_cffi_trie_bind(
             self._struct,
             ffi.from_buffer("int32_t[]", cc),
             len(cc),
             n_classes,
-            w,
             ffi.from_buffer("int32_t[]", cls),
-            ffi.from_buffer("uint64_t[]", e),
             ffi.from_buffer("int64_t[]", count),
         )
         _check_rc(rc, "trie bind")
-        return cls, e, count[:n_classes]
+        return cls, count[:n_classes]
 
     def run_scan(self, cls: I32, n_classes: int, run: U64, k: int, keep_on: bool = False) -> RunScan:
         """See :class:`RunScan`. ``cls``: :meth:`bind`'s classes; ``run``: ``W`` words;
@@ -481,19 +532,43 @@ class TrieGrammar:
     :meth:`set_tables` (again whenever one of them is replaced). Not thread-safe: one
     walk at a time (the caller's lock)."""
 
-    def __init__(self, trie: Trie, cls: I32, E: U64, n_classes: int, absorb_min_rows: int = 64) -> None:
+    def __init__(
+        self,
+        trie: Trie,
+        cls: I32,
+        n_classes: int,
+        ascii_cls: npt.ArrayLike,
+        na_classes: npt.ArrayLike,
+        absorb_min_rows: int = 64,
+    ) -> None:
         self.trie = trie
         w = n_classes // 64 + 1
         self.n_classes, self.W = n_classes, w
         self._cls = _i32("cls", cls, trie.n_nodes)
-        if not isinstance(E, np.ndarray) or E.dtype != np.uint64 or E.shape != (trie.n_nodes + 1, w):
-            raise ValueError(f"E must be a ({trie.n_nodes + 1}, {w}) uint64 array")
-        self._E = np.ascontiguousarray(E)
+        self._ascii_cls = _i32("ascii_cls", ascii_cls, 128)
+        if int(self._ascii_cls.min()) < 0 or int(self._ascii_cls.max()) >= max(n_classes, 1):
+            raise ValueError(f"ascii_cls must lie in [0, {n_classes})")
+        self._na_classes = np.ascontiguousarray(na_classes, dtype=np.uint64)
+        if self._na_classes.shape != (w,):
+            raise ValueError(f"na_classes must be {w} uint64 words")
+        # per byte of a class set's words and its value, the ASCII code points of those
+        # classes: a run's code points are 8 * W lookups (llama_cffi.h: asc_table)
+        cls_asc = np.zeros((64 * w, 2), dtype=np.uint64)
+        cps = np.arange(128)
+        np.bitwise_or.at(
+            cls_asc, (self._ascii_cls, cps >> 6), np.left_shift(np.uint64(1), (cps & 63).astype(np.uint64))
+        )
+        table = np.zeros((8 * w, 256, 2), dtype=np.uint64)
+        values = np.arange(256)
+        for bit in range(8):
+            table[:, ((values >> bit) & 1).astype(bool), :] |= cls_asc[bit::8][:, None, :]
+        self._asc_table = table
         g = self._g = ffi.new("llama_cffi_trie_grammar *")
         g.n_classes, g.W, g.absorb_min_rows = n_classes, w, absorb_min_rows
         self._keep: dict[str, Any] = {"cls": ffi.from_buffer("int32_t[]", self._cls)}
-        self._keep["E"] = ffi.from_buffer("uint64_t[]", self._E)
-        g.cls, g.E = self._keep["cls"], self._keep["E"]
+        self._keep["asc_table"] = ffi.from_buffer("uint64_t[]", self._asc_table)
+        self._keep["na_classes"] = ffi.from_buffer("uint64_t[]", self._na_classes)
+        g.cls, g.asc_table, g.na_classes = self._keep["cls"], self._keep["asc_table"], self._keep["na_classes"]
         # the root's children by class: every scan's implicit depth-0 frontier
         self._root_nodes = np.empty(max(1, int(trie._n_root_children)), dtype=np.int32)
         self._root_start = np.empty(n_classes + 1, dtype=np.int32)

@@ -171,6 +171,43 @@ def test_random_vocabularies(data: st.DataObject, derive: str, monkeypatch: pyte
             assert sorted(fast.pt_tokens.tolist()) == sorted(plain.pt_tokens.tolist()), k
 
 
+@settings(max_examples=budget(60), deadline=None)
+@given(data=st.data())
+def test_below_summaries_by_brute_force(data: st.DataObject) -> None:
+    """The trie's per-node summaries that replace a per-grammar array of the classes below
+    each node (below_asc, below_flags) equal a brute-force pass over every node's
+    ancestors: the ASCII code points strictly below, a code point >= 128 strictly below,
+    a token ending inside a character at or below."""
+    rng = random.Random(data.draw(st.integers(0, 2**32 - 1), label="seed"))
+    pieces = {b"".join(rng.choice(_PIECE_PARTS) for _ in range(rng.randint(1, 6))) for _ in range(200)}
+    pieces |= {p + rng.choice(_PARTIALS) for p in list(pieces)[:30]} | set(_PARTIALS)
+    v = VocabIndex(sorted(pieces))
+    n = v.n_nodes
+    want_asc = [0] * (n + 1)
+    want_na = [False] * (n + 1)
+    want_pt = [False] * (n + 1)
+    for t in v.partial_tokens.tolist():
+        want_pt[int(v.term[t])] = True
+    parent = v.parent.tolist()
+    for node in range(n):
+        cp = int(v.uniq_cps[v.node_cpi[node]])
+        a = parent[node]
+        pt = want_pt[node]
+        while True:  # every strict ancestor, the root last
+            if cp < 128:
+                want_asc[a] |= 1 << cp
+            else:
+                want_na[a] = True
+            want_pt[a] = want_pt[a] or pt
+            if a == n:
+                break
+            a = parent[a]
+    got_asc = [int(lo) | (int(hi) << 64) for lo, hi in zip(v.below_asc[0::2], v.below_asc[1::2], strict=True)]
+    assert got_asc == want_asc
+    assert [bool(f & 1) for f in v.below_flags.tolist()] == want_na
+    assert [bool(f & 2) for f in v.below_flags.tolist()] == want_pt
+
+
 _BIG_SCHEMAS: dict[str, dict[str, Any]] = {
     "bounded string": {
         "type": "object",
@@ -405,7 +442,8 @@ def test_bad_arrays_raise_not_crash() -> None:
                 level_base=v.level_base, node_cpi=v.node_cpi, parent=v.parent, first_child=v.first_child,
                 n_child=v.n_child, row_start=v.row_start, row_end=v.row_end, n_term=v.n_term,
                 has_pt=np.zeros(v.n_nodes + 1, np.uint8), order=v.order, pchar_slot=v.pchar_slot,
-                root_pt=np.zeros(0, np.int32))
+                root_pt=np.zeros(0, np.int32), uniq_cps=v.uniq_cps)
+    ac, na = c._tg._ascii_cls, c._tg._na_classes
     def attempt(label, f):
         try:
             f()
@@ -417,15 +455,15 @@ def test_bad_arrays_raise_not_crash() -> None:
                         ("row_end", np.full(v.n_nodes + 1, 10**6)), ("node_cpi", np.full(v.n_nodes, 10**6))]:
         def go(name=name, value=value):
             t = Trie(**{**base, name: value})
-            cls, e, _ = t.bind(c._cls_of_cp, c.engine.n_classes)
-            tg = TrieGrammar(t, cls, e, c.engine.n_classes)
+            cls, _ = t.bind(c._cls_of_cp, c.engine.n_classes)
+            tg = TrieGrammar(t, cls, c.engine.n_classes, ac, na)
             tg.set_tables(c.engine.table(), c._run_known, c._run_words, c._run_len, c._pchar_known, c._pchar_tab)
             m = np.zeros(t.n_words, np.uint32)
             tg.walk(m, c.engine.start, np.array([t.n_nodes], np.int32))
         attempt(name, go)
     t = Trie(**base)
-    cls, e, _ = t.bind(c._cls_of_cp, c.engine.n_classes)
-    tg = TrieGrammar(t, cls, e, c.engine.n_classes)
+    cls, _ = t.bind(c._cls_of_cp, c.engine.n_classes)
+    tg = TrieGrammar(t, cls, c.engine.n_classes, ac, na)
     bad = np.full_like(c.engine.table(), 10**6)
     tg.set_tables(bad, c._run_known, c._run_words, c._run_len, c._pchar_known, c._pchar_tab)
     attempt("trans", lambda: tg.walk(np.zeros(t.n_words, np.uint32), c.engine.start, np.array([t.n_nodes], np.int32)))
@@ -433,18 +471,31 @@ def test_bad_arrays_raise_not_crash() -> None:
     attempt("node", lambda: tg.walk(np.zeros(t.n_words, np.uint32), 0, np.array([10**6], np.int32)))
     attempt("mask", lambda: tg.walk(np.zeros(1, np.uint32), 0, np.array([0], np.int32)))
     def bad_cls():
-        tg2 = TrieGrammar(t, np.full(t.n_nodes, 10**6, np.int32), e, c.engine.n_classes)
+        tg2 = TrieGrammar(t, np.full(t.n_nodes, 10**6, np.int32), c.engine.n_classes, ac, na)
         tg2.set_tables(c.engine.table(), c._run_known, c._run_words, c._run_len, c._pchar_known, c._pchar_tab)
         tg2.walk(np.zeros(t.n_words, np.uint32), c.engine.start, np.array([t.n_nodes], np.int32))
     attempt("cls", bad_cls)
     attempt("bind", lambda: t.bind(np.full(len(c._cls_of_cp), 10**6, np.int32), c.engine.n_classes))
+    attempt("ascii_cls", lambda: TrieGrammar(t, cls, c.engine.n_classes, np.full(128, 10**6, np.int32), na))
     print("alive")
     """
     r = run_isolated(code)
     assert r.returncode == 0, r.stderr[-2000:]
     lines = r.stdout.split("\n")
     assert lines[-2] == "alive"
-    for label in ("order", "first_child", "row_end", "node_cpi", "trans", "start", "node", "mask", "cls", "bind"):
+    for label in (
+        "order",
+        "first_child",
+        "row_end",
+        "node_cpi",
+        "trans",
+        "start",
+        "node",
+        "mask",
+        "cls",
+        "bind",
+        "ascii_cls",
+    ):
         assert f"{label} raised ValueError" in lines, (label, r.stdout)
 
 

@@ -179,6 +179,11 @@ typedef struct {
     const int32_t *order;       /* per row: the token */
     const int32_t *pchar_slot;  /* per token */
     const int32_t *root_pt;     /* n_root_pt tokens */
+    /* +, 2 words per node: the ASCII code points strictly below it (bit cp % 64 of word cp / 64) */
+    const uint64_t *below_asc;
+    /* +: bit 0, a code point >= 128 strictly below; bit 1, a token ending inside a
+       character at or below (has_pt here or below) */
+    const uint8_t *below_flags;
 } llama_cffi_trie;
 /* one grammar on one trie. trans[state * n_classes + class]: the successor state, -1
    none, LLAMA_CFFI_TRANS_UNKNOWN not computed yet (n_states rows). A state s below
@@ -193,8 +198,11 @@ typedef struct {
     int32_t n_run_states;
     int32_t n_pchar_states;
     int32_t absorb_min_rows; /* a subtree this large waits for its state's run */
-    const int32_t *cls;      /* per node: its character class */
-    const uint64_t *E;       /* +: W words per node, the classes below it (bit n_classes: a partial token) */
+    const int32_t *cls;        /* per node: its character class */
+    /* 8 * W * 256 rows of 2 words: row (8 * w + b) * 256 + v, the ASCII code points (as in
+       the trie's below_asc) of the classes 64 * w + 8 * b + i for the bits i of v */
+    const uint64_t *asc_table;
+    const uint64_t *na_classes; /* W words: the classes holding a code point >= 128 of the vocabulary */
     const int32_t *trans;
     const uint8_t *run_known;
     const uint64_t *run_words;
@@ -223,11 +231,10 @@ typedef struct {
    0, -1 bad data */
 int llama_cffi_trie_root_groups(const llama_cffi_trie *t, const int32_t *cls, int32_t n_classes, int32_t *out_nodes,
                                 int32_t *out_start);
-/* per node its class (cls_of_cp[node_cpi[node]]) into out_cls, and its E into out_E
-   (W * (n_nodes + 1) words); out_count: the nodes of each class (n_classes + 1 values).
-   0, -1 bad data */
+/* per node its class (cls_of_cp[node_cpi[node]]) into out_cls; out_count: the nodes of
+   each class (n_classes + 1 values). 0, -1 bad data */
 int llama_cffi_trie_bind(const llama_cffi_trie *t, const int32_t *cls_of_cp, int32_t n_cps, int32_t n_classes,
-                         int32_t W, int32_t *out_cls, uint64_t *out_E, int64_t *out_count);
+                         int32_t *out_cls, int64_t *out_count);
 /* the tokens of at most k characters made only of the classes in run: whole ones as
    bits of mask (OR-ed), those ending inside a character into pt_tokens with their depth
    in characters (pt_depth); the nodes where such paths leave the run (a class not in it,
@@ -245,7 +252,9 @@ int llama_cffi_trie_run_scan(const llama_cffi_trie *t, const int32_t *cls, int32
                              int32_t *group_start, int32_t *pt_tokens, int32_t *pt_depth, int32_t pt_cap, int32_t *n_pt,
                              int32_t *scratch, uint8_t *on_out);
 /* llama_cffi_trie_run_scan without on_out, faster: a node whose whole subtree is of the
-   run's classes (g's E) and within k characters has its tokens set at once, unvisited.
+   run's classes and within k characters has its tokens set at once, unvisited (as the
+   trie's below_asc and below_flags tell with g's asc_table and na_classes: a subtree with
+   a code point >= 128 only when every class holding one is in the run).
    The same mask, partial tokens and groups (the nodes within a group may come in another
    order).
    With on_out (n_nodes + 1 bytes, zeroed by the caller) and absorbed (2 * absorbed_cap

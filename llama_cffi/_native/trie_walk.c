@@ -5,9 +5,12 @@
  * The trie (one per vocabulary) numbers its nodes level by level; the root is node
  * n_nodes; a node's children are nodes first_child .. first_child + n_child; in the
  * sorted token order (row r is token order[r]) its subtree is rows row_start ..
- * row_end, of which the first n_term end at the node. A grammar gives each node a
- * character class (cls) and, per node, the set of classes below it (E: W words per
- * node, bit n_classes marks a token ending inside a UTF-8 character at or below it).
+ * row_end, of which the first n_term end at the node; per node it also keeps the ASCII
+ * code points strictly below it (below_asc) and whether a code point >= 128 lies below
+ * and a token ends inside a UTF-8 character at or below it (below_flags): shared by every
+ * grammar. A grammar gives each node a character class (cls); whether a subtree is made
+ * of a set of classes is read from those summaries (conservatively where code points
+ * >= 128 are concerned: see covered), so a grammar's binding writes one array.
  *
  * A state's run (L, k): the classes L that all lead it to one successor, and the length
  * k up to which every string over L stays alive that way (a state with self-loops:
@@ -27,8 +30,8 @@
 #define SET_BIT(mask, t) ((mask)[(uint32_t)(t) >> 5] |= (uint32_t)1 << ((uint32_t)(t)&31u))
 
 int llama_cffi_trie_bind(const llama_cffi_trie *t, const int32_t *cls_of_cp, int32_t n_cps, int32_t n_classes,
-                         int32_t W, int32_t *out_cls, uint64_t *out_E, int64_t *out_count) {
-    if (!t || !cls_of_cp || !out_cls || !out_E || !out_count || n_classes < 0 || W != n_classes / 64 + 1) return -1;
+                         int32_t *out_cls, int64_t *out_count) {
+    if (!t || !cls_of_cp || !out_cls || !out_count || n_classes < 0) return -1;
     const int32_t n_nodes = t->n_nodes;
     memset(out_count, 0, sizeof(int64_t) * (size_t)(n_classes + 1));
     for (int32_t n = 0; n < n_nodes; n++) {
@@ -39,33 +42,6 @@ int llama_cffi_trie_bind(const llama_cffi_trie *t, const int32_t *cls_of_cp, int
         out_cls[n] = c;
         out_count[c]++;
     }
-    memset(out_E, 0, sizeof(uint64_t) * (size_t)W * (size_t)(n_nodes + 1));
-    const uint64_t pbit = (uint64_t)1 << (n_classes % 64);
-    const int32_t pword = n_classes / 64;
-    /* children have larger numbers than their parent (levels in order), except that the
-       root, whose children are level 0, is last: walking down from the last node, a
-       node's E is complete before it is added to its parent's */
-    if (W == 1) { /* one word (fewer than 64 classes): the common case, without the inner loop */
-        for (int32_t n = n_nodes - 1; n >= 0; n--) {
-            int32_t p = t->parent[n];
-            if (p < 0 || p > n_nodes || (p != n_nodes && p >= n)) return -1;
-            uint64_t e = out_E[n] | (t->has_pt[n] ? pbit : 0);
-            out_E[n] = e;
-            out_E[p] |= e | ((uint64_t)1 << out_cls[n]);
-        }
-    } else {
-        for (int32_t n = n_nodes - 1; n >= 0; n--) {
-            int32_t p = t->parent[n];
-            if (p < 0 || p > n_nodes || (p != n_nodes && p >= n)) return -1;
-            uint64_t *ep = out_E + (size_t)p * (size_t)W;
-            const uint64_t *en = out_E + (size_t)n * (size_t)W;
-            if (t->has_pt[n]) out_E[(size_t)n * (size_t)W + (size_t)pword] |= pbit;
-            for (int32_t w = 0; w < W; w++) ep[w] |= en[w];
-            int32_t c = out_cls[n];
-            ep[c / 64] |= (uint64_t)1 << (c % 64);
-        }
-    }
-    if (t->has_pt[n_nodes]) out_E[(size_t)n_nodes * (size_t)W + (size_t)pword] |= pbit;
     return 0;
 }
 
@@ -125,15 +101,59 @@ static int compute_run(const llama_cffi_trie_grammar *g, int32_t s) {
     return 0;
 }
 
-/* does every class of E[node] lie in the set? (W words each) */
-static inline int covered(const uint64_t *E, int32_t node, int32_t W, const uint64_t *set) {
-    const uint64_t *e = E + (size_t)node * (size_t)W;
-    for (int32_t w = 0; w < W; w++)
-        if (e[w] & ~set[w]) return 0;
-    return 1;
+static inline int in_set(const uint64_t *words, int32_t c) { return (int)((words[c >> 6] >> (c & 63)) & 1u); }
+
+/* a run's summary in the terms of the trie's below_asc and below_flags: the ASCII code
+   points whose class is in the run (words 0, 1: the OR of the grammar's asc_table rows,
+   one lookup per byte of the run's words); word 2: bit 0, every class holding a code
+   point >= 128 of the vocabulary is in the run; bit 1, the partial bit (n_classes) is */
+static void run_summary(const llama_cffi_trie_grammar *g, const uint64_t *run, uint64_t out[3]) {
+    uint64_t lo = 0, hi = 0;
+    int na_ok = 1;
+    for (int32_t w = 0; w < g->W; w++) {
+        const uint64_t word = run[w];
+        if (g->na_classes[w] & ~word) na_ok = 0;
+        for (int32_t b = 0; b < 8; b++) {
+            const uint64_t *row = g->asc_table + ((size_t)(8 * w + b) * 256 + ((word >> (8 * b)) & 255)) * 2;
+            lo |= row[0];
+            hi |= row[1];
+        }
+    }
+    out[0] = lo;
+    out[1] = hi;
+    out[2] = (uint64_t)na_ok | ((uint64_t)in_set(run, g->n_classes) << 1);
 }
 
-static inline int in_set(const uint64_t *words, int32_t c) { return (int)((words[c >> 6] >> (c & 63)) & 1u); }
+/* is every character strictly below node of the summarized run's classes, and is a token
+   ending inside a character at or below it allowed by it? A subtree with a code point
+   >= 128 passes only when every class holding one is in the run: conservative (a "no"
+   makes the caller descend), so the answer is exact where it is "yes" */
+static inline int covered(const llama_cffi_trie *t, int32_t node, const uint64_t *sum) {
+    const uint64_t *b = t->below_asc + 2 * (size_t)node;
+    if ((b[0] & ~sum[0]) | (b[1] & ~sum[1])) return 0;
+    return (t->below_flags[node] & ~(uint8_t)sum[2]) == 0;
+}
+
+/* the summaries of the runs one walk reads, per state (a direct-mapped cache on the
+   walk's stack: a state's run, once known, does not change) */
+#define RUN_SUMS 64 /* a power of two */
+typedef struct {
+    int32_t state[RUN_SUMS];
+    uint64_t sum[RUN_SUMS][3];
+} run_sums;
+
+static inline void run_sums_init(run_sums *r) {
+    for (int i = 0; i < RUN_SUMS; i++) r->state[i] = -1;
+}
+
+static inline const uint64_t *run_sum_of(const llama_cffi_trie_grammar *g, run_sums *r, int32_t s) {
+    const int h = s & (RUN_SUMS - 1);
+    if (r->state[h] != s) {
+        run_summary(g, g->run_words + (size_t)s * (size_t)g->W, r->sum[h]);
+        r->state[h] = s;
+    }
+    return r->sum[h];
+}
 
 /* a counting sort of (node, group) pairs by group: group g's nodes are
    frontier[group_start[g] .. group_start[g + 1]] */
@@ -260,8 +280,7 @@ static inline int node_tokens(const llama_cffi_trie *t, const llama_cffi_trie_gr
    ending here; 1: descend into the children, 0: done with this subtree, <0 error */
 static inline int visit(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, int32_t node, int32_t ps,
                         int32_t s, uint32_t *mask, int32_t *pending, int32_t pending_cap, int32_t *n_pending,
-                        int *moved) {
-    const int32_t W = g->W;
+                        int *moved, run_sums *sums) {
     int32_t rs = t->row_start[node], re = t->row_end[node];
     if (rs < 0 || re < rs || re > t->n_vocab) return -1;
     if (s < g->n_run_states && !g->run_known[s] && re - rs >= g->absorb_min_rows && g->engine && g->class_weight &&
@@ -272,7 +291,7 @@ static inline int visit(const llama_cffi_trie *t, const llama_cffi_trie_grammar 
         if (rc) return rc;
     }
     if (s < g->n_run_states && g->run_known[s]) {
-        if (t->height[node] <= g->run_len[s] && covered(g->E, node, W, g->run_words + (size_t)s * (size_t)W)) {
+        if (t->height[node] <= g->run_len[s] && covered(t, node, run_sum_of(g, sums, s))) {
             /* every token below continues in s's run: the whole subtree */
             for (int32_t r = rs; r < re; r++) {
                 int32_t tok = t->order[r];
@@ -297,11 +316,11 @@ static inline int visit(const llama_cffi_trie *t, const llama_cffi_trie_grammar 
 /* the subtree below node (its character taken: live state s, from ps), depth first */
 static int descend(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, int32_t node, int32_t ps, int32_t s,
                    int root, uint32_t *mask, int32_t *pending, int32_t pending_cap, int32_t *n_pending,
-                   int32_t *f_node, int32_t *f_state, int32_t *f_next, int32_t depth_cap) {
+                   int32_t *f_node, int32_t *f_state, int32_t *f_next, int32_t depth_cap, run_sums *sums) {
     const int32_t n_nodes = t->n_nodes, nc_ = g->n_classes;
     int moved = 0;
     if (!root) {
-        int v = visit(t, g, node, ps, s, mask, pending, pending_cap, n_pending, &moved);
+        int v = visit(t, g, node, ps, s, mask, pending, pending_cap, n_pending, &moved, sums);
         if (v <= 0) return v;
     }
     const int32_t *tab = table_of(g);
@@ -336,7 +355,7 @@ static int descend(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, i
             }
             if (s2 < 0) continue;
             if (s2 >= n_st) return -1;
-            int v = visit(t, g, ch, cs, s2, mask, pending, pending_cap, n_pending, &moved);
+            int v = visit(t, g, ch, cs, s2, mask, pending, pending_cap, n_pending, &moved, sums);
             if (moved) {
                 tab = table_of(g);
                 n_st = n_states_of(g);
@@ -364,6 +383,7 @@ int llama_cffi_trie_walk(const llama_cffi_trie *t, const llama_cffi_trie_grammar
                          const uint64_t *run, int32_t k, int32_t start, uint32_t *mask, int32_t *pending, int32_t pending_cap,
                          int32_t *n_pending, int32_t *frames, int32_t frames_cap) {
     if (!t || !g || (!nodes && n) || !mask || !pending || !n_pending || !frames) return -1;
+    if (!t->below_asc || !t->below_flags || !g->asc_table || !g->na_classes) return -1;
     if (!states && !group_start && (start < 0 || start >= n_states_of(g))) return -1;
     if (group_start && (!depth_states || !run || !g->root_nodes || !g->root_start || k < 0 || k > t->max_depth + 1))
         return -1;
@@ -372,6 +392,8 @@ int llama_cffi_trie_walk(const llama_cffi_trie *t, const llama_cffi_trie_grammar
     if (depth_cap < t->max_depth + 2) return -1;
     int32_t *f_node = frames, *f_state = frames + depth_cap, *f_next = frames + 2 * depth_cap;
     *n_pending = 0;
+    run_sums sums;
+    run_sums_init(&sums);
     if (group_start) {
         /* nodes grouped by (depth of the parent, class), entered from the state at that
            depth: a class that state does not take skips its group at once */
@@ -401,7 +423,7 @@ int llama_cffi_trie_walk(const llama_cffi_trie *t, const llama_cffi_trie_grammar
                     int32_t node = i < b ? nodes[i] : g->root_nodes[ra + (i - b)];
                     if (node < 0 || node >= n_nodes || g->cls[node] != c) return -1;
                     int rc = descend(t, g, node, ps, s, 0, mask, pending, pending_cap, n_pending, f_node, f_state,
-                                     f_next, depth_cap);
+                                     f_next, depth_cap, &sums);
                     if (rc < 0) return rc;
                 }
             }
@@ -415,7 +437,7 @@ int llama_cffi_trie_walk(const llama_cffi_trie *t, const llama_cffi_trie_grammar
         int rc;
         if (node == n_nodes) { /* the root: no character (its partial tokens are decided by the caller) */
             rc = descend(t, g, node, ps, ps, 1, mask, pending, pending_cap, n_pending, f_node, f_state, f_next,
-                         depth_cap);
+                         depth_cap, &sums);
         } else {
             int32_t c = g->cls[node];
             if (c < 0 || c >= nc_) return -1;
@@ -429,7 +451,7 @@ int llama_cffi_trie_walk(const llama_cffi_trie *t, const llama_cffi_trie_grammar
             if (s < 0) continue;
             if (s >= n_states_of(g)) return -1;
             rc = descend(t, g, node, ps, s, 0, mask, pending, pending_cap, n_pending, f_node, f_state, f_next,
-                         depth_cap);
+                         depth_cap, &sums);
         }
         if (rc < 0) return rc;
     }
@@ -455,7 +477,8 @@ int llama_cffi_trie_first_mask(const llama_cffi_trie *t, const llama_cffi_trie_g
                                uint32_t *mask, int32_t *pending, int32_t pending_cap, int32_t *n_pending,
                                int32_t *frames, int32_t frames_cap) {
     if (!t || !g || !g->engine || !g->class_weight || !g->run_chain || !g->root_nodes || !g->root_start || !mask ||
-        !pending || !n_pending || !frames || (n_eog && !eog) || (t->n_pchars && !pchars) || n_eog < 0)
+        !pending || !n_pending || !frames || (n_eog && !eog) || (t->n_pchars && !pchars) || n_eog < 0 ||
+        !t->below_asc || !t->below_flags || !g->asc_table || !g->na_classes)
         return -1;
     llama_cffi_gengine *e = (llama_cffi_gengine *)g->engine;
     const int32_t W = g->W, nc_ = g->n_classes, n_nodes = t->n_nodes;
@@ -505,6 +528,8 @@ int llama_cffi_trie_first_mask(const llama_cffi_trie *t, const llama_cffi_trie_g
     }
     /* the walk from the root, a class at a time through the root groups */
     int32_t *f_node = frames, *f_state = frames + depth_cap, *f_next = frames + 2 * depth_cap;
+    run_sums sums;
+    run_sums_init(&sums);
     for (int32_t c = 0; c < nc_; c++) {
         int32_t a, b;
         if (root_group(t, g, c, &a, &b)) return -1;
@@ -518,7 +543,7 @@ int llama_cffi_trie_first_mask(const llama_cffi_trie *t, const llama_cffi_trie_g
             int32_t node = g->root_nodes[i];
             if (node < 0 || node >= n_nodes || g->cls[node] != c) return -1;
             int rc = descend(t, g, node, start, s, 0, mask, pending, pending_cap, n_pending, f_node, f_state, f_next,
-                             depth_cap);
+                             depth_cap, &sums);
             if (rc < 0) return rc;
         }
     }
@@ -535,8 +560,11 @@ int llama_cffi_trie_run_scan_skip(const llama_cffi_trie *t, const llama_cffi_tri
     if (!t || !g || !run || !mask || !frontier || !n_frontier || !group_start || !pt_tokens || !pt_depth || !n_pt ||
         !scratch || k < 0 || k > t->max_depth + 1)
         return -1;
-    const int32_t n_nodes = t->n_nodes, n_vocab = t->n_vocab, nc = g->n_classes, W = g->W;
+    const int32_t n_nodes = t->n_nodes, n_vocab = t->n_vocab, nc = g->n_classes;
     const int64_t n_groups = (int64_t)(k + 1) * nc;
+    if (!t->below_asc || !t->below_flags || !g->asc_table || !g->na_classes) return -1;
+    uint64_t sum[3]; /* the run in the terms of the trie's below_asc and below_flags */
+    run_summary(g, run, sum);
     if (n_groups >= (int64_t)1 << 30 || frontier_cap < n_nodes) return -1;
     const int32_t *const cls = g->cls, *const first_child = t->first_child, *const n_child = t->n_child;
     const int32_t *const row_start = t->row_start, *const row_end = t->row_end, *const n_term = t->n_term;
@@ -550,7 +578,7 @@ int llama_cffi_trie_run_scan_skip(const llama_cffi_trie *t, const llama_cffi_tri
     /* depth first over the run's paths, as llama_cffi_trie_run_scan, but a node whose
        whole subtree is made of the run's classes and ends within k characters has its
        tokens set at once (rows row_start .. row_end: no token below it ends inside a
-       character, E says so) and is not descended into */
+       character, its below_flags say so) and is not descended into */
     /* the root's children on the run: its classes' root groups (the others are implicit,
        not listed: see llama_cffi.h) */
     if (!g->root_nodes || !g->root_start) return -1;
@@ -592,7 +620,7 @@ int llama_cffi_trie_run_scan_skip(const llama_cffi_trie *t, const llama_cffi_tri
             }
             /* on the run's path, d + 1 characters deep */
             const int32_t rs = row_start[ch];
-            if (d + 1 + height[ch] <= k && covered(g->E, ch, W, run)) {
+            if (d + 1 + height[ch] <= k && covered(t, ch, sum)) {
                 const int32_t re = row_end[ch];
                 if (rs < 0 || re < rs || re > n_vocab) { rc = -1; goto done; }
                 if (absorbed) { /* (node, level): its subtree is on the run's paths, unvisited */

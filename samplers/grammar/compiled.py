@@ -188,11 +188,17 @@ class CompiledGrammar:
         self._absorb_ready = False
         if self.kernel == "c":
             trie = v.trie()
-            self._cls, self._E, self._class_weight = trie.bind(self._cls_of_cp, eng.n_classes)
+            self._cls, self._class_weight = trie.bind(self._cls_of_cp, eng.n_classes)
             self._class_weight_f = self._class_weight.astype(np.float64)
             from llama_cffi._trie_walk import TrieGrammar
 
-            self._tg = TrieGrammar(trie, self._cls, self._E, eng.n_classes, _ABSORB_MIN_ROWS)
+            # the classes of the ASCII code points, and those holding one >= 128 of the
+            # vocabulary: what a walk reads the trie's shared "below" summaries with
+            ascii_cls = eng.classes_of(np.arange(128, dtype=np.int64)).astype(np.int32)
+            na_classes = np.zeros(w, dtype=np.uint64)
+            na = self._cls_of_cp[v.uniq_cps >= 128].astype(np.int64)
+            np.bitwise_or.at(na_classes, na >> 6, np.left_shift(np.uint64(1), (na & 63).astype(np.uint64)))
+            self._tg = TrieGrammar(trie, self._cls, eng.n_classes, ascii_cls, na_classes, _ABSORB_MIN_ROWS)
             self._run_cap = trie.max_depth + 1  # a run this long covers every token
             if eng.core == "c":  # one mask's walk computes the transitions and runs it needs (the engine's lock held)
                 self._tg.attach_engine(

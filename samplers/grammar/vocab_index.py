@@ -42,7 +42,7 @@ from .engine import NO_PARTIAL, decode_utf8
 I64 = npt.NDArray[np.int64]
 
 #: Bump when the arrays or how they are built change: old cache files are then ignored.
-_FORMAT = 2
+_FORMAT = 3
 _MAGIC = b"LLAMA_CFFI_VOCAB\n"
 _ALIGN = 64
 
@@ -72,6 +72,8 @@ _SAVED: dict[str, str] = {
     "first_child": "<i4",
     "n_child": "<i4",
     "height": "<i4",
+    "below_asc": "<u8",
+    "below_flags": "u1",
 }
 
 
@@ -272,6 +274,13 @@ class VocabIndex:
             starts = np.flatnonzero(np.r_[True, par[1:] != par[:-1]])
             height[par[starts]] = np.maximum(height[par[starts]], np.maximum.reduceat(height[lo:hi] + 1, starts))
         self.height = height
+        # per node, the ASCII code points below it and flags (see llama_cffi._trie_walk.below_summary)
+        from llama_cffi._trie_walk import below_summary
+
+        has_pt = np.zeros(n_nodes + 1, dtype=np.uint8)
+        has_pt[term[usable & (self.partial_remain > 0)]] = 1
+        node_cpi = self.node_cpi.astype(np.int64)
+        self.below_asc, self.below_flags = below_summary(base, parent, self.uniq_cps[node_cpi], has_pt)
         for name, saved in _SAVED.items():  # the cache file's dtypes: a loaded index has the same
             setattr(self, name, np.ascontiguousarray(getattr(self, name), dtype=saved))
 
@@ -294,6 +303,8 @@ class VocabIndex:
             and len(got["node_cpi"]) == len(got["parent"])
             and len(got["row_start"]) == len(got["parent"]) + 1
             and len(got["height"]) == len(got["parent"]) + 1
+            and len(got["below_asc"]) == 2 * (len(got["parent"]) + 1)
+            and len(got["below_flags"]) == len(got["parent"]) + 1
         )
         if not ok:
             return False
@@ -363,6 +374,8 @@ class VocabIndex:
                 root_pt=self.partial_tokens[pt_nodes == n],
                 height=self.height,
                 lengths=self.lengths,
+                below_asc=self.below_asc,
+                below_flags=self.below_flags,
             )
         return self._trie
 
