@@ -278,7 +278,8 @@ class Trie:
     points. ``height`` (+: the most code points below each node) is computed when not
     given. ``lengths`` (per token, its whole code points) lets :meth:`run_derive` work.
     ``below_asc`` and ``below_flags`` (see :func:`below_summary`) are computed from
-    ``uniq_cps`` (the code point of each ``node_cpi`` value) when not given."""
+    ``uniq_cps`` (the code point of each ``node_cpi`` value) when not given; ``cp_nodes``
+    (the nodes of each ``node_cpi`` value) is counted on first use when not given."""
 
     def __init__(
         self,
@@ -303,6 +304,7 @@ class Trie:
         below_asc: npt.ArrayLike | None = None,
         below_flags: npt.ArrayLike | None = None,
         uniq_cps: npt.ArrayLike | None = None,
+        cp_nodes: npt.ArrayLike | None = None,
     ) -> None:
         node_cpi_a = _i32("node_cpi", node_cpi)
         n_nodes = len(node_cpi_a)
@@ -390,31 +392,40 @@ class Trie:
         t.below_flags = buf
         self._frames_n = 3 * (max_depth + 2)
         self._n_root_children = int(self._arrays["n_child"][n_nodes])
+        self._per_cp: npt.NDArray[np.float64] | None = None
+        if cp_nodes is not None:
+            per_cp = np.asarray(cp_nodes)
+            if per_cp.ndim != 1 or (len(per_cp) and int(per_cp.min()) < 0):
+                raise ValueError("cp_nodes must be counts, one per code point index")
+            self._per_cp = per_cp.astype(np.float64)
 
     @property
     def n_words(self) -> int:
         """``uint32`` words of a mask: ``ceil(n_vocab / 32)``."""
         return (self.n_vocab + 31) // 32
 
-    def bind(self, cls_of_cp: npt.ArrayLike, n_classes: int) -> tuple[I32, npt.NDArray[np.int64]]:
-        """One grammar's node array: each node's class (``cls_of_cp[node_cpi[node]]``), and
-        how many nodes each class has. The only per-node array a grammar writes: which
-        classes lie below a node is read from the trie's shared summaries."""
+    def bind(self, cls_of_cp: npt.ArrayLike, n_classes: int) -> npt.NDArray[np.int64]:
+        """How many nodes each class has, for a grammar whose code point ``i`` (an index
+        of ``node_cpi``) has class ``cls_of_cp[i]``: a sum over the code points (the
+        trie's nodes per code point are counted once), no per-node array."""
         cc = _i32("cls_of_cp", cls_of_cp)
         if not 0 <= n_classes < 2**24:
             raise ValueError(f"n_classes {n_classes} is out of range")
-        cls = np.empty(self.n_nodes, dtype=np.int32)
-        count = np.empty(n_classes + 1, dtype=np.int64)
-        rc = lib.llama_cffi_trie_bind(
-            self._struct,
-            ffi.from_buffer("int32_t[]", cc),
-            len(cc),
-            n_classes,
-            ffi.from_buffer("int32_t[]", cls),
-            ffi.from_buffer("int64_t[]", count),
-        )
-        _check_rc(rc, "trie bind")
-        return cls, count[:n_classes]
+        if len(cc) and (int(cc.min()) < 0 or int(cc.max()) >= n_classes):
+            raise ValueError(f"cls_of_cp must lie in [0, {n_classes})")
+        per_cp = self._nodes_per_cp()
+        if len(cc) < len(per_cp):
+            raise ValueError(f"cls_of_cp must have a class for each of the trie's {len(per_cp)} code points")
+        return np.bincount(cc[: len(per_cp)], weights=per_cp, minlength=n_classes).astype(np.int64)[:n_classes]
+
+    def _nodes_per_cp(self) -> npt.NDArray[np.float64]:
+        """The trie's nodes per code point index (counted on first use)."""
+        if self._per_cp is None:
+            cpi = self._arrays["node_cpi"]
+            if len(cpi) and int(cpi.min()) < 0:
+                raise ValueError("node_cpi holds a negative index")
+            self._per_cp = np.bincount(cpi).astype(np.float64)
+        return self._per_cp
 
     def run_scan(self, cls: I32, n_classes: int, run: U64, k: int, keep_on: bool = False) -> RunScan:
         """See :class:`RunScan`. ``cls``: :meth:`bind`'s classes; ``run``: ``W`` words;
@@ -535,7 +546,7 @@ class TrieGrammar:
     def __init__(
         self,
         trie: Trie,
-        cls: I32,
+        cls_of_cp: npt.ArrayLike,
         n_classes: int,
         ascii_cls: npt.ArrayLike,
         na_classes: npt.ArrayLike,
@@ -544,7 +555,9 @@ class TrieGrammar:
         self.trie = trie
         w = n_classes // 64 + 1
         self.n_classes, self.W = n_classes, w
-        self._cls = _i32("cls", cls, trie.n_nodes)
+        self._cls_of_cp = _i32("cls_of_cp", cls_of_cp)
+        if len(self._cls_of_cp) and (int(self._cls_of_cp.min()) < 0 or int(self._cls_of_cp.max()) >= n_classes):
+            raise ValueError(f"cls_of_cp must lie in [0, {n_classes})")
         self._ascii_cls = _i32("ascii_cls", ascii_cls, 128)
         if int(self._ascii_cls.min()) < 0 or int(self._ascii_cls.max()) >= max(n_classes, 1):
             raise ValueError(f"ascii_cls must lie in [0, {n_classes})")
@@ -565,10 +578,11 @@ class TrieGrammar:
         self._asc_table = table
         g = self._g = ffi.new("llama_cffi_trie_grammar *")
         g.n_classes, g.W, g.absorb_min_rows = n_classes, w, absorb_min_rows
-        self._keep: dict[str, Any] = {"cls": ffi.from_buffer("int32_t[]", self._cls)}
+        self._keep: dict[str, Any] = {"cls_of_cpi": ffi.from_buffer("int32_t[]", self._cls_of_cp)}
         self._keep["asc_table"] = ffi.from_buffer("uint64_t[]", self._asc_table)
         self._keep["na_classes"] = ffi.from_buffer("uint64_t[]", self._na_classes)
-        g.cls, g.asc_table, g.na_classes = self._keep["cls"], self._keep["asc_table"], self._keep["na_classes"]
+        g.cls_of_cpi, g.n_cps = self._keep["cls_of_cpi"], len(self._cls_of_cp)
+        g.asc_table, g.na_classes = self._keep["asc_table"], self._keep["na_classes"]
         # the root's children by class: every scan's implicit depth-0 frontier
         self._root_nodes = np.empty(max(1, int(trie._n_root_children)), dtype=np.int32)
         self._root_start = np.empty(n_classes + 1, dtype=np.int32)
@@ -576,7 +590,12 @@ class TrieGrammar:
         self._keep["root_start"] = ffi.from_buffer("int32_t[]", self._root_start)
         _check_rc(
             lib.llama_cffi_trie_root_groups(
-                trie._struct, self._keep["cls"], n_classes, self._keep["root_nodes"], self._keep["root_start"]
+                trie._struct,
+                self._keep["cls_of_cpi"],
+                len(self._cls_of_cp),
+                n_classes,
+                self._keep["root_nodes"],
+                self._keep["root_start"],
             ),
             "trie root groups",
         )

@@ -455,15 +455,14 @@ def test_bad_arrays_raise_not_crash() -> None:
                         ("row_end", np.full(v.n_nodes + 1, 10**6)), ("node_cpi", np.full(v.n_nodes, 10**6))]:
         def go(name=name, value=value):
             t = Trie(**{**base, name: value})
-            cls, _ = t.bind(c._cls_of_cp, c.engine.n_classes)
-            tg = TrieGrammar(t, cls, c.engine.n_classes, ac, na)
+            t.bind(c._cls_of_cp, c.engine.n_classes)
+            tg = TrieGrammar(t, c._cls_of_cp, c.engine.n_classes, ac, na)
             tg.set_tables(c.engine.table(), c._run_known, c._run_words, c._run_len, c._pchar_known, c._pchar_tab)
             m = np.zeros(t.n_words, np.uint32)
             tg.walk(m, c.engine.start, np.array([t.n_nodes], np.int32))
         attempt(name, go)
     t = Trie(**base)
-    cls, _ = t.bind(c._cls_of_cp, c.engine.n_classes)
-    tg = TrieGrammar(t, cls, c.engine.n_classes, ac, na)
+    tg = TrieGrammar(t, c._cls_of_cp, c.engine.n_classes, ac, na)
     bad = np.full_like(c.engine.table(), 10**6)
     tg.set_tables(bad, c._run_known, c._run_words, c._run_len, c._pchar_known, c._pchar_tab)
     attempt("trans", lambda: tg.walk(np.zeros(t.n_words, np.uint32), c.engine.start, np.array([t.n_nodes], np.int32)))
@@ -471,12 +470,14 @@ def test_bad_arrays_raise_not_crash() -> None:
     attempt("node", lambda: tg.walk(np.zeros(t.n_words, np.uint32), 0, np.array([10**6], np.int32)))
     attempt("mask", lambda: tg.walk(np.zeros(1, np.uint32), 0, np.array([0], np.int32)))
     def bad_cls():
-        tg2 = TrieGrammar(t, np.full(t.n_nodes, 10**6, np.int32), c.engine.n_classes, ac, na)
+        tg2 = TrieGrammar(t, np.full(len(c._cls_of_cp), 10**6, np.int32), c.engine.n_classes, ac, na)
         tg2.set_tables(c.engine.table(), c._run_known, c._run_words, c._run_len, c._pchar_known, c._pchar_tab)
         tg2.walk(np.zeros(t.n_words, np.uint32), c.engine.start, np.array([t.n_nodes], np.int32))
     attempt("cls", bad_cls)
     attempt("bind", lambda: t.bind(np.full(len(c._cls_of_cp), 10**6, np.int32), c.engine.n_classes))
-    attempt("ascii_cls", lambda: TrieGrammar(t, cls, c.engine.n_classes, np.full(128, 10**6, np.int32), na))
+    attempt("ascii_cls", lambda: TrieGrammar(t, c._cls_of_cp, c.engine.n_classes, np.full(128, 10**6, np.int32), na))
+    attempt("short cls", lambda: TrieGrammar(t, c._cls_of_cp[:1], c.engine.n_classes, ac, na).walk(
+        np.zeros(t.n_words, np.uint32), c.engine.start, np.array([t.n_nodes], np.int32)))
     print("alive")
     """
     r = run_isolated(code)

@@ -198,7 +198,8 @@ typedef struct {
     int32_t n_run_states;
     int32_t n_pchar_states;
     int32_t absorb_min_rows; /* a subtree this large waits for its state's run */
-    const int32_t *cls;        /* per node: its character class */
+    const int32_t *cls_of_cpi; /* per code point index (the trie's node_cpi): its character class */
+    int32_t n_cps;             /* the values of cls_of_cpi */
     /* 8 * W * 256 rows of 2 words: row (8 * w + b) * 256 + v, the ASCII code points (as in
        the trie's below_asc) of the classes 64 * w + 8 * b + i for the bits i of v */
     const uint64_t *asc_table;
@@ -226,15 +227,11 @@ typedef struct {
     int32_t max_run_stacks;
     int32_t *run_chain;
 } llama_cffi_trie_grammar;
-/* the root's children (n_child[root] of them) grouped by class, for a grammar's
-   llama_cffi_trie_grammar: out_nodes (n_child[root] values), out_start (n_classes + 1).
-   0, -1 bad data */
-int llama_cffi_trie_root_groups(const llama_cffi_trie *t, const int32_t *cls, int32_t n_classes, int32_t *out_nodes,
-                                int32_t *out_start);
-/* per node its class (cls_of_cp[node_cpi[node]]) into out_cls; out_count: the nodes of
-   each class (n_classes + 1 values). 0, -1 bad data */
-int llama_cffi_trie_bind(const llama_cffi_trie *t, const int32_t *cls_of_cp, int32_t n_cps, int32_t n_classes,
-                         int32_t *out_cls, int64_t *out_count);
+/* the root's children (n_child[root] of them) grouped by class (cls_of_cpi[node_cpi[node]]),
+   for a grammar's llama_cffi_trie_grammar: out_nodes (n_child[root] values), out_start
+   (n_classes + 1). 0, -1 bad data */
+int llama_cffi_trie_root_groups(const llama_cffi_trie *t, const int32_t *cls_of_cpi, int32_t n_cps, int32_t n_classes,
+                                int32_t *out_nodes, int32_t *out_start);
 /* the tokens of at most k characters made only of the classes in run: whole ones as
    bits of mask (OR-ed), those ending inside a character into pt_tokens with their depth
    in characters (pt_depth); the nodes where such paths leave the run (a class not in it,

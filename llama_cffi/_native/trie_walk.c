@@ -8,9 +8,10 @@
  * row_end, of which the first n_term end at the node; per node it also keeps the ASCII
  * code points strictly below it (below_asc) and whether a code point >= 128 lies below
  * and a token ends inside a UTF-8 character at or below it (below_flags): shared by every
- * grammar. A grammar gives each node a character class (cls); whether a subtree is made
- * of a set of classes is read from those summaries (conservatively where code points
- * >= 128 are concerned: see covered), so a grammar's binding writes one array.
+ * grammar. A grammar gives each code point of the vocabulary a character class
+ * (cls_of_cpi: a node's class is that of its code point, node_cls); whether a subtree is
+ * made of a set of classes is read from those summaries (conservatively where code
+ * points >= 128 are concerned: see covered), so a grammar writes no per-node array.
  *
  * A state's run (L, k): the classes L that all lead it to one successor, and the length
  * k up to which every string over L stays alive that way (a state with self-loops:
@@ -29,35 +30,22 @@
 
 #define SET_BIT(mask, t) ((mask)[(uint32_t)(t) >> 5] |= (uint32_t)1 << ((uint32_t)(t)&31u))
 
-int llama_cffi_trie_bind(const llama_cffi_trie *t, const int32_t *cls_of_cp, int32_t n_cps, int32_t n_classes,
-                         int32_t *out_cls, int64_t *out_count) {
-    if (!t || !cls_of_cp || !out_cls || !out_count || n_classes < 0) return -1;
-    const int32_t n_nodes = t->n_nodes;
-    memset(out_count, 0, sizeof(int64_t) * (size_t)(n_classes + 1));
-    for (int32_t n = 0; n < n_nodes; n++) {
-        int32_t cpi = t->node_cpi[n];
-        if (cpi < 0 || cpi >= n_cps) return -1;
-        int32_t c = cls_of_cp[cpi];
-        if (c < 0 || c >= n_classes) return -1;
-        out_cls[n] = c;
-        out_count[c]++;
-    }
-    return 0;
-}
-
-int llama_cffi_trie_root_groups(const llama_cffi_trie *t, const int32_t *cls, int32_t n_classes, int32_t *out_nodes,
-                                int32_t *out_start) {
-    if (!t || !cls || !out_nodes || !out_start || n_classes < 0) return -1;
+int llama_cffi_trie_root_groups(const llama_cffi_trie *t, const int32_t *cls_of_cpi, int32_t n_cps, int32_t n_classes,
+                                int32_t *out_nodes, int32_t *out_start) {
+    if (!t || !cls_of_cpi || !out_nodes || !out_start || n_classes < 0 || n_cps < 0) return -1;
     const int32_t root = t->n_nodes, fc = t->first_child[root], n = t->n_child[root];
     if (fc < 0 || n < 0 || fc + n > t->n_nodes) return -1;
     memset(out_start, 0, sizeof(int32_t) * ((size_t)n_classes + 1));
     for (int32_t i = 0; i < n; i++) {
-        int32_t c = cls[fc + i];
+        const uint32_t cpi = (uint32_t)t->node_cpi[fc + i];
+        if (cpi >= (uint32_t)n_cps) return -1;
+        const int32_t c = cls_of_cpi[cpi];
         if (c < 0 || c >= n_classes) return -1;
         out_start[c + 1]++;
     }
     for (int32_t c = 0; c < n_classes; c++) out_start[c + 1] += out_start[c];
-    for (int32_t i = 0; i < n; i++) out_nodes[out_start[cls[fc + i]]++] = fc + i; /* counting sort, stable */
+    for (int32_t i = 0; i < n; i++) /* counting sort, stable (the classes were checked above) */
+        out_nodes[out_start[cls_of_cpi[t->node_cpi[fc + i]]]++] = fc + i;
     for (int32_t c = n_classes; c > 0; c--) out_start[c] = out_start[c - 1];
     out_start[0] = 0;
     return 0;
@@ -102,6 +90,13 @@ static int compute_run(const llama_cffi_trie_grammar *g, int32_t s) {
 }
 
 static inline int in_set(const uint64_t *words, int32_t c) { return (int)((words[c >> 6] >> (c & 63)) & 1u); }
+
+/* node n's class under g: the class of its code point (no per-grammar node array);
+   -1 when the trie's code point index is out of g's range (bad data) */
+static inline int32_t node_cls(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, int32_t n) {
+    const uint32_t cpi = (uint32_t)t->node_cpi[n];
+    return cpi < (uint32_t)g->n_cps ? g->cls_of_cpi[cpi] : -1;
+}
 
 /* a run's summary in the terms of the trie's below_asc and below_flags: the ASCII code
    points whose class is in the run (words 0, 1: the OR of the grammar's asc_table rows,
@@ -339,7 +334,7 @@ static int descend(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, i
         while (k < ncld) {
             int32_t ch = fc + k;
             k++;
-            int32_t c = g->cls[ch];
+            int32_t c = node_cls(t, g, ch);
             if (c < 0 || c >= nc_) return -1;
             int32_t s2 = row[c];
             if (s2 == LLAMA_CFFI_TRANS_UNKNOWN) {
@@ -421,7 +416,7 @@ int llama_cffi_trie_walk(const llama_cffi_trie *t, const llama_cffi_trie_grammar
                 if (s >= n_states_of(g)) return -1;
                 for (int32_t i = a; i < rb - ra + b; i++) {
                     int32_t node = i < b ? nodes[i] : g->root_nodes[ra + (i - b)];
-                    if (node < 0 || node >= n_nodes || g->cls[node] != c) return -1;
+                    if (node < 0 || node >= n_nodes || node_cls(t, g, node) != c) return -1;
                     int rc = descend(t, g, node, ps, s, 0, mask, pending, pending_cap, n_pending, f_node, f_state,
                                      f_next, depth_cap, &sums);
                     if (rc < 0) return rc;
@@ -439,7 +434,7 @@ int llama_cffi_trie_walk(const llama_cffi_trie *t, const llama_cffi_trie_grammar
             rc = descend(t, g, node, ps, ps, 1, mask, pending, pending_cap, n_pending, f_node, f_state, f_next,
                          depth_cap, &sums);
         } else {
-            int32_t c = g->cls[node];
+            int32_t c = node_cls(t, g, node);
             if (c < 0 || c >= nc_) return -1;
             int32_t s = table_of(g)[(size_t)ps * (size_t)nc_ + (size_t)c];
             if (s == LLAMA_CFFI_TRANS_UNKNOWN) s = compute_trans(g, ps, c);
@@ -541,7 +536,7 @@ int llama_cffi_trie_first_mask(const llama_cffi_trie *t, const llama_cffi_trie_g
         if (s >= n_states_of(g)) return -1;
         for (int32_t i = a; i < b; i++) {
             int32_t node = g->root_nodes[i];
-            if (node < 0 || node >= n_nodes || g->cls[node] != c) return -1;
+            if (node < 0 || node >= n_nodes || node_cls(t, g, node) != c) return -1;
             int rc = descend(t, g, node, start, s, 0, mask, pending, pending_cap, n_pending, f_node, f_state, f_next,
                              depth_cap, &sums);
             if (rc < 0) return rc;
@@ -566,7 +561,7 @@ int llama_cffi_trie_run_scan_skip(const llama_cffi_trie *t, const llama_cffi_tri
     uint64_t sum[3]; /* the run in the terms of the trie's below_asc and below_flags */
     run_summary(g, run, sum);
     if (n_groups >= (int64_t)1 << 30 || frontier_cap < n_nodes) return -1;
-    const int32_t *const cls = g->cls, *const first_child = t->first_child, *const n_child = t->n_child;
+    const int32_t *const first_child = t->first_child, *const n_child = t->n_child;
     const int32_t *const row_start = t->row_start, *const row_end = t->row_end, *const n_term = t->n_term;
     const int32_t *const order = t->order, *const pchar_slot = t->pchar_slot, *const height = t->height;
     int32_t nf = 0, np_ = 0;
@@ -610,7 +605,7 @@ int llama_cffi_trie_run_scan_skip(const llama_cffi_trie *t, const llama_cffi_tri
             const int32_t ch = d == 0 ? on_root[j] : fc + j;
             j++;
             if ((uint32_t)ch >= (uint32_t)n_nodes) { rc = -1; goto done; }
-            const int32_t c = cls[ch];
+            const int32_t c = node_cls(t, g, ch);
             if ((uint32_t)c >= (uint32_t)nc) { rc = -1; goto done; }
             if (d >= k || !in_set(run, c)) {
                 scratch[2 * (size_t)nf] = ch;
@@ -721,7 +716,7 @@ int llama_cffi_trie_run_derive_skip(const llama_cffi_trie *t, const llama_cffi_t
         base_k > t->max_depth + 1)
         return -1;
     const int32_t nc = g->n_classes, n_nodes = t->n_nodes;
-    const int32_t *const cls = g->cls, *const lb = t->level_base;
+    const int32_t *const lb = t->level_base;
     /* groups of parents shallower than k: the base scan's */
     int32_t upto = base_group_start[(int64_t)k * nc];
     if (upto < 0 || upto > n_base || upto > frontier_cap) return -1;
@@ -779,7 +774,7 @@ int llama_cffi_trie_run_derive_skip(const llama_cffi_trie *t, const llama_cffi_t
     }
     int rc = 0;
     for (int32_t i = 0; i < n_level; i++) {
-        int32_t c = cls[level_nodes[i]];
+        int32_t c = node_cls(t, g, level_nodes[i]);
         if (c < 0 || c >= nc || !in_set(run, c)) { rc = -1; goto out; }
         count[c]++;
     }
@@ -799,7 +794,7 @@ int llama_cffi_trie_run_derive_skip(const llama_cffi_trie *t, const llama_cffi_t
         }
     }
     group_start[(int64_t)(k + 1) * nc] = n;
-    for (int32_t i = 0; i < n_level; i++) frontier[count[cls[level_nodes[i]]]++] = level_nodes[i];
+    for (int32_t i = 0; i < n_level; i++) frontier[count[node_cls(t, g, level_nodes[i])]++] = level_nodes[i];
     *n_frontier = n;
 out:
     free(count);

@@ -162,6 +162,7 @@ class CompiledGrammar:
         character class at each node: the only per-grammar work besides the class sets."""
         v, eng = self.vocab, self.engine
         self._cls_of_cp = eng.classes_of(v.uniq_cps).astype(np.int32)
+        self._cls_arr: npt.NDArray[np.int32] | None = None
         self.n_nodes = n_nodes = v.n_nodes
         self._root = n_nodes
         self._level_base = v.level_base.tolist()
@@ -188,7 +189,7 @@ class CompiledGrammar:
         self._absorb_ready = False
         if self.kernel == "c":
             trie = v.trie()
-            self._cls, self._class_weight = trie.bind(self._cls_of_cp, eng.n_classes)
+            self._class_weight = trie.bind(self._cls_of_cp, eng.n_classes)
             self._class_weight_f = self._class_weight.astype(np.float64)
             from llama_cffi._trie_walk import TrieGrammar
 
@@ -198,7 +199,7 @@ class CompiledGrammar:
             na_classes = np.zeros(w, dtype=np.uint64)
             na = self._cls_of_cp[v.uniq_cps >= 128].astype(np.int64)
             np.bitwise_or.at(na_classes, na >> 6, np.left_shift(np.uint64(1), (na & 63).astype(np.uint64)))
-            self._tg = TrieGrammar(trie, self._cls, eng.n_classes, ascii_cls, na_classes, _ABSORB_MIN_ROWS)
+            self._tg = TrieGrammar(trie, self._cls_of_cp, eng.n_classes, ascii_cls, na_classes, _ABSORB_MIN_ROWS)
             self._run_cap = trie.max_depth + 1  # a run this long covers every token
             if eng.core == "c":  # one mask's walk computes the transitions and runs it needs (the engine's lock held)
                 self._tg.attach_engine(
@@ -239,8 +240,16 @@ class CompiledGrammar:
                 np.zeros(w, dtype=np.uint64),
             )
         else:
-            self._cls = self._cls_of_cp[v.node_cpi]
+            self._cls_arr = self._cls_of_cp[v.node_cpi]
             self._prepare_absorb()
+
+    @property
+    def _cls(self) -> npt.NDArray[np.int32]:
+        """Each trie node's class (the numpy walks'; the C walk reads the class of a node's
+        code point instead, so the ``"c"`` kernel makes this only when a numpy walk needs it)."""
+        if self._cls_arr is None:
+            self._cls_arr = self._cls_of_cp[self.vocab.node_cpi]
+        return self._cls_arr
 
     # ------------------------------------------------------------------ absorbing walk
     def _prepare_absorb(self) -> None:

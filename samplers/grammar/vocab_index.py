@@ -42,7 +42,7 @@ from .engine import NO_PARTIAL, decode_utf8
 I64 = npt.NDArray[np.int64]
 
 #: Bump when the arrays or how they are built change: old cache files are then ignored.
-_FORMAT = 3
+_FORMAT = 4
 _MAGIC = b"LLAMA_CFFI_VOCAB\n"
 _ALIGN = 64
 
@@ -74,6 +74,7 @@ _SAVED: dict[str, str] = {
     "height": "<i4",
     "below_asc": "<u8",
     "below_flags": "u1",
+    "cp_nodes": "<i4",
 }
 
 
@@ -281,6 +282,7 @@ class VocabIndex:
         has_pt[term[usable & (self.partial_remain > 0)]] = 1
         node_cpi = self.node_cpi.astype(np.int64)
         self.below_asc, self.below_flags = below_summary(base, parent, self.uniq_cps[node_cpi], has_pt)
+        self.cp_nodes = np.bincount(node_cpi, minlength=len(self.uniq_cps))  # the nodes of each code point
         for name, saved in _SAVED.items():  # the cache file's dtypes: a loaded index has the same
             setattr(self, name, np.ascontiguousarray(getattr(self, name), dtype=saved))
 
@@ -305,6 +307,7 @@ class VocabIndex:
             and len(got["height"]) == len(got["parent"]) + 1
             and len(got["below_asc"]) == 2 * (len(got["parent"]) + 1)
             and len(got["below_flags"]) == len(got["parent"]) + 1
+            and len(got["cp_nodes"]) == len(got["uniq_cps"])
         )
         if not ok:
             return False
@@ -376,6 +379,7 @@ class VocabIndex:
                 lengths=self.lengths,
                 below_asc=self.below_asc,
                 below_flags=self.below_flags,
+                cp_nodes=self.cp_nodes,
             )
         return self._trie
 
