@@ -880,14 +880,21 @@ class TrieGrammar:
         return self._engine is not None
 
     def first_mask(
-        self, start: int, out: U32, root_plan_max: int, eog: I32, pchars: npt.NDArray[np.int64]
-    ) -> tuple[bool, I32, bool]:
+        self,
+        start: int,
+        out: U32,
+        root_plan_max: int,
+        eog: I32,
+        pchars: npt.NDArray[np.int64],
+        heavy_min: int = -1,
+    ) -> tuple[str, I32, bool]:
         """The first mask from ``start`` without a plan (``llama_cffi_trie_first_mask``;
-        needs :meth:`attach_engine` with the runs' arguments): returns whether it was made
-        (False: ``start``'s run starts more than ``root_plan_max`` of the root's children,
-        so a plan pays, and ``out`` is untouched), then what :meth:`walk` returns.
-        ``eog``: the end-of-generation tokens; ``pchars``: the trie's partial characters
-        (``value << 2 | bytes still needed``)."""
+        needs :meth:`attach_engine` with the runs' arguments): returns ``"made"``, or
+        ``"plan"`` (``start``'s run starts more than ``root_plan_max`` of the root's
+        children, so a plan pays) or ``"heavy"`` (``heavy_min >= 0`` and the classes
+        ``start`` takes hold at least that many of the root's children) with ``out``
+        untouched; then what :meth:`walk` returns. ``eog``: the end-of-generation tokens;
+        ``pchars``: the trie's partial characters (``value << 2 | bytes still needed``)."""
         if not self._tables:
             raise RuntimeError("set_tables() first")
         if self._g.class_weight == ffi.NULL:
@@ -902,16 +909,17 @@ class TrieGrammar:
             self._g,
             int(start),
             int(root_plan_max),
+            int(heavy_min),
             ffi.from_buffer("int32_t[]", eog),
             len(eog),
             ffi.from_buffer("int64_t[]", pc) if len(pc) else ffi.NULL,
             ffi.from_buffer("uint32_t[]", out),
             *self._walk_buffers(),
         )
-        if rc == 1:
-            return False, _NO_PENDING, False
+        if rc in (1, 2):
+            return ("plan" if rc == 1 else "heavy"), _NO_PENDING, False
         pend, full = self._pending_after(rc, "first mask")
-        return True, pend, full
+        return "made", pend, full
 
     def mask_plain(self, plan: Any, out: U32) -> tuple[I32, bool]:
         """:meth:`mask` reading only the tables given to :meth:`set_tables`, never the

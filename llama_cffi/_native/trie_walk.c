@@ -468,7 +468,7 @@ int llama_cffi_trie_mask(const llama_cffi_trie *t, const llama_cffi_trie_grammar
 }
 
 int llama_cffi_trie_first_mask(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, int32_t start,
-                               int32_t root_plan_max, const int32_t *eog, int32_t n_eog, const int64_t *pchars,
+                               int32_t root_plan_max, int64_t heavy_min, const int32_t *eog, int32_t n_eog, const int64_t *pchars,
                                uint32_t *mask, int32_t *pending, int32_t pending_cap, int32_t *n_pending,
                                int32_t *frames, int32_t frames_cap) {
     if (!t || !g || !g->engine || !g->class_weight || !g->run_chain || !g->root_nodes || !g->root_start || !mask ||
@@ -494,6 +494,28 @@ int llama_cffi_trie_first_mask(const llama_cffi_trie *t, const llama_cffi_trie_g
         int32_t a, b;
         if (root_group(t, g, c, &a, &b)) return -1;
         starts += b - a;
+    }
+    if (heavy_min >= 0) {
+        /* the root's children of the classes start takes, and the successor on the class
+           holding the most of them: heavy unless that is start itself (a run of
+           self-loops, which its plan's scan serves) */
+        int64_t live = 0, most = -1;
+        int32_t to_most = -1;
+        for (int32_t c = 0; c < nc_; c++) {
+            int32_t a, b;
+            if (root_group(t, g, c, &a, &b)) return -1;
+            if (a == b) continue;
+            int32_t s = table_of(g)[(size_t)start * (size_t)nc_ + (size_t)c];
+            if (s == LLAMA_CFFI_TRANS_UNKNOWN) s = compute_trans(g, start, c);
+            if (s <= LLAMA_CFFI_GENGINE_WALK_ERR) return s;
+            if (s < 0) continue;
+            live += b - a;
+            if (b - a > most) {
+                most = b - a;
+                to_most = s;
+            }
+        }
+        if (live >= heavy_min && to_most != start) return 2;
     }
     if (starts > root_plan_max) return 1;
     /* the tokens besides the walk's: end-of-generation when start is complete, and the

@@ -120,9 +120,6 @@ class _Derived(NamedTuple):
     tokens: npt.NDArray[np.int64]  #: set besides: the state's end-of-generation and partial-character tokens
 
 
-_UNSET: Any = object()
-
-
 class CompiledGrammar:
     """An :class:`~samplers.grammar.engine.Engine` plus a :class:`VocabIndex` (see the
     module docstring). Shared by all matchers of the grammar on this vocabulary, from
@@ -722,10 +719,8 @@ class CompiledGrammar:
         on_engine = tg.has_engine
         plan = self._plans.get(start)
         if on_engine and derive and plan is None:
-            d = self._derived.get(start, _UNSET)
-            if d is _UNSET:
-                d = self._derived[start] = self._derivation(start)
-            if d is not None:
+            d = self._derived.get(start)
+            if d is not None:  # (decided at its first mask, when that reported many root children)
                 words = np.empty(self.n_words, dtype=np.uint32) if out is None else out
                 return self._mask_words_derived(start, d, words)
         if on_engine and plan is not None and start in self._settled:
@@ -758,18 +753,28 @@ class CompiledGrammar:
                     eng.table(), self._run_known, self._run_words, self._run_len, self._pchar_known, self._pchar_tab
                 )
             if on_engine:  # the walk computes transitions and runs in the engine: hold it, then copy its news
-                made = True
+                status = "made"
                 with eng._lock:
                     try:
                         if first:
-                            made, pend, full = tg.first_mask(start, words, _ROOT_PLAN_MAX, self._eog_i32, self._pchars)
+                            # a state whose transitions reach many root children reports it
+                            # first (once): its mask may derive from another state's
+                            heavy = _DERIVE_MIN_ROOT if derive and start not in self._derived else -1
+                            status, pend, full = tg.first_mask(
+                                start, words, _ROOT_PLAN_MAX, self._eog_i32, self._pchars, heavy
+                            )
                         elif nodes is None:
                             pend, full = tg.mask(plan, words)
                         else:
                             pend, full = tg.walk(words, start, nodes, states)
                     finally:
                         eng._c_sync()
-                if first and (not made or full):  # a plan pays (a run that starts many tokens), or is needed
+                if status == "heavy":
+                    d = self._derived[start] = self._derivation(start)
+                    if d is not None:
+                        return self._mask_words_derived(start, d, words)
+                    continue  # the first mask again, walked from the root
+                if first and (status == "plan" or full):  # a plan pays (a run that starts many tokens), or is needed
                     first = False
                     plan = self._plans[start] = self._plan(start)
                     nodes = states = None
@@ -804,10 +809,10 @@ class CompiledGrammar:
         leads to the same "any other key" state) is the case that needs it: there the walk
         from ``start`` itself enters most of the trie's 19,000 root subtrees one by one."""
         eng = self.engine
-        eng.fill_row(start)
+        weight = self._root_count
+        eng.fill_row(start)  # (the first mask that asked computed most of it)
         row = eng.table()[start]
         live = row >= 0
-        weight = self._root_count
         if not live.any() or int(weight[live].sum()) < _DERIVE_MIN_ROOT:
             return None
         per: dict[int, int] = {}  # successor -> root children (a dict: np.unique imports numpy.ma, ~12 ms)
