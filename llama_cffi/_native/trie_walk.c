@@ -79,6 +79,21 @@ static inline int32_t compute_trans(const llama_cffi_trie_grammar *g, int32_t s,
 
 /* the run of state s (below g's run tables' length) computed by g's engine and written
    into those tables (writeable: see llama_cffi.h); 0, or an engine error offset */
+/* the root's children of class c (*a .. *b of g's root groups) and, when there are any,
+   start's successor on c in *s (computed if unknown; -1: none or none there); 0, -1 bad
+   data, or an engine error <= LLAMA_CFFI_GENGINE_WALK_ERR */
+static inline int root_class_step(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, int32_t start,
+                                  int32_t c, int32_t *a, int32_t *b, int32_t *s) {
+    *s = -1;
+    if (root_group(t, g, c, a, b)) return -1;
+    if (*a == *b) return 0;
+    int32_t x = table_of(g)[(size_t)start * (size_t)g->n_classes + (size_t)c];
+    if (x == LLAMA_CFFI_TRANS_UNKNOWN) x = compute_trans(g, start, c);
+    if (x <= LLAMA_CFFI_GENGINE_WALK_ERR) return x;
+    *s = x < 0 ? -1 : x;
+    return 0;
+}
+
 static int compute_run(const llama_cffi_trie_grammar *g, int32_t s) {
     int32_t n = llama_cffi_gengine_run((llama_cffi_gengine *)g->engine, s, g->class_weight, g->run_cap,
                                        g->max_run_stacks, g->run_chain, (uint64_t *)g->run_words + (size_t)s * g->W,
@@ -502,12 +517,9 @@ int llama_cffi_trie_first_mask(const llama_cffi_trie *t, const llama_cffi_trie_g
         int64_t live = 0, most = -1;
         int32_t to_most = -1;
         for (int32_t c = 0; c < nc_; c++) {
-            int32_t a, b;
-            if (root_group(t, g, c, &a, &b)) return -1;
-            if (a == b) continue;
-            int32_t s = table_of(g)[(size_t)start * (size_t)nc_ + (size_t)c];
-            if (s == LLAMA_CFFI_TRANS_UNKNOWN) s = compute_trans(g, start, c);
-            if (s <= LLAMA_CFFI_GENGINE_WALK_ERR) return s;
+            int32_t a, b, s;
+            int rc = root_class_step(t, g, start, c, &a, &b, &s);
+            if (rc) return rc;
             if (s < 0) continue;
             live += b - a;
             if (b - a > most) {
@@ -548,12 +560,9 @@ int llama_cffi_trie_first_mask(const llama_cffi_trie *t, const llama_cffi_trie_g
     run_sums sums;
     run_sums_init(&sums);
     for (int32_t c = 0; c < nc_; c++) {
-        int32_t a, b;
-        if (root_group(t, g, c, &a, &b)) return -1;
-        if (a == b) continue;
-        int32_t s = table_of(g)[(size_t)start * (size_t)nc_ + (size_t)c];
-        if (s == LLAMA_CFFI_TRANS_UNKNOWN) s = compute_trans(g, start, c);
-        if (s <= LLAMA_CFFI_GENGINE_WALK_ERR) return s;
+        int32_t a, b, s;
+        int rc = root_class_step(t, g, start, c, &a, &b, &s);
+        if (rc) return rc;
         if (s < 0) continue;
         if (s >= n_states_of(g)) return -1;
         for (int32_t i = a; i < b; i++) {
