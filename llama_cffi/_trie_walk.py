@@ -8,8 +8,10 @@ mean, and the numpy walk kept as the reference, are in ``samplers.grammar``).
 
 * :class:`Trie` holds one vocabulary's trie in the layout the C reads (``int32``
   arrays, checked once when it is made).
-* :meth:`Trie.bind` gives one grammar's per-node arrays: each node's character class
-  and the set of classes below it.
+* A grammar writes no per-node array: a node's class is the class of its code point
+  (``cls_of_cp[node_cpi[node]]``), and whether a subtree is made of a set of classes is
+  read from the trie's shared summaries (:func:`below_summary`) against the set's own;
+  :meth:`Trie.nodes_per_class` weighs the classes.
 * :meth:`Trie.run_scan` finds the tokens of at most ``k`` characters made only of a
   set of classes (a state's *run*: the classes that all lead it to one successor, for
   as many characters as every string of them stays alive; a state's self-loops are a
@@ -404,7 +406,7 @@ class Trie:
         """``uint32`` words of a mask: ``ceil(n_vocab / 32)``."""
         return (self.n_vocab + 31) // 32
 
-    def bind(self, cls_of_cp: npt.ArrayLike, n_classes: int) -> npt.NDArray[np.int64]:
+    def nodes_per_class(self, cls_of_cp: npt.ArrayLike, n_classes: int) -> npt.NDArray[np.int64]:
         """How many nodes each class has, for a grammar whose code point ``i`` (an index
         of ``node_cpi``) has class ``cls_of_cp[i]``: a sum over the code points (the
         trie's nodes per code point are counted once), no per-node array."""
@@ -428,7 +430,8 @@ class Trie:
         return self._per_cp
 
     def run_scan(self, cls: I32, n_classes: int, run: U64, k: int, keep_on: bool = False) -> RunScan:
-        """See :class:`RunScan`. ``cls``: :meth:`bind`'s classes; ``run``: ``W`` words;
+        """See :class:`RunScan`. ``cls``: each node's class (the reference scan's input;
+        :class:`TrieGrammar` scans without it); ``run``: ``W`` words;
         ``0 <= k <= max_depth + 1`` (``max_depth + 1``: any length). ``keep_on``: keep which
         nodes are on the run's paths, for :meth:`run_derive`."""
         cls = _i32("cls", cls, self.n_nodes)
@@ -538,8 +541,10 @@ class Trie:
 
 
 class TrieGrammar:
-    """One grammar's walks over a :class:`Trie`: ``cls`` and ``E`` from
-    :meth:`Trie.bind`; the tables that grow as the grammar is explored are given with
+    """One grammar's walks over a :class:`Trie`: ``cls_of_cp``, the class of each code
+    point index of the trie; ``ascii_cls``, the class of each ASCII code point;
+    ``na_classes`` (``W`` words), the classes holding a code point >= 128 of the
+    vocabulary; the tables that grow as the grammar is explored are given with
     :meth:`set_tables` (again whenever one of them is replaced). Not thread-safe: one
     walk at a time (the caller's lock)."""
 

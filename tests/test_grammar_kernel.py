@@ -455,7 +455,7 @@ def test_bad_arrays_raise_not_crash() -> None:
                         ("row_end", np.full(v.n_nodes + 1, 10**6)), ("node_cpi", np.full(v.n_nodes, 10**6))]:
         def go(name=name, value=value):
             t = Trie(**{**base, name: value})
-            t.bind(c._cls_of_cp, c.engine.n_classes)
+            t.nodes_per_class(c._cls_of_cp, c.engine.n_classes)
             tg = TrieGrammar(t, c._cls_of_cp, c.engine.n_classes, ac, na)
             tg.set_tables(c.engine.table(), c._run_known, c._run_words, c._run_len, c._pchar_known, c._pchar_tab)
             m = np.zeros(t.n_words, np.uint32)
@@ -474,7 +474,7 @@ def test_bad_arrays_raise_not_crash() -> None:
         tg2.set_tables(c.engine.table(), c._run_known, c._run_words, c._run_len, c._pchar_known, c._pchar_tab)
         tg2.walk(np.zeros(t.n_words, np.uint32), c.engine.start, np.array([t.n_nodes], np.int32))
     attempt("cls", bad_cls)
-    attempt("bind", lambda: t.bind(np.full(len(c._cls_of_cp), 10**6, np.int32), c.engine.n_classes))
+    attempt("bind", lambda: t.nodes_per_class(np.full(len(c._cls_of_cp), 10**6, np.int32), c.engine.n_classes))
     attempt("ascii_cls", lambda: TrieGrammar(t, c._cls_of_cp, c.engine.n_classes, np.full(128, 10**6, np.int32), na))
     attempt("short cls", lambda: TrieGrammar(t, c._cls_of_cp[:1], c.engine.n_classes, ac, na).walk(
         np.zeros(t.n_words, np.uint32), c.engine.start, np.array([t.n_nodes], np.int32)))

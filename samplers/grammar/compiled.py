@@ -155,8 +155,10 @@ class CompiledGrammar:
 
     # ------------------------------------------------------------------ trie
     def _bind_trie(self) -> None:
-        """The vocabulary's code-point trie (:class:`VocabIndex`) with this grammar's
-        character class at each node: the only per-grammar work besides the class sets."""
+        """The vocabulary's code-point trie (:class:`VocabIndex`) under this grammar: the
+        class of each of the vocabulary's code points (a node's class is its code point's;
+        the C walk writes no per-node array), the class weights and the root's children
+        grouped by class."""
         v, eng = self.vocab, self.engine
         self._cls_of_cp = eng.classes_of(v.uniq_cps).astype(np.int32)
         self._cls_arr: npt.NDArray[np.int32] | None = None
@@ -186,7 +188,7 @@ class CompiledGrammar:
         self._absorb_ready = False
         if self.kernel == "c":
             trie = v.trie()
-            self._class_weight = trie.bind(self._cls_of_cp, eng.n_classes)
+            self._class_weight = trie.nodes_per_class(self._cls_of_cp, eng.n_classes)
             self._class_weight_f = self._class_weight.astype(np.float64)
             from llama_cffi._trie_walk import TrieGrammar
 
@@ -252,7 +254,8 @@ class CompiledGrammar:
     def _prepare_absorb(self) -> None:
         """Per-node sets of character classes, for walks that skip whole subtrees (the
         numpy walk's; made at compile time for the ``"numpy"`` kernel, on first use for
-        the ``"c"`` one, which has its own from ``llama_cffi._trie_walk.Trie.bind``).
+        the ``"c"`` one, which reads the trie's shared summaries instead: see
+        ``llama_cffi._trie_walk.below_summary``).
 
         Classes are bits of ``W`` uint64 words; bit ``n_classes`` (``PARTIAL``) stands for
         "a token ending inside a UTF-8 character", which no state's self-loops contain.
