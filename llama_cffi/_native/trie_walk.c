@@ -77,8 +77,6 @@ static inline int32_t compute_trans(const llama_cffi_trie_grammar *g, int32_t s,
     return llama_cffi_gengine_walk_step((llama_cffi_gengine *)g->engine, s, c);
 }
 
-/* the run of state s (below g's run tables' length) computed by g's engine and written
-   into those tables (writeable: see llama_cffi.h); 0, or an engine error offset */
 /* the root's children of class c (*a .. *b of g's root groups) and, when there are any,
    start's successor on c in *s (computed if unknown; -1: none or none there); 0, -1 bad
    data, or an engine error <= LLAMA_CFFI_GENGINE_WALK_ERR */
@@ -94,6 +92,8 @@ static inline int root_class_step(const llama_cffi_trie *t, const llama_cffi_tri
     return 0;
 }
 
+/* the run of state s (below g's run tables' length) computed by g's engine and written
+   into those tables (writeable: see llama_cffi.h); 0, or an engine error offset */
 static int compute_run(const llama_cffi_trie_grammar *g, int32_t s) {
     int32_t n = llama_cffi_gengine_run((llama_cffi_gengine *)g->engine, s, g->class_weight, g->run_cap,
                                        g->max_run_stacks, g->run_chain, (uint64_t *)g->run_words + (size_t)s * g->W,

@@ -116,8 +116,9 @@ class _Derived(NamedTuple):
 
     of: int  #: the state whose mask it starts from
     nodes: npt.NDArray[np.int32]  #: the root's children walked again from the state
+    states: npt.NDArray[np.int32]  #: the state, once per node (the walk's input)
     keep: npt.NDArray[np.uint32]  #: the other mask's words to keep (not below ``nodes``, not root-level)
-    tokens: npt.NDArray[np.int64]  #: set besides: the state's end-of-generation and partial-character tokens
+    add: npt.NDArray[np.uint32]  #: words set besides: the state's end-of-generation and partial-character tokens
 
 
 class CompiledGrammar:
@@ -729,9 +730,7 @@ class CompiledGrammar:
         if on_engine and plan is not None and start in self._settled:
             # everything its walk reads is in the tables: no engine, no lock, one C call
             words = np.empty(self.n_words, dtype=np.uint32) if out is None else out
-            tg.set_tables(
-                eng.table(), self._run_known, self._run_words, self._run_len, self._pchar_known, self._pchar_tab
-            )
+            self._set_tables()
             pend, full = tg.mask_plain(plan, words)
             if not full and not len(pend):
                 return words
@@ -752,9 +751,7 @@ class CompiledGrammar:
             if on_engine:  # with room for the runs and partial-character answers the walk computes
                 self._walk_tables()
             else:
-                tg.set_tables(
-                    eng.table(), self._run_known, self._run_words, self._run_len, self._pchar_known, self._pchar_tab
-                )
+                self._set_tables()
             if on_engine:  # the walk computes transitions and runs in the engine: hold it, then copy its news
                 status = "made"
                 with eng._lock:
@@ -839,8 +836,17 @@ class CompiledGrammar:
         rp = self._root_pt
         if len(rp):
             extra.append(rp[self._state_pchar_ok(start)[self._pchar_slot[rp]]])
-        toks = np.concatenate(extra).astype(np.int64) if extra else np.zeros(0, dtype=np.int64)
-        return _Derived(g, np.ascontiguousarray(nodes, dtype=np.int32), ~clear, toks)
+        add = np.zeros(self.n_words * 32, dtype=bool)
+        for toks in extra:
+            add[toks] = True
+        nodes = np.ascontiguousarray(nodes, dtype=np.int32)
+        return _Derived(
+            g,
+            nodes,
+            np.full(len(nodes), start, dtype=np.int32),
+            ~clear,
+            np.packbits(add, bitorder="little").view(np.uint32),
+        )
 
     def _root_pt_eog_words(self) -> npt.NDArray[np.uint32]:
         """The tokens that are only a partial character, and end-of-generation, as words."""
@@ -872,10 +878,8 @@ class CompiledGrammar:
             if todo is None:  # from the other state's mask
                 self._mask_words_c(d.of, words, derive=False)
                 np.bitwise_and(words, d.keep, out=words)
-                t = d.tokens
-                if len(t):
-                    np.bitwise_or.at(words, t >> 5, np.left_shift(np.uint32(1), (t & 31).astype(np.uint32)))
-                todo = d.nodes, np.full(len(d.nodes), start, dtype=np.int32)
+                np.bitwise_or(words, d.add, out=words)
+                todo = d.nodes, d.states
             if not len(todo[0]):
                 return words
             self._walk_tables()
@@ -894,14 +898,18 @@ class CompiledGrammar:
     def _walk_tables(self) -> None:
         """Room in the run and partial-character tables for what an engine walk computes
         (64 states ahead), and the C walk's view of the tables, current."""
-        eng = self.engine
-        need = eng.n_states + 64
+        need = self.engine.n_states + 64
         if len(self._run_known) < need:
             self._grow_runs(2 * need)
         if len(self._pchar_known) < need:
             self._grow_pchars(2 * need)
+        self._set_tables()
+
+    def _set_tables(self) -> None:
+        """The C walk's view of the tables (transitions, runs, partial characters), current
+        (also for :func:`~samplers.grammar.fill_masks`, under the lock, after its plans)."""
         self._tg.set_tables(
-            eng.table(), self._run_known, self._run_words, self._run_len, self._pchar_known, self._pchar_tab
+            self.engine.table(), self._run_known, self._run_words, self._run_len, self._pchar_known, self._pchar_tab
         )
 
     def _resolve_pending(self, pend: npt.NDArray[np.int32]) -> None:
@@ -924,13 +932,6 @@ class CompiledGrammar:
         if plan is None:
             plan = self._plans[state] = self._plan(state)
         return plan
-
-    def _batch_tables(self) -> None:
-        """For :func:`~samplers.grammar.fill_masks` (under the lock, after its plans): the C
-        walk's view of the tables, current."""
-        self._tg.set_tables(
-            self.engine.table(), self._run_known, self._run_words, self._run_len, self._pchar_known, self._pchar_tab
-        )
 
     def _cached_packed(self, key: tuple[int, Partial]) -> npt.NDArray[np.uint8] | None:
         """A cached mask (counted as a hit), or None (under the lock)."""

@@ -123,7 +123,7 @@ def _walk_jobs(
         if not todo:
             return
         for _, c in grammars:
-            c._batch_tables()
+            c._set_tables()
         rows = [out[i, : c.n_words] for i, c, _, _ in todo]
         rcs, pending = trie.masks([c._tg for _, c, _, _ in todo], [p for *_, p in todo], rows, threads)
         for (_i, c, key, _), rc, n_pending, row in zip(todo, rcs.tolist(), pending.tolist(), rows, strict=True):

@@ -278,8 +278,7 @@ class VocabIndex:
         # per node, the ASCII code points below it and flags (see llama_cffi._trie_walk.below_summary)
         from llama_cffi._trie_walk import below_summary
 
-        has_pt = np.zeros(n_nodes + 1, dtype=np.uint8)
-        has_pt[term[usable & (self.partial_remain > 0)]] = 1
+        has_pt = _has_pt(term, np.flatnonzero(usable & (self.partial_remain > 0)), n_nodes)
         node_cpi = self.node_cpi.astype(np.int64)
         self.below_asc, self.below_flags = below_summary(base, parent, self.uniq_cps[node_cpi], has_pt)
         self.cp_nodes = np.bincount(node_cpi, minlength=len(self.uniq_cps))  # the nodes of each code point
@@ -357,8 +356,7 @@ class VocabIndex:
 
             n = self.n_nodes
             pt_nodes = self.term[self.partial_tokens]
-            has_pt = np.zeros(n + 1, dtype=np.uint8)
-            has_pt[pt_nodes] = 1
+            has_pt = _has_pt(self.term, self.partial_tokens, n)
             self._trie = Trie(
                 n_vocab=self.n_vocab,
                 max_depth=len(self.level_base) - 1,
@@ -420,6 +418,14 @@ class VocabIndex:
             _save(path, index.arrays())
         index.trie()  # the C walks' view of it, made now rather than inside a first compile
         return index
+
+
+def _has_pt(term: npt.NDArray[Any], partial_tokens: npt.NDArray[Any], n_nodes: int) -> npt.NDArray[np.uint8]:
+    """Per node (the root last): whether a usable token ending inside a character ends
+    there (``partial_tokens``: those tokens; ``term``: each token's node)."""
+    has_pt = np.zeros(n_nodes + 1, dtype=np.uint8)
+    has_pt[term[partial_tokens]] = 1
+    return has_pt
 
 
 def _disk_cache_enabled() -> bool:
