@@ -576,10 +576,13 @@ class TrieGrammar:
         np.bitwise_or.at(
             cls_asc, (self._ascii_cls, cps >> 6), np.left_shift(np.uint64(1), (cps & 63).astype(np.uint64))
         )
+        # table[j, v] = OR of cls_asc[8j + bit] over the bits set in v: the values with
+        # bit b set are those below 2**b, each with cls_asc[8j + b] added
         table = np.zeros((8 * w, 256, 2), dtype=np.uint64)
-        values = np.arange(256)
+        per_bit = cls_asc.reshape(8 * w, 8, 2)
         for bit in range(8):
-            table[:, ((values >> bit) & 1).astype(bool), :] |= cls_asc[bit::8][:, None, :]
+            n = 1 << bit
+            np.bitwise_or(table[:, :n], per_bit[:, bit, None, :], out=table[:, n : 2 * n])
         self._asc_table = table
         g = self._g = ffi.new("llama_cffi_trie_grammar *")
         g.n_classes, g.W, g.absorb_min_rows = n_classes, w, absorb_min_rows

@@ -117,6 +117,35 @@ def test_random_grammar_masks_equal_native(
     walk_and_compare(vocab_model, text, data)
 
 
+@pytest.mark.parametrize(
+    "gbnf",
+    [
+        'root ::= [\\U00000000-\\UFFFFFFFF] "b" | "\\UFFFFFFFF"',
+        "root ::= [^\\UFFFFFFFF\\U7FFFFFFF] [a-z]*",
+        'root ::= ("\\U80000000" | [\\U000000e9-\\UFFFFFFF0]) "a"?',
+    ],
+)
+def test_character_values_past_int32(gbnf: str, vocab_model: llama_cffi.Model) -> None:
+    """Characters up to ``\\UFFFFFFFF`` (GBNF allows them; no code point reaches them) are
+    compiled, not an OverflowError, and every mask along a walk equals llama.cpp's."""
+    g = Grammar.from_gbnf(gbnf)
+    n = vocab_model.vocab.n_vocab
+    tda = TokenDataArray(n)
+    nat = LlamaSampler.grammar(vocab_model, gbnf)
+    ours = g.matcher(vocab_model)
+    for _ in range(3):
+        tda.fill_logits(np.zeros(n, np.float32))
+        nat.apply(tda)
+        want = tda.logits > -np.inf
+        assert np.array_equal(want, ours.allowed_tokens()), gbnf
+        eog = set(vocab_model.vocab.eog_tokens())
+        allowed = [t for t in np.flatnonzero(want).tolist() if t not in eog]
+        if not allowed:
+            break
+        assert ours.accept_token(allowed[0])
+        nat.accept(allowed[0])
+
+
 def test_apply_masks_candidates(vocab_model: llama_cffi.Model) -> None:
     """apply() sets exactly the disallowed candidates to -inf (any subset, any order)."""
     m = Grammar.from_gbnf('root ::= [a-c]+ "."').matcher(vocab_model)
@@ -344,7 +373,7 @@ def test_partial_checks_per_position_equal_per_stack(text: str) -> None:
     partials += [(0x3A0 >> 6, 1), (0x4E2D >> 6, 1), (0x4E2D >> 12, 2), (0xE6 & 0x0F, 2), (0xF0 & 0x07, 3)]
     values = np.array([v for v, _ in partials], dtype=np.int64)
     remains = np.array([r for _, r in partials], dtype=np.int64)
-    positions = [p for p, t in enumerate(eng.types) if t in (_CHAR, _CHAR_NOT, _ANY) and p in eng._char_pos]
+    positions = [p for p, t in enumerate(eng.types) if t in (_CHAR, _CHAR_NOT, _ANY) and eng._char_pos[p] >= 0]
     assert positions
     for pos in positions:
         state = eng.intern([(pos,)])

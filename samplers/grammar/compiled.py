@@ -161,7 +161,7 @@ class CompiledGrammar:
         the C walk writes no per-node array), the class weights and the root's children
         grouped by class."""
         v, eng = self.vocab, self.engine
-        self._cls_of_cp = eng.classes_of(v.uniq_cps).astype(np.int32)
+        self._cls_of_cp = eng.classes_of_sorted(v.uniq_cps)
         self._cls_arr: npt.NDArray[np.int32] | None = None
         self.n_nodes = n_nodes = v.n_nodes
         self._root = n_nodes
@@ -183,8 +183,8 @@ class CompiledGrammar:
         self._loops: dict[int, npt.NDArray[np.uint64]] = {}
         self._loop_known = np.zeros(64, dtype=bool)  # per state id (grown as states appear)
         self._loop_words = np.zeros((64, w), dtype=np.uint64)
-        self._nonpartial = ~v.has_partial
-        self._eog_ids = np.flatnonzero(v.eog)
+        self._nonpartial = v.nonpartial
+        self._eog_ids = v.eog_ids
         self._eog_i32 = self._eog_ids.astype(np.int32)
         self._absorb_ready = False
         if self.kernel == "c":
@@ -195,10 +195,10 @@ class CompiledGrammar:
 
             # the classes of the ASCII code points, and those holding one >= 128 of the
             # vocabulary: what a walk reads the trie's shared "below" summaries with
-            ascii_cls = eng.classes_of(np.arange(128, dtype=np.int64)).astype(np.int32)
-            na_classes = np.zeros(w, dtype=np.uint64)
-            na = self._cls_of_cp[v.uniq_cps >= 128].astype(np.int64)
-            np.bitwise_or.at(na_classes, na >> 6, np.left_shift(np.uint64(1), (na & 63).astype(np.uint64)))
+            ascii_cls = np.array(eng._ascii_class, dtype=np.int32)
+            na = np.zeros(64 * w, dtype=bool)
+            na[self._cls_of_cp[v.n_ascii_cps :]] = True
+            na_classes = np.packbits(na, bitorder="little").view("<u8").astype(np.uint64)
             self._tg = TrieGrammar(trie, self._cls_of_cp, eng.n_classes, ascii_cls, na_classes, _ABSORB_MIN_ROWS)
             self._run_cap = trie.max_depth + 1  # a run this long covers every token
             if eng.core == "c":  # one mask's walk computes the transitions and runs it needs (the engine's lock held)

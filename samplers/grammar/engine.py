@@ -31,6 +31,7 @@ takes unbounded time and memory), leaving the engine as it was.
 from __future__ import annotations
 
 import itertools
+import operator
 import os
 import threading
 from collections.abc import Iterable, Sequence
@@ -62,6 +63,7 @@ _CHAR, _CHAR_NOT, _RNG, _CHAR_ALT, _ANY = (
     int(GreType.CHAR_ANY),
 )
 _TOKEN, _TOKEN_NOT = int(GreType.TOKEN), int(GreType.TOKEN_NOT)
+_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
 _MAX_CP = 1 << 22  # llama.cpp's decoder can produce values up to 0x3FFFFF
 _ROW_MIN = 4  # a state needing this many unknown classes at once gets its whole row computed
 
@@ -178,18 +180,23 @@ class Engine:
         self.rule_start = (
             list(itertools.accumulate((len(r) for r in grammar.rules[:-1]), initial=0)) if grammar.rules else []
         )
-        flat = [e for rule in grammar.rules for e in rule]
-        types = [int(t) for t, _ in flat]
-        values = [int(v) for _, v in flat]
-        self.types = types
-        self.values = values
+        flat = list(itertools.chain.from_iterable(grammar.rules))
+        n_pos = len(flat)
+        # the element types and values as arrays (a checked grammar's types are 0..9)
+        self._types_a = t_arr = np.fromiter(map(_FIRST, flat), dtype=np.int64, count=n_pos)
+        self._values_a = v_arr = np.fromiter(map(_SECOND, flat), dtype=np.int64, count=n_pos)
+        self.types = t_arr.tolist()
+        self.values = v_arr.tolist()
         n_rules = len(grammar.rules)
-        refs = {v for t, v in zip(types, values, strict=True) if t == _RULE_REF}
-        for v in sorted(refs):
-            if not (0 <= v < n_rules and grammar.rules[v]):
+        refs = v_arr[t_arr == _RULE_REF]
+        if len(refs) and (int(refs.min()) < 0 or int(refs.max()) >= n_rules):
+            bad = int(refs[(refs < 0) | (refs >= n_rules)][0])
+            raise GrammarError(f"a rule refers to undefined rule {bad}")
+        for v in np.flatnonzero(np.bincount(refs, minlength=n_rules)).tolist():
+            if not grammar.rules[v]:
                 raise GrammarError(f"a rule refers to undefined rule {v}")
         self._build_classes()
-        present = set(types)
+        present = set(np.flatnonzero(np.bincount(t_arr, minlength=1)).tolist())
         self.has_token_elements = _TOKEN in present or _TOKEN_NOT in present
         # states
         self._lock = threading.RLock()
@@ -224,15 +231,16 @@ class Engine:
 
         lib = _lib()
         n = len(self.types)
-        types = np.ascontiguousarray(self.types, dtype=np.int32)
-        values = np.ascontiguousarray(self.values, dtype=np.int32)
+        types = self._types_a.astype(np.int32)
+        # a character value past every code point (up to 0xFFFFFFFF in GBNF) compares like
+        # _MAX_CP with any code point or partial character; a token id past int32 is no token
+        is_char = (self._types_a >= _CHAR) & (self._types_a <= _ANY)
+        values = np.where(is_char, np.minimum(self._values_a, _MAX_CP), np.minimum(self._values_a, 2**31 - 1)).astype(
+            np.int32
+        )
         rule_start = np.ascontiguousarray(self.rule_start, dtype=np.int32)
-        char_row = np.full(n, -1, dtype=np.int32)
-        after = np.full(n, -1, dtype=np.int32)
-        if self._char_pos:
-            pos = np.fromiter(self._char_pos.keys(), dtype=np.int64, count=len(self._char_pos))
-            char_row[pos] = np.fromiter(self._char_pos.values(), dtype=np.int32, count=len(pos))
-            after[pos] = np.fromiter((self._after[p] for p in pos.tolist()), dtype=np.int32, count=len(pos))
+        char_row = self._char_row_a.astype(np.int32)
+        after = self._after_a.astype(np.int32)
         member = np.ascontiguousarray(self._member, dtype=np.uint8)
         n_rows = member.shape[0]
 
@@ -426,27 +434,53 @@ class Engine:
     def _build_classes(self) -> None:
         """Partition code points into classes no char element distinguishes. Elements
         with the same set share a row of ``_member`` (a JSON grammar repeats a few sets
-        over thousands of elements)."""
-        self._char_pos: dict[int, int] = {}  # char element position -> row of _member
-        self._after: dict[int, int] = {}
-        rows: dict[tuple[bool, tuple[tuple[int, int], ...]], int] = {}
-        types, values = self.types, self.values
-        char_types = (_CHAR, _CHAR_NOT, _ANY)
-        more = (_RNG, _CHAR_ALT)
-        items: tuple[tuple[int, int], ...]
-        for pos, t in enumerate(types):
-            if t in char_types:  # each starts a class ("ab" is CHAR, CHAR; [ab] CHAR, CHAR_ALT)
-                if t == _CHAR and types[pos + 1] not in more:  # one character: most elements
-                    positive, items, after = True, ((values[pos], values[pos]),), pos + 1
-                else:
-                    positive, items_list, after = self._class_items(pos)
-                    items = tuple(items_list)
-                key = (positive, items)
+        over thousands of elements). Found with array operations over the element types:
+        a char element starts at each CHAR, CHAR_NOT or ANY and runs over the
+        CHAR_RNG_UPPER and CHAR_ALT after it; most are one character, which share a row
+        per value; the others (sets, ranges, negations) are read one by one
+        (:meth:`_class_items`)."""
+        t_arr, v_arr = self._types_a, self._values_a
+        n_pos = len(t_arr)
+        is_start = (t_arr == _CHAR) | (t_arr == _CHAR_NOT) | (t_arr == _ANY)
+        starts = np.flatnonzero(is_start)
+        stops = np.flatnonzero((t_arr != _RNG) & (t_arr != _CHAR_ALT))  # END never continues an element
+        after_of = stops[np.searchsorted(stops, starts, side="right")] if len(starts) else starts
+        single = (t_arr[starts] == _CHAR) & (after_of == starts + 1)
+        # one character: a row per distinct value (sorted by hand: a process's first
+        # np.unique imports numpy.ma, ~12 ms)
+        s_vals = v_arr[starts[single]]
+        order = np.argsort(s_vals, kind="stable")
+        srt = s_vals[order]
+        first = np.concatenate(([True], srt[1:] != srt[:-1])) if len(srt) else np.zeros(0, dtype=bool)
+        single_row = np.empty(len(s_vals), dtype=np.int64)
+        single_row[order] = np.cumsum(first) - 1
+        rows: dict[tuple[bool, tuple[tuple[int, int], ...]], int] = {
+            (True, ((v, v),)): i for i, v in enumerate(srt[first].tolist())
+        }
+        char_row = np.full(n_pos, -1, dtype=np.int64)
+        char_row[starts[single]] = single_row
+        # the others, read once per distinct run of elements (a JSON grammar repeats its
+        # string and number sets)
+        t_raw, v_raw = self._types_a.tobytes(), self._values_a.tobytes()
+        by_raw: dict[tuple[bytes, bytes], int] = {}
+        multi = starts[~single]
+        for pos, end in zip(multi.tolist(), after_of[~single].tolist(), strict=True):
+            raw = (t_raw[8 * pos : 8 * end], v_raw[8 * pos : 8 * end])
+            row = by_raw.get(raw)
+            if row is None:
+                positive, items_list, _after = self._class_items(pos)
+                key = (positive, tuple(items_list))
                 row = rows.get(key)
                 if row is None:
                     row = rows[key] = len(rows)
-                self._char_pos[pos] = row
-                self._after[pos] = after
+                by_raw[raw] = row
+            char_row[pos] = row
+        after = np.full(n_pos, -1, dtype=np.int64)
+        after[starts] = after_of
+        self._char_row_a, self._after_a = char_row, after
+        #: per position: the row of the char element starting there, the position after it
+        self._char_pos: list[int] = char_row.tolist()
+        self._after: list[int] = after.tolist()
         # interval bounds: every item's lo and hi + 1 (capped at _MAX_CP), and 0, _MAX_CP
         flat = [iv for _, items in rows for iv in items if iv[0] <= iv[1]]
         if flat:
@@ -498,6 +532,14 @@ class Engine:
         a = expect_array("cps", cps, "code points (ints)", "iu").astype(np.int64, copy=False)
         idx = np.searchsorted(self._edges, np.clip(a, 0, _MAX_CP - 1), side="right") - 1
         return self._interval_class[idx]
+
+    def classes_of_sorted(self, cps: npt.NDArray[np.int64]) -> npt.NDArray[np.int32]:
+        """:meth:`classes_of` for distinct code points in increasing order (a vocabulary's
+        ``uniq_cps``): each interval's class repeated over the code points in it, one
+        search per interval rather than one per code point."""
+        bounds = np.searchsorted(cps, self._edges[1:-1], side="left")
+        counts = np.diff(np.concatenate(([0], bounds, [len(cps)])))
+        return np.repeat(self._interval_class, counts)
 
     def class_of(self, cp: int) -> int:
         if type(cp) is not int:

@@ -335,8 +335,12 @@ class VocabIndex:
         #: follow a token that ended inside a character
         self.continuation_tokens = nonempty[(fb >= 0x80) & (fb < 0xC0)].astype(np.int32)
         self.has_partial = self.partial_remain > 0
+        self.nonpartial = ~self.has_partial
+        self.eog_ids = np.flatnonzero(self.eog)
         self.usable = ~self.never & ~self.invalid & ~self.eog
         self.n_nodes = len(self.parent)
+        #: how many of ``uniq_cps`` (increasing) are ASCII
+        self.n_ascii_cps = int(np.searchsorted(self.uniq_cps, 128))
         #: the usable tokens that end inside a character, and per token the index of its
         #: partial character among the vocabulary's distinct ones, ``pchars`` (each
         #: ``value * 4 + bytes still needed``; -1: the token ends on a whole character)

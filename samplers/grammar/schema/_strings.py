@@ -318,9 +318,13 @@ _HELPERS = {
 }
 
 
+#: each helper's name as a whole word of a rule body (compiled once, not per format use)
+_HELPER_REFS = {helper: re.compile(rf"(?<![\w-]){helper}(?![\w-])") for helper in _HELPERS}
+
+
 def _helpers(rs: RuleSet, body: str) -> None:
     for helper, hbody in _HELPERS.items():
-        if helper not in rs.bodies and re.search(rf"(?<![\w-]){helper}(?![\w-])", body):
+        if helper not in rs.bodies and _HELPER_REFS[helper].search(body):
             rs.fixed(helper, hbody)
             _helpers(rs, hbody)
 
