@@ -619,6 +619,9 @@ class TrieGrammar:
         self._n_pending = ffi.new("int32_t *")
         self._frames = np.empty(trie._frames_n, dtype=np.int32)
         self._frames_c = ffi.from_buffer("int32_t[]", self._frames)
+        #: the C walks' last arguments (:meth:`_walk_buffers`), made once
+        self._walk_args = (self._pending_c, _PENDING_CAP, self._n_pending, self._frames_c, len(self._frames))
+        self._first_args: tuple[Any, ...] | None = None  # first_mask's converted eog and pchars
 
     def attach_engine(
         self,
@@ -905,25 +908,39 @@ class TrieGrammar:
         ``pchars``: the trie's partial characters (``value << 2 | bytes still needed``)."""
         if not self._tables:
             raise RuntimeError("set_tables() first")
-        if self._g.class_weight == ffi.NULL:
+        if self._engine is None or self._g.class_weight == ffi.NULL:
             raise RuntimeError("attach_engine() with class_weight first")
         _words("out", out, self.trie.n_words)
-        eog = _i32("eog", eog)
-        pc = np.ascontiguousarray(pchars, dtype=np.int64)
-        if len(pc) != self.trie.n_pchars:
-            raise ValueError(f"pchars must have {self.trie.n_pchars} values")
+        fixed = self._first_args
+        if fixed is None or eog is not fixed[0] or pchars is not fixed[1]:
+            # converted once per pair of arrays (a grammar passes the same two every time)
+            e32 = _i32("eog", eog)
+            pc = np.ascontiguousarray(pchars, dtype=np.int64)
+            if len(pc) != self.trie.n_pchars:
+                raise ValueError(f"pchars must have {self.trie.n_pchars} values")
+            fixed = self._first_args = (
+                eog,
+                pchars,
+                e32,
+                pc,
+                ffi.from_buffer("int32_t[]", e32),
+                len(e32),
+                ffi.from_buffer("int64_t[]", pc) if len(pc) else ffi.NULL,
+            )
         rc = lib.llama_cffi_trie_first_mask(
             self.trie._struct,
             self._g,
             int(start),
             int(root_plan_max),
             int(heavy_min),
-            ffi.from_buffer("int32_t[]", eog),
-            len(eog),
-            ffi.from_buffer("int64_t[]", pc) if len(pc) else ffi.NULL,
+            fixed[4],
+            fixed[5],
+            fixed[6],
             ffi.from_buffer("uint32_t[]", out),
-            *self._walk_buffers(),
+            *self._walk_args,
         )
+        if rc == 0 and self._n_pending[0] == 0:  # made, nothing pending: most first masks
+            return "made", _NO_PENDING, False
         if rc in (1, 2):
             return ("plan" if rc == 1 else "heavy"), _NO_PENDING, False
         pend, full = self._pending_after(rc, "first mask")
@@ -942,13 +959,15 @@ class TrieGrammar:
             gp = self._g_plain = ffi.new("llama_cffi_trie_grammar *", self._g[0])
             gp.engine = gp.class_weight = gp.run_chain = ffi.NULL
         rc = lib.llama_cffi_trie_mask(
-            self.trie._struct, gp, plan[0], ffi.from_buffer("uint32_t[]", out), *self._walk_buffers()
+            self.trie._struct, gp, plan[0], ffi.from_buffer("uint32_t[]", out), *self._walk_args
         )
+        if rc == 0 and self._n_pending[0] == 0:
+            return _NO_PENDING, False
         return self._pending_after(rc, "trie mask")
 
     def _walk_buffers(self) -> tuple[Any, ...]:
         """The pending list and the walk's frames: the C walks' last arguments."""
-        return (self._pending_c, _PENDING_CAP, self._n_pending, self._frames_c, len(self._frames))
+        return self._walk_args
 
     def _pending_after(self, rc: int, what: str) -> tuple[I32, bool]:
         """A walk's pending entries (a copy) and whether it stopped early (``rc`` -3)."""

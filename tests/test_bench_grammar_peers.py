@@ -71,3 +71,35 @@ def test_compare_counts_differences_and_ignores_padding() -> None:
     assert cmp["only_ours"]["tokens"] == 1 and cmp["only_ours"]["kinds"] == {"byte 0xF5-0xFF": 1}
     assert cmp["only_peer"]["tokens"] == 2 and cmp["only_peer"]["kinds"] == {"escape \\/": 1, "EOG": 1}
     assert bench.agreement_text(cmp) == "1/2 steps; -1/+2 tok"
+
+
+def test_warm_compile_compiles_another_grammar_first(tiny_model_path: Path) -> None:
+    """``--warm-compile``: the child compiles the warm-up grammar (timed apart) before the
+    measured one, and the measured grammar's masks are unchanged."""
+    case = bench.CASES["flat"]
+    cold = bench.run_engine("ours-nocache", case, tiny_model_path, compile_timeout=600, masks_out=None)
+    warm = bench.run_engine("ours-nocache", case, tiny_model_path, compile_timeout=600, masks_out=None, warm=True)
+    assert "warmup_s" not in cold and warm["warmup_s"] > 0
+    assert warm["steps"] == cold["steps"] == cold["n_tokens"] + 1 and warm["refused_at"] is None
+
+
+def test_goal_summary_counts_the_grammars_meeting_each_goal(capsys: pytest.CaptureFixture[str]) -> None:
+    def row(engine: str, grammar: str, **ms: float) -> dict[str, object]:
+        base = {"median_ms": 0.05, "p99_ms": 0.4, "max_ms": 1.0, "first_ms": 0.2, "compile_ms": 4.0}
+        return {"engine": engine, "grammar": grammar, "status": "ok", "median": {**base, **ms}}
+
+    results = [
+        row("ours-nocache", "a", median_ms=0.02, compile_ms=6.0),  # median under llguidance's; compile over 5 ms
+        row("llguidance", "a", median_ms=0.04),
+        row("ours-nocache", "b", median_ms=0.08, max_ms=2.5),  # median over llguidance's; max over 2 ms
+        row("llguidance", "b", median_ms=0.04),
+        row("ours-nocache", "c"),  # llguidance did not run it: not counted
+    ]
+    bench.goal_summary(results, ["a", "b", "c"])
+    out = capsys.readouterr().out
+    assert "over the 2 grammars" in out
+    lines = {ln.split("|")[1].strip(): ln for ln in out.splitlines() if ln.startswith("| ")}
+    assert lines["mask median"].rstrip(" |").endswith("1/2") and "1.25 (0.50–2.00)" in lines["mask median"]
+    assert lines["mask max"].rstrip(" |").endswith("1/2")
+    assert lines["compile"].rstrip(" |").endswith("1/2")
+    assert lines["first mask"].rstrip(" |").endswith("2/2")

@@ -643,6 +643,12 @@ class CompiledGrammar:
             raise ValueError(f"out must be a 1-D uint32 array of at least {n} words")
         if not out.flags.writeable or not out.flags.c_contiguous:
             raise ValueError("out must be writeable and C-contiguous")
+        return self._fill_words(state, partial, out)
+
+    def _fill_words(self, state: int, partial: Partial, out: npt.NDArray[np.uint32]) -> npt.NDArray[np.uint32]:
+        """:meth:`fill_words` with ``state`` an int and ``out`` checked (1-D, uint32,
+        writeable, C-contiguous, at least ``n_words``): the matcher's path."""
+        n = self.n_words
         with self._lock:
             key = (state, partial)
             if self._mask_cache_size == 0 and self._c_walks(state, partial):
@@ -720,7 +726,7 @@ class CompiledGrammar:
         needs besides the walk (its run's scan, its chain, the tokens ending inside a
         character on its run, end-of-generation) is prepared once per state."""
         eng, tg = self.engine, self._tg
-        on_engine = tg.has_engine
+        on_engine = tg._engine is not None  # (tg.has_engine)
         plan = self._plans.get(start)
         if on_engine and derive and plan is None:
             d = self._derived.get(start)
@@ -898,7 +904,7 @@ class CompiledGrammar:
     def _walk_tables(self) -> None:
         """Room in the run and partial-character tables for what an engine walk computes
         (64 states ahead), and the C walk's view of the tables, current."""
-        need = self.engine.n_states + 64
+        need = len(self.engine._complete) + 64  # (n_states + 64)
         if len(self._run_known) < need:
             self._grow_runs(2 * need)
         if len(self._pchar_known) < need:

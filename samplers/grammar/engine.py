@@ -287,8 +287,8 @@ class Engine:
         """The Python side of the C engine's news: the rows of transitions it computed
         since the last sync copied into ``_trans`` (grown first), and the completeness of
         the states it made."""
-        lib = _lib()
-        n = int(lib.llama_cffi_gengine_n_states(self._c))
+        lib = _LIB if _LIB is not None else _lib()
+        n = lib.llama_cffi_gengine_n_states(self._c)
         have = len(self._complete)
         if n > len(self._trans):
             cap = len(self._trans)

@@ -94,10 +94,13 @@ class GrammarMatcher:
             raise type_error("bitmask", "a 1-D uint32 ndarray", out)
         if out.dtype != np.uint32 or out.ndim != 1 or len(out) < n_words:
             raise ValueError(f"bitmask must be a 1-D uint32 array of at least {n_words} words")
+        flags = out.flags
+        if not flags.writeable or not flags.c_contiguous:
+            raise ValueError("bitmask must be writeable and C-contiguous")
         if self.ended:
             out[:n_words] = 0
             return out
-        return self._compiled.fill_words(self.state, self.partial, out)
+        return self._compiled._fill_words(self.state, self.partial, out)
 
     def apply(self, cands: Candidates) -> None:
         """Set the logits of disallowed candidates to -inf, in place (like applying
