@@ -898,11 +898,14 @@ class TrieGrammar:
         eog: I32,
         pchars: npt.NDArray[np.int64],
         heavy_min: int = -1,
+        root_plan_tokens: int = -1,
     ) -> tuple[str, I32, bool]:
         """The first mask from ``start`` without a plan (``llama_cffi_trie_first_mask``;
         needs :meth:`attach_engine` with the runs' arguments): returns ``"made"``, or
         ``"plan"`` (``start``'s run starts more than ``root_plan_max`` of the root's
-        children, so a plan pays) or ``"heavy"`` (``heavy_min >= 0`` and the classes
+        children, or ``root_plan_tokens >= 0``, the run holds for 4 characters or more and
+        more than that many tokens start with two of its characters: a plan pays) or
+        ``"heavy"`` (``heavy_min >= 0`` and the classes
         ``start`` takes hold at least that many of the root's children) with ``out``
         untouched; then what :meth:`walk` returns. ``eog``: the end-of-generation tokens;
         ``pchars``: the trie's partial characters (``value << 2 | bytes still needed``)."""
@@ -932,6 +935,7 @@ class TrieGrammar:
             self._g,
             int(start),
             int(root_plan_max),
+            int(root_plan_tokens),
             int(heavy_min),
             fixed[4],
             fixed[5],

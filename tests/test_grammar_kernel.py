@@ -106,10 +106,13 @@ def test_random_grammars_tiny_vocabulary(
     model's vocabulary (byte-fallback tokens: partial characters too). ``always``: a
     state's mask is derived from another state's wherever the classes they differ on are
     no more than those they agree on, however few root children the state reaches (on
-    the default model's vocabulary: at most an eighth, of thousands)."""
+    the default model's vocabulary: at most an eighth, of thousands), and a state whose
+    run holds for 4 characters or more makes its plan at its first mask (on the default
+    model's vocabulary: when its run's first two characters start over 16,384 tokens)."""
     if derive == "always":  # (exact whatever the thresholds: they only decide where it pays)
         monkeypatch.setattr(compiled_mod, "_DERIVE_MIN_ROOT", 0)
         monkeypatch.setattr(compiled_mod, "_DERIVE_SHARE", 1)
+        monkeypatch.setattr(compiled_mod, "_ROOT_PLAN_TOKENS", 0)  # a plan at the first mask of any long run
     try:
         g = Grammar.from_gbnf(grammar_text(rules))
         c, n = both(g, vocab_model)
@@ -132,6 +135,7 @@ def test_random_vocabularies(data: st.DataObject, derive: str, monkeypatch: pyte
     if derive == "always":
         monkeypatch.setattr(compiled_mod, "_DERIVE_MIN_ROOT", 0)
         monkeypatch.setattr(compiled_mod, "_DERIVE_SHARE", 1)
+        monkeypatch.setattr(compiled_mod, "_ROOT_PLAN_TOKENS", 0)
     rng = random.Random(data.draw(st.integers(0, 2**32 - 1), label="seed"))
     pieces = {b"".join(rng.choice(_PIECE_PARTS) for _ in range(rng.randint(1, 8))) for _ in range(500)}
     pieces |= {p + rng.choice(_PARTIALS) for p in list(pieces)[:40]} | set(_PARTIALS) | set(_PIECE_PARTS)
@@ -384,6 +388,32 @@ def test_first_and_later_masks_of_a_state_agree(big_vocab: llama_cffi.Model) -> 
             break
         assert mc.accept_token(tok) and mn.accept_token(tok)
     assert skipped >= 3  # the path was taken (literal keys, punctuation)
+
+
+@pytest.mark.parametrize("rule", ["on", "off"])
+def test_a_letters_loop_makes_its_plan_at_its_first_mask(
+    big_vocab: llama_cffi.Model, rule: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A state inside ``[a-z]+`` starts few root children (26) but a walk from the root
+    would descend every token they start (tens of thousands): its first mask makes the
+    plan (``_ROOT_PLAN_TOKENS``), a literal's state does not; masks equal the numpy
+    walk's either way. ``off``: the rule disabled, the loop's first mask walks from the
+    root (the old path), so the test tells the two apart."""
+    if rule == "off":
+        monkeypatch.setattr(compiled_mod, "_ROOT_PLAN_TOKENS", -1)
+    c, n = both(Grammar.from_json_schema({"type": "string", "pattern": "^[a-z]+$"}), big_vocab)
+    mc, mn = c.matcher(), n.matcher()
+    planned_at_first: list[bool] = []
+    for tok in [*big_vocab.tokenize('"engineering"', add_special=False).tolist(), None]:
+        fresh = mc.state not in c._visited
+        assert np.array_equal(c.packed(mc.state, mc.partial), n.packed(mn.state, mn.partial))
+        if fresh:
+            planned_at_first.append(mc.state in c._plans)
+        if tok is None:
+            break
+        assert mc.accept_token(tok) and mn.accept_token(tok)
+    assert not planned_at_first[0]  # the opening quote's state: a literal, walked from the root
+    assert any(planned_at_first) == (rule == "on")
 
 
 def test_run_scans_leave_the_root_children_implicit(big_vocab: llama_cffi.Model) -> None:

@@ -315,8 +315,11 @@ int llama_cffi_trie_mask(const llama_cffi_trie *t, const llama_cffi_trie_grammar
                          int32_t frames_cap);
 /* the first mask from start, without a plan, for a grammar with an engine (and the
    runs' arguments): start's run computed if unknown; when it starts more than
-   root_plan_max of the root's children, nothing is written and 1 is returned (a plan
-   pays: see samplers.grammar.compiled). Otherwise mask (overwritten) gets eog (n_eog
+   root_plan_max of the root's children, or (root_plan_tokens >= 0) when its run holds for
+   at least 4 characters and more than root_plan_tokens tokens start with two of its
+   characters (a walk from the root would descend them one by one: a letters loop),
+   nothing is written and 1 is returned (a plan pays: see samplers.grammar.compiled).
+   Otherwise mask (overwritten) gets eog (n_eog
    tokens) when start is complete, the tokens that are only a partial character that
    start can complete (pchars: t->n_pchars values, value << 2 | bytes still needed; the
    answers written into g's pchar tables), and the walk from the root through the root
@@ -327,7 +330,7 @@ int llama_cffi_trie_mask(const llama_cffi_trie *t, const llama_cffi_trie_grammar
    2 is returned, before the run's test (the caller may derive the mask from another
    state's). 0, 1, 2, -1 bad data, -3 pending full, -100 + an engine error */
 int llama_cffi_trie_first_mask(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, int32_t start,
-                               int32_t root_plan_max, int64_t heavy_min, const int32_t *eog, int32_t n_eog, const int64_t *pchars,
+                               int32_t root_plan_max, int64_t root_plan_tokens, int64_t heavy_min, const int32_t *eog, int32_t n_eog, const int64_t *pchars,
                                uint32_t *mask, int32_t *pending, int32_t pending_cap, int32_t *n_pending,
                                int32_t *frames, int32_t frames_cap);
 /* many masks in one call, shared among n_threads threads (the caller's and a pool kept for

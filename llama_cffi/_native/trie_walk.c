@@ -483,7 +483,7 @@ int llama_cffi_trie_mask(const llama_cffi_trie *t, const llama_cffi_trie_grammar
 }
 
 int llama_cffi_trie_first_mask(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, int32_t start,
-                               int32_t root_plan_max, int64_t heavy_min, const int32_t *eog, int32_t n_eog, const int64_t *pchars,
+                               int32_t root_plan_max, int64_t root_plan_tokens, int64_t heavy_min, const int32_t *eog, int32_t n_eog, const int64_t *pchars,
                                uint32_t *mask, int32_t *pending, int32_t pending_cap, int32_t *n_pending,
                                int32_t *frames, int32_t frames_cap) {
     if (!t || !g || !g->engine || !g->class_weight || !g->run_chain || !g->root_nodes || !g->root_start || !mask ||
@@ -530,6 +530,29 @@ int llama_cffi_trie_first_mask(const llama_cffi_trie *t, const llama_cffi_trie_g
         if (live >= heavy_min && to_most != start) return 2;
     }
     if (starts > root_plan_max) return 1;
+    if (root_plan_tokens >= 0 && g->run_len[start] >= 4) {
+        /* few first characters, but a long run over them (a letters loop): the tokens
+           whose first two characters are of the run, which a walk from the root would
+           descend one by one (two: a run such as hex digits starts many tokens that
+           leave it at once) */
+        int64_t toks = 0;
+        for (int32_t c = 0; c < nc_ && toks <= root_plan_tokens; c++) {
+            if (!in_set(run, c)) continue;
+            int32_t a, b;
+            if (root_group(t, g, c, &a, &b)) return -1;
+            for (int32_t i = a; i < b; i++) {
+                int32_t node = g->root_nodes[i];
+                if (node < 0 || node >= n_nodes) return -1;
+                int32_t fc = t->first_child[node], ncld = t->n_child[node];
+                if (ncld < 0 || fc < 0 || (int64_t)fc + ncld > n_nodes) return -1;
+                for (int32_t j = fc; j < fc + ncld; j++) {
+                    int32_t cj = node_cls(t, g, j);
+                    if (cj >= 0 && in_set(run, cj)) toks += (int64_t)t->row_end[j] - t->row_start[j];
+                }
+            }
+        }
+        if (toks > root_plan_tokens) return 1;
+    }
     /* the tokens besides the walk's: end-of-generation when start is complete, and the
        tokens that are only a partial character that start can complete */
     memset(mask, 0, sizeof(uint32_t) * (((size_t)t->n_vocab + 31) / 32));

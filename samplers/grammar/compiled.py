@@ -58,6 +58,11 @@ _ABSORB_MIN_ROWS = 64  # subtrees smaller than this are walked rather than absor
 _SPINE_MAX = 32768  # at most this many undecided tokens are walked one by one
 _SCAN_SHORT = 4  # a run this short is scanned on its own, not derived from its full-length scan
 _ROOT_PLAN_MAX = 64  # a first mask skips the plan when its run starts at most this many root children
+#: ... and, for a run of 4 characters or more, when at most this many tokens start with two
+#: of its characters (a letters loop starts few root children, but a walk from the root
+#: would descend the tokens they start one by one: ~1.2-1.5 ms for [a-z]+ at 262,144
+#: tokens, where the plan's scan takes whole subtrees at once)
+_ROOT_PLAN_TOKENS = 16384
 _RUN_STACKS_MAX = 256  # a run's chain stops at a state with more stacks than this
 #: a state whose transitions lead at least this many of the root's children on, all but at
 #: most 1/_DERIVE_SHARE of them as another state's do, takes its mask from that state's
@@ -767,7 +772,7 @@ class CompiledGrammar:
                             # first (once): its mask may derive from another state's
                             heavy = _DERIVE_MIN_ROOT if derive and start not in self._derived else -1
                             status, pend, full = tg.first_mask(
-                                start, words, _ROOT_PLAN_MAX, self._eog_i32, self._pchars, heavy
+                                start, words, _ROOT_PLAN_MAX, self._eog_i32, self._pchars, heavy, _ROOT_PLAN_TOKENS
                             )
                         elif nodes is None:
                             pend, full = tg.mask(plan, words)
