@@ -899,6 +899,7 @@ class TrieGrammar:
         pchars: npt.NDArray[np.int64],
         heavy_min: int = -1,
         root_plan_tokens: int = -1,
+        derive_share: int = 0,
     ) -> tuple[str, I32, bool]:
         """The first mask from ``start`` without a plan (``llama_cffi_trie_first_mask``;
         needs :meth:`attach_engine` with the runs' arguments): returns ``"made"``, or
@@ -906,7 +907,9 @@ class TrieGrammar:
         children, or ``root_plan_tokens >= 0``, the run holds for 4 characters or more and
         more than that many tokens start with two of its characters: a plan pays) or
         ``"heavy"`` (``heavy_min >= 0`` and the classes
-        ``start`` takes hold at least that many of the root's children) with ``out``
+        ``start`` takes hold at least that many of the root's children, and with
+        ``derive_share > 0`` the heaviest class's successor does not move on again on a
+        class holding over ``1/derive_share`` of them) with ``out``
         untouched; then what :meth:`walk` returns. ``eog``: the end-of-generation tokens;
         ``pchars``: the trie's partial characters (``value << 2 | bytes still needed``)."""
         if not self._tables:
@@ -937,6 +940,7 @@ class TrieGrammar:
             int(root_plan_max),
             int(root_plan_tokens),
             int(heavy_min),
+            int(derive_share),
             fixed[4],
             fixed[5],
             fixed[6],

@@ -303,8 +303,20 @@ def test_derived_masks_equal_the_walk(big_vocab: llama_cffi.Model, name: str) ->
         compare_walk(c, n, random.Random(seed), 30, f"{name} seed {seed}")
 
 
-def test_a_document_through_a_bounded_string(big_vocab: llama_cffi.Model) -> None:
-    """Tokens of a real document (escapes, non-ASCII, a string near its maximum)."""
+@pytest.mark.parametrize("share_check", ["c", "python"])
+def test_a_document_through_a_bounded_string(
+    big_vocab: llama_cffi.Model, share_check: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tokens of a real document (escapes, non-ASCII, a string near its maximum). A
+    position of the bounded string reaches thousands of root children, all to the next
+    position, which moves on again: no derivation can serve it, and the first mask says
+    so in C (``derive_share``) rather than asking Python for one (``python``: the C check
+    off, every such position goes through ``_derivation``, which declines)."""
+    if share_check == "python":
+        from llama_cffi._trie_walk import TrieGrammar
+
+        orig = TrieGrammar.first_mask
+        monkeypatch.setattr(TrieGrammar, "first_mask", lambda self, *a: orig(self, *a[:7], 0))
     schema = _BIG_SCHEMAS["bounded string"]
     doc = json.dumps({"name": 'Zoë "the" tester of things, and more!!', "bio": "日本語 text\nwith a newline"})
     c, n = both(Grammar.from_json_schema(schema), big_vocab)
@@ -315,6 +327,11 @@ def test_a_document_through_a_bounded_string(big_vocab: llama_cffi.Model) -> Non
             break
         assert mc.accept_token(tok) and mn.accept_token(tok)
     assert mc.can_end()
+    declined = sum(d is None for d in c._derived.values())  # derivations asked for and declined
+    if share_check == "c":
+        assert declined <= 2
+    else:
+        assert declined >= 10
 
 
 def _pending_reasons(c: CompiledGrammar, monkeypatch: pytest.MonkeyPatch) -> list[int]:

@@ -328,9 +328,13 @@ int llama_cffi_trie_mask(const llama_cffi_trie *t, const llama_cffi_trie_grammar
    transition, computed if unknown) hold at least heavy_min of the root's children and
    the class holding the most of them leads elsewhere than start, nothing is written and
    2 is returned, before the run's test (the caller may derive the mask from another
-   state's). 0, 1, 2, -1 bad data, -3 pending full, -100 + an engine error */
+   state's), unless derive_share > 0, that class holds over 1/derive_share of the root
+   children the classes start takes hold, and its successor goes elsewhere than itself on
+   it (the two states differ on too much for a derivation: a bounded string).
+   0, 1, 2, -1 bad data, -3 pending full, -100 + an engine error */
 int llama_cffi_trie_first_mask(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, int32_t start,
-                               int32_t root_plan_max, int64_t root_plan_tokens, int64_t heavy_min, const int32_t *eog, int32_t n_eog, const int64_t *pchars,
+                               int32_t root_plan_max, int64_t root_plan_tokens, int64_t heavy_min,
+                               int32_t derive_share, const int32_t *eog, int32_t n_eog, const int64_t *pchars,
                                uint32_t *mask, int32_t *pending, int32_t pending_cap, int32_t *n_pending,
                                int32_t *frames, int32_t frames_cap);
 /* many masks in one call, shared among n_threads threads (the caller's and a pool kept for

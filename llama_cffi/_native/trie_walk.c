@@ -483,7 +483,8 @@ int llama_cffi_trie_mask(const llama_cffi_trie *t, const llama_cffi_trie_grammar
 }
 
 int llama_cffi_trie_first_mask(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, int32_t start,
-                               int32_t root_plan_max, int64_t root_plan_tokens, int64_t heavy_min, const int32_t *eog, int32_t n_eog, const int64_t *pchars,
+                               int32_t root_plan_max, int64_t root_plan_tokens, int64_t heavy_min,
+                               int32_t derive_share, const int32_t *eog, int32_t n_eog, const int64_t *pchars,
                                uint32_t *mask, int32_t *pending, int32_t pending_cap, int32_t *n_pending,
                                int32_t *frames, int32_t frames_cap) {
     if (!t || !g || !g->engine || !g->class_weight || !g->run_chain || !g->root_nodes || !g->root_start || !mask ||
@@ -515,7 +516,7 @@ int llama_cffi_trie_first_mask(const llama_cffi_trie *t, const llama_cffi_trie_g
            holding the most of them: heavy unless that is start itself (a run of
            self-loops, which its plan's scan serves) */
         int64_t live = 0, most = -1;
-        int32_t to_most = -1;
+        int32_t to_most = -1, c_most = -1;
         for (int32_t c = 0; c < nc_; c++) {
             int32_t a, b, s;
             int rc = root_class_step(t, g, start, c, &a, &b, &s);
@@ -525,9 +526,23 @@ int llama_cffi_trie_first_mask(const llama_cffi_trie *t, const llama_cffi_trie_g
             if (b - a > most) {
                 most = b - a;
                 to_most = s;
+                c_most = c;
             }
         }
-        if (live >= heavy_min && to_most != start) return 2;
+        if (live >= heavy_min && to_most != start) {
+            /* a derivation takes the mask of to_most where the two agree; when to_most moves
+               on again on the heaviest class (a bounded string's next position) and that
+               class holds over 1/derive_share of the live root children, they differ on too
+               much: not heavy, no round trip */
+            if (derive_share > 0 && most * derive_share > live) {
+                int32_t a2, b2, s2;
+                int rc = root_class_step(t, g, to_most, c_most, &a2, &b2, &s2);
+                if (rc) return rc;
+                if (s2 == to_most) return 2;
+            } else {
+                return 2;
+            }
+        }
     }
     if (starts > root_plan_max) return 1;
     if (root_plan_tokens >= 0 && g->run_len[start] >= 4) {

@@ -772,7 +772,14 @@ class CompiledGrammar:
                             # first (once): its mask may derive from another state's
                             heavy = _DERIVE_MIN_ROOT if derive and start not in self._derived else -1
                             status, pend, full = tg.first_mask(
-                                start, words, _ROOT_PLAN_MAX, self._eog_i32, self._pchars, heavy, _ROOT_PLAN_TOKENS
+                                start,
+                                words,
+                                _ROOT_PLAN_MAX,
+                                self._eog_i32,
+                                self._pchars,
+                                heavy,
+                                _ROOT_PLAN_TOKENS,
+                                _DERIVE_SHARE,
                             )
                         elif nodes is None:
                             pend, full = tg.mask(plan, words)
