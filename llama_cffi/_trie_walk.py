@@ -906,11 +906,11 @@ class TrieGrammar:
         ``"plan"`` (``start``'s run starts more than ``root_plan_max`` of the root's
         children, or ``root_plan_tokens >= 0``, the run holds for 4 characters or more and
         more than that many tokens start with two of its characters: a plan pays) or
-        ``"heavy"`` (``heavy_min >= 0`` and the classes
-        ``start`` takes hold at least that many of the root's children, and with
-        ``derive_share > 0`` the heaviest class's successor does not move on again on a
-        class holding over ``1/derive_share`` of them) with ``out``
-        untouched; then what :meth:`walk` returns. ``eog``: the end-of-generation tokens;
+        ``"heavy"`` (``heavy_min >= 0``, the classes ``start`` takes hold at least that
+        many of the root's children and the heaviest class leads elsewhere than ``start``;
+        unless ``derive_share > 0``, that class holds over ``1/derive_share`` of them and
+        its successor moves on again on it: no derivation could serve ``start``) with
+        ``out`` untouched; then what :meth:`walk` returns. ``eog``: the end-of-generation tokens;
         ``pchars``: the trie's partial characters (``value << 2 | bytes still needed``)."""
         if not self._tables:
             raise RuntimeError("set_tables() first")
