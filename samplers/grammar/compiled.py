@@ -166,7 +166,7 @@ class CompiledGrammar:
         the C walk writes no per-node array), the class weights and the root's children
         grouped by class."""
         v, eng = self.vocab, self.engine
-        self._cls_of_cp = eng.classes_of_sorted(v.uniq_cps)
+        self._cls_of_cp = eng._classes_of_sorted(v.uniq_cps)
         self._cls_arr: npt.NDArray[np.int32] | None = None
         self.n_nodes = n_nodes = v.n_nodes
         self._root = n_nodes

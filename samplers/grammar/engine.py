@@ -533,7 +533,7 @@ class Engine:
         idx = np.searchsorted(self._edges, np.clip(a, 0, _MAX_CP - 1), side="right") - 1
         return self._interval_class[idx]
 
-    def classes_of_sorted(self, cps: npt.NDArray[np.int64]) -> npt.NDArray[np.int32]:
+    def _classes_of_sorted(self, cps: npt.NDArray[np.int64]) -> npt.NDArray[np.int32]:
         """:meth:`classes_of` for distinct code points in increasing order (a vocabulary's
         ``uniq_cps``): each interval's class repeated over the code points in it, one
         search per interval rather than one per code point."""
