@@ -947,8 +947,6 @@ class TrieGrammar:
             ffi.from_buffer("uint32_t[]", out),
             *self._walk_args,
         )
-        if rc == 0 and self._n_pending[0] == 0:  # made, nothing pending: most first masks
-            return "made", _NO_PENDING, False
         if rc in (1, 2):
             return ("plan" if rc == 1 else "heavy"), _NO_PENDING, False
         pend, full = self._pending_after(rc, "first mask")
@@ -969,8 +967,6 @@ class TrieGrammar:
         rc = lib.llama_cffi_trie_mask(
             self.trie._struct, gp, plan[0], ffi.from_buffer("uint32_t[]", out), *self._walk_args
         )
-        if rc == 0 and self._n_pending[0] == 0:
-            return _NO_PENDING, False
         return self._pending_after(rc, "trie mask")
 
     def _walk_buffers(self) -> tuple[Any, ...]:
@@ -979,6 +975,8 @@ class TrieGrammar:
 
     def _pending_after(self, rc: int, what: str) -> tuple[I32, bool]:
         """A walk's pending entries (a copy) and whether it stopped early (``rc`` -3)."""
+        if rc == 0 and self._n_pending[0] == 0:  # done, nothing pending: most walks
+            return _NO_PENDING, False
         if rc <= _ENGINE_ERR and self._on_engine_error is not None:
             self._on_engine_error(rc - _ENGINE_ERR)  # raises
         full = rc == -3
