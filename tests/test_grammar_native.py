@@ -437,3 +437,27 @@ def test_lazy_grammar_triggers_on_word_and_token(tiny_vocab_model: llama_cffi.Mo
     assert not gt.awaiting and gt.matcher.can_end()
     with pytest.raises(SamplingError):
         gt.accept(int(model.vocab.tokenize("7", add_special=False)[0]))
+
+
+def test_a_word_list_masks_equal_llama_cpp(default_model: llama_cffi.Model) -> None:
+    """A word list (the grammar kind with a class per literal character): CJK words of
+    characters Gemma 3's vocabulary spells in single tokens and in pieces, some ASCII
+    words, a set and a negation. Every mask along a walk through three words equals
+    llama.cpp's sampler's. Such a grammar is built without a ``rows x classes`` matrix
+    (tests/test_grammar_engine_core.py measures its memory)."""
+    import random
+
+    m = default_model
+    rng = random.Random(3)
+    chars = list(
+        "的是不了人我在有他这中大来上国个到说们为子和你地出道也时年得就那要下以生会自着去"
+        "之过家学对可她里后小么心多天而能好都然没日于起还发成事只作当想看文无开手十用主行"
+        "方又如前所本见经头面公同三已老从动两长"
+    )
+    words = sorted({"".join(rng.choice(chars) for _ in range(rng.randint(1, 3))) for _ in range(120)})
+    words += ["hello", "world"]
+    gbnf = "root ::= (" + " | ".join(f'"{w}"' for w in words) + ') ([0-9]+ | [^\\x00-\\x7f] | " " root)?\n'
+    assert Grammar.from_gbnf(gbnf)._engine.n_classes >= len(set("".join(words)))  # a class per literal character
+    tda = TokenDataArray(m.vocab.n_vocab)
+    path = m.vocab.tokenize(f"{words[5]} {words[40]} {words[-1]}7", add_special=False).tolist()
+    assert assert_same_masks(m, gbnf, path, tda) == len(path)

@@ -78,9 +78,10 @@ static uint64_t mix64(uint64_t x) {
 
 struct llama_cffi_gengine {
     /* the grammar, flattened (checked at creation) */
-    int32_t n_elems, n_rules, n_rows, n_classes;
+    int32_t n_elems, n_rules, n_rows, n_classes, n_mrows;
     int32_t *types, *values, *rule_start, *char_row, *after;
-    uint8_t *member; /* n_rows x n_classes */
+    uint8_t *member;       /* n_mrows x n_classes: the multi rows' membership */
+    int32_t *single_class; /* n_rows - n_mrows: each single row's one class (-1: none) */
     int64_t max_stacks, max_cells;
     /* cells */
     ivec below, top, adv_off, adv_len, mark;
@@ -191,8 +192,12 @@ static int32_t intern_sorted(llama_cffi_gengine *e, const int32_t *a, int64_t n)
             return id;
     }
     if (e->st_off.n >= INT32_MAX - 1) return -2;
-    /* the memory bound: as many states as cells at most, and 8 state entries per cell */
-    if (e->st_off.n >= e->max_cells || e->st_pool.n + n > 8 * e->max_cells) return LLAMA_CFFI_GENGINE_CELLS;
+    /* the memory bound: as many states as cells at most, 8 state entries per cell, and a
+       transition table (states x classes) of 16 entries per cell (a word list's thousands
+       of classes make each row large) */
+    if (e->st_off.n >= e->max_cells || e->st_pool.n + n > 8 * e->max_cells ||
+        (e->st_off.n + 1) * (int64_t)e->n_classes > 16 * e->max_cells)
+        return LLAMA_CFFI_GENGINE_CELLS;
     int32_t id = (int32_t)e->st_off.n;
     int64_t off = e->st_pool.n;
     if (off > INT32_MAX - n) return -2;
@@ -328,6 +333,7 @@ void llama_cffi_gengine_free(llama_cffi_gengine *e) {
     free(e->char_row);
     free(e->after);
     free(e->member);
+    free(e->single_class);
     ivec *vs[] = {&e->below, &e->top, &e->adv_off, &e->adv_len, &e->mark, &e->adv_pool, &e->st_off,
                   &e->st_len, &e->st_pool, &e->todo, &e->out, &e->live, &e->hits, &e->sig_rep, &e->cells_buf, &e->succ,
                   &e->trans, &e->dirty, &e->row_dirty, &e->chain};
@@ -349,10 +355,14 @@ static void *dup(const void *p, size_t n) {
 llama_cffi_gengine *llama_cffi_gengine_new(int32_t n_elems, const int32_t *types, const int32_t *values,
                                            int32_t n_rules, const int32_t *rule_start, const int32_t *char_row,
                                            const int32_t *after, int32_t n_rows, int32_t n_classes,
-                                           const uint8_t *member, int64_t max_stacks, int64_t max_cells) {
-    if (n_elems < 1 || n_rules < 1 || n_rows < 0 || n_classes < 1 || !types || !values || !rule_start ||
-        !char_row || !after || (n_rows && !member) || max_stacks < 1 || max_cells < 2 || max_cells > INT32_MAX - 1)
+                                           int32_t n_mrows, const uint8_t *member, const int32_t *single_class,
+                                           int64_t max_stacks, int64_t max_cells) {
+    if (n_elems < 1 || n_rules < 1 || n_rows < 0 || n_classes < 1 || n_mrows < 0 || n_mrows > n_rows || !types ||
+        !values || !rule_start || !char_row || !after || (n_mrows && !member) || (n_rows > n_mrows && !single_class) ||
+        max_stacks < 1 || max_cells < 2 || max_cells > INT32_MAX - 1)
         return NULL;
+    for (int32_t r = n_mrows; r < n_rows; r++)
+        if (single_class[r - n_mrows] < -1 || single_class[r - n_mrows] >= n_classes) return NULL;
     /* every rule ends with END: walks to the end of an alternative stay inside */
     if (types[n_elems - 1] != T_END) return NULL;
     for (int32_t r = 0; r < n_rules; r++)
@@ -375,6 +385,7 @@ llama_cffi_gengine *llama_cffi_gengine_new(int32_t n_elems, const int32_t *types
     e->n_rules = n_rules;
     e->n_rows = n_rows;
     e->n_classes = n_classes;
+    e->n_mrows = n_mrows;
     e->max_stacks = max_stacks;
     e->max_cells = max_cells;
     size_t ne = sizeof(int32_t) * (size_t)n_elems;
@@ -383,10 +394,12 @@ llama_cffi_gengine *llama_cffi_gengine_new(int32_t n_elems, const int32_t *types
     e->rule_start = (int32_t *)dup(rule_start, sizeof(int32_t) * (size_t)n_rules);
     e->char_row = (int32_t *)dup(char_row, ne);
     e->after = (int32_t *)dup(after, ne);
-    e->member = (uint8_t *)dup(member, (size_t)n_rows * (size_t)n_classes);
+    e->member = (uint8_t *)dup(member, (size_t)n_mrows * (size_t)n_classes);
+    e->single_class = (int32_t *)dup(single_class, sizeof(int32_t) * (size_t)(n_rows - n_mrows));
     e->group = (int32_t *)malloc(sizeof(int32_t) * (size_t)n_classes);
     e->pos_seen = (uint8_t *)calloc((size_t)n_elems, 1);
-    if (!e->types || !e->values || !e->rule_start || !e->char_row || !e->after || !e->member || !e->group ||
+    if (!e->types || !e->values || !e->rule_start || !e->char_row || !e->after || !e->member || !e->single_class ||
+        !e->group ||
         !e->pos_seen ||
         htab_grow(&e->cells, 1024, cell_hash, e) || htab_grow(&e->states, 1024, state_hash, e) ||
         iv_push(&e->below, -1) || iv_push(&e->top, -1) || iv_push(&e->adv_off, -1) || iv_push(&e->adv_len, 0) ||
@@ -500,6 +513,13 @@ static int set_trans(llama_cffi_gengine *e, int32_t state, int32_t cls, int32_t 
     return 0;
 }
 
+/* whether the char element of row r matches class cls: a multi row's member cell, or a
+   single row's one class */
+static inline int row_matches(const llama_cffi_gengine *e, int32_t r, int32_t cls) {
+    if (r < e->n_mrows) return e->member[(size_t)r * (size_t)e->n_classes + (size_t)cls];
+    return e->single_class[r - e->n_mrows] == cls;
+}
+
 static int32_t step_(llama_cffi_gengine *e, int32_t state, int32_t cls) {
     int32_t known = e->trans.v[(int64_t)state * e->n_classes + cls];
     if (known != LLAMA_CFFI_TRANS_UNKNOWN) return known;
@@ -509,7 +529,7 @@ static int32_t step_(llama_cffi_gengine *e, int32_t state, int32_t cls) {
     int64_t k = 0;
     for (int64_t i = 0; i < e->live.n; i++) {
         int32_t c = e->live.v[i];
-        if (e->member[(size_t)e->char_row[e->top.v[c]] * (size_t)e->n_classes + (size_t)cls]) e->live.v[k++] = c;
+        if (row_matches(e, e->char_row[e->top.v[c]], cls)) e->live.v[k++] = c;
     }
     int32_t s = k ? successor(e, e->live.v, k) : -1; /* successor() uses out/hits, not live */
     if (s < -1) return s;
@@ -544,9 +564,15 @@ static int64_t class_groups(llama_cffi_gengine *e, int64_t *words_out) {
     }
     memset(e->sig, 0, sizeof(uint64_t) * (size_t)(words * nc));
     for (int64_t i = 0; i < nl; i++) {
-        const uint8_t *row = e->member + (size_t)e->char_row[e->top.v[e->live.v[i]]] * (size_t)nc;
+        const int32_t r = e->char_row[e->top.v[e->live.v[i]]];
         const uint64_t bit = (uint64_t)1 << (i & 63);
         uint64_t *col = e->sig + i / 64;
+        if (r >= e->n_mrows) { /* a single row: one class */
+            const int32_t c = e->single_class[r - e->n_mrows];
+            if (c >= 0) col[(int64_t)c * words] |= bit;
+            continue;
+        }
+        const uint8_t *row = e->member + (size_t)r * (size_t)nc;
         for (int64_t c = 0; c < nc; c++)
             if (row[c]) col[c * words] |= bit;
     }

@@ -354,9 +354,11 @@ int32_t llama_cffi_mask_logits(int32_t n, float *logits, const int32_t *ids, con
 /* the grammar engine's core (grammar_engine.c; see samplers.grammar.engine, whose Python
    version is the reference): stacks interned as cells, states as sorted sets of cells,
    transitions into the caller's table. The grammar, flattened: per element position its
-   llama_gretype and value, rule_start per rule, and for each character element the row of
-   member (n_rows x n_classes bytes: does the element match the class) and the position
-   after it (char_row, after: -1 elsewhere). Grammars with token elements are refused
+   llama_gretype and value, rule_start per rule, and for each character element its row
+   (char_row, in [0, n_rows); -1 elsewhere) and the position after it (after). Rows below
+   n_mrows are multi rows (sets, ranges, negations): their line of member (n_mrows x
+   n_classes bytes) says which classes they match; the others are single rows (one
+   literal character): single_class[r - n_mrows] is the one class they match (-1: none). Grammars with token elements are refused
    (NULL), as are inconsistent arrays. Returns below -1: -2 out of memory,
    LLAMA_CFFI_GENGINE_BUDGET a state past max_stacks stacks (or an advance visiting more than
    max_stacks + n_elems stacks), LLAMA_CFFI_GENGINE_CELLS more than max_cells stacks kept in
@@ -367,7 +369,8 @@ typedef struct llama_cffi_gengine llama_cffi_gengine;
 llama_cffi_gengine *llama_cffi_gengine_new(int32_t n_elems, const int32_t *types, const int32_t *values,
                                            int32_t n_rules, const int32_t *rule_start, const int32_t *char_row,
                                            const int32_t *after, int32_t n_rows, int32_t n_classes,
-                                           const uint8_t *member, int64_t max_stacks, int64_t max_cells);
+                                           int32_t n_mrows, const uint8_t *member, const int32_t *single_class,
+                                           int64_t max_stacks, int64_t max_cells);
 void llama_cffi_gengine_free(llama_cffi_gengine *e);
 int32_t llama_cffi_gengine_n_states(const llama_cffi_gengine *e);
 int64_t llama_cffi_gengine_n_cells(const llama_cffi_gengine *e);

@@ -74,8 +74,12 @@ CORES = ("c", "python")
 #: visit at most ``max_stacks +`` the grammar's element count stacks)
 MAX_STACKS = 65536
 #: default budget: the most distinct stacks (C cells), and states, an engine keeps in all
-#: (C core; its memory bound)
+#: (C core; its memory bound), and a sixteenth of the most transition-table entries (states
+#: x classes; both cores)
 MAX_CELLS = 1 << 22
+#: the most cells of the table of character sets x classes (:meth:`Engine._build_classes`):
+#: 64 MiB; literal characters take no cells
+MAX_CLASS_CELLS = 1 << 26
 
 
 def default_core() -> str:
@@ -242,7 +246,8 @@ class Engine:
         char_row = self._char_row_a.astype(np.int32)
         after = self._after_a.astype(np.int32)
         member = np.ascontiguousarray(self._member, dtype=np.uint8)
-        n_rows = member.shape[0]
+        single_class = np.ascontiguousarray(self._single_class, dtype=np.int32)
+        n_rows = self.n_mrows + len(single_class)
 
         def ptr(a: npt.NDArray[Any], t: str) -> Any:  # t: "int32_t[]", ...
             return ffi.from_buffer(t, a) if a.size else ffi.NULL
@@ -257,7 +262,9 @@ class Engine:
             ptr(after, "int32_t[]"),
             n_rows,
             self.n_classes,
+            self.n_mrows,
             ptr(member, "uint8_t[]"),
+            ptr(single_class, "int32_t[]"),
             self.max_stacks,
             self.max_cells,
         )
@@ -273,15 +280,19 @@ class Engine:
             if rc == -3:
                 raise _budget_error(what, self.max_stacks)
             if rc == -6:
-                raise GrammarBudgetError(
-                    f"{what}: the grammar engine keeps more than max_cells={self.max_cells} distinct stacks or states; "
-                    "make the grammar less ambiguous or raise max_cells"
-                )
+                raise self._cells_error(what)
             if rc == -2:
                 raise MemoryError(f"{what}: out of memory in the grammar engine")
             raise GrammarError(f"{what}: the grammar engine refused its arguments (code {rc})")
         self._c_sync()
         return rc
+
+    def _cells_error(self, what: str) -> GrammarBudgetError:
+        return GrammarBudgetError(
+            f"{what}: the grammar engine keeps more than max_cells={self.max_cells} distinct stacks or states, or "
+            f"a transition table of more than 16 x max_cells entries ({self.n_classes} classes per state); make "
+            "the grammar less ambiguous, use fewer distinct characters, or raise max_cells"
+        )
 
     def _c_sync(self) -> None:
         """The Python side of the C engine's news: the rows of transitions it computed
@@ -432,13 +443,28 @@ class Engine:
                 return positive, items, pos
 
     def _build_classes(self) -> None:
-        """Partition code points into classes no char element distinguishes. Elements
-        with the same set share a row of ``_member`` (a JSON grammar repeats a few sets
-        over thousands of elements). Found with array operations over the element types:
-        a char element starts at each CHAR, CHAR_NOT or ANY and runs over the
-        CHAR_RNG_UPPER and CHAR_ALT after it; most are one character, which share a row
-        per value; the others (sets, ranges, negations) are read one by one
-        (:meth:`_class_items`)."""
+        """Partition code points into classes no char element distinguishes, in time and
+        memory near-linear in the grammar's character elements.
+
+        A char element starts at each CHAR, CHAR_NOT or ANY and runs over the
+        CHAR_RNG_UPPER and CHAR_ALT after it (found with array operations over the element
+        types). Most are one character (a literal's): those share a *single row* per
+        value, which matches exactly one class, that of the interval ``[v, v + 1)``. The
+        others (sets, ranges, negations: *multi rows*, one per distinct run of elements,
+        read by :meth:`_class_items`) are few; only they get a row of ``_member`` (their
+        membership per class). Classes are the distinct (single value, multi-row
+        membership) pairs of the intervals between item bounds, numbered in the order of
+        their first interval. A word list of thousands of distinct characters has
+        thousands of single rows and classes but no ``rows x classes`` matrix: such a
+        matrix (before 2026-11-28) took 4 s and 1.1 GB for 6,000 CJK words.
+        :data:`MAX_CLASS_CELLS` bounds ``multi rows x classes`` (a
+        :class:`~samplers.grammar.errors.GrammarBudgetError` past it).
+
+        Sets ``_char_pos`` (per position: the row of the char element starting there, -1
+        elsewhere; rows ``< n_mrows`` are multi rows, the others single rows),
+        ``_member`` (``n_mrows x n_classes``), ``_single_class`` (per single row: its
+        class, -1 for a value past every code point), ``_after``, ``_edges``,
+        ``_interval_class`` and ``n_classes``."""
         t_arr, v_arr = self._types_a, self._values_a
         n_pos = len(t_arr)
         is_start = (t_arr == _CHAR) | (t_arr == _CHAR_NOT) | (t_arr == _ANY)
@@ -446,86 +472,130 @@ class Engine:
         stops = np.flatnonzero((t_arr != _RNG) & (t_arr != _CHAR_ALT))  # END never continues an element
         after_of = stops[np.searchsorted(stops, starts, side="right")] if len(starts) else starts
         single = (t_arr[starts] == _CHAR) & (after_of == starts + 1)
-        # one character: a row per distinct value (sorted by hand: a process's first
-        # np.unique imports numpy.ma, ~12 ms)
+        # the multi rows, one per distinct run of elements (a JSON grammar repeats its string
+        # and number sets), then one per distinct (positive, items)
+        t_raw, v_raw = t_arr.tobytes(), v_arr.tobytes()
+        by_raw: dict[tuple[bytes, bytes], int] = {}
+        rows: dict[tuple[bool, tuple[tuple[int, int], ...]], int] = {}
+        multi = starts[~single]
+        multi_row = np.empty(len(multi), dtype=np.int64)
+        for i, (pos, end) in enumerate(zip(multi.tolist(), after_of[~single].tolist(), strict=True)):
+            raw = (t_raw[8 * pos : 8 * end], v_raw[8 * pos : 8 * end])
+            row = by_raw.get(raw)
+            if row is None:
+                positive, items_list, _after = self._class_items(pos)
+                row = rows.setdefault((positive, tuple(items_list)), len(rows))
+                by_raw[raw] = row
+            multi_row[i] = row
+        n_m = len(rows)
+        # the single rows: one per distinct value, in increasing order (sorted by hand: a
+        # process's first np.unique imports numpy.ma, ~12 ms)
         s_vals = v_arr[starts[single]]
         order = np.argsort(s_vals, kind="stable")
         srt = s_vals[order]
         first = np.concatenate(([True], srt[1:] != srt[:-1])) if len(srt) else np.zeros(0, dtype=bool)
         single_row = np.empty(len(s_vals), dtype=np.int64)
-        single_row[order] = np.cumsum(first) - 1
-        rows: dict[tuple[bool, tuple[tuple[int, int], ...]], int] = {
-            (True, ((v, v),)): i for i, v in enumerate(srt[first].tolist())
-        }
+        single_row[order] = np.cumsum(first) - 1 + n_m
+        sv = srt[first]  # the single rows' values
         char_row = np.full(n_pos, -1, dtype=np.int64)
         char_row[starts[single]] = single_row
-        # the others, read once per distinct run of elements (a JSON grammar repeats its
-        # string and number sets)
-        t_raw, v_raw = self._types_a.tobytes(), self._values_a.tobytes()
-        by_raw: dict[tuple[bytes, bytes], int] = {}
-        multi = starts[~single]
-        for pos, end in zip(multi.tolist(), after_of[~single].tolist(), strict=True):
-            raw = (t_raw[8 * pos : 8 * end], v_raw[8 * pos : 8 * end])
-            row = by_raw.get(raw)
-            if row is None:
-                positive, items_list, _after = self._class_items(pos)
-                key = (positive, tuple(items_list))
-                row = rows.get(key)
-                if row is None:
-                    row = rows[key] = len(rows)
-                by_raw[raw] = row
-            char_row[pos] = row
+        char_row[multi] = multi_row
         after = np.full(n_pos, -1, dtype=np.int64)
         after[starts] = after_of
         self._char_row_a, self._after_a = char_row, after
         #: per position: the row of the char element starting there, the position after it
         self._char_pos: list[int] = char_row.tolist()
         self._after: list[int] = after.tolist()
-        # interval bounds: every item's lo and hi + 1 (capped at _MAX_CP), and 0, _MAX_CP
+
+        def sorted_set(a: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+            a = np.sort(a)
+            return a[np.concatenate(([True], a[1:] != a[:-1]))]
+
+        # the multi rows' membership over the intervals between their own item bounds
+        # ("coarse" intervals: every item's lo and hi + 1, capped at _MAX_CP, and 0, _MAX_CP)
         flat = [iv for _, items in rows for iv in items if iv[0] <= iv[1]]
+        bound = np.array([0, _MAX_CP], dtype=np.int64)
         if flat:
             ivs = np.minimum(np.array(flat, dtype=np.int64), _MAX_CP)
             ivs[:, 1] = np.minimum(ivs[:, 1] + 1, _MAX_CP)
-            # sorted and deduplicated by hand: a process's first np.unique imports numpy.ma
-            # (~12 ms, inside the first grammar a process compiles)
-            srt = np.sort(np.concatenate([ivs.ravel(), np.array([0, _MAX_CP], dtype=np.int64)]))
-            edges = srt[np.concatenate(([True], srt[1:] != srt[:-1]))]
+            cedges = sorted_set(np.concatenate([ivs.ravel(), bound]))
         else:
-            edges = np.array([0, _MAX_CP], dtype=np.int64)
-        n_int = len(edges) - 1  # interval i = [edges[i], edges[i+1])
-        member = np.zeros((len(rows), n_int), dtype=bool)
+            cedges = bound
+        n_c = len(cedges) - 1  # coarse interval i = [cedges[i], cedges[i+1])
+        if n_m * n_c > MAX_CLASS_CELLS:
+            raise self._class_budget_error(n_m, n_c)
+        cmember = np.zeros((n_m, n_c), dtype=bool)
         if flat:
             # each item covers intervals [a, b): +1 at a, -1 at b, per row, then a running sum
             owner = np.array([r for r, (_, items) in enumerate(rows) for iv in items if iv[0] <= iv[1]], dtype=np.int64)
-            start = np.searchsorted(edges, ivs[:, 0], side="right") - 1
-            stop = np.searchsorted(edges, ivs[:, 1], side="left")
-            delta = np.zeros((len(rows), n_int + 1), dtype=np.int32)
+            start = np.searchsorted(cedges, ivs[:, 0], side="right") - 1
+            stop = np.searchsorted(cedges, ivs[:, 1], side="left")
+            delta = np.zeros((n_m, n_c + 1), dtype=np.int32)
             np.add.at(delta, (owner, start), 1)
             np.add.at(delta, (owner, stop), -1)
-            member = np.cumsum(delta[:, :n_int], axis=1) > 0
+            cmember = np.cumsum(delta[:, :n_c], axis=1) > 0
         negative = np.array([not positive for positive, _ in rows], dtype=bool)
         if negative.any():
-            member[negative] = ~member[negative]
-        # intervals with the same membership column form one class
-        cols = np.ascontiguousarray(member.T)
-        keys = [c.tobytes() for c in cols] if len(rows) else [b""] * n_int
-        class_of_key: dict[bytes, int] = {}
+            cmember[negative] = ~cmember[negative]
+        # coarse intervals with the same membership column share a key
+        ckey = np.empty(n_c, dtype=np.int64)
+        if n_m:
+            cols = np.ascontiguousarray(cmember.T)
+            key_of: dict[bytes, int] = {}
+            for i, col in enumerate(cols):
+                ckey[i] = key_of.setdefault(col.tobytes(), len(key_of))
+            n_ckeys = len(key_of)
+        else:
+            ckey[:] = 0
+            n_ckeys = 1
+        # the final intervals: the coarse bounds and each single value's [v, v + 1)
+        live_sv = sv[sv < _MAX_CP]
+        edges = sorted_set(np.concatenate([cedges, live_sv, live_sv + 1])) if len(live_sv) else cedges
+        n_int = len(edges) - 1
+        coarse_of = np.searchsorted(cedges, edges[:-1], side="right") - 1
+        rank_sv = np.searchsorted(live_sv, edges[:-1])  # the single value starting the interval, if any
+        is_single = rank_sv < len(live_sv)
+        is_single[is_single] = live_sv[rank_sv[is_single]] == edges[:-1][is_single]
+        key = np.where(is_single, n_ckeys + rank_sv, ckey[coarse_of])
+        # classes: the distinct keys, numbered in the order of their first interval
+        korder = np.argsort(key, kind="stable")
+        ks = key[korder]
+        new_group = np.concatenate(([True], ks[1:] != ks[:-1]))
+        group_of_sorted = np.cumsum(new_group) - 1
+        first_interval = korder[new_group]  # per group (in key order): its first interval
+        by_first = np.argsort(first_interval, kind="stable")
+        class_of_group = np.empty(len(by_first), dtype=np.int64)
+        class_of_group[by_first] = np.arange(len(by_first))
         interval_class = np.empty(n_int, dtype=np.int32)
-        reps: list[int] = []
-        first_interval: list[int] = []
-        for i, k in enumerate(keys):
-            c = class_of_key.get(k)
-            if c is None:
-                c = class_of_key[k] = len(reps)
-                reps.append(int(edges[i]))
-                first_interval.append(i)
-            interval_class[i] = c
+        interval_class[korder] = class_of_group[group_of_sorted]
+        first_interval = first_interval[by_first]  # per class
+        n_classes = len(first_interval)
+        if n_m * n_classes > MAX_CLASS_CELLS:
+            raise self._class_budget_error(n_m, n_classes)
         self._edges = edges
         self._interval_class = interval_class
-        self.n_classes = len(reps)
-        #: ``member[row, class]``: whether the char element of ``row`` matches the class
-        self._member = np.ascontiguousarray(member[:, first_interval])
+        self.n_classes = n_classes
+        #: ``member[row, class]``: whether the char element of multi row ``row`` matches the class
+        self._member = np.ascontiguousarray(cmember[:, coarse_of[first_interval]])
+        #: per single row (``row - n_mrows``): the class of its value (-1: past every code point)
+        single_class = np.full(len(sv), -1, dtype=np.int32)
+        single_class[: len(live_sv)] = interval_class[np.searchsorted(edges, live_sv)]
+        self._single_class = single_class
+        self.n_mrows = n_m
         self._ascii_class = self.classes_of(np.arange(128, dtype=np.int64)).tolist()
+
+    def _class_budget_error(self, n_rows: int, n_cols: int) -> GrammarBudgetError:
+        return GrammarBudgetError(
+            f"the grammar's {n_rows} distinct character sets (classes, ranges, negations) over {n_cols} "
+            f"intervals of code points need a table of more than MAX_CLASS_CELLS={MAX_CLASS_CELLS} cells; "
+            "use fewer distinct sets (literal characters are not counted)"
+        )
+
+    def _row_matches(self, row: int, cls: int) -> bool:
+        """Whether the char element of ``row`` (``_char_pos``) matches class ``cls``."""
+        if row < self.n_mrows:
+            return bool(self._member[row, cls])
+        return int(self._single_class[row - self.n_mrows]) == cls
 
     def classes_of(self, cps: npt.ArrayLike) -> npt.NDArray[np.int32]:
         """Class of each code point (vectorised)."""
@@ -616,6 +686,8 @@ class Engine:
             if sid is not None:
                 return sid
             sid = len(self._stacks)
+            if (sid + 1) * self.n_classes > 16 * self.max_cells:  # the C core's table bound
+                raise self._cells_error("interning a state")
             self._stacks.append(key)
             types, values = self.types, self.values
             self._token_tops.append(
@@ -682,13 +754,15 @@ class Engine:
             return
         out: dict[Stack, None] = {}
         types, member, char_pos, after = self.types, self._member, self._char_pos, self._after
+        n_m, single = self.n_mrows, self._single_class
         for stack in self._stacks[state]:
             if not stack:
                 continue
             pos = stack[-1]
             if types[pos] in (_TOKEN, _TOKEN_NOT):
                 continue  # llama_grammar_accept_chr ignores token elements
-            if member[char_pos[pos], cls]:
+            row = char_pos[pos]
+            if member[row, cls] if row < n_m else single[row - n_m] == cls:
                 nxt = after[pos]
                 self._advance(stack[:-1] if self._is_end(nxt) else (*stack[:-1], nxt), out)
         self._check_size(out, "a transition")
@@ -786,17 +860,30 @@ class Engine:
     def _class_groups(self, tops: tuple[int, ...]) -> list[tuple[list[int], npt.NDArray[np.int64]]]:
         """The classes grouped by which of the character elements ``tops`` match them:
         ``[(indices into tops that match, classes), ...]`` (depends only on the tops, so
-        states that differ below their tops share it)."""
-        rows = self._member[[self._char_pos[p] for p in tops]]  # (tops, classes)
-        sigs = np.ascontiguousarray(np.packbits(rows, axis=0).T)  # per class: which tops match
+        states that differ below their tops share it). A multi row's classes come from its
+        line of ``_member``, a single row's from ``_single_class`` (no ``tops x classes``
+        matrix: a word list's root state has thousands of single-character tops)."""
+        n_m, nc = self.n_mrows, self.n_classes
+        rows_of = [self._char_pos[p] for p in tops]
+        multi_k = [k for k, r in enumerate(rows_of) if r < n_m]
+        singles: dict[int, list[int]] = {}  # class -> the single tops matching it
+        for k, r in enumerate(rows_of):
+            if r >= n_m:
+                c = int(self._single_class[r - n_m])
+                if c >= 0:
+                    singles.setdefault(c, []).append(k)
+        mrows = self._member[[rows_of[k] for k in multi_k]]  # (multi tops, classes)
+        sigs = np.ascontiguousarray(np.packbits(mrows, axis=0).T)  # per class: which multi tops match
         raw, w = sigs.tobytes(), sigs.shape[1]
-        groups: dict[bytes, list[int]] = {}
-        for c in range(self.n_classes):
-            groups.setdefault(raw[c * w : (c + 1) * w], []).append(c)
-        return [
-            (np.flatnonzero(rows[:, classes[0]]).tolist(), np.array(classes, dtype=np.int64))
-            for classes in groups.values()
-        ]
+        groups: dict[tuple[bytes, int], list[int]] = {}
+        for c in range(nc):
+            groups.setdefault((raw[c * w : (c + 1) * w], c if c in singles else -1), []).append(c)
+        out = []
+        for classes in groups.values():
+            c0 = classes[0]
+            hits = [multi_k[j] for j in np.flatnonzero(mrows[:, c0]).tolist()] + singles.get(c0, [])
+            out.append((sorted(hits), np.array(classes, dtype=np.int64)))
+        return out
 
     def table(self) -> npt.NDArray[np.int32]:
         """The transition table ``[state, class] -> state`` (``-2``: not computed yet).

@@ -10,7 +10,7 @@ from llama_cffi._args import expect, expect_str, type_error
 from llama_cffi.gbnf import GrammarError, ParsedGrammar, check_grammar, parse_gbnf, resolve_tokens
 
 from .compiled import CompiledGrammar
-from .engine import MAX_STACKS, Engine, default_core
+from .engine import MAX_CELLS, MAX_STACKS, Engine, default_core
 from .matcher import GrammarMatcher
 from .vocab_index import VocabIndex
 
@@ -27,16 +27,22 @@ class Grammar:
     ``max_stacks`` bounds the work of every step and mask: a parser state of more stacks
     than that (an ambiguous grammar multiplies its stacks with every character) raises
     :class:`~samplers.grammar.errors.GrammarBudgetError` instead of taking unbounded time
-    and memory.
+    and memory. ``max_cells`` bounds the engine's memory: the distinct stacks and states it
+    keeps in all, and its transition table at 16 entries (states x character classes) per
+    cell; past it, :class:`~samplers.grammar.errors.GrammarBudgetError` too. The default
+    (4,194,304) holds a word list of about 10,000 words of distinct CJK characters.
     """
 
-    def __init__(self, parsed: ParsedGrammar, root: str = "root", max_stacks: int = MAX_STACKS) -> None:
+    def __init__(
+        self, parsed: ParsedGrammar, root: str = "root", max_stacks: int = MAX_STACKS, max_cells: int = MAX_CELLS
+    ) -> None:
         expect("parsed", parsed, ParsedGrammar, "a ParsedGrammar (use Grammar.from_gbnf)")
         expect_str("root", root)
         check_grammar(parsed, root)
         self.parsed = parsed
         self.root = root
         self.max_stacks = max_stacks
+        self.max_cells = max_cells
         self._engines: dict[str, Engine] = {}  # per engine core
         self._engine = self._engine_for(default_core())
         #: per llama_cffi vocabulary, per mask cache size
@@ -45,10 +51,12 @@ class Grammar:
         )
 
     @classmethod
-    def from_gbnf(cls, text: str, root: str = "root", max_stacks: int = MAX_STACKS) -> Grammar:
+    def from_gbnf(
+        cls, text: str, root: str = "root", max_stacks: int = MAX_STACKS, max_cells: int = MAX_CELLS
+    ) -> Grammar:
         """Parse GBNF text (llama.cpp's dialect; :class:`GrammarSyntaxError` on bad text).
-        ``max_stacks``: the engine's budget (see the class docstring)."""
-        return cls(parse_gbnf(text), root, max_stacks)
+        ``max_stacks``, ``max_cells``: the engine's budgets (see the class docstring)."""
+        return cls(parse_gbnf(text), root, max_stacks, max_cells)
 
     @classmethod
     def from_json_schema(cls, schema: Any, **options: Any) -> Grammar:
@@ -56,11 +64,13 @@ class Grammar:
         class or ``TypeAdapter``. The complete converter by default (options:
         :func:`samplers.grammar.schema.schema_to_gbnf`), llama.cpp's with
         ``compat="llama.cpp"`` (see :func:`samplers.grammar.json_schema.json_schema_to_gbnf`).
-        ``max_stacks=`` among the options is the engine's budget (see the class docstring)."""
+        ``max_stacks=`` and ``max_cells=`` among the options are the engine's budgets (see
+        the class docstring)."""
         from .json_schema import json_schema_to_gbnf
 
         max_stacks = options.pop("max_stacks", MAX_STACKS)
-        return cls.from_gbnf(json_schema_to_gbnf(schema, **options), max_stacks=max_stacks)
+        max_cells = options.pop("max_cells", MAX_CELLS)
+        return cls.from_gbnf(json_schema_to_gbnf(schema, **options), max_stacks=max_stacks, max_cells=max_cells)
 
     @property
     def gbnf(self) -> str:
@@ -124,7 +134,9 @@ class Grammar:
                     raise GrammarError(f"invalid token {name!r}: it is {len(ids)} tokens, not one")
                 return int(ids[0])
 
-            engine = Engine(resolve_tokens(self.parsed, token_id), self.root, max_stacks=self.max_stacks)
+            engine = Engine(
+                resolve_tokens(self.parsed, token_id), self.root, max_stacks=self.max_stacks, max_cells=self.max_cells
+            )
         else:
             engine = self._engine_for("python" if kernel == "numpy" else default_core())
         compiled = CompiledGrammar(engine, index, mask_cache_size, kernel)
@@ -137,7 +149,11 @@ class Grammar:
         eng = self._engines.get(core)
         if eng is None:
             eng = self._engines[core] = Engine(
-                resolve_tokens(self.parsed, lambda _name: _NO_TOKEN), self.root, core=core, max_stacks=self.max_stacks
+                resolve_tokens(self.parsed, lambda _name: _NO_TOKEN),
+                self.root,
+                core=core,
+                max_stacks=self.max_stacks,
+                max_cells=self.max_cells,
             )
         return eng
 
