@@ -557,25 +557,21 @@ class TrieGrammar:
         na_classes: npt.ArrayLike,
         absorb_min_rows: int = 64,
     ) -> None:
-        self.trie = trie
         w = n_classes // 64 + 1
-        self.n_classes, self.W = n_classes, w
-        self._cls_of_cp = _i32("cls_of_cp", cls_of_cp)
-        if len(self._cls_of_cp) and (int(self._cls_of_cp.min()) < 0 or int(self._cls_of_cp.max()) >= n_classes):
+        cls_a = _i32("cls_of_cp", cls_of_cp)
+        if len(cls_a) and (int(cls_a.min()) < 0 or int(cls_a.max()) >= n_classes):
             raise ValueError(f"cls_of_cp must lie in [0, {n_classes})")
-        self._ascii_cls = _i32("ascii_cls", ascii_cls, 128)
-        if int(self._ascii_cls.min()) < 0 or int(self._ascii_cls.max()) >= max(n_classes, 1):
+        ascii_a = _i32("ascii_cls", ascii_cls, 128)
+        if int(ascii_a.min()) < 0 or int(ascii_a.max()) >= max(n_classes, 1):
             raise ValueError(f"ascii_cls must lie in [0, {n_classes})")
-        self._na_classes = np.ascontiguousarray(na_classes, dtype=np.uint64)
-        if self._na_classes.shape != (w,):
+        na_a = np.ascontiguousarray(na_classes, dtype=np.uint64)
+        if na_a.shape != (w,):
             raise ValueError(f"na_classes must be {w} uint64 words")
         # per byte of a class set's words and its value, the ASCII code points of those
         # classes: a run's code points are 8 * W lookups (llama_cffi.h: asc_table)
         cls_asc = np.zeros((64 * w, 2), dtype=np.uint64)
         cps = np.arange(128)
-        np.bitwise_or.at(
-            cls_asc, (self._ascii_cls, cps >> 6), np.left_shift(np.uint64(1), (cps & 63).astype(np.uint64))
-        )
+        np.bitwise_or.at(cls_asc, (ascii_a, cps >> 6), np.left_shift(np.uint64(1), (cps & 63).astype(np.uint64)))
         # table[j, v] = OR of cls_asc[8j + bit] over the bits set in v: the values with
         # bit b set are those below 2**b, each with cls_asc[8j + b] added
         table = np.zeros((8 * w, 256, 2), dtype=np.uint64)
@@ -583,30 +579,112 @@ class TrieGrammar:
         for bit in range(8):
             n = 1 << bit
             np.bitwise_or(table[:, :n], per_bit[:, bit, None, :], out=table[:, n : 2 * n])
-        self._asc_table = table
-        g = self._g = ffi.new("llama_cffi_trie_grammar *")
-        g.n_classes, g.W, g.absorb_min_rows = n_classes, w, absorb_min_rows
-        self._keep: dict[str, Any] = {"cls_of_cpi": ffi.from_buffer("int32_t[]", self._cls_of_cp)}
-        self._keep["asc_table"] = ffi.from_buffer("uint64_t[]", self._asc_table)
-        self._keep["na_classes"] = ffi.from_buffer("uint64_t[]", self._na_classes)
-        g.cls_of_cpi, g.n_cps = self._keep["cls_of_cpi"], len(self._cls_of_cp)
-        g.asc_table, g.na_classes = self._keep["asc_table"], self._keep["na_classes"]
-        # the root's children by class: every scan's implicit depth-0 frontier
-        self._root_nodes = np.empty(max(1, int(trie._n_root_children)), dtype=np.int32)
-        self._root_start = np.empty(n_classes + 1, dtype=np.int32)
-        self._keep["root_nodes"] = ffi.from_buffer("int32_t[]", self._root_nodes)
-        self._keep["root_start"] = ffi.from_buffer("int32_t[]", self._root_start)
+        root_nodes = np.empty(max(1, int(trie._n_root_children)), dtype=np.int32)
+        root_start = np.empty(n_classes + 1, dtype=np.int32)
         _check_rc(
             lib.llama_cffi_trie_root_groups(
                 trie._struct,
-                self._keep["cls_of_cpi"],
-                len(self._cls_of_cp),
+                ffi.from_buffer("int32_t[]", cls_a),
+                len(cls_a),
                 n_classes,
-                self._keep["root_nodes"],
-                self._keep["root_start"],
+                ffi.from_buffer("int32_t[]", root_nodes),
+                ffi.from_buffer("int32_t[]", root_start),
             ),
             "trie root groups",
         )
+        self._setup(trie, n_classes, cls_a, ascii_a, na_a, table, root_nodes, root_start, absorb_min_rows)
+
+    @classmethod
+    def bind(
+        cls,
+        trie: Trie,
+        uniq_cps: I32,
+        n_ascii: int,
+        edges: I32,
+        interval_class: I32,
+        n_classes: int,
+        ascii_cls: I32,
+        absorb_min_rows: int = 64,
+    ) -> tuple[TrieGrammar, I32, npt.NDArray[np.float64], npt.NDArray[np.uint64]]:
+        """A grammar's walks from its classes as intervals of code points, in one C call
+        (``llama_cffi_trie_bind``; :class:`TrieGrammar` itself is the reference): the
+        trie's code points ``uniq_cps`` (int32, increasing; the first ``n_ascii`` below
+        128), the grammar's ``edges`` (``n_int + 1`` increasing int32 code points from 0)
+        with the class of each interval between them, and ``ascii_cls``. Returns the
+        grammar, ``cls_of_cp``, the trie's nodes per class (float64) and ``na_classes``.
+        Bad arguments raise ValueError; nothing is left half made."""
+        w = n_classes // 64 + 1
+        ucp = _i32("uniq_cps", uniq_cps)
+        weight = trie._nodes_per_cp()
+        if len(weight) != len(ucp):
+            raise ValueError(f"uniq_cps must hold the trie's {len(weight)} code points")
+        ed = _i32("edges", edges)
+        ic = _i32("interval_class", interval_class, len(ed) - 1)
+        asc = _i32("ascii_cls", ascii_cls, 128)
+        cls_of_cp = np.empty(len(ucp), dtype=np.int32)
+        class_weight = np.empty(max(n_classes, 1), dtype=np.float64)
+        na = np.empty(w, dtype=np.uint64)
+        table = np.empty((8 * w, 256, 2), dtype=np.uint64)
+        root_nodes = np.empty(max(1, int(trie._n_root_children)), dtype=np.int32)
+        root_start = np.empty(n_classes + 1, dtype=np.int32)
+        rc = lib.llama_cffi_trie_bind(
+            trie._struct,
+            ffi.from_buffer("int32_t[]", ucp),
+            ffi.from_buffer("double[]", weight),
+            len(ucp),
+            n_ascii,
+            ffi.from_buffer("int32_t[]", ed),
+            ffi.from_buffer("int32_t[]", ic),
+            len(ic),
+            n_classes,
+            ffi.from_buffer("int32_t[]", asc),
+            ffi.from_buffer("int32_t[]", cls_of_cp),
+            ffi.from_buffer("double[]", class_weight),
+            ffi.from_buffer("uint64_t[]", na),
+            ffi.from_buffer("uint64_t[]", table),
+            ffi.from_buffer("int32_t[]", root_nodes),
+            ffi.from_buffer("int32_t[]", root_start),
+        )
+        if rc == -2:  # pragma: no cover - a few kilobytes
+            raise MemoryError("binding a grammar to the trie: out of memory")
+        if rc != 0:
+            raise ValueError(
+                "binding a grammar to the trie: inconsistent arguments (code points not increasing or not the"
+                " trie's, edges not increasing from 0, or a class out of range)"
+            )
+        self = cls.__new__(cls)
+        self._setup(trie, n_classes, cls_of_cp, asc, na, table, root_nodes, root_start, absorb_min_rows)
+        return self, cls_of_cp, class_weight[:n_classes], na
+
+    def _setup(
+        self,
+        trie: Trie,
+        n_classes: int,
+        cls_of_cp: I32,
+        ascii_cls: I32,
+        na_classes: npt.NDArray[np.uint64],
+        asc_table: npt.NDArray[np.uint64],
+        root_nodes: I32,
+        root_start: I32,
+        absorb_min_rows: int,
+    ) -> None:
+        """The object's state from its checked tables (``__init__`` and :meth:`bind`)."""
+        self.trie = trie
+        w = n_classes // 64 + 1
+        self.n_classes, self.W = n_classes, w
+        self._cls_of_cp, self._ascii_cls, self._na_classes = cls_of_cp, ascii_cls, na_classes
+        self._asc_table = asc_table
+        g = self._g = ffi.new("llama_cffi_trie_grammar *")
+        g.n_classes, g.W, g.absorb_min_rows = n_classes, w, absorb_min_rows
+        self._keep: dict[str, Any] = {"cls_of_cpi": ffi.from_buffer("int32_t[]", cls_of_cp)}
+        self._keep["asc_table"] = ffi.from_buffer("uint64_t[]", asc_table)
+        self._keep["na_classes"] = ffi.from_buffer("uint64_t[]", na_classes)
+        g.cls_of_cpi, g.n_cps = self._keep["cls_of_cpi"], len(cls_of_cp)
+        g.asc_table, g.na_classes = self._keep["asc_table"], self._keep["na_classes"]
+        # the root's children by class: every scan's implicit depth-0 frontier
+        self._root_nodes, self._root_start = root_nodes, root_start
+        self._keep["root_nodes"] = ffi.from_buffer("int32_t[]", root_nodes)
+        self._keep["root_start"] = ffi.from_buffer("int32_t[]", root_start)
         g.root_nodes, g.root_start = self._keep["root_nodes"], self._keep["root_start"]
         self._scan_bufs: _ScanOut | None = None
         g.engine = g.class_weight = g.run_chain = ffi.NULL

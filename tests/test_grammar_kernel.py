@@ -175,6 +175,89 @@ def test_random_vocabularies(data: st.DataObject, derive: str, monkeypatch: pyte
             assert sorted(fast.pt_tokens.tolist()) == sorted(plain.pt_tokens.tolist()), k
 
 
+def _assert_binding_is_the_reference(c: CompiledGrammar) -> None:
+    """``TrieGrammar.bind`` (one C call) against its reference: the engine's classes of the
+    vocabulary's code points, the trie's nodes per class, and ``TrieGrammar(...)``'s ASCII
+    table, non-ASCII classes and root groups."""
+    from llama_cffi._trie_walk import TrieGrammar
+
+    v, eng = c.vocab, c.engine
+    trie = v.trie()
+    cls_of_cp = eng._classes_of_sorted(v.uniq_cps)
+    assert np.array_equal(c._cls_of_cp, cls_of_cp)
+    assert np.array_equal(c._class_weight, trie.nodes_per_class(cls_of_cp, eng.n_classes))
+    w = eng.n_classes // 64 + 1
+    na = np.zeros(64 * w, dtype=bool)
+    na[cls_of_cp[v.n_ascii_cps :]] = True
+    ref = TrieGrammar(
+        trie,
+        cls_of_cp,
+        eng.n_classes,
+        np.array(eng._ascii_class, dtype=np.int32),
+        np.packbits(na, bitorder="little").view("<u8"),
+    )
+    for name in ("_asc_table", "_na_classes", "_root_start", "_ascii_cls"):
+        assert np.array_equal(getattr(c._tg, name), getattr(ref, name)), name
+    n_root = int(trie._n_root_children)
+    assert np.array_equal(c._tg._root_nodes[:n_root], ref._root_nodes[:n_root])
+
+
+@settings(max_examples=budget(60), deadline=None)
+@given(rules=grammars(dag=False), seed=st.integers(0, 2**32 - 1))
+def test_binding_in_one_c_call_equals_the_reference(rules: dict[str, tuple[tuple[Node, ...], ...]], seed: int) -> None:
+    """Random grammars on random vocabularies (ASCII, Latin, CJK and partial characters):
+    a compile's binding to the trie, made in one C call (``llama_cffi_trie_bind``), equals
+    what the numpy reference makes piece by piece."""
+    try:
+        g = Grammar.from_gbnf(grammar_text(rules))
+    except GrammarError:
+        return
+    rng = random.Random(seed)
+    parts = [*_PIECE_PARTS, "é".encode(), "中".encode(), b"\x7f", b"\x00a"]
+    pieces = sorted({b"".join(rng.choice(parts) for _ in range(rng.randint(1, 6))) for _ in range(300)} | set(parts))
+    _assert_binding_is_the_reference(g.compile(pieces, mask_cache_size=0, kernel="c"))
+
+
+def test_binding_in_one_c_call_on_the_default_vocabulary(big_vocab: llama_cffi.Model) -> None:
+    """The same on Gemma 3's 262,144 tokens, for JSON schemas and a word list."""
+    for name in list(_BIG_SCHEMAS)[:3]:
+        _assert_binding_is_the_reference(Grammar.from_json_schema(_BIG_SCHEMAS[name]).compile(big_vocab, kernel="c"))
+    words = " | ".join(f'"{chr(0x4E00 + 3 * i)}{chr(0x4E01 + 5 * i)}"' for i in range(400))
+    _assert_binding_is_the_reference(Grammar.from_gbnf(f"root ::= ({words})+ [a-z]*").compile(big_vocab, kernel="c"))
+
+
+def test_binding_refuses_inconsistent_arrays(vocab_model: llama_cffi.Model) -> None:
+    """``TrieGrammar.bind`` checks what the C call reads: code points that are not the
+    trie's or not increasing, edges not increasing from 0, classes out of range."""
+    from llama_cffi._trie_walk import TrieGrammar
+
+    c = Grammar.from_gbnf('root ::= [a-c]+ "é"').compile(vocab_model, mask_cache_size=0, kernel="c")
+    v, eng = c.vocab, c.engine
+    args = dict(
+        trie=v.trie(),
+        uniq_cps=v.uniq_cps_i32,
+        n_ascii=v.n_ascii_cps,
+        edges=eng._edges.astype(np.int32),
+        interval_class=eng._interval_class,
+        n_classes=eng.n_classes,
+        ascii_cls=np.array(eng._ascii_class, dtype=np.int32),
+    )
+    TrieGrammar.bind(**args)  # type: ignore[arg-type]
+    rev = v.uniq_cps_i32[::-1].copy()
+    bad_edges = args["edges"].copy()
+    bad_edges[1] = bad_edges[0]
+    for change in (
+        {"uniq_cps": rev},
+        {"uniq_cps": v.uniq_cps_i32[:-1].copy()},
+        {"n_ascii": v.n_ascii_cps + 1},
+        {"edges": bad_edges},
+        {"interval_class": np.full_like(eng._interval_class, eng.n_classes)},
+        {"ascii_cls": np.full(128, -1, dtype=np.int32)},
+    ):
+        with pytest.raises(ValueError):
+            TrieGrammar.bind(**{**args, **change})  # type: ignore[arg-type]
+
+
 @settings(max_examples=budget(60), deadline=None)
 @given(data=st.data())
 def test_below_summaries_by_brute_force(data: st.DataObject) -> None:

@@ -232,6 +232,19 @@ typedef struct {
    (n_classes + 1). 0, -1 bad data */
 int llama_cffi_trie_root_groups(const llama_cffi_trie *t, const int32_t *cls_of_cpi, int32_t n_cps, int32_t n_classes,
                                 int32_t *out_nodes, int32_t *out_start);
+/* a grammar's binding to a trie in one call (the Python version: TrieGrammar(...) and
+   samplers.grammar's CompiledGrammar): uniq_cps (n_cps increasing code points, the trie's
+   node_cpi indexes them; the first n_ascii below 128) and cp_weight (the trie's nodes per
+   code point); the grammar's classes as intervals (edges: n_int + 1 increasing code points
+   from 0, interval i = [edges[i], edges[i + 1]) of class interval_class[i]) and ascii_cls
+   (128). Writes cls_of_cpi (n_cps), class_weight (n_classes: the trie's nodes per class),
+   na_classes (W = n_classes / 64 + 1 words: the classes holding a code point >= 128 of the
+   vocabulary), asc_table (8 * W * 256 * 2 words, as in llama_cffi_trie_grammar) and the
+   root groups (llama_cffi_trie_root_groups). 0, -1 bad arguments, -2 out of memory */
+int llama_cffi_trie_bind(const llama_cffi_trie *t, const int32_t *uniq_cps, const double *cp_weight, int32_t n_cps,
+                         int32_t n_ascii, const int32_t *edges, const int32_t *interval_class, int32_t n_int,
+                         int32_t n_classes, const int32_t *ascii_cls, int32_t *cls_of_cpi, double *class_weight,
+                         uint64_t *na_classes, uint64_t *asc_table, int32_t *root_nodes, int32_t *root_start);
 /* the tokens of at most k characters made only of the classes in run: whole ones as
    bits of mask (OR-ed), those ending inside a character into pt_tokens with their depth
    in characters (pt_depth); the nodes where such paths leave the run (a class not in it,

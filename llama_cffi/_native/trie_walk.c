@@ -51,6 +51,54 @@ int llama_cffi_trie_root_groups(const llama_cffi_trie *t, const int32_t *cls_of_
     return 0;
 }
 
+int llama_cffi_trie_bind(const llama_cffi_trie *t, const int32_t *uniq_cps, const double *cp_weight, int32_t n_cps,
+                         int32_t n_ascii, const int32_t *edges, const int32_t *interval_class, int32_t n_int,
+                         int32_t n_classes, const int32_t *ascii_cls, int32_t *cls_of_cpi, double *class_weight,
+                         uint64_t *na_classes, uint64_t *asc_table, int32_t *root_nodes, int32_t *root_start) {
+    if (!t || !uniq_cps || !cp_weight || !edges || !interval_class || !ascii_cls || !cls_of_cpi || !class_weight ||
+        !na_classes || !asc_table || !root_nodes || !root_start || n_cps < 0 || n_ascii < 0 || n_ascii > n_cps ||
+        n_int < 1 || n_classes < 1 || n_classes >= (1 << 24))
+        return -1;
+    const int32_t W = n_classes / 64 + 1;
+    if (edges[0] != 0) return -1;
+    for (int32_t i = 0; i < n_int; i++)
+        if (edges[i + 1] <= edges[i] || interval_class[i] < 0 || interval_class[i] >= n_classes) return -1;
+    for (int32_t cp = 0; cp < 128; cp++)
+        if (ascii_cls[cp] < 0 || ascii_cls[cp] >= n_classes) return -1;
+    /* each code point's class: its interval's (a merge of two increasing sequences; code
+       points past the last edge take the last interval, as classes_of clips them) */
+    memset(class_weight, 0, sizeof(double) * (size_t)n_classes);
+    memset(na_classes, 0, sizeof(uint64_t) * (size_t)W);
+    int32_t iv = 0;
+    for (int32_t i = 0; i < n_cps; i++) {
+        const int32_t cp = uniq_cps[i];
+        if (cp < 0 || (i && cp <= uniq_cps[i - 1]) || !(cp_weight[i] >= 0)) return -1;
+        if ((i < n_ascii) != (cp < 128)) return -1;
+        while (iv + 1 < n_int && edges[iv + 1] <= cp) iv++;
+        const int32_t c = interval_class[iv];
+        cls_of_cpi[i] = c;
+        class_weight[c] += cp_weight[i];
+        if (i >= n_ascii) na_classes[c >> 6] |= (uint64_t)1 << (c & 63);
+    }
+    /* the ASCII code points of each class, then per byte of a class set and its value the
+       union of its classes' (row (8 w + b) * 256 + v; the value without its lowest bit,
+       plus that bit's class) */
+    uint64_t *cls_asc = (uint64_t *)calloc((size_t)(64 * W) * 2, sizeof(uint64_t));
+    if (!cls_asc) return -2;
+    for (int32_t cp = 0; cp < 128; cp++) cls_asc[2 * ascii_cls[cp] + (cp >> 6)] |= (uint64_t)1 << (cp & 63);
+    for (int32_t j = 0; j < 8 * W; j++) {
+        uint64_t *row = asc_table + (size_t)j * 512;
+        row[0] = row[1] = 0;
+        for (int32_t v = 1; v < 256; v++) {
+            const int32_t low = v & (v - 1), b = __builtin_ctz((unsigned)v);
+            row[2 * v] = row[2 * low] | cls_asc[2 * (8 * j + b)];
+            row[2 * v + 1] = row[2 * low + 1] | cls_asc[2 * (8 * j + b) + 1];
+        }
+    }
+    free(cls_asc);
+    return llama_cffi_trie_root_groups(t, cls_of_cpi, n_cps, n_classes, root_nodes, root_start);
+}
+
 /* the root's children of class c in g's root groups: *a .. *b of g->root_nodes; 0, -1 bad data */
 static inline int root_group(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, int32_t c, int32_t *a,
                              int32_t *b) {

@@ -46,6 +46,7 @@ import numpy as np
 import numpy.typing as npt
 
 from llama_cffi._args import expect, expect_int
+from llama_cffi._trie_walk import RunScan, TrieGrammar
 
 from .engine import DEAD, NO_PARTIAL, Engine, Partial, decode_utf8
 from .vocab_index import VocabIndex
@@ -166,7 +167,6 @@ class CompiledGrammar:
         the C walk writes no per-node array), the class weights and the root's children
         grouped by class."""
         v, eng = self.vocab, self.engine
-        self._cls_of_cp = eng._classes_of_sorted(v.uniq_cps)
         self._cls_arr: npt.NDArray[np.int32] | None = None
         self.n_nodes = n_nodes = v.n_nodes
         self._root = n_nodes
@@ -194,17 +194,21 @@ class CompiledGrammar:
         self._absorb_ready = False
         if self.kernel == "c":
             trie = v.trie()
-            self._class_weight = trie.nodes_per_class(self._cls_of_cp, eng.n_classes)
-            self._class_weight_f = self._class_weight.astype(np.float64)
-            from llama_cffi._trie_walk import TrieGrammar
-
-            # the classes of the ASCII code points, and those holding one >= 128 of the
-            # vocabulary: what a walk reads the trie's shared "below" summaries with
-            ascii_cls = np.array(eng._ascii_class, dtype=np.int32)
-            na = np.zeros(64 * w, dtype=bool)
-            na[self._cls_of_cp[v.n_ascii_cps :]] = True
-            na_classes = np.packbits(na, bitorder="little").view("<u8").astype(np.uint64)
-            self._tg = TrieGrammar(trie, self._cls_of_cp, eng.n_classes, ascii_cls, na_classes, _ABSORB_MIN_ROWS)
+            # one C call (TrieGrammar(...) and Engine._classes_of_sorted are its reference):
+            # each code point's class, the trie's nodes per class, the classes holding a code
+            # point >= 128 and the ASCII ones (what a walk reads the trie's shared "below"
+            # summaries with), the root groups
+            self._tg, self._cls_of_cp, self._class_weight_f, _na = TrieGrammar.bind(
+                trie,
+                v.uniq_cps_i32,
+                v.n_ascii_cps,
+                eng._edges.astype(np.int32),
+                eng._interval_class,
+                eng.n_classes,
+                np.array(eng._ascii_class, dtype=np.int32),
+                _ABSORB_MIN_ROWS,
+            )
+            self._class_weight = self._class_weight_f.astype(np.int64)
             self._run_cap = trie.max_depth + 1  # a run this long covers every token
             if eng.core == "c":  # one mask's walk computes the transitions and runs it needs (the engine's lock held)
                 self._tg.attach_engine(
@@ -233,8 +237,6 @@ class CompiledGrammar:
             self._root_pt_eog: npt.NDArray[np.uint32] | None = None
             self._root_pt = trie._arrays["root_pt"]
             self._root_count = np.diff(self._tg._root_start)  # per class, the root's children of it
-            from llama_cffi._trie_walk import RunScan
-
             self._root_scan = RunScan(  # a run of length 0: every first character from the root groups
                 0,
                 np.zeros(trie.n_words, dtype=np.uint32),
@@ -245,6 +247,7 @@ class CompiledGrammar:
                 np.zeros(w, dtype=np.uint64),
             )
         else:
+            self._cls_of_cp = eng._classes_of_sorted(v.uniq_cps)
             self._cls_arr = self._cls_of_cp[v.node_cpi]
             self._prepare_absorb()
 

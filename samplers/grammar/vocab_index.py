@@ -341,6 +341,8 @@ class VocabIndex:
         self.n_nodes = len(self.parent)
         #: how many of ``uniq_cps`` (increasing) are ASCII
         self.n_ascii_cps = int(np.searchsorted(self.uniq_cps, 128))
+        #: ``uniq_cps`` as int32 (what the C binding of a grammar reads; code points fit)
+        self.uniq_cps_i32 = np.ascontiguousarray(self.uniq_cps, dtype=np.int32)
         #: the usable tokens that end inside a character, and per token the index of its
         #: partial character among the vocabulary's distinct ones, ``pchars`` (each
         #: ``value * 4 + bytes still needed``; -1: the token ends on a whole character)
