@@ -457,13 +457,24 @@ def test_classes_partition_code_points_exactly(rules: dict[str, tuple[tuple[Node
     class iff every char element matches both or neither, classes are numbered in the
     order of their first code point, and each row's answer for a class (``_row_matches``,
     the C core's ``row_matches``) is its element's answer for the class's code points.
-    Checked at every item bound and its neighbours."""
-    from samplers.grammar.engine import _ANY, _CHAR, _CHAR_NOT, _MAX_CP
-
+    Checked at every item bound and its neighbours, for the class build in C (the C core's)
+    and in Python (the reference), which also agree array for array."""
     try:
-        eng = engines(grammar_text(rules))[1]  # checked (the classes are built once, for either core)
+        c, p = engines(grammar_text(rules))  # checked; the C core's classes from C, the Python core's from Python
     except GrammarError:
         return
+    # the two builds: the same intervals and classes, and each element's row answers alike
+    assert c.n_classes == p.n_classes and np.array_equal(c._edges, p._edges)
+    assert np.array_equal(c._interval_class, p._interval_class)
+    assert c._char_pos == p._char_pos and c._after == p._after and c.n_mrows == p.n_mrows
+    assert np.array_equal(c._member, p._member) and np.array_equal(c._single_class, p._single_class)
+    _check_partition(c)
+    _check_partition(p)
+
+
+def _check_partition(eng: Engine) -> None:
+    from samplers.grammar.engine import _ANY, _CHAR, _CHAR_NOT, _MAX_CP
+
     positions = [p for p, t in enumerate(eng.types) if t in (_CHAR, _CHAR_NOT, _ANY) and eng._char_pos[p] >= 0]
     elements = [eng._class_items(p)[:2] for p in positions]
     points = {0, 1, 127, 128, _MAX_CP - 1}
@@ -545,3 +556,35 @@ def test_transition_table_bound(core: str) -> None:
         for a in chars:
             s = eng.step(eng.start, eng.class_of(ord(a)))
             assert s != DEAD
+
+
+def test_class_build_refuses_bad_arrays() -> None:
+    """``llama_cffi_gclasses_build`` checks what it reads: a type out of range, a char
+    element with no END after it, a set running off the end, no elements; and a budget of
+    multi rows x intervals too small is -7 (GrammarBudgetError in the engine)."""
+    from llama_cffi._binding import ffi, lib
+
+    rc = ffi.new("int32_t *")
+
+    def build(types: list[int], values: list[int], cells: int = 1 << 20) -> int:
+        t = np.array(types, dtype=np.int32)
+        v = np.array(values, dtype=np.int64)
+        raw = lib.llama_cffi_gclasses_build(
+            len(t),
+            ffi.from_buffer("int32_t[]", t) if len(t) else ffi.NULL,
+            ffi.from_buffer("int64_t[]", v) if len(v) else ffi.NULL,
+            cells,
+            rc,
+        )
+        if raw != ffi.NULL:
+            n_classes = raw.n_classes
+            lib.llama_cffi_gclasses_free(raw)
+            return n_classes
+        return int(rc[0])
+
+    assert build([3, 0], [97, 0]) == 2  # "a": its own class, and every other code point
+    assert build([12, 0], [97, 0]) == -4  # no such type
+    assert build([3], [97]) == -4  # a char element with no END after it
+    assert build([4, 6], [97, 98]) == -4  # [^ab] running off the end
+    assert build([], []) == -4
+    assert build([4, 6, 0, 4, 5, 0], [97, 98, 0, 99, 120, 0], cells=1) == -7  # two sets, a 1-cell budget

@@ -378,6 +378,24 @@ int32_t llama_cffi_mask_logits(int32_t n, float *logits, const int32_t *ids, con
    all, -4 bad arguments, -5 (group_step) the classes are not in one group. -1 is DEAD. */
 #define LLAMA_CFFI_GENGINE_BUDGET -3
 #define LLAMA_CFFI_GENGINE_CELLS -6
+/* a grammar's character classes (grammar_classes.c; samplers.grammar.engine's
+   Engine._build_classes is the reference): from the flattened grammar's types and values
+   (int64: GBNF characters go up to 0xFFFFFFFF), per position the row of the char element
+   starting there and the position after it (char_row, after: -1 elsewhere); rows below
+   n_mrows are multi rows (sets, ranges, negations) with a line of member (n_mrows x
+   n_classes), the others single rows (one literal character each, by increasing value)
+   with their one class in single_class (-1: a value past every code point); the classes
+   as intervals (edges: n_int + 1 increasing code points from 0, interval_class: n_int).
+   NULL with *rc -4 for inconsistent arrays, -2 out of memory, -7 for more than max_cells
+   cells of multi rows x classes. Free with llama_cffi_gclasses_free. */
+typedef struct {
+    int32_t n_rows, n_mrows, n_classes, n_int;
+    int32_t *char_row, *after, *edges, *interval_class, *single_class;
+    uint8_t *member;
+} llama_cffi_gclasses;
+llama_cffi_gclasses *llama_cffi_gclasses_build(int32_t n, const int32_t *types, const int64_t *values,
+                                               int64_t max_cells, int32_t *rc);
+void llama_cffi_gclasses_free(llama_cffi_gclasses *c);
 typedef struct llama_cffi_gengine llama_cffi_gengine;
 llama_cffi_gengine *llama_cffi_gengine_new(int32_t n_elems, const int32_t *types, const int32_t *values,
                                            int32_t n_rules, const int32_t *rule_start, const int32_t *char_row,

@@ -199,7 +199,10 @@ class Engine:
         for v in np.flatnonzero(np.bincount(refs, minlength=n_rules)).tolist():
             if not grammar.rules[v]:
                 raise GrammarError(f"a rule refers to undefined rule {v}")
-        self._build_classes()
+        if core == "c":
+            self._build_classes_c()
+        else:
+            self._build_classes()
         present = set(np.flatnonzero(np.bincount(t_arr, minlength=1)).tolist())
         self.has_token_elements = _TOKEN in present or _TOKEN_NOT in present
         # states
@@ -584,11 +587,54 @@ class Engine:
         self.n_mrows = n_m
         self._ascii_class = self.classes_of(np.arange(128, dtype=np.int64)).tolist()
 
+    def _build_classes_c(self) -> None:
+        """:meth:`_build_classes` in one C call (``llama_cffi_gclasses_build``, the C core's
+        compile; :meth:`_build_classes` is its reference, compared by
+        ``tests/test_grammar_engine_core.py``): the same attributes, the same classes."""
+        from llama_cffi._binding import ffi
+
+        lib = _lib()
+        n = len(self._types_a)
+        types = self._types_a.astype(np.int32)
+        values = np.ascontiguousarray(self._values_a, dtype=np.int64)
+        rc = ffi.new("int32_t *")
+        raw = lib.llama_cffi_gclasses_build(
+            n, ffi.from_buffer("int32_t[]", types), ffi.from_buffer("int64_t[]", values), MAX_CLASS_CELLS, rc
+        )
+        if raw == ffi.NULL:
+            if rc[0] == -7:
+                raise self._class_budget_error(-1, -1)
+            if rc[0] == -2:  # pragma: no cover
+                raise MemoryError("the grammar's character classes: out of memory")
+            raise GrammarError(f"the grammar's character elements are inconsistent (code {rc[0]})")
+        try:
+
+            def take(ptr: Any, count: int, dtype: Any) -> npt.NDArray[Any]:
+                size = np.dtype(dtype).itemsize * count
+                return np.frombuffer(ffi.buffer(ptr, size), dtype=dtype).copy() if count else np.zeros(0, dtype)
+
+            n_m, nc, n_int = raw.n_mrows, raw.n_classes, raw.n_int
+            char_row = take(raw.char_row, n, np.int32).astype(np.int64)
+            after = take(raw.after, n, np.int32).astype(np.int64)
+            self._edges = take(raw.edges, n_int + 1, np.int32).astype(np.int64)
+            self._interval_class = take(raw.interval_class, n_int, np.int32)
+            self._single_class = take(raw.single_class, raw.n_rows - n_m, np.int32)
+            self._member = take(raw.member, n_m * nc, np.uint8).astype(bool).reshape(n_m, nc)
+        finally:
+            lib.llama_cffi_gclasses_free(raw)
+        self._char_row_a, self._after_a = char_row, after
+        self._char_pos = char_row.tolist()
+        self._after = after.tolist()
+        self.n_classes = nc
+        self.n_mrows = n_m
+        self._ascii_class = self.classes_of(np.arange(128, dtype=np.int64)).tolist()
+
     def _class_budget_error(self, n_rows: int, n_cols: int) -> GrammarBudgetError:
+        what = "distinct character sets" if n_rows < 0 else f"{n_rows} distinct character sets"
+        over = "" if n_cols < 0 else f" over {n_cols} intervals of code points"
         return GrammarBudgetError(
-            f"the grammar's {n_rows} distinct character sets (classes, ranges, negations) over {n_cols} "
-            f"intervals of code points need a table of more than MAX_CLASS_CELLS={MAX_CLASS_CELLS} cells; "
-            "use fewer distinct sets (literal characters are not counted)"
+            f"the grammar's {what} (classes, ranges, negations){over} need a table of more than "
+            f"MAX_CLASS_CELLS={MAX_CLASS_CELLS} cells; use fewer distinct sets (literal characters are not counted)"
         )
 
     def _row_matches(self, row: int, cls: int) -> bool:
