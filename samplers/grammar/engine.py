@@ -283,15 +283,15 @@ class Engine:
             if rc == -3:
                 raise _budget_error(what, self.max_stacks)
             if rc == -6:
-                raise self._cells_error(what)
+                raise GrammarBudgetError(self._cells_message(what))
             if rc == -2:
                 raise MemoryError(f"{what}: out of memory in the grammar engine")
             raise GrammarError(f"{what}: the grammar engine refused its arguments (code {rc})")
         self._c_sync()
         return rc
 
-    def _cells_error(self, what: str) -> GrammarBudgetError:
-        return GrammarBudgetError(
+    def _cells_message(self, what: str) -> str:
+        return (
             f"{what}: the grammar engine keeps more than max_cells={self.max_cells} distinct stacks or states, or "
             f"a transition table of more than 16 x max_cells entries ({self.n_classes} classes per state); make "
             "the grammar less ambiguous, use fewer distinct characters, or raise max_cells"
@@ -526,7 +526,7 @@ class Engine:
             cedges = bound
         n_c = len(cedges) - 1  # coarse interval i = [cedges[i], cedges[i+1])
         if n_m * n_c > MAX_CLASS_CELLS:
-            raise self._class_budget_error(n_m, n_c)
+            raise GrammarBudgetError(self._class_budget_message(n_m, n_c))
         cmember = np.zeros((n_m, n_c), dtype=bool)
         if flat:
             # each item covers intervals [a, b): +1 at a, -1 at b, per row, then a running sum
@@ -574,7 +574,7 @@ class Engine:
         first_interval = first_interval[by_first]  # per class
         n_classes = len(first_interval)
         if n_m * n_classes > MAX_CLASS_CELLS:
-            raise self._class_budget_error(n_m, n_classes)
+            raise GrammarBudgetError(self._class_budget_message(n_m, n_classes))
         self._edges = edges
         self._interval_class = interval_class
         self.n_classes = n_classes
@@ -603,7 +603,7 @@ class Engine:
         )
         if raw == ffi.NULL:
             if rc[0] == -7:
-                raise self._class_budget_error(-1, -1)
+                raise GrammarBudgetError(self._class_budget_message(-1, -1))
             if rc[0] == -2:  # pragma: no cover
                 raise MemoryError("the grammar's character classes: out of memory")
             raise GrammarError(f"the grammar's character elements are inconsistent (code {rc[0]})")
@@ -629,10 +629,10 @@ class Engine:
         self.n_mrows = n_m
         self._ascii_class = self.classes_of(np.arange(128, dtype=np.int64)).tolist()
 
-    def _class_budget_error(self, n_rows: int, n_cols: int) -> GrammarBudgetError:
+    def _class_budget_message(self, n_rows: int, n_cols: int) -> str:
         what = "distinct character sets" if n_rows < 0 else f"{n_rows} distinct character sets"
         over = "" if n_cols < 0 else f" over {n_cols} intervals of code points"
-        return GrammarBudgetError(
+        return (
             f"the grammar's {what} (classes, ranges, negations){over} need a table of more than "
             f"MAX_CLASS_CELLS={MAX_CLASS_CELLS} cells; use fewer distinct sets (literal characters are not counted)"
         )
@@ -733,7 +733,7 @@ class Engine:
                 return sid
             sid = len(self._stacks)
             if (sid + 1) * self.n_classes > 16 * self.max_cells:  # the C core's table bound
-                raise self._cells_error("interning a state")
+                raise GrammarBudgetError(self._cells_message("interning a state"))
             self._stacks.append(key)
             types, values = self.types, self.values
             self._token_tops.append(
