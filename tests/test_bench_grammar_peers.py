@@ -103,3 +103,19 @@ def test_goal_summary_counts_the_grammars_meeting_each_goal(capsys: pytest.Captu
     assert lines["mask max"].rstrip(" |").endswith("1/2")
     assert lines["compile"].rstrip(" |").endswith("1/2")
     assert lines["first mask"].rstrip(" |").endswith("2/2")
+
+
+def test_the_word_list_benchmark_measures_both_engines(default_model_path: Path) -> None:
+    """benchmarks/bench_grammar_wordlist.py's children on a short list: ours compiles it
+    with a class per distinct character and masks along it, llama.cpp's sampler gives its
+    first mask; both report what the summary reads."""
+    from benchmarks import bench_grammar_wordlist as wl
+
+    words = wl.words_of(40, 60)
+    assert len(words) > 30 and all(2 <= len(w) <= 4 for w in words)
+    ours = wl.child("ours", 40, 60)
+    assert ours["words"] == len(words)
+    assert ours["classes"] >= len(set("".join(words)))  # a class per literal character
+    assert ours["first_ms"] > 0 and ours["later_max_ms"] >= ours["later_median_ms"] > 0
+    native = wl.child("llama.cpp", 40, 60)
+    assert native["first_ms"] > 0 and native["grammar_ms"] > 0
