@@ -461,8 +461,10 @@ for k in range(N):
 
     if not store.branches:  # with none live only 'create' can run: under load every interrupt would land there
         store.create(prompt[: rng.randrange(1, 50)], sampler=S.SamplerChain([S.TopK(20), S.Dist(k)]))
-    threading.Timer(rng.uniform(0.001, 0.05), fire).start()
+    timer = threading.Timer(rng.uniform(0.001, 0.05), fire)
+    landed["op"] = "timer start"  # on a loaded machine the timer can fire before start() returns
     try:
+        timer.start()
         ops()
     except KeyboardInterrupt:
         if not fired.is_set():  # one Ctrl-C must give exactly one KeyboardInterrupt
