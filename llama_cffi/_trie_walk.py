@@ -605,13 +605,14 @@ class TrieGrammar:
         n_classes: int,
         ascii_cls: I32,
         absorb_min_rows: int = 64,
-    ) -> tuple[TrieGrammar, I32, npt.NDArray[np.float64], npt.NDArray[np.uint64]]:
+    ) -> tuple[TrieGrammar, I32, npt.NDArray[np.float64]]:
         """A grammar's walks from its classes as intervals of code points, in one C call
         (``llama_cffi_trie_bind``; :class:`TrieGrammar` itself is the reference): the
         trie's code points ``uniq_cps`` (int32, increasing; the first ``n_ascii`` below
         128), the grammar's ``edges`` (``n_int + 1`` increasing int32 code points from 0)
         with the class of each interval between them, and ``ascii_cls``. Returns the
-        grammar, ``cls_of_cp``, the trie's nodes per class (float64) and ``na_classes``.
+        grammar (which keeps ``na_classes``), ``cls_of_cp`` and the trie's nodes per class
+        (float64).
         Bad arguments raise ValueError; nothing is left half made."""
         w = n_classes // 64 + 1
         ucp = _i32("uniq_cps", uniq_cps)
@@ -654,7 +655,7 @@ class TrieGrammar:
             )
         self = cls.__new__(cls)
         self._setup(trie, n_classes, cls_of_cp, asc, na, table, root_nodes, root_start, absorb_min_rows)
-        return self, cls_of_cp, class_weight[:n_classes], na
+        return self, cls_of_cp, class_weight[:n_classes]
 
     def _setup(
         self,

@@ -198,7 +198,7 @@ class CompiledGrammar:
             # each code point's class, the trie's nodes per class, the classes holding a code
             # point >= 128 and the ASCII ones (what a walk reads the trie's shared "below"
             # summaries with), the root groups
-            self._tg, self._cls_of_cp, self._class_weight_f, _na = TrieGrammar.bind(
+            self._tg, self._cls_of_cp, self._class_weight_f = TrieGrammar.bind(
                 trie,
                 v.uniq_cps_i32,
                 v.n_ascii_cps,
