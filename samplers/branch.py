@@ -49,6 +49,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -64,7 +65,7 @@ from llama_cffi._args import (
     expect_mapping,
     expect_pairs,
 )
-from llama_cffi.errors import ClosedError, LlamaError, ParamError, UnsupportedError
+from llama_cffi.errors import ClosedError, LlamaError, ParamError, ParamTypeError, UnsupportedError
 from llama_cffi.kernels import RowMeasures, RowStatus
 from llama_cffi.sampling import InvalidLogitsError, LlamaSampler
 
@@ -89,6 +90,47 @@ class BranchError(LlamaError, RuntimeError):
 
 class CapacityError(BranchError):
     """Every sequence id of the context is in use (``n_seq_max`` branches live)."""
+
+
+@dataclass(frozen=True)
+class NewBranch:
+    """A root branch for :meth:`BranchStore.step` (``new=``) or
+    :meth:`BranchStore.create_many` to make: ``prompt`` (token ids, at least one) decoded
+    into a fresh sequence, with ``sampler``, ``grammar``, ``seed``, ``track`` and
+    ``tracker`` as in :meth:`BranchStore.create`.
+
+    ``prefix_from``/``prefix_len``: start from the KV of the first ``prefix_len`` tokens of
+    a live branch (they must equal the prompt's first tokens), copied with ``seq_cp`` (no
+    KV data copied in a unified cache) rather than decoded; the rest of the prompt (at
+    least one token) is decoded. :meth:`BranchStore.share_refusal` says when a memory
+    cannot do it. The new branch is a root: pruning ``prefix_from`` later leaves it its
+    cells."""
+
+    prompt: Sequence[int] | npt.NDArray[np.integer[Any]]
+    sampler: Sampler | None = None
+    grammar: Any = None
+    seed: int | None = None
+    track: bool = True
+    tracker: PerplexityTracker | None = None
+    prefix_from: Branch | None = None
+    prefix_len: int = 0
+
+
+@dataclass(eq=False)
+class _Spec:
+    """A :class:`NewBranch` checked, while it is made: its sequence id and how many of its
+    tokens the sequence holds (``offset``)."""
+
+    index: int
+    tokens: list[int]
+    chain: SamplerChain
+    seed: int | None
+    track: bool
+    tracker: PerplexityTracker | None
+    source: Branch | None
+    prefix_len: int
+    sid: int = -1
+    offset: int = 0
 
 
 #: A chain that begins with ``TopK(k)`` for ``k`` up to this many samples from the ``k``
@@ -547,15 +589,25 @@ class BranchStore:
         return b
 
     # ------------------------------------------------------------------ batched steps
-    def step(self, moves: Mapping[Branch, int] | Iterable[tuple[Branch, int]]) -> None:
+    def step(
+        self, moves: Mapping[Branch, int] | Iterable[tuple[Branch, int]], *, new: Sequence[NewBranch] = ()
+    ) -> list[Branch]:
         """Append one token to each branch with one ``llama_decode`` for all of them, then
         accept each token (sampler, grammar, metrics on the snapshot that produced it) and
         take each branch's new logits (measured in one call for all). On failure no branch
-        changes."""
+        changes.
+
+        ``new``: branches to make in the same decodes (continuous batching): each
+        :class:`NewBranch`'s prompt is packed after the moves, up to ``n_batch`` tokens a
+        decode (a long prompt spans several), and a prompt may start from the KV of
+        another branch's prefix (``prefix_from``/``prefix_len``: copied with ``seq_cp``,
+        not decoded). Returns the new branches, in the order of ``new`` (registered only
+        once all are made: on failure none is, and their sequence ids are free again)."""
         moves = expect_pairs("moves", moves, "a mapping {Branch: token} or (branch, token) pairs")
         items = list(moves.items()) if isinstance(moves, Mapping) else [(b, int(t)) for b, t in moves]
-        if not items:
-            return
+        specs = self._check_new(new)
+        if not items and not specs:
+            return []
         seen: set[int] = set()
         for b, tok in items:
             b._check_live()
@@ -567,71 +619,262 @@ class BranchStore:
             b._check_token(int(tok))
         # measured now, on the rows that produced the tokens (the decode replaces them)
         accepted = [b._measure_accept(int(t)) for b, t in items]
-        n = len(items)
-        cap = self._batch.capacity
+        if not specs:
+            cap = self._batch.capacity
+            for start in range(0, len(items), cap):
+                late = self._decode_step(items[start : start + cap], accepted[start : start + cap], [], [])
+                if late is not None:
+                    raise late
+            return []
+        return self._step_new(items, accepted, specs)
+
+    def _check_new(self, new: Sequence[NewBranch]) -> list[_Spec]:
+        """``new`` checked and resolved (tokens, chains) before anything changes."""
+        if isinstance(new, NewBranch) or not isinstance(new, (list, tuple)):
+            raise ParamTypeError(f"new must be a list of NewBranch, not {type(new).__name__}")
+        if not new:
+            return []
+        model = self.ctx.model
+        if model.has_encoder and model.has_decoder:
+            raise UnsupportedError(
+                "an encoder-decoder model holds one encoder input per context: make its branches one at a time "
+                "with BranchStore.create"
+            )
+        if len(new) > len(self._free):
+            raise CapacityError(
+                f"{len(new)} new branches need as many free sequence ids; {len(self._free)} of "
+                f"{self.ctx.n_seq_max} are free"
+            )
+        specs: list[_Spec] = []
+        for i, nb in enumerate(new):
+            expect(f"new[{i}]", nb, NewBranch, "a samplers.branch.NewBranch")
+            tokens = [int(t) for t in model.vocab.check_tokens(nb.prompt, f"new[{i}].prompt")]
+            if not tokens:
+                raise ParamError(f"new[{i}]: a branch needs a prompt of at least one token")
+            n = expect_int(f"new[{i}].prefix_len", nb.prefix_len)
+            src = nb.prefix_from
+            if src is None:
+                if n != 0:
+                    raise ParamError(f"new[{i}].prefix_len={n} needs prefix_from, the branch that holds the prefix")
+            else:
+                expect(f"new[{i}].prefix_from", src, Branch, "a Branch of this store, or None")
+                src._check_live()
+                if src.store is not self:
+                    raise BranchError(f"new[{i}].prefix_from {src!r} belongs to another store")
+                why = self.share_refusal(src, tokens, n)
+                if why is not None:
+                    raise BranchError(f"new[{i}]: {why}")
+            if nb.seed is not None:
+                expect_int(f"new[{i}].seed", nb.seed, "an int or None")
+            chain = _as_chain(nb.sampler, nb.grammar, model)
+            specs.append(_Spec(i, tokens, chain, nb.seed, bool(nb.track), nb.tracker, src, n))
+        return specs
+
+    def share_refusal(self, source: Branch, prompt: Sequence[int], n: int) -> str | None:
+        """Why a new branch for ``prompt`` cannot start from the KV of ``source``'s first
+        ``n`` tokens (None when it can): the tokens must be the same, at least one token of
+        the prompt must be left to decode (its logits), and the memory must hold what the
+        copy needs: every position for a proper prefix in a unified KV cache, the whole
+        sequence otherwise (one stream per sequence, or a recurrent state), and in a
+        sliding-window cache the window before ``n`` (llama-server's rule: the source's
+        smallest position at most ``n - n_swa``)."""
+        if not 0 <= n < len(prompt):
+            return f"prefix_len={n} must be in [0, {len(prompt) - 1}] (one token of the prompt left to decode)"
+        if n == 0:
+            return None
+        if n > source._kv_len or source._kv_len != len(source._tokens):
+            return f"{source!r} does not hold positions 0..{n - 1} of its history"
+        if list(source._tokens[:n]) != list(prompt[:n]):
+            return f"the first {n} tokens of the prompt are not those of {source!r}"
         ctx = self.ctx
-        for start in range(0, n, cap):
-            part = items[start : start + cap]
-            batch = self._batch
-            m = len(part)
-            batch.token[:m] = [int(t) for _, t in part]
-            batch.pos[:m] = [b.position for b, _ in part]
-            batch.n_seq_id[:m] = 1
-            batch.seq_id[:m, 0] = [b.seq_id for b, _ in part]
-            batch.logits[:m] = 1
-            batch.n_tokens = m
-            branches = [b for b, _ in part]
-            # a failed decode of one micro-batch that does not grow the output buffer leaves
-            # the rows there as they were (llama.cpp writes outputs after a ubatch completes):
-            # the stepped branches keep reading theirs; otherwise every row is copied first
-            safe = self.device or (m <= ctx.n_ubatch and m <= ctx._out_rows_cap)
-            if not safe:
-                self._outputs_changing()
-            done = 0
-            # Ctrl-C aborts the decode in flight (a decode that fails changes no branch and
-            # leaves the old rows in place); once the decode has written the new rows, the
-            # interrupt lands after every branch took its token
-            with _sigint_deferred(ctx.request_abort):
-                late: BaseException | None = None
-                try:
-                    self._consuming = frozenset(b.seq_id for b in branches) if safe else None
-                    ctx._last_rc = None
-                    try:
-                        ctx.decode_batch(batch)
-                    except BaseException as exc:
-                        if ctx._last_rc != 0:
-                            raise
-                        late = exc  # llama.cpp wrote the new rows: the step completes, then this is raised
-                    finally:
-                        self._consuming = None
-                    if self.device:
-                        for i, (b, tok) in enumerate(part):
-                            b._advance(int(tok), accepted[start + i], None)
-                            done = i + 1
-                        self._read_device(branches, range(m))
-                        if late is not None:
-                            raise late
-                        continue
-                    rows = np.asarray(ctx._all_rows())
-                    for b in branches:  # their old rows are gone: the new ones replace them
+        whole = n == source._kv_len
+        if not whole:
+            if ctx.model.is_recurrent or ctx.model.is_hybrid:
+                return "a recurrent state holds no earlier positions: only a whole sequence can be shared"
+            if ctx.n_seq_max > 1 and not bool(ctx.params.c.kv_unified):
+                return "sharing part of a sequence needs kv_unified=True (one KV stream per sequence copies whole ones)"
+        elif (ctx.model.is_recurrent or ctx.model.is_hybrid) and ctx.n_rs_seq > 0:
+            return f"copying a recurrent state with rollback on (n_rs_seq={ctx.n_rs_seq}) is refused by the memory"
+        if ctx._swa_window:
+            lo = ctx.memory.seq_pos_min(source.seq_id)
+            if lo > max(0, n - ctx._swa_window):
+                return (
+                    f"{source!r} keeps positions from {lo} in its sliding-window cache (window {ctx._swa_window}): "
+                    f"a prefix of {n} needs them from {max(0, n - ctx._swa_window)}"
+                )
+        return None
+
+    def create_many(self, new: Sequence[NewBranch]) -> list[Branch]:
+        """Make several root branches with their prompts packed into as few decodes as
+        ``n_batch`` allows (:meth:`step` with no moves): one per :class:`NewBranch`, in
+        that order."""
+        return self.step((), new=new)
+
+    def _step_new(
+        self, items: list[tuple[Branch, int]], accepted: list[tuple[float | None, float | None]], specs: list[_Spec]
+    ) -> list[Branch]:
+        """:meth:`step` with new branches: the moves first, then the prompts, packed into
+        decodes of up to ``n_batch`` tokens."""
+        ctx = self.ctx
+        cap = self._batch.capacity
+        made: list[Branch | None] = [None] * len(specs)
+        sids: list[int] = []
+        try:
+            with _sigint_deferred():
+                for sp in specs:
+                    sid = self._take_id()
+                    sids.append(sid)
+                    sp.sid = sid
+                    self._attach(sid, sp.chain, sp.track)
+                for sp in specs:
+                    if sp.prefix_len:
+                        assert sp.source is not None
+                        if sp.prefix_len == sp.source._kv_len:
+                            ctx.memory.seq_cp(sp.source.seq_id, sp.sid)
+                        else:
+                            ctx.memory.seq_cp(sp.source.seq_id, sp.sid, 0, sp.prefix_len)
+                    sp.offset = sp.prefix_len
+            pos = 0  # moves done
+            k = 0  # the first spec not fully decoded
+            while pos < len(items) or k < len(specs):
+                part = items[pos : pos + cap]
+                room = cap - len(part)
+                chunks: list[tuple[_Spec, int]] = []  # (spec, tokens taken)
+                j = k
+                while room > 0 and j < len(specs):
+                    sp = specs[j]
+                    take = min(len(sp.tokens) - sp.offset, room)
+                    chunks.append((sp, take))
+                    room -= take
+                    j += 1
+                done = self._decode_step(part, accepted[pos : pos + len(part)], chunks, made)
+                pos += len(part)
+                while k < len(specs) and specs[k].offset == len(specs[k].tokens):
+                    k += 1
+                if done is not None:
+                    raise done
+            with _sigint_deferred():
+                for b in made:
+                    assert b is not None
+                    self._register(b)
+        except BaseException:
+            with _sigint_deferred():
+                for i, sid in enumerate(sids):
+                    b = made[i]
+                    if b is not None:
                         self._lazy.discard(b)
-                        b._row_i = None
-                    self._rows = rows
-                    for i, (b, tok) in enumerate(part):
-                        b._advance(int(tok), accepted[start + i], i)
-                        done = i + 1
-                    del rows
-                    try:
-                        self._measure(branches, self._rows)
-                    except MemoryError:  # pragma: no cover - measured again when needed
-                        pass
-                    if late is not None:
-                        raise late
+                        b._dead = True
+                    ctx.memory.seq_rm(sid)
+                    self._give_id(sid)
+            raise
+        return [b for b in made if b is not None]
+
+    def _decode_step(
+        self,
+        part: list[tuple[Branch, int]],
+        accepted: list[tuple[float | None, float | None]],
+        chunks: list[tuple[_Spec, int]],
+        made: list[Branch | None],
+    ) -> BaseException | None:
+        """One decode: ``part``'s moves (one token each, an output row each) then
+        ``chunks`` of new branches' prompts (an output row after a prompt's last token).
+        Returns an interrupt that arrived after llama.cpp wrote the rows (the caller
+        raises it once the step's bookkeeping is done)."""
+        ctx = self.ctx
+        batch = self._batch
+        m = len(part)
+        batch.token[:m] = [int(t) for _, t in part]
+        batch.pos[:m] = [b.position for b, _ in part]
+        batch.n_seq_id[:m] = 1
+        batch.seq_id[:m, 0] = [b.seq_id for b, _ in part]
+        batch.logits[:m] = 1
+        n_tok = m
+        ends: list[tuple[_Spec, int]] = []  # (spec, batch index of its last token) of prompts completed here
+        for sp, take in chunks:
+            lo = sp.offset
+            batch.token[n_tok : n_tok + take] = sp.tokens[lo : lo + take]
+            batch.pos[n_tok : n_tok + take] = np.arange(lo, lo + take, dtype=np.int32)
+            batch.n_seq_id[n_tok : n_tok + take] = 1
+            batch.seq_id[n_tok : n_tok + take, 0] = sp.sid
+            batch.logits[n_tok : n_tok + take] = 0
+            if lo + take == len(sp.tokens):
+                batch.logits[n_tok + take - 1] = 1
+                ends.append((sp, n_tok + take - 1))
+            n_tok += take
+        batch.n_tokens = n_tok
+        branches = [b for b, _ in part]
+        n_out = m + len(ends)
+        # a failed decode of one micro-batch that does not grow the output buffer leaves
+        # the rows there as they were (llama.cpp writes outputs after a ubatch completes):
+        # the stepped branches keep reading theirs; otherwise every row is copied first
+        safe = self.device or (n_tok <= ctx.n_ubatch and n_out <= ctx._out_rows_cap)
+        if not safe:
+            self._outputs_changing()
+        done = 0
+        # Ctrl-C aborts the decode in flight (a decode that fails changes no branch and
+        # leaves the old rows in place); once the decode has written the new rows, the
+        # interrupt lands after every branch took its token
+        with _sigint_deferred(ctx.request_abort):
+            late: BaseException | None = None
+            try:
+                self._consuming = frozenset(b.seq_id for b in branches) if safe else None
+                ctx._last_rc = None
+                try:
+                    ctx.decode_batch(batch)
                 except BaseException as exc:
-                    if exc is not late:
-                        for b, _ in part[done:]:  # decoded but not advanced (or not decoded): no cell stays
-                            ctx.memory.seq_rm(b.seq_id, b._kv_end())
-                    raise
+                    if ctx._last_rc != 0:
+                        raise
+                    late = exc  # llama.cpp wrote the new rows: the step completes, then this is raised
+                finally:
+                    self._consuming = None
+                for sp, take in chunks:
+                    sp.offset += take
+                if n_out == 0:  # only parts of prompts: no row to read
+                    return late
+                if self.device:
+                    for i, (b, tok) in enumerate(part):
+                        b._advance(int(tok), accepted[i], None)
+                        done = i + 1
+                    if branches:
+                        self._read_device(branches, range(m))
+                    fresh = [self._new_branch(sp, made) for sp, _ in ends]
+                    if fresh:
+                        self._read_device(fresh, [i for _, i in ends])
+                    return late
+                rows = np.asarray(ctx._all_rows())
+                for b in branches:  # their old rows are gone: the new ones replace them
+                    self._lazy.discard(b)
+                    b._row_i = None
+                self._rows = rows
+                for i, (b, tok) in enumerate(part):
+                    b._advance(int(tok), accepted[i], i)
+                    done = i + 1
+                fresh = []
+                for r, (sp, _) in enumerate(ends):
+                    nb = self._new_branch(sp, made)
+                    nb._row_i = m + r
+                    self._lazy.add(nb)
+                    fresh.append(nb)
+                del rows
+                try:
+                    self._measure(branches + fresh, self._rows)
+                except MemoryError:  # pragma: no cover - measured again when needed
+                    pass
+                return late
+            except BaseException as exc:
+                if exc is not late:
+                    for b, _ in part[done:]:  # decoded but not advanced (or not decoded): no cell stays
+                        ctx.memory.seq_rm(b.seq_id, b._kv_end())
+                raise
+
+    def _new_branch(self, sp: _Spec, made: list[Branch | None]) -> Branch:
+        """The branch of a spec whose prompt is decoded (registered by the caller)."""
+        metrics = (sp.tracker or PerplexityTracker()) if sp.track else None
+        b = Branch(self, sp.sid, None, list(sp.tokens), sp.chain, metrics, None)
+        if sp.seed is not None:
+            b.reseed(sp.seed)
+        made[sp.index] = b
+        return b
 
     commit = step
 
@@ -1424,6 +1667,21 @@ class Branch:
                     child.reseed(seed)
                 store._register(child)
         return child
+
+    def _keep_prefix(self, n: int) -> None:
+        """Keep only the KV of the first ``n`` tokens (a prompt kept for other branches to
+        copy, :class:`NewBranch` ``prefix_from``). The snapshot is left as it was, stale:
+        such a branch is a source of prefixes, never sampled again. Not for a recurrent
+        state (it cannot drop tokens)."""
+        if not 1 <= n <= self._kv_len or self._kv_len != len(self._tokens):
+            raise BranchError(f"cannot keep the first {n} tokens of {self!r}")
+        with _sigint_deferred():
+            if n < self._kv_len:
+                self.store.ctx.memory.seq_rm(self.seq_id, n, -1)
+            del self._tokens[n:]
+            self._kv_len = n
+            self._accepted = [a for a in self._accepted if a[0] < n]
+            self._pending = None
 
     def prune(self, reparent: bool = False) -> None:
         """Remove this branch's KV and free its id. Refused while it has live children,

@@ -13,7 +13,7 @@ import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 
@@ -787,3 +787,20 @@ def expand_top_k(branch: Branch, k: int) -> list[Branch]:
     kids = [branch.fork() for _ in top]
     branch.store.step({c: int(t) for c, t in zip(kids, top, strict=True)})
     return kids
+
+
+# Many prompts at once live in samplers.many (continuous batching); they are reachable
+# from here too, as samplers.search.generate_many and friends (imported on first use:
+# samplers.many imports this module).
+_MANY = frozenset({"Request", "ManyRun", "ManyStats", "generate_many", "iter_many", "agenerate_many", "aiter_many"})
+
+if TYPE_CHECKING:
+    from .many import ManyRun, ManyStats, Request, agenerate_many, aiter_many, generate_many, iter_many  # noqa: F401
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MANY:
+        from . import many
+
+        return getattr(many, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

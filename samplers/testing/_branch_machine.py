@@ -448,7 +448,7 @@ class BranchMachine(RuleBasedStateMachine):
         n.children.append(child)
 
     # ------------------------------------------------------------------ decoding
-    def _step(self, moves: dict[Branch, int], call: Callable[[], None]) -> None:
+    def _step(self, moves: dict[Branch, int], call: Callable[[], object]) -> None:
         """One token for each branch of ``moves``: one cell each, all or nothing."""
         nodes = [self.nodes[b] for b in moves]
         if any(len(n.kv) >= self.n_cells for n in nodes) or self.cells.free < len(moves):

@@ -1,0 +1,212 @@
+"""Many prompts at once: samplers.many.generate_many against llama.cpp's llama-parallel.
+
+``llama-parallel`` (examples/parallel, built from the same llama.cpp source) simulates
+``-np`` clients serving ``-ns`` requests with continuous batching; with ``-pps`` its
+system prompt is decoded once and copied to every client (``seq_cp``). Each request is
+the system prompt, ``User:\\n<question>\\nAssistant:\\n`` for a question it draws with
+``std::mt19937(1234)``, and ends at an end-of-generation token, ``-n`` tokens, or when
+the answer contains ``User:``.
+
+Ours runs the same requests: the questions are read from the example's source and drawn
+with the same generator (numpy's MT19937, seeded as ``std::mt19937``), the prompt is
+tokenized as llama-parallel does (system prompt with BOS, the rest without), the stop
+string is ``User:``, sampling is greedy in both (``--temp 0``), ``share_prefixes=True``
+plays the part of ``-pps`` (the system prompt copied rather than decoded), with a
+unified KV cache in both (``-kvu``). The measure is llama-parallel's own: prompt plus
+generated tokens per second of the serving loop (model load excluded; the prompt tokens
+counted without the shared system prompt, whose decode is timed), and the generated
+tokens per second. Runs alternate, each in a fresh process; the table has
+medians and ratios (ours / llama-parallel: above 1.0 ours is faster).
+
+Usage: ``python benchmarks/bench_many.py [--clients 8,16,32] [--sequences 64] [-n 32]
+[--rounds 3] [--threads 2] [--json FILE]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:
+    sys.path.insert(0, str(HERE.parent))
+
+from benchmarks import common  # noqa: E402
+
+
+def parallel_source() -> Path:
+    from benchmarks import native_tools
+
+    return native_tools.llama_cpp_source_dir() / "examples" / "parallel" / "parallel.cpp"
+
+
+def _cpp_strings(block: str) -> list[str]:
+    out = []
+    for m in re.finditer(r'"((?:[^"\\]|\\.)*)"', block):
+        out.append(bytes(m.group(1), "utf-8").decode("unicode_escape").encode("latin-1").decode("utf-8"))
+    return out
+
+
+def workload(n_seq: int) -> tuple[str, list[str]]:
+    """llama-parallel's system prompt and the questions of its first ``n_seq`` requests,
+    read from its source and drawn as it draws them (two ``rng()`` calls a request: the
+    question, then the junk count, which is 0 at the default ``--junk 1``)."""
+    import numpy as np
+
+    src = parallel_source().read_text()
+    system = re.search(r'k_system\s*=\s*\nR"\((.*?)\)";', src, re.S)
+    prompts = re.search(r"k_prompts\s*=\s*\{(.*?)\};", src, re.S)
+    if system is None or prompts is None:
+        raise RuntimeError(f"{parallel_source()}: k_system or k_prompts not found")
+    questions = _cpp_strings(prompts.group(1))
+    bg = np.random.MT19937()
+    bg._legacy_seeding(1234)  # std::mt19937(1234): init_genrand
+    draws = bg.random_raw(2 * n_seq)
+    return system.group(1), [questions[int(draws[2 * i]) % len(questions)] for i in range(n_seq)]
+
+
+def run_native(binary: Path, model: Path, clients: int, n_seq: int, n_predict: int, n_ctx: int, threads: int) -> dict:
+    cmd = [str(binary), "-m", str(model), "-np", str(clients), "-ns", str(n_seq), "-n", str(n_predict)]
+    cmd += ["-c", str(n_ctx), "-t", str(threads), "-tb", str(threads), "--temp", "0", "-pps", "-kvu"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    text = p.stdout + p.stderr
+    if p.returncode != 0:
+        raise RuntimeError(f"llama-parallel failed ({p.returncode}): {text[-2000:]}")
+    got = {}
+    for key, label in (("prompt", "Total prompt tokens"), ("gen", "Total gen tokens")):
+        m = re.search(rf"{label}:\s+(\d+), speed:\s+([\d.]+) t/s", text)
+        if m is None:
+            raise RuntimeError(f"llama-parallel's output has no '{label}' line: {text[-2000:]}")
+        got[key] = (int(m.group(1)), float(m.group(2)))
+    m = re.search(r"Total speed \(AVG\):\s+speed:\s+([\d.]+) t/s", text)
+    assert m is not None, text[-2000:]
+    total_tps = float(m.group(1))
+    seconds = (got["prompt"][0] + got["gen"][0]) / total_tps
+    return {
+        "prompt_tokens": got["prompt"][0],
+        "gen_tokens": got["gen"][0],
+        "seconds": seconds,
+        "total_tps": total_tps,
+        "gen_tps": got["gen"][0] / seconds,
+        "command": shlex.join(cmd),
+    }
+
+
+CHILD = r"""
+import json, sys, time
+sys.path.insert(0, {root!r})
+from benchmarks.bench_many import workload
+import llama_cffi as lc
+from samplers.branch import BranchStore
+from samplers.many import ManyStats, generate_many
+clients, n_seq, n_predict, n_ctx, threads = {args!r}
+system, questions = workload(n_seq)
+m = lc.Model.load({model!r})
+ctx = m.context(n_ctx=n_ctx, n_seq_max=clients + 1, kv_unified=True, n_threads=threads, n_threads_batch=threads)
+store = BranchStore(ctx)
+sys_toks = [int(t) for t in m.vocab.tokenize(system, add_special=True)]
+def user_part(q):
+    return [int(t) for t in m.vocab.tokenize("User:\n" + q + "\nAssistant:\n", add_special=False)]
+prompts = [sys_toks + user_part(q) for q in questions]
+st = ManyStats()
+t0 = time.perf_counter()
+rs = generate_many(store, prompts, max_tokens=n_predict, stop=["User:"], n_parallel=clients, keep_prefixes=1, stats=st)
+dt = time.perf_counter() - t0
+gen = sum(len(r.tokens) for r in rs)
+user = st.prompt_tokens - len(sys_toks) * len(prompts)  # llama-parallel counts no system prompt
+print(json.dumps({{"prompt_tokens": user, "all_prompt_tokens": st.prompt_tokens,
+                  "prefill_tokens": st.prefill_tokens, "shared_tokens": st.shared_tokens,
+                  "gen_tokens": gen, "seconds": dt, "total_tps": (user + gen) / dt, "gen_tps": gen / dt,
+                  "decodes": st.decodes, "steps": st.steps}}))
+"""
+
+
+def run_ours(model: Path, clients: int, n_seq: int, n_predict: int, n_ctx: int, threads: int) -> dict:
+    code = CHILD.format(root=str(HERE.parent), args=(clients, n_seq, n_predict, n_ctx, threads), model=str(model))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800)
+    if p.returncode != 0:
+        raise RuntimeError(f"ours failed ({p.returncode}): {p.stderr[-2000:]}")
+    return dict(json.loads(p.stdout.strip().splitlines()[-1]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clients", default="8,16,32")
+    ap.add_argument("--sequences", type=int, default=64)
+    ap.add_argument("-n", "--n-predict", type=int, default=32)
+    ap.add_argument("--n-ctx", type=int, default=8192)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    import llama_cffi
+    from benchmarks import native_tools
+
+    model = Path(llama_cffi.default_model_path())
+    binary = native_tools.build_llama_example("parallel")
+    rows: list[dict[str, Any]] = []
+    for clients in (int(x) for x in args.clients.split(",")):
+        res: dict[str, list[dict]] = {"ours": [], "native": []}
+        for r in range(args.rounds):
+            order = ("ours", "native") if r % 2 == 0 else ("native", "ours")
+            for who in order:
+                common_args = (clients, args.sequences, args.n_predict, args.n_ctx, args.threads)
+                t = time.perf_counter()
+                if who == "ours":
+                    res[who].append(run_ours(model, *common_args))
+                else:
+                    res[who].append(run_native(binary, model, *common_args))
+                print(
+                    f"# clients={clients} round {r} {who}: {json.dumps(res[who][-1])} "
+                    f"({time.perf_counter() - t:.0f} s)",
+                    file=sys.stderr,
+                )
+        med = {
+            w: {k: common.median([x[k] for x in v]) for k in ("total_tps", "gen_tps", "prompt_tokens", "gen_tokens")}
+            for w, v in res.items()
+        }
+        rows.append(
+            {
+                "clients": clients,
+                "ours": med["ours"],
+                "native": med["native"],
+                "runs": res,
+                "ratio_total": med["ours"]["total_tps"] / med["native"]["total_tps"],
+                "ratio_gen": med["ours"]["gen_tps"] / med["native"]["gen_tps"],
+            }
+        )
+    print(
+        f"model {model.name}, {args.sequences} requests, -n {args.n_predict}, {args.threads} threads, "
+        f"{args.rounds} rounds (medians)"
+    )
+    print(
+        "| clients | ours prompt+gen t/s | llama-parallel | ratio | ours gen t/s | llama-parallel | ratio "
+        "| ours prompt / prefilled / gen tokens | llama-parallel prompt / gen tokens |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for row in rows:
+        o, n = row["ours"], row["native"]
+        ours_runs = row["runs"]["ours"]
+        pre = common.median([x["prefill_tokens"] for x in ours_runs])
+        print(
+            f"| {row['clients']} | {o['total_tps']:.1f} | {n['total_tps']:.1f} | {row['ratio_total']:.2f} "
+            f"| {o['gen_tps']:.1f} | {n['gen_tps']:.1f} | {row['ratio_gen']:.2f} "
+            f"| {o['prompt_tokens']:.0f} / {pre:.0f} / {o['gen_tokens']:.0f} | "
+            f"{n['prompt_tokens']:.0f} / {n['gen_tokens']:.0f} |"
+        )
+    if rows:
+        print(f"llama-parallel: {rows[0]['runs']['native'][0]['command']}")
+    if args.json:
+        common.write_json(args.json, {"rows": rows, "args": vars(args) | {"json": str(args.json)}})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
