@@ -18,8 +18,14 @@ counted without the shared system prompt, whose decode is timed), and the genera
 tokens per second. Runs alternate, each in a fresh process; the table has
 medians and ratios (ours / llama-parallel: above 1.0 ours is faster).
 
+llama-parallel draws its questions from a short list (9 distinct among the first 64), so
+ours, which shares any common prefix, copies most of a repeated question's prompt too:
+the table gives the prompt tokens each decoded. ``--no-share`` makes ours decode every
+prompt in full (the system prompt included, which llama-parallel decodes once): a bound
+from below.
+
 Usage: ``python benchmarks/bench_many.py [--clients 8,16,32] [--sequences 64] [-n 32]
-[--rounds 3] [--threads 2] [--json FILE]``.
+[--rounds 3] [--threads 2] [--no-share] [--json FILE]``.
 """
 
 from __future__ import annotations
@@ -106,7 +112,7 @@ from benchmarks.bench_many import workload
 import llama_cffi as lc
 from samplers.branch import BranchStore
 from samplers.many import ManyStats, generate_many
-clients, n_seq, n_predict, n_ctx, threads = {args!r}
+clients, n_seq, n_predict, n_ctx, threads, share = {args!r}
 system, questions = workload(n_seq)
 m = lc.Model.load({model!r})
 ctx = m.context(n_ctx=n_ctx, n_seq_max=clients + 1, kv_unified=True, n_threads=threads, n_threads_batch=threads)
@@ -117,7 +123,8 @@ def user_part(q):
 prompts = [sys_toks + user_part(q) for q in questions]
 st = ManyStats()
 t0 = time.perf_counter()
-rs = generate_many(store, prompts, max_tokens=n_predict, stop=["User:"], n_parallel=clients, keep_prefixes=1, stats=st)
+rs = generate_many(store, prompts, max_tokens=n_predict, stop=["User:"], n_parallel=clients, keep_prefixes=1,
+                   share_prefixes=share, stats=st)
 dt = time.perf_counter() - t0
 gen = sum(len(r.tokens) for r in rs)
 user = st.prompt_tokens - len(sys_toks) * len(prompts)  # llama-parallel counts no system prompt
@@ -128,8 +135,11 @@ print(json.dumps({{"prompt_tokens": user, "all_prompt_tokens": st.prompt_tokens,
 """
 
 
-def run_ours(model: Path, clients: int, n_seq: int, n_predict: int, n_ctx: int, threads: int) -> dict:
-    code = CHILD.format(root=str(HERE.parent), args=(clients, n_seq, n_predict, n_ctx, threads), model=str(model))
+def run_ours(
+    model: Path, clients: int, n_seq: int, n_predict: int, n_ctx: int, threads: int, share: bool = True
+) -> dict:
+    args = (clients, n_seq, n_predict, n_ctx, threads, share)
+    code = CHILD.format(root=str(HERE.parent), args=args, model=str(model))
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800)
     if p.returncode != 0:
         raise RuntimeError(f"ours failed ({p.returncode}): {p.stderr[-2000:]}")
@@ -144,6 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-ctx", type=int, default=8192)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--no-share",
+        action="store_true",
+        help="ours decodes every prompt in full (llama-parallel still shares its system prompt)",
+    )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     import llama_cffi
@@ -160,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                 common_args = (clients, args.sequences, args.n_predict, args.n_ctx, args.threads)
                 t = time.perf_counter()
                 if who == "ours":
-                    res[who].append(run_ours(model, *common_args))
+                    res[who].append(run_ours(model, *common_args, share=not args.no_share))
                 else:
                     res[who].append(run_native(binary, model, *common_args))
                 print(

@@ -1516,7 +1516,19 @@ class Context:
 
     # ------------------------------------------------------------------ perf
     def perf(self) -> dict[str, float | int]:
-        """llama.cpp's timings: load/prompt/eval milliseconds and token counts."""
+        """llama.cpp's timings of this context (``llama_perf_context``): ``t_load_ms``,
+        ``t_p_eval_ms`` (prompt decodes: batches of more than one token) and ``t_eval_ms``
+        (one-token decodes) in milliseconds, with the token counts ``n_p_eval`` and
+        ``n_eval``, since the context was made or :meth:`perf_reset`. A context records
+        them unless it was made with ``no_perf=True`` (llama.cpp's own default); then this
+        raises :class:`~llama_cffi.errors.UnsupportedError` rather than return zero
+        times."""
+        if bool(self.params.c.no_perf):
+            self._ptr()
+            raise UnsupportedError(
+                "this context was made with no_perf=True: llama.cpp records no timings (they would read 0 ms); "
+                "make the context with no_perf=False (llama_cffi's default) to read them"
+            )
         d = lib.llama_perf_context(self._ptr())
         return {
             "t_start_ms": d.t_start_ms,

@@ -98,6 +98,8 @@ class ContextParams:
             c.n_threads = min(int(c.n_threads), cores)
         if "n_threads_batch" not in kwargs:
             c.n_threads_batch = min(int(c.n_threads_batch), cores)
+        if "no_perf" not in kwargs:  # llama.cpp's default is off: Context.perf() would read zero times
+            c.no_perf = False
         for name, value in kwargs.items():
             if name in _MANAGED:
                 raise ParamError(f"{name} is managed by llama_cffi; pass the callback itself")

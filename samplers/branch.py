@@ -678,6 +678,9 @@ class BranchStore:
         sequence otherwise (one stream per sequence, or a recurrent state), and in a
         sliding-window cache the window before ``n`` (llama-server's rule: the source's
         smallest position at most ``n - n_swa``)."""
+        expect("source", source, Branch, "a Branch of this store")
+        prompt = list(expect_iterable("prompt", prompt, "a sequence of token ids"))
+        n = expect_int("n", n)
         if not 0 <= n < len(prompt):
             return f"prefix_len={n} must be in [0, {len(prompt) - 1}] (one token of the prompt left to decode)"
         if n == 0:

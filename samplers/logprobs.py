@@ -20,7 +20,7 @@ Ownership
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -38,7 +38,9 @@ from .measure import _buffers, _check_base, _values_problem
 if TYPE_CHECKING:
     from llama_cffi import Context, Vocab
 
-__all__ = ["LogprobReader", "Score", "TokenLogprob", "TopToken", "score"]
+    from .branch import BranchStore
+
+__all__ = ["LogprobReader", "Score", "TokenLogprob", "TopToken", "score", "score_many"]
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,9 @@ class Score:
     prompt_tokens: int
     #: ``"nats"`` or ``"bits"``
     unit: str = "nats"
+    #: whether every continuation token is the most likely token of its row (the lowest
+    #: id among equal maxima, as ``argmax`` picks): lm-evaluation-harness's ``is_greedy``
+    greedy: bool = False
 
     @property
     def total(self) -> float:
@@ -225,6 +230,166 @@ def score(
     rows = np.asarray(out)
     try:
         records = tuple(reader.read(rows[i], int(t)) for i, t in enumerate(c))
+        greedy = all(int(np.argmax(rows[i])) == int(t) for i, t in enumerate(c))
     finally:
         del rows, out  # no raw array into the context's buffer outlives the call
-    return Score(tuple(int(t) for t in c), records, len(p), unit)
+    return Score(tuple(int(t) for t in c), records, len(p), unit, greedy)
+
+
+def score_many(
+    store: BranchStore,
+    pairs: Iterable[tuple[_Tokens, _Tokens]],
+    *,
+    top_logprobs: int = 0,
+    unit: Literal["nats", "bits"] = "nats",
+) -> list[Score]:
+    """:func:`score` of many ``(prompt, continuation)`` pairs, in input order, each
+    distinct prompt decoded once: its tokens belong to the sequences of all its
+    continuations at once (one KV cell each, shared, as ``llama-perplexity --hellaswag``
+    does), every continuation (but its last token) in a sequence of its own, packed into
+    decodes of up to ``n_batch`` tokens. Each :class:`Score` says whether the
+    continuation is the greedy one (``greedy``, lm-evaluation-harness's ``is_greedy``).
+
+    ``store``: a :class:`~samplers.branch.BranchStore` whose free sequence ids are used
+    (and emptied again); its live branches are left as they are. Its context should have
+    ``kv_unified=True`` (a cell shared by several sequences; with one KV stream per
+    sequence each pair is decoded alone). A prompt with more continuations than free ids
+    is decoded once per group of them.
+
+    Tokenization as :func:`score`. The values equal :func:`score`'s of each pair alone
+    bit for bit when a decode's rows are computed the same way in both (the conditions
+    of the branches guide, "Tolerances": no weight repacking, at most 7 rows per
+    micro-batch, one thread); otherwise up to that rounding."""
+    from .branch import BranchStore
+
+    expect("store", store, BranchStore, "a samplers.branch.BranchStore (BranchStore(ctx))")
+    ctx = store.ctx
+    vocab = ctx.model.vocab
+    reader = LogprobReader(vocab, top_logprobs, unit)
+    if isinstance(pairs, (str, bytes)):
+        raise type_error("pairs", "an iterable of (prompt, continuation) pairs", pairs)
+    items: list[tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]] = []
+    for i, pair in enumerate(pairs):
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise type_error(f"pairs[{i}]", "a (prompt, continuation) pair", pair)
+        p = _tokens(vocab, pair[0], True, f"prompt of pairs[{i}]")
+        c = _tokens(vocab, pair[1], False, f"continuation of pairs[{i}]")
+        if len(p) + len(c) - 1 > ctx.n_ctx_seq:
+            raise ParamError(
+                f"pairs[{i}]: prompt and continuation take {len(p) + len(c) - 1} positions; a sequence of this "
+                f"context holds {ctx.n_ctx_seq} (n_ctx_seq)"
+            )
+        items.append((p, c))
+    if not items:
+        return []
+    n_ids = store.available
+    if n_ids == 0:
+        from .branch import CapacityError
+
+        raise CapacityError("score_many needs a free sequence id of the store: prune a branch")
+    shared = ctx.n_seq_max == 1 or bool(ctx.params.c.kv_unified)
+    group_max = n_ids if shared else 1
+    # units: a prompt and up to group_max of its continuations (pair indices), prompts in
+    # the order they first appear
+    by_prompt: dict[bytes, list[int]] = {}
+    for i, (p, _) in enumerate(items):
+        by_prompt.setdefault(p.tobytes(), []).append(i)
+    units: list[list[int]] = []
+    for idx in by_prompt.values():
+        units += [idx[k : k + group_max] for k in range(0, len(idx), group_max)]
+    records: list[list[TokenLogprob | None]] = [[None] * len(c) for _, c in items]
+    greedy = [True] * len(items)
+    ids: list[int] = []
+    try:
+        for _ in range(n_ids):
+            ids.append(store._take_id())
+        _score_units(store, items, units, ids, reader, records, greedy)
+    finally:
+        for sid in ids:
+            ctx.memory.seq_rm(sid)
+            store._give_id(sid)
+    out = []
+    for i, (p, c) in enumerate(items):
+        recs = tuple(r for r in records[i] if r is not None)
+        assert len(recs) == len(c)
+        out.append(Score(tuple(int(t) for t in c), recs, len(p), unit, greedy[i]))
+    return out
+
+
+def _score_units(
+    store: BranchStore,
+    items: list[tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]],
+    units: list[list[int]],
+    ids: list[int],
+    reader: LogprobReader,
+    records: list[list[TokenLogprob | None]],
+    greedy: list[bool],
+) -> None:
+    """Decode the units in order, packed: a unit's prompt tokens tagged with all its
+    continuations' sequences, then each continuation's tokens in its own; a unit takes
+    its ids when its first token is packed and gives them back after the decode of its
+    last one."""
+    from llama_cffi import Batch
+
+    ctx = store.ctx
+    cap = ctx.n_batch
+    batch = Batch(cap, n_seq_max=max(len(u) for u in units))
+    free = list(reversed(ids))
+    # what each output row scores: (pair index, continuation offset) pairs
+    targets: list[list[tuple[int, int]]] = []
+    done_units: list[list[int]] = []  # ids to free after this decode
+    n = 0
+
+    def flush() -> None:
+        nonlocal n
+        if n == 0:
+            return
+        batch.n_tokens = n
+        ctx.decode_batch(batch)
+        rows = np.asarray(ctx.logits_all()) if targets else np.zeros((0, 0), dtype=np.float32)
+        try:
+            for r, tg in enumerate(targets):
+                row = rows[r]
+                best = int(np.argmax(row))
+                for i, k in tg:
+                    tok = int(items[i][1][k])
+                    records[i][k] = reader.read(row, tok)
+                    if best != tok:
+                        greedy[i] = False
+        finally:
+            del rows
+        targets.clear()
+        for sids in done_units:
+            for sid in sids:
+                ctx.memory.seq_rm(sid)
+            free.extend(sids)
+        done_units.clear()
+        n = 0
+
+    def put(tok: int, pos: int, seqs: list[int], tg: list[tuple[int, int]] | None) -> None:
+        nonlocal n
+        if n == cap:
+            flush()
+        batch.token[n] = tok
+        batch.pos[n] = pos
+        batch.n_seq_id[n] = len(seqs)
+        batch.seq_id[n, : len(seqs)] = seqs
+        batch.logits[n] = 1 if tg else 0
+        if tg:
+            targets.append(tg)
+        n += 1
+
+    for unit in units:
+        if len(free) < len(unit):
+            flush()
+        sids = [free.pop() for _ in unit]
+        p = items[unit[0]][0]
+        last = len(p) - 1
+        for j, t in enumerate(p.tolist()):
+            put(t, j, sids, [(i, 0) for i in unit] if j == last else None)
+        for i, sid in zip(unit, sids, strict=True):
+            c = items[i][1].tolist()
+            for k in range(len(c) - 1):
+                put(c[k], len(p) + k, [sid], [(i, k + 1)])
+        done_units.append(sids)
+    flush()

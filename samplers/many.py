@@ -157,6 +157,11 @@ class ManyRun(Iterator[tuple[int, Result]]):
     run decoded so far. Leaving it early (:meth:`close`, or dropping it) prunes every
     sequence it made; an error does the same, then propagates."""
 
+    #: what the run has decoded so far
+    stats: ManyStats
+    #: how many requests the run holds
+    total: int
+
     def __init__(
         self,
         store: BranchStore,

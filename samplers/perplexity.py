@@ -436,6 +436,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-b", "--batch-size", type=int, default=2048, help="logical batch size (default 2048)")
     parser.add_argument("--chunks", type=int, default=-1, help="at most this many chunks (default: all)")
     parser.add_argument("-t", "--threads", type=int, default=None, help="threads (default: llama_cffi's)")
+    parser.add_argument(
+        "--hellaswag", action="store_true", help="HellaSwag's acc_norm over the file's tasks (llama.cpp's layout)"
+    )
+    parser.add_argument("--hellaswag-tasks", type=int, default=400, help="tasks to draw (default 400)")
+    parser.add_argument("-np", "--parallel", type=int, default=1, help="sequences (the eval modes use at least 4)")
 
 
 class RemoteScoring(Protocol):
@@ -469,6 +474,8 @@ def run_cli(args: argparse.Namespace, remote: RemoteScoring | None = None) -> in
     ``remote``: score the chunks there (only the vocabulary is loaded here). User errors
     propagate as exceptions (the caller prints one line and exits 2)."""
     expect_namespace("args", args)
+    if getattr(args, "hellaswag", False):
+        return _run_hellaswag(args, remote)
     p = plan(args.ctx_size, args.batch_size)
     text = _read_text(args.file)
     path = args.model if args.model else str(default_model_path())
@@ -509,6 +516,39 @@ def run_cli(args: argparse.Namespace, remote: RemoteScoring | None = None) -> in
         print("Unexpected negative standard deviation of log(prob)", file=sys.stderr)
         return 0
     print(res, flush=True)
+    return 0
+
+
+def _run_hellaswag(args: argparse.Namespace, remote: RemoteScoring | None) -> int:
+    """``--hellaswag``: llama-perplexity's lines (a header, then the running accuracy
+    after each task) on stdout."""
+    from .evals import hellaswag, read_hellaswag, wilson_interval
+
+    if remote is not None:
+        raise ParamError("--hellaswag runs in this process: leave out --ray")
+    with open(args.file, encoding="utf-8") as fh:
+        tasks = read_hellaswag(fh.read())
+    path = args.model if args.model else str(default_model_path())
+    print(f"hellaswag_score : loaded {len(tasks)} tasks from prompt.", file=sys.stderr, flush=True)
+    print("\ntask\tacc_norm\t95% confidence interval", flush=True)
+
+    def show(done: int, total: int, acc: float) -> None:
+        del total
+        lo, hi = wilson_interval(round(acc * done), done)
+        print(f"{done}\t{acc * 100.0:3.8f}%\t[{lo * 100.0:3.4f}%, {hi * 100.0:3.4f}%]", flush=True)
+
+    with Model.load(path) as model:
+        hellaswag(
+            model,
+            tasks,
+            args.hellaswag_tasks,
+            ctx_size=args.ctx_size,
+            n_batch=args.batch_size,
+            n_parallel=args.parallel,
+            n_threads=args.threads,
+            progress=show,
+        )
+    print(flush=True)
     return 0
 
 

@@ -18,6 +18,7 @@ from llama_cffi import (
     Model,
     ParamError,
     StateError,
+    UnsupportedError,
 )
 from llama_cffi.outputs import OutputView, StaleOutputError
 from tests import tiny_model as tm
@@ -396,10 +397,15 @@ def test_perf_counters(tiny_model: Model) -> None:
             ctx.decode_single(t)
         p = ctx.perf()
         assert p["n_p_eval"] == len(PROMPT) and p["n_eval"] == 3
+        assert p["t_p_eval_ms"] > 0 and p["t_eval_ms"] > 0  # recorded by default (llama.cpp's is no_perf=True)
         ctx.perf_reset()
         ctx.decode_single(8)
         ctx.decode_single(9)
         assert ctx.perf()["n_eval"] == 2
+    with tiny_model.context(n_ctx=64, no_perf=True) as ctx:
+        ctx.decode(PROMPT)
+        with pytest.raises(UnsupportedError, match="no_perf=True"):
+            ctx.perf()
         usage = ctx.memory_usage()  # checked against llama.cpp's numbers in test_memory_usage
         assert usage.model_bytes >= tiny_model.size and usage.k_bytes > 0 and ctx.state_size() > 0
 

@@ -232,3 +232,52 @@ def test_store_step_makes_new_branches_with_the_moves(default_model: Model) -> N
             store.create_many([NewBranch(p), NewBranch(p)])
         assert (store.available, a.position) == before
         store.drain()
+
+
+def test_score_many_equals_score_of_each_pair(exact_model: Model) -> None:
+    """score_many decodes each distinct prompt once (its cells shared by its
+    continuations' sequences) and packs the continuations; under the exactness conditions
+    (no repacking, one thread, micro-batches of at most 7 rows) every value is score()'s of
+    the pair alone, bit for bit, and so is the greedy flag; results come in input order."""
+    from samplers.logprobs import score, score_many
+
+    vocab = exact_model.vocab
+    contexts = ["The capital of France is", "Two plus two equals", "The sky is"]
+    endings = [" Paris.", " blue", " four", " green and wide", " a city"]
+    pairs = [(c, e) for c in contexts for e in endings]
+    pairs.insert(3, (contexts[0], endings[0]))  # a repeated pair
+    params = {"n_ctx": 512, "n_batch": 16, "n_ubatch": 4, "n_seq_max": 4, "kv_unified": True, "n_threads": 1}
+    with exact_model.context(**params) as ctx:
+        store = BranchStore(ctx)
+        keep = store.create(vocab.tokenize("A branch that stays"))
+        before = keep.position
+        many = score_many(store, pairs)  # 3 free ids: the five endings of a prompt go in two groups
+        assert keep.alive and keep.position == before and store.available == 3
+        ones = [score(ctx, p, c, seq_id=1) for p, c in pairs]
+        ctx.memory.seq_rm(1)
+        prompt = [int(t) for t in vocab.tokenize("A branch that stays")]
+        g = score_many(store, [(prompt, [keep.sample()]), (prompt, [keep.sample() + 1])])
+    for m, o in zip(many, ones, strict=True):
+        assert m.tokens == o.tokens and m.prompt_tokens == o.prompt_tokens
+        assert [t.logprob for t in m.logprobs] == [t.logprob for t in o.logprobs]
+        assert m.greedy == o.greedy
+    assert g[0].greedy and not g[1].greedy  # the branch's greedy token after the same prompt, and another
+
+
+def test_score_many_refuses_bad_pairs(default_model: Model) -> None:
+    from samplers.logprobs import score_many
+
+    with default_model.context(n_ctx=64, n_seq_max=2, kv_unified=True) as ctx:
+        store = BranchStore(ctx)
+        with pytest.raises(ParamError, match="has no tokens"):
+            score_many(store, [("a", "")])
+        with pytest.raises(ParamTypeError):
+            score_many(store, [("only one",)])  # type: ignore[list-item]
+        with pytest.raises(ParamError, match="n_ctx_seq"):
+            score_many(store, [("word " * (ctx.n_ctx_seq + 8), " end")])
+        long = score_many(store, [("word " * 150, " end")])  # several decodes with no row to read
+        assert len(long[0].tokens) == 1 and long[0].prompt_tokens > ctx.n_batch
+        with pytest.raises(ParamTypeError):
+            score_many(ctx, [("a", "b")])  # type: ignore[arg-type]
+        assert score_many(store, []) == []
+        assert store.available == 2
