@@ -253,7 +253,7 @@ def score_many(
     ``store``: a :class:`~samplers.branch.BranchStore` whose free sequence ids are used
     (and emptied again); its live branches are left as they are. Its context should have
     ``kv_unified=True`` (a cell shared by several sequences; with one KV stream per
-    sequence each pair is decoded alone). A prompt with more continuations than free ids
+    sequence, or a recurrent model's state, each pair is decoded alone). A prompt with more continuations than free ids
     is decoded once per group of them.
 
     Tokenization as :func:`score`. The values equal :func:`score`'s of each pair alone
@@ -287,7 +287,9 @@ def score_many(
         from .branch import CapacityError
 
         raise CapacityError("score_many needs a free sequence id of the store: prune a branch")
-    shared = ctx.n_seq_max == 1 or bool(ctx.params.c.kv_unified)
+    # a cell of several sequences: a unified KV cache; a recurrent state keeps one state
+    # per sequence and cannot take a token for several
+    shared = (ctx.n_seq_max == 1 or bool(ctx.params.c.kv_unified)) and not ctx.model.is_recurrent
     group_max = n_ids if shared else 1
     # units: a prompt and up to group_max of its continuations (pair indices), prompts in
     # the order they first appear

@@ -443,6 +443,37 @@ def op_rewind_far(e: Env, ctx: Any) -> None:
     finite(np.array(ctx.decode_single(e.prompt[0])), "decoding at 20")
 
 
+def op_generate_many(e: Env, ctx: Any) -> None:
+    """Three prompts, two at a time (continuous batching, a shared prefix): each result is
+    generate()'s of its prompt alone (greedy) in a fresh context."""
+    from samplers.many import generate_many
+
+    prompts = ["hello world", "hello world the", "the cat"]
+    out = generate_many(BranchStore(ctx), prompts, max_tokens=4, n_parallel=2)
+    for p, r in zip(prompts, out, strict=True):
+        ref = e.ctx()
+        try:
+            if r.text != generate(BranchStore(ref), p, max_tokens=4):
+                raise Wrong(f"generate_many({p!r}) differs from generate() of the prompt alone")
+        finally:
+            ref.close()
+
+
+def op_score_many(e: Env, ctx: Any) -> None:
+    """Two prompts, three continuations: score_many's values are score()'s of each pair."""
+    from samplers.logprobs import score, score_many
+
+    pairs = [("hello world", " the cat"), ("hello world", " the"), ("the cat", " hello")]
+    many = score_many(BranchStore(ctx), pairs)
+    for (p, c), m in zip(pairs, many, strict=True):
+        ref = e.ctx()
+        try:
+            one = score(ref, p, c)
+        finally:
+            ref.close()
+        e.close_enough([t.logprob for t in m.logprobs], [t.logprob for t in one.logprobs], f"score_many{(p, c)}")
+
+
 class Declined(Exception):
     """The operation returned False (allowed by its API)."""
 
@@ -487,6 +518,8 @@ OPERATIONS: dict[str, Callable[[Env, Any], None]] = {
     "search.generate": op_search_generate,
     "search.best_of_n": op_search_best_of_n,
     "search.beam_search": op_search_beam,
+    "many.generate_many": op_generate_many,
+    "logprobs.score_many": op_score_many,
 }
 
 
