@@ -1564,16 +1564,29 @@ class Context:
         sampler: Sampler | None = None,
         stop: Iterable[str] = (),
         seq_id: int = 0,
+        *,
+        context_shift: bool = False,
+        n_keep: int = 0,
     ) -> Iterator[str]:
         """Decode ``prompt`` then sample up to ``max_tokens``, yielding text pieces (never
         half a UTF-8 character). Stops at an end-of-generation token or a ``stop`` string
-        (the stop string itself is not yielded).
+        (the stop string itself is not yielded). When the sequence fills the context
+        (``n_ctx_seq``) the next decode raises :class:`~llama_cffi.KvCacheFullError`,
+        unless ``context_shift=True``: llama.cpp's context shift then keeps the first
+        ``n_keep`` positions, drops the oldest half of the rest and shifts the others down
+        (no recomputation), where the memory can shift (else
+        :class:`~llama_cffi.errors.UnsupportedError` before anything is decoded: a
+        recurrent state, a sliding-window cache without ``swa_full=True``).
 
         On an encoder-decoder model (T5) the prompt is the encoder's input: the context's
         memory is cleared, the prompt encoded, and decoding starts from the model's decoder
         start token in ``seq_id``."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
             raise ParamError(f"max_tokens must be an int >= 0, not {max_tokens!r}")
+        if not isinstance(context_shift, bool):
+            raise type_error("context_shift", "True or False", context_shift)
+        if context_shift:
+            self._check_shift(n_keep)
         smp: Sampler = sampler if sampler is not None else Greedy()
         toks = self._vocab.tokenize(prompt) if isinstance(prompt, str) else self._vocab.check_tokens(prompt, "prompt")
         text = StopStringStream(self._vocab, stop)
@@ -1590,6 +1603,12 @@ class Context:
                 yield piece
             if text.stopped:
                 return
+            if context_shift:
+                pos = self.memory.seq_pos_max(seq_id) + 1
+                if pos >= self.n_ctx_seq:
+                    n_discard = (pos - n_keep) // 2
+                    self.memory.seq_rm(seq_id, n_keep, n_keep + n_discard)
+                    self.memory.seq_add(seq_id, n_keep + n_discard, -1, -n_discard)
             self.decode_single(tok, seq_id=seq_id)
         rest = text.flush()
         if rest:
@@ -1602,9 +1621,26 @@ class Context:
         sampler: Sampler | None = None,
         stop: Iterable[str] = (),
         seq_id: int = 0,
+        *,
+        context_shift: bool = False,
+        n_keep: int = 0,
     ) -> str:
         """The text :meth:`stream` would yield, joined."""
-        return "".join(self.stream(prompt, max_tokens, sampler, stop, seq_id))
+        return "".join(
+            self.stream(prompt, max_tokens, sampler, stop, seq_id, context_shift=context_shift, n_keep=n_keep)
+        )
+
+    def _check_shift(self, n_keep: object) -> None:
+        """A context shift keeping ``n_keep`` positions can run on this context."""
+        if isinstance(n_keep, bool) or not isinstance(n_keep, int):
+            raise type_error("n_keep", "an int (positions kept at the start on a context shift)", n_keep)
+        if not 0 <= n_keep <= self.n_ctx_seq - 2:
+            raise ParamError(f"n_keep={n_keep} must be in [0, {self.n_ctx_seq - 2}]: a shift drops half of the rest")
+        if self._recurrent or self.model.is_hybrid:
+            raise UnsupportedError("context_shift: a recurrent state cannot drop tokens (they stay mixed into it)")
+        if not self.memory.can_shift:
+            why = " (a sliding-window cache shifts only with swa_full=True)" if self.model.n_swa > 0 else ""
+            raise UnsupportedError(f"context_shift: this context's memory cannot shift positions{why}")
 
     # ------------------------------------------------------------------ async
     async def arun(self, fn: Callable[[], _T], cleanup: Callable[[_T], object] | None = None) -> _T:

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 
-from llama_cffi._args import expect, type_error
+from llama_cffi._args import expect, expect_bool, type_error
 from llama_cffi.context import Context
-from llama_cffi.errors import ParamError, ParamTypeError
+from llama_cffi.errors import ParamError, ParamTypeError, UnsupportedError
 from llama_cffi.kernels import softmax_sum
 from llama_cffi.vocab import StopStringStream, Vocab
 
@@ -180,8 +180,16 @@ class Stream(Iterator[str]):
         reader: LogprobReader | None,
         prompt_seconds: float = 0.0,
         prompt_tokens: int | None = None,
+        n_keep: int | None = None,
+        on_shift: Callable[[], object] | None = None,
     ) -> None:
         branch = _branch(branch)
+        if n_keep is not None:
+            _check_shift(branch, n_keep)
+            if drafter is not None:
+                raise ParamError(
+                    "context_shift with a drafter: speculative steps need positions that match the history"
+                )
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
             raise ParamError(f"max_tokens must be an int >= 0, not {max_tokens!r}")
         if drafter is not None and reader is not None and reader.top:
@@ -202,6 +210,10 @@ class Stream(Iterator[str]):
         self._t0: float | None = None
         self._seconds = 0.0
         self.stop_reason: StopReason | None = None
+        #: context shifts so far (``context_shift=True``): each dropped half of the positions after ``n_keep``
+        self.shifts = 0
+        self._n_keep = n_keep
+        self._on_shift = on_shift
         self._gen = self._run(max_tokens) if drafter is None else self._run_speculative(max_tokens, drafter, verify)
 
     def __iter__(self) -> Stream:
@@ -252,8 +264,10 @@ class Stream(Iterator[str]):
         top = reader is not None and reader.top > 0
         for _ in range(max_tokens):
             if branch.position >= self._n_ctx_seq:
-                self.stop_reason = "context"
-                break
+                if self._n_keep is None:
+                    self.stop_reason = "context"
+                    break
+                self._shift()
             tok = branch.sample()
             reason = self._end(tok)
             if reason is not None:
@@ -274,6 +288,17 @@ class Stream(Iterator[str]):
         rest = text.flush()
         if rest:
             yield rest
+
+    def _shift(self) -> None:
+        """llama.cpp's context shift: keep the first ``n_keep`` positions, drop half of the
+        rest (the oldest), shift the others down."""
+        n_keep = self._n_keep
+        assert n_keep is not None
+        pos = self.branch.position
+        self.branch.shift_context((pos - n_keep) // 2, sinks=n_keep)
+        self.shifts += 1
+        if self._on_shift is not None:
+            self._on_shift()
 
     def _run_speculative(self, max_tokens: int, drafter: Drafter, verify: Verify) -> Iterator[str]:
         branch, text = self.branch, self._text
@@ -313,6 +338,25 @@ class Stream(Iterator[str]):
             yield rest
 
 
+def _check_shift(branch: Branch, n_keep: object) -> int:
+    """``n_keep`` checked for a context shift on ``branch``'s context: an int that leaves
+    something to drop, on a memory that can shift."""
+    if isinstance(n_keep, bool) or not isinstance(n_keep, int):
+        raise type_error("n_keep", "an int (positions kept at the start on a context shift)", n_keep)
+    ctx = branch.store.ctx
+    if not 0 <= n_keep <= ctx.n_ctx_seq - 2:
+        raise ParamError(
+            f"n_keep={n_keep} must be in [0, {ctx.n_ctx_seq - 2}] (n_ctx_seq - 2): a shift drops half the rest"
+        )
+    model = ctx.model
+    if model.is_recurrent or model.is_hybrid:
+        raise UnsupportedError("context_shift: a recurrent state cannot drop tokens (they stay mixed into it)")
+    if not ctx.memory.can_shift:
+        why = " (a sliding-window cache shifts only with swa_full=True)" if model.n_swa > 0 else ""
+        raise UnsupportedError(f"context_shift: this context's memory cannot shift positions{why}")
+    return n_keep
+
+
 def stream(
     branch: Branch,
     max_tokens: int = 128,
@@ -324,6 +368,8 @@ def stream(
     logprobs: bool = False,
     top_logprobs: int = 0,
     unit: Literal["nats", "bits"] = "nats",
+    context_shift: bool = False,
+    n_keep: int = 0,
 ) -> Stream:
     """Sample and commit up to ``max_tokens`` on ``branch``, yielding text pieces (never
     half a UTF-8 character). Ends at an end-of-generation token, a ``stop_tokens`` token
@@ -338,10 +384,19 @@ def stream(
     checks the drafted tokens and commits those the sampler agrees with. The tokens,
     the branch's sampler state and metrics are those of plain generation (``verify``,
     and the conditions for bit-exact rows: see :mod:`samplers.speculative`; outside them,
-    up to rounding); ``drafter.stats`` counts what it bought."""
+    up to rounding); ``drafter.stats`` counts what it bought.
+
+    ``context_shift=True``: when the sequence fills the context (``n_ctx_seq``), llama.cpp's
+    context shift instead of stopping: the first ``n_keep`` positions stay, the oldest
+    half of the rest is dropped and the others shifted down (no recomputation;
+    :meth:`Branch.shift_context`, so the branch must be the store's only live one).
+    Refused with :class:`~llama_cffi.errors.UnsupportedError` where the memory cannot
+    shift (a recurrent state, a sliding-window cache without ``swa_full=True``)."""
     branch = _branch(branch)
+    context_shift = expect_bool("context_shift", context_shift)
     reader = LogprobReader(branch.store.ctx.model.vocab, top_logprobs, unit) if logprobs or top_logprobs else None
-    return Stream(branch, max_tokens, stop, stop_tokens, drafter, verify, reader)
+    keep = n_keep if context_shift else None
+    return Stream(branch, max_tokens, stop, stop_tokens, drafter, verify, reader, n_keep=keep)
 
 
 def _setup(
@@ -379,20 +434,24 @@ def complete(
     logprobs: bool = False,
     top_logprobs: int = 0,
     unit: Literal["nats", "bits"] = "nats",
+    context_shift: bool = False,
+    n_keep: int = 0,
 ) -> Result:
     """Generate for ``prompt`` on a new branch (pruned afterwards) and return the whole
     :class:`Result`: text, tokens, stop reason, timings (the prompt's decode included),
     KV positions and, when asked for, per-token log-probabilities with ``top_logprobs``
     alternatives. ``grammar``: GBNF text, a Grammar or a matcher; ``json_schema``: a
-    schema the output must satisfy; ``drafter``: speculative decoding (see
-    :func:`stream`)."""
+    schema the output must satisfy; ``drafter``: speculative decoding; ``context_shift``,
+    ``n_keep``: shift instead of stopping when the context fills (see :func:`stream`)."""
     store = _store(store)
+    context_shift = expect_bool("context_shift", context_shift)
     toks, constraint, reader = _setup(store, prompt, grammar, json_schema, logprobs, top_logprobs, unit)
     t0 = time.perf_counter()
     branch = store.create(toks, sampler=sampler, grammar=constraint, seed=seed)
     prompt_seconds = time.perf_counter() - t0
     try:
-        s = Stream(branch, max_tokens, stop, stop_tokens, drafter, verify, reader, prompt_seconds, len(toks))
+        keep = n_keep if context_shift else None
+        s = Stream(branch, max_tokens, stop, stop_tokens, drafter, verify, reader, prompt_seconds, len(toks), keep)
         for _ in s:
             pass
         return s.result
@@ -411,11 +470,27 @@ def generate(
     seed: int | None = None,
     drafter: Drafter | None = None,
     verify: Verify = "auto",
+    *,
+    context_shift: bool = False,
+    n_keep: int = 0,
 ) -> str:
     """Generate text for ``prompt`` on a new branch (pruned afterwards): the text of
     :func:`complete`'s result."""
     store = _store(store)
-    return complete(store, prompt, max_tokens, sampler, grammar, json_schema, stop, seed, drafter, verify).text
+    return complete(
+        store,
+        prompt,
+        max_tokens,
+        sampler,
+        grammar,
+        json_schema,
+        stop,
+        seed,
+        drafter,
+        verify,
+        context_shift=context_shift,
+        n_keep=n_keep,
+    ).text
 
 
 # ---------------------------------------------------------------------- async

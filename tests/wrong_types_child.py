@@ -294,6 +294,9 @@ FACTORIES: dict[str, Callable[[Env], Any]] = {
     "samplers.bias.LogitBias": lambda e: _m("samplers").LogitBias(e.n_vocab, {1: 1.0}),
     "samplers.branch.Branch": lambda e: e.branch(),
     "samplers.branch.BranchStore": lambda e: e.store(),
+    "samplers.harness.HarnessBackend": lambda e: e.once(
+        "harness", lambda: _m("samplers.harness").HarnessBackend(e.path, n_ctx=64, n_parallel=2)
+    ),
     "samplers.candidates.Candidates": lambda e: e.candidates(),
     "samplers.chain.SamplerChain": lambda e: _m("samplers").SamplerChain([_m("samplers").Greedy()]),
     "samplers.chat.ChatSession": lambda e: _m("samplers.chat").ChatSession(e.context(n_seq_max=1)),

@@ -1,0 +1,176 @@
+"""The lm-evaluation-harness backend (samplers.harness): its three request types against
+the project's own scores and generation, and, where the ``lm-eval`` package is installed
+(the ``[eval]`` extra), a local task run through lm-eval itself."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from llama_cffi import ParamError
+from samplers.harness import HarnessBackend, _rolling_windows
+from samplers.logprobs import score, score_many
+from samplers.many import Request, generate_many
+
+ROOT = Path(__file__).resolve().parent.parent
+HAVE_LM_EVAL = importlib.util.find_spec("lm_eval") is not None
+#: the [eval] extra (in the test extra): without it the lm-eval test skips, which fails a
+#: CI=true run
+needs_lm_eval = pytest.mark.skipif(not HAVE_LM_EVAL, reason="lm-eval is not installed (pip install '.[eval]')")
+
+
+@pytest.fixture(scope="module")
+def backend(default_model_path: Path) -> Iterator[HarnessBackend]:
+    b = HarnessBackend(str(default_model_path), n_ctx=64, n_parallel=4)
+    yield b
+    b.close()
+
+
+def req(*args: object) -> SimpleNamespace:
+    return SimpleNamespace(args=args)
+
+
+def test_loglikelihood_is_score_many_of_the_split_pairs(backend: HarnessBackend) -> None:
+    """lm-eval's split (the whole text's tokens after the context's; trailing spaces move
+    to the continuation; an empty context is BOS) and score_many's values, greedy flags
+    included; a context longer than n_ctx is cut on the left."""
+    vocab = backend.model.vocab
+    reqs = [
+        ("The capital of France is", " Paris"),
+        ("The capital of France is ", "Paris"),  # the space moves to the continuation
+        ("", "Hello world"),
+        ("word " * 100, " end"),  # cut to n_ctx on the left
+    ]
+    got = backend.loglikelihood([req(*r) for r in reqs])
+    whole = [int(t) for t in vocab.tokenize("The capital of France is Paris")]
+    ctx_enc = [int(t) for t in vocab.tokenize("The capital of France is")]
+    assert whole[: len(ctx_enc)] == ctx_enc
+    pairs = [
+        (ctx_enc, whole[len(ctx_enc) :]),
+        (ctx_enc, whole[len(ctx_enc) :]),
+        ([backend.prefix_token_id], [int(t) for t in vocab.tokenize("Hello world", add_special=False)]),
+    ]
+    long_ctx, long_cont = backend._encode_pair(*reqs[3])
+    cut = (long_ctx + long_cont)[-(backend.max_length + 1) :]
+    pairs.append((cut[: len(cut) - len(long_cont)], long_cont))
+    ref = score_many(backend.store, pairs)
+    assert got == [(s.total, s.greedy) for s in ref]
+    assert got[0] == got[1]
+    assert all(lp < 0 for lp, _ in got)
+
+
+def test_rolling_loglikelihood_covers_every_token_once(backend: HarnessBackend) -> None:
+    """A text longer than n_ctx: its windows predict each token once (the first from
+    BOS), and the sum is the windows' scores."""
+    text = "The river rises in the hills north of the town and runs south through farmland. " * 4
+    toks = [int(t) for t in backend.model.vocab.tokenize(text, add_special=False)]
+    assert len(toks) > backend.max_length
+    windows = _rolling_windows(toks, backend.prefix_token_id, backend.max_length)
+    assert [t for _, c in windows for t in c] == toks
+    assert all(len(a) + len(b) - 1 <= backend.max_length for a, b in windows)
+    (got,) = backend.loglikelihood_rolling([req(text)])
+    with backend.model.context(n_ctx=256) as ctx:
+        ref = sum(score(ctx, a, b).total for a, b in windows)
+    # score() decodes each window alone: other batch shapes than score_many's (rounding)
+    assert got == pytest.approx(ref, rel=2e-3)
+
+
+@given(n=st.integers(0, 60), max_len=st.integers(1, 20))
+def test_rolling_windows_are_lm_evals(n: int, max_len: int) -> None:
+    toks = list(range(100, 100 + n))
+    windows = _rolling_windows(toks, 1, max_len)
+    if HAVE_LM_EVAL:
+        from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+        assert windows == [make_disjoint_window(w) for w in get_rolling_token_windows(toks, 1, max_len, 1)]
+    assert [t for _, c in windows for t in c] == toks  # every token predicted once
+    for a, b in windows:
+        assert a and b and len(a) + len(b) - 1 <= max_len
+
+
+def test_generate_until_is_generate_many(backend: HarnessBackend) -> None:
+    reqs = [
+        ("Count: 1, 2, 3,", {"until": [","], "max_gen_toks": 8}),
+        ("Once upon a time", {"until": "\n", "max_gen_toks": 6, "do_sample": False}),
+    ]
+    got = backend.generate_until([req(*r) for r in reqs])
+    ref = generate_many(
+        backend.store, [Request(reqs[0][0], max_tokens=8, stop=[","]), Request(reqs[1][0], max_tokens=6, stop=["\n"])]
+    )
+    assert got == [r.text for r in ref]
+    assert "," not in got[0] and "\n" not in got[1]
+
+
+def test_bad_requests_are_refused(backend: HarnessBackend) -> None:
+    with pytest.raises(ParamError, match="arguments"):
+        backend.loglikelihood([req("only one")])
+    with pytest.raises(ParamError, match="no tokens"):
+        backend.loglikelihood([req("context", "")])
+    with pytest.raises(ParamError, match="n_parallel"):
+        HarnessBackend(n_parallel=0)
+
+
+TASK = """task: llama_cffi_local
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{question}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{answer}}}}"
+metric_list:
+  - metric: acc
+"""
+
+DOCS = [
+    {"question": "The capital of France is", "choices": ["Paris", "banana", "seven"], "answer": 0},
+    {"question": "Two plus two equals", "choices": ["purple", "four", "Tuesday"], "answer": 1},
+    {"question": "The colour of the clear sky is", "choices": ["loud", "heavy", "blue"], "answer": 2},
+    {"question": "Water freezes at zero degrees", "choices": ["Celsius", "miles", "apples"], "answer": 0},
+]
+
+
+@needs_lm_eval
+@pytest.mark.slow
+@pytest.mark.default_model
+def test_a_local_task_through_lm_eval(default_model_path: Path, tmp_path: Path) -> None:
+    """``llama-cffi lm-eval --model llama-cffi`` on a task written here (YAML and JSON, no
+    network): its accuracy is the one the project's own scores give."""
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(d) + "\n" for d in DOCS))
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "local.yaml").write_text(TASK.format(data=data))
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
+    r = subprocess.run(
+        [sys.executable, "-m", "llama_cffi", "lm-eval", "--model", "llama-cffi",
+         "--model_args", f"model={default_model_path},n_ctx=128,n_parallel=4",
+         "--tasks", "llama_cffi_local", "--include_path", str(tasks), "--output_path", str(out)],
+        capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-4000:]
+    results = json.loads(next(out.rglob("results_*.json")).read_text())
+    acc = results["results"]["llama_cffi_local"]["acc,none"]
+    # the same documents scored by the project: lm-eval's " " + choice after the question
+    b = HarnessBackend(str(default_model_path), n_ctx=128, n_parallel=4)
+    try:
+        right = 0
+        for d in DOCS:
+            lls = b.loglikelihood([req(d["question"], " " + c) for c in d["choices"]])
+            right += max(range(len(lls)), key=lambda i: lls[i][0]) == d["answer"]
+    finally:
+        b.close()
+    assert acc == pytest.approx(right / len(DOCS))
