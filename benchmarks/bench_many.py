@@ -24,8 +24,13 @@ the table gives the prompt tokens each decoded. ``--no-share`` makes ours decode
 prompt in full (the system prompt included, which llama-parallel decodes once): a bound
 from below.
 
+Then HellaSwag: ``llama-perplexity --hellaswag`` against ``python -m samplers.perplexity
+--hellaswag`` on a file of ``--hellaswag-tasks`` tasks written in its layout, whole
+processes timed (model load on both sides), alternating; the accuracy lines they print
+must agree.
+
 Usage: ``python benchmarks/bench_many.py [--clients 8,16,32] [--sequences 64] [-n 32]
-[--rounds 3] [--threads 2] [--no-share] [--json FILE]``.
+[--rounds 3] [--threads 2] [--no-share] [--hellaswag-tasks 100] [--json FILE]``.
 """
 
 from __future__ import annotations
@@ -146,6 +151,64 @@ def run_ours(
     return dict(json.loads(p.stdout.strip().splitlines()[-1]))
 
 
+SUBJECTS = ["A man", "A woman", "The chef", "A child", "The dog", "Two friends", "The teacher", "A cyclist"]
+ACTIONS = ["is cooking dinner in a kitchen", "walks along a beach", "paints a fence", "plays the guitar on stage"]
+ENDINGS = [
+    "then adds salt to the pot and stirs it slowly with a wooden spoon.",
+    "and the sea washes over the sand while the gulls circle overhead.",
+    "picks up a brush, dips it in white paint and starts at the top.",
+    "strums a chord, nods to the drummer and the crowd cheers loudly.",
+    "suddenly flies to the moon on a silver spoon and never comes back.",
+    "eats the kitchen table with a purple umbrella and a cup of tea.",
+    "turns into a cloud of numbers that rains on the neighbours' roof.",
+    "sings to the refrigerator about taxes until the milk goes sour.",
+]
+
+
+def write_hellaswag(path: Path, n: int, seed: int = 0) -> Path:
+    """``n`` HellaSwag-like tasks in llama.cpp's layout (context, gold index, 4 endings)."""
+    import random
+
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(n):
+        a = rng.randrange(len(ACTIONS))
+        gold = rng.randrange(4)
+        wrong = rng.sample([e for i, e in enumerate(ENDINGS) if i != a], 3)
+        lines += [f"Activity: {rng.choice(SUBJECTS)} {ACTIONS[a]}", str(gold), *wrong[:gold], ENDINGS[a], *wrong[gold:]]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def run_hellaswag(model: Path, tasks: int, threads: int, rounds: int) -> dict[str, Any]:
+    """``llama-perplexity --hellaswag`` against ``python -m samplers.perplexity --hellaswag``
+    on the same file and settings, wall-clock of each whole process (model load included on
+    both sides), alternating; the printed accuracy lines must agree."""
+    import tempfile
+
+    from benchmarks import native_tools
+
+    binary = native_tools.build_llama_tool("llama-perplexity")
+    out: dict[str, Any] = {"native": [], "ours": [], "same_lines": True}
+    with tempfile.TemporaryDirectory() as tmp:
+        f = write_hellaswag(Path(tmp) / "hs.txt", tasks)
+        args = ["-m", str(model), "-f", str(f), "--hellaswag", "--hellaswag-tasks", str(tasks), "-t", str(threads)]
+        cmds = {"native": [str(binary), *args], "ours": [sys.executable, "-m", "samplers.perplexity", *args]}
+        lines: dict[str, list[str]] = {}
+        for r in range(rounds):
+            for who in ("ours", "native") if r % 2 == 0 else ("native", "ours"):
+                t = time.perf_counter()
+                p = subprocess.run(cmds[who], capture_output=True, text=True, timeout=1800, cwd=str(HERE.parent))
+                out[who].append(time.perf_counter() - t)
+                if p.returncode != 0:
+                    raise RuntimeError(f"{who} failed: {p.stderr[-2000:]}")
+                lines[who] = re.findall(r"^\d+\t[\d.]+%\t\[.*\]$", p.stdout + p.stderr, re.M)
+        out["same_lines"] = lines["ours"] == lines["native"] and len(lines["ours"]) == tasks
+        out["final"] = lines["ours"][-1] if lines["ours"] else ""
+        out["commands"] = {k: shlex.join(v) for k, v in cmds.items()}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clients", default="8,16,32")
@@ -159,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="ours decodes every prompt in full (llama-parallel still shares its system prompt)",
     )
+    ap.add_argument("--hellaswag-tasks", type=int, default=100, help="0: leave the HellaSwag comparison out")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     import llama_cffi
@@ -167,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     model = Path(llama_cffi.default_model_path())
     binary = native_tools.build_llama_example("parallel")
     rows: list[dict[str, Any]] = []
-    for clients in (int(x) for x in args.clients.split(",")):
+    for clients in (int(x) for x in args.clients.split(",") if x):
         res: dict[str, list[dict]] = {"ours": [], "native": []}
         for r in range(args.rounds):
             order = ("ours", "native") if r % 2 == 0 else ("native", "ours")
@@ -218,8 +282,19 @@ def main(argv: list[str] | None = None) -> int:
         )
     if rows:
         print(f"llama-parallel: {rows[0]['runs']['native'][0]['command']}")
+    hs: dict[str, Any] | None = None
+    if args.hellaswag_tasks > 0:
+        hs = run_hellaswag(model, args.hellaswag_tasks, args.threads, args.rounds)
+        o, n = common.median(hs["ours"]), common.median(hs["native"])
+        print(
+            f"\nHellaSwag, {args.hellaswag_tasks} tasks (whole processes, model load included; medians of "
+            f"{args.rounds}): ours {o:.2f} s, llama-perplexity {n:.2f} s, speed ratio {n / o:.2f}; "
+            f"the same accuracy lines: {hs['same_lines']} ({hs['final']!r})"
+        )
+        for who, cmd in hs["commands"].items():
+            print(f"{who}: {cmd}")
     if args.json:
-        common.write_json(args.json, {"rows": rows, "args": vars(args) | {"json": str(args.json)}})
+        common.write_json(args.json, {"rows": rows, "hellaswag": hs, "args": vars(args) | {"json": str(args.json)}})
     return 0
 
 

@@ -382,7 +382,9 @@ class ManyRun(Iterator[tuple[int, Result]]):
                     waiting.append(self._pending.popleft())
                     continue
             if store.available == 0 and not self._evict(keep=src):
-                break
+                if src is None or not self._evict(keep=None):
+                    break
+                src, n = None, 0  # the only id to free held this prompt's prefix: decode it in full
             self._pending.popleft()
             job.t_admit = time.perf_counter()
             out.append((job, self._spec(job, src, n)))

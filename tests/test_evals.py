@@ -4,7 +4,6 @@ built from the same llama.cpp source, on files the tests write in its formats.""
 from __future__ import annotations
 
 import os
-import random
 import re
 import subprocess
 import sys
@@ -12,38 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.bench_many import write_hellaswag
 from benchmarks.native_tools import build_llama_tool
 from llama_cffi import Model, ParamError
 from samplers.evals import _draw, hellaswag, read_hellaswag
 
 ROOT = Path(__file__).resolve().parent.parent
-
-SUBJECTS = ["A man", "A woman", "The chef", "A child", "The dog", "Two friends", "The teacher", "A cyclist"]
-ACTIONS = ["is cooking dinner in a kitchen", "walks along a beach", "paints a fence", "plays the guitar on stage"]
-ENDINGS = [
-    "then adds salt to the pot and stirs.",
-    "and the sea washes over the sand.",
-    "picks up a brush and dips it in paint.",
-    "strums a chord and the crowd cheers.",
-    "suddenly flies to the moon on a spoon.",
-    "eats the table with a purple umbrella.",
-    "turns into a cloud of numbers.",
-    "sings to the refrigerator about taxes.",
-]
-
-
-def write_hellaswag(path: Path, n: int, seed: int = 0) -> Path:
-    """``n`` tasks in llama.cpp's layout (context, gold index, four endings)."""
-    rng = random.Random(seed)
-    lines = []
-    for _ in range(n):
-        a = rng.randrange(len(ACTIONS))
-        gold = rng.randrange(4)
-        wrong = rng.sample([e for i, e in enumerate(ENDINGS) if i != a], 3)
-        endings = [*wrong[:gold], ENDINGS[a], *wrong[gold:]]
-        lines += [f"Activity: {rng.choice(SUBJECTS)} {ACTIONS[a]}", str(gold), *endings]
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -123,6 +123,19 @@ def test_a_shared_header_is_decoded_once(exact_model: Model) -> None:
     assert [r.logprob for r in a] == [r.logprob for r in b]
 
 
+def test_one_sequence_id_and_kept_prompts_do_not_deadlock(default_model: Model) -> None:
+    """With a single sequence id the kept prompt holds the only id: the next prompt frees
+    it (decoding its prompt in full) rather than waiting for it forever."""
+    header = "You are a terse assistant. Answer every question in one word. " * 2
+    prompts = [header + q for q in ("Q: sky colour?", "Q: two plus two?", "Q: capital of France?")]
+    with default_model.context(n_ctx=512, n_seq_max=1) as ctx:
+        store = BranchStore(ctx)
+        stats = ManyStats()
+        rs = generate_many(store, prompts, max_tokens=3, stats=stats)
+        assert len(rs) == 3 and len(store) == 0 and store.available == 1
+        assert stats.prefill_tokens == stats.prompt_tokens  # nothing could be shared
+
+
 def test_requests_carry_their_own_settings(default_model: Model) -> None:
     schema = {
         "type": "object",
