@@ -860,7 +860,7 @@ class BranchStore:
                     fresh.append(nb)
                 del rows
                 try:
-                    self._measure(branches + fresh, self._rows)
+                    self._measure(branches + fresh if fresh else branches, self._rows)
                 except MemoryError:  # pragma: no cover - measured again when needed
                     pass
                 return late

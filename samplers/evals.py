@@ -169,12 +169,13 @@ def _draw(n_pool: int, n_tasks: int) -> list[int]:
     return out
 
 
-def _first_logprob(row: npt.NDArray[np.float32], token: int, scratch: npt.NDArray[np.float32]) -> float:
-    """``log(softmax(row)[token])`` as perplexity.cpp's ``softmax()``: float32 exps,
-    summed in float64, the probability rounded to float32 and its ``log`` in float32."""
+def _first_logprobs(row: npt.NDArray[np.float32], tokens: list[int], scratch: npt.NDArray[np.float32]) -> list[float]:
+    """``log(softmax(row)[t])`` for each of ``tokens``, as perplexity.cpp's ``softmax()``:
+    float32 exps, summed in float64 (once for the row), each probability rounded to float32
+    and its ``log`` in float32."""
     m = float(row.max())
     s = softmax_sum(row, m, scratch)
-    return float(np.log(np.float32(float(scratch[token]) / s)))
+    return [float(np.log(np.float32(float(scratch[t]) / s))) for t in tokens]
 
 
 def _logprob(row: npt.NDArray[np.float32], token: int, scratch: npt.NDArray[np.float32]) -> float:
@@ -276,16 +277,16 @@ def _hellaswag(
             raise ParamError(f"task {order[i0]} does not fit in the context (it needs {required[i0]} cells of {n_ctx})")
         ctx.memory.clear(True)
         rows = _decode_chunks(ctx, batch, n, n_batch)
+        scratch = np.empty(rows.shape[1], dtype=np.float32)
         # the output rows in batch order: map batch index -> row
         out_of = np.cumsum(batch.logits[:n]) - 1
         for k, i in enumerate(range(i0, i1)):
             toks, p = seqs[i], prefix[i]
-            first = rows[out_of[firsts[k]]]
-            scratch = np.empty(rows.shape[1], dtype=np.float32)
+            firsts_lp = _first_logprobs(rows[out_of[firsts[k]]], [toks[s][p] for s in range(4)], scratch)
             base = firsts[k] + 1
             scores = []
             for s in range(4):
-                total, count = _first_logprob(first, toks[s][p], scratch), 1
+                total, count = firsts_lp[s], 1
                 for j in range(p, len(toks[s]) - 1):
                     total += _logprob(rows[out_of[base + (j - p)]], toks[s][j + 1], scratch)
                     count += 1

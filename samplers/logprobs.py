@@ -105,6 +105,11 @@ class LogprobReader:
     def read(self, row: npt.NDArray[np.float32], token: int) -> TokenLogprob:
         """The record of ``token`` drawn from ``softmax(row)`` (``row``: float32, 1-D,
         contiguous; read during the call only)."""
+        return self.read_many(row, (token,))[0]
+
+    def read_many(self, row: npt.NDArray[np.float32], tokens: Sequence[int]) -> list[TokenLogprob]:
+        """:meth:`read` of each of ``tokens`` from the same row: its maximum, normaliser
+        and top list computed once."""
         if not isinstance(row, np.ndarray):
             raise type_error("row", "a float32 numpy array (a row of logits)", row)
         n = row.shape[0]
@@ -134,8 +139,11 @@ class LogprobReader:
             else:
                 order = _stable_top(row, np.arange(n), k).tolist()
             top = tuple(TopToken(i, self.piece(i)[1], lp(i)) for i in order)
-        raw, text = self.piece(token)
-        return TokenLogprob(token, text, lp(token), top, raw)
+        out = []
+        for token in tokens:
+            raw, text = self.piece(token)
+            out.append(TokenLogprob(token, text, lp(token), top, raw))
+        return out
 
     def from_surprisal(self, token: int, nats: float) -> TokenLogprob:
         """A record from a surprisal already measured (no alternatives)."""
@@ -353,9 +361,9 @@ def _score_units(
             for r, tg in enumerate(targets):
                 row = rows[r]
                 best = int(np.argmax(row))
-                for i, k in tg:
-                    tok = int(items[i][1][k])
-                    records[i][k] = reader.read(row, tok)
+                toks = [int(items[i][1][k]) for i, k in tg]  # a prompt's last row serves all its continuations
+                for (i, k), tok, rec in zip(tg, toks, reader.read_many(row, toks), strict=True):
+                    records[i][k] = rec
                     if best != tok:
                         greedy[i] = False
         finally:

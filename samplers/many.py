@@ -399,10 +399,11 @@ class ManyRun(Iterator[tuple[int, Result]]):
         """The live sequence or kept prompt with the longest prefix ``job`` can copy."""
         best: tuple[Branch | None, int] = (None, 0)
         limit = len(job.tokens) - 1
+        prompt = job.tokens.tolist()
         cands = [(b, j.tokens) for b, j in self._live.items()] + self._holders
         for b, toks in cands:
             n = min(_common(job.tokens, toks), limit)
-            if n > best[1] and self.store.share_refusal(b, job.tokens.tolist(), n) is None:
+            if n > best[1] and self.store.share_refusal(b, prompt, n) is None:
                 best = (b, n)
         if best[0] is not None:
             for i, (h, _) in enumerate(self._holders):  # used: most recently

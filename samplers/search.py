@@ -19,7 +19,7 @@ import numpy as np
 
 from llama_cffi._args import expect, expect_bool, type_error
 from llama_cffi.context import Context
-from llama_cffi.errors import ParamError, ParamTypeError, UnsupportedError
+from llama_cffi.errors import ParamError, ParamTypeError
 from llama_cffi.kernels import softmax_sum
 from llama_cffi.vocab import StopStringStream, Vocab
 
@@ -338,23 +338,10 @@ class Stream(Iterator[str]):
             yield rest
 
 
-def _check_shift(branch: Branch, n_keep: object) -> int:
-    """``n_keep`` checked for a context shift on ``branch``'s context: an int that leaves
-    something to drop, on a memory that can shift."""
-    if isinstance(n_keep, bool) or not isinstance(n_keep, int):
-        raise type_error("n_keep", "an int (positions kept at the start on a context shift)", n_keep)
-    ctx = branch.store.ctx
-    if not 0 <= n_keep <= ctx.n_ctx_seq - 2:
-        raise ParamError(
-            f"n_keep={n_keep} must be in [0, {ctx.n_ctx_seq - 2}] (n_ctx_seq - 2): a shift drops half the rest"
-        )
-    model = ctx.model
-    if model.is_recurrent or model.is_hybrid:
-        raise UnsupportedError("context_shift: a recurrent state cannot drop tokens (they stay mixed into it)")
-    if not ctx.memory.can_shift:
-        why = " (a sliding-window cache shifts only with swa_full=True)" if model.n_swa > 0 else ""
-        raise UnsupportedError(f"context_shift: this context's memory cannot shift positions{why}")
-    return n_keep
+def _check_shift(branch: Branch, n_keep: object) -> None:
+    """``n_keep`` checked for a context shift on ``branch``'s context (the context's own
+    check: an int that leaves something to drop, on a memory that can shift)."""
+    branch.store.ctx._check_shift(n_keep)
 
 
 def stream(

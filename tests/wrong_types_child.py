@@ -454,6 +454,7 @@ REST: dict[str, Callable[[Env], tuple[tuple[Any, ...], dict[str, Any]]]] = {
         {},
     ),
     "samplers.logprobs.LogprobReader.read": lambda e: ((0,), {}),
+    "samplers.logprobs.LogprobReader.read_many": lambda e: (([0],), {}),
     "samplers.logprobs.LogprobReader.from_surprisal": lambda e: ((1.0,), {}),
     "samplers.logprobs.score": lambda e: (("Hello", " world"), {}),
     "samplers.logprobs.score_many": lambda e: (([("Hello", " world")],), {}),
