@@ -38,6 +38,7 @@ from typing import Any
 
 from llama_cffi import Model, ParamError, default_model_path
 from llama_cffi._args import expect_int, expect_strs, expect_subparsers, type_error
+from llama_cffi.errors import UnsupportedError
 
 from .branch import BranchStore
 from .chain import SamplerChain
@@ -258,7 +259,15 @@ def register_command(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         prefix_chars="\x00",  # every argument, options included, goes to lm-eval as it is
     )
     p.add_argument("args", nargs=argparse.REMAINDER, help="lm_eval's arguments")
-    p.set_defaults(func=lambda args: main(list(args.args)))
+    p.set_defaults(func=_command)
+
+
+def _command(args: argparse.Namespace) -> int:
+    try:
+        register()
+    except ImportError as e:  # a user error on the command line: one line, exit status 2
+        raise UnsupportedError(str(e)) from None
+    return main(list(args.args))
 
 
 if __name__ == "__main__":
