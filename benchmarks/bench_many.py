@@ -29,8 +29,15 @@ Then HellaSwag: ``llama-perplexity --hellaswag`` against ``python -m samplers.pe
 processes timed (model load on both sides), alternating; the accuracy lines they print
 must agree.
 
+Then, with ``--cache-requests N``: prefix reuse across calls through a
+:class:`~samplers.prompt_cache.PromptCache` (ours alone: llama-parallel has no calls):
+``N`` requests sharing a ``--cache-header``-token header, the prompt tokens decoded and
+the time, through ``generate_many`` in calls of ``--cache-per-call`` and through one
+``complete`` per request, against a few ``complete`` calls without the cache.
+
 Usage: ``python benchmarks/bench_many.py [--clients 8,16,32] [--sequences 64] [-n 32]
-[--rounds 3] [--threads 2] [--no-share] [--hellaswag-tasks 100] [--json FILE]``.
+[--rounds 3] [--threads 2] [--no-share] [--hellaswag-tasks 100] [--cache-requests 1000]
+[--json FILE]``.
 """
 
 from __future__ import annotations
@@ -209,6 +216,57 @@ def run_hellaswag(model: Path, tasks: int, threads: int, rounds: int) -> dict[st
     return out
 
 
+def run_prompt_cache(model: Path, requests: int, header_tokens: int, per_call: int, threads: int) -> dict[str, Any]:
+    """Prefix reuse across calls (in this process): ``requests`` prompts, each a
+    ``header_tokens``-token header and a short question, one greedy token each, through a
+    :class:`~samplers.prompt_cache.PromptCache`: with ``generate_many`` in calls of
+    ``per_call`` prompts, then with ``complete`` one call per prompt. Counts the prompt
+    tokens decoded (ideally the header once plus every question) and times both, and a
+    few ``complete`` calls without the cache for the per-request cost it saves."""
+    from llama_cffi import Model
+    from samplers.branch import BranchStore
+    from samplers.many import ManyStats, generate_many
+    from samplers.prompt_cache import PromptCache
+    from samplers.search import complete
+
+    out: dict[str, Any] = {"requests": requests, "header_tokens": header_tokens, "per_call": per_call}
+    with Model.load(model) as m:
+        vocab = m.vocab
+        words = " ".join(
+            f"Rule {i}: answer briefly, cite rule {i * 7 % 101}, and never repeat rule {i}." for i in range(200)
+        )
+        header = [int(t) for t in vocab.tokenize(words)][:header_tokens]
+        asks = [f"\nQuestion {i}: what is {i} plus {i + 1}?\nAnswer:" for i in range(requests)]
+        questions = [[int(t) for t in vocab.tokenize(q, add_special=False)] for q in asks]
+        suffixes = sum(len(q) for q in questions)
+        out["ideal_prefill"] = header_tokens + suffixes
+        out["no_cache_prefill"] = requests * header_tokens + suffixes
+        params = {"n_ctx": 8192, "n_seq_max": 17, "kv_unified": True, "n_threads": threads, "n_threads_batch": threads}
+        with m.context(**params) as ctx:
+            store = BranchStore(ctx)
+            cache = PromptCache(store, max_entries=2)
+            prefill, t0 = 0, time.perf_counter()
+            for i in range(0, requests, per_call):
+                st = ManyStats()
+                generate_many(store, [header + q for q in questions[i : i + per_call]], max_tokens=1, cache=cache,
+                              n_parallel=16, stats=st)  # fmt: skip
+                prefill += st.prefill_tokens
+            out["many"] = {"prefill": prefill, "seconds": time.perf_counter() - t0}
+        with m.context(**params) as ctx:
+            store = BranchStore(ctx)
+            cache = PromptCache(store, max_entries=2)
+            t0 = time.perf_counter()
+            cached = sum(complete(store, header + q, max_tokens=1, cache=cache).cached_tokens for q in questions)
+            seconds = time.perf_counter() - t0
+            out["complete"] = {"prefill": requests * header_tokens + suffixes - cached, "seconds": seconds}
+            few = min(10, requests)
+            t0 = time.perf_counter()
+            for q in questions[:few]:
+                complete(store, header + q, max_tokens=1)
+            out["complete_no_cache"] = {"requests": few, "seconds": time.perf_counter() - t0}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clients", default="8,16,32")
@@ -223,6 +281,11 @@ def main(argv: list[str] | None = None) -> int:
         help="ours decodes every prompt in full (llama-parallel still shares its system prompt)",
     )
     ap.add_argument("--hellaswag-tasks", type=int, default=100, help="0: leave the HellaSwag comparison out")
+    ap.add_argument(
+        "--cache-requests", type=int, default=0, help="prefix reuse across calls: this many requests (0: left out)"
+    )
+    ap.add_argument("--cache-header", type=int, default=500, help="the shared header's tokens")
+    ap.add_argument("--cache-per-call", type=int, default=100, help="prompts per generate_many call")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     import llama_cffi
@@ -293,8 +356,29 @@ def main(argv: list[str] | None = None) -> int:
         )
         for who, cmd in hs["commands"].items():
             print(f"{who}: {cmd}")
+    pc: dict[str, Any] | None = None
+    if args.cache_requests > 0:
+        pc = run_prompt_cache(model, args.cache_requests, args.cache_header, args.cache_per_call, args.threads)
+        nc = pc["complete_no_cache"]
+        per_plain = nc["seconds"] / nc["requests"]
+        print(
+            f"\nPrefix reuse across calls: {pc['requests']} requests, a {pc['header_tokens']}-token header, one "
+            f"token each; prompt tokens decoded (ideal: header once + questions = {pc['ideal_prefill']}; "
+            f"without a cache: {pc['no_cache_prefill']})"
+        )
+        print("| path | prompt tokens decoded | seconds | ms / request |")
+        print("|---|---:|---:|---:|")
+        for key, label in (("many", f"generate_many, {pc['per_call']} per call"), ("complete", "complete, one each")):
+            r = pc[key]
+            print(
+                f"| {label}, cache | {r['prefill']} | {r['seconds']:.1f} | {1000 * r['seconds'] / pc['requests']:.1f} |"
+            )
+        print(f"| complete, no cache ({nc['requests']} requests) | - | {nc['seconds']:.1f} | {1000 * per_plain:.1f} |")
     if args.json:
-        common.write_json(args.json, {"rows": rows, "hellaswag": hs, "args": vars(args) | {"json": str(args.json)}})
+        common.write_json(
+            args.json,
+            {"rows": rows, "hellaswag": hs, "prompt_cache": pc, "args": vars(args) | {"json": str(args.json)}},
+        )
     return 0
 
 

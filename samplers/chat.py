@@ -22,7 +22,12 @@ When a turn does not fit in the context (``n_ctx_seq``, the prompt plus ``max_to
 A reply that fills the context mid-way ends with stop reason ``"context"``.
 
 Sessions keep a sequence of a :class:`~samplers.branch.BranchStore` (one is made for the
-context when none is given). One thread at a time, like the context.
+context when none is given). With ``cache=`` (a :class:`~samplers.prompt_cache.PromptCache`
+of that store) a session's first turn starts from the entry sharing the longest prefix
+with its rendering (the system prompt and tools of an earlier session, or a header
+``cache.warm``-ed), and :meth:`ChatSession.close`/:meth:`ChatSession.reset` leave the
+conversation's KV in the cache rather than freeing it. One thread at a time, like the
+context.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from .branch import Branch, BranchStore, _as_chain
 from .chain import SamplerChain
 from .measure import PerplexityTracker
 from .params import SamplingParams
+from .prompt_cache import PromptCache
 from .search import AsyncStream, Result, Stream
 from .tools import ToolCall, ToolCallFormat, parse_tool_calls, tool_call_format, tool_call_grammar
 
@@ -119,7 +125,9 @@ class ChatSession:
     name or template text. ``sampler``: a sampler, a chain, or
     :class:`~samplers.params.SamplingParams` (greedy when None); it is cloned for each turn
     and, with ``seed``, reseeded ``seed + turn``. ``max_tokens``: the default reply
-    budget. ``template_kwargs``: more template variables."""
+    budget. ``template_kwargs``: more template variables. ``cache``: a
+    :class:`~samplers.prompt_cache.PromptCache` to start from and to leave the
+    conversation in (its store is the session's; see the module docstring)."""
 
     def __init__(
         self,
@@ -135,6 +143,7 @@ class ChatSession:
         engine: str = "auto",
         limits: TemplateLimits | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
+        cache: PromptCache | None = None,
     ) -> None:
         check_context(ctx)
         if overflow not in ("trim", "shift", "error"):
@@ -143,7 +152,16 @@ class ChatSession:
             raise ParamError(f"max_tokens must be an int >= 1, not {max_tokens!r}")
         self.ctx = ctx
         self.model = ctx.model
+        if cache is not None:
+            expect("cache", cache, PromptCache, "a samplers.prompt_cache.PromptCache or None")
+            if cache.store.ctx is not ctx:
+                raise ParamError("cache belongs to a store of another context")
+            if store is None:
+                store = cache.store
+            cache._check_store(store)
         self.store = store if store is not None else BranchStore(ctx)
+        #: the prompt cache the session starts from and leaves its conversation in, or None
+        self.cache = cache
         self.template = template
         self.sampler = sampler
         self.seed = seed
@@ -180,7 +198,7 @@ class ChatSession:
 
     def reset(self, keep_system: bool = True) -> None:
         """Forget the conversation (the system message stays unless ``keep_system=False``)
-        and free the sequence."""
+        and free the sequence (with a cache, its KV becomes a cache entry instead)."""
         keep_system = expect_bool("keep_system", keep_system)
         system = [m for m in self.messages[:1] if m["role"] == "system" and keep_system]
         self.messages = system
@@ -188,7 +206,8 @@ class ChatSession:
         self._drop_branch()
 
     def close(self) -> None:
-        """Free the session's sequence (the context stays open)."""
+        """Free the session's sequence (the context stays open; with a cache, the
+        conversation's KV becomes a cache entry instead)."""
         self._drop_branch()
 
     def __enter__(self) -> ChatSession:
@@ -208,8 +227,12 @@ class ChatSession:
         return self._branch.position if self._branch is not None else 0
 
     def _drop_branch(self) -> None:
-        if self._branch is not None and self._branch.alive:
-            self._branch.prune_subtree()
+        b = self._branch
+        if b is not None and b.alive:
+            if self.cache is not None and not b.children:
+                self.cache.add(b)  # the conversation so far, for a later session or turn
+            else:
+                b.prune_subtree()
         self._branch = None
         self._shifted = False
         self._kv_prompt = self._kv_reply = ""
@@ -420,9 +443,13 @@ class ChatSession:
                     self.store.prefill({b: toks[common:]})
                 self._kv_prompt, self._kv_reply = prompt.prompt, ""
                 return common, len(toks) - common
-        self._branch = self.store.create(toks)
+        reused = 0
+        if self.cache is not None:
+            self._branch, reused = self.cache._create(toks, None, None, None, True)
+        else:
+            self._branch = self.store.create(toks)
         self._kv_prompt, self._kv_reply = prompt.prompt, ""
-        return 0, len(toks)
+        return reused, len(toks) - reused
 
     def _sink_tokens(self) -> int:
         """Tokens kept at the start when shifting: the system prompt's rendering (at least 4)."""

@@ -44,7 +44,8 @@ from llama_cffi.vocab import StopStringStream
 from .base import Sampler
 from .branch import Branch, BranchStore, NewBranch
 from .logprobs import LogprobReader
-from .search import Result, StopReason, Timings, _accepted_records, _grammar_forced_end, _result, _store
+from .prompt_cache import PromptCache
+from .search import Result, StopReason, Timings, _accepted_records, _cache, _grammar_forced_end, _result, _store
 
 __all__ = [
     "SHARE_WAIT_MIN",
@@ -118,6 +119,7 @@ class _Job:
     pieces: list[str] = field(default_factory=list)
     generated: int = 0
     waited: bool = False
+    cached: int = 0  # prompt tokens copied from another sequence or a cache entry
     t_admit: float = 0.0
     t_prompt: float = 0.0
     t_first: float | None = None
@@ -178,8 +180,10 @@ class ManyRun(Iterator[tuple[int, Result]]):
         keep_prefixes: int,
         logprobs: bool,
         unit: Literal["nats", "bits"],
+        cache: PromptCache | None = None,
     ) -> None:
         self.store = store = _store(store)
+        self._cache = _cache(cache, store)
         ctx = store.ctx
         vocab = ctx.model.vocab
         self._vocab = vocab
@@ -200,7 +204,10 @@ class ManyRun(Iterator[tuple[int, Result]]):
         if keep_prefixes < 0:
             raise ParamError(f"keep_prefixes must be >= 0, not {keep_prefixes}")
         self._share = bool(share_prefixes)
-        self._keep = keep_prefixes if self._share else 0
+        if self._cache is not None and not self._share:
+            raise ParamError("a cache shares prefixes: leave share_prefixes=True with cache=")
+        # a cache keeps finished prompts itself (its own bounds, across calls)
+        self._keep = keep_prefixes if self._share and self._cache is None else 0
         self._reader = LogprobReader(vocab, 0, unit) if logprobs else None
         jobs: list[_Job] = []
         for i, p in enumerate(prompts):
@@ -236,13 +243,15 @@ class ManyRun(Iterator[tuple[int, Result]]):
             )
             sd = seed if req.seed is None else expect_int(f"{where}.seed", req.seed, "an int or None")
             jobs.append(_Job(i, arr, mt, smp, g, st, enders, sd))
+        ids = store.available + (len(self._cache) if self._cache is not None else 0)  # a cache yields its ids
         if n_parallel is None:
-            n_parallel = store.available
+            n_parallel = ids
         n_parallel = expect_int("n_parallel", n_parallel, "an int or None")
-        if not 1 <= n_parallel <= store.available:
+        if not 1 <= n_parallel <= ids:
             raise ParamError(
-                f"n_parallel={n_parallel} must be in [1, {store.available}] (the store's free sequence ids; make "
-                "the context with a larger n_seq_max for more)"
+                f"n_parallel={n_parallel} must be in [1, {ids}] (the store's free sequence ids"
+                + (" and those its cache holds" if self._cache is not None else "")
+                + "; make the context with a larger n_seq_max for more)"
             )
         self._n_parallel = n_parallel
         self._enc_dec = ctx.model.has_encoder and ctx.model.has_decoder
@@ -335,6 +344,9 @@ class ManyRun(Iterator[tuple[int, Result]]):
             made = [store.create(spec.prompt, sampler=spec.sampler, grammar=spec.grammar, seed=spec.seed)]
             if moves:  # pragma: no cover - an encoder-decoder run admits only when nothing is live
                 store.step(moves)
+        elif self._cache is not None:
+            sources = {s.prefix_from for s in specs if s.prefix_from is not None}
+            made = self._cache.retry(lambda: store.step(moves, new=specs), keep=sources)
         else:
             made = store.step(moves, new=specs)
         st.decodes += -(-tokens // cap) if tokens else 0
@@ -348,6 +360,7 @@ class ManyRun(Iterator[tuple[int, Result]]):
             self._live[b] = job
             st.prefill_tokens += len(spec.prompt) - spec.prefix_len
             st.shared_tokens += spec.prefix_len
+            job.cached = spec.prefix_len
         for b, tok in moves.items():
             job = self._live[b]
             job.generated += 1
@@ -381,12 +394,15 @@ class ManyRun(Iterator[tuple[int, Result]]):
                     job.waited = True  # the same prefix is decoded now for another prompt: copy it next step
                     waiting.append(self._pending.popleft())
                     continue
-            if store.available == 0 and not self._evict(keep=src):
-                if src is None or not self._evict(keep=None):
+            used = {s.prefix_from for _, s in out if s.prefix_from is not None}  # copied from in this step
+            if store.available <= len(out) and not self._evict(used | ({src} if src is not None else set())):
+                if src is None or src in used or not self._evict(used):
                     break
                 src, n = None, 0  # the only id to free held this prompt's prefix: decode it in full
             self._pending.popleft()
             job.t_admit = time.perf_counter()
+            if self._cache is not None:
+                self._cache._count(n if src is not None and src in self._cache else 0)
             out.append((job, self._spec(job, src, n)))
         self._pending.extendleft(reversed(waiting))
         return out
@@ -410,16 +426,21 @@ class ManyRun(Iterator[tuple[int, Result]]):
                 if h is best[0]:
                     self._holders.append(self._holders.pop(i))
                     break
+        if self._cache is not None:
+            hit, n = self._cache.match(job.tokens)
+            if n > best[1]:
+                best = (hit, n)
         return best
 
-    def _evict(self, keep: Branch | None) -> bool:
-        """Free a sequence id by dropping the oldest kept prompt (not ``keep``)."""
+    def _evict(self, keep: set[Branch]) -> bool:
+        """Free a sequence id by dropping the oldest kept prompt (not one of ``keep``: the
+        sources of the prompts being admitted), else the cache's least recently used entry."""
         for i, (h, _) in enumerate(self._holders):
-            if h is not keep:
+            if h not in keep:
                 del self._holders[i]
                 h.prune()
                 return True
-        return False
+        return self._cache is not None and self._cache.evict(keep)
 
     def _finish(self, b: Branch, job: _Job, reason: StopReason) -> None:
         """Hand out ``job``'s result and release its sequence (kept as a prompt to copy
@@ -436,9 +457,11 @@ class ManyRun(Iterator[tuple[int, Result]]):
         timings = Timings(start, job.t_prompt - job.t_admit, job.generated, gen_s, job.generated)
         records = _accepted_records(b, 0, self._reader) if self._reader is not None else None
         r = _result(b, start, reason, timings, records, start)
-        self._ready.append((job.index, dataclasses.replace(r, text="".join(job.pieces))))
+        self._ready.append((job.index, dataclasses.replace(r, text="".join(job.pieces), cached_tokens=job.cached)))
         del self._live[b]
-        if self._keep and self._trimmable and self._worth_keeping(job.tokens):
+        if self._cache is not None:
+            self._cache.add(b)
+        elif self._keep and self._trimmable and self._worth_keeping(job.tokens):
             b._keep_prefix(start)
             self._holders.append((b, job.tokens))
             while len(self._holders) > self._keep:
@@ -475,6 +498,7 @@ def iter_many(
     keep_prefixes: int = 2,
     logprobs: bool = False,
     unit: Literal["nats", "bits"] = "nats",
+    cache: PromptCache | None = None,
 ) -> ManyRun:
     """Generate for every prompt, up to ``n_parallel`` at once (default: every free
     sequence id of ``store``), yielding ``(index, result)`` as each finishes (see the
@@ -497,6 +521,7 @@ def iter_many(
         keep_prefixes,
         logprobs,
         unit,
+        cache,
     )
 
 
@@ -517,6 +542,7 @@ def generate_many(
     logprobs: bool = False,
     unit: Literal["nats", "bits"] = "nats",
     stats: ManyStats | None = None,
+    cache: PromptCache | None = None,
 ) -> list[Result]:
     """:func:`iter_many`, collected: one :class:`~samplers.search.Result` per prompt, in
     input order. ``stats``: a :class:`ManyStats` to fill with the run's counts."""
@@ -535,6 +561,7 @@ def generate_many(
         keep_prefixes=keep_prefixes,
         logprobs=logprobs,
         unit=unit,
+        cache=cache,
     )
     if stats is not None:
         expect("stats", stats, ManyStats, "a ManyStats or None")
@@ -565,6 +592,7 @@ async def aiter_many(
     keep_prefixes: int = 2,
     logprobs: bool = False,
     unit: Literal["nats", "bits"] = "nats",
+    cache: PromptCache | None = None,
 ) -> AsyncIterator[tuple[int, Result]]:
     """:func:`iter_many` for asyncio: each step runs in a worker thread
     (:meth:`llama_cffi.Context.arun`), so the event loop stays free; cancelling the task
@@ -584,6 +612,7 @@ async def aiter_many(
         keep_prefixes=keep_prefixes,
         logprobs=logprobs,
         unit=unit,
+        cache=cache,
     )
     try:
         while True:
@@ -612,6 +641,7 @@ async def agenerate_many(
     keep_prefixes: int = 2,
     logprobs: bool = False,
     unit: Literal["nats", "bits"] = "nats",
+    cache: PromptCache | None = None,
 ) -> list[Result]:
     """:func:`generate_many` for asyncio (see :func:`aiter_many`)."""
     prompts = list(prompts)
@@ -631,6 +661,7 @@ async def agenerate_many(
         keep_prefixes=keep_prefixes,
         logprobs=logprobs,
         unit=unit,
+        cache=cache,
     ):
         out[i] = r
     return [r for r in out if r is not None]

@@ -19,7 +19,7 @@ import numpy as np
 
 from llama_cffi._args import expect, expect_bool, type_error
 from llama_cffi.context import Context
-from llama_cffi.errors import ParamError, ParamTypeError
+from llama_cffi.errors import KvCacheFullError, ParamError, ParamTypeError
 from llama_cffi.kernels import softmax_sum
 from llama_cffi.vocab import StopStringStream, Vocab
 
@@ -27,6 +27,7 @@ from .base import Sampler
 from .branch import Branch, BranchError, BranchStore
 from .chain import SamplerChain
 from .logprobs import LogprobReader, TokenLogprob
+from .prompt_cache import PromptCache
 from .selection import Greedy
 from .speculative import Drafter, Verify, speculative_step
 
@@ -93,6 +94,9 @@ class Result:
     positions: tuple[int, int] = (0, 0)
     timings: Timings | None = None
     logprobs: tuple[TokenLogprob, ...] | None = None
+    #: prompt tokens whose KV was copied from a :class:`~samplers.prompt_cache.PromptCache`
+    #: entry or another sequence rather than decoded (OpenAI's ``cached_tokens``)
+    cached_tokens: int = 0
 
 
 def _prompt_tokens(store: BranchStore, prompt: str | Sequence[int]) -> list[int]:
@@ -182,6 +186,7 @@ class Stream(Iterator[str]):
         prompt_tokens: int | None = None,
         n_keep: int | None = None,
         on_shift: Callable[[], object] | None = None,
+        make_room: Callable[[], bool] | None = None,
     ) -> None:
         branch = _branch(branch)
         if n_keep is not None:
@@ -214,6 +219,8 @@ class Stream(Iterator[str]):
         self.shifts = 0
         self._n_keep = n_keep
         self._on_shift = on_shift
+        # called when a token finds no KV cell (a prompt cache evicting an entry): True to try again
+        self._make_room = make_room
         self._gen = self._run(max_tokens) if drafter is None else self._run_speculative(max_tokens, drafter, verify)
 
     def __iter__(self) -> Stream:
@@ -276,7 +283,7 @@ class Stream(Iterator[str]):
             if top:
                 assert reader is not None
                 self._records.append(reader.read(branch._model_row(), tok))
-            branch.commit(tok)
+            self._commit(tok)
             piece = text.push(tok)
             if piece:
                 yield piece
@@ -288,6 +295,17 @@ class Stream(Iterator[str]):
         rest = text.flush()
         if rest:
             yield rest
+
+    def _commit(self, tok: int) -> None:
+        """``branch.commit(tok)``; when no KV cell is free, room made and tried again (a
+        failed commit changes nothing)."""
+        while True:
+            try:
+                self.branch.commit(tok)
+                return
+            except KvCacheFullError:
+                if self._make_room is None or not self._make_room():
+                    raise
 
     def _shift(self) -> None:
         """llama.cpp's context shift: keep the first ``n_keep`` positions, drop half of the
@@ -423,27 +441,53 @@ def complete(
     unit: Literal["nats", "bits"] = "nats",
     context_shift: bool = False,
     n_keep: int = 0,
+    cache: PromptCache | None = None,
 ) -> Result:
     """Generate for ``prompt`` on a new branch (pruned afterwards) and return the whole
     :class:`Result`: text, tokens, stop reason, timings (the prompt's decode included),
     KV positions and, when asked for, per-token log-probabilities with ``top_logprobs``
     alternatives. ``grammar``: GBNF text, a Grammar or a matcher; ``json_schema``: a
     schema the output must satisfy; ``drafter``: speculative decoding; ``context_shift``,
-    ``n_keep``: shift instead of stopping when the context fills (see :func:`stream`)."""
+    ``n_keep``: shift instead of stopping when the context fills (see :func:`stream`).
+
+    ``cache``: a :class:`~samplers.prompt_cache.PromptCache` of ``store``: the prompt
+    starts from its entry sharing the longest prefix (``Result.cached_tokens`` says how
+    many tokens were copied), and the branch (prompt and generation) becomes an entry
+    afterwards instead of being pruned."""
     store = _store(store)
     context_shift = expect_bool("context_shift", context_shift)
+    cache = _cache(cache, store)
     toks, constraint, reader = _setup(store, prompt, grammar, json_schema, logprobs, top_logprobs, unit)
     t0 = time.perf_counter()
-    branch = store.create(toks, sampler=sampler, grammar=constraint, seed=seed)
+    if cache is None:
+        branch, cached = store.create(toks, sampler=sampler, grammar=constraint, seed=seed), 0
+    else:
+        branch, cached = cache._create(toks, sampler, constraint, seed, True)
     prompt_seconds = time.perf_counter() - t0
     try:
         keep = n_keep if context_shift else None
-        s = Stream(branch, max_tokens, stop, stop_tokens, drafter, verify, reader, prompt_seconds, len(toks), keep)
+        room = cache.evict if cache is not None else None
+        s = Stream(
+            branch, max_tokens, stop, stop_tokens, drafter, verify, reader, prompt_seconds, len(toks), keep, None, room
+        )
         for _ in s:
             pass
-        return s.result
+        return dataclasses.replace(s.result, cached_tokens=cached)
     finally:
-        branch.prune_subtree()
+        if cache is not None and branch.alive and not branch.children:
+            cache.add(branch)
+        elif branch.alive:
+            branch.prune_subtree()
+
+
+def _cache(cache: object, store: BranchStore) -> PromptCache | None:
+    """``cache`` checked: None, or a :class:`PromptCache` of ``store``."""
+    if cache is None:
+        return None
+    if not isinstance(cache, PromptCache):
+        raise type_error("cache", "a samplers.prompt_cache.PromptCache or None", cache)
+    cache._check_store(store)
+    return cache
 
 
 def generate(
@@ -460,9 +504,10 @@ def generate(
     *,
     context_shift: bool = False,
     n_keep: int = 0,
+    cache: PromptCache | None = None,
 ) -> str:
-    """Generate text for ``prompt`` on a new branch (pruned afterwards): the text of
-    :func:`complete`'s result."""
+    """Generate text for ``prompt`` on a new branch (pruned afterwards, or kept in
+    ``cache``): the text of :func:`complete`'s result."""
     store = _store(store)
     return complete(
         store,
@@ -477,6 +522,7 @@ def generate(
         verify,
         context_shift=context_shift,
         n_keep=n_keep,
+        cache=cache,
     ).text
 
 
@@ -558,26 +604,40 @@ async def acomplete(
     logprobs: bool = False,
     top_logprobs: int = 0,
     unit: Literal["nats", "bits"] = "nats",
+    cache: PromptCache | None = None,
 ) -> Result:
     """:func:`complete` for asyncio: the prompt's decode and each step run in a worker
     thread. Cancelling the awaiting task aborts the decode in flight and prunes the
-    branch (the store is as it was before the call)."""
+    branch (the store is as it was before the call; with a ``cache``, a branch whose
+    prompt was decoded becomes an entry, as after a finished call)."""
     store = _store(store)
+    cache = _cache(cache, store)
     toks, constraint, reader = _setup(store, prompt, grammar, json_schema, logprobs, top_logprobs, unit)
     t0 = time.perf_counter()
-    branch = await store.ctx.arun(
-        lambda: store.create(toks, sampler=sampler, grammar=constraint, seed=seed), cleanup=Branch.prune_subtree
-    )
+
+    def make() -> tuple[Branch, int]:
+        if cache is None:
+            return store.create(toks, sampler=sampler, grammar=constraint, seed=seed), 0
+        return cache._create(toks, sampler, constraint, seed, True)
+
+    branch, cached = await store.ctx.arun(make, cleanup=lambda made: made[0].prune_subtree())
     prompt_seconds = time.perf_counter() - t0
     try:
+        room = cache.evict if cache is not None else None
         s = AsyncStream(
-            Stream(branch, max_tokens, stop, stop_tokens, drafter, verify, reader, prompt_seconds, len(toks))
-        )
+            Stream(
+                branch, max_tokens, stop, stop_tokens, drafter, verify, reader, prompt_seconds, len(toks), None, None,
+                room,
+            )
+        )  # fmt: skip
         async for _ in s:
             pass
-        return s.result
+        return dataclasses.replace(s.result, cached_tokens=cached)
     finally:
-        branch.prune_subtree()
+        if cache is not None and branch.alive and not branch.children:
+            cache.add(branch)
+        elif branch.alive:
+            branch.prune_subtree()
 
 
 async def agenerate(
@@ -591,10 +651,14 @@ async def agenerate(
     seed: int | None = None,
     drafter: Drafter | None = None,
     verify: Verify = "auto",
+    *,
+    cache: PromptCache | None = None,
 ) -> str:
     """:func:`generate` for asyncio (the text of :func:`acomplete`'s result)."""
     store = _store(store)
-    r = await acomplete(store, prompt, max_tokens, sampler, grammar, json_schema, stop, seed, drafter, verify)
+    r = await acomplete(
+        store, prompt, max_tokens, sampler, grammar, json_schema, stop, seed, drafter, verify, cache=cache
+    )
     return r.text
 
 

@@ -474,6 +474,33 @@ def op_score_many(e: Env, ctx: Any) -> None:
         e.close_enough([t.logprob for t in m.logprobs], [t.logprob for t in one.logprobs], f"score_many{(p, c)}")
 
 
+def op_prompt_cache(e: Env, ctx: Any) -> None:
+    """complete() twice with a PromptCache: the second prompt extends the first's entry
+    (its prompt and reply), copies it where the memory can (a recurrent state with rollback
+    cannot: decoded in full), and generates what generate() of it alone does."""
+    from samplers.prompt_cache import PromptCache
+    from samplers.search import complete
+
+    store = BranchStore(ctx)
+    cache = PromptCache(store)
+    first = complete(store, "hello world", max_tokens=4, cache=cache)
+    vocab = e.model.vocab
+    prompt = [*vocab.tokenize("hello world"), *first.tokens, *vocab.tokenize(" the cat", add_special=False)]
+    second = complete(store, prompt, max_tokens=4, cache=cache)
+    rollback = (e.model.is_recurrent or e.model.is_hybrid) and ctx.n_rs_seq > 0
+    if (second.cached_tokens == 0) != rollback:
+        raise Wrong(f"the second prompt copied {second.cached_tokens} tokens from the cache")
+    cache.close()
+    if len(store) != 0:
+        raise Wrong("closing the cache left branches in the store")
+    ref = e.ctx()
+    try:
+        if second.text != generate(BranchStore(ref), prompt, max_tokens=4):
+            raise Wrong("complete() with a cache differs from generate() of the prompt alone")
+    finally:
+        ref.close()
+
+
 class Declined(Exception):
     """The operation returned False (allowed by its API)."""
 
@@ -520,6 +547,7 @@ OPERATIONS: dict[str, Callable[[Env, Any], None]] = {
     "search.beam_search": op_search_beam,
     "many.generate_many": op_generate_many,
     "logprobs.score_many": op_score_many,
+    "prompt_cache.PromptCache": op_prompt_cache,
 }
 
 

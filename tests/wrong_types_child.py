@@ -298,6 +298,7 @@ FACTORIES: dict[str, Callable[[Env], Any]] = {
         "harness", lambda: _m("samplers.harness").HarnessBackend(e.path, n_ctx=64, n_parallel=2)
     ),
     "samplers.candidates.Candidates": lambda e: e.candidates(),
+    "samplers.prompt_cache.PromptCache": lambda e: _m("samplers.prompt_cache").PromptCache(e.store()),
     "samplers.chain.SamplerChain": lambda e: _m("samplers").SamplerChain([_m("samplers").Greedy()]),
     "samplers.chat.ChatSession": lambda e: _m("samplers.chat").ChatSession(e.context(n_seq_max=1)),
     "samplers.distributed.Workers": _workers,
