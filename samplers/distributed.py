@@ -22,11 +22,11 @@ each), so a pool of N workers on a cluster scores or generates N jobs at once.
 i``) on its own clone of the sampler, in a batch fixed by input order and
 ``batch_size``, and a retried batch is the same batch: its result depends only on the
 prompts and settings, never on the number of workers, which worker ran it, the order
-batches finished or a worker's death. A prompt is decoded on its own, as in
-one-at-a-time generation, so its **first token is always that of**
-:func:`samplers.search.generate` **in a single-sequence context**; with ``batch_size=1``
-every token is. In a batch, later tokens come from decodes of several sequences, and
-llama.cpp's CPU kernels depend on a decode's row count: with repacked weights
+batches finished or a worker's death. A batch runs through
+:func:`samplers.many.iter_many` (the code a single process uses: prompts packed into
+shared decodes, every live sequence stepped in one decode), so with ``batch_size=1``
+every token is that of :func:`samplers.search.generate` in a single-sequence context.
+In a batch, rows come from decodes of several sequences, and llama.cpp's CPU kernels depend on a decode's row count: with repacked weights
 (``use_extra_bufts``, the default for quantized models on x86) 4 rows or more take
 another kernel than 1..3, and without repacking K-quant weights (the default model's
 Q4_K) take ggml's tiled kernel from 8 rows. These are different roundings, not last-bit
@@ -73,7 +73,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -87,7 +87,6 @@ from .base import Sampler
 if TYPE_CHECKING:
     from llama_cffi import Context
 
-    from .branch import Branch
 
 __all__ = [
     "DistributedError",
@@ -247,81 +246,50 @@ def _node_id() -> str:
 
 
 def _generate_batch(ctx: Context, jobs: Sequence[_Job]) -> list[Generation]:
-    """Generate every job as one sequence of ``ctx`` (which needs ``n_seq_max >=
-    len(jobs)``; its KV memory is cleared first), stepping them together: one decode per
-    step for every live sequence. A job that fails gets an error :class:`Generation`; the
-    others go on. Token for token this is :func:`samplers.search.stream` per job."""
-    from llama_cffi.vocab import StopStringStream
-
+    """Generate every job on ``ctx`` (which needs ``n_seq_max >= len(jobs)``; its KV memory
+    is cleared first) with :func:`samplers.many.iter_many`: every live sequence stepped in
+    one decode, prompts packed, shared prefixes copied where the memory can. A job that
+    fails (its prompt, its grammar, or its sampling) gets an error :class:`Generation`;
+    the others go on. Token for token this is :func:`samplers.search.stream` per job."""
     from .branch import BranchStore
+    from .many import Request, _resolve_grammar, iter_many
 
     ctx.memory.clear(True)
     store = BranchStore(ctx)
     vocab = ctx.model.vocab
     n_ctx_seq = ctx.n_ctx_seq
     results: dict[int, Generation] = {}
-    live: dict[Branch, tuple[_Job, int, StopStringStream, list[str]]] = {}
+    ok: list[_Job] = []
+    reqs: list[Request] = []
     for job in jobs:
         try:
             toks = vocab.tokenize(job.prompt) if isinstance(job.prompt, str) else vocab.check_tokens(job.prompt)
+            if len(toks) == 0:
+                raise ParamError("a prompt needs at least one token")
             if len(toks) >= n_ctx_seq:
                 raise ParamError(f"the prompt has {len(toks)} tokens; each sequence holds {n_ctx_seq}")
-            sampler = job.sampler.clone() if job.sampler is not None else None
-            b = store.create(toks, sampler=sampler, grammar=job.grammar, seed=job.seed)
+            grammar = _resolve_grammar(job.grammar, None, f"prompt {job.index}")
         except (LlamaError, ValueError, TypeError) as e:
             results[job.index] = _failed(job.index, job.seed, f"{type(e).__name__}: {e}")
             continue
-        live[b] = (job, len(toks), StopStringStream(vocab, job.stop), [])
+        ok.append(job)
+        prompt = [int(t) for t in toks]
+        reqs.append(Request(prompt, job.max_tokens, job.sampler, grammar, None, job.stop, None, job.seed))
+
+    def failed(i: int, e: Exception) -> None:
+        results[ok[i].index] = _failed(ok[i].index, ok[i].seed, f"{type(e).__name__}: {e}")
+
     try:
-        steps = 0
-        while live:
-            moves: dict[Branch, int] = {}
-            for b, (job, n_prompt, text, pieces) in list(live.items()):
-                reason: StopReason | None = None
-                if steps >= job.max_tokens:
-                    reason = "max_tokens"
-                elif b.position >= n_ctx_seq:
-                    reason = "context"
-                else:
-                    try:
-                        tok = b.sample()
-                    except (LlamaError, ValueError) as e:  # a grammar with no allowed token
-                        results[job.index] = _failed(job.index, job.seed, f"{type(e).__name__}: {e}")
-                        del live[b]
-                        b.prune()
-                        continue
-                    if vocab.is_eog(tok):
-                        reason = "eog"
-                    else:
-                        moves[b] = tok
-                if reason is not None:
-                    results[job.index] = _finish(b, job, n_prompt, text, pieces, reason)
-                    del live[b]
-                    b.prune()
-            if moves:
-                store.step(moves)
-                steps += 1
-            for b, tok in moves.items():
-                job, n_prompt, text, pieces = live[b]
-                piece = text.push(tok)  # (Branch.tokens would copy the whole history)
-                if piece:
-                    pieces.append(piece)
-                if text.stopped:
-                    results[job.index] = _finish(b, job, n_prompt, text, pieces, "stop")
-                    del live[b]
-                    b.prune()
+        for i, r in iter_many(store, reqs, on_error=failed):
+            job = ok[i]
+            reason: StopReason = "eog" if r.stop_reason == "grammar" else cast(StopReason, r.stop_reason)
+            ppl = float(np.exp(-r.logprob / len(r.tokens))) if r.tokens else float("nan")
+            results[job.index] = Generation(
+                job.index, r.text, tuple(r.tokens), reason, r.prompt_tokens, r.logprob, ppl, job.seed
+            )
     finally:
         store.drain()
     return [results[j.index] for j in jobs]
-
-
-def _finish(b: Branch, job: _Job, n_prompt: int, text: Any, pieces: list[str], reason: StopReason) -> Generation:
-    if reason != "stop":
-        pieces.append(text.flush())
-    toks = tuple(b.tokens[n_prompt:])
-    logprob = -b._metrics().total_surprisal
-    ppl = float(np.exp(-logprob / len(toks))) if toks else float("nan")
-    return Generation(job.index, "".join(pieces), toks, reason, n_prompt, logprob, ppl, job.seed)
 
 
 # ---------------------------------------------------------------------- the pool

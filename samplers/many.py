@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -38,7 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from llama_cffi._args import expect, expect_int, type_error
-from llama_cffi.errors import ParamError
+from llama_cffi.errors import LlamaError, ParamError
 from llama_cffi.vocab import StopStringStream
 
 from .base import Sampler
@@ -181,8 +181,12 @@ class ManyRun(Iterator[tuple[int, Result]]):
         logprobs: bool,
         unit: Literal["nats", "bits"],
         cache: PromptCache | None = None,
+        on_error: Callable[[int, Exception], object] | None = None,
     ) -> None:
         self.store = store = _store(store)
+        if on_error is not None and not callable(on_error):
+            raise type_error("on_error", "a callable (index, exception), or None", on_error)
+        self._on_error = on_error
         self._cache = _cache(cache, store)
         ctx = store.ctx
         vocab = ctx.model.vocab
@@ -320,7 +324,7 @@ class ManyRun(Iterator[tuple[int, Result]]):
                 self._finish(b, job, "context")
             else:
                 todo.append(b)
-        picks = store.sample(todo) if todo else {}
+        picks = self._sample(todo) if todo else {}
         moves: dict[Branch, int] = {}
         for b, tok in picks.items():
             job = self._live[b]
@@ -371,6 +375,29 @@ class ManyRun(Iterator[tuple[int, Result]]):
             if job.text.stopped:
                 self._finish(b, job, "stop")
         st.max_live = max(st.max_live, len(self._live))
+
+    def _sample(self, todo: list[Branch]) -> dict[Branch, int]:
+        """A token for each of ``todo`` (batched); with ``on_error``, a branch whose sampler
+        fails (a grammar that allows no token, NaN logits) is dropped and reported, and the
+        others keep the tokens they drew (each branch's sampler runs once a step)."""
+        try:
+            return self.store.sample(todo)
+        except (LlamaError, ValueError):
+            if self._on_error is None:
+                raise
+        picks: dict[Branch, int] = {}
+        for b in todo:
+            pending = b._pending  # drawn before the failure: kept (its RNG moved once)
+            if pending is not None:
+                picks[b] = pending[0]
+                continue
+            try:
+                picks[b] = b.sample()
+            except (LlamaError, ValueError) as exc:
+                job = self._live.pop(b)
+                b.prune()
+                self._on_error(job.index, exc)
+        return picks
 
     def _admit(self) -> list[tuple[_Job, NewBranch]]:
         """Waiting prompts for the free slots, each with the longest prefix it can copy."""
@@ -499,13 +526,16 @@ def iter_many(
     logprobs: bool = False,
     unit: Literal["nats", "bits"] = "nats",
     cache: PromptCache | None = None,
+    on_error: Callable[[int, Exception], object] | None = None,
 ) -> ManyRun:
     """Generate for every prompt, up to ``n_parallel`` at once (default: every free
     sequence id of ``store``), yielding ``(index, result)`` as each finishes (see the
     module docstring). The settings apply to every prompt that is not a :class:`Request`
     overriding them; each prompt gets its own clone of ``sampler`` (reseeded with
     ``seed`` when given). Every prompt is checked (tokens, length, grammar) before
-    anything is decoded."""
+    anything is decoded. ``on_error(index, exception)``: called for a request whose
+    sampling fails (a grammar that allows no token, NaN logits), which is then dropped
+    while the others go on; without it the error ends the run."""
     return ManyRun(
         store,
         prompts,
@@ -522,6 +552,7 @@ def iter_many(
         logprobs,
         unit,
         cache,
+        on_error,
     )
 
 

@@ -306,9 +306,9 @@ def test_worker_killed_mid_map_generate_is_replaced(tiny_model_path: Path) -> No
 def test_default_model_map_generate(default_model_path: Path) -> None:
     """The real (quantized) model. batch_size=1: every prompt equals its one-at-a-time
     generation, on 2 workers. batch_size=8: 1 worker and 2 workers give the same results
-    (bit for bit, logprobs included), and each prompt's first token is the sequential
-    run's (its prompt decode has the same shape); later tokens come from 8-row decodes,
-    where llama.cpp's kernels may round differently (see samplers.distributed)."""
+    (bit for bit, logprobs included); the batch's prompts are packed into shared decodes
+    and its tokens come from 8-row decodes, where llama.cpp's kernels round differently
+    (see samplers.distributed), so texts may part from one-at-a-time generation."""
     prompts = [
         f"{p} ({i})" for i, p in enumerate(["The capital of France is", "Once upon a time", "def add(a, b):"] * 3)
     ]
@@ -321,7 +321,6 @@ def test_default_model_map_generate(default_model_path: Path) -> None:
     one = D.map_generate(default_model_path, prompts, batch_size=8, workers=1, **kw)
     two = D.map_generate(default_model_path, prompts, batch_size=8, workers=2, **kw)
     assert [(g.tokens, g.logprob, g.stop_reason) for g in one] == [(g.tokens, g.logprob, g.stop_reason) for g in two]
-    assert [g.tokens[:1] for g in two] == [g.tokens[:1] for g in single]
     same = sum(a.text == b for a, b in zip(two, ref, strict=True))
     print(f"\nbatch_size=8: {same}/{len(ref)} texts equal to one-at-a-time generation")
 

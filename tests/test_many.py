@@ -183,6 +183,47 @@ def test_bad_input_is_refused_before_anything_is_decoded(default_model: Model) -
         assert len(store) == 0 and store.available == 2
 
 
+class FailsAfter(S.Sampler):
+    """Greedy until its ``n``-th token, then a sampling error (as a dead-end grammar gives)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.seen = n, 0
+
+    def apply(self, cands: S.Candidates) -> None:
+        if self.seen >= self.n:
+            raise ParamError("no token is allowed here")
+        S.Greedy().apply(cands)
+
+    def accept(self, token: int) -> None:
+        self.seen += 1
+
+    def clone(self) -> FailsAfter:
+        return FailsAfter(self.n)
+
+
+def test_on_error_drops_the_failing_request_alone(default_model: Model) -> None:
+    """With ``on_error`` a request whose sampling fails mid-run is reported and pruned, and
+    the others finish with the tokens they would have had; without it the error ends the
+    run (and prunes everything)."""
+    ban = no_eog(default_model)
+    prompts = ["Once upon a time", "The capital of France", "def fib(n):"]
+    reqs = [Request(p) for p in prompts]
+    reqs[1] = Request(prompts[1], sampler=S.SamplerChain([FailsAfter(2)]))
+    with default_model.context(n_ctx=1024, n_seq_max=3, kv_unified=True) as ctx:
+        store = BranchStore(ctx)
+        errors: list[tuple[int, str]] = []
+        got = dict(iter_many(store, reqs, max_tokens=5, sampler=S.SamplerChain([ban, S.Greedy()]),
+                             on_error=lambda i, e: errors.append((i, str(e)))))  # fmt: skip
+        assert errors == [(1, "no token is allowed here")] and sorted(got) == [0, 2]
+        alone = generate_many(store, [prompts[0], prompts[2]], max_tokens=5, sampler=S.SamplerChain([ban, S.Greedy()]))
+        assert [got[0].tokens, got[2].tokens] == [r.tokens for r in alone]
+        with pytest.raises(ParamError, match="no token is allowed"):
+            generate_many(store, reqs, max_tokens=5)
+        assert len(store) == 0 and store.available == 3
+        with pytest.raises(ParamTypeError, match="on_error"):
+            iter_many(store, prompts, on_error="print")  # type: ignore[arg-type]
+
+
 def test_leaving_early_or_failing_prunes_everything(default_model: Model) -> None:
     with default_model.context(n_ctx=1024, n_seq_max=3, kv_unified=True) as ctx:
         store = BranchStore(ctx)
