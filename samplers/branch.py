@@ -382,7 +382,10 @@ class BranchStore:
         and sampling surprisals as one by one. The others go one by one."""
         if branches is not None:
             expect_iterable("branches", branches, "an iterable of Branch, or None")
-        todo = self.branches if branches is None else list(branches)
+        todo = [b for b in self.branches if not b._held] if branches is None else list(branches)
+        for b in todo:
+            if b._held:
+                raise BranchError(f"{b!r} is a kept prompt (a prefix source, as a prompt cache entry): not sampled")
         self._give_masks(todo)
         if not self.batched or len(todo) < 2:
             return {b: b.sample() for b in todo}
@@ -613,6 +616,8 @@ class BranchStore:
             b._check_live()
             if b.store is not self:
                 raise BranchError(f"{b!r} belongs to another store")
+            if b._held:
+                raise BranchError(f"{b!r} is a kept prompt (a prefix source, as a prompt cache entry): not stepped")
             if b.seq_id in seen:
                 raise BranchError(f"{b!r} appears twice in one step")
             seen.add(b.seq_id)
@@ -1025,6 +1030,7 @@ class Branch:
         #: the snapshot writable (see :meth:`set_logits`)
         self.steer: Callable[[Branch, npt.NDArray[np.float32]], None] | None = None
         self._pending: tuple[int, float | None] | None = None  # (token, sampling surprisal) of sample()
+        self._held = False  # a kept prompt (_keep_prefix): a prefix source, never sampled, stepped or forked
         #: (that very ``_pending`` tuple, the model's logit of its token) when the sampling
         #: knew it: the accept measures the token without looking it up
         self._pending_logit: tuple[object, float] | None = None
@@ -1121,6 +1127,8 @@ class Branch:
         begins with ``TopK(k)`` runs on the row's ``k`` best candidates (measured once per
         row), otherwise on the whole row."""
         self._check_live()
+        if self._held:
+            raise BranchError(f"{self!r} is a kept prompt (a prefix source, as a prompt cache entry): not sampled")
         if self.steer is not None:
             self.steer(self, self._editable())
         cands = self.store._cands
@@ -1591,6 +1599,11 @@ class Branch:
         if seed is not None:
             expect_int("seed", seed, "an int or None")
         self._check_live()
+        if self._held and at is None:
+            raise BranchError(
+                f"{self!r} is a kept prompt (a prefix source, as a prompt cache entry): its snapshot is stale; "
+                "fork it at a position (at=) to decode the logits there"
+            )
         if at is not None:
             if isinstance(at, bool) or not isinstance(at, (int, np.integer)):
                 raise ParamError(f"at must be an int position, not {at!r}")
@@ -1685,6 +1698,7 @@ class Branch:
             self._kv_len = n
             self._accepted = [a for a in self._accepted if a[0] < n]
             self._pending = None
+            self._held = True
 
     def prune(self, reparent: bool = False) -> None:
         """Remove this branch's KV and free its id. Refused while it has live children,

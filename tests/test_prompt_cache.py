@@ -13,7 +13,7 @@ import pytest
 
 from llama_cffi import Model
 from llama_cffi.errors import ParamError, ParamTypeError
-from samplers.branch import BranchStore
+from samplers.branch import BranchError, BranchStore
 from samplers.chat import ChatSession
 from samplers.many import ManyStats, generate_many
 from samplers.prompt_cache import PromptCache
@@ -184,6 +184,27 @@ def test_async_complete_uses_the_cache(default_model: Model) -> None:
 
         assert asyncio.run(both()) == (0, len(header))
         assert len(cache) == 2
+
+
+def test_entries_are_not_sampled_or_stepped(default_model: Model) -> None:
+    """An entry is a prefix source: the store's default sampling skips it, and sampling,
+    stepping or forking it (without ``at=``) is refused; a fork at a position works."""
+    with default_model.context(n_ctx=512, n_seq_max=4, kv_unified=True, n_threads=1) as ctx:
+        store = BranchStore(ctx)
+        cache = PromptCache(store)
+        cache.warm("Hello there, how are you?")
+        (entry,) = store.branches
+        live = store.create([int(t) for t in default_model.vocab.tokenize("Hi")])
+        assert list(store.sample()) == [live]
+        with pytest.raises(BranchError, match="kept prompt"):
+            entry.sample()
+        with pytest.raises(BranchError, match="kept prompt"):
+            store.step({entry: 1})
+        with pytest.raises(BranchError, match="kept prompt"):
+            entry.fork()
+        child = entry.fork(at=3)
+        assert child.position == 3 and child.tokens == entry.tokens[:3]
+        child.commit(child.sample())
 
 
 def test_entries_pruned_elsewhere_are_forgotten(default_model: Model) -> None:
