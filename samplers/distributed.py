@@ -19,30 +19,31 @@ each), so a pool of N workers on a cluster scores or generates N jobs at once.
   batch. Results come back in input order, one :class:`Generation` per prompt.
 
 **Determinism.** Prompt *i* is sampled with its own seed (``Request.seed``, or ``seed +
-i``) on its own clone of the sampler, in a batch fixed by input order and
-``batch_size``, and a retried batch is the same batch: its result depends only on the
-prompts and settings, never on the number of workers, which worker ran it, the order
-batches finished or a worker's death. A batch runs through
-:func:`samplers.many.iter_many` (the code a single process uses: prompts packed into
-shared decodes, every live sequence stepped in one decode), so with ``batch_size=1``
-every token is that of :func:`samplers.search.generate` in a single-sequence context.
-In a batch, rows come from decodes of several sequences, and llama.cpp's CPU kernels depend on a decode's row count: with repacked weights
-(``use_extra_bufts``, the default for quantized models on x86) 4 rows or more take
-another kernel than 1..3, and without repacking K-quant weights (the default model's
-Q4_K) take ggml's tiled kernel from 8 rows. These are different roundings, not last-bit
-noise: on the default model a sequence's logits in an 8-row decode differ from its lone
-decode's by up to 1.2 (in a 4-row decode with repacking, 1.0), so sampled continuations
-part after a few tokens (in ``benchmarks/bench_distributed.py``, 2 of 16 texts of 32
-tokens stay equal in batches of 8). :func:`map_generate` loads models with
+i``) on its own clone of the sampler, in a batch fixed by input order and ``batch_size``,
+and a retried batch is the same batch: its result depends only on the prompts and
+settings, never on the number of workers, which worker ran it, the order batches finished
+or a worker's death. A batch runs through :func:`samplers.many.iter_many` (the code a
+single process uses: prompts packed into shared decodes, every live sequence stepped in
+one decode), so with ``batch_size=1`` every token is that of
+:func:`samplers.search.generate` in a single-sequence context. In a batch, rows come from
+decodes of several sequences, and llama.cpp's CPU kernels depend on a decode's row count:
+with repacked weights (``use_extra_bufts``, the default for quantized models on x86) 4
+rows or more take another kernel than 1..3, and without repacking K-quant weights (the
+default model's Q4_K) take ggml's tiled kernel from 8 rows. These are different roundings,
+not last-bit noise: on the default model a sequence's logits in an 8-row decode differ
+from its lone decode's by up to 1.2 (in a 4-row decode with repacking, 1.0), so sampled
+continuations part after a few tokens (in ``benchmarks/bench_distributed.py``, 2 of 16
+texts of 32 tokens stay equal in batches of 8). :func:`map_generate` loads models with
 ``use_extra_bufts=False`` unless ``model_params`` says otherwise: a K-quant model such as
-the default one then matches one-at-a-time generation bit for bit in batches of up to
-7, and F32 models token for token in any batch (their rows differ in the last bits from
-2 rows on, which changes a token only at an exact tie). Both also need flash attention
-on (llama.cpp's default) and, for the one-at-a-time run past 256 cells, one thread as
-each worker has by default (``threads_per_worker=1``): a one-token decode with several
-threads over a long cache adds its parts in another order. The full conditions:
-``docs/guide/branches.md`` ("Tolerances"). :func:`perplexity` keeps llama.cpp's
-defaults, as ``llama-perplexity`` does.
+the default one then matches one-at-a-time generation bit for bit where every decode holds
+at most 7 rows (a batch's prompts are packed into its first decodes, up to ``n_batch``
+tokens), and F32 models token for token in any batch (their rows differ in the last bits
+from 2 rows on, which changes a token only at an exact tie). Both also need flash
+attention on (llama.cpp's default) and, for the one-at-a-time run past 256 cells, one
+thread as each worker has by default (``threads_per_worker=1``): a one-token decode with
+several threads over a long cache adds its parts in another order. The full conditions:
+``docs/guide/branches.md`` ("Tolerances"). :func:`perplexity` keeps llama.cpp's defaults,
+as ``llama-perplexity`` does.
 
 **Failures.** A prompt that cannot be generated (a prompt longer than the context, a bad
 grammar, a token outside the vocabulary) gets a :class:`Generation` with ``error`` set;

@@ -302,6 +302,15 @@ class Scorer:
         self.batch = Batch(p.n_batch, 1)
         self.scratch = np.empty(ctx.n_vocab, dtype=np.float32)  # exp() work row, reused for every row
 
+    def _score_rows(
+        self, rows: npt.NDArray[np.float32], tokens: npt.NDArray[np.int32], chunk: int, p0: int
+    ) -> tuple[float, float]:
+        """``(sum v, sum v^2)`` over one sequence's output rows of one decode (see
+        :func:`_score`); :meth:`group` calls it for every sequence of every decode, in chunk
+        and position order. A subclass may override it to see each row (``rows`` points
+        into llama.cpp's buffer: valid during the call only; samplers.kl_divergence does)."""
+        return _score(rows, tokens, chunk, p0, self.p.n_ctx, self.scratch)
+
     def group(self, tokens: npt.NDArray[np.int32], i: int, n_seq_batch: int, bos: int | None) -> GroupTerms:
         """The terms of chunks ``i .. i + n_seq_batch - 1``, decoded together from an
         empty KV memory as ``llama-perplexity`` decodes them."""
@@ -339,7 +348,7 @@ class Scorer:
             try:
                 for seq in range(n_seq_batch):
                     chunk = start + seq * n_ctx
-                    a, b = _score(rows[seq * n_out : (seq + 1) * n_out], tokens, chunk, p0, n_ctx, self.scratch)
+                    a, b = self._score_rows(rows[seq * n_out : (seq + 1) * n_out], tokens, chunk, p0)
                     if math.isnan(a):
                         raise PerplexityError(f"the model produced NaN or infinite logits in chunk {i + seq + 1}")
                     terms.append((a, b, last))
@@ -431,7 +440,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The command's options (``llama-perplexity``'s names), on ``parser``."""
     expect_parser("parser", parser)
     parser.add_argument("-m", "--model", help="GGUF file (default: the default model)")
-    parser.add_argument("-f", "--file", required=True, help="text file (one trailing newline is dropped)")
+    parser.add_argument(
+        "-f", "--file", help="text file (one trailing newline is dropped); every mode but --kl-divergence needs it"
+    )
     parser.add_argument("-c", "--ctx-size", type=int, default=512, help="tokens per chunk (default 512)")
     parser.add_argument("-b", "--batch-size", type=int, default=2048, help="logical batch size (default 2048)")
     parser.add_argument("--chunks", type=int, default=-1, help="at most this many chunks (default: all)")
@@ -440,7 +451,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--hellaswag", action="store_true", help="HellaSwag's acc_norm over the file's tasks (llama.cpp's layout)"
     )
     parser.add_argument("--hellaswag-tasks", type=int, default=400, help="tasks to draw (default 400)")
+    parser.add_argument("--winogrande", action="store_true", help="the Winogrande score over the CSV file's tasks")
+    parser.add_argument("--winogrande-tasks", type=int, default=0, help="tasks to draw (default 0: all)")
+    parser.add_argument(
+        "--multiple-choice", action="store_true", help="the multiple-choice score over the binary task file's tasks"
+    )
+    parser.add_argument("--multiple-choice-tasks", type=int, default=0, help="tasks to draw (default 0: all)")
     parser.add_argument("-np", "--parallel", type=int, default=1, help="sequences (the eval modes use at least 4)")
+    from .kl_divergence import add_kl_arguments  # it builds on this module: imported when used
+
+    add_kl_arguments(parser)
 
 
 class RemoteScoring(Protocol):
@@ -474,8 +494,23 @@ def run_cli(args: argparse.Namespace, remote: RemoteScoring | None = None) -> in
     ``remote``: score the chunks there (only the vocabulary is loaded here). User errors
     propagate as exceptions (the caller prints one line and exits 2)."""
     expect_namespace("args", args)
+    kl = getattr(args, "kl_divergence_base", None) is not None or bool(getattr(args, "kl_divergence", False))
+    if kl:
+        if remote is not None:
+            raise ParamError("--kl-divergence-base/--kl-divergence run in this process: leave out --ray")
+        from .kl_divergence import run_kl_cli
+
+        rc = run_kl_cli(args)
+        assert rc is not None
+        return rc
+    if not getattr(args, "file", None):
+        raise ParamError("-f FILE is required (the text, or the eval mode's task file)")
     if getattr(args, "hellaswag", False):
         return _run_hellaswag(args, remote)
+    if getattr(args, "winogrande", False):
+        return _run_winogrande(args, remote)
+    if getattr(args, "multiple_choice", False):
+        return _run_multiple_choice(args, remote)
     p = plan(args.ctx_size, args.batch_size)
     text = _read_text(args.file)
     path = args.model if args.model else str(default_model_path())
@@ -549,6 +584,71 @@ def _run_hellaswag(args: argparse.Namespace, remote: RemoteScoring | None) -> in
             progress=show,
         )
     print(flush=True)
+    return 0
+
+
+def _eval_file(args: argparse.Namespace, remote: RemoteScoring | None, flag: str) -> tuple[bytes, str, dict[str, Any]]:
+    """The ``-f`` file's bytes, the model's path and the context options of an eval mode."""
+    if remote is not None:
+        raise ParamError(f"{flag} runs in this process: leave out --ray")
+    with open(args.file, "rb") as fh:
+        data = fh.read()
+    path = args.model if args.model else str(default_model_path())
+    opts = {
+        "ctx_size": args.ctx_size,
+        "n_batch": args.batch_size,
+        "n_parallel": args.parallel,
+        "n_threads": args.threads,
+    }
+    return data, path, opts
+
+
+def _run_winogrande(args: argparse.Namespace, remote: RemoteScoring | None) -> int:
+    """``--winogrande``: llama-perplexity's lines (one per task as it is scored: number,
+    running accuracy, the two scores, the option chosen, the answer; then the final score
+    from 100 tasks on) on stdout."""
+    from .evals import TaskScore, read_winogrande, winogrande
+
+    data, path, opts = _eval_file(args, remote, "--winogrande")
+    tasks = read_winogrande(data.decode("utf-8", "surrogateescape"))
+    print(f"winogrande_score : loaded {len(tasks)} tasks from prompt.", file=sys.stderr, flush=True)
+    done = [0, 0]  # correct, scored
+
+    def show(t: TaskScore) -> None:
+        done[0] += t.correct
+        done[1] += 1
+        s1, s2 = t.scores
+        acc = 100.0 * done[0] / done[1]
+        print(f"{done[1]}\t{acc:.4f}\t{s1:10.6f}  {s2:10.6f}  {t.chosen + 1}  {t.gold + 1}", flush=True)
+
+    with Model.load(path) as model:
+        res = winogrande(model, tasks, args.winogrande_tasks, **opts, on_task=show)
+    print(flush=True)
+    for line in res.final_lines():
+        print(line, flush=True)
+    return 0
+
+
+def _run_multiple_choice(args: argparse.Namespace, remote: RemoteScoring | None) -> int:
+    """``--multiple-choice`` (``-f``: llama.cpp's binary task file): llama-perplexity's
+    lines (a header, the running accuracy after each task, the final result and random
+    chance) on stdout."""
+    from .evals import multiple_choice, read_multiple_choice
+
+    data, path, opts = _eval_file(args, remote, "--multiple-choice")
+    tasks = read_multiple_choice(data)
+    print(f"multiple_choice_score: there are {len(tasks)} tasks in prompt", file=sys.stderr, flush=True)
+    print("\ntask\tacc_norm", flush=True)
+
+    def show(done: int, total: int, acc: float) -> None:
+        del total
+        print(f"{done}\t{100.0 * round(acc * done) / done:.8f}", flush=True)
+
+    with Model.load(path) as model:
+        res = multiple_choice(model, tasks, args.multiple_choice_tasks, **opts, progress=show)
+    print(flush=True)
+    for line in res.final_lines():
+        print(line, flush=True)
     return 0
 
 

@@ -38,7 +38,7 @@ gives up to the rounding of the batch shapes (``docs/guide/branches.md``, "Toler
 An encoder-decoder or encoder-only model has no decoder prompt to share: refused with
 :class:`~llama_cffi.errors.UnsupportedError`.
 
-Lifetime: entries live until evicted, :meth:`clear` or :meth:`close` (also on leaving a
+Lifetime: entries live until evicted, :meth:`PromptCache.clear` or :meth:`PromptCache.close` (also on leaving a
 ``with`` block); pruning an entry's branch through the store drops it from the cache
 too. One thread at a time, like the store.
 """

@@ -299,6 +299,12 @@ FACTORIES: dict[str, Callable[[Env], Any]] = {
     ),
     "samplers.candidates.Candidates": lambda e: e.candidates(),
     "samplers.prompt_cache.PromptCache": lambda e: _m("samplers.prompt_cache").PromptCache(e.store()),
+    "samplers.kl_divergence.KLBase": lambda e: _m("samplers.kl_divergence").KLBase(
+        _m("pathlib").Path("x.kld"), 64, e.n_vocab, 1, _np().zeros(64, _np().int32)
+    ),
+    "samplers.kl_divergence.KLDivergenceResult": lambda e: _m("samplers.kl_divergence").KLDivergenceResult(
+        *([0] * 25), (), _np().zeros(1, _np().float32), _np().zeros(1, _np().float32)
+    ),
     "samplers.chain.SamplerChain": lambda e: _m("samplers").SamplerChain([_m("samplers").Greedy()]),
     "samplers.chat.ChatSession": lambda e: _m("samplers.chat").ChatSession(e.context(n_seq_max=1)),
     "samplers.distributed.Workers": _workers,
@@ -430,6 +436,11 @@ REST: dict[str, Callable[[Env], tuple[tuple[Any, ...], dict[str, Any]]]] = {
     "samplers.dry.breaker_sequences": lambda e: ((["\n"],), {}),
     "samplers.evals.hellaswag": lambda e: (("context\n0\na\nb\nc\nd\n",), {}),
     "samplers.evals.wilson_interval": lambda e: ((4,), {}),
+    "samplers.evals.winogrande": lambda e: (("h\n0,A _ b.,x,y,1\n\n",), {}),
+    "samplers.evals.multiple_choice": lambda e: ((b"",), {}),
+    "samplers.kl_divergence.kl_divergence": lambda e: (("base.kld",), {}),
+    "samplers.kl_divergence.KLBase.log_probs": lambda e: ((64,), {}),
+    "samplers.kl_divergence.write_kl_base": lambda e: (("some text", "out.kld"), {}),
     "samplers.grammar.compiled.CompiledGrammar": lambda e: (
         (_m("samplers.grammar.vocab_index").VocabIndex.of(e.vocab),),
         {},
