@@ -44,7 +44,7 @@ from llama_cffi.vocab import StopStringStream
 from .base import Sampler
 from .branch import Branch, BranchStore, NewBranch
 from .logprobs import LogprobReader
-from .prompt_cache import PromptCache
+from .prompt_cache import PromptCache, _common
 from .search import Result, StopReason, Timings, _accepted_records, _cache, _grammar_forced_end, _result, _store
 
 __all__ = [
@@ -123,16 +123,6 @@ class _Job:
     t_admit: float = 0.0
     t_prompt: float = 0.0
     t_first: float | None = None
-
-
-def _common(a: npt.NDArray[np.int32], b: npt.NDArray[np.int32]) -> int:
-    """The number of leading tokens ``a`` and ``b`` share."""
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    diff = a[:n] != b[:n]
-    i = int(diff.argmax())
-    return i if diff[i] else n
 
 
 def _resolve_grammar(grammar: Any, json_schema: Any, where: str) -> Any:
@@ -535,7 +525,10 @@ def iter_many(
     ``seed`` when given). Every prompt is checked (tokens, length, grammar) before
     anything is decoded. ``on_error(index, exception)``: called for a request whose
     sampling fails (a grammar that allows no token, NaN logits), which is then dropped
-    while the others go on; without it the error ends the run."""
+    while the others go on; without it the error ends the run. ``cache``: a
+    :class:`~samplers.prompt_cache.PromptCache` of ``store``: prompts copy its entries'
+    prefixes too, finished sequences become entries (in place of ``keep_prefixes``), and
+    its sequence ids count as free (it gives them up as the run needs them)."""
     return ManyRun(
         store,
         prompts,
