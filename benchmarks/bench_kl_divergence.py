@@ -1,6 +1,6 @@
 """KL-divergence mode time: samplers.kl_divergence against llama-perplexity.
 
-``python -m samplers.kl_divergence`` against llama.cpp's ``llama-perplexity`` built from
+``python -m samplers.perplexity`` (its KL-divergence modes) against llama.cpp's ``llama-perplexity`` built from
 the same source and options (``native_tools``), whole processes (start-up, model load,
 tokenization, evaluation, the file, exit), each in its own process, interleaved over
 ``--rounds`` rounds (which side goes first alternates); medians and the ratio ours/native.
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     sha = hashlib.sha256(data).hexdigest()
     files = {"native": work / "native.kld", "ours": work / "ours.kld"}
     common = ["-m", str(model_path), "-c", str(args.ctx_size), "-b", str(args.batch_size), "-t", str(args.threads)]
-    exe = {"native": [str(tool)], "ours": [sys.executable, "-m", "samplers.kl_divergence"]}
+    exe = {"native": [str(tool)], "ours": [sys.executable, "-m", "samplers.perplexity"]}
     other = {"native": "ours", "ours": "native"}
     cmds = {
         ("base", side): [*exe[side], *common, "-f", str(text), "--chunks", str(args.chunks),

@@ -383,9 +383,6 @@ class BranchStore:
         if branches is not None:
             expect_iterable("branches", branches, "an iterable of Branch, or None")
         todo = [b for b in self.branches if not b._held] if branches is None else list(branches)
-        for b in todo:
-            if b._held:
-                raise BranchError(f"{b!r} is a kept prompt (a prefix source, as a prompt cache entry): not sampled")
         self._give_masks(todo)
         if not self.batched or len(todo) < 2:
             return {b: b.sample() for b in todo}
@@ -395,6 +392,8 @@ class BranchStore:
             b._check_live()
             if b.store is not self:
                 raise BranchError(f"{b!r} belongs to another store")
+            if b._held:  # (one by one, Branch.sample refuses it)
+                raise BranchError(f"{b!r} is a kept prompt (a prefix source, as a prompt cache entry): not sampled")
             sig = chain_batch.signature(b.sampler) if b.steer is None and b._orig is None else None
             if sig is None:
                 single.append(b)

@@ -75,14 +75,13 @@ from typing import IO, Any
 import numpy as np
 import numpy.typing as npt
 
-from llama_cffi import Context, LlamaError, Model, ParamError, default_model_path
+from llama_cffi import Context, Model, ParamError, default_model_path
 from llama_cffi._args import (
     expect_int,
     expect_namespace,
     expect_number,
     expect_parser,
     expect_path,
-    expect_strs,
     type_error,
 )
 
@@ -115,7 +114,6 @@ __all__ = [
     "add_kl_arguments",
     "kl_divergence",
     "kl_plan",
-    "main",
     "read_kl_base",
     "run_kl_cli",
     "write_kl_base",
@@ -1176,38 +1174,3 @@ def _run_compare(
         print(line)
     sys.stdout.flush()
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m samplers.kl_divergence``: ``-f TEXT --kl-divergence-base FILE`` writes
-    the base file; ``--kl-divergence --kl-divergence-base FILE`` compares (the options of
-    ``llama-perplexity``: ``-m``, ``-c``, ``-b``, ``--chunks``, ``-t``, ``-fa``, ``-ctk``)."""
-    if argv is not None:
-        expect_strs("argv", argv, "a list of str or None")
-    parser = argparse.ArgumentParser(
-        prog="python -m samplers.kl_divergence",
-        description="KL divergence against a base model's log-probabilities, as llama-perplexity computes it.",
-    )
-    parser.add_argument("-m", "--model", help="GGUF file (default: the default model)")
-    parser.add_argument("-f", "--file", help="text file (one trailing newline is dropped); writing the base only")
-    parser.add_argument("-c", "--ctx-size", type=int, default=512, help="tokens per chunk (default 512)")
-    parser.add_argument("-b", "--batch-size", type=int, default=2048, help="logical batch size (default 2048)")
-    parser.add_argument("--chunks", type=int, default=-1, help="at most this many chunks (default: all)")
-    parser.add_argument("-t", "--threads", type=int, default=None, help="threads (default: llama_cffi's)")
-    add_kl_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        status = run_kl_cli(args)
-        if status is None:
-            parser.error("give --kl-divergence-base FILE (with -f to write it, with --kl-divergence to compare)")
-        return status
-    except (LlamaError, OSError, ValueError) as exc:
-        print(f"kl_divergence: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\nkl_divergence: interrupted", file=sys.stderr)
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -444,7 +444,7 @@ class ManyRun(Iterator[tuple[int, Result]]):
                     self._holders.append(self._holders.pop(i))
                     break
         if self._cache is not None:
-            hit, n = self._cache.match(job.tokens)
+            hit, n = self._cache._match(job.tokens)
             if n > best[1]:
                 best = (hit, n)
         return best

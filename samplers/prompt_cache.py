@@ -169,8 +169,11 @@ class PromptCache:
         can give (at most ``len(prompt) - 1``: the last token is decoded for its logits),
         under :meth:`BranchStore.share_refusal`'s rule; ``(None, 0)`` when none can. The
         entry found counts as used (least recently used goes first)."""
+        return self._match(np.asarray(self.store.ctx.model.vocab.check_tokens(prompt, "prompt"), dtype=np.int32))
+
+    def _match(self, toks: npt.NDArray[np.int32]) -> tuple[Branch | None, int]:
+        """:meth:`match` of tokens already checked."""
         self._forget_dead()
-        toks = np.asarray(self.store.ctx.model.vocab.check_tokens(prompt, "prompt"), dtype=np.int32)
         best: tuple[Branch | None, int] = (None, 0)
         limit = len(toks) - 1
         listed: list[int] | None = None
@@ -330,7 +333,7 @@ class PromptCache:
         toks = self.store.ctx.model.vocab.check_tokens(prompt, "prompt")
         if len(toks) == 0:
             raise ParamError("a branch needs a prompt of at least one token")
-        src, n = self.match(toks)
+        src, n = self._match(np.asarray(toks, dtype=np.int32))
         if not self.free_id(keep=src):
             if src is None or not self.evict(None):
                 raise ParamError("no free sequence id: every id of the store is held by a live branch")

@@ -34,7 +34,6 @@ from samplers.kl_divergence import (
     add_kl_arguments,
     kl_divergence,
     kl_plan,
-    main,
     read_kl_base,
     run_kl_cli,
     write_kl_base,
@@ -211,8 +210,10 @@ def test_expf_is_the_c_librarys() -> None:
 
 
 def test_cli(tiny_model_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """python -m samplers.kl_divergence writes and compares; run_kl_cli is None without the
-    KL flags (the perplexity command then runs as before)."""
+    """The perplexity command (python -m samplers.perplexity) writes and compares; run_kl_cli
+    is None without the KL flags (the command then runs as before)."""
+    from samplers.perplexity import main
+
     text = tmp_path / "t.txt"
     text.write_text(corpus())
     base = tmp_path / "cli.kld"
@@ -318,11 +319,11 @@ def test_kl_divergence_equals_llama_perplexity(
 def test_cli_equals_llama_perplexity(
     default_model_path: Path, bases: tuple[Path, Path, str, str], native_q8: list[str]
 ) -> None:
-    """The command (python -m samplers.kl_divergence, llama-perplexity's flags) on
+    """The command (python -m samplers.perplexity, llama-perplexity's flags) on
     llama-perplexity's file prints llama-perplexity's lines."""
     theirs, _, _, _ = bases
     r = subprocess.run(
-        [sys.executable, "-m", "samplers.kl_divergence", "-m", str(default_model_path), "-c", str(N_CTX), "-t", "2",
+        [sys.executable, "-m", "samplers.perplexity", "-m", str(default_model_path), "-c", str(N_CTX), "-t", "2",
          "--kl-divergence", "--kl-divergence-base", str(theirs), "-ctk", "q8_0"],
         capture_output=True, text=True, timeout=600, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
     )  # fmt: skip
