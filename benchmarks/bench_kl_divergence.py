@@ -16,6 +16,12 @@ Two modes, both timed:
   file, llama-perplexity reads ours; the chunk table and statistics lines must be equal
   or the script fails.
 
+Files: before each ``base`` run the side's old file is deleted (neither truncates or
+replaces a cached 2.7 GB file); before each ``kl`` run the file it reads is written back
+and dropped from the page cache (both read the disk, as with a base file larger than the
+page cache). ``samplers.kl_divergence`` itself drops the pages it has written or read
+(``posix_fadvise``); llama-perplexity leaves them cached.
+
 The text: the standard-library docstrings of ``bench_perplexity.make_text`` until it holds
 ``--chunks * -c`` tokens (or ``--text FILE``). Before each run the script waits up to
 ``--quiet-wait`` s for other processes to use at most ``--max-foreign`` cores, and runs
@@ -69,6 +75,19 @@ def sample(run: ChildRun) -> dict[str, float]:
         "peak_rss_kib": float(run.peak_rss_kib),
         "foreign_cores": run.foreign_cores,
     }
+
+
+def evict(path: Path) -> None:
+    """Drop ``path`` from the page cache (written back first), so that the run reading it
+    reads the disk: both sides alike, whatever ran before (a base file is usually far
+    larger than the page cache: 75 GB for wikitext-2)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
         for mode in ("base", "kl"):
             for side in order:
                 cmd = cmds[(mode, side)]
+                if mode == "base":  # each writes a new file (no old one to truncate or replace)
+                    files[side].unlink(missing_ok=True)
+                else:  # each reads the other's file from the disk (not from the page cache)
+                    evict(files[other[side]])
                 run = quiet_run(
                     lambda: run_child(cmd, cwd=ROOT, env=env, timeout=args.run_timeout),  # noqa: B023
                     max_cores=args.max_foreign,

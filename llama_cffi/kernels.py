@@ -23,7 +23,7 @@ import enum
 import math
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -33,8 +33,12 @@ from ._binding import ffi, lib
 
 __all__ = [
     "SOFTMAX_IMPL",
+    "KLRows",
     "RowMeasures",
     "RowStatus",
+    "kl_base_rows",
+    "kl_divergence_rows",
+    "kl_row_values",
     "rows_log_sum",
     "rows_reference",
     "softmax_dot",
@@ -472,6 +476,153 @@ def rows_log_sum(
     if rc == -2:
         raise MemoryError("rows_log_sum: out of memory")
     return out
+
+
+def _kl_args(
+    logits: npt.NDArray[np.float32], tokens: npt.ArrayLike, n_threads: int | None
+) -> tuple[int, int, npt.NDArray[np.int32], int]:
+    if not (
+        isinstance(logits, np.ndarray)
+        and logits.dtype == np.float32
+        and logits.ndim == 2
+        and logits.flags.aligned
+        and logits.shape[1] > 0
+        and logits.strides[1] == 4
+        and logits.strides[0] % 4 == 0
+        and logits.strides[0] >= 4 * logits.shape[1]
+    ):
+        raise type_error("logits", "a 2-D float32 array of rows, each contiguous, at least one column", logits)
+    n_rows, n_vocab = logits.shape
+    tok = np.ascontiguousarray(tokens, dtype=np.int32)
+    if tok.shape != (n_rows,):
+        raise ValueError(f"tokens must hold one id per row ({n_rows}), not shape {tok.shape}")
+    if n_rows and (int(tok.min()) < 0 or int(tok.max()) >= n_vocab):
+        raise ValueError(f"tokens must lie in [0, {n_vocab})")
+    threads = default_threads() if n_threads is None else _positive("n_threads", n_threads)
+    return n_rows, n_vocab, tok, threads
+
+
+def kl_row_values(n_vocab: int) -> int:
+    """uint16 values per row of a ``llama-perplexity --kl-divergence-base`` file: the
+    header (two float32), the ``n_vocab`` quantised log-probabilities, and padding to an
+    even count."""
+    n = expect_int("n_vocab", n_vocab, "an int >= 1")
+    if n < 1:
+        raise ValueError(f"n_vocab must be an int >= 1, not {n_vocab!r}")
+    return 2 * ((n + 1) // 2) + 4
+
+
+def _kl_base_out(name: str, a: object, n_rows: int, n_vocab: int) -> npt.NDArray[np.uint16]:
+    nv = kl_row_values(n_vocab)
+    if not (
+        isinstance(a, np.ndarray)
+        and a.dtype == np.uint16
+        and a.ndim == 2
+        and a.shape[0] >= n_rows
+        and a.shape[1] == nv
+        and a.flags.c_contiguous
+    ):
+        raise type_error(name, f"a C-contiguous (>= {n_rows}, {nv}) uint16 array", a)
+    return a
+
+
+def kl_base_rows(
+    logits: npt.NDArray[np.float32],
+    tokens: npt.ArrayLike,
+    out: npt.NDArray[np.uint16],
+    n_threads: int | None = None,
+) -> npt.NDArray[np.float64]:
+    """``llama-perplexity --kl-divergence-base``'s work for many rows (``log_softmax(n_vocab,
+    logits, log_prob, tok)`` of ``tools/perplexity/perplexity.cpp``, in C, operation by
+    operation): row ``r`` of ``logits`` (float32, each row contiguous) becomes the base-file
+    row ``out[r]`` (:func:`kl_row_values` uint16: ``scale`` and ``min_log_prob`` as float32,
+    the quantised log-probabilities, zeroed padding), and the result's ``[r]`` is
+    ``-log p(tokens[r])`` in nats (computed in float32, as there). A row holding NaN, or
+    whose maximum is not finite, gets NaN and its ``out`` row is left as it was.
+
+    On ``n_threads`` threads (default: the usable cores) with the GIL released; the bytes
+    and values equal the tool's (same C library, no fused multiply-adds).
+    :func:`samplers.kl_divergence._quantise_row` is the numpy reference. Nothing is
+    retained; ``out`` is written, ``logits`` only read."""
+    n_rows, n_vocab, tok, threads = _kl_args(logits, tokens, n_threads)
+    dst = _kl_base_out("out", out, n_rows, n_vocab)
+    res = np.empty(n_rows, np.float64)
+    if n_rows == 0:
+        return res
+    rc = lib.llama_cffi_kl_base_rows(
+        n_rows,
+        n_vocab,
+        ffi.cast("const float *", logits.ctypes.data),
+        logits.strides[0] // 4,
+        ffi.from_buffer("int32_t[]", tok),
+        ffi.from_buffer("uint16_t[]", dst),
+        dst.shape[1],
+        threads,
+        ffi.from_buffer("double[]", res),
+    )
+    if rc != 0:  # pragma: no cover - every argument was checked above
+        raise ValueError("kl_base_rows: bad arguments")
+    return res
+
+
+class KLRows(NamedTuple):
+    """:func:`kl_divergence_rows`' values, one per row: ``nll`` and ``nll_base`` (``-log
+    p`` of the row's token under the compared and the base model, float32 as the tool
+    computes them), ``kld`` (the KL divergence, nats, float64), ``same_top`` (whether both
+    top tokens agree), ``p_diff`` (``p - p_base``, float32), ``ok`` (False for a row that
+    holds NaN or whose maximum is not finite: its other values are undefined)."""
+
+    nll: npt.NDArray[np.float32]
+    nll_base: npt.NDArray[np.float32]
+    kld: npt.NDArray[np.float64]
+    same_top: npt.NDArray[np.bool_]
+    p_diff: npt.NDArray[np.float32]
+    ok: npt.NDArray[np.bool_]
+
+
+def kl_divergence_rows(
+    logits: npt.NDArray[np.float32],
+    tokens: npt.ArrayLike,
+    base: npt.NDArray[np.uint16],
+    n_threads: int | None = None,
+) -> KLRows:
+    """``llama-perplexity --kl-divergence``'s work for many rows (``log_softmax(n_vocab,
+    logits, base_log_prob, tok, kld)`` of ``tools/perplexity/perplexity.cpp``, in C,
+    operation by operation): row ``r`` of ``logits`` compared with the base-file row
+    ``base[r]`` (as :func:`kl_base_rows` writes them) for the token ``tokens[r]``; the
+    values the tool adds up (:class:`KLRows`; the sums are the caller's).
+
+    On ``n_threads`` threads (default: the usable cores) with the GIL released; the values
+    equal the tool's. :func:`samplers.kl_divergence._kl_row` is the numpy reference.
+    Nothing is retained; the arrays are only read."""
+    n_rows, n_vocab, tok, threads = _kl_args(logits, tokens, n_threads)
+    b = _kl_base_out("base", base, n_rows, n_vocab)
+    nll = np.empty(n_rows, np.float32)
+    nll_base = np.empty(n_rows, np.float32)
+    kld = np.empty(n_rows, np.float64)
+    same = np.empty(n_rows, np.int32)
+    p_diff = np.empty(n_rows, np.float32)
+    status = np.empty(n_rows, np.int32)
+    if n_rows:
+        rc = lib.llama_cffi_kl_rows(
+            n_rows,
+            n_vocab,
+            ffi.cast("const float *", logits.ctypes.data),
+            logits.strides[0] // 4,
+            ffi.from_buffer("int32_t[]", tok),
+            ffi.from_buffer("uint16_t[]", b),
+            b.shape[1],
+            threads,
+            ffi.from_buffer("float[]", nll),
+            ffi.from_buffer("float[]", nll_base),
+            ffi.from_buffer("double[]", kld),
+            ffi.from_buffer("int32_t[]", same),
+            ffi.from_buffer("float[]", p_diff),
+            ffi.from_buffer("int32_t[]", status),
+        )
+        if rc != 0:  # pragma: no cover - every argument was checked above
+            raise ValueError("kl_divergence_rows: bad arguments")
+    return KLRows(nll, nll_base, kld, same != 0, p_diff, status == 0)
 
 
 def _positive(name: str, v: object) -> int:

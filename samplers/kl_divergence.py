@@ -33,20 +33,22 @@ so ``log p_base(token) = scale * q[token] + min_log_prob`` (a log-probability fl
 ``20 * 255 * 524,296`` bytes, about 2.7 GB.
 
 Arithmetic follows ``perplexity.cpp``'s float/double choices operation by operation
-(float32 where it uses ``float``, float64 where it uses ``double``; its compiler does not
-fuse multiply-adds: no ``-march``), numpy-vectorised over each vocabulary row. Its
-``expf`` is the C library's (glibc's is not correctly rounded: about one float in 10,000
-differs from the correctly rounded value); ``samplers._libm.expf`` reproduces it exactly (float64
-``exp``, rounded, with the C library's ``expf`` called for the values near a rounding
-boundary). The one costly quantity, ``log_sum_exp = (float) log(sum of 262,144 expf
-values added in index order)``, is taken from a cheaper float64 estimate when rigorous
-error bounds prove it rounds to the same float32, and computed the C way otherwise
-(:func:`_lse`). With the same logits the base file is therefore byte-identical, and the
+(float32 where it uses ``float``, float64 where it uses ``double``, the C library's
+``expf`` and ``log``, additions in index order, no fused multiply-adds: its compiler has
+none without ``-march``). The per-row work runs in C (:func:`llama_cffi.kernels.kl_base_rows`
+and :func:`~llama_cffi.kernels.kl_divergence_rows`, on ``hardware_concurrency`` threads as
+the tool's); the numpy functions of this module (:func:`_quantise_row`, :func:`_kl_row`)
+are their tested reference: glibc's ``expf`` is not correctly rounded (about one float in
+10,000 differs from the correctly rounded value), ``samplers._libm.expf`` reproduces it
+(float64 ``exp``, rounded, with the C library's ``expf`` called for the values near a
+rounding boundary), and the one costly quantity, ``log_sum_exp = (float) log(sum of
+262,144 expf values added in index order)``, is taken from a cheaper float64 estimate
+when rigorous error bounds prove it rounds to the same float32, and computed the C way
+otherwise (:func:`_lse`). With the same logits the base file is therefore byte-identical, and the
 statistics equal a single-threaded ``llama-perplexity``'s. Two differences remain, both
 in float64's last bits and invisible at the printed precision: ``llama-perplexity`` adds
 its rows up on ``hardware_concurrency`` threads, each with its own partial sums (the
-order varies from run to run), where this module adds them in position order (its row
-work runs on as many threads, the sums afterwards); and its perplexity sums are added
+order varies from run to run), where this module adds them in position order; and its perplexity sums are added
 once per chunk, this module's once per decode. Logits equal to ``llama-perplexity``'s
 need the same context layout (:func:`kl_plan`) and settings (``context_params``).
 
@@ -67,7 +69,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -84,6 +85,7 @@ from llama_cffi._args import (
     expect_path,
     type_error,
 )
+from llama_cffi.kernels import kl_base_rows, kl_divergence_rows
 
 from ._libm import c_expf, expf
 from .perplexity import (
@@ -290,9 +292,29 @@ def _expf1(x: np.float32) -> np.float32:
     return c_expf(float(x))
 
 
+def _drop_cached(fh: IO[bytes], offset: int = 0, length: int = 0, flush: bool = False) -> None:
+    """Ask the kernel to drop ``length`` bytes of the file at ``offset`` (0, 0: all of it)
+    from the page cache, once written or read: a base file is gigabytes streamed once
+    (2.7 GB for 20 chunks of a 262,144-token vocabulary, 75 GB for wikitext-2), and leaving
+    it cached evicts what the machine had cached, and on small VMs costs more kernel time
+    than the writing itself (measured: 6.4 s against 0.8 s of system CPU for 1.6 GB).
+    ``flush`` first hands Python's buffer to the kernel (pages still being written back stay
+    cached until a later call). Where ``posix_fadvise`` is missing (macOS, Windows), or
+    the file system refuses it, nothing happens: the advice is only advice."""
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is None:  # pragma: no cover - not Linux
+        return
+    if flush:
+        fh.flush()  # a write error is the caller's (raised)
+    try:
+        advise(fh.fileno(), offset, length, os.POSIX_FADV_DONTNEED)
+    except (OSError, io.UnsupportedOperation, ValueError):
+        pass
+
+
 def _workers() -> int:
     """Threads for the per-row work: ``std::thread::hardware_concurrency()`` as
-    ``llama-perplexity`` uses (numpy releases the GIL in the row operations)."""
+    ``llama-perplexity`` uses."""
     return max(1, os.cpu_count() or 1)
 
 
@@ -396,10 +418,9 @@ def read_kl_base(path: str | os.PathLike[str]) -> KLBase:
 class _BaseWriter(Scorer):
     """A :class:`Scorer` that also writes each scored row, quantised, to the base file."""
 
-    def __init__(self, ctx: Context, p: Plan, fh: IO[bytes], pool: ThreadPoolExecutor) -> None:
+    def __init__(self, ctx: Context, p: Plan, fh: IO[bytes]) -> None:
         super().__init__(ctx, p)
         self.fh = fh
-        self.pool = pool
         nv = 2 * ((ctx.n_vocab + 1) // 2) + 4
         self.out = np.zeros((p.n_ctx - 1 - p.n_ctx // 2, nv), np.uint16)  # padding column stays 0
 
@@ -410,9 +431,9 @@ class _BaseWriter(Scorer):
         if n <= 0:
             return 0.0, 0.0
         out = self.out[:n]
-        nxt = tokens[chunk + p0 + 1 : chunk + p0 + 1 + n].tolist()
-        vs = list(self.pool.map(lambda r: _quantise_row(rows[r], nxt[r], out[r]), range(n)))
+        vs = kl_base_rows(rows[:n], tokens[chunk + p0 + 1 : chunk + p0 + 1 + n], out, _workers()).tolist()
         out.tofile(self.fh)
+        _drop_cached(self.fh, flush=True)
         nll = nll2 = 0.0
         for v in vs:
             nll += v
@@ -517,12 +538,12 @@ def write_kl_base(
         tmp = dest.with_name(f".{dest.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         fh = open(tmp, "xb")  # closed by the with below
         try:
-            with fh, ThreadPoolExecutor(_workers()) as pool:
+            with fh:
                 fh.write(MAGIC)
                 np.array([p.n_ctx], np.uint32).tofile(fh)
                 np.array([model.n_vocab, n_chunk], np.int32).tofile(fh)
                 np.ascontiguousarray(tokens[: n_chunk * p.n_ctx], np.int32).tofile(fh)
-                scorer = _BaseWriter(using.ctx, p, fh, pool)
+                scorer = _BaseWriter(using.ctx, p, fh)
                 acc = Accumulator(p, n_chunk, len(tokens), progress)
                 for i, n in groups(n_chunk, p.n_seq):
                     acc.add(scorer.group(tokens, i, n, bos))
@@ -905,7 +926,6 @@ class _KLScorer(Scorer):
         p: Plan,
         base: KLBase,
         fh: io.BufferedReader,
-        pool: ThreadPoolExecutor,
         progress: KLProgressCallback | None,
     ) -> None:
         super().__init__(ctx, p)
@@ -913,7 +933,6 @@ class _KLScorer(Scorer):
         self.fh = fh  # the base file, read a decode's rows at a time (as the tool reads a chunk's)
         self.buf = np.empty((base.rows_per_chunk, base.row_values), np.uint16)
         n_chunk = self.n_chunk = base.n_chunk
-        self.pool = pool
         self.progress = progress
         self.sums = _Sums()
         per = p.n_ctx - 1 - p.n_ctx // 2
@@ -936,13 +955,15 @@ class _KLScorer(Scorer):
             base = self.buf[:n]
             if self.fh.readinto(base.data.cast("B")) != base.nbytes:
                 raise KLBaseFileError(f"{b.path}: failed reading log-probs for chunk {c + 1}")
-            nxt = tokens[chunk + p0 + 1 : chunk + p0 + 1 + n].tolist()
-            res = list(self.pool.map(lambda r: _kl_row(rows[r], base[r], nxt[r]), range(n)))
+            _drop_cached(self.fh, b.rows_offset + 2 * b.row_values * at, base.nbytes)
+            v = kl_divergence_rows(rows[:n], tokens[chunk + p0 + 1 : chunk + p0 + 1 + n], base, _workers())
+            if not v.ok.all():
+                raise KLDivergenceError("the model produced NaN or infinite logits")
             s = self.sums
-            for k, row in enumerate(res):
-                s.add(row)
-                self.kld_values[at + k] = row.kld
-                self.p_diff_values[at + k] = row.p_diff
+            for row in zip(v.nll, v.nll_base, v.kld.tolist(), v.same_top.tolist(), v.p_diff, strict=True):
+                s.add(_Row(*row))
+            self.kld_values[at : at + n] = v.kld
+            self.p_diff_values[at : at + n] = v.p_diff
         if p0 + len(rows) >= n_ctx:  # the chunk's last position: it is done
             line = KLChunk._of(c + 1, self.sums)
             self.chunks.append(line)
@@ -1000,8 +1021,8 @@ def kl_divergence(
     cp, lp = kl_plan(b.n_ctx, ctx_size, n_batch)
     using = _Using(model_or_ctx, cp, n_threads, context_params)
     try:
-        with open(b.path, "rb") as fh, ThreadPoolExecutor(_workers()) as pool:
-            scorer = _KLScorer(using.ctx, lp, b, fh, pool, progress)
+        with open(b.path, "rb") as fh:
+            scorer = _KLScorer(using.ctx, lp, b, fh, progress)
             tokens = np.array(b.tokens)
             for i, n in groups(b.n_chunk, lp.n_seq):
                 scorer.group(tokens, i, n, bos)

@@ -209,6 +209,114 @@ def test_expf_is_the_c_librarys() -> None:
     assert np.array_equal(expf(x), want)
 
 
+def _rows(rng: np.random.Generator, n_rows: int, n_vocab: int, spread: float) -> np.ndarray:
+    x = (rng.standard_normal((n_rows, n_vocab)) * spread).astype(np.float32)
+    x[0, : n_vocab // 3] = -np.inf  # masked tokens
+    x[1] = 0.25  # every logit equal: scale 0
+    x[2, 7 % n_vocab] = x[2].max() + 30.0  # a confident row: most values below the max - 16 floor
+    x[3, ::2] = np.round(x[3, ::2])  # ties
+    return x
+
+
+@pytest.mark.parametrize("n_vocab", [1, 2, 9, 1000, 262_144])
+def test_c_kl_rows_equal_the_numpy_reference(n_vocab: int) -> None:
+    """llama_cffi.kernels.kl_base_rows / kl_divergence_rows (C, several threads) against
+    this module's numpy reference row by row: the same bytes and the same values, bit for
+    bit (both are perplexity.cpp's arithmetic). Rows in a strided view (a decode's rows
+    are slices of the logits matrix), odd vocabularies (a padding column), masked tokens,
+    a zero scale, ties and a confident row included."""
+    from llama_cffi.kernels import kl_base_rows, kl_divergence_rows, kl_row_values
+    from samplers.kl_divergence import _kl_row, _quantise_row
+
+    rng = np.random.default_rng(n_vocab)
+    n_rows = 6
+    wide = np.zeros((n_rows, n_vocab + 3), np.float32)
+    wide[:, :n_vocab] = _rows(rng, n_rows, n_vocab, 4.0)
+    logits = wide[:, :n_vocab]  # rows not contiguous with each other
+    tokens = rng.integers(0, n_vocab, n_rows).astype(np.int32)
+    nv = kl_row_values(n_vocab)
+    out = np.full((n_rows, nv), 0xABCD, np.uint16)
+    ref = np.zeros((n_rows, nv), np.uint16)
+    got = kl_base_rows(logits, tokens, out, n_threads=3)
+    want = [_quantise_row(logits[r], int(tokens[r]), ref[r]) for r in range(n_rows)]
+    assert np.array_equal(out, ref)  # the padding (odd n_vocab) zeroed too
+    assert got.tolist() == want
+    other = (logits + rng.standard_normal(logits.shape).astype(np.float32) * np.float32(0.5)).astype(np.float32)
+    other[1] = 0.25
+    v = kl_divergence_rows(other, tokens, out, n_threads=2)
+    assert v.ok.all()
+    for r in range(n_rows):
+        w = _kl_row(other[r], out[r], int(tokens[r]))
+        assert (v.nll[r], v.nll_base[r], v.kld[r], bool(v.same_top[r]), v.p_diff[r]) == (
+            w.nll,
+            w.nll_base,
+            w.kld,
+            w.same_top,
+            w.p_diff,
+        ), r
+
+
+def test_c_vector_expf_is_the_c_librarys() -> None:
+    """The C kernels' fast expf (4 values at a time in AVX2, the uncertain ones handed to
+    expf) against the C library's expf called for each value: every 29th float32 bit
+    pattern in [-105, 0] (39 million values, each rounding boundary case the band catches
+    included), and every 1,001st positive one below 89 (out of the fast range: expf's own).
+    Bit for bit. (On a CPU without AVX2 both sides are expf itself.)"""
+    from llama_cffi._binding import ffi, lib
+
+    for lo, hi, step in ((0x80000000, 0xC2D20000, 29), (0x00000000, 0x42B20000, 1001)):
+        x = np.arange(lo, hi, step, dtype=np.uint64).astype(np.uint32).view(np.float32)
+        fast, ref = np.empty_like(x), np.empty_like(x)
+        assert lib.llama_cffi_expf(len(x), ffi.from_buffer("float[]", x), ffi.from_buffer("float[]", fast), 1) == 0
+        assert lib.llama_cffi_expf(len(x), ffi.from_buffer("float[]", x), ffi.from_buffer("float[]", ref), 0) == 0
+        bad = np.flatnonzero(fast.view(np.uint32) != ref.view(np.uint32))
+        assert len(bad) == 0, (x[bad[:5]], fast[bad[:5]], ref[bad[:5]])
+    special = np.array([-np.inf, np.nan, -0.0, 0.0, -103.97, -103.98, -87.33, -87.34, -1e-30], np.float32)
+    out = np.empty_like(special)
+    n = len(special)
+    assert lib.llama_cffi_expf(n, ffi.from_buffer("float[]", special), ffi.from_buffer("float[]", out), 1) == 0
+    want = np.array([np.exp(np.float64(v)) for v in special.tolist()], np.float32)
+    assert np.array_equal(out, want, equal_nan=True)
+    assert lib.llama_cffi_expf(-1, ffi.NULL, ffi.NULL, 1) == -1
+
+
+def test_c_kl_rows_refuse_bad_rows_and_arguments() -> None:
+    """NaN, +inf and all -inf rows are reported (the numpy reference: NaN / an error), never
+    read as numbers; wrong shapes, dtypes and token ids raise before any C runs."""
+    from llama_cffi.kernels import kl_base_rows, kl_divergence_rows, kl_row_values
+    from samplers.kl_divergence import KLDivergenceError, _kl_row, _quantise_row
+
+    n = 50
+    x = np.zeros((4, n), np.float32)
+    x[0, 3] = np.nan
+    x[1, 4] = np.inf
+    x[2] = -np.inf
+    out = np.full((4, kl_row_values(n)), 7, np.uint16)
+    nll = kl_base_rows(x, [1, 2, 3, 4], out)
+    assert np.isnan(nll[:3]).all() and not np.isnan(nll[3])
+    assert (out[:3] == 7).all()  # untouched
+    assert all(math.isnan(_quantise_row(x[r], 1, out[3].copy())) for r in range(3))
+    v = kl_divergence_rows(x, [1, 2, 3, 4], out)
+    assert v.ok.tolist() == [False, False, False, True]
+    for r in range(3):
+        with pytest.raises(KLDivergenceError):
+            _kl_row(x[r], out[3], 1)
+    with pytest.raises(ValueError, match=r"tokens must lie in \[0, 50\)"):
+        kl_base_rows(x, [1, 2, 3, 50], out)
+    with pytest.raises(ValueError, match="one id per row"):
+        kl_divergence_rows(x, [1, 2], out)
+    with pytest.raises(TypeError, match="out"):
+        kl_base_rows(x, [1, 2, 3, 4], out[:, :-1])
+    with pytest.raises(TypeError, match="base"):
+        kl_divergence_rows(x, [1, 2, 3, 4], out.astype(np.int16))
+    with pytest.raises(TypeError, match="logits"):
+        kl_base_rows(x.astype(np.float64), [1, 2, 3, 4], out)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="logits"):
+        kl_base_rows(x[:, ::2], [1, 2, 3, 4], out)
+    with pytest.raises(ValueError, match="n_threads"):
+        kl_base_rows(x, [1, 2, 3, 4], out, n_threads=0)
+
+
 def test_cli(tiny_model_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The perplexity command (python -m samplers.perplexity) writes and compares; run_kl_cli
     is None without the KL flags (the command then runs as before)."""

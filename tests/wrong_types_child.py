@@ -382,6 +382,8 @@ REST: dict[str, Callable[[Env], tuple[tuple[Any, ...], dict[str, Any]]]] = {
     "llama_cffi.kernels.RowMeasures.read_device": lambda e: (([0], [0], 0), {}),
     "llama_cffi.kernels.RowMeasures.surprisal": lambda e: ((0.0,), {}),
     "llama_cffi.kernels.RowMeasures.copy_slot": lambda e: ((1,), {}),
+    "llama_cffi.kernels.kl_base_rows": lambda e: (([0], _np().zeros((1, 6), _np().uint16)), {}),
+    "llama_cffi.kernels.kl_divergence_rows": lambda e: (([0], _np().zeros((1, 6), _np().uint16)), {}),
     "llama_cffi.kernels.rows_log_sum": lambda e: ((_np().array([4], dtype=_np().int32), _f32(1)), {}),
     "llama_cffi.kernels.softmax_dot": lambda e: ((_f32(4), 0.0), {}),
     "llama_cffi.kernels.softmax_sum": lambda e: ((0.0, _f32(4)), {}),

@@ -62,6 +62,25 @@ int llama_cffi_rows_pool_size(void);
    many rows); 0, -1 bad arguments, -2 out of memory */
 int llama_cffi_rows_log_sum(int n_rows, const float *x, int stride, const int32_t *n, const float *max, double *out);
 
+/* llama-perplexity's KL-divergence rows (kl_rows.c; see llama_cffi.kernels.kl_base_rows
+   and kl_divergence_rows): row r of logits (n_vocab floats at logits + r*logits_stride)
+   scored against tokens[r], in perplexity.cpp's arithmetic. kl_base_rows writes the
+   base-file row r (row_stride uint16: scale, min_log_prob, n_vocab values, zeroed padding)
+   to out + r*row_stride and -log p(tokens[r]) to out_nll[r] (NaN, row untouched, when the
+   row holds NaN or its maximum is not finite). kl_rows compares row r with base row r:
+   nll, nll_base, the KL divergence, whether the top tokens agree and p - p_base; status[r]
+   1 for a NaN or non-finite row (its values unwritten), else 0. Rows are shared among
+   n_threads threads. 0, or -1 on bad arguments (a token outside [0, n_vocab) included). */
+/* expf of each of n floats, as the C library computes it: with vector 1, 4 at a time in
+   AVX2 where the CPU has it (kl_rows.c's fast path, handing the uncertain values to
+   expf), with 0 by calling expf for each (the reference); 0, -1 on bad arguments */
+int llama_cffi_expf(int n, const float *x, float *out, int vector);
+int llama_cffi_kl_base_rows(int n_rows, int n_vocab, const float *logits, int64_t logits_stride,
+                            const int32_t *tokens, uint16_t *out, int64_t row_stride, int n_threads, double *out_nll);
+int llama_cffi_kl_rows(int n_rows, int n_vocab, const float *logits, int64_t logits_stride, const int32_t *tokens,
+                       const uint16_t *base, int64_t row_stride, int n_threads, float *nll, float *nll_base,
+                       double *kld, int32_t *same_top, float *p_diff, int32_t *status);
+
 /* backend sampling (measure_sampler.c; see llama_cffi.kernels.RowMeasures.read_device and
    samplers.branch). llama_cffi_measure_sampler: a new sampler for the first place of a
    backend sampling chain; in llama.cpp's graph it sets the row's probs output to three
