@@ -7,6 +7,7 @@ from pathlib import Path
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
+from setuptools.command.editable_wheel import editable_wheel
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -78,15 +79,54 @@ def bench_files(root: Path) -> list[Path]:
     return found
 
 
+#: The start-up hook that lets lm-eval's own command find ``--model llama-cffi``
+#: (``samplers/_lm_eval_hook.py``, whose docstring says what it does), as a ``.pth`` file
+#: at the top of site-packages: one ``import`` line that runs the module's source in a
+#: namespace of its own.
+PTH_NAME = "llama_cffi-lm-eval.pth"
+
+
+def hook_source() -> str:
+    """The hook's code as every interpreter start-up compiles it: the module's source
+    without docstrings and annotations (half the size, half the compile time)."""
+    import ast
+
+    tree = ast.parse((Path(HERE) / "samplers" / "_lm_eval_hook.py").read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef)) and body:
+            first = body[0]
+            doc = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+            if doc and isinstance(first.value.value, str):
+                node.body = body[1:] or [ast.Pass()]
+        if isinstance(node, ast.FunctionDef):
+            node.returns = None
+        if isinstance(node, ast.arg):
+            node.annotation = None
+    return ast.unparse(tree)
+
+
+def write_pth(dest_dir: Path) -> Path:
+    """Write :data:`PTH_NAME` into ``dest_dir`` (the top of what becomes site-packages)."""
+    src = hook_source()
+    line = f"import sys; exec(compile({src!r}, {PTH_NAME!r}, 'exec'), {{'__name__': '_llama_cffi_lm_eval_pth'}})\n"
+    dest = dest_dir / PTH_NAME
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(line, encoding="utf-8")
+    return dest
+
+
 class BuildPy(build_py):
     """Also put a copy of the benchmark suite in the package (``llama_cffi/_bench``, laid
     out as in the tree), so that an installed llama_cffi runs ``llama-cffi bench`` without
-    a clone (:mod:`llama_cffi.bench`). An editable install uses the tree itself."""
+    a clone (:mod:`llama_cffi.bench`), and the lm-eval hook (:data:`PTH_NAME`) beside the
+    packages. An editable install uses the tree itself (its hook: :class:`EditableWheel`)."""
 
     def run(self) -> None:
         super().run()
         if getattr(self, "editable_mode", False):
             return
+        write_pth(Path(self.build_lib))
         root = Path(HERE)
         dest = Path(self.build_lib) / "llama_cffi" / "_bench"
         for rel in bench_files(root):
@@ -94,8 +134,18 @@ class BuildPy(build_py):
             self.copy_file(str(root / rel), str(dest / rel))
 
 
-setup(
-    ext_modules=[Extension("llama_cffi._llama", sources=[], py_limited_api=True)],  # replaced in BuildLlama
-    cmdclass={"build_ext": BuildLlama, "build_py": BuildPy},
-    options={"bdist_wheel": {"py_limited_api": LIMITED_API}},
-)
+class EditableWheel(editable_wheel):
+    """An editable install's wheel also carries the lm-eval hook (:data:`PTH_NAME`)."""
+
+    def _run_build_commands(self, dist_name, unpacked_wheel, build_lib, tmp_dir):  # type: ignore[no-untyped-def]
+        out = super()._run_build_commands(dist_name, unpacked_wheel, build_lib, tmp_dir)
+        write_pth(Path(unpacked_wheel))
+        return out
+
+
+if __name__ == "__main__":  # pip's build backend runs this file as __main__; tests import its helpers
+    setup(
+        ext_modules=[Extension("llama_cffi._llama", sources=[], py_limited_api=True)],  # replaced in BuildLlama
+        cmdclass={"build_ext": BuildLlama, "build_py": BuildPy, "editable_wheel": EditableWheel},
+        options={"bdist_wheel": {"py_limited_api": LIMITED_API}},
+    )

@@ -19,13 +19,19 @@ continuation as the tokens the whole ``context + continuation`` adds after the c
 inputs longer than the context are cut on the left.
 
 :func:`register` makes the lm-eval model class (``LlamaCffiLM``, under the name
-``llama-cffi``); lm-eval 0.4 has no plugin mechanism for models, so its own ``lm_eval``
-command cannot find it: ``llama-cffi lm-eval ARGS`` (or ``python -m samplers.harness
-ARGS``) is that command with the model registered, the same arguments::
+``llama-cffi``). lm-eval 0.4 has no plugin mechanism for models, so the installed package
+adds one: a start-up hook (``llama_cffi-lm-eval.pth``, :mod:`samplers._lm_eval_hook`)
+puts ``llama-cffi`` into lm-eval's registry, as a lazy ``samplers.harness:LlamaCffiLM``,
+whenever lm-eval loads its models; lm-eval's own command then finds it::
 
-    llama-cffi lm-eval --model llama-cffi --model_args model=PATH.gguf,n_ctx=2048 --tasks TASK
+    lm_eval --model llama-cffi --model_args model=PATH.gguf,n_ctx=2048 --tasks TASK
 
-This module imports ``lm_eval`` only in :func:`register` and :func:`main`.
+``llama-cffi lm-eval ARGS`` (or ``python -m samplers.harness ARGS``) is the same command
+with the model registered here, for a Python where the hook is off
+(``LLAMA_CFFI_LM_EVAL_HOOK=0``) or not installed (the tree on ``PYTHONPATH``).
+
+This module imports ``lm_eval`` only in :func:`register`, :func:`main` and when its
+``LlamaCffiLM`` attribute is read (which registers the class).
 """
 
 from __future__ import annotations
@@ -230,6 +236,14 @@ def register() -> type:
     register_model("llama-cffi")(LlamaCffiLM)
     _REGISTERED = LlamaCffiLM
     return LlamaCffiLM
+
+
+def __getattr__(name: str) -> Any:
+    """``LlamaCffiLM``: the registered class (:func:`register`), made on first use; the
+    target of the placeholder the start-up hook gives lm-eval."""
+    if name == "LlamaCffiLM":
+        return register()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main(argv: list[str] | None = None) -> int:

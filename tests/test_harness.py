@@ -142,12 +142,22 @@ DOCS = [
 ]
 
 
+def _lm_eval_script() -> list[str]:
+    """lm-eval's own ``lm_eval`` command of this environment (the console script beside
+    the interpreter, as a user types it; ``python -m lm_eval`` where there is none)."""
+    script = Path(sys.executable).parent / "lm_eval"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "lm_eval"]
+
+
 @needs_lm_eval
 @pytest.mark.slow
 @pytest.mark.default_model
-def test_a_local_task_through_lm_eval(default_model_path: Path, tmp_path: Path) -> None:
-    """``llama-cffi lm-eval --model llama-cffi`` on a task written here (YAML and JSON, no
-    network): its accuracy is the one the project's own scores give."""
+@pytest.mark.parametrize("command", ["lm_eval", "llama-cffi lm-eval"])
+def test_a_local_task_through_lm_eval(default_model_path: Path, tmp_path: Path, command: str) -> None:
+    """``lm_eval --model llama-cffi`` (lm-eval's own command: the installed start-up hook
+    registers the model) and ``llama-cffi lm-eval --model llama-cffi`` on a task written
+    here (YAML and JSON, no network): the accuracy is the one the project's own scores
+    give."""
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps(d) + "\n" for d in DOCS))
     tasks = tmp_path / "tasks"
@@ -155,8 +165,9 @@ def test_a_local_task_through_lm_eval(default_model_path: Path, tmp_path: Path) 
     (tasks / "local.yaml").write_text(TASK.format(data=data))
     out = tmp_path / "out"
     env = dict(os.environ, PYTHONPATH=str(ROOT), HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
+    argv = _lm_eval_script() if command == "lm_eval" else [sys.executable, "-m", "llama_cffi", "lm-eval"]
     r = subprocess.run(
-        [sys.executable, "-m", "llama_cffi", "lm-eval", "--model", "llama-cffi",
+        [*argv, "--model", "llama-cffi",
          "--model_args", f"model={default_model_path},n_ctx=128,n_parallel=4",
          "--tasks", "llama_cffi_local", "--include_path", str(tasks), "--output_path", str(out)],
         capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path,
@@ -174,3 +185,71 @@ def test_a_local_task_through_lm_eval(default_model_path: Path, tmp_path: Path) 
     finally:
         b.close()
     assert acc == pytest.approx(right / len(DOCS))
+
+
+def _site_pth() -> list[Path]:
+    import site
+
+    dirs = [*site.getsitepackages(), site.getusersitepackages()]
+    return [Path(d) / "llama_cffi-lm-eval.pth" for d in dirs if (Path(d) / "llama_cffi-lm-eval.pth").exists()]
+
+
+@needs_lm_eval
+def test_the_start_up_hook_registers_lazily() -> None:
+    """The installed ``llama_cffi-lm-eval.pth`` (setup.py writes it, editable installs
+    included) puts ``llama-cffi`` into lm-eval's registry when lm-eval loads its models,
+    as a placeholder: llama_cffi itself is not imported until lm-eval asks for the model;
+    lm-eval's own models stay registered. ``LLAMA_CFFI_LM_EVAL_HOOK=0`` turns it off, and
+    an interpreter without lm-eval is not touched beyond one meta path finder."""
+    assert _site_pth(), "llama_cffi-lm-eval.pth is not installed: reinstall the package (pip install -e .)"
+    code = (
+        "import sys\n"
+        "from lm_eval.api.registry import get_model, model_registry\n"
+        "get_model('hf') if 'hf' in model_registry else None\n"
+        "import lm_eval.models\n"
+        "print('llama-cffi' in model_registry, 'hf' in model_registry, 'llama_cffi' in sys.modules)\n"
+        "cls = get_model('llama-cffi')\n"
+        "print(cls.__name__, 'llama_cffi' in sys.modules, [c.__name__ for c in cls.__mro__[1:3]])\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split("\n")[:2] == ["True True False", "LlamaCffiLM True ['HarnessBackend', 'LM']"]
+    off = dict(env, LLAMA_CFFI_LM_EVAL_HOOK="0")
+    r = subprocess.run(
+        [sys.executable, "-c", "import lm_eval.models\nfrom lm_eval.api.registry import model_registry\n"
+         "print('llama-cffi' in model_registry)"],
+        capture_output=True, text=True, env=off, timeout=300,
+    )  # fmt: skip
+    assert (r.returncode, r.stdout.strip()) == (0, "False"), r.stderr[-3000:]
+
+
+def test_the_hook_file_is_the_modules_code(tmp_path: Path) -> None:
+    """setup.py's .pth line runs samplers/_lm_eval_hook.py's code (docstrings dropped) in a
+    namespace of its own; running it twice installs one finder, which answers for
+    ``lm_eval.models`` only."""
+    import importlib.util as iu
+
+    if (ROOT / "setup.py").is_file():  # the source tree: the line setup.py writes now
+        spec = iu.spec_from_file_location("_llama_cffi_setup", ROOT / "setup.py")  # setup() runs only as __main__
+        assert spec is not None and spec.loader is not None
+        setup_py = iu.module_from_spec(spec)
+        spec.loader.exec_module(setup_py)
+        line = setup_py.write_pth(tmp_path).read_text()
+        assert '"""' not in setup_py.hook_source()
+    else:  # tests run against an installed wheel: the line it installed
+        installed = _site_pth()
+        assert installed, "llama_cffi-lm-eval.pth is not installed"
+        line = installed[0].read_text()
+    assert line.startswith("import sys; exec(compile(") and line.count("\n") == 1
+    saved = list(sys.meta_path)  # the installed hook's finder (this interpreter ran it) set aside
+    before = [f for f in saved if getattr(f, "__name__", "") != "LlamaCffiLmEvalFinder"]
+    sys.meta_path[:] = before
+    try:
+        exec(line, {})
+        exec(line, {})
+        added = [f for f in sys.meta_path if f not in before]
+        assert [getattr(f, "__name__", "") for f in added] == ["LlamaCffiLmEvalFinder"]
+        assert added[0].find_spec("json") is None
+    finally:
+        sys.meta_path[:] = saved
