@@ -124,8 +124,23 @@ GGML_FUNCTION_PREFIXES: tuple[str, ...] = (
     "gguf_",
 )
 
-#: Headers whose every function is exposed when their backend is built.
-OPTIONAL_HEADERS: dict[str, str] = {"rpc": "ggml-rpc.h"}
+#: Headers whose every function is exposed when the CMake option that builds their
+#: library is on (``ggml-rpc.h``: the RPC backend; ``mtmd.h``/``mtmd-helper.h``: libmtmd,
+#: llama.cpp's multimodal library under ``tools/mtmd``, whose headers the build stages).
+OPTIONAL_HEADERS: dict[str, tuple[str, ...]] = {
+    "GGML_RPC": ("ggml-rpc.h",),
+    "LLAMA_BUILD_MTMD": ("mtmd.h", "mtmd-helper.h"),
+}
+
+#: Functions the optional headers declare that are not exposed: the video helpers, which
+#: abort (``GGML_ASSERT(false && "video is not supported")``) in a build without
+#: ``MTMD_VIDEO`` (it spawns ffmpeg: off here).
+EXCLUDED_FUNCTIONS: frozenset[str] = frozenset({"mtmd_helper_video_get_info", "mtmd_helper_video_read_next"})
+
+
+def optional_headers(options: dict[str, str]) -> list[str]:
+    """The optional headers of a build with these CMake options."""
+    return [h for opt, hs in OPTIONAL_HEADERS.items() if options.get(opt) == "ON" for h in hs]
 
 
 _tty: Any = None
@@ -443,7 +458,11 @@ def native_options() -> dict[str, str]:
         "GGML_OPENMP": "ON" if _env_on("LLAMA_CFFI_OPENMP") else "OFF",
         "GGML_CUDA": "ON" if _env_on("LLAMA_CFFI_CUDA") else "OFF",
         "GGML_RPC": "OFF" if _env_off("LLAMA_CFFI_RPC") else "ON",
+        # libmtmd (images and audio: llama_cffi.mtmd); video would spawn ffmpeg: off
+        "LLAMA_BUILD_MTMD": "OFF" if _env_off("LLAMA_CFFI_MTMD") else "ON",
     }
+    if opts["LLAMA_BUILD_MTMD"] == "ON":
+        opts["MTMD_VIDEO"] = "OFF"
     cpu = os.environ.get("LLAMA_CFFI_CPU", "").strip().lower()
     if cpu in ("", "portable", "all"):
         if all_variants_supported():
@@ -603,14 +622,23 @@ def _stage_libraries(out_dir: Path, libdir: Path, options: dict[str, str]) -> di
         else:
             other.append(path.name)
             shutil.copy2(path, libdir / path.name)
+    mtmd: str | None = None
+    if options.get("LLAMA_BUILD_MTMD") == "ON":
+        hits = sorted(p for p in out_dir.glob(f"libmtmd{shared_ext}*") if not p.is_symlink())
+        hits += sorted(p for p in out_dir.glob(f"libmtmd.*{shared_ext}") if not p.is_symlink())
+        if not hits:
+            raise BuildError(f"LLAMA_BUILD_MTMD is on but the build produced no libmtmd{shared_ext} in {out_dir}")
+        mtmd = f"lib{LIB_PREFIX}mtmd{shared_ext}"
+        shutil.copy2(hits[0], libdir / mtmd)
     if not cpu:
         raise BuildError(f"the build produced no CPU backend (libggml-cpu*.so) in {out_dir}")
     if options.get("GGML_RPC") == "ON" and rpc is None:
         raise BuildError(f"GGML_RPC is on but the build produced no libggml-rpc.so in {out_dir}")
     for f in core:
         _relink(libdir / f, f, renamed)
-    if rpc:
-        _relink(libdir / rpc, rpc, renamed)
+    for lib_name in (rpc, mtmd):
+        if lib_name:
+            _relink(libdir / lib_name, lib_name, renamed)
     for f in [*cpu.values(), *other]:
         _relink(libdir / f, None, renamed)
     if sys.platform.startswith("linux"):
@@ -618,7 +646,7 @@ def _stage_libraries(out_dir: Path, libdir: Path, options: dict[str, str]) -> di
     strip = shutil.which("strip")
     if strip and sys.platform != "darwin":  # symbol tables only: the dynamic symbols stay
         subprocess.run([strip, "--strip-unneeded", *(str(p) for p in sorted(libdir.iterdir()))], check=False)
-    return {"core": core, "rpc": rpc, "cpu": cpu, "other": other}
+    return {"core": core, "rpc": rpc, "mtmd": mtmd, "cpu": cpu, "other": other}
 
 
 def check_shared_libstdcxx(libs: list[Path]) -> None:
@@ -640,7 +668,7 @@ def check_shared_libstdcxx(libs: list[Path]) -> None:
 
 #: Bump when build_native changes how it builds beyond ``options`` (flags, staging): the
 #: cache key includes it, so no stale cached build is reused.
-NATIVE_RECIPE = 2
+NATIVE_RECIPE = 3
 
 
 def _prefix_map_flags(options: dict[str, str], source: Source, build_dir: Path) -> list[str]:
@@ -698,8 +726,9 @@ def build_native(source: Source, options: dict[str, str] | None = None) -> Nativ
         _stream([cmake, "-S", str(source.root), "-B", str(build_dir), *gen, *defs], logfile)
         jobs = os.environ.get("LLAMA_CFFI_JOBS") or str(os.cpu_count() or 2)
         # libllama depends on libggml, and libggml on every backend module (CPU variants,
-        # RPC, CUDA): one target builds them all.
-        _stream([cmake, "--build", str(build_dir), "--target", "llama", "-j", jobs], logfile)
+        # RPC, CUDA): one target builds them all; libmtmd is a target of its own.
+        targets = ["llama", *(["mtmd"] if options.get("LLAMA_BUILD_MTMD") == "ON" else [])]
+        _stream([cmake, "--build", str(build_dir), "--target", *targets, "-j", jobs], logfile)
         staged = _stage_libraries(build_dir / "bin", prefix / "lib", options)
         incdir = prefix / "include"
         if incdir.exists():
@@ -708,6 +737,9 @@ def build_native(source: Source, options: dict[str, str] | None = None) -> Nativ
         for sub in ("include", "ggml/include"):
             for h in (source.root / sub).glob("*.h"):
                 shutil.copy2(h, incdir / h.name)
+        if staged["mtmd"]:  # its public headers only (the others in tools/mtmd are internal)
+            for name in OPTIONAL_HEADERS["LLAMA_BUILD_MTMD"]:
+                shutil.copy2(source.root / "tools" / "mtmd" / name, incdir / name)
         licence = source.root / "LICENSE"
         if licence.is_file():
             shutil.copy2(licence, prefix / "lib" / "LICENSE.llama.cpp")
@@ -717,7 +749,7 @@ def build_native(source: Source, options: dict[str, str] | None = None) -> Nativ
             "commit": source.commit,
             "origin": source.origin,
             "options": options,
-            "libs": staged["core"] + ([staged["rpc"]] if staged["rpc"] else []),
+            "libs": staged["core"] + [staged[k] for k in ("rpc", "mtmd") if staged[k]],
             "modules": {"cpu": staged["cpu"], "other": staged["other"]},
             "cpu_variants": {v: features.get(v, []) for v in staged["cpu"]},
             "link": ["dl"] if sys.platform.startswith("linux") else [],
@@ -766,6 +798,7 @@ def _describe(options: dict[str, str]) -> str:
         parts = ["CPU: ISA " + (",".join(isa) or "baseline")]
     for k in ("GGML_OPENMP", "GGML_CUDA", "GGML_RPC"):
         parts.append(f"{k[5:].lower()} {options.get(k, 'OFF').lower()}")
+    parts.append(f"mtmd {options.get('LLAMA_BUILD_MTMD', 'OFF').lower()}")
     return "; ".join(parts)
 
 
@@ -929,6 +962,8 @@ def generate_cdef(
         f = fname(node)
         if f in _FAKE_LIBC:
             return False
+        if isinstance(getattr(node, "type", None), c_ast.FuncDecl) and node.name in EXCLUDED_FUNCTIONS:
+            return False
         if f in full_files:
             return True
         return (
@@ -992,9 +1027,11 @@ def generate_cdef(
             for n in roots
             if isinstance(n, c_ast.Decl) and isinstance(n.type, c_ast.FuncDecl) and n.name not in defined
         ]
-        missing_llama = [n.name for n in undefined if fname(n) == "llama.h"]
-        if missing_llama:
-            raise BuildError(f"llama.h declares functions the built library lacks: {missing_llama}")
+        # llama.h's and the optional libraries' own headers must be complete (ggml's may not be)
+        own = {"llama.h", *(h for h in extra_headers if h.startswith("mtmd"))}
+        missing_own = [f"{fname(n)}: {n.name}" for n in undefined if fname(n) in own]
+        if missing_own:
+            raise BuildError(f"headers declare functions the built libraries lack: {missing_own}")
         late_decls = [n for n in undefined if n.name in late]
         undefined = [n for n in undefined if n.name not in late]
         for n in undefined:
@@ -1261,7 +1298,7 @@ def make_ffibuilder(native: NativeBuild, source: Source) -> Any:
     """The ``cffi.FFI`` builder for ``llama_cffi._llama`` (API mode, out of line)."""
     import cffi
 
-    extra = [h for key, h in OPTIONAL_HEADERS.items() if native.options.get(f"GGML_{key.upper()}") == "ON"]
+    extra = optional_headers(native.options)
     defined = defined_symbols(native.link_files)
     cpu_lib = native.prefix / "lib" / next(iter(native.cpu_libs.values()))
     late = (defined_symbols([cpu_lib]) or set()) - (defined or set())
@@ -1291,7 +1328,11 @@ def make_ffibuilder(native: NativeBuild, source: Source) -> Any:
         sources=[str(p) for p in native_sources()],
         # the source tree's src/: llama.cpp's internal headers, for memory.cpp
         include_dirs=[str(d) for d in include_dirs],
-        define_macros=[] if no_reader is None else [("LLAMA_CFFI_NO_MEMORY_READER", "1")],
+        define_macros=[
+            *([] if no_reader is None else [("LLAMA_CFFI_NO_MEMORY_READER", "1")]),
+            # log.c routes libmtmd's two loggers too
+            *([("LLAMA_CFFI_HAVE_MTMD", "1")] if native.options.get("LLAMA_BUILD_MTMD") == "ON" else []),
+        ],
         # linked by path: the dynamic section records their SONAMEs, found through the RUNPATH
         extra_objects=[str(p) for p in native.link_files],
         # memory.cpp is C++: the shared libstdc++ libllama uses (one copy in the process);

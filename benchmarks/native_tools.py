@@ -129,10 +129,14 @@ def tool_options(info: dict[str, Any] | None = None) -> dict[str, str]:
     instruction sets of the CPU variant this process loaded, and the tools on."""
     info = info or llama_cffi.build_info()
     built: dict[str, str] = dict(info["options"])
+    # libmtmd's options are left out: the tools build has every tool (llama-mtmd-cli
+    # included, with mtmd's own defaults) and the shared build needs none of it; so the
+    # cached tool builds did not change when llama_cffi started building libmtmd
     opts = {
         k: v
         for k, v in built.items()
         if k not in ("BUILD_SHARED_LIBS", "GGML_BACKEND_DL", "GGML_CPU_ALL_VARIANTS", "GGML_NATIVE")
+        and k not in ("LLAMA_BUILD_MTMD", "MTMD_VIDEO")
         and not k.startswith(tuple(f"GGML_{f}" for f in X86_FEATURES))
     }
     opts.update(BUILD_SHARED_LIBS="OFF", GGML_BACKEND_DL="OFF", GGML_CPU_ALL_VARIANTS="OFF")

@@ -11,7 +11,7 @@ import pytest
 
 import llama_cffi
 from llama_cffi import ffi, lib
-from tests.conftest import ROOT, run_isolated
+from tests.conftest import ROOT, load_build_ffi, run_isolated
 
 # Functions llama.h declares that are deliberately not exposed. Deprecated aliases are
 # still defined by the library at the pinned commit, so none needs excluding: the list
@@ -43,6 +43,44 @@ def test_every_llama_api_function_is_reachable() -> None:
     assert len(names) > 200  # the parse found the header's API, not a fragment
     missing = sorted(n for n in names - EXCLUDED if not hasattr(lib, n))
     assert missing == []
+
+
+def _c_part(header: str) -> str:
+    """The header without its C++-only blocks (``#ifdef __cplusplus`` ... ``#endif`` whose
+    body is not the ``extern "C" {`` line or its closing brace)."""
+    out, skip = [], 0
+    lines = header.splitlines()
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        if skip:
+            skip += stripped.startswith("#if")
+            skip -= stripped.startswith("#endif")
+            continue
+        body = lines[i + 1].strip() if i + 1 < len(lines) else ""
+        if stripped == "#ifdef __cplusplus" and not body.startswith(("extern", "}")):
+            skip = 1
+            continue
+        out.append(line)
+    return "\n".join(out)
+
+
+def test_every_mtmd_function_is_reachable() -> None:
+    """CI builds libmtmd (on unless LLAMA_CFFI_MTMD=0), and every C function of the pinned
+    mtmd.h and mtmd-helper.h is an attribute of lib but the video helpers that abort in a
+    build without video (build_ffi.EXCLUDED_FUNCTIONS); the C++-only declarations are not
+    C functions."""
+    build_ffi = load_build_ffi()
+    assert llama_cffi.build_info()["options"]["LLAMA_BUILD_MTMD"] == "ON"
+    include = Path(llama_cffi.get_include())
+    counts = {}
+    for header in ("mtmd.h", "mtmd-helper.h"):
+        names = declared_functions(_c_part((include / header).read_text()).replace("MTMD_API", "LLAMA_API"))
+        counts[header] = len(names)
+        missing = sorted(n for n in names - build_ffi.EXCLUDED_FUNCTIONS if not hasattr(lib, n))
+        assert missing == [], header
+    assert counts == {"mtmd.h": 59, "mtmd-helper.h": 25}  # the pinned headers' C API, all of it
+    for name in build_ffi.EXCLUDED_FUNCTIONS:
+        assert not hasattr(lib, name), name
 
 
 def test_exclusions_are_real_functions() -> None:

@@ -81,6 +81,9 @@ def test_native_libraries_headers_and_licence_are_inside() -> None:
     assert {"libllama_cffi_llama.so", "libllama_cffi_ggml.so", "libllama_cffi_ggml-base.so"} <= files
     if info["options"]["GGML_RPC"] == "ON":
         assert "libllama_cffi_ggml-rpc.so" in files
+    if info["options"].get("LLAMA_BUILD_MTMD") == "ON":  # libmtmd and its two public headers
+        assert "libllama_cffi_mtmd.so" in files
+        assert {"mtmd.h", "mtmd-helper.h"} <= {p.name for p in Path(llama_cffi.get_include()).iterdir()}
     cpu = {f for f in files if f.startswith("libggml-cpu")}
     assert cpu == {f"libggml-cpu-{v}.so" if v else "libggml-cpu.so" for v in info["cpu_variants"]}
     assert "LICENSE.llama.cpp" in files

@@ -3,6 +3,10 @@
 
 #include <stddef.h>
 
+#ifdef LLAMA_CFFI_HAVE_MTMD
+#include "mtmd-helper.h"
+#endif
+
 int llama_cffi_log_min_level = GGML_LOG_LEVEL_WARN;
 int llama_cffi_log_enabled = 1;
 static int llama_cffi_log_last_level = GGML_LOG_LEVEL_INFO;
@@ -19,4 +23,8 @@ static void llama_cffi_log_trampoline(enum ggml_log_level level, const char *tex
 
 void llama_cffi_log_install(void) {
     llama_log_set(llama_cffi_log_trampoline, NULL);
+#ifdef LLAMA_CFFI_HAVE_MTMD
+    /* libmtmd's own loggers (clip's and the helpers'): they print to stderr otherwise */
+    mtmd_helper_log_set(llama_cffi_log_trampoline, NULL);
+#endif
 }
