@@ -41,3 +41,18 @@ int64_t llama_cffi_gguf_duplicate_string(const struct gguf_context *g, int64_t k
     free(v);
     return dup;
 }
+
+int llama_cffi_gguf_tensor_ne(const char *fname, int n, const char *const *names, int64_t *ne) {
+    if (fname == NULL || n < 0 || (n > 0 && (names == NULL || ne == NULL))) return -1;
+    struct ggml_context *meta = NULL;
+    struct gguf_init_params params = {/*.no_alloc =*/true, /*.ctx =*/&meta};
+    struct gguf_context *g = gguf_init_from_file(fname, params);
+    if (g == NULL) return -1;
+    for (int i = 0; i < n; ++i) {
+        const struct ggml_tensor *t = names[i] != NULL && meta != NULL ? ggml_get_tensor(meta, names[i]) : NULL;
+        for (int d = 0; d < 4; ++d) ne[4 * i + d] = t != NULL ? t->ne[d] : -1;
+    }
+    if (meta != NULL) ggml_free(meta);
+    gguf_free(g);
+    return 0;
+}

@@ -127,6 +127,10 @@ int llama_cffi_bind_cpu(const char *path);
    GGUF string array (empty strings named "[EMPTY_<i>]" as llama.cpp's vocabulary loader
    names them), -1 if none, -2 when out of memory */
 int64_t llama_cffi_gguf_duplicate_string(const struct gguf_context *g, int64_t key);
+/* the shapes (ggml's ne[0..3]) of n named tensors of a GGUF file, read from its header
+   (no tensor data; llama_cffi.mmproj_file): -1s for a tensor the file lacks; 0, or -1 when
+   the file cannot be parsed or on bad arguments */
+int llama_cffi_gguf_tensor_ne(const char *fname, int n, const char *const *names, int64_t *ne);
 
 /* memory accounting (memory.cpp; see llama_cffi.memory_usage): what llama.cpp allocated
    for a context, read from its own objects (never estimated).

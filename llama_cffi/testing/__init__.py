@@ -2,6 +2,9 @@
 
 Usable without a real model installed:
 
+* Tiny random-weight multimodal projectors for libmtmd (:func:`write_tiny_gemma3_mmproj`,
+  an image one; :func:`write_tiny_ultravox_mmproj`, an audio one), paired with any text
+  model of the embedding width they are written for.
 * A tiny, deterministic, random-weight GGUF model (:func:`write_tiny_model`, a few
   hundred kilobytes, written in milliseconds) with a real SentencePiece-style vocabulary
   of ``N_VOCAB`` tokens: byte fallback (any UTF-8 text round-trips), a few dozen
@@ -65,6 +68,7 @@ from ._strategies import (
     token_sequences,
 )
 from ._tiny_encoders import write_tiny_bert, write_tiny_t5
+from ._tiny_mmproj import write_tiny_gemma3_mmproj, write_tiny_ultravox_mmproj
 from ._tiny_model import (
     BOS_ID,
     BYTE_TOKEN_OFFSET,
@@ -113,12 +117,14 @@ __all__ = [
     "token_sequences",
     "write_tiny",
     "write_tiny_bert",
+    "write_tiny_gemma3_mmproj",
     "write_tiny_hybrid",
     "write_tiny_mamba",
     "write_tiny_model",
     "write_tiny_quantized",
     "write_tiny_swa",
     "write_tiny_t5",
+    "write_tiny_ultravox_mmproj",
 ]
 
 #: Every kind of tiny model, by name: the writer and its arguments. One of each memory and

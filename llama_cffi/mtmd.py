@@ -1,0 +1,437 @@
+"""Images and audio for a text model: libmtmd, llama.cpp's multimodal library
+(``tools/mtmd`` of the pinned source, built into the extension unless ``LLAMA_CFFI_MTMD=0``).
+
+A :class:`Projector` is libmtmd's context (``mtmd_context``): a multimodal projector, the
+"mmproj" GGUF that ships beside a vision or audio model's text GGUF, loaded for one
+:class:`~llama_cffi.Model`. It turns images and sounds into embeddings the text model
+reads in place of tokens. The file is checked before libmtmd reads it
+(:func:`llama_cffi.mmproj_file.check_mmproj`): a projector type, key or tensor libmtmd
+would abort on, or a projector made for another model (its output width is not the
+model's embedding width), is an :class:`~llama_cffi.errors.InvalidModelError` that says
+what is wrong.
+
+Lifetime: a projector holds its model (the model's memory is freed only after every
+projector and context of it is closed); ``close()`` (or the ``with`` block, or garbage
+collection) frees libmtmd's context and its encoder weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from . import log
+from ._args import expect, expect_path, type_error
+from ._binding import ffi, lib
+from ._handle import NativeHandle
+from .context_params import available_cores
+from .errors import InvalidModelError, LlamaError, ParamError, UnsupportedError
+from .media import Audio, Image, _check_media
+from .mmproj_file import check_mmproj
+from .model import Model
+
+__all__ = ["GGML_MAX_N_THREADS", "Chunk", "Chunks", "MtmdError", "Projector", "available"]
+
+#: ggml.h at the pinned commit: the most threads a graph may use.
+GGML_MAX_N_THREADS = 512
+
+
+class MtmdError(LlamaError, RuntimeError):
+    """libmtmd reported a failure (preprocessing or encoding media) that no check before
+    the call could foresee; the message has its log lines."""
+
+
+def available() -> bool:
+    """Whether this build has libmtmd (built unless ``LLAMA_CFFI_MTMD=0``)."""
+    return hasattr(lib, "mtmd_init_from_file")
+
+
+def _optional_count(name: str, value: object) -> int:
+    if value is None:
+        return -1  # libmtmd: from the file's metadata
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise type_error(name, "an int or None", value)
+    if value < 1:
+        raise ParamError(f"{name} must be at least 1 (or None: the projector's own), not {value}")
+    return value
+
+
+class Projector:
+    """A multimodal projector (an mmproj GGUF) loaded for ``model`` by libmtmd.
+
+    ``use_gpu``: run the encoder on the first GPU (when the build has one; else the CPU).
+    ``n_threads``: CPU threads of the encoder (default: the cores this process may use;
+    at most :data:`GGML_MAX_N_THREADS`). ``image_min_tokens`` / ``image_max_tokens``:
+    bounds on the tokens an image becomes, for projectors with dynamic resolution
+    (``None``: the file's). ``warmup``: run one encode of a blank input at load time, as
+    libmtmd does by default (it allocates the encoder's compute buffers up front).
+    ``media_marker``: the text that stands for an image or a sound in a prompt (default:
+    libmtmd's, ``<__media__>``).
+
+    Raises :class:`~llama_cffi.errors.ModelNotFoundError` /
+    :class:`~llama_cffi.errors.InvalidModelError` for a missing or unusable file (see
+    :mod:`llama_cffi.mmproj_file`), :class:`~llama_cffi.errors.UnsupportedError` when this
+    build has no libmtmd, :class:`~llama_cffi.errors.ParamError` for bad arguments.
+    """
+
+    _handle: NativeHandle | None = None
+
+    def __init__(
+        self,
+        model: Model,
+        path: str | os.PathLike[str],
+        *,
+        use_gpu: bool = True,
+        n_threads: int | None = None,
+        image_min_tokens: int | None = None,
+        image_max_tokens: int | None = None,
+        warmup: bool = True,
+        media_marker: str | None = None,
+    ) -> None:
+        expect("model", model, Model, "a llama_cffi.Model")
+        path = expect_path("path", path)
+        for name, flag in (("use_gpu", use_gpu), ("warmup", warmup)):
+            if not isinstance(flag, bool):
+                raise type_error(name, "a bool", flag)
+        if n_threads is None:
+            n_threads = min(available_cores(), GGML_MAX_N_THREADS)
+        elif isinstance(n_threads, bool) or not isinstance(n_threads, int):
+            raise type_error("n_threads", "an int or None", n_threads)
+        elif not 1 <= n_threads <= GGML_MAX_N_THREADS:
+            raise ParamError(f"n_threads must be in [1, {GGML_MAX_N_THREADS}], not {n_threads}")
+        lo = _optional_count("image_min_tokens", image_min_tokens)
+        hi = _optional_count("image_max_tokens", image_max_tokens)
+        if lo > 0 and hi > 0 and lo > hi:
+            raise ParamError(f"image_min_tokens ({lo}) is more than image_max_tokens ({hi})")
+        if media_marker is not None:
+            if not isinstance(media_marker, str):
+                raise type_error("media_marker", "a str or None", media_marker)
+            if not media_marker or "\0" in media_marker:
+                raise ParamError("media_marker must be a non-empty string without NUL characters")
+        if not available():
+            raise UnsupportedError("this build of llama_cffi has no libmtmd (it was built with LLAMA_CFFI_MTMD=0)")
+        model_ptr = model._ptr()  # ClosedError for a closed model
+        header = check_mmproj(path, int(lib.llama_model_n_embd_inp(model_ptr)))
+        params = lib.mtmd_context_params_default()
+        params.use_gpu = use_gpu
+        params.print_timings = False
+        params.n_threads = n_threads
+        params.warmup = warmup
+        params.image_min_tokens = lo
+        params.image_max_tokens = hi
+        marker = ffi.new("char[]", media_marker.encode()) if media_marker is not None else None
+        if marker is not None:
+            params.media_marker = marker
+        params.image_marker = ffi.NULL
+        log.sync()
+        with log.capture() as lines:
+            ptr = lib.mtmd_init_from_file(path.encode(), model_ptr, params)
+        if ptr == ffi.NULL:
+            errors = [line for level, line in lines if level >= logging.ERROR] or [line for _, line in lines]
+            reason = "; ".join(line.strip() for line in errors[-3:]) or "libmtmd could not load it"
+            raise InvalidModelError(path, reason)
+        assert model._handle is not None
+        self._handle = NativeHandle(
+            self, ptr, lib.mtmd_free, f"Projector({os.path.basename(path)!r})", parent=model._handle
+        )
+        self.model = model
+        self.path = path
+        self._lock = threading.Lock()  # encoding uses the context's one output buffer
+        #: the projector type of its image encoder (``"gemma3"``...), None without one
+        self.vision_projector: str | None = header.vision_projector
+        #: the projector type of its audio encoder (``"ultravox"``...), None without one
+        self.audio_projector: str | None = header.audio_projector
+
+    def _ptr(self) -> Any:
+        assert self._handle is not None
+        return self._handle.get()
+
+    def close(self) -> None:
+        """Free libmtmd's context (idempotent)."""
+        if self._handle is not None:
+            self._handle.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._handle is None or self._handle.closed
+
+    def __enter__(self) -> Projector:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"vision={self.vision_projector!r}, audio={self.audio_projector!r}"
+        return f"<Projector {os.path.basename(self.path)!r} {state}>"
+
+    @property
+    def supports_vision(self) -> bool:
+        """Whether it takes images."""
+        return bool(lib.mtmd_support_vision(self._ptr()))
+
+    @property
+    def supports_audio(self) -> bool:
+        """Whether it takes audio."""
+        return bool(lib.mtmd_support_audio(self._ptr()))
+
+    @property
+    def audio_sample_rate(self) -> int | None:
+        """The sample rate (Hz) audio must have (16,000 for Whisper encoders); None
+        without audio."""
+        rate = int(lib.mtmd_get_audio_sample_rate(self._ptr()))
+        return rate if rate > 0 else None
+
+    @property
+    def uses_mrope(self) -> bool:
+        """Whether the text model places media with M-RoPE (2-D positions: an image
+        advances the position by its ``n_pos``, not by its token count)."""
+        return bool(lib.mtmd_decode_use_mrope(self._ptr()))
+
+    @property
+    def uses_non_causal(self) -> bool:
+        """Whether an image's embeddings are decoded with non-causal attention (all of
+        an image in one micro-batch)."""
+        return bool(lib.mtmd_decode_use_non_causal(self._ptr(), ffi.NULL))
+
+    @property
+    def media_marker(self) -> str:
+        """The text that stands for one image or sound in a prompt."""
+        return str(ffi.string(lib.mtmd_get_marker(self._ptr())).decode("utf-8", "replace"))
+
+    # ------------------------------------------------------------------ prompts
+
+    def tokenize(
+        self,
+        text: str,
+        media: Sequence[Image | Audio] = (),
+        *,
+        add_special: bool = True,
+        parse_special: bool = True,
+    ) -> Chunks:
+        """Split a prompt into text chunks (token ids) and media chunks, in order: each
+        :attr:`media_marker` in ``text`` stands for the next of ``media`` (as many
+        markers as media). libmtmd adds the model's own text around each medium (Gemma
+        3's ``<start_of_image>`` ... ``<end_of_image>``) and preprocesses it (resized,
+        normalised; audio as a mel spectrogram). ``add_special``: the vocabulary's BOS
+        first, as tokenizing a prompt does; ``parse_special``: special-token text in
+        ``text`` becomes those tokens.
+
+        Raises :class:`~llama_cffi.errors.ParamError` when the markers and media differ
+        in number, a medium is of a kind this projector does not take, or a sound's
+        sample rate is not :attr:`audio_sample_rate`; :class:`MtmdError` when libmtmd's
+        preprocessing fails."""
+        if not isinstance(text, str):
+            raise type_error("text", "a str", text)
+        if "\0" in text:
+            raise ParamError("text must not contain NUL characters")
+        if isinstance(media, (Image, Audio)) or not isinstance(media, Sequence):
+            raise type_error("media", "a sequence of llama_cffi.media.Image or Audio objects", media)
+        items = [_check_media(m) for m in media]
+        for name, flag in (("add_special", add_special), ("parse_special", parse_special)):
+            if not isinstance(flag, bool):
+                raise type_error(name, "a bool", flag)
+        marker = self.media_marker
+        n_markers = text.count(marker)
+        if n_markers != len(items):
+            raise ParamError(f"the text has {n_markers} media markers ({marker!r}) for {len(items)} media")
+        rate = self.audio_sample_rate
+        for i, m in enumerate(items):
+            if isinstance(m, Image) and not self.supports_vision:
+                raise ParamError(f"media[{i}] is an image, but this projector takes no images")
+            if isinstance(m, Audio):
+                if rate is None:
+                    raise ParamError(f"media[{i}] is audio, but this projector takes no audio")
+                if m.sample_rate != rate:
+                    raise ParamError(f"media[{i}] is sampled at {m.sample_rate} Hz; this projector takes {rate} Hz")
+                if m.samples.shape[0] < rate // 10:
+                    raise ParamError(f"media[{i}] is {m.seconds * 1000:.0f} ms long; it needs at least 100 ms")
+        ctx = self._ptr()
+        bitmaps = []
+        try:
+            for m in items:
+                if isinstance(m, Image):
+                    bm = lib.mtmd_bitmap_init(m.width, m.height, ffi.from_buffer("unsigned char[]", m.pixels))
+                else:
+                    bm = lib.mtmd_bitmap_init_from_audio(m.samples.shape[0], ffi.from_buffer("float[]", m.samples))
+                if bm == ffi.NULL:
+                    raise MemoryError("libmtmd could not allocate a bitmap")
+                bitmaps.append(bm)
+                if m.id is not None:
+                    lib.mtmd_bitmap_set_id(bm, m.id.encode())
+            raw = text.encode()
+            buf = ffi.new("char[]", raw)
+            inp = ffi.new("struct mtmd_input_text *")
+            inp.text = buf
+            inp.text_len = len(raw)
+            inp.add_special = add_special
+            inp.parse_special = parse_special
+            out = lib.mtmd_input_chunks_init()
+            if out == ffi.NULL:
+                raise MemoryError("libmtmd could not allocate chunks")
+            arr = ffi.new("const mtmd_bitmap *[]", bitmaps) if bitmaps else ffi.NULL
+            log.sync()
+            with log.capture() as lines:
+                rc = int(lib.mtmd_tokenize(ctx, out, inp, arr, len(bitmaps)))
+            if rc != 0:
+                lib.mtmd_input_chunks_free(out)
+                said = "; ".join(line.strip() for _, line in lines[-3:])
+                if rc == 1:
+                    raise ParamError(f"libmtmd: the media markers and media differ in number ({said})")
+                raise MtmdError(f"libmtmd could not preprocess the media (mtmd_tokenize returned {rc}): {said}")
+            return Chunks(self, out)
+        finally:
+            for bm in bitmaps:
+                lib.mtmd_bitmap_free(bm)
+
+    def encode(self, chunk: Chunk) -> npt.NDArray[np.float32]:
+        """The embeddings of a media chunk, ``(chunk.n_tokens, model.n_embd_inp)``
+        float32 (a new array): what the text model reads in place of token embeddings.
+        The chunk must come from this projector's :meth:`tokenize` and be an image or a
+        sound. Not for several threads at once on one projector (libmtmd keeps one output
+        buffer per projector): calls are serialised."""
+        if not isinstance(chunk, Chunk):
+            raise type_error("chunk", "a llama_cffi.mtmd.Chunk", chunk)
+        if chunk.chunks.projector is not self:
+            raise ParamError("the chunk was tokenized by another projector")
+        if chunk.kind == "text":
+            raise ParamError("a text chunk has no embeddings to encode (decode its tokens)")
+        ptr = chunk._ptr()
+        n_tokens = int(lib.mtmd_input_chunk_get_n_tokens(ptr))
+        n_embd = int(lib.llama_model_n_embd_inp(self.model._ptr()))
+        with self._lock:
+            ctx = self._ptr()
+            log.sync()
+            with log.capture() as lines:
+                rc = int(lib.mtmd_encode_chunk(ctx, ptr))
+            if rc != 0:
+                said = "; ".join(line.strip() for _, line in lines[-3:])
+                raise MtmdError(f"libmtmd could not encode the {chunk.kind} (mtmd_encode_chunk returned {rc}): {said}")
+            data = lib.mtmd_get_output_embd(ctx)
+            if data == ffi.NULL:  # pragma: no cover - libmtmd sets it on success
+                raise MtmdError("libmtmd returned no embeddings")
+            view = np.frombuffer(ffi.buffer(data, 4 * n_tokens * n_embd), dtype=np.float32)
+            out: npt.NDArray[np.float32] = view.reshape(n_tokens, n_embd).copy()
+            return out
+
+
+_KINDS = {0: "text", 1: "image", 2: "audio"}
+
+
+class Chunks:
+    """A tokenized prompt (:meth:`Projector.tokenize`): text and media chunks in order,
+    ``len()``, indexing and iteration give :class:`Chunk` views. Owns libmtmd's chunk
+    list (with the media's preprocessed data) until :meth:`close` or garbage collection;
+    its projector stays alive while it does."""
+
+    def __init__(self, projector: Projector, ptr: Any) -> None:
+        expect("projector", projector, Projector, "a llama_cffi.mtmd.Projector (chunks come from Projector.tokenize)")
+        projector._ptr()  # ClosedError for a closed projector
+        assert projector._handle is not None
+        self._handle: NativeHandle | None = NativeHandle(
+            self, ptr, lib.mtmd_input_chunks_free, "Chunks", parent=projector._handle
+        )
+        self.projector = projector
+
+    def _ptr(self) -> Any:
+        assert self._handle is not None
+        return self._handle.get()
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._handle is None or self._handle.closed
+
+    def __enter__(self) -> Chunks:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __len__(self) -> int:
+        return int(lib.mtmd_input_chunks_size(self._ptr()))
+
+    def __getitem__(self, index: int) -> Chunk:
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise type_error("index", "an int", index)
+        n = len(self)
+        i = index + n if index < 0 else index
+        if not 0 <= i < n:
+            raise IndexError(f"chunk index {index} out of range for {n} chunks")
+        return Chunk(self, i)
+
+    def __iter__(self) -> Iterator[Chunk]:
+        for i in range(len(self)):
+            yield Chunk(self, i)
+
+    @property
+    def n_tokens(self) -> int:
+        """Tokens (text ids and media embeddings) in all chunks: the KV cells they take."""
+        return int(lib.mtmd_helper_get_n_tokens(self._ptr()))
+
+    @property
+    def n_pos(self) -> int:
+        """Positions they advance (equal to :attr:`n_tokens` but with M-RoPE)."""
+        return int(lib.mtmd_helper_get_n_pos(self._ptr()))
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return "<Chunks closed>"
+        return f"<Chunks {[c.kind for c in self]} n_tokens={self.n_tokens}>"
+
+
+class Chunk:
+    """One chunk of a :class:`Chunks` (a view: valid while the chunks are open)."""
+
+    __slots__ = ("chunks", "index")
+
+    def __init__(self, chunks: Chunks, index: int) -> None:
+        expect("chunks", chunks, Chunks, "a llama_cffi.mtmd.Chunks (index it to get a chunk)")
+        self.chunks = chunks
+        self.index = index
+
+    def _ptr(self) -> Any:
+        return lib.mtmd_input_chunks_get(self.chunks._ptr(), self.index)
+
+    @property
+    def kind(self) -> str:
+        """``"text"``, ``"image"`` or ``"audio"``."""
+        return _KINDS[int(lib.mtmd_input_chunk_get_type(self._ptr()))]
+
+    @property
+    def n_tokens(self) -> int:
+        return int(lib.mtmd_input_chunk_get_n_tokens(self._ptr()))
+
+    @property
+    def n_pos(self) -> int:
+        """Positions the chunk advances: its tokens, but an image's ``max(t, h, w)`` with
+        M-RoPE."""
+        return int(lib.mtmd_input_chunk_get_n_pos(self._ptr()))
+
+    @property
+    def tokens(self) -> npt.NDArray[np.int32]:
+        """A text chunk's token ids (a new array); empty for media."""
+        n = ffi.new("size_t *")
+        data = lib.mtmd_input_chunk_get_tokens_text(self._ptr(), n)
+        if data == ffi.NULL or n[0] == 0:
+            return np.zeros(0, np.int32)
+        out: npt.NDArray[np.int32] = np.frombuffer(ffi.buffer(data, 4 * n[0]), dtype=np.int32).copy()
+        return out
+
+    @property
+    def id(self) -> str | None:
+        """A media chunk's id (the medium's ``id``), None for text or none given."""
+        raw = lib.mtmd_input_chunk_get_id(self._ptr())
+        return None if raw == ffi.NULL else str(ffi.string(raw).decode("utf-8", "replace"))
+
+    def __repr__(self) -> str:
+        return f"<Chunk {self.index} {self.kind} n_tokens={self.n_tokens}>"

@@ -1,0 +1,205 @@
+"""llama_cffi.mtmd.Projector: libmtmd's context over the tiny projectors of
+llama_cffi.testing (an image one of type gemma3 and an audio one of type ultravox, written
+for the tiny text model's embedding width), its capabilities as libmtmd reports them,
+its arguments, and its lifetime against the model's."""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import llama_cffi
+from benchmarks.native_tools import build_llama_tool, llama_cpp_source_dir
+from llama_cffi import ClosedError, InvalidModelError, ParamError
+from llama_cffi.media import Audio, Image
+from llama_cffi.mtmd import Projector, available
+from llama_cffi.testing import write_tiny_gemma3_mmproj, write_tiny_ultravox_mmproj
+
+
+@pytest.fixture(scope="module")
+def gemma3_mmproj(tiny_model: llama_cffi.Model, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_gemma3_mmproj(tmp_path_factory.mktemp("mmproj") / "g3.gguf", tiny_model.n_embd_inp)
+
+
+@pytest.fixture(scope="module")
+def ultravox_mmproj(tiny_model: llama_cffi.Model, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_ultravox_mmproj(tmp_path_factory.mktemp("mmproj") / "uv.gguf", tiny_model.n_embd_inp)
+
+
+def test_this_build_has_libmtmd() -> None:
+    assert available()
+    assert llama_cffi.build_info()["options"]["LLAMA_BUILD_MTMD"] == "ON"
+
+
+def test_image_projector(tiny_model: llama_cffi.Model, gemma3_mmproj: Path) -> None:
+    with Projector(tiny_model, gemma3_mmproj, n_threads=2) as p:
+        assert (p.vision_projector, p.audio_projector) == ("gemma3", None)
+        assert p.supports_vision and not p.supports_audio
+        assert p.audio_sample_rate is None
+        assert p.uses_non_causal  # gemma3's image tokens attend to each other
+        assert not p.uses_mrope
+        assert p.media_marker == "<__media__>"
+        assert "gemma3" in repr(p)
+    assert p.closed
+    with pytest.raises(ClosedError):
+        _ = p.supports_vision
+
+
+def test_audio_projector(tiny_model: llama_cffi.Model, ultravox_mmproj: Path) -> None:
+    with Projector(tiny_model, ultravox_mmproj, n_threads=2, media_marker="<sound>") as p:
+        assert (p.vision_projector, p.audio_projector) == (None, "ultravox")
+        assert p.supports_audio and not p.supports_vision
+        assert p.audio_sample_rate == 16000  # Whisper's
+        assert p.media_marker == "<sound>"
+
+
+def test_arguments_are_checked(tiny_model: llama_cffi.Model, gemma3_mmproj: Path, tmp_path: Path) -> None:
+    for kwargs, error, message in [
+        ({"n_threads": 0}, ParamError, r"n_threads must be in \[1, 512\]"),
+        ({"n_threads": 2.0}, TypeError, "n_threads"),
+        ({"image_min_tokens": 0}, ParamError, "image_min_tokens must be at least 1"),
+        ({"image_min_tokens": 9, "image_max_tokens": 4}, ParamError, "is more than image_max_tokens"),
+        ({"media_marker": ""}, ParamError, "media_marker must be a non-empty"),
+        ({"media_marker": "a\0b"}, ParamError, "NUL"),
+        ({"use_gpu": 1}, TypeError, "use_gpu"),
+    ]:
+        with pytest.raises(error, match=message):
+            Projector(tiny_model, gemma3_mmproj, **kwargs)
+    with pytest.raises(TypeError, match="model"):
+        Projector("model.gguf", gemma3_mmproj)  # type: ignore[arg-type]
+    other = write_tiny_gemma3_mmproj(tmp_path / "wide.gguf", tiny_model.n_embd_inp * 2)
+    with pytest.raises(InvalidModelError, match="not the text model's embedding width"):
+        Projector(tiny_model, other)
+
+
+def test_the_model_outlives_its_projector(tiny_model_path: Path, gemma3_mmproj: Path) -> None:
+    """Closing the model while a projector uses it marks it closed at once and frees it
+    with the projector (libmtmd keeps the model's pointer); a closed model takes no new
+    projector."""
+    model = llama_cffi.Model.load(tiny_model_path)
+    p = Projector(model, gemma3_mmproj, warmup=False)
+    model.close()
+    assert model.closed and not p.closed
+    assert p.supports_vision  # still usable: the model's memory is still there
+    p.close()
+    with pytest.raises(ClosedError):
+        Projector(model, gemma3_mmproj)
+
+
+# ---------------------------------------------------------------------- media and prompts
+def _decoded(p: Projector, path: Path) -> tuple[str, np.ndarray, int]:
+    """The file as libmtmd's own helper decodes it (stb_image; miniaudio, resampled to
+    the projector's rate), as llama-mtmd-cli does: ("image", HxWx3 uint8) or ("audio",
+    float32 samples)."""
+    from llama_cffi._binding import ffi, lib
+
+    w = lib.mtmd_helper_bitmap_init_from_file(p._ptr(), str(path).encode(), False, lib.mtmd_helper_init_opt_default())
+    bm = w.bitmap
+    assert bm != ffi.NULL
+    try:
+        nx, ny, n = lib.mtmd_bitmap_get_nx(bm), lib.mtmd_bitmap_get_ny(bm), lib.mtmd_bitmap_get_n_bytes(bm)
+        data = np.frombuffer(ffi.buffer(lib.mtmd_bitmap_get_data(bm), n), np.uint8).copy()
+        if lib.mtmd_bitmap_is_audio(bm):
+            return "audio", data.view(np.float32), int(n // 4)
+        return "image", data.reshape(ny, nx, 3), nx * ny
+    finally:
+        lib.mtmd_bitmap_free(bm)
+
+
+def test_tokenize_splits_text_and_media(tiny_model: llama_cffi.Model, gemma3_mmproj: Path) -> None:
+    rng = np.random.default_rng(0)
+    image = Image(rng.integers(0, 256, (48, 80, 3), dtype=np.uint8), id="img-1")
+    with (
+        Projector(tiny_model, gemma3_mmproj, n_threads=2) as p,
+        p.tokenize(f"look: {p.media_marker} and again {p.media_marker}.", [image, image]) as chunks,
+    ):
+        kinds = [c.kind for c in chunks]
+        assert kinds == ["text", "image", "text", "image", "text"]
+        assert [c.n_tokens for c in chunks if c.kind == "image"] == [16, 16]  # 8x8 patches pooled 2x2
+        assert chunks[1].id == "img-1" and chunks[0].id is None
+        assert chunks[0].tokens[0] == tiny_model.vocab.bos  # add_special
+        assert chunks.n_tokens == sum(c.n_tokens for c in chunks) == chunks.n_pos  # no M-RoPE
+        emb = p.encode(chunks[1])
+        assert emb.shape == (16, tiny_model.n_embd_inp) and emb.dtype == np.float32 and np.isfinite(emb).all()
+        assert np.array_equal(p.encode(chunks[3]), emb)  # the same image, the same embeddings
+        with pytest.raises(ParamError, match="text chunk"):
+            p.encode(chunks[0])
+        with pytest.raises(ParamError, match="2 media markers"):
+            p.tokenize(f"{p.media_marker} {p.media_marker}", [image])
+        with pytest.raises(ParamError, match="takes no audio"):
+            p.tokenize(p.media_marker, [Audio(np.zeros(16000, np.float32), 16000)])
+        with pytest.raises(TypeError, match="media"):
+            p.tokenize(p.media_marker, image)  # type: ignore[arg-type]
+    assert chunks.closed
+
+
+def test_media_checks() -> None:
+    ok = np.zeros((4, 4, 3), np.uint8)
+    for arr, error, message in [
+        (np.zeros((4, 4), np.uint8), ParamError, r"shape \(height, width, 3\)"),
+        (np.zeros((4, 4, 3), np.float32), ParamError, "uint8"),
+        (np.zeros((0, 4, 3), np.uint8), ParamError, "at least one pixel"),
+        (np.zeros((1, 65, 3), np.uint8), ParamError, "more than 64 times"),
+    ]:
+        with pytest.raises(error, match=message):
+            Image(arr)
+    with pytest.raises(ParamError, match="more than max_pixels=15"):
+        Image(ok, max_pixels=15)
+    with pytest.raises(TypeError, match="pixels"):
+        Image([[0, 0, 0]])  # type: ignore[arg-type]
+    img = Image(ok)
+    ok[0, 0, 0] = 9
+    assert img.pixels[0, 0, 0] == 0 and not img.pixels.flags.writeable  # its own copy
+    for samples, rate, message in [
+        (np.zeros(1, np.float32), 16000, "at least 2 samples"),
+        (np.zeros(8, np.float64), 16000, "float32"),
+        (np.zeros((2, 8), np.float32), 16000, "1-D"),
+        (np.array([0.0, np.nan], np.float32), 16000, "finite"),
+        (np.zeros(8, np.float32), 0, "positive"),
+        (np.zeros(16001, np.float32), 16000, "max_seconds=1"),
+    ]:
+        with pytest.raises(ParamError, match=message):
+            Audio(samples, rate, max_seconds=1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["image", "audio"])
+def test_embeddings_equal_llama_mtmd_clis(
+    tiny_model: llama_cffi.Model,
+    tiny_model_path: Path,
+    gemma3_mmproj: Path,
+    ultravox_mmproj: Path,
+    tmp_path: Path,
+    kind: str,
+) -> None:
+    """The encoder's output for llama.cpp's own test image (tools/mtmd/test-1.jpeg, with the
+    tiny gemma3 projector) and test sound (test-2.mp3, with the tiny ultravox projector),
+    against llama-mtmd-cli built from the same source (its MTMD_DEBUG_EMBEDDINGS dump of the
+    last encode), both on 2 threads: bit for bit."""
+    cli = build_llama_tool("llama-mtmd-cli")
+    media = llama_cpp_source_dir() / "tools" / "mtmd" / ("test-1.jpeg" if kind == "image" else "test-2.mp3")
+    mmproj = gemma3_mmproj if kind == "image" else ultravox_mmproj
+    dump = tmp_path / "emb.bin"
+    r = subprocess.run(
+        [str(cli), "-m", str(tiny_model_path), "--mmproj", str(mmproj), f"--{kind}", str(media),
+         "-p", "describe", "-n", "1", "--temp", "0", "-t", "2"],
+        env=dict(os.environ, MTMD_DEBUG_EMBEDDINGS=str(dump)), capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    raw = dump.read_bytes()
+    n_tok, n_embd = struct.unpack("<ii", raw[:8])
+    want = np.frombuffer(raw[8:], np.float32).reshape(n_tok, n_embd)
+    with Projector(tiny_model, mmproj, n_threads=2) as p:
+        got_kind, data, _ = _decoded(p, media)
+        assert got_kind == kind
+        item = Image(data) if kind == "image" else Audio(data, p.audio_sample_rate or 0)
+        with p.tokenize(f"describe {p.media_marker}", [item]) as chunks:
+            last = [c for c in chunks if c.kind == kind][-1]  # the dump holds the last encode
+            got = p.encode(last)
+    assert got.shape == want.shape
+    assert np.array_equal(got, want)
