@@ -501,6 +501,32 @@ def op_prompt_cache(e: Env, ctx: Any) -> None:
         ref.close()
 
 
+def op_projector(e: Env, ctx: Any) -> None:
+    """libmtmd over this text model: a tiny gemma3 projector written for its embedding
+    width, a prompt with an image, the image's embeddings (finite, of the model's width,
+    the same twice)."""
+    import tempfile
+
+    from llama_cffi.media import Image
+    from llama_cffi.mtmd import Projector
+    from llama_cffi.testing import write_tiny_gemma3_mmproj
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = write_tiny_gemma3_mmproj(f"{folder}/g3.gguf", e.model.n_embd_inp)
+        pixels = np.random.default_rng(0).integers(0, 256, (32, 48, 3), dtype=np.uint8)
+        with Projector(e.model, path, n_threads=1) as p, p.tokenize(f"see {p.media_marker}", [Image(pixels)]) as ch:
+            kinds = [c.kind for c in ch]
+            if kinds.count("image") != 1:
+                raise Wrong(f"chunks {kinds}")
+            image = ch[kinds.index("image")]
+            emb = p.encode(image)
+            if emb.shape != (image.n_tokens, e.model.n_embd_inp):
+                raise Wrong(f"embeddings of shape {emb.shape}")
+            finite(emb, "the image's embeddings")
+            if not np.array_equal(p.encode(image), emb):
+                raise Wrong("encoding the image twice differs")
+
+
 class Declined(Exception):
     """The operation returned False (allowed by its API)."""
 
@@ -548,6 +574,7 @@ OPERATIONS: dict[str, Callable[[Env, Any], None]] = {
     "many.generate_many": op_generate_many,
     "logprobs.score_many": op_score_many,
     "prompt_cache.PromptCache": op_prompt_cache,
+    "mtmd.Projector (tokenize, encode)": op_projector,
 }
 
 
