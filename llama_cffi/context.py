@@ -732,6 +732,7 @@ class Context:
             start = self._start_pos(seq_id, pos, n)
             if self._kind_checks:
                 self._check_kind(n, start + n - 1)
+            self._check_non_causal(ptr, n)
             self._outputs_will_change()
             # chunk ends: at most n_batch tokens, and (while raw arrays point into the output
             # buffer) at most as many outputs as the buffer holds, so it is never reallocated
@@ -795,6 +796,7 @@ class Context:
             self._validate_batch_positions(batch, n)
             if self._kind_checks:
                 self._check_kind(n, int(batch.pos[:n].max()))
+            self._check_non_causal(ptr, n)
             if self._output_hooks:
                 self._outputs_will_change()
             out_index = np.flatnonzero(batch.logits[:n]).astype(np.int32)
@@ -807,6 +809,19 @@ class Context:
             self._after_decode(rc, len(out_index), out_index, n)
             if self._backend:
                 self._out_dev = self._backend_mask[batch.seq_id[out_index, 0]]
+
+    def _check_non_causal(self, ptr: Any, n: int) -> None:
+        """With causal attention off (:meth:`set_causal_attn`, or a model whose attention
+        is not causal), llama.cpp needs a decode's tokens in one micro-batch: more aborts
+        the process (``llama-context.cpp``: "non-causal attention requires n_ubatch >=
+        n_tokens")."""
+        if n > 1 and not lib.llama_get_causal_attn(ptr):
+            n_ubatch = int(lib.llama_n_ubatch(ptr))
+            if n > n_ubatch:
+                raise InvalidBatchError(
+                    f"with causal attention off, a decode's {n} tokens must fit one micro-batch (n_ubatch={n_ubatch}): "
+                    "decode fewer at once, or create the context with a larger n_ubatch"
+                )
 
     def _validate_batch_positions(self, batch: Batch, n: int) -> None:
         if not self._mrope and self._positions_fine(batch, n):

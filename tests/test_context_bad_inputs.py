@@ -888,3 +888,37 @@ for model, kw in [(llama, dict(pooling_type="mean", n_seq_max=3, n_ubatch=510, n
     r = run_isolated(code, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split() == ["refused"] * 4 + ["created"] * 4, r.stdout
+
+
+NON_CAUSAL_TOO_BIG = """
+import llama_cffi
+from llama_cffi import Batch
+model = llama_cffi.Model.load(%r)
+ctx = model.context(n_ctx=64, n_batch=16, n_ubatch=4)
+ctx.set_causal_attn(False)
+out = []
+for what, call in [("decode", lambda: ctx.decode(list(range(5, 13)))), ("decode_batch", None)]:
+    if call is None:
+        b = Batch(16)
+        b.set_sequence(list(range(5, 13)), 0)
+        call = lambda: ctx.decode_batch(b)
+    try:
+        call()
+        out.append(what + " no error")
+    except llama_cffi.InvalidBatchError as e:
+        out.append(what + " InvalidBatchError " + ("n_ubatch=4" in str(e)) * "named")
+assert ctx.memory.seq_pos_max(0) == -1  # nothing was decoded
+ctx.decode(list(range(5, 9)))  # four fit one micro-batch
+ctx.set_causal_attn(True)
+ctx.decode(list(range(9, 17)))  # causal again: any size up to n_batch
+print("RESULT", "; ".join(out))
+"""
+
+
+# Found with libmtmd's non-causal image batches: a context with causal attention switched off
+# aborted in llama_decode ("non-causal attention requires n_ubatch >= n_tokens") when a decode
+# held more tokens than one micro-batch.
+def test_non_causal_decode_larger_than_a_micro_batch_is_refused(tiny_model_path: Path) -> None:
+    r = run_isolated(NON_CAUSAL_TOO_BIG % os.fspath(tiny_model_path))
+    assert r.returncode == 0, f"the child died (rc={r.returncode}):\n{r.stderr[-2000:]}"
+    assert "RESULT decode InvalidBatchError named; decode_batch InvalidBatchError named" in r.stdout, r.stdout[-2000:]
