@@ -20,15 +20,24 @@ from .errors import ParamError
 
 
 class Batch:
-    """Tokens (with positions, sequence ids and output flags) for one ``llama_decode``."""
+    """Tokens (with positions, sequence ids and output flags) for one ``llama_decode``.
 
-    def __init__(self, capacity: int, n_seq_max: int = 1) -> None:
+    With ``n_embd > 0`` it carries input embeddings instead of token ids: ``embd`` is a
+    ``(capacity, n_embd)`` float32 array, row ``i`` the input of entry ``i`` (``n_embd``
+    must be the model's ``n_embd_inp``; :meth:`llama_cffi.Context.decode_batch` checks),
+    and ``token`` is not read."""
+
+    def __init__(self, capacity: int, n_seq_max: int = 1, n_embd: int = 0) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ParamError(f"capacity must be an int >= 1, not {capacity!r}")
         if isinstance(n_seq_max, bool) or not isinstance(n_seq_max, int) or n_seq_max < 1:
             raise ParamError(f"n_seq_max must be an int >= 1, not {n_seq_max!r}")
+        if isinstance(n_embd, bool) or not isinstance(n_embd, int) or n_embd < 0:
+            raise ParamError(f"n_embd must be an int >= 0, not {n_embd!r}")
         self.capacity = capacity
         self.n_seq_max = n_seq_max
+        self.n_embd = n_embd
+        self.embd = np.zeros((capacity if n_embd else 0, n_embd), dtype=np.float32)
         self.token = np.zeros(capacity, dtype=np.int32)
         self.pos = np.zeros(capacity, dtype=np.int32)
         self.n_seq_id = np.zeros(capacity, dtype=np.int32)
@@ -37,8 +46,12 @@ class Batch:
         rows = ffi.cast("llama_seq_id *", ffi.from_buffer(self.seq_id))
         self._seq_ptrs = ffi.new("llama_seq_id *[]", [rows + i * n_seq_max for i in range(capacity)])
         b = ffi.new("struct llama_batch *")
-        b.token = ffi.cast("llama_token *", ffi.from_buffer(self.token))
-        b.embd = ffi.NULL
+        if n_embd:  # llama.cpp reads the embeddings when the token pointer is NULL
+            b.token = ffi.NULL
+            b.embd = ffi.cast("float *", ffi.from_buffer(self.embd))
+        else:
+            b.token = ffi.cast("llama_token *", ffi.from_buffer(self.token))
+            b.embd = ffi.NULL
         b.pos = ffi.cast("llama_pos *", ffi.from_buffer(self.pos))
         b.n_seq_id = ffi.cast("int32_t *", ffi.from_buffer(self.n_seq_id))
         b.seq_id = self._seq_ptrs

@@ -303,6 +303,8 @@ class Context:
         self._out_index: np.ndarray = np.zeros(0, dtype=np.int32)  # batch index of each output row
         self._last_batch_size = 0
         self._batch: Batch | None = None  # created on first multi-token decode
+        self._embd_batch: Batch | None = None  # created on first decode_embeddings
+        self._n_embd_inp = int(lib.llama_model_n_embd_inp(model._ptr()))
         self._adapters: list[LoraAdapter] = []
         self._adapter_handles: list[NativeHandle] = []
         self._ctx_other = p.ctx_other
@@ -782,33 +784,85 @@ class Context:
             raise InvalidBatchError(f"batch.n_tokens={n!r} is outside 1..capacity={batch.capacity}")
         if n > self.n_batch:
             raise InvalidBatchError(f"a batch of {n} tokens exceeds n_batch={self.n_batch}")
-        tok = batch.token[:n]
-        bad = (tok < 0) | (tok >= self.n_vocab)
-        if bad.any():
-            i = int(np.argmax(bad))
-            raise InvalidBatchError(f"token id {int(tok[i])} at batch index {i} is out of range [0, {self.n_vocab})")
+        if batch.n_embd:
+            if batch.n_embd != self._n_embd_inp:
+                raise InvalidBatchError(
+                    f"the batch's embeddings are {batch.n_embd} wide; this model takes {self._n_embd_inp}"
+                )
+        else:
+            tok = batch.token[:n]
+            bad = (tok < 0) | (tok >= self.n_vocab)
+            if bad.any():
+                i = int(np.argmax(bad))
+                raise InvalidBatchError(
+                    f"token id {int(tok[i])} at batch index {i} is out of range [0, {self.n_vocab})"
+                )
         nseq = batch.n_seq_id[:n]
         if (nseq < 1).any() or (nseq > batch.n_seq_max).any():
             i = int(np.argmax((nseq < 1) | (nseq > batch.n_seq_max)))
             raise InvalidBatchError(f"token {i} belongs to {int(nseq[i])} sequences; must be 1..{batch.n_seq_max}")
         with self._busy:
-            ptr = self._ptr()
-            self._validate_batch_positions(batch, n)
-            if self._kind_checks:
-                self._check_kind(n, int(batch.pos[:n].max()))
-            self._check_non_causal(ptr, n)
-            if self._output_hooks:
-                self._outputs_will_change()
-            out_index = np.flatnonzero(batch.logits[:n]).astype(np.int32)
-            if not self._may_grow(len(out_index)):
-                self._refuse_growth(len(out_index), "this batch")
-            self._grew(len(out_index))
-            self._abort.flag = 0
-            self._guard.generation += 1
-            rc = lib.llama_decode(ptr, batch.c)
-            self._after_decode(rc, len(out_index), out_index, n)
-            if self._backend:
-                self._out_dev = self._backend_mask[batch.seq_id[out_index, 0]]
+            self._decode_batch_held(batch, n)
+
+    def _decode_batch_held(self, batch: Batch, n: int) -> None:
+        """:meth:`decode_batch` after its argument checks, with ``_busy`` held."""
+        ptr = self._ptr()
+        self._validate_batch_positions(batch, n)
+        if self._kind_checks:
+            self._check_kind(n, int(batch.pos[:n].max()))
+        self._check_non_causal(ptr, n)
+        if self._output_hooks:
+            self._outputs_will_change()
+        out_index = np.flatnonzero(batch.logits[:n]).astype(np.int32)
+        if not self._may_grow(len(out_index)):
+            self._refuse_growth(len(out_index), "this batch")
+        self._grew(len(out_index))
+        self._abort.flag = 0
+        self._guard.generation += 1
+        rc = lib.llama_decode(ptr, batch.c)
+        self._after_decode(rc, len(out_index), out_index, n)
+        if self._backend:
+            self._out_dev = self._backend_mask[batch.seq_id[out_index, 0]]
+
+    def decode_embeddings(
+        self, embd: npt.ArrayLike, pos: int | None = None, seq_id: int = 0, logits: str = "none"
+    ) -> OutputView | None:
+        """Append input embeddings (instead of token ids) to sequence ``seq_id``: ``embd`` is
+        a float32 ``(n, model.n_embd_inp)`` array, one row per position (what a multimodal
+        projector produces: :meth:`llama_cffi.mtmd.Projector.encode`), decoded in
+        ``n_batch`` chunks at positions ``pos...`` (default: after the sequence's last).
+        ``logits``: ``"none"`` or ``"last"`` (returns the last row's logits). The same
+        checks as :meth:`decode`; with causal attention off every chunk must fit one
+        micro-batch."""
+        if not isinstance(embd, np.ndarray) or embd.dtype != np.float32 or embd.ndim != 2:
+            raise type_error("embd", "a 2-D float32 numpy array (positions x n_embd_inp)", embd)
+        n, width = embd.shape
+        if n == 0:
+            raise InvalidBatchError("decode_embeddings needs at least one row")
+        if width != self._n_embd_inp:
+            raise InvalidBatchError(f"embeddings of width {width}; this model takes {self._n_embd_inp}")
+        if logits not in ("none", "last"):
+            raise ParamError(f"logits={logits!r}; use 'none' or 'last'")
+        seq_id = self._check_seq(seq_id)
+        b = self._embd_batch
+        if b is None:
+            b = self._embd_batch = Batch(self.n_batch, n_embd=self._n_embd_inp)
+        with self._busy:
+            self._ptr()  # ClosedError before the memory is read
+            start = self._start_pos(seq_id, pos, n)
+            for off in range(0, n, self.n_batch):
+                end = min(n, off + self.n_batch)
+                m = end - off
+                b.embd[:m] = embd[off:end]
+                b.pos[:m] = np.arange(start + off, start + end, dtype=np.int32)
+                b.n_seq_id[:m] = 1
+                b.seq_id[:m, 0] = seq_id
+                b.logits[:m] = 0
+                if logits == "last" and end == n:
+                    b.logits[m - 1] = 1
+                b.n_tokens = m
+                self._decode_batch_held(b, m)
+        return self._logits_row(self._n_outputs - 1) if logits == "last" else None
 
     def _check_non_causal(self, ptr: Any, n: int) -> None:
         """With causal attention off (:meth:`set_causal_attn`, or a model whose attention

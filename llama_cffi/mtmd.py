@@ -21,7 +21,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -31,10 +31,13 @@ from ._args import expect, expect_path, type_error
 from ._binding import ffi, lib
 from ._handle import NativeHandle
 from .context_params import available_cores
-from .errors import InvalidModelError, LlamaError, ParamError, UnsupportedError
+from .errors import InvalidBatchError, InvalidModelError, KvCacheFullError, LlamaError, ParamError, UnsupportedError
 from .media import Audio, Image, _check_media
 from .mmproj_file import check_mmproj
 from .model import Model
+
+if TYPE_CHECKING:
+    from .context import Context
 
 __all__ = ["GGML_MAX_N_THREADS", "Chunk", "Chunks", "MtmdError", "Projector", "available"]
 
@@ -319,6 +322,90 @@ class Projector:
             view = np.frombuffer(ffi.buffer(data, 4 * n_tokens * n_embd), dtype=np.float32)
             out: npt.NDArray[np.float32] = view.reshape(n_tokens, n_embd).copy()
             return out
+
+    def eval(
+        self,
+        ctx: Context,
+        chunks: Chunks,
+        *,
+        seq_id: int = 0,
+        n_batch: int | None = None,
+        logits_last: bool = True,
+    ) -> int:
+        """Decode a tokenized prompt into sequence ``seq_id`` of ``ctx`` (a context of this
+        projector's model), after what the sequence holds: text chunks as tokens, media
+        chunks as their embeddings (:meth:`encode`), in pieces of at most ``n_batch``
+        (default: the context's), as ``mtmd_helper_eval_chunks`` does. A medium libmtmd
+        decodes with non-causal attention (Gemma 3's images) is decoded with causal
+        attention off, and its pieces must then fit one micro-batch (``n_ubatch``).
+        ``logits_last``: the last token of the prompt (when it is text) gets logits,
+        read with ``ctx.logits()``. Returns the sequence's next position.
+
+        Everything is checked before the first decode: the model, the sequence id, the
+        room in the context (:class:`~llama_cffi.errors.KvCacheFullError`), non-causal
+        pieces against ``n_ubatch`` (:class:`~llama_cffi.errors.InvalidBatchError`).
+        Projectors with M-RoPE positions (Qwen-VL) are not decoded yet
+        (:class:`~llama_cffi.errors.UnsupportedError`)."""
+        from .context import Context
+
+        expect("ctx", ctx, Context, "a llama_cffi.Context")
+        expect("chunks", chunks, Chunks, "a llama_cffi.mtmd.Chunks (from Projector.tokenize)")
+        if chunks.projector is not self:
+            raise ParamError("the chunks were tokenized by another projector")
+        if ctx.model is not self.model:
+            raise ParamError("the context is of another model than this projector's")
+        if not isinstance(logits_last, bool):
+            raise type_error("logits_last", "a bool", logits_last)
+        if self.uses_mrope:
+            raise UnsupportedError("decoding for M-RoPE models (Qwen-VL and others) is not supported yet")
+        seq_id = ctx._check_seq(seq_id)
+        if n_batch is None:
+            n_batch = ctx.n_batch
+        elif isinstance(n_batch, bool) or not isinstance(n_batch, int):
+            raise type_error("n_batch", "an int or None", n_batch)
+        elif not 1 <= n_batch <= ctx.n_batch:
+            raise ParamError(f"n_batch must be in [1, {ctx.n_batch}] (the context's n_batch), not {n_batch}")
+        mctx = self._ptr()
+        n_ubatch = int(lib.llama_n_ubatch(ctx._ptr()))
+        start = int(ctx.memory.seq_pos_max(seq_id)) + 1
+        if start + chunks.n_pos > ctx.n_ctx_seq:
+            raise KvCacheFullError(
+                f"the prompt's {chunks.n_pos} positions after position {start} pass n_ctx_seq={ctx.n_ctx_seq}"
+            )
+        plan = []
+        for c in chunks:
+            ptr = c._ptr()
+            non_causal = c.kind != "text" and bool(lib.mtmd_decode_use_non_causal(mctx, ptr))
+            if non_causal and min(c.n_tokens, n_batch) > n_ubatch:
+                raise InvalidBatchError(
+                    f"the {c.kind} of {c.n_tokens} tokens is decoded with non-causal attention, in pieces of "
+                    f"{min(c.n_tokens, n_batch)}: they must fit one micro-batch (n_ubatch={n_ubatch})"
+                )
+            plan.append((c, non_causal))
+        pos = start
+        for i, (c, non_causal) in enumerate(plan):
+            last = logits_last and i == len(plan) - 1
+            if c.kind == "text":
+                tokens = c.tokens
+                for off in range(0, len(tokens), n_batch):
+                    end = min(len(tokens), off + n_batch)
+                    want = "last" if last and end == len(tokens) else "none"
+                    ctx.decode(tokens[off:end], pos=pos + off, seq_id=seq_id, logits=want)
+                pos += len(tokens)
+                continue
+            emb = self.encode(c)
+            causal = ctx.causal_attn
+            if non_causal:
+                ctx.set_causal_attn(False)
+            try:
+                for off in range(0, c.n_tokens, n_batch):
+                    end = min(c.n_tokens, off + n_batch)
+                    ctx.decode_embeddings(emb[off:end], pos=pos + off, seq_id=seq_id)
+            finally:
+                if non_causal:
+                    ctx.set_causal_attn(causal)
+            pos += c.n_pos
+        return pos
 
 
 _KINDS = {0: "text", 1: "image", 2: "audio"}

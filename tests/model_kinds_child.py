@@ -504,7 +504,7 @@ def op_prompt_cache(e: Env, ctx: Any) -> None:
 def op_projector(e: Env, ctx: Any) -> None:
     """libmtmd over this text model: a tiny gemma3 projector written for its embedding
     width, a prompt with an image, the image's embeddings (finite, of the model's width,
-    the same twice)."""
+    the same twice), and the prompt decoded (Projector.eval: the image non-causally)."""
     import tempfile
 
     from llama_cffi.media import Image
@@ -525,6 +525,10 @@ def op_projector(e: Env, ctx: Any) -> None:
             finite(emb, "the image's embeddings")
             if not np.array_equal(p.encode(image), emb):
                 raise Wrong("encoding the image twice differs")
+            start = max(ctx.memory.seq_pos_max(0), -1) + 1
+            if p.eval(ctx, ch) != start + ch.n_pos:
+                raise Wrong("eval returned another next position")
+            finite(np.array(ctx.logits()), "the logits after the prompt")
 
 
 class Declined(Exception):
@@ -574,7 +578,7 @@ OPERATIONS: dict[str, Callable[[Env, Any], None]] = {
     "many.generate_many": op_generate_many,
     "logprobs.score_many": op_score_many,
     "prompt_cache.PromptCache": op_prompt_cache,
-    "mtmd.Projector (tokenize, encode)": op_projector,
+    "mtmd.Projector (tokenize, encode, eval)": op_projector,
 }
 
 

@@ -457,6 +457,7 @@ def _closed_cases(e: Env) -> list[Case]:
         "causal_attn": lambda: ctx.causal_attn,
         "decode": lambda: ctx.decode([5]),
         "decode_batch": lambda: ctx.decode_batch(batch),
+        "decode_embeddings": lambda: ctx.decode_embeddings(np.zeros((1, e.model.n_embd_inp), np.float32)),
         "decode_single": lambda: ctx.decode_single(5),
         "embeddings": lambda: ctx.embeddings(),
         "embeddings_seq": lambda: ctx.embeddings_seq(0),

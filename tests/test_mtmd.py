@@ -203,3 +203,89 @@ def test_embeddings_equal_llama_mtmd_clis(
             got = p.encode(last)
     assert got.shape == want.shape
     assert np.array_equal(got, want)
+
+
+# ---------------------------------------------------------------------- decoding
+def _helper_eval(p: Projector, ctx: llama_cffi.Context, chunks: object, n_batch: int) -> tuple[int, np.ndarray]:
+    """libmtmd's own mtmd_helper_eval_chunks (what llama-mtmd-cli runs), on a fresh context."""
+    from llama_cffi._binding import ffi, lib
+
+    new = ffi.new("llama_pos *")
+    assert lib.mtmd_helper_eval_chunks(p._ptr(), ctx._ptr(), chunks._ptr(), 0, 0, n_batch, True, new) == 0  # type: ignore[attr-defined]
+    row = ffi.unpack(lib.llama_get_logits_ith(ctx._ptr(), -1), ctx.n_vocab)
+    return int(new[0]), np.array(row, np.float32)
+
+
+@pytest.mark.parametrize(("kind", "n_batch"), [("image", 32), ("image", 5), ("audio", 32)])
+def test_eval_equals_libmtmds_helper(
+    tiny_model: llama_cffi.Model, gemma3_mmproj: Path, ultravox_mmproj: Path, kind: str, n_batch: int
+) -> None:
+    """Projector.eval (text through Context.decode, media through Context.decode_embeddings,
+    Gemma 3's image with causal attention off) against mtmd_helper_eval_chunks on a fresh
+    context of the same shape: the same next position and the same last logits, bit for
+    bit (the same pieces of n_batch; exact because both run the same decodes)."""
+    rng = np.random.default_rng(3)
+    if kind == "image":
+        mmproj, item = gemma3_mmproj, Image(rng.integers(0, 256, (40, 56, 3), dtype=np.uint8))
+    else:
+        mmproj, item = ultravox_mmproj, Audio((rng.standard_normal(24000) * 0.1).astype(np.float32), 16000)
+    with (
+        Projector(tiny_model, mmproj, n_threads=2) as p,
+        p.tokenize(f"hello {p.media_marker} what is it", [item]) as ch,
+    ):
+        n_pos = ch.n_pos
+        got = []
+        for way in ("ours", "libmtmd"):
+            with tiny_model.context(n_ctx=512, n_batch=64, n_ubatch=64, n_threads=2) as ctx:
+                if way == "ours":
+                    n = p.eval(ctx, ch, n_batch=n_batch)
+                    got.append((n, np.array(ctx.logits(), np.float32), ctx.causal_attn))
+                else:
+                    got.append((*_helper_eval(p, ctx, ch, n_batch), ctx.causal_attn))
+                assert ctx.memory.seq_pos_max(0) == got[-1][0] - 1
+    (n0, l0, c0), (n1, l1, c1) = got
+    assert n0 == n1 == n_pos
+    assert c0 and c1  # causal attention is on again
+    assert np.array_equal(l0, l1)
+
+
+def test_eval_checks_before_decoding(tiny_model: llama_cffi.Model, gemma3_mmproj: Path, tiny_model_path: Path) -> None:
+    image = Image(np.zeros((16, 16, 3), np.uint8))
+    with Projector(tiny_model, gemma3_mmproj, n_threads=2) as p, p.tokenize(f"a {p.media_marker}", [image]) as ch:
+        # the 16-token image is decoded non-causally, in one piece of 16: more than n_ubatch=8
+        with tiny_model.context(n_ctx=256, n_batch=64, n_ubatch=8) as ctx:
+            with pytest.raises(llama_cffi.InvalidBatchError, match="must fit one micro-batch"):
+                p.eval(ctx, ch)
+            assert ctx.memory.seq_pos_max(0) == -1  # nothing decoded
+            assert p.eval(ctx, ch, n_batch=8) == ch.n_pos  # pieces of 8 fit
+        with tiny_model.context(n_ctx=256, n_batch=256) as ctx:
+            ctx.decode([5] * (ctx.n_ctx_seq - 4))
+            with pytest.raises(llama_cffi.KvCacheFullError):
+                p.eval(ctx, ch)
+            assert ctx.memory.seq_pos_max(0) == ctx.n_ctx_seq - 5  # nothing decoded
+        with tiny_model.context(n_ctx=256) as ctx:
+            with pytest.raises(ParamError, match=r"n_batch must be in \[1"):
+                p.eval(ctx, ch, n_batch=0)
+            with pytest.raises(TypeError, match="chunks"):
+                p.eval(ctx, [ch])  # type: ignore[arg-type]
+        other = llama_cffi.Model.load(tiny_model_path)
+        try:
+            with other.context(n_ctx=256) as ctx, pytest.raises(ParamError, match="another model"):
+                p.eval(ctx, ch)
+        finally:
+            other.close()
+
+
+def test_decode_embeddings_checks(tiny_model: llama_cffi.Model) -> None:
+    with tiny_model.context(n_ctx=64, n_batch=16) as ctx:
+        e = np.zeros((3, tiny_model.n_embd_inp), np.float32)
+        assert ctx.decode_embeddings(e, logits="last") is not None
+        assert ctx.memory.seq_pos_max(0) == 2
+        with pytest.raises(llama_cffi.InvalidBatchError, match="width"):
+            ctx.decode_embeddings(np.zeros((2, 5), np.float32))
+        with pytest.raises(TypeError, match="embd"):
+            ctx.decode_embeddings(e.astype(np.float64))
+        with pytest.raises(llama_cffi.InvalidBatchError, match="must start at 3"):
+            ctx.decode_embeddings(e, pos=0)
+        ctx.decode_embeddings(np.zeros((40, tiny_model.n_embd_inp), np.float32))  # 3 pieces of n_batch
+        assert ctx.memory.seq_pos_max(0) == 42

@@ -425,6 +425,7 @@ REST: dict[str, Callable[[Env], tuple[tuple[Any, ...], dict[str, Any]]]] = {
     "llama_cffi.media.Audio": lambda e: ((16000,), {}),
     "llama_cffi.mtmd.Chunks": lambda e: ((None,), {}),
     "llama_cffi.mtmd.Chunk": lambda e: ((0,), {}),
+    "llama_cffi.mtmd.Projector.eval": lambda e: ((None,), {}),
     "llama_cffi.mtmd.Projector": lambda e: ((f"{e.folder}/none.gguf",), {}),
     "llama_cffi.testing._tiny_mmproj.write_tiny_gemma3_mmproj": lambda e: ((64,), {}),
     "llama_cffi.testing._tiny_mmproj.write_tiny_ultravox_mmproj": lambda e: ((64,), {}),
