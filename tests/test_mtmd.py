@@ -289,3 +289,41 @@ def test_decode_embeddings_checks(tiny_model: llama_cffi.Model) -> None:
             ctx.decode_embeddings(e, pos=0)
         ctx.decode_embeddings(np.zeros((40, tiny_model.n_embd_inp), np.float32))  # 3 pieces of n_batch
         assert ctx.memory.seq_pos_max(0) == 42
+
+
+@pytest.mark.slow
+def test_greedy_continuation_equals_llama_mtmd_clis(tiny_model_path: Path, tmp_path: Path) -> None:
+    """llama-mtmd-cli (same source) on the tiny model, a tiny gemma3 projector and
+    tools/mtmd/test-1.jpeg, greedy (``--temp 0``), 8 tokens, 2 threads: its prompt is the
+    model's chat template around ``<__media__>describe``. The same prompt through
+    Projector.tokenize/eval and an argmax loop on a context of the tool's defaults
+    (n_ctx 4096, n_batch 2048, n_ubatch 512, flash attention auto): the same number of
+    prompt tokens (its log, at -lv 4, counts them) and the same 8 tokens, byte for byte."""
+    import re
+
+    cli = build_llama_tool("llama-mtmd-cli")
+    image = llama_cpp_source_dir() / "tools" / "mtmd" / "test-1.jpeg"
+    with llama_cffi.Model.load(tiny_model_path) as model:
+        mmproj = write_tiny_gemma3_mmproj(tmp_path / "g3.gguf", model.n_embd_inp)
+        r = subprocess.run(
+            [str(cli), "-m", str(tiny_model_path), "--mmproj", str(mmproj), "--image", str(image),
+             "-p", "describe", "-n", "8", "--temp", "0", "-t", "2", "-lv", "4"],
+            capture_output=True, timeout=900,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr[-3000:]
+        m = re.search(rb"prompt eval time = .* / +(\d+) tokens", r.stderr)
+        assert m, r.stderr[-3000:]
+        with Projector(model, mmproj, n_threads=2) as p:
+            _, pixels, _ = _decoded(p, image)
+            text = f"<|im_start|>user\n{p.media_marker}describe<|im_end|>\n<|im_start|>assistant\n"
+            with p.tokenize(text, [Image(pixels)]) as chunks:
+                assert [c.kind for c in chunks] == ["text", "image", "text"]
+                assert chunks.n_tokens == int(m.group(1))
+                with model.context(n_ctx=4096, n_batch=2048, n_ubatch=512, n_threads=2, n_threads_batch=2) as ctx:
+                    p.eval(ctx, chunks)
+                    out = []
+                    for _ in range(8):
+                        out.append(int(np.argmax(ctx.logits())))
+                        ctx.decode_single(out[-1])
+        ours = b"".join(model.vocab.token_to_piece(t) for t in out)
+    assert r.stdout.strip(b"\n") == ours
