@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from ._binding import ffi
 from .errors import ClosedError
@@ -110,3 +110,33 @@ class NativeHandle:
         if parent is not None:
             parent._children -= 1
             parent._maybe_free()
+
+
+_O = TypeVar("_O", bound="HandleOwner")
+
+
+class HandleOwner:
+    """What an object owning one :class:`NativeHandle` (its ``_handle``) offers: ``_ptr()``
+    (the pointer, :class:`ClosedError` once closed), ``close()`` (idempotent), ``closed``,
+    and ``with`` (closes at the end of the block)."""
+
+    _handle: NativeHandle | None = None
+
+    def _ptr(self) -> Any:
+        assert self._handle is not None
+        return self._handle.get()
+
+    def close(self) -> None:
+        """Free the native object (idempotent; deferred while a dependent still uses it)."""
+        if self._handle is not None:
+            self._handle.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._handle is None or self._handle.closed
+
+    def __enter__(self: _O) -> _O:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -18,17 +18,15 @@ from . import log
 from ._args import expect, expect_mapping
 from ._binding import ffi, lib
 from ._cdata import Metadata, read_metadata
-from ._handle import NativeHandle
+from ._handle import HandleOwner, NativeHandle
 from .errors import AdapterError
 
 if TYPE_CHECKING:
     from .model import Model
 
 
-class LoraAdapter:
+class LoraAdapter(HandleOwner):
     """A LoRA (or aLoRA) adapter loaded for one model."""
-
-    _handle: NativeHandle | None = None
 
     def __init__(self, model: Model, ptr: Any, path: str) -> None:
         from .model import Model
@@ -57,26 +55,8 @@ class LoraAdapter:
             raise AdapterError(f"cannot load LoRA adapter {path!r}: {reason}")
         return cls(model, ptr, path)
 
-    def _ptr(self) -> Any:
-        assert self._handle is not None
-        return self._handle.get()
-
-    def close(self) -> None:
-        """Free the adapter (idempotent; deferred while a context applies it)."""
-        if self._handle is not None:
-            self._handle.close()
-
-    free = close
-
-    @property
-    def closed(self) -> bool:
-        return self._handle is None or self._handle.closed
-
-    def __enter__(self) -> LoraAdapter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    #: :meth:`close` (freeing is deferred while a context applies the adapter)
+    free = HandleOwner.close
 
     @property
     def metadata(self) -> Metadata:

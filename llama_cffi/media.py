@@ -37,6 +37,11 @@ MAX_ASPECT = 64
 MAX_SECONDS = 3600.0
 
 
+def _check_id(id: object) -> None:
+    if id is not None and (not isinstance(id, str) or "\0" in id):
+        raise type_error("id", "a str without NUL characters, or None", id)
+
+
 class Image:
     """An RGB image: ``pixels`` is a read-only ``(height, width, 3)`` uint8 array."""
 
@@ -57,8 +62,7 @@ class Image:
             raise ParamError(f"the image has {w}x{h} = {h * w:,} pixels, more than max_pixels={limit:,}")
         if max(h, w) > MAX_ASPECT * min(h, w):
             raise ParamError(f"the image is {w}x{h}: its sides differ by more than {MAX_ASPECT} times")
-        if id is not None and (not isinstance(id, str) or "\0" in id):
-            raise type_error("id", "a str without NUL characters, or None", id)
+        _check_id(id)
         copy = np.array(pixels, dtype=np.uint8, order="C", copy=True)
         copy.setflags(write=False)
         self.pixels: npt.NDArray[np.uint8] = copy
@@ -108,8 +112,7 @@ class Audio:
             raise ParamError(f"{n:,} samples at {rate} Hz are more than max_seconds={max_seconds:g}")
         if not np.isfinite(samples).all():
             raise ParamError("samples must be finite (no NaN or infinity)")
-        if id is not None and (not isinstance(id, str) or "\0" in id):
-            raise type_error("id", "a str without NUL characters, or None", id)
+        _check_id(id)
         copy = np.array(samples, dtype=np.float32, order="C", copy=True)
         copy.setflags(write=False)
         self.samples: npt.NDArray[np.float32] = copy

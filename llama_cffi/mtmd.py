@@ -29,7 +29,7 @@ import numpy.typing as npt
 from . import log
 from ._args import expect, expect_path, type_error
 from ._binding import ffi, lib
-from ._handle import NativeHandle
+from ._handle import HandleOwner, NativeHandle
 from .context_params import available_cores
 from .errors import InvalidBatchError, InvalidModelError, KvCacheFullError, LlamaError, ParamError, UnsupportedError
 from .media import Audio, Image, _check_media
@@ -65,7 +65,7 @@ def _optional_count(name: str, value: object) -> int:
     return value
 
 
-class Projector:
+class Projector(HandleOwner):
     """A multimodal projector (an mmproj GGUF) loaded for ``model`` by libmtmd.
 
     ``use_gpu``: run the encoder on the first GPU (when the build has one; else the CPU).
@@ -82,8 +82,6 @@ class Projector:
     :mod:`llama_cffi.mmproj_file`), :class:`~llama_cffi.errors.UnsupportedError` when this
     build has no libmtmd, :class:`~llama_cffi.errors.ParamError` for bad arguments.
     """
-
-    _handle: NativeHandle | None = None
 
     def __init__(
         self,
@@ -150,25 +148,6 @@ class Projector:
         self.vision_projector: str | None = header.vision_projector
         #: the projector type of its audio encoder (``"ultravox"``...), None without one
         self.audio_projector: str | None = header.audio_projector
-
-    def _ptr(self) -> Any:
-        assert self._handle is not None
-        return self._handle.get()
-
-    def close(self) -> None:
-        """Free libmtmd's context (idempotent)."""
-        if self._handle is not None:
-            self._handle.close()
-
-    @property
-    def closed(self) -> bool:
-        return self._handle is None or self._handle.closed
-
-    def __enter__(self) -> Projector:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"vision={self.vision_projector!r}, audio={self.audio_projector!r}"
@@ -411,7 +390,7 @@ class Projector:
 _KINDS = {0: "text", 1: "image", 2: "audio"}
 
 
-class Chunks:
+class Chunks(HandleOwner):
     """A tokenized prompt (:meth:`Projector.tokenize`): text and media chunks in order,
     ``len()``, indexing and iteration give :class:`Chunk` views. Owns libmtmd's chunk
     list (with the media's preprocessed data) until :meth:`close` or garbage collection;
@@ -421,28 +400,8 @@ class Chunks:
         expect("projector", projector, Projector, "a llama_cffi.mtmd.Projector (chunks come from Projector.tokenize)")
         projector._ptr()  # ClosedError for a closed projector
         assert projector._handle is not None
-        self._handle: NativeHandle | None = NativeHandle(
-            self, ptr, lib.mtmd_input_chunks_free, "Chunks", parent=projector._handle
-        )
+        self._handle = NativeHandle(self, ptr, lib.mtmd_input_chunks_free, "Chunks", parent=projector._handle)
         self.projector = projector
-
-    def _ptr(self) -> Any:
-        assert self._handle is not None
-        return self._handle.get()
-
-    def close(self) -> None:
-        if self._handle is not None:
-            self._handle.close()
-
-    @property
-    def closed(self) -> bool:
-        return self._handle is None or self._handle.closed
-
-    def __enter__(self) -> Chunks:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __len__(self) -> int:
         return int(lib.mtmd_input_chunks_size(self._ptr()))
