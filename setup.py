@@ -80,53 +80,36 @@ def bench_files(root: Path) -> list[Path]:
 
 
 #: The start-up hook that lets lm-eval's own command find ``--model llama-cffi``
-#: (``samplers/_lm_eval_hook.py``, whose docstring says what it does), as a ``.pth`` file
-#: at the top of site-packages: one ``import`` line that runs the module's source in a
-#: namespace of its own.
+#: (``samplers/_lm_eval_hook.py``, whose docstring says what it does): a copy of that
+#: module at the top of site-packages (:data:`HOOK_MODULE`, byte-compiled at install like
+#: every module, so start-up loads its cached bytecode: compiling source at start-up
+#: would cost ~3 ms, the compiler's first use) and a ``.pth`` file whose one line imports it.
 PTH_NAME = "llama_cffi-lm-eval.pth"
+HOOK_MODULE = "_llama_cffi_lm_eval"
 
 
-def hook_source() -> str:
-    """The hook's code as every interpreter start-up compiles it: the module's source
-    without docstrings and annotations (half the size, half the compile time)."""
-    import ast
-
-    tree = ast.parse((Path(HERE) / "samplers" / "_lm_eval_hook.py").read_text(encoding="utf-8"))
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef)) and body:
-            first = body[0]
-            doc = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
-            if doc and isinstance(first.value.value, str):
-                node.body = body[1:] or [ast.Pass()]
-        if isinstance(node, ast.FunctionDef):
-            node.returns = None
-        if isinstance(node, ast.arg):
-            node.annotation = None
-    return ast.unparse(tree)
-
-
-def write_pth(dest_dir: Path) -> Path:
-    """Write :data:`PTH_NAME` into ``dest_dir`` (the top of what becomes site-packages)."""
-    src = hook_source()
-    line = f"import sys; exec(compile({src!r}, {PTH_NAME!r}, 'exec'), {{'__name__': '_llama_cffi_lm_eval_pth'}})\n"
-    dest = dest_dir / PTH_NAME
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(line, encoding="utf-8")
-    return dest
+def write_hook(dest_dir: Path) -> Path:
+    """Write :data:`PTH_NAME` and :data:`HOOK_MODULE` into ``dest_dir`` (the top of what
+    becomes site-packages); returns the ``.pth`` file's path."""
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    src = (Path(HERE) / "samplers" / "_lm_eval_hook.py").read_text(encoding="utf-8")
+    (dest_dir / f"{HOOK_MODULE}.py").write_text(src, encoding="utf-8")
+    pth = dest_dir / PTH_NAME
+    pth.write_text(f"import {HOOK_MODULE}\n", encoding="utf-8")
+    return pth
 
 
 class BuildPy(build_py):
     """Also put a copy of the benchmark suite in the package (``llama_cffi/_bench``, laid
     out as in the tree), so that an installed llama_cffi runs ``llama-cffi bench`` without
-    a clone (:mod:`llama_cffi.bench`), and the lm-eval hook (:data:`PTH_NAME`) beside the
+    a clone (:mod:`llama_cffi.bench`), and the lm-eval hook (:func:`write_hook`) beside the
     packages. An editable install uses the tree itself (its hook: :class:`EditableWheel`)."""
 
     def run(self) -> None:
         super().run()
         if getattr(self, "editable_mode", False):
             return
-        write_pth(Path(self.build_lib))
+        write_hook(Path(self.build_lib))
         root = Path(HERE)
         dest = Path(self.build_lib) / "llama_cffi" / "_bench"
         for rel in bench_files(root):
@@ -135,11 +118,11 @@ class BuildPy(build_py):
 
 
 class EditableWheel(editable_wheel):
-    """An editable install's wheel also carries the lm-eval hook (:data:`PTH_NAME`)."""
+    """An editable install's wheel also carries the lm-eval hook (:func:`write_hook`)."""
 
     def _run_build_commands(self, dist_name, unpacked_wheel, build_lib, tmp_dir):  # type: ignore[no-untyped-def]
         out = super()._run_build_commands(dist_name, unpacked_wheel, build_lib, tmp_dir)
-        write_pth(Path(unpacked_wheel))
+        write_hook(Path(unpacked_wheel))
         return out
 
 

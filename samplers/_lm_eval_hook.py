@@ -3,19 +3,22 @@
 
 lm-eval (0.4) finds models only in its registry (``lm_eval.api.registry.model_registry``),
 filled when ``lm_eval.models`` is imported; it has no plugin entry points. The installed
-package therefore carries a ``llama_cffi-lm-eval.pth`` file (written by ``setup.py`` from
-this module's source) whose one line runs this code at interpreter start-up. It imports
-nothing but ``sys`` and ``importlib.machinery``, and does nothing until ``lm_eval.models``
-is imported: then, once that module has run, it adds ``llama-cffi`` to the registry as
-a lazy placeholder, ``samplers.harness:LlamaCffiLM`` (so llama_cffi is imported only when
-lm-eval asks for that model). Every failure here is swallowed: a start-up hook must never
+package therefore carries a copy of this module at the top of site-packages
+(``_llama_cffi_lm_eval``) and a ``llama_cffi-lm-eval.pth`` file whose one line imports it
+at interpreter start-up (``setup.py``'s ``write_hook``; the copy is byte-compiled at install,
+so start-up only loads its bytecode). It imports nothing (``sys`` and ``os`` are loaded
+already) and does nothing until ``lm_eval.models`` is imported: then, once that module
+has run, it adds ``llama-cffi`` to the registry as a lazy placeholder,
+``samplers.harness:LlamaCffiLM`` (so llama_cffi is imported only when lm-eval asks for
+that model). Every failure here is swallowed: a start-up hook must never
 break an interpreter. ``LLAMA_CFFI_LM_EVAL_HOOK=0`` turns it off.
+
+PYTEST_DONT_REWRITE: the distribution has a pytest plugin, so pytest would mark this
+top-level module for assertion rewriting, and warn in every session that it was imported
+(at start-up) before it could be rewritten.
 """
 
-from __future__ import annotations
-
 import sys
-from importlib.machinery import PathFinder
 
 TYPE_CHECKING = False  # typing is not imported at start-up; mypy reads the names below
 if TYPE_CHECKING:
@@ -43,11 +46,13 @@ def _install() -> None:
 
         @classmethod
         def find_spec(
-            cls, name: str, path: Sequence[str] | None = None, target: ModuleType | None = None
-        ) -> ModuleSpec | None:
+            cls, name: str, path: "Sequence[str] | None" = None, target: "ModuleType | None" = None
+        ) -> "ModuleSpec | None":
             if name != "lm_eval.models":
                 return None
             try:
+                from importlib.machinery import PathFinder  # here, not at start-up (it costs an import)
+
                 spec = PathFinder.find_spec(name, path)
                 loader = getattr(spec, "loader", None)
                 run = getattr(loader, "exec_module", None)

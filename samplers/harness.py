@@ -20,7 +20,8 @@ inputs longer than the context are cut on the left.
 
 :func:`register` makes the lm-eval model class (``LlamaCffiLM``, under the name
 ``llama-cffi``). lm-eval 0.4 has no plugin mechanism for models, so the installed package
-adds one: a start-up hook (``llama_cffi-lm-eval.pth``, :mod:`samplers._lm_eval_hook`)
+adds one: a start-up hook (``llama_cffi-lm-eval.pth`` importing a copy of
+:mod:`samplers._lm_eval_hook`)
 puts ``llama-cffi`` into lm-eval's registry, as a lazy ``samplers.harness:LlamaCffiLM``,
 whenever lm-eval loads its models; lm-eval's own command then finds it::
 

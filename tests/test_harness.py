@@ -225,31 +225,45 @@ def test_the_start_up_hook_registers_lazily() -> None:
 
 
 def test_the_hook_file_is_the_modules_code(tmp_path: Path) -> None:
-    """setup.py's .pth line runs samplers/_lm_eval_hook.py's code (docstrings dropped) in a
-    namespace of its own; running it twice installs one finder, which answers for
+    """The .pth line imports the hook module, a copy of samplers/_lm_eval_hook.py at the top
+    of site-packages (setup.py writes both; an installed wheel carries them). Importing it
+    installs one finder, running it again none more; the finder answers for
     ``lm_eval.models`` only."""
+    import importlib
     import importlib.util as iu
 
-    if (ROOT / "setup.py").is_file():  # the source tree: the line setup.py writes now
+    if (ROOT / "setup.py").is_file():  # the source tree: what setup.py writes now
         spec = iu.spec_from_file_location("_llama_cffi_setup", ROOT / "setup.py")  # setup() runs only as __main__
         assert spec is not None and spec.loader is not None
         setup_py = iu.module_from_spec(spec)
         spec.loader.exec_module(setup_py)
-        line = setup_py.write_pth(tmp_path).read_text()
-        assert '"""' not in setup_py.hook_source()
-    else:  # tests run against an installed wheel: the line it installed
+        pth = setup_py.write_hook(tmp_path)
+        module = tmp_path / "_llama_cffi_lm_eval.py"
+        assert module.read_text() == (ROOT / "samplers" / "_lm_eval_hook.py").read_text()
+        where = str(tmp_path)
+    else:  # tests run against an installed wheel: what it installed
         installed = _site_pth()
         assert installed, "llama_cffi-lm-eval.pth is not installed"
-        line = installed[0].read_text()
-    assert line.startswith("import sys; exec(compile(") and line.count("\n") == 1
+        pth = installed[0]
+        where = str(pth.parent)
+    line = pth.read_text()
+    assert line == "import _llama_cffi_lm_eval\n"
     saved = list(sys.meta_path)  # the installed hook's finder (this interpreter ran it) set aside
+    saved_mod = sys.modules.pop("_llama_cffi_lm_eval", None)
     before = [f for f in saved if getattr(f, "__name__", "") != "LlamaCffiLmEvalFinder"]
     sys.meta_path[:] = before
+    sys.path.insert(0, where)
     try:
-        exec(line, {})
-        exec(line, {})
+        exec(line, {})  # what site.py does with the line
+        hook = importlib.import_module("_llama_cffi_lm_eval")
+        assert hook.__file__ is not None and Path(hook.__file__).parent == Path(where)
+        hook._install()  # a second run adds nothing
         added = [f for f in sys.meta_path if f not in before]
         assert [getattr(f, "__name__", "") for f in added] == ["LlamaCffiLmEvalFinder"]
         assert added[0].find_spec("json") is None
     finally:
         sys.meta_path[:] = saved
+        sys.path.remove(where)
+        sys.modules.pop("_llama_cffi_lm_eval", None)
+        if saved_mod is not None:
+            sys.modules["_llama_cffi_lm_eval"] = saved_mod

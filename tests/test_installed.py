@@ -150,15 +150,17 @@ def test_entry_points_are_registered() -> None:
 
 
 def test_the_lm_eval_hook_is_installed() -> None:
-    """The distribution installs ``llama_cffi-lm-eval.pth`` at the top of site-packages (lm-eval's
-    own ``lm_eval --model llama-cffi`` finds the model through it: samplers.harness), and
-    it runs at start-up: its meta path finder is in this interpreter."""
+    """The distribution installs ``llama_cffi-lm-eval.pth`` and the module it imports at the
+    top of site-packages (lm-eval's own ``lm_eval --model llama-cffi`` finds the model
+    through them: samplers.harness), and it runs at start-up: its meta path finder is in
+    this interpreter."""
     # the installed distribution (a source tree's llama_cffi.egg-info may be found too)
     dists = [d for d in importlib.metadata.distributions(name="llama-cffi") if d.files]
     carrying = [d for d in dists if "llama_cffi-lm-eval.pth" in {str(f) for f in d.files or []}]
     assert carrying, [sorted(str(f) for f in d.files or [] if "/" not in str(f)) for d in dists]
     pth = Path(str(carrying[0].locate_file("llama_cffi-lm-eval.pth")))
-    assert pth.read_text().startswith("import sys; exec(compile(")
+    assert pth.read_text() == "import _llama_cffi_lm_eval\n"
+    assert "_llama_cffi_lm_eval.py" in {str(f) for f in carrying[0].files or []}
     assert "LlamaCffiLmEvalFinder" in [getattr(f, "__name__", "") for f in sys.meta_path]
 
 
