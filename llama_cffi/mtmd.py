@@ -320,6 +320,10 @@ class Projector(HandleOwner):
         ``logits_last``: the last token of the prompt (when it is text) gets logits,
         read with ``ctx.logits()``. Returns the sequence's next position.
 
+        The media are encoded once per ``chunks``: evaluating the same chunks again (into
+        another sequence or context) decodes the kept embeddings without running the
+        encoder (they live as long as ``chunks``).
+
         Everything is checked before the first decode: the model, the sequence id, the
         room in the context (:class:`~llama_cffi.errors.KvCacheFullError`), non-causal
         pieces against ``n_ubatch`` (:class:`~llama_cffi.errors.InvalidBatchError`).
@@ -372,7 +376,11 @@ class Projector(HandleOwner):
                     ctx.decode(tokens[off:end], pos=pos + off, seq_id=seq_id, logits=want)
                 pos += len(tokens)
                 continue
-            emb = self.encode(c)
+            emb = chunks._encoded.get(c.index)
+            if emb is None:  # encoded once per Chunks: another sequence reuses it
+                emb = self.encode(c)
+                emb.setflags(write=False)
+                chunks._encoded[c.index] = emb
             causal = ctx.causal_attn
             if non_causal:
                 ctx.set_causal_attn(False)
@@ -402,6 +410,8 @@ class Chunks(HandleOwner):
         assert projector._handle is not None
         self._handle = NativeHandle(self, ptr, lib.mtmd_input_chunks_free, "Chunks", parent=projector._handle)
         self.projector = projector
+        #: media embeddings :meth:`Projector.eval` computed, by chunk index (read-only)
+        self._encoded: dict[int, npt.NDArray[np.float32]] = {}
 
     def __len__(self) -> int:
         return int(lib.mtmd_input_chunks_size(self._ptr()))

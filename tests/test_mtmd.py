@@ -327,3 +327,31 @@ def test_greedy_continuation_equals_llama_mtmd_clis(tiny_model_path: Path, tmp_p
                         ctx.decode_single(out[-1])
         ours = b"".join(model.vocab.token_to_piece(t) for t in out)
     assert r.stdout.strip(b"\n") == ours
+
+
+def test_eval_encodes_once_per_chunks(tiny_model: llama_cffi.Model, gemma3_mmproj: Path) -> None:
+    """The same prompt into two sequences (and another context) runs the encoder once:
+    the kept embeddings are decoded again. The logits are bit for bit those of the first
+    sequence and of a fresh context: the same positions and batch shapes, on the CPU
+    backend, where the other sequence's cells are masked out of the attention exactly."""
+    image = Image(np.random.default_rng(5).integers(0, 256, (32, 32, 3), dtype=np.uint8))
+    with Projector(tiny_model, gemma3_mmproj, n_threads=2) as p, p.tokenize(f"x {p.media_marker} y", [image]) as ch:
+        calls = []
+        real = p.encode
+
+        def counting(chunk: object) -> np.ndarray:
+            calls.append(chunk)
+            return real(chunk)  # type: ignore[arg-type]
+
+        p.encode = counting  # type: ignore[method-assign]
+        with tiny_model.context(n_ctx=256, n_seq_max=2, n_threads=2) as ctx:
+            p.eval(ctx, ch, seq_id=0)
+            first = np.array(ctx.logits())
+            p.eval(ctx, ch, seq_id=1)
+            second = np.array(ctx.logits())
+        with tiny_model.context(n_ctx=256, n_threads=2) as ctx:
+            p.eval(ctx, ch)
+            fresh = np.array(ctx.logits())
+        assert len(calls) == 1
+        assert np.array_equal(second, first)
+        assert np.array_equal(fresh, first)
