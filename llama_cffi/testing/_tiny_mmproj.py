@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from .._args import expect_path
+from .._args import expect_int, expect_path
 from ._tiny_model import _import_gguf
 
 __all__ = ["WHISPER_N_POS", "write_tiny_gemma3_mmproj", "write_tiny_ultravox_mmproj"]
@@ -109,10 +109,11 @@ def _finish(w: Any) -> None:
     w.close()
 
 
-def _positive(name: str, v: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+def _positive(name: str, v: object) -> int:
+    n = expect_int(name, v, "an int >= 1")  # a wrong type: TypeError naming the parameter
+    if n < 1:
         raise ValueError(f"{name} must be an int >= 1, not {v!r}")
-    return v
+    return n
 
 
 def write_tiny_gemma3_mmproj(
