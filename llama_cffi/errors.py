@@ -47,6 +47,16 @@ class DefaultModelNotInstalled(LlamaError, ImportError):
     """The default model package is not installed; the message gives the command."""
 
 
+class InvalidMediaError(LlamaError, ValueError):
+    """An image or sound file that cannot be used: not a format read here, truncated,
+    undecodable, or bigger than its bounds (pixels, seconds); the message says which
+    (:mod:`llama_cffi.media_file`)."""
+
+
+class MediaNotFoundError(InvalidMediaError, FileNotFoundError):
+    """The image or sound file does not exist."""
+
+
 class InvalidTokenError(LlamaError, ValueError):
     """A token id outside ``[0, n_vocab)`` (checked before it can reach C)."""
 

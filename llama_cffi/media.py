@@ -6,6 +6,12 @@ libmtmd sees them.
 * :class:`Audio`: mono float32 PCM samples at a stated sample rate (which must be the
   projector's: :attr:`Projector.audio_sample_rate <llama_cffi.mtmd.Projector.audio_sample_rate>`).
 
+Files (PNG, JPEG, GIF, BMP; WAV, MP3, FLAC) are read by :meth:`Image.open` and
+:meth:`Projector.open_media <llama_cffi.mtmd.Projector.open_media>` (which also reads
+sounds: they are resampled to the projector's rate) with libmtmd's own decoders, as
+``llama-mtmd-cli`` reads them, after :func:`~llama_cffi.media_file.check_media` has
+checked the file's headers against the same bounds.
+
 Both hold their own copy of the data (a C-contiguous array, read-only), so the caller's
 array may change afterwards. The checks are those libmtmd's preprocessing would otherwise
 abort on (``tools/mtmd`` at the pinned commit): an image of zero size, or one so narrow
@@ -18,13 +24,18 @@ argument) and sounds a length bound (``max_seconds``), so that a huge input is a
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from . import log
 from ._args import expect_int, type_error
-from .errors import ParamError
+from ._binding import ffi, lib
+from .errors import InvalidMediaError, MediaNotFoundError, ParamError
+from .media_file import MAX_FILE_BYTES, MediaHeader, check_media
 
 __all__ = ["MAX_ASPECT", "MAX_PIXELS", "MAX_SECONDS", "Audio", "Image"]
 
@@ -68,6 +79,26 @@ class Image:
         self.pixels: npt.NDArray[np.uint8] = copy
         #: an optional name libmtmd keeps with the image's chunk (for caching by content)
         self.id = id
+
+    @classmethod
+    def open(cls, source: str | os.PathLike[str] | bytes, *, max_pixels: int = MAX_PIXELS) -> Image:
+        """An image read from a file (a path) or from a file's bytes: PNG, JPEG, GIF
+        (its first frame) or BMP, decoded by libmtmd's decoder (stb_image), as
+        ``llama-mtmd-cli`` decodes it. Its :attr:`id` is the SHA-256 of the file's bytes
+        (hex), as libmtmd's helper names it.
+
+        Raises :class:`~llama_cffi.errors.MediaNotFoundError` for a missing path,
+        :class:`~llama_cffi.errors.InvalidMediaError` for a file that is not an image of
+        those formats, is truncated or undecodable, or has more than ``max_pixels``
+        pixels (checked from its header, before decoding)."""
+        limit = expect_int("max_pixels", max_pixels, "an int")
+        data = _read_source(source)
+        header = check_media(data, max_pixels=limit, max_seconds=MAX_SECONDS)
+        if header.kind != "image":
+            raise InvalidMediaError(f"the file is a {header.format.upper()} sound, not an image")
+        media = _decode(ffi.NULL, data, header, max_pixels=limit, max_seconds=MAX_SECONDS, sample_rate=0)
+        assert isinstance(media, Image)
+        return media
 
     @property
     def width(self) -> int:
@@ -129,6 +160,77 @@ class Audio:
 
 
 Media = Image | Audio
+
+
+def _read_source(source: object) -> bytes:
+    """A media file's bytes: ``source`` is a path (str or os.PathLike) or bytes-like."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        data = bytes(source)
+        if len(data) > MAX_FILE_BYTES:
+            raise InvalidMediaError(f"the file has {len(data):,} bytes, more than {MAX_FILE_BYTES:,}")
+        return data
+    if isinstance(source, os.PathLike):
+        source = os.fspath(source)
+    if not isinstance(source, str):
+        raise type_error("source", "a path (str or os.PathLike) or a file's bytes", source)
+    if "\0" in source:
+        raise ParamError("source must not contain NUL characters")
+    try:
+        with open(source, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_FILE_BYTES:
+                raise InvalidMediaError(f"{source}: the file has {size:,} bytes, more than {MAX_FILE_BYTES:,}")
+            return f.read(MAX_FILE_BYTES + 1)
+    except FileNotFoundError:
+        raise MediaNotFoundError(f"{source}: no such file") from None
+    except IsADirectoryError:
+        raise InvalidMediaError(f"{source}: is a directory, not a file") from None
+    except OSError as e:
+        raise InvalidMediaError(f"{source}: cannot be read ({e.strerror or e})") from None
+
+
+def _decode(
+    ctx: Any, data: bytes, header: MediaHeader, *, max_pixels: int, max_seconds: float, sample_rate: int
+) -> Image | Audio:
+    """Decode a checked file with libmtmd's helper (``ctx``: a projector's context for a
+    sound, which it is resampled for; NULL for an image, whose decoding does not read
+    it) into an :class:`Image` or :class:`Audio` holding a copy of the pixels or
+    samples."""
+    if header.kind == "audio" and ctx == ffi.NULL:  # pragma: no cover - callers pass a projector
+        raise ParamError("a sound is decoded for a projector (Projector.open_media)")
+    buf = ffi.from_buffer("unsigned char[]", data)
+    opt = lib.mtmd_helper_init_opt_default()
+    log.sync()
+    with log.capture() as lines:
+        wrapped = lib.mtmd_helper_bitmap_init_from_buf(ctx, buf, len(data), False, opt)
+    bitmap = wrapped.bitmap
+    what = f"{header.format.upper()} {'image' if header.kind == 'image' else 'sound'}"
+    if bitmap == ffi.NULL:
+        errors = [line for level, line in lines if level >= logging.ERROR] or [line for _, line in lines]
+        said = "; ".join(line.strip() for line in errors[-3:]) or "no reason given"
+        raise InvalidMediaError(f"libmtmd could not decode the {what} ({said})")
+    try:
+        raw_id = lib.mtmd_bitmap_get_id(bitmap)
+        name = None if raw_id == ffi.NULL else ffi.string(raw_id).decode("ascii", "replace")
+        n_bytes = int(lib.mtmd_bitmap_get_n_bytes(bitmap))
+        view = ffi.buffer(lib.mtmd_bitmap_get_data(bitmap), n_bytes) if n_bytes else b""
+        try:
+            if lib.mtmd_bitmap_is_audio(bitmap):
+                if header.kind != "audio":  # pragma: no cover - the helper sniffs as check_media does
+                    raise InvalidMediaError(f"libmtmd decoded the {what} as a sound")
+                samples = np.frombuffer(view, dtype=np.float32)
+                return Audio(samples, sample_rate, id=name, max_seconds=max_seconds)
+            nx, ny = int(lib.mtmd_bitmap_get_nx(bitmap)), int(lib.mtmd_bitmap_get_ny(bitmap))
+            if header.kind != "image" or (nx, ny) != (header.width, header.height) or n_bytes != nx * ny * 3:
+                raise InvalidMediaError(
+                    f"libmtmd decoded the {what} to {nx}x{ny} pixels; its header says {header.width}x{header.height}"
+                )
+            pixels = np.frombuffer(view, dtype=np.uint8).reshape(ny, nx, 3)
+            return Image(pixels, id=name, max_pixels=max_pixels)
+        except ParamError as e:
+            raise InvalidMediaError(f"the decoded {what} cannot be used: {e}") from None
+    finally:
+        lib.mtmd_bitmap_free(bitmap)
 
 
 def _check_media(value: Any) -> Image | Audio:

@@ -27,12 +27,21 @@ import numpy as np
 import numpy.typing as npt
 
 from . import log
-from ._args import expect, expect_path, type_error
+from ._args import expect, expect_int, expect_path, type_error
 from ._binding import ffi, lib
 from ._handle import HandleOwner, NativeHandle
 from .context_params import available_cores
-from .errors import InvalidBatchError, InvalidModelError, KvCacheFullError, LlamaError, ParamError, UnsupportedError
-from .media import Audio, Image, _check_media
+from .errors import (
+    InvalidBatchError,
+    InvalidMediaError,
+    InvalidModelError,
+    KvCacheFullError,
+    LlamaError,
+    ParamError,
+    UnsupportedError,
+)
+from .media import MAX_PIXELS, MAX_SECONDS, Audio, Image, _check_media, _decode, _read_source
+from .media_file import check_media
 from .mmproj_file import check_mmproj
 from .model import Model
 
@@ -186,6 +195,40 @@ class Projector(HandleOwner):
     def media_marker(self) -> str:
         """The text that stands for one image or sound in a prompt."""
         return str(ffi.string(lib.mtmd_get_marker(self._ptr())).decode("utf-8", "replace"))
+
+    def open_media(
+        self,
+        source: str | os.PathLike[str] | bytes,
+        *,
+        max_pixels: int = MAX_PIXELS,
+        max_seconds: float = MAX_SECONDS,
+    ) -> Image | Audio:
+        """An image or a sound read from a file (a path) or a file's bytes, as
+        ``llama-mtmd-cli`` reads its ``--image`` / ``--audio`` files: PNG, JPEG, GIF and
+        BMP images; WAV, MP3 and FLAC sounds, mixed down to mono and resampled to
+        :attr:`audio_sample_rate` by libmtmd's decoder (miniaudio). The kind is told from
+        the file's bytes. The result's ``id`` is the SHA-256 of the file (hex).
+
+        Raises :class:`~llama_cffi.errors.MediaNotFoundError` for a missing path,
+        :class:`~llama_cffi.errors.InvalidMediaError` for a file that is of none of those
+        formats, is truncated or undecodable, has more than ``max_pixels`` pixels or
+        lasts more than ``max_seconds`` (both checked from its headers before decoding),
+        or is a sound for a projector without audio (a
+        :class:`~llama_cffi.errors.ParamError` is for a bad argument)."""
+        limit = expect_int("max_pixels", max_pixels, "an int")
+        if isinstance(max_seconds, bool) or not isinstance(max_seconds, (int, float)):
+            raise type_error("max_seconds", "a number", max_seconds)
+        data = _read_source(source)
+        header = check_media(data, max_pixels=limit, max_seconds=float(max_seconds))
+        ctx = self._ptr()
+        rate = 0
+        if header.kind == "audio":
+            rate = self.audio_sample_rate or 0
+            if not rate:
+                raise InvalidMediaError(f"the file is a {header.format.upper()} sound; this projector takes no audio")
+        elif not self.supports_vision:
+            raise InvalidMediaError(f"the file is a {header.format.upper()} image; this projector takes no images")
+        return _decode(ctx, data, header, max_pixels=limit, max_seconds=float(max_seconds), sample_rate=rate)
 
     # ------------------------------------------------------------------ prompts
 

@@ -92,25 +92,6 @@ def test_the_model_outlives_its_projector(tiny_model_path: Path, gemma3_mmproj: 
 
 
 # ---------------------------------------------------------------------- media and prompts
-def _decoded(p: Projector, path: Path) -> tuple[str, np.ndarray, int]:
-    """The file as libmtmd's own helper decodes it (stb_image; miniaudio, resampled to
-    the projector's rate), as llama-mtmd-cli does: ("image", HxWx3 uint8) or ("audio",
-    float32 samples)."""
-    from llama_cffi._binding import ffi, lib
-
-    w = lib.mtmd_helper_bitmap_init_from_file(p._ptr(), str(path).encode(), False, lib.mtmd_helper_init_opt_default())
-    bm = w.bitmap
-    assert bm != ffi.NULL
-    try:
-        nx, ny, n = lib.mtmd_bitmap_get_nx(bm), lib.mtmd_bitmap_get_ny(bm), lib.mtmd_bitmap_get_n_bytes(bm)
-        data = np.frombuffer(ffi.buffer(lib.mtmd_bitmap_get_data(bm), n), np.uint8).copy()
-        if lib.mtmd_bitmap_is_audio(bm):
-            return "audio", data.view(np.float32), int(n // 4)
-        return "image", data.reshape(ny, nx, 3), nx * ny
-    finally:
-        lib.mtmd_bitmap_free(bm)
-
-
 def test_tokenize_splits_text_and_media(tiny_model: llama_cffi.Model, gemma3_mmproj: Path) -> None:
     rng = np.random.default_rng(0)
     image = Image(rng.integers(0, 256, (48, 80, 3), dtype=np.uint8), id="img-1")
@@ -195,9 +176,8 @@ def test_embeddings_equal_llama_mtmd_clis(
     n_tok, n_embd = struct.unpack("<ii", raw[:8])
     want = np.frombuffer(raw[8:], np.float32).reshape(n_tok, n_embd)
     with Projector(tiny_model, mmproj, n_threads=2) as p:
-        got_kind, data, _ = _decoded(p, media)
-        assert got_kind == kind
-        item = Image(data) if kind == "image" else Audio(data, p.audio_sample_rate or 0)
+        item = p.open_media(media)  # as the tool reads it: tests/test_media_file.py
+        assert isinstance(item, Image if kind == "image" else Audio)
         with p.tokenize(f"describe {p.media_marker}", [item]) as chunks:
             last = [c for c in chunks if c.kind == kind][-1]  # the dump holds the last encode
             got = p.encode(last)
@@ -314,9 +294,8 @@ def test_greedy_continuation_equals_llama_mtmd_clis(tiny_model_path: Path, tmp_p
         m = re.search(rb"prompt eval time = .* / +(\d+) tokens", r.stderr)
         assert m, r.stderr[-3000:]
         with Projector(model, mmproj, n_threads=2) as p:
-            _, pixels, _ = _decoded(p, image)
             text = f"<|im_start|>user\n{p.media_marker}describe<|im_end|>\n<|im_start|>assistant\n"
-            with p.tokenize(text, [Image(pixels)]) as chunks:
+            with p.tokenize(text, [Image.open(image)]) as chunks:
                 assert [c.kind for c in chunks] == ["text", "image", "text"]
                 assert chunks.n_tokens == int(m.group(1))
                 with model.context(n_ctx=4096, n_batch=2048, n_ubatch=512, n_threads=2, n_threads_batch=2) as ctx:
