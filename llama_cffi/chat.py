@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ._args import expect_iterable, expect_str
+from ._args import expect_iterable, expect_path, expect_str
 from ._binding import ffi, lib
-from .errors import ChatTemplateError
+from .errors import ChatTemplateError, InvalidMediaError
 from .template_sandbox import (
     TemplateLimitError,
     TemplateLimits,
@@ -27,6 +28,8 @@ from .template_sandbox import (
 )
 
 __all__ = [
+    "MEDIA_MARKER",
+    "MEDIA_PART_TYPES",
     "ChatPrompt",
     "ChatTemplateError",
     "TemplateLimitError",
@@ -37,10 +40,12 @@ __all__ = [
     "declares_tools",
     "get_template_limits",
     "is_template_name",
+    "media_sources",
     "set_template_limits",
     "turn_end",
     "unknown_template_name",
     "validate_template",
+    "with_media_markers",
 ]
 
 
@@ -87,30 +92,147 @@ def unknown_template_name(name: str, shipped: Iterable[str] = ()) -> ChatTemplat
     )
 
 
+#: What an image or sound part of a message renders as: libmtmd's default media marker
+#: (``mtmd_default_marker()``), which a :class:`~llama_cffi.mtmd.Projector` made without
+#: ``media_marker=`` finds in the text.
+MEDIA_MARKER = "<__media__>"
+#: OpenAI-style content part types that carry an image or a sound.
+MEDIA_PART_TYPES = ("image_url", "input_audio")
+
+
 def _content(i: int, content: object) -> str:
-    """A message's content as text: a str, or a list of content parts of which the
-    ``{"type": "text", "text": ...}`` ones are joined with newlines (as llama.cpp joins
-    them for templates that take string content). Other part types are refused: nothing
-    here can render an image or audio, and dropping input silently would change the
-    conversation."""
+    """A message's content as text: a str, or a list of content parts joined as llama.cpp
+    joins them (``common/chat.cpp``): text parts with a newline between them, but none
+    before or after a media part. An image or sound part (``image_url``,
+    ``input_audio``) renders as :data:`MEDIA_MARKER`; llama.cpp's own ``media_marker``
+    parts (``{"type": "media_marker", "text": ...}``) as their text. Other part types are
+    refused: dropping input silently would change the conversation."""
     if isinstance(content, str):
         return content
     if isinstance(content, (list, tuple)):
-        texts = []
+        text = ""
+        last_was_media = False
         for j, part in enumerate(content):
-            if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+            kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+            if kind == "text" and isinstance(part, Mapping) and isinstance(part.get("text"), str):
+                if not last_was_media and text:
+                    text += "\n"
+                text += part["text"]
+                last_was_media = False
+            elif kind in MEDIA_PART_TYPES or (
+                kind == "media_marker" and isinstance(part, Mapping) and isinstance(part.get("text"), str)
+            ):
+                assert isinstance(part, Mapping)
+                text += part["text"] if kind == "media_marker" else MEDIA_MARKER
+                last_was_media = True
+            else:
                 raise ChatTemplateError(
-                    f"messages[{i}].content[{j}]: only text parts ({{'type': 'text', 'text': ...}}) can be "
-                    f"rendered, not {kind!r}"
+                    f"messages[{i}].content[{j}]: a part must be text ({{'type': 'text', 'text': ...}}), an image "
+                    f"({{'type': 'image_url', ...}}) or a sound ({{'type': 'input_audio', ...}}), not {kind!r}"
                 )
-            texts.append(part["text"])
-        return "\n".join(texts)
+        return text
     if content is None:
         return ""
     raise ChatTemplateError(
-        f"messages[{i}]: content must be a str or a list of text parts, not {type(content).__name__}"
+        f"messages[{i}]: content must be a str or a list of content parts, not {type(content).__name__}"
     )
+
+
+def _has_media(content: object) -> bool:
+    return isinstance(content, (list, tuple)) and any(
+        isinstance(p, Mapping) and p.get("type") in (*MEDIA_PART_TYPES, "media_marker") for p in content
+    )
+
+
+def media_sources(
+    messages: Iterable[Mapping[str, Any]], media_path: str | os.PathLike[str] | None = None
+) -> list[bytes | str]:
+    """The images and sounds of ``messages``' content parts, in the order their markers
+    appear in the rendering: each a file's bytes or a path, for
+    :meth:`Projector.open_media <llama_cffi.mtmd.Projector.open_media>`. A part is
+    ``{"type": "image_url", "image_url": {"url": URL}}`` or ``{"type": "input_audio",
+    "input_audio": {"data": URL, "format": "wav"}}`` (OpenAI's shapes, as llama-server
+    takes them), where URL is a ``data:image/...;base64,`` or ``data:audio/...;base64,``
+    URI, plain base64, or a ``file://`` URL. As in llama-server, a ``file://`` URL is read
+    only when ``media_path`` names a directory, and only under it; ``http(s)://`` URLs are
+    not fetched (download the file and pass its bytes as a data URI).
+
+    Raises :class:`~llama_cffi.errors.ChatTemplateError` for a malformed part and
+    :class:`~llama_cffi.errors.InvalidMediaError` for data that is not base64 or a path
+    that is not allowed."""
+    root = None if media_path is None else os.path.realpath(expect_path("media_path", media_path))
+    out: list[bytes | str] = []
+    for i, m in enumerate(expect_messages(messages)):
+        content = m.get("content") if isinstance(m, Mapping) else None
+        if not isinstance(content, (list, tuple)):
+            continue
+        for j, part in enumerate(content):
+            if not isinstance(part, Mapping) or part.get("type") not in MEDIA_PART_TYPES:
+                continue
+            where = f"messages[{i}].content[{j}]"
+            inner = part.get(part["type"])
+            if part["type"] == "image_url" and isinstance(inner, str):
+                inner = {"url": inner}
+            if not isinstance(inner, Mapping):
+                raise ChatTemplateError(f"{where}: {part['type']!r} must be an object with the media's URL or data")
+            url = inner.get("url") if part["type"] == "image_url" else inner.get("data", inner.get("url"))
+            if not isinstance(url, str) or not url:
+                key = "url" if part["type"] == "image_url" else "data"
+                raise ChatTemplateError(f"{where}: {part['type']}.{key} must be a non-empty string")
+            out.append(_media_source(where, url, root))
+    return out
+
+
+def _media_source(where: str, url: str, root: str | None) -> bytes | str:
+    import base64
+    import binascii
+
+    if url.startswith(("http://", "https://")):
+        raise InvalidMediaError(f"{where}: {url[:60]!r} is not fetched: download it and pass its bytes as a data: URI")
+    if url.startswith("file://"):
+        if root is None:
+            raise InvalidMediaError(f"{where}: file:// URLs are read only with media_path= (a directory to read under)")
+        path = os.path.realpath(os.path.join(root, url[len("file://") :].lstrip("/")))
+        if os.path.commonpath([root, path]) != root:
+            raise InvalidMediaError(f"{where}: {url!r} is outside media_path")
+        return path
+    data = url
+    if url.startswith("data:"):
+        head, comma, data = url.partition(",")
+        if not comma:
+            raise InvalidMediaError(f"{where}: a data: URI needs a comma before its data")
+        if not head.startswith(("data:image/", "data:audio/")):
+            raise InvalidMediaError(f"{where}: {head!r} is not an image or audio data: URI")
+        if not head.endswith(";base64"):
+            raise InvalidMediaError(f"{where}: a data: URI must be base64 encoded")
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidMediaError(f"{where}: not a data: URI, a file:// URL or base64 data") from None
+    if not raw:
+        raise InvalidMediaError(f"{where}: the media's data is empty")
+    return raw
+
+
+def with_media_markers(messages: Iterable[Mapping[str, Any]], marker: str) -> list[Mapping[str, Any]]:
+    """``messages`` with each image or sound part replaced by a ``media_marker`` part of
+    ``marker`` (llama-server's rewrite), for a projector whose marker is not
+    :data:`MEDIA_MARKER`. Other messages are passed through as they are."""
+    expect_str("marker", marker)
+    out: list[Mapping[str, Any]] = []
+    for m in expect_messages(messages):
+        content = m.get("content") if isinstance(m, Mapping) else None
+        if isinstance(content, (list, tuple)) and _has_media(content):
+            parts = [
+                {"type": "media_marker", "text": marker}
+                if isinstance(p, Mapping) and p.get("type") in MEDIA_PART_TYPES
+                else p
+                for p in content
+            ]
+            out.append({**m, "content": parts})
+        else:
+            out.append(m)
+    return out
 
 
 def expect_messages(messages: object) -> Iterable[Mapping[str, Any]]:
@@ -193,8 +315,10 @@ def apply_jinja(
         strings, typed = _content_kinds(template)
         for m, n in zip(msgs, normalized, strict=True):
             raw = m.get("content")
-            if isinstance(raw, (list, tuple)) and typed:
-                n["content"] = [dict(part) for part in raw]  # the template reads parts: give it the parts
+            if isinstance(raw, (list, tuple)) and typed and not _has_media(raw):
+                # the template reads parts: give it the parts (with media, llama.cpp gives
+                # the joined text, markers in place)
+                n["content"] = [dict(part) for part in raw]
             elif isinstance(raw, str) and typed and not strings:
                 n["content"] = [{"type": "text", "text": raw}]
     if any(_string_arguments(m) for m in normalized) and _object_arguments(template):

@@ -419,10 +419,13 @@ class Model:
         natively and template text with Jinja (natively when Jinja2 is not installed), as
         llama.cpp's current tools do; the
         model's BOS text at the start of the rendering is removed, since tokenizing with
-        ``add_special=True`` adds the token. Message content may be a str or a list of ``{"type": "text", "text": ...}``
-        parts. ``tools`` (OpenAI-style function specs) are rendered when the template
-        declares them (Jinja templates that use ``tools``), as llama.cpp does; ``context``:
-        more template variables. Every failure is a :class:`ChatTemplateError`."""
+        ``add_special=True`` adds the token. Message content may be a str or a list of
+        ``{"type": "text", "text": ...}`` parts; image and sound parts render as
+        :data:`llama_cffi.chat.MEDIA_MARKER` (read them with
+        :meth:`Projector.tokenize_chat <llama_cffi.mtmd.Projector.tokenize_chat>`).
+        ``tools`` (OpenAI-style function specs) are rendered when the template declares
+        them (Jinja templates that use ``tools``), as llama.cpp does; ``context``: more
+        template variables. Every failure is a :class:`ChatTemplateError`."""
         tmpl = self.chat_template_or_default() if template is None else self._template_text(template)
         msgs = list(_chat.expect_messages(messages))
         extra = {

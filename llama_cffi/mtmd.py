@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -46,6 +46,7 @@ from .mmproj_file import check_mmproj
 from .model import Model
 
 if TYPE_CHECKING:
+    from .chat import ChatPrompt
     from .context import Context
 
 __all__ = ["GGML_MAX_N_THREADS", "Chunk", "Chunks", "MtmdError", "Projector", "available"]
@@ -314,6 +315,60 @@ class Projector(HandleOwner):
         finally:
             for bm in bitmaps:
                 lib.mtmd_bitmap_free(bm)
+
+    def tokenize_chat(
+        self,
+        messages: Iterable[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        *,
+        template: str | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        engine: str = "auto",
+        media_path: str | os.PathLike[str] | None = None,
+        max_pixels: int = MAX_PIXELS,
+        max_seconds: float = MAX_SECONDS,
+        **context: Any,
+    ) -> tuple[ChatPrompt, Chunks]:
+        """Render a conversation whose messages may hold images and sounds (OpenAI-style
+        content parts: ``{"type": "image_url", "image_url": {"url": ...}}``, ``{"type":
+        "input_audio", "input_audio": {"data": ..., "format": "wav"}}``; see
+        :func:`llama_cffi.chat.media_sources` for the URLs taken and ``media_path``) with
+        the model's chat template (:meth:`Model.format_chat
+        <llama_cffi.Model.format_chat>`: ``template``, ``tools``, ``engine``, ``context``),
+        read the media (:meth:`open_media`, with ``max_pixels`` and ``max_seconds``) and
+        tokenize the prompt: ``(prompt, chunks)``, the :class:`~llama_cffi.chat.ChatPrompt`
+        (its stop texts and tokens end the reply) and the :class:`Chunks` to
+        :meth:`eval`. Each media part renders as this projector's :attr:`media_marker`,
+        joined to the text around it without a newline, as llama-server does.
+
+        A text part that holds the marker itself is refused
+        (:class:`~llama_cffi.errors.ParamError`): it would stand for a medium that is not
+        there (make the projector with another ``media_marker=``)."""
+        from . import chat as _chat
+
+        msgs = list(_chat.expect_messages(messages))
+        marker = self.media_marker
+        for i, m in enumerate(msgs):
+            content = m.get("content") if isinstance(m, Mapping) else None
+            texts: list[object] = [content] if isinstance(content, str) else []
+            if isinstance(content, (list, tuple)):
+                texts = [p.get("text") for p in content if isinstance(p, Mapping) and p.get("type") == "text"]
+            if any(isinstance(t, str) and marker in t for t in texts):
+                raise ParamError(
+                    f"messages[{i}] holds the media marker {marker!r} as text: make the projector with another "
+                    "media_marker= to use that text"
+                )
+        sources = _chat.media_sources(msgs, media_path)
+        media = [self.open_media(src, max_pixels=max_pixels, max_seconds=max_seconds) for src in sources]
+        prompt = self.model.format_chat(
+            _chat.with_media_markers(msgs, marker),
+            add_generation_prompt,
+            template=template,
+            tools=tools,
+            engine=engine,
+            **context,
+        )
+        return prompt, self.tokenize(prompt.prompt, media, add_special=prompt.add_special, parse_special=True)
 
     def encode(self, chunk: Chunk) -> npt.NDArray[np.float32]:
         """The embeddings of a media chunk, ``(chunk.n_tokens, model.n_embd_inp)``

@@ -95,8 +95,8 @@ def test_validate_chat_template(tiny_model: Model, default_model: Model) -> None
         tiny_model.validate_chat_template("{% for m in messages %}[{{ m['role'] }}]{% endfor %}")
     with pytest.raises(ChatTemplateError):
         tiny_model.validate_chat_template("{% for m in messages %}{{ m['content'] }")
-    with pytest.raises(ChatTemplateError, match="only text parts"):
-        tiny_model.format_chat([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
+    with pytest.raises(ChatTemplateError, match="a part must be text"):
+        tiny_model.format_chat([{"role": "user", "content": [{"type": "video", "video": {"url": "x"}}]}])
 
 
 # ---------------------------------------------------------------------- sessions

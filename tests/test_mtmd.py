@@ -275,8 +275,9 @@ def test_decode_embeddings_checks(tiny_model: llama_cffi.Model) -> None:
 def test_greedy_continuation_equals_llama_mtmd_clis(tiny_model_path: Path, tmp_path: Path) -> None:
     """llama-mtmd-cli (same source) on the tiny model, a tiny gemma3 projector and
     tools/mtmd/test-1.jpeg, greedy (``--temp 0``), 8 tokens, 2 threads: its prompt is the
-    model's chat template around ``<__media__>describe``. The same prompt through
-    Projector.tokenize/eval and an argmax loop on a context of the tool's defaults
+    model's chat template around ``<__media__>describe``. The same conversation as content
+    parts through Projector.tokenize_chat (the image as a file:// URL), eval, and an
+    argmax loop on a context of the tool's defaults
     (n_ctx 4096, n_batch 2048, n_ubatch 512, flash attention auto): the same number of
     prompt tokens (its log, at -lv 4, counts them) and the same 8 tokens, byte for byte."""
     import re
@@ -294,8 +295,14 @@ def test_greedy_continuation_equals_llama_mtmd_clis(tiny_model_path: Path, tmp_p
         m = re.search(rb"prompt eval time = .* / +(\d+) tokens", r.stderr)
         assert m, r.stderr[-3000:]
         with Projector(model, mmproj, n_threads=2) as p:
-            text = f"<|im_start|>user\n{p.media_marker}describe<|im_end|>\n<|im_start|>assistant\n"
-            with p.tokenize(text, [Image.open(image)]) as chunks:
+            # the cli puts the marker before the prompt, in one user message of the template
+            # (ChatML, the default for a model without one): the same as an image part then
+            # a text part, as OpenAI-style content parts
+            url = "file:///" + image.name
+            parts = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "describe"}]
+            prompt, chunks = p.tokenize_chat([{"role": "user", "content": parts}], media_path=image.parent)
+            assert prompt.prompt == f"<|im_start|>user\n{p.media_marker}describe<|im_end|>\n<|im_start|>assistant\n"
+            with chunks:
                 assert [c.kind for c in chunks] == ["text", "image", "text"]
                 assert chunks.n_tokens == int(m.group(1))
                 with model.context(n_ctx=4096, n_batch=2048, n_ubatch=512, n_threads=2, n_threads_batch=2) as ctx:
@@ -334,3 +341,113 @@ def test_eval_encodes_once_per_chunks(tiny_model: llama_cffi.Model, gemma3_mmpro
         assert len(calls) == 1
         assert np.array_equal(second, first)
         assert np.array_equal(fresh, first)
+
+
+# ---------------------------------------------------------------------- chat content parts
+def test_media_parts_render_as_llama_cpp_joins_them(tiny_model: llama_cffi.Model) -> None:
+    """common/chat.cpp's rule: text parts are joined with a newline, but none is put
+    before or after a media marker; an image or sound part is the marker."""
+    from llama_cffi.chat import MEDIA_MARKER, _content
+
+    img = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    snd = {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}
+    text = [{"type": "text", "text": t} for t in ("a", "b", "c", "")]
+    m = MEDIA_MARKER
+    assert _content(0, [text[0], img, text[1], text[2]]) == f"a{m}b\nc"
+    assert _content(0, [img, snd, text[0]]) == f"{m}{m}a"
+    assert _content(0, [text[3], text[0], img]) == f"a{m}"  # no newline after empty text
+    assert _content(0, [{"type": "media_marker", "text": "<m>"}, text[0]]) == "<m>a"
+    prompt = tiny_model.format_chat([{"role": "user", "content": [img, text[0]]}], template="chatml").prompt
+    assert prompt == f"<|im_start|>user\n{m}a<|im_end|>\n<|im_start|>assistant\n"
+    # a template that reads typed parts gets the joined text when media are in them (as in llama.cpp)
+    typed = (
+        "{% for m in messages %}{% if m.content is string %}S:{{ m.content }}{% else %}"
+        "{% for p in m.content %}P:{{ p.text }}{% endfor %}{% endif %}|{% endfor %}"
+    )
+    pytest.importorskip("jinja2")
+    assert (
+        tiny_model.apply_chat_template([{"role": "user", "content": [text[0], text[1]]}], template=typed) == "P:aP:b|"
+    )
+    assert tiny_model.apply_chat_template([{"role": "user", "content": [text[0], img]}], template=typed) == f"S:a{m}|"
+
+
+def test_media_sources(tmp_path: Path) -> None:
+    import base64
+
+    from llama_cffi import ChatTemplateError, InvalidMediaError
+    from llama_cffi.chat import media_sources
+
+    data = b"\x89PNG\r\n\x1a\nabc"
+    b64 = base64.b64encode(data).decode()
+    (tmp_path / "media").mkdir()
+    (tmp_path / "media" / "a.png").write_bytes(data)
+    (tmp_path / "secret.png").write_bytes(data)
+
+    def msg(*parts: dict) -> list[dict]:
+        return [{"role": "system", "content": "s"}, {"role": "user", "content": list(parts)}]
+
+    got = media_sources(
+        msg(
+            {"type": "text", "text": "x"},
+            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{b64}"}},
+            {"type": "input_audio", "input_audio": {"data": b64, "format": "wav"}},
+            {"type": "image_url", "image_url": "file:///a.png"},
+        ),
+        media_path=tmp_path / "media",
+    )
+    assert got == [data, data, str(tmp_path / "media" / "a.png")]
+    for url, error, message in [
+        ("https://example.com/a.png", InvalidMediaError, "not fetched"),
+        ("file:///a.png", InvalidMediaError, "only with media_path"),
+        ("data:text/plain;base64,QQ==", InvalidMediaError, "not an image or audio"),
+        ("data:image/png,abc", InvalidMediaError, "must be base64"),
+        ("data:image/png;base64", InvalidMediaError, "needs a comma"),
+        ("photo.jpg", InvalidMediaError, "not a data: URI"),
+        ("", ChatTemplateError, "non-empty string"),
+    ]:
+        with pytest.raises(error, match=message):
+            media_sources(msg({"type": "image_url", "image_url": {"url": url}}))
+    with pytest.raises(InvalidMediaError, match="outside media_path"):
+        media_sources(msg({"type": "image_url", "image_url": {"url": "file://../secret.png"}}), tmp_path / "media")
+    with pytest.raises(ChatTemplateError, match="must be an object"):
+        media_sources(msg({"type": "input_audio", "input_audio": "AAAA"}))
+
+
+def test_tokenize_chat(tiny_model: llama_cffi.Model, gemma3_mmproj: Path, ultravox_mmproj: Path) -> None:
+    """A conversation with an image part: rendered with the model's template, the image
+    read from its data URI, tokenized into text, image, text; the marker as user text is
+    refused; a projector with its own marker renders it."""
+    import base64
+
+    from tests import media_files as mf
+
+    pixels = np.random.default_rng(2).integers(0, 256, (20, 30, 3), dtype=np.uint8)
+    url = "data:image/png;base64," + base64.b64encode(mf.png(pixels)).decode()
+    messages = [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "hi"}]}
+    ]
+    with Projector(tiny_model, gemma3_mmproj, n_threads=2) as p:
+        prompt, chunks = p.tokenize_chat(messages)
+        with chunks:
+            assert prompt.prompt == "<|im_start|>user\n<__media__>hi<|im_end|>\n<|im_start|>assistant\n"
+            assert [c.kind for c in chunks] == ["text", "image", "text"]
+            with p.tokenize(prompt.prompt, [Image(pixels)]) as direct, tiny_model.context(n_ctx=256) as ctx:
+                p.eval(ctx, chunks)
+                a = np.array(ctx.logits())
+                ctx.memory.clear()
+                p.eval(ctx, direct)
+                assert np.array_equal(a, np.array(ctx.logits()))
+        with pytest.raises(ParamError, match="holds the media marker"):
+            p.tokenize_chat([{"role": "user", "content": "see <__media__>"}])
+    with Projector(tiny_model, gemma3_mmproj, n_threads=2, media_marker="<img>") as p:
+        prompt, chunks = p.tokenize_chat(messages)
+        assert "<img>hi" in prompt.prompt and [c.kind for c in chunks] == ["text", "image", "text"]
+        chunks.close()
+    wav = base64.b64encode(mf.wav(np.zeros(8000, np.float32), 16000)).decode()
+    sound = [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": wav, "format": "wav"}}]}]
+    with Projector(tiny_model, ultravox_mmproj, n_threads=2) as p:
+        _, chunks = p.tokenize_chat(sound)
+        assert "audio" in [c.kind for c in chunks]
+        chunks.close()
+        with pytest.raises(llama_cffi.InvalidMediaError, match="takes no images"):
+            p.tokenize_chat(messages)
