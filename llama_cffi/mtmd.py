@@ -289,8 +289,7 @@ class Projector(HandleOwner):
                 if bm == ffi.NULL:
                     raise MemoryError("libmtmd could not allocate a bitmap")
                 bitmaps.append(bm)
-                if m.id is not None:
-                    lib.mtmd_bitmap_set_id(bm, m.id.encode())
+                lib.mtmd_bitmap_set_id(bm, (m.id if m.id is not None else _digest(m)).encode())
             raw = text.encode()
             buf = ffi.new("char[]", raw)
             inp = ffi.new("struct mtmd_input_text *")
@@ -427,6 +426,22 @@ class Projector(HandleOwner):
         pieces against ``n_ubatch`` (:class:`~llama_cffi.errors.InvalidBatchError`).
         Projectors with M-RoPE positions (Qwen-VL) are not decoded yet
         (:class:`~llama_cffi.errors.UnsupportedError`)."""
+        return self._eval(ctx, chunks, seq_id=seq_id, n_batch=n_batch, logits_last=logits_last)[0]
+
+    def _eval(
+        self,
+        ctx: Context,
+        chunks: Chunks,
+        *,
+        seq_id: int = 0,
+        n_batch: int | None = None,
+        logits_last: bool = True,
+        start_cell: int = 0,
+    ) -> tuple[int, Any]:
+        """:meth:`eval` of the cells of ``chunks`` from ``start_cell`` on (the sequence
+        holds the ones before: a branch or chat session extending what it decoded; a
+        medium is never split), returning ``(next position, the last decode's logits row
+        or None)``."""
         from .context import Context
 
         expect("ctx", ctx, Context, "a llama_cffi.Context")
@@ -449,29 +464,41 @@ class Projector(HandleOwner):
         mctx = self._ptr()
         n_ubatch = int(lib.llama_n_ubatch(ctx._ptr()))
         start = int(ctx.memory.seq_pos_max(seq_id)) + 1
-        if start + chunks.n_pos > ctx.n_ctx_seq:
+        if start + chunks.n_pos - start_cell > ctx.n_ctx_seq:
             raise KvCacheFullError(
-                f"the prompt's {chunks.n_pos} positions after position {start} pass n_ctx_seq={ctx.n_ctx_seq}"
+                f"the prompt's {chunks.n_pos - start_cell} positions after position {start} pass "
+                f"n_ctx_seq={ctx.n_ctx_seq}"
             )
         plan = []
+        cell = 0
         for c in chunks:
             ptr = c._ptr()
+            n = c.n_tokens
+            skip = min(n, max(0, start_cell - cell))
+            cell += n
+            if skip == n:
+                continue
+            if skip and c.kind != "text":
+                raise ParamError(f"start_cell={start_cell} is inside the {c.kind} of chunk {c.index}")
             non_causal = c.kind != "text" and bool(lib.mtmd_decode_use_non_causal(mctx, ptr))
-            if non_causal and min(c.n_tokens, n_batch) > n_ubatch:
+            if non_causal and min(n, n_batch) > n_ubatch:
                 raise InvalidBatchError(
-                    f"the {c.kind} of {c.n_tokens} tokens is decoded with non-causal attention, in pieces of "
-                    f"{min(c.n_tokens, n_batch)}: they must fit one micro-batch (n_ubatch={n_ubatch})"
+                    f"the {c.kind} of {n} tokens is decoded with non-causal attention, in pieces of "
+                    f"{min(n, n_batch)}: they must fit one micro-batch (n_ubatch={n_ubatch})"
                 )
-            plan.append((c, non_causal))
+            plan.append((c, non_causal, skip))
+        if start_cell > cell:
+            raise ParamError(f"start_cell={start_cell} is past the prompt's {cell} cells")
         pos = start
-        for i, (c, non_causal) in enumerate(plan):
+        row = None
+        for i, (c, non_causal, skip) in enumerate(plan):
             last = logits_last and i == len(plan) - 1
             if c.kind == "text":
-                tokens = c.tokens
+                tokens = c.tokens[skip:]
                 for off in range(0, len(tokens), n_batch):
                     end = min(len(tokens), off + n_batch)
                     want = "last" if last and end == len(tokens) else "none"
-                    ctx.decode(tokens[off:end], pos=pos + off, seq_id=seq_id, logits=want)
+                    row = ctx.decode(tokens[off:end], pos=pos + off, seq_id=seq_id, logits=want)
                 pos += len(tokens)
                 continue
             emb = chunks._encoded.get(c.index)
@@ -485,15 +512,31 @@ class Projector(HandleOwner):
             try:
                 for off in range(0, c.n_tokens, n_batch):
                     end = min(c.n_tokens, off + n_batch)
-                    ctx.decode_embeddings(emb[off:end], pos=pos + off, seq_id=seq_id)
+                    row = ctx.decode_embeddings(emb[off:end], pos=pos + off, seq_id=seq_id)
             finally:
                 if non_causal:
                     ctx.set_causal_attn(causal)
             pos += c.n_pos
-        return pos
+        return pos, row
 
 
 _KINDS = {0: "text", 1: "image", 2: "audio"}
+
+
+def _digest(m: Image | Audio) -> str:
+    """A medium's id when it was given none: the SHA-256 of its shape and data, so that
+    the same pixels or samples are the same medium (a branch or chat session reuses its
+    KV cells)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    if isinstance(m, Image):
+        h.update(b"image %d %d:" % (m.height, m.width))
+        h.update(m.pixels.data)
+    else:
+        h.update(b"audio %d %d:" % (m.sample_rate, m.samples.shape[0]))
+        h.update(m.samples.data)
+    return "sha256:" + h.hexdigest()
 
 
 class Chunks(HandleOwner):

@@ -79,6 +79,7 @@ from .truncation import TopK
 
 if TYPE_CHECKING:
     from llama_cffi import Context
+    from llama_cffi.mtmd import Chunks
 
 # the C module: signal.signal/getsignal wrap every call in enum conversions (~10 us)
 _signal: Any = getattr(signal, "_signal", None) or signal
@@ -284,6 +285,8 @@ class BranchStore:
         self._rows: npt.NDArray[np.float32] | None = None
         self._lazy: set[Branch] = set()
         self._consuming: frozenset[int] | None = None  # during step(): the branches decoded now
+        #: media chunk key -> its placeholder in branch histories (-1, -2, ...)
+        self._media_keys: dict[str, int] = {}
         ctx._add_output_hook(self._outputs_changing)
         if self.device:  # a store dropped without drain(): its sequences sample on the host again
             weakref.finalize(self, _detach_all, weakref.ref(ctx), self._attached)
@@ -530,7 +533,7 @@ class BranchStore:
     # ------------------------------------------------------------------ creation
     def create(
         self,
-        prompt: Sequence[int] | npt.NDArray[np.integer[Any]],
+        prompt: Sequence[int] | npt.NDArray[np.integer[Any]] | Chunks,
         sampler: Sampler | None = None,
         grammar: Any = None,
         seed: int | None = None,
@@ -542,7 +545,23 @@ class BranchStore:
         greedy; ``grammar`` (GBNF text, a JSON schema dict, a Grammar or a matcher) puts a
         :class:`~samplers.grammar.GrammarSampler` first in the chain; ``seed`` reseeds the
         chain's random samplers. ``track=False`` turns the metrics off (each costs a
-        softmax over the vocabulary per token: ~0.5-1 ms at 262,144 tokens on 2 cores)."""
+        softmax over the vocabulary per token: ~0.5-1 ms at 262,144 tokens on 2 cores).
+
+        ``prompt`` may also be a :class:`llama_cffi.mtmd.Chunks`: a prompt with images or
+        sounds (:meth:`Projector.tokenize <llama_cffi.mtmd.Projector.tokenize>`,
+        :meth:`~llama_cffi.mtmd.Projector.tokenize_chat`), decoded by its projector
+        (:meth:`~llama_cffi.mtmd.Projector.eval`: the media's embeddings in place of
+        tokens). It must end with text (the logits after its last token start the
+        branch). The branch's history (:attr:`Branch.tokens`) then holds, for each cell of
+        a medium, a negative placeholder (:meth:`cells`): the same for every cell of the
+        same medium (same id), so forks and prefix comparisons share a medium's KV cells
+        as they share tokens'. A medium cannot be decoded again from the history: a
+        truncation or fork just after a medium's cell, and :meth:`Branch.clear_and_reseed`
+        of a history with media, raise :class:`BranchError`."""
+        from llama_cffi.mtmd import Chunks
+
+        if isinstance(prompt, Chunks):
+            return self._create_media(prompt, _as_chain(sampler, grammar, self.ctx.model), seed, tracker, track)
         tokens = self.ctx.model.vocab.check_tokens(prompt, "prompt")
         if len(tokens) == 0:
             raise ParamError("a branch needs a prompt of at least one token")
@@ -562,6 +581,72 @@ class BranchStore:
                     b.reseed(seed)
                 self._register(b)
         return b
+
+    def cells(self, chunks: Any) -> list[int]:
+        """The history a prompt with media (a :class:`llama_cffi.mtmd.Chunks`) gives a
+        branch: its text tokens, and for each cell of a medium a negative placeholder
+        (``-1``, ``-2``, ... in the order this store first meets each medium; a medium is
+        its kind, id and size). Refused (:class:`~llama_cffi.errors.ParamError`) unless the
+        prompt ends with text."""
+        from llama_cffi.mtmd import Chunks
+
+        expect("chunks", chunks, Chunks, "a llama_cffi.mtmd.Chunks (from Projector.tokenize)")
+        out: list[int] = []
+        last = "text"
+        for c in chunks:
+            last = c.kind
+            if c.kind == "text":
+                out.extend(int(t) for t in c.tokens)
+            else:
+                key = f"{c.kind}:{c.id}:{c.n_tokens}"
+                ph = self._media_keys.setdefault(key, -1 - len(self._media_keys))
+                out.extend([ph] * c.n_tokens)
+        if last != "text" or not out or out[-1] < 0:
+            raise ParamError("a branch's prompt must end with text: the logits after its last token start the branch")
+        return out
+
+    def _create_media(
+        self, chunks: Any, chain: SamplerChain, seed: int | None, tracker: PerplexityTracker | None, track: bool
+    ) -> Branch:
+        """:meth:`create` from a prompt with media (see there)."""
+        projector = chunks.projector
+        if projector.model is not self.ctx.model:
+            raise ParamError("the prompt was tokenized by a projector of another model than this store's context")
+        cells = self.cells(chunks)
+        with self._fresh_id() as sid:
+            self._attach(sid, chain, track)
+            _, row = projector._eval(self.ctx, chunks, seq_id=sid, logits_last=True)
+            with _sigint_deferred():
+                metrics = (tracker or PerplexityTracker()) if track else None
+                b = Branch(self, sid, None, cells, chain, metrics, None)
+                b._set_output(row, int(self.ctx._out_index[-1]))
+                del row
+                if seed is not None:
+                    b.reseed(seed)
+                self._register(b)
+        return b
+
+    def _extend_media(self, b: Branch, chunks: Any, start: int) -> None:
+        """Decode the cells of ``chunks`` from ``start`` on into ``b``, which holds the
+        ones before (a chat session's next turn); its logits after the last are captured.
+        On failure the branch holds its first ``start`` cells, with its old snapshot."""
+        b._check_live()
+        cells = self.cells(chunks)
+        if b._kv_len != start or b._tokens != cells[:start]:
+            raise BranchError(f"{b!r} does not hold the prompt's first {start} cells")
+        saved = b._save_row()
+        try:
+            _, row = chunks.projector._eval(self.ctx, chunks, seq_id=b.seq_id, logits_last=True, start_cell=start)
+        except BaseException:
+            with _sigint_deferred():
+                self.ctx.memory.seq_rm(b.seq_id, start)
+                b._restore_row(saved)
+            raise
+        with _sigint_deferred():
+            b._tokens.extend(cells[start:])
+            b._kv_len = len(cells)
+            b._set_output(row, int(self.ctx._out_index[-1]))
+            b._pending = None
 
     def _create_decoder(
         self, tokens: Any, chain: SamplerChain, seed: int | None, tracker: PerplexityTracker | None, track: bool
@@ -1053,7 +1138,9 @@ class Branch:
 
     @property
     def tokens(self) -> list[int]:
-        """Every token of this branch: prompt, then generated (a copy)."""
+        """Every token of this branch: prompt, then generated (a copy). A prompt with
+        images or sounds holds a negative placeholder for each of their cells
+        (:meth:`BranchStore.cells`)."""
         return list(self._tokens)
 
     @property
@@ -1506,6 +1593,11 @@ class Branch:
             raise ParamError(f"sinks must be >= 0 and tail >= 1, not {sinks} and {tail}")
         hist = self._tokens
         keep = hist if len(hist) <= sinks + tail else hist[:sinks] + hist[-tail:]
+        if any(t < 0 for t in keep):
+            raise BranchError(
+                f"branch {self.seq_id} holds images or sounds, which cannot be decoded again from the history: "
+                "use shift_context, or create a branch from a new prompt"
+            )
         ctx.memory.seq_rm(self.seq_id)
         try:
             row = ctx.decode(keep, pos=0, seq_id=self.seq_id)
@@ -1567,6 +1659,11 @@ class Branch:
         if ctx.model.is_recurrent or ctx.model.is_hybrid:
             raise BranchError("a recurrent state cannot drop tokens: create a branch from the prefix instead")
         last = self._tokens[position - 1]
+        if last < 0:
+            raise BranchError(
+                f"position {position - 1} of branch {self.seq_id} is a cell of an image or sound, which cannot be "
+                "decoded again from the history: truncate at a position after text"
+            )
         with _sigint_deferred():
             ctx.memory.seq_rm(self.seq_id, position - 1, -1)
             self._kv_len = position - 1
@@ -1620,6 +1717,11 @@ class Branch:
                     "or create a branch from the prefix's tokens"
                 )
             if at < self._kv_len:
+                if self._tokens[at - 1] < 0:
+                    raise BranchError(
+                        f"position {at - 1} of branch {self.seq_id} is a cell of an image or sound, which cannot be "
+                        "decoded again from the history: fork at a position after text"
+                    )
                 return self._fork_prefix(at, seed)
         store = self.store
         with store._fresh_id() as sid, _sigint_deferred():  # no decode: Ctrl-C waits for it all
@@ -1682,6 +1784,18 @@ class Branch:
                     child.reseed(seed)
                 store._register(child)
         return child
+
+    def _cut(self, n: int) -> None:
+        """Drop the cells from ``n`` on without recomputing the snapshot, which is stale
+        until the caller decodes more right away (a chat session's next turn,
+        :meth:`BranchStore._extend_media`)."""
+        with _sigint_deferred():
+            if n < self._kv_len:
+                self.store.ctx.memory.seq_rm(self.seq_id, n, -1)
+            del self._tokens[n:]
+            self._kv_len = n
+            self._accepted = [a for a in self._accepted if a[0] < n]
+            self._pending = None
 
     def _keep_prefix(self, n: int) -> None:
         """Keep only the KV of the first ``n`` tokens (a prompt kept for other branches to

@@ -28,16 +28,24 @@ with its rendering (the system prompt and tools of an earlier session, or a head
 ``cache.warm``-ed), and :meth:`ChatSession.close`/:meth:`ChatSession.reset` leave the
 conversation's KV in the cache rather than freeing it. One thread at a time, like the
 context.
+
+With ``projector=`` (a :class:`llama_cffi.mtmd.Projector`) messages may hold images and
+sounds as OpenAI-style content parts (see
+:meth:`~llama_cffi.mtmd.Projector.tokenize_chat`; ``media_path`` for ``file://`` URLs):
+each turn's rendering is tokenized with its media, and the cache keeps a medium's cells
+for the later turns (a medium is decoded whole, or not at all). Without one, such
+messages are refused rather than rendered as bare markers.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from llama_cffi._args import expect, expect_bool, type_error
-from llama_cffi.chat import ChatPrompt, TemplateLimits
+from llama_cffi.chat import ChatPrompt, TemplateLimits, _has_media
 from llama_cffi.errors import KvCacheFullError, ParamError
 
 from .base import Sampler, check_context
@@ -51,6 +59,7 @@ from .tools import ToolCall, ToolCallFormat, parse_tool_calls, tool_call_format,
 
 if TYPE_CHECKING:
     from llama_cffi import Context
+    from llama_cffi.mtmd import Chunks, Projector
 
 __all__ = ["ChatReply", "ChatSession", "ChatStream"]
 
@@ -127,7 +136,10 @@ class ChatSession:
     and, with ``seed``, reseeded ``seed + turn``. ``max_tokens``: the default reply
     budget. ``template_kwargs``: more template variables. ``cache``: a
     :class:`~samplers.prompt_cache.PromptCache` to start from and to leave the
-    conversation in (its store is the session's; see the module docstring)."""
+    conversation in (its store is the session's; see the module docstring).
+    ``projector``: reads the images and sounds of messages (not with ``overflow="shift"``
+    or a ``cache`` yet); ``media_path``: the directory their ``file://`` URLs are read
+    under."""
 
     def __init__(
         self,
@@ -144,8 +156,23 @@ class ChatSession:
         limits: TemplateLimits | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
         cache: PromptCache | None = None,
+        projector: Projector | None = None,
+        media_path: str | os.PathLike[str] | None = None,
     ) -> None:
         check_context(ctx)
+        if projector is not None:
+            from llama_cffi.mtmd import Projector
+
+            expect("projector", projector, Projector, "a llama_cffi.mtmd.Projector or None")
+            if projector.model is not ctx.model:
+                raise ParamError("the projector is of another model than the context's")
+            if overflow == "shift":
+                raise ParamError(
+                    "overflow='shift' appends new text to what the cache holds and cannot place images or sounds: "
+                    "use 'trim' or 'error' with a projector"
+                )
+            if cache is not None:
+                raise ParamError("a prompt cache does not hold images or sounds yet: use cache=None with a projector")
         if overflow not in ("trim", "shift", "error"):
             raise ParamError(f"overflow must be 'trim', 'shift' or 'error', not {overflow!r}")
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
@@ -182,6 +209,11 @@ class ChatSession:
         self._kv_prompt = ""
         self._kv_reply = ""
         self._turns = 0
+        #: the multimodal projector that reads the messages' images and sounds, or None
+        self.projector = projector
+        #: the directory file:// URLs of image and sound parts are read under (None: none are read)
+        self.media_path = media_path
+        self._chunks: Chunks | None = None  # the last rendering's chunks, with a projector
 
     # ------------------------------------------------------------------ conversation
     def window(self) -> list[dict[str, Any]]:
@@ -207,8 +239,11 @@ class ChatSession:
 
     def close(self) -> None:
         """Free the session's sequence (the context stays open; with a cache, the
-        conversation's KV becomes a cache entry instead)."""
+        conversation's KV becomes a cache entry instead) and its media."""
         self._drop_branch()
+        if self._chunks is not None:
+            self._chunks.close()
+            self._chunks = None
 
     def __enter__(self) -> ChatSession:
         return self
@@ -365,6 +400,27 @@ class ChatSession:
 
     # ------------------------------------------------------------------ the KV cache
     def _render(self, tools: Sequence[Mapping[str, Any]] | None) -> tuple[ChatPrompt, list[int]]:
+        window = self.window()
+        if self.projector is not None:
+            if self._chunks is not None:
+                self._chunks.close()
+                self._chunks = None
+            p, chunks = self.projector.tokenize_chat(
+                window,
+                True,
+                template=self.template,
+                tools=tools,
+                engine=self.engine,
+                media_path=self.media_path,
+                limits=self.limits,
+                **self.template_kwargs,
+            )
+            self._chunks = chunks
+            return p, self.store.cells(chunks)
+        if any(_has_media(m.get("content")) for m in window):
+            raise ParamError(
+                "the messages hold images or sounds: make the session with projector= (a llama_cffi.mtmd.Projector)"
+            )
         p = self.model.format_chat(
             self.window(),
             True,
@@ -430,10 +486,19 @@ class ChatSession:
             limit = min(len(held), len(toks))
             while common < limit and held[common] == toks[common]:
                 common += 1
+            while 0 < common < len(toks) and toks[common] < 0 and toks[common - 1] == toks[common]:
+                common -= 1  # never inside an image or sound: decoded whole, or not at all
             recurrent = self.model.is_recurrent or self.model.is_hybrid
             if common == 0 or (common < len(held) and recurrent):
                 self._drop_branch()
                 b = None
+            elif self._chunks is not None:
+                if common == len(toks):
+                    common -= 1  # the last prompt token (text) is decoded again for its logits
+                b._cut(common)
+                self.store._extend_media(b, self._chunks, common)
+                self._kv_prompt, self._kv_reply = prompt.prompt, ""
+                return common, len(toks) - common
             else:
                 if common == len(toks):
                     common -= 1  # the last prompt token is decoded again for its logits
@@ -444,7 +509,9 @@ class ChatSession:
                 self._kv_prompt, self._kv_reply = prompt.prompt, ""
                 return common, len(toks) - common
         reused = 0
-        if self.cache is not None:
+        if self._chunks is not None:
+            self._branch = self.store.create(self._chunks)
+        elif self.cache is not None:
             self._branch, reused = self.cache._create(toks, None, None, None, True)
         else:
             self._branch = self.store.create(toks)
@@ -516,7 +583,7 @@ def _schema_grammar(schema: Any) -> Any:
 
 
 def _content(content: Any) -> Any:
-    """A message's content as the session takes it: text, a list of text parts, or None."""
+    """A message's content as the session takes it: text, a list of content parts, or None."""
     if content is not None and not isinstance(content, (str, list, tuple)):
-        raise type_error("content", "a str, a list of text parts, or None", content)
+        raise type_error("content", "a str, a list of content parts, or None", content)
     return content

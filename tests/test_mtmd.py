@@ -451,3 +451,113 @@ def test_tokenize_chat(tiny_model: llama_cffi.Model, gemma3_mmproj: Path, ultrav
         chunks.close()
         with pytest.raises(llama_cffi.InvalidMediaError, match="takes no images"):
             p.tokenize_chat(messages)
+
+
+# ---------------------------------------------------------------------- branches
+def test_branch_prompt_with_an_image(tiny_model: llama_cffi.Model, gemma3_mmproj: Path, ultravox_mmproj: Path) -> None:
+    """BranchStore.create from Chunks: the branch's logits are those of Projector.eval on a
+    fresh context (bit for bit: the same decodes), its history holds a placeholder per
+    image cell, forks share the image's cells (seq_cp) and step on from them, and
+    operations that would decode an image cell from the history are refused."""
+    from samplers.branch import BranchError, BranchStore
+
+    rng = np.random.default_rng(8)
+    image = Image(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8))
+    other = Image(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8))
+    with Projector(tiny_model, gemma3_mmproj, n_threads=2) as p, p.tokenize(f"a {p.media_marker} b c", [image]) as ch:
+        with tiny_model.context(n_ctx=256, n_threads=2) as ctx:
+            p.eval(ctx, ch)
+            want = np.array(ctx.logits())
+        with tiny_model.context(n_ctx=512, n_seq_max=4, kv_unified=True, n_threads=2) as ctx:
+            store = BranchStore(ctx)
+            root = store.create(ch)
+            assert np.array_equal(root.logits, want)
+            cells = store.cells(ch)
+            assert root.tokens == cells and root.position == ch.n_tokens
+            n_text = sum(c.n_tokens for c in ch if c.kind == "text")
+            assert cells.count(-1) == ch.n_tokens - n_text and min(cells) == -1
+            kid = root.fork()
+            assert kid.tokens == root.tokens and np.array_equal(kid.logits, want)
+            t = kid.sample()
+            store.step({kid: t, root: t})
+            assert np.array_equal(kid.logits, root.logits)
+            first_image = cells.index(-1)
+            with pytest.raises(BranchError, match="cell of an image"):
+                root.truncate(first_image + 3)
+            with pytest.raises(BranchError, match="cell of an image"):
+                root.fork(at=first_image + 16)
+            with pytest.raises(BranchError, match="images or sounds"):
+                root.clear_and_reseed()  # keeps the whole history, image included
+            back = root.fork(at=first_image + 17)  # after the image: its next text token is decoded again
+            assert back.tokens == cells[: first_image + 17]
+            root.truncate(first_image + 17)
+            assert np.array_equal(root.logits, back.logits)
+            # another image has another placeholder; the same image keeps its own
+            with p.tokenize(f"{p.media_marker} x", [other]) as ch2, p.tokenize(f"{p.media_marker} y", [image]) as ch3:
+                assert min(store.cells(ch2)) == -2 and min(store.cells(ch3)) == -1
+            with Projector(tiny_model, ultravox_mmproj, n_threads=2) as pa:
+                sound = Audio(np.zeros(4000, np.float32), 16000)
+                with pa.tokenize(f"x {pa.media_marker}", [sound]) as ch4:
+                    assert ch4[len(ch4) - 1].kind == "audio"
+                    with pytest.raises(ParamError, match="must end with text"):
+                        store.create(ch4)
+
+
+# ---------------------------------------------------------------------- chat sessions
+def test_chat_session_with_images(tiny_model: llama_cffi.Model, gemma3_mmproj: Path) -> None:
+    """A ChatSession with a projector: a turn with an image, then text turns. The cache
+    holds the rendered conversation (a placeholder per image cell), the later turns
+    reuse the image's cells (decoded once), and the logits before each reply equal a
+    fresh decode of the whole conversation through Projector.eval (within 2e-3: the
+    turns were decoded in other batch shapes, whose F32 kernels sum in another order,
+    over an f16 KV cache), with the same greedy reply."""
+    import base64
+
+    from samplers.chat import ChatSession
+    from tests import media_files as mf
+
+    pixels = np.random.default_rng(11).integers(0, 256, (24, 40, 3), dtype=np.uint8)
+    url = "data:image/png;base64," + base64.b64encode(mf.png(pixels)).decode()
+    turns = [
+        [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "What is this?"}],
+        "And its colour?",
+        "Thanks.",
+    ]
+    with (
+        Projector(tiny_model, gemma3_mmproj, n_threads=2) as p,
+        tiny_model.context(n_ctx=512, n_seq_max=2, kv_unified=True, n_threads=2) as ctx,
+    ):
+        s = ChatSession(ctx, system="Be brief.", max_tokens=6, projector=p)
+        image_end = 0
+        for i, content in enumerate(turns):
+            msgs = [*s.window(), {"role": "user", "content": content}]
+            _, full_chunks = p.tokenize_chat(msgs)
+            with full_chunks:
+                full = s.store.cells(full_chunks)
+                stream = s.stream(content)
+                assert s.tokens == full
+                before = s._branch.logits.copy()
+                reply = "".join(stream)
+                r = stream.reply
+                assert r.reused_tokens + r.decoded_tokens == len(full)
+                if i == 0:
+                    image_end = len(full) - full[::-1].index(-1)
+                else:
+                    assert r.reused_tokens >= image_end > 16, "the image came from the cache"
+                with tiny_model.context(n_ctx=512, n_threads=2) as fresh:
+                    p.eval(fresh, full_chunks)
+                    row = np.array(fresh.logits(), copy=True)
+                np.testing.assert_allclose(before, row, rtol=0, atol=2e-3)
+                assert r.text == reply and s.messages[-1]["content"] == reply
+        assert s.messages[1]["content"] == turns[0]  # the parts as given
+
+    with tiny_model.context(n_ctx=256) as ctx:
+        s = ChatSession(ctx)
+        with pytest.raises(ParamError, match="make the session with projector="):
+            s.send(turns[0])
+        assert s.messages == []
+        with Projector(tiny_model, gemma3_mmproj, n_threads=2) as p:
+            with pytest.raises(ParamError, match="overflow='shift'"):
+                ChatSession(ctx, projector=p, overflow="shift")
+            with pytest.raises(TypeError, match="projector"):
+                ChatSession(ctx, projector="mmproj.gguf")  # type: ignore[arg-type]
