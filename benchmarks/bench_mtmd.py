@@ -11,9 +11,10 @@ token generated greedily.
 
 Each side is a whole process (start-up, both loads, the image decoded, encoded, the
 prompt decoded, one token), interleaved over ``--rounds`` (which side goes first
-alternates); medians and the ratios ours/native of the wall and CPU times. Ours also
-reports the wall time of ``Projector.tokenize`` and ``Projector.eval`` (encode plus
-prefill). llama-mtmd-cli's own log figures (``mtmd batch encoding done in N ms``, ``prompt
+alternates); medians and the ratios ours/native of the wall and CPU times. Ours goes through the
+public path (``Projector.tokenize_chat`` of an OpenAI-style message with the image as a
+``file://`` URL, then ``Projector.eval``) and also reports its wall time (image read and
+preprocessed, encode, prefill). llama-mtmd-cli's own log figures (``mtmd batch encoding done in N ms``, ``prompt
 eval time``) are kept in the JSON samples but not compared: on this machine their sum
 exceeds the process's whole wall time (they overlap), so they do not measure the same
 thing. Both sides must print the same token or the script fails.
@@ -47,25 +48,23 @@ def child(model_path: str, mmproj: str, image: str, threads: int) -> None:
     """Our side, in its own process: what llama-mtmd-cli does for one image and one token."""
     import numpy as np
 
-    from llama_cffi._binding import ffi, lib
-    from llama_cffi.media import Image
     from llama_cffi.mtmd import Projector
 
     model = llama_cffi.Model.load(model_path)
     with Projector(model, mmproj, n_threads=threads) as p:
-        # decoded as llama-mtmd-cli decodes it (libmtmd's helper: stb_image)
-        w = lib.mtmd_helper_bitmap_init_from_file(p._ptr(), image.encode(), False, lib.mtmd_helper_init_opt_default())
-        nx, ny = lib.mtmd_bitmap_get_nx(w.bitmap), lib.mtmd_bitmap_get_ny(w.bitmap)
-        pixels = np.frombuffer(ffi.buffer(lib.mtmd_bitmap_get_data(w.bitmap), nx * ny * 3), np.uint8)
-        img = Image(pixels.reshape(ny, nx, 3))
-        lib.mtmd_bitmap_free(w.bitmap)
-        text = f"<start_of_turn>user\n{p.media_marker}describe<end_of_turn>\n<start_of_turn>model\n"
+        # the public path: an OpenAI-style conversation, the image read from its file by
+        # libmtmd's own decoder (stb_image, as llama-mtmd-cli reads it), the model's
+        # template (Gemma's: the 270M file has none, and the family default is gemma)
+        folder, name = os.path.split(os.path.abspath(image))
+        parts = [{"type": "image_url", "image_url": {"url": "file:///" + name}}, {"type": "text", "text": "describe"}]
         with model.context(n_ctx=4096, n_batch=2048, n_ubatch=512, n_threads=threads, n_threads_batch=threads) as ctx:
             t0 = time.perf_counter()
-            with p.tokenize(text, [img]) as chunks:
+            prompt, chunks = p.tokenize_chat([{"role": "user", "content": parts}], media_path=folder)
+            with chunks:
                 p.eval(ctx, chunks)
             ms = (time.perf_counter() - t0) * 1e3
             token = int(np.argmax(ctx.logits()))
+        assert prompt.prompt.endswith("<start_of_turn>model\n"), prompt.prompt
     print(f"PIECE {model.vocab.token_to_piece(token).decode('utf-8', 'replace')!r}")
     print(f"ENCODE_PREFILL_MS {ms:.1f}")
 
@@ -160,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         summary[key] = {"native": n, "ours": o, "ratio": o / n}
         print(f"{label:28} {n:>14.2f} {o:>10.2f} {o / n:>12.3f}")
     inner = median([d["inner_ms"] for d in res["ours"]])
-    print(f"ours, Projector.tokenize + eval (image encode and prompt prefill): {inner:.0f} ms (median)")
+    print(f"ours, Projector.tokenize_chat + eval (image read, encode, prompt prefill): {inner:.0f} ms (median)")
     if args.json:
         write_json(
             args.json,

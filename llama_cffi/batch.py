@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ._args import expect_int, expect_iterable
+from ._args import expect_int, expect_iterable, type_error
 from ._binding import ffi
 from .errors import ParamError
 
@@ -25,21 +25,31 @@ class Batch:
     With ``n_embd > 0`` it carries input embeddings instead of token ids: ``embd`` is a
     ``(capacity, n_embd)`` float32 array, row ``i`` the input of entry ``i`` (``n_embd``
     must be the model's ``n_embd_inp``; :meth:`llama_cffi.Context.decode_batch` checks),
-    and ``token`` is not read."""
+    and ``token`` is not read.
 
-    def __init__(self, capacity: int, n_seq_max: int = 1, n_embd: int = 0) -> None:
+    ``n_pos``: positions per entry, 1, or 4 for embeddings into a model with M-RoPE
+    positions (Qwen2-VL and others: ``Model.n_pos_per_embd``), which llama.cpp reads
+    section-major: ``pos[j * n_tokens + i]`` is section ``j`` (t, y, x, z) of entry ``i``
+    (:meth:`set_mrope_positions` writes them)."""
+
+    def __init__(self, capacity: int, n_seq_max: int = 1, n_embd: int = 0, n_pos: int = 1) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ParamError(f"capacity must be an int >= 1, not {capacity!r}")
         if isinstance(n_seq_max, bool) or not isinstance(n_seq_max, int) or n_seq_max < 1:
             raise ParamError(f"n_seq_max must be an int >= 1, not {n_seq_max!r}")
         if isinstance(n_embd, bool) or not isinstance(n_embd, int) or n_embd < 0:
             raise ParamError(f"n_embd must be an int >= 0, not {n_embd!r}")
+        if n_pos not in (1, 4) or isinstance(n_pos, bool):
+            raise ParamError(f"n_pos must be 1 or 4 (M-RoPE embeddings), not {n_pos!r}")
+        if n_pos == 4 and not n_embd:
+            raise ParamError("n_pos=4 is for embeddings (n_embd > 0): llama.cpp reads one position per token")
         self.capacity = capacity
         self.n_seq_max = n_seq_max
         self.n_embd = n_embd
+        self.n_pos = n_pos
         self.embd = np.zeros((capacity if n_embd else 0, n_embd), dtype=np.float32)
         self.token = np.zeros(capacity, dtype=np.int32)
-        self.pos = np.zeros(capacity, dtype=np.int32)
+        self.pos = np.zeros(capacity * n_pos, dtype=np.int32)
         self.n_seq_id = np.zeros(capacity, dtype=np.int32)
         self.logits = np.zeros(capacity, dtype=np.int8)
         self.seq_id = np.zeros((capacity, n_seq_max), dtype=np.int32)
@@ -68,6 +78,20 @@ class Batch:
 
     def clear(self) -> None:
         self.n_tokens = 0
+
+    def set_mrope_positions(self, positions: npt.NDArray[np.integer[Any]]) -> None:
+        """Write the M-RoPE positions of the first ``n_tokens`` entries from an
+        ``(n_tokens, 4)`` array (t, y, x, z per entry), section-major as llama.cpp reads
+        them. Set ``n_tokens`` first."""
+        n = self.n_tokens
+        if not isinstance(positions, np.ndarray) or positions.dtype.kind not in "iu":
+            raise type_error("positions", f"an integer numpy array of shape ({n}, 4)", positions)
+        if self.n_pos != 4:
+            raise ParamError("set_mrope_positions needs a batch made with n_pos=4")
+        arr = positions
+        if arr.shape != (n, 4):
+            raise ParamError(f"positions must have shape ({n}, 4), not {arr.shape}")
+        self.pos[: 4 * n] = arr.T.reshape(-1)
 
     def set_sequence(
         self,

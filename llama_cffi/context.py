@@ -260,6 +260,8 @@ class Context:
         self._n_ctx_seq = int(lib.llama_n_ctx_seq(ptr))
         self._n_seq_max = int(lib.llama_n_seq_max(ptr))
         self._mrope = model.rope_type in (RopeType.MROPE, RopeType.IMROPE, RopeType.VISION)
+        #: positions per embedding row llama.cpp reads (hparams.n_pos_per_embd): 4 with M-RoPE
+        self._n_pos_per_embd = model.n_pos_per_embd
         self._embeddings = bool(p.c.embeddings)
         self._busy = _Busy()
         # RPC models: llama.cpp's failure count when last looked at (see _after_decode)
@@ -789,6 +791,11 @@ class Context:
                 raise InvalidBatchError(
                     f"the batch's embeddings are {batch.n_embd} wide; this model takes {self._n_embd_inp}"
                 )
+            if batch.n_pos != self._n_pos_per_embd:  # llama.cpp would read past the positions
+                raise InvalidBatchError(
+                    f"this model reads {self._n_pos_per_embd} positions per embedding (M-RoPE: 4); the batch "
+                    f"holds {batch.n_pos}: make it with Batch(..., n_pos={self._n_pos_per_embd})"
+                )
         else:
             tok = batch.token[:n]
             bad = (tok < 0) | (tok >= self.n_vocab)
@@ -825,7 +832,12 @@ class Context:
             self._out_dev = self._backend_mask[batch.seq_id[out_index, 0]]
 
     def decode_embeddings(
-        self, embd: npt.ArrayLike, pos: int | None = None, seq_id: int = 0, logits: str = "none"
+        self,
+        embd: npt.ArrayLike,
+        pos: int | None = None,
+        seq_id: int = 0,
+        logits: str = "none",
+        mrope_pos: npt.ArrayLike | None = None,
     ) -> OutputView | None:
         """Append input embeddings (instead of token ids) to sequence ``seq_id``: ``embd`` is
         a float32 ``(n, model.n_embd_inp)`` array, one row per position (what a multimodal
@@ -833,7 +845,14 @@ class Context:
         ``n_batch`` chunks at positions ``pos...`` (default: after the sequence's last).
         ``logits``: ``"none"`` or ``"last"`` (returns the last row's logits). The same
         checks as :meth:`decode`; with causal attention off every chunk must fit one
-        micro-batch."""
+        micro-batch.
+
+        A model with M-RoPE positions (Qwen2-VL and others) reads four positions per row
+        (t, y, x, z): ``mrope_pos``, an ``(n, 4)`` integer array of them (an image's 2-D
+        grid, from :meth:`Projector.eval <llama_cffi.mtmd.Projector.eval>`), instead of
+        ``pos``; without it each row's four are ``pos + i``. The KV cache keeps the t
+        positions: they may repeat, and must start at or after the sequence's last
+        (llama.cpp's rule for M-RoPE embeddings)."""
         if not isinstance(embd, np.ndarray) or embd.dtype != np.float32 or embd.ndim != 2:
             raise type_error("embd", "a 2-D float32 numpy array (positions x n_embd_inp)", embd)
         n, width = embd.shape
@@ -844,17 +863,48 @@ class Context:
         if logits not in ("none", "last"):
             raise ParamError(f"logits={logits!r}; use 'none' or 'last'")
         seq_id = self._check_seq(seq_id)
+        mrope = self._n_pos_per_embd == 4
+        sections: npt.NDArray[np.int32] | None = None
+        if mrope_pos is not None:
+            if not mrope:
+                raise ParamError("mrope_pos is for models with M-RoPE positions; this one has one position per row")
+            if pos is not None:
+                raise ParamError("give pos or mrope_pos, not both")
+            arr = np.asarray(mrope_pos)
+            if arr.shape != (n, 4) or arr.dtype.kind not in "iu":
+                raise type_error("mrope_pos", f"an integer array of shape ({n}, 4)", mrope_pos)
+            if (arr < 0).any() or (arr > 2**31 - 1).any():
+                raise InvalidBatchError("mrope_pos holds a position outside [0, 2**31)")
+            sections = arr.astype(np.int32)
         b = self._embd_batch
         if b is None:
-            b = self._embd_batch = Batch(self.n_batch, n_embd=self._n_embd_inp)
+            b = self._embd_batch = Batch(self.n_batch, n_embd=self._n_embd_inp, n_pos=self._n_pos_per_embd)
         with self._busy:
             self._ptr()  # ClosedError before the memory is read
-            start = self._start_pos(seq_id, pos, n)
+            if sections is not None:
+                last = int(lib.llama_memory_seq_pos_max(self._memory, seq_id))
+                t = sections[:, 0]
+                if int(t.min()) < last or (n > 1 and (np.diff(t) < 0).any()):
+                    raise InvalidBatchError(
+                        f"sequence {seq_id} ends at position {last}; the rows' t positions must not go below it "
+                        "nor decrease"
+                    )
+                if int(t.max()) >= self._n_ctx_seq:
+                    raise KvCacheFullError(f"t position {int(t.max())} passes n_ctx_seq={self._n_ctx_seq}")
+                start = int(t[0])
+            else:
+                start = self._start_pos(seq_id, pos, n)
             for off in range(0, n, self.n_batch):
                 end = min(n, off + self.n_batch)
                 m = end - off
                 b.embd[:m] = embd[off:end]
-                b.pos[:m] = np.arange(start + off, start + end, dtype=np.int32)
+                b.n_tokens = m
+                if sections is not None:
+                    b.set_mrope_positions(sections[off:end])
+                elif mrope:
+                    b.set_mrope_positions(np.repeat(np.arange(start + off, start + end, dtype=np.int32)[:, None], 4, 1))
+                else:
+                    b.pos[:m] = np.arange(start + off, start + end, dtype=np.int32)
                 b.n_seq_id[:m] = 1
                 b.seq_id[:m, 0] = seq_id
                 b.logits[:m] = 0
@@ -894,7 +944,9 @@ class Context:
         for s, ps in per_seq.items():
             last = int(lib.llama_memory_seq_pos_max(self._memory, s))
             first = ps[0]
-            if last >= 0 and (first <= last if self._mrope else first != last + 1):
+            # M-RoPE: tokens after the last position, embeddings at or after it (llama-batch.cpp)
+            embd = batch.n_embd > 0
+            if last >= 0 and ((first < last if embd else first <= last) if self._mrope else first != last + 1):
                 raise InvalidBatchError(
                     f"sequence {s} ends at position {last}; its tokens must start at {last + 1}, not {first}"
                 )

@@ -240,6 +240,12 @@ class Model:
         return RopeType(lib.llama_model_rope_type(self._ptr()))
 
     @property
+    def n_pos_per_embd(self) -> int:
+        """Positions llama.cpp reads per input-embedding row (``hparams.n_pos_per_embd``):
+        4 for models with M-RoPE positions (Qwen2-VL and others: t, y, x, z), else 1."""
+        return 4 if self.rope_type in (RopeType.MROPE, RopeType.IMROPE) else 1
+
+    @property
     def rope_freq_scale_train(self) -> float:
         return float(lib.llama_model_rope_freq_scale_train(self._ptr()))
 

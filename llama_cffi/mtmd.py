@@ -423,10 +423,11 @@ class Projector(HandleOwner):
 
         Everything is checked before the first decode: the model, the sequence id, the
         room in the context (:class:`~llama_cffi.errors.KvCacheFullError`), non-causal
-        pieces against ``n_ubatch`` (:class:`~llama_cffi.errors.InvalidBatchError`).
-        Projectors with M-RoPE positions (Qwen-VL) are not decoded yet
-        (:class:`~llama_cffi.errors.UnsupportedError`)."""
+        pieces against ``n_ubatch`` (:class:`~llama_cffi.errors.InvalidBatchError`)."""
         return self._eval(ctx, chunks, seq_id=seq_id, n_batch=n_batch, logits_last=logits_last)[0]
+
+    def _mrope_positions(self, chunk: Chunk, pos_0: int) -> npt.NDArray[np.int64]:
+        return _mrope_sections(chunk._ptr(), chunk.n_tokens, pos_0)
 
     def _eval(
         self,
@@ -452,8 +453,9 @@ class Projector(HandleOwner):
             raise ParamError("the context is of another model than this projector's")
         if not isinstance(logits_last, bool):
             raise type_error("logits_last", "a bool", logits_last)
-        if self.uses_mrope:
-            raise UnsupportedError("decoding for M-RoPE models (Qwen-VL and others) is not supported yet")
+        mrope = self.uses_mrope
+        if mrope and start_cell:
+            raise UnsupportedError("with M-RoPE positions a prompt is decoded whole: its positions are not its cells")
         seq_id = ctx._check_seq(seq_id)
         if n_batch is None:
             n_batch = ctx.n_batch
@@ -506,13 +508,17 @@ class Projector(HandleOwner):
                 emb = self.encode(c)
                 emb.setflags(write=False)
                 chunks._encoded[c.index] = emb
+            sections = self._mrope_positions(c, pos) if mrope and c.kind == "image" else None
             causal = ctx.causal_attn
             if non_causal:
                 ctx.set_causal_attn(False)
             try:
                 for off in range(0, c.n_tokens, n_batch):
                     end = min(c.n_tokens, off + n_batch)
-                    row = ctx.decode_embeddings(emb[off:end], pos=pos + off, seq_id=seq_id)
+                    if sections is not None:  # an image's 2-D grid of M-RoPE positions
+                        row = ctx.decode_embeddings(emb[off:end], seq_id=seq_id, mrope_pos=sections[off:end])
+                    else:  # a sound (with M-RoPE: each row's four positions are its position)
+                        row = ctx.decode_embeddings(emb[off:end], pos=pos + off, seq_id=seq_id)
             finally:
                 if non_causal:
                     ctx.set_causal_attn(causal)
@@ -521,6 +527,19 @@ class Projector(HandleOwner):
 
 
 _KINDS = {0: "text", 1: "image", 2: "audio"}
+
+
+def _mrope_sections(chunk_ptr: Any, n_tokens: int, pos_0: int) -> npt.NDArray[np.int64]:
+    """An image chunk's M-RoPE positions from ``pos_0``: an ``(n_tokens, 4)`` array of
+    (t, y, x, z) as libmtmd's helper places them (``mtmd_helper_image_get_decoder_pos``,
+    columns in the order llama.cpp reads the sections)."""
+    image = lib.mtmd_input_chunk_get_tokens_image(chunk_ptr)
+    if image == ffi.NULL:  # pragma: no cover - an image chunk has its tokens
+        raise MtmdError("libmtmd returned no image tokens for an image chunk")
+    out = ffi.new("struct mtmd_decoder_pos[]", n_tokens)
+    lib.mtmd_helper_image_get_decoder_pos(image, pos_0, out)
+    raw = np.frombuffer(ffi.buffer(out), dtype=np.uint32).reshape(n_tokens, 4).astype(np.int64)
+    return raw[:, [0, 2, 1, 3]]  # the struct is (t, x, y, z); llama.cpp's sections are (t, y, x, z)
 
 
 def _digest(m: Image | Audio) -> str:

@@ -610,6 +610,11 @@ class BranchStore:
     ) -> Branch:
         """:meth:`create` from a prompt with media (see there)."""
         projector = chunks.projector
+        if projector.uses_mrope:
+            raise UnsupportedError(
+                "a branch's positions are its cells; with M-RoPE (Qwen-VL) an image takes fewer positions than cells: "
+                "decode such prompts with Projector.eval"
+            )
         if projector.model is not self.ctx.model:
             raise ParamError("the prompt was tokenized by a projector of another model than this store's context")
         cells = self.cells(chunks)

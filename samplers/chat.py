@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from llama_cffi._args import expect, expect_bool, type_error
 from llama_cffi.chat import ChatPrompt, TemplateLimits, _has_media
-from llama_cffi.errors import KvCacheFullError, ParamError
+from llama_cffi.errors import KvCacheFullError, ParamError, UnsupportedError
 
 from .base import Sampler, check_context
 from .branch import Branch, BranchStore, _as_chain
@@ -166,6 +166,11 @@ class ChatSession:
             expect("projector", projector, Projector, "a llama_cffi.mtmd.Projector or None")
             if projector.model is not ctx.model:
                 raise ParamError("the projector is of another model than the context's")
+            if projector.uses_mrope:
+                raise UnsupportedError(
+                    "a chat session keeps its conversation in a branch, whose positions are its cells; with M-RoPE "
+                    "(Qwen-VL) an image takes fewer positions than cells"
+                )
             if overflow == "shift":
                 raise ParamError(
                     "overflow='shift' appends new text to what the cache holds and cannot place images or sounds: "

@@ -31,6 +31,17 @@ def ultravox_mmproj(tiny_model: llama_cffi.Model, tmp_path_factory: pytest.TempP
     return write_tiny_ultravox_mmproj(tmp_path_factory.mktemp("mmproj") / "uv.gguf", tiny_model.n_embd_inp)
 
 
+@pytest.fixture(scope="module")
+def qwen2vl(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    from llama_cffi.testing import write_tiny_qwen2vl_mmproj, write_tiny_qwen2vl_model
+
+    folder = tmp_path_factory.mktemp("qwen2vl")
+    model = write_tiny_qwen2vl_model(folder / "text.gguf")
+    with llama_cffi.Model.load(model) as m:
+        n_embd = m.n_embd_inp
+    return model, write_tiny_qwen2vl_mmproj(folder / "mmproj.gguf", n_embd)
+
+
 def test_this_build_has_libmtmd() -> None:
     assert available()
     assert llama_cffi.build_info()["options"]["LLAMA_BUILD_MTMD"] == "ON"
@@ -272,22 +283,35 @@ def test_decode_embeddings_checks(tiny_model: llama_cffi.Model) -> None:
 
 
 @pytest.mark.slow
-def test_greedy_continuation_equals_llama_mtmd_clis(tiny_model_path: Path, tmp_path: Path) -> None:
-    """llama-mtmd-cli (same source) on the tiny model, a tiny gemma3 projector and
-    tools/mtmd/test-1.jpeg, greedy (``--temp 0``), 8 tokens, 2 threads: its prompt is the
-    model's chat template around ``<__media__>describe``. The same conversation as content
-    parts through Projector.tokenize_chat (the image as a file:// URL), eval, and an
-    argmax loop on a context of the tool's defaults
-    (n_ctx 4096, n_batch 2048, n_ubatch 512, flash attention auto): the same number of
-    prompt tokens (its log, at -lv 4, counts them) and the same 8 tokens, byte for byte."""
+@pytest.mark.parametrize("kind", ["gemma3", "qwen2vl", "ultravox"])
+def test_greedy_continuation_equals_llama_mtmd_clis(
+    tiny_model_path: Path, qwen2vl: tuple[Path, Path], tmp_path: Path, kind: str
+) -> None:
+    """llama-mtmd-cli (same source) on a tiny model and projector (the tiny llama model
+    with a gemma3 projector and tools/mtmd/test-1.jpeg; the tiny Qwen2-VL pair, whose 391
+    image tokens take 23 M-RoPE positions, and the same image; the tiny llama model with
+    an ultravox projector and tools/mtmd/test-2.mp3), greedy (``--temp 0``), 8 tokens, 2
+    threads: its prompt is the model's chat template around ``<__media__>describe``. The
+    same conversation as content parts through Projector.tokenize_chat (the image as a
+    file:// URL), eval, and an argmax loop on a context of the tool's defaults (n_ctx
+    4096, n_batch 2048, n_ubatch 512, flash attention auto): the same number of prompt
+    tokens (its log, at -lv 4, counts them) and the same 8 tokens, byte for byte."""
+    import base64
     import re
 
     cli = build_llama_tool("llama-mtmd-cli")
-    image = llama_cpp_source_dir() / "tools" / "mtmd" / "test-1.jpeg"
-    with llama_cffi.Model.load(tiny_model_path) as model:
-        mmproj = write_tiny_gemma3_mmproj(tmp_path / "g3.gguf", model.n_embd_inp)
+    media = llama_cpp_source_dir() / "tools" / "mtmd" / ("test-2.mp3" if kind == "ultravox" else "test-1.jpeg")
+    model_path = qwen2vl[0] if kind == "qwen2vl" else tiny_model_path
+    with llama_cffi.Model.load(model_path) as model:
+        if kind == "gemma3":
+            mmproj = write_tiny_gemma3_mmproj(tmp_path / "g3.gguf", model.n_embd_inp)
+        elif kind == "ultravox":
+            mmproj = write_tiny_ultravox_mmproj(tmp_path / "uv.gguf", model.n_embd_inp)
+        else:
+            mmproj = qwen2vl[1]
+        flag = "--audio" if kind == "ultravox" else "--image"
         r = subprocess.run(
-            [str(cli), "-m", str(tiny_model_path), "--mmproj", str(mmproj), "--image", str(image),
+            [str(cli), "-m", str(model_path), "--mmproj", str(mmproj), flag, str(media),
              "-p", "describe", "-n", "8", "--temp", "0", "-t", "2", "-lv", "4"],
             capture_output=True, timeout=900,
         )  # fmt: skip
@@ -295,15 +319,20 @@ def test_greedy_continuation_equals_llama_mtmd_clis(tiny_model_path: Path, tmp_p
         m = re.search(rb"prompt eval time = .* / +(\d+) tokens", r.stderr)
         assert m, r.stderr[-3000:]
         with Projector(model, mmproj, n_threads=2) as p:
+            assert p.uses_mrope is (kind == "qwen2vl")
             # the cli puts the marker before the prompt, in one user message of the template
-            # (ChatML, the default for a model without one): the same as an image part then
-            # a text part, as OpenAI-style content parts
-            url = "file:///" + image.name
-            parts = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "describe"}]
-            prompt, chunks = p.tokenize_chat([{"role": "user", "content": parts}], media_path=image.parent)
+            # (ChatML: the default for a model without one, and the tiny Qwen2-VL's own):
+            # the same as an image part then a text part, as OpenAI-style content parts
+            if kind == "ultravox":  # OpenAI's input_audio: base64 data and its format
+                data = base64.b64encode(media.read_bytes()).decode()
+                part: dict = {"type": "input_audio", "input_audio": {"data": data, "format": "mp3"}}
+            else:
+                part = {"type": "image_url", "image_url": {"url": "file:///" + media.name}}
+            parts = [part, {"type": "text", "text": "describe"}]
+            prompt, chunks = p.tokenize_chat([{"role": "user", "content": parts}], media_path=media.parent)
             assert prompt.prompt == f"<|im_start|>user\n{p.media_marker}describe<|im_end|>\n<|im_start|>assistant\n"
             with chunks:
-                assert [c.kind for c in chunks] == ["text", "image", "text"]
+                assert [c.kind for c in chunks if c.kind != "text"] == ["audio" if kind == "ultravox" else "image"]
                 assert chunks.n_tokens == int(m.group(1))
                 with model.context(n_ctx=4096, n_batch=2048, n_ubatch=512, n_threads=2, n_threads_batch=2) as ctx:
                     p.eval(ctx, chunks)
@@ -312,7 +341,7 @@ def test_greedy_continuation_equals_llama_mtmd_clis(tiny_model_path: Path, tmp_p
                         out.append(int(np.argmax(ctx.logits())))
                         ctx.decode_single(out[-1])
         ours = b"".join(model.vocab.token_to_piece(t) for t in out)
-    assert r.stdout.strip(b"\n") == ours
+    assert r.stdout.strip(b"\n") == ours.strip(b"\n")
 
 
 def test_eval_encodes_once_per_chunks(tiny_model: llama_cffi.Model, gemma3_mmproj: Path) -> None:
@@ -561,3 +590,108 @@ def test_chat_session_with_images(tiny_model: llama_cffi.Model, gemma3_mmproj: P
                 ChatSession(ctx, projector=p, overflow="shift")
             with pytest.raises(TypeError, match="projector"):
                 ChatSession(ctx, projector="mmproj.gguf")  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------- M-RoPE (Qwen2-VL)
+@pytest.mark.parametrize("n_batch", [64, 5])
+def test_mrope_eval_equals_libmtmds_helper(qwen2vl: tuple[Path, Path], n_batch: int) -> None:
+    """A tiny Qwen2-VL pair (M-RoPE positions): the image advances the position by its
+    n_pos (< its tokens), its rows get the 2-D grid of positions, and Projector.eval
+    equals mtmd_helper_eval_chunks on a fresh context: the same next position and the
+    same last logits, bit for bit."""
+    model_path, mmproj = qwen2vl
+    image = Image(np.random.default_rng(4).integers(0, 256, (56, 84, 3), dtype=np.uint8))
+    with llama_cffi.Model.load(model_path) as model:
+        assert model.n_pos_per_embd == 4
+        with Projector(model, mmproj, n_threads=2) as p, p.tokenize(f"see {p.media_marker} now", [image]) as ch:
+            assert p.uses_mrope
+            img = next(c for c in ch if c.kind == "image")
+            assert img.n_pos < img.n_tokens
+            assert ch.n_pos < ch.n_tokens
+            got = []
+            for way in ("ours", "libmtmd"):
+                with model.context(n_ctx=512, n_batch=64, n_ubatch=64, n_threads=2) as ctx:
+                    if way == "ours":
+                        n = p.eval(ctx, ch, n_batch=n_batch)
+                        got.append((n, np.array(ctx.logits(), np.float32)))
+                    else:
+                        got.append(_helper_eval(p, ctx, ch, n_batch))
+            (n0, l0), (n1, l1) = got
+            assert n0 == n1 == ch.n_pos
+            assert np.array_equal(l0, l1)
+            # positions are the image's grid: another layout of the same rows gives other logits
+            with model.context(n_ctx=512, n_batch=64, n_ubatch=64, n_threads=2) as ctx:
+                flat = 0
+                for c in ch:
+                    if c.kind == "text":
+                        ctx.decode(c.tokens, pos=flat, logits="last")
+                        flat += c.n_tokens
+                    else:
+                        ctx.decode_embeddings(p.encode(c), pos=flat)
+                        flat += c.n_tokens
+                assert not np.array_equal(np.array(ctx.logits(), np.float32), l0)
+
+
+def test_mrope_checks(qwen2vl: tuple[Path, Path]) -> None:
+    """Embeddings into an M-RoPE model: four positions per row (a batch with one would
+    make llama.cpp read past its positions: refused), t positions not below the
+    sequence's last; branches and chat sessions refuse M-RoPE projectors (their positions
+    are their cells)."""
+    from samplers.branch import BranchStore
+    from samplers.chat import ChatSession
+
+    model_path, mmproj = qwen2vl
+    with llama_cffi.Model.load(model_path) as model, model.context(n_ctx=256, n_batch=32) as ctx:
+        e = np.zeros((3, model.n_embd_inp), np.float32)
+        b = llama_cffi.Batch(4, n_embd=model.n_embd_inp)
+        b.embd[:1] = 0
+        b.add(0, 0)
+        with pytest.raises(llama_cffi.InvalidBatchError, match="reads 4 positions per embedding"):
+            ctx.decode_batch(b)
+        assert ctx.decode_embeddings(e, logits="last") is not None  # 1-D: each row's four positions equal
+        with pytest.raises(TypeError, match="mrope_pos"):
+            ctx.decode_embeddings(e, mrope_pos=np.zeros((3, 3), np.int32))
+        with pytest.raises(llama_cffi.InvalidBatchError, match="must not go below"):
+            ctx.decode_embeddings(e, mrope_pos=np.ones((3, 4), np.int32))
+        grid = np.array([[2, 2, 2, 0], [2, 2, 3, 0], [2, 3, 2, 0]], np.int32)
+        ctx.decode_embeddings(e, mrope_pos=grid)  # t may repeat and start at the last position
+        assert ctx.memory.seq_pos_max(0) == 2
+        with pytest.raises(ParamError, match="pos or mrope_pos"):
+            ctx.decode_embeddings(e, pos=3, mrope_pos=grid)
+        with Projector(model, mmproj, n_threads=2) as p:
+            image = Image(np.zeros((56, 56, 3), np.uint8))
+            with p.tokenize(f"x {p.media_marker} y", [image]) as ch:
+                with pytest.raises(llama_cffi.UnsupportedError, match="M-RoPE"):
+                    BranchStore(ctx).create(ch)
+            with pytest.raises(llama_cffi.UnsupportedError, match="M-RoPE"):
+                ChatSession(ctx, projector=p)
+
+
+def test_mrope_pos_needs_an_mrope_model(tiny_model: llama_cffi.Model) -> None:
+    with tiny_model.context(n_ctx=64) as ctx, pytest.raises(ParamError, match="mrope_pos is for models"):
+        ctx.decode_embeddings(np.zeros((1, tiny_model.n_embd_inp), np.float32), mrope_pos=np.zeros((1, 4), np.int32))
+
+
+def test_gemma3_270m_with_a_tiny_projector(default_model: llama_cffi.Model, tmp_path: Path) -> None:
+    """The real Gemma 3 270M (its vocabulary has Gemma 3's image tokens) with a tiny
+    gemma3 projector of its width: libmtmd wraps the image in <start_of_image> ...
+    <end_of_image>, and Projector.eval equals mtmd_helper_eval_chunks bit for bit."""
+    mmproj = write_tiny_gemma3_mmproj(tmp_path / "g3.gguf", default_model.n_embd_inp)
+    start = default_model.tokenize("<start_of_image>", add_special=False, parse_special=True)
+    assert len(start) == 1
+    image = Image(np.random.default_rng(6).integers(0, 256, (48, 64, 3), dtype=np.uint8))
+    text = "<start_of_turn>user\n{}describe<end_of_turn>\n<start_of_turn>model\n"
+    with Projector(default_model, mmproj, n_threads=2) as p, p.tokenize(text.format(p.media_marker), [image]) as ch:
+        kinds = [c.kind for c in ch]
+        assert kinds == ["text", "image", "text"]
+        assert int(ch[0].tokens[-1]) == int(start[0])  # the image's own opening token
+        got = []
+        for way in ("ours", "libmtmd"):
+            with default_model.context(n_ctx=512, n_batch=128, n_ubatch=128, n_threads=2) as ctx:
+                if way == "ours":
+                    got.append((p.eval(ctx, ch), np.array(ctx.logits(), np.float32)))
+                else:
+                    got.append(_helper_eval(p, ctx, ch, 128))
+        (n0, l0), (n1, l1) = got
+        assert n0 == n1 == ch.n_pos
+        assert np.array_equal(l0, l1)

@@ -431,6 +431,7 @@ REST: dict[str, Callable[[Env], tuple[tuple[Any, ...], dict[str, Any]]]] = {
     "llama_cffi.mtmd.Projector": lambda e: ((f"{e.folder}/none.gguf",), {}),
     "llama_cffi.testing._tiny_mmproj.write_tiny_gemma3_mmproj": lambda e: ((64,), {}),
     "llama_cffi.testing._tiny_mmproj.write_tiny_ultravox_mmproj": lambda e: ((64,), {}),
+    "llama_cffi.testing._tiny_qwen2vl.write_tiny_qwen2vl_mmproj": lambda e: ((64,), {}),
     "llama_cffi.testing.write_tiny": lambda e: ((f"{e.folder}/w.gguf",), {}),
     "samplers.bias.LogitBias": lambda e: (({},), {}),
     "samplers.branch.Branch": lambda e: ((0, None, [1], _m("samplers").SamplerChain([]), None, None), {}),

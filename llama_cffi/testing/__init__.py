@@ -4,7 +4,9 @@ Usable without a real model installed:
 
 * Tiny random-weight multimodal projectors for libmtmd (:func:`write_tiny_gemma3_mmproj`,
   an image one; :func:`write_tiny_ultravox_mmproj`, an audio one), paired with any text
-  model of the embedding width they are written for.
+  model of the embedding width they are written for; and a tiny Qwen2-VL pair
+  (:func:`write_tiny_qwen2vl_model`, :func:`write_tiny_qwen2vl_mmproj`) whose text model
+  places images with M-RoPE positions.
 * A tiny, deterministic, random-weight GGUF model (:func:`write_tiny_model`, a few
   hundred kilobytes, written in milliseconds) with a real SentencePiece-style vocabulary
   of ``N_VOCAB`` tokens: byte fallback (any UTF-8 text round-trips), a few dozen
@@ -85,6 +87,7 @@ from ._tiny_model import (
     UNK_ID,
     write_tiny_model,
 )
+from ._tiny_qwen2vl import write_tiny_qwen2vl_mmproj, write_tiny_qwen2vl_model
 from ._tiny_recurrent import write_tiny_hybrid, write_tiny_mamba
 from ._tiny_variants import write_tiny_quantized, write_tiny_swa
 
@@ -122,6 +125,8 @@ __all__ = [
     "write_tiny_mamba",
     "write_tiny_model",
     "write_tiny_quantized",
+    "write_tiny_qwen2vl_mmproj",
+    "write_tiny_qwen2vl_model",
     "write_tiny_swa",
     "write_tiny_t5",
     "write_tiny_ultravox_mmproj",
