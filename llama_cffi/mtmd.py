@@ -426,9 +426,6 @@ class Projector(HandleOwner):
         pieces against ``n_ubatch`` (:class:`~llama_cffi.errors.InvalidBatchError`)."""
         return self._eval(ctx, chunks, seq_id=seq_id, n_batch=n_batch, logits_last=logits_last)[0]
 
-    def _mrope_positions(self, chunk: Chunk, pos_0: int) -> npt.NDArray[np.int64]:
-        return _mrope_sections(chunk._ptr(), chunk.n_tokens, pos_0)
-
     def _eval(
         self,
         ctx: Context,
@@ -508,7 +505,7 @@ class Projector(HandleOwner):
                 emb = self.encode(c)
                 emb.setflags(write=False)
                 chunks._encoded[c.index] = emb
-            sections = self._mrope_positions(c, pos) if mrope and c.kind == "image" else None
+            sections = _mrope_sections(c._ptr(), c.n_tokens, pos) if mrope and c.kind == "image" else None
             causal = ctx.causal_attn
             if non_causal:
                 ctx.set_causal_attn(False)

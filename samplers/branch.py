@@ -1810,12 +1810,7 @@ class Branch:
         if not 1 <= n <= self._kv_len or self._kv_len != len(self._tokens):
             raise BranchError(f"cannot keep the first {n} tokens of {self!r}")
         with _sigint_deferred():
-            if n < self._kv_len:
-                self.store.ctx.memory.seq_rm(self.seq_id, n, -1)
-            del self._tokens[n:]
-            self._kv_len = n
-            self._accepted = [a for a in self._accepted if a[0] < n]
-            self._pending = None
+            self._cut(n)
             self._held = True
 
     def prune(self, reparent: bool = False) -> None:

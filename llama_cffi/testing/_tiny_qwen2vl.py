@@ -85,7 +85,7 @@ from pathlib import Path
 from typing import Any
 
 from .._args import expect_path
-from ._tiny_mmproj import _add, _finish, _positive, _Rand, _writer
+from ._tiny_mmproj import _add, _finish, _layer, _positive, _Rand, _writer
 from ._tiny_model import (
     CHATML_TEMPLATE,
     N_VOCAB,
@@ -275,24 +275,8 @@ def write_tiny_qwen2vl_mmproj(
     # the two temporal halves of the conv3d patch embedding; no bias (the graph asserts it)
     _add(w, "v.patch_embd.weight", r.w(e, 3, p, p))
     _add(w, "v.patch_embd.weight.1", r.w(e, 3, p, p))
-    for i in range(n_layer):
-        b = f"v.blk.{i}"
-        _add(w, f"{b}.attn_q.weight", r.w(e, e))
-        _add(w, f"{b}.attn_q.bias", r.b(e))
-        _add(w, f"{b}.attn_k.weight", r.w(e, e))
-        _add(w, f"{b}.attn_k.bias", r.b(e))
-        _add(w, f"{b}.attn_v.weight", r.w(e, e))
-        _add(w, f"{b}.attn_v.bias", r.b(e))
-        _add(w, f"{b}.attn_out.weight", r.w(e, e))
-        _add(w, f"{b}.attn_out.bias", r.b(e))
-        _add(w, f"{b}.ln1.weight", r.norm(e))
-        _add(w, f"{b}.ln1.bias", r.b(e))
-        _add(w, f"{b}.ffn_up.weight", r.w(f, e))
-        _add(w, f"{b}.ffn_up.bias", r.b(f))
-        _add(w, f"{b}.ffn_down.weight", r.w(e, f))
-        _add(w, f"{b}.ffn_down.bias", r.b(e))
-        _add(w, f"{b}.ln2.weight", r.norm(e))
-        _add(w, f"{b}.ln2.bias", r.b(e))
+    for i in range(n_layer):  # pre-norm blocks with biased q/k/v/out, as gemma3's
+        _layer(w, r, "v", i, e, f, False)
     # the merger: ln_q, then Linear(4e, 4e), GELU, Linear(4e, n_embd_text)
     _add(w, "v.post_ln.weight", r.norm(e))
     _add(w, "v.post_ln.bias", r.b(e))
