@@ -569,12 +569,28 @@ class BranchStore:
         model = self.ctx.model
         if model.has_encoder and model.has_decoder:
             return self._create_decoder(tokens, chain, seed, tracker, track)
+        history = [int(t) for t in tokens]
+        return self._create_root(
+            history, lambda sid: self.ctx.decode(tokens, pos=0, seq_id=sid), chain, seed, tracker, track
+        )
+
+    def _create_root(
+        self,
+        history: list[int],
+        prefill: Callable[[int], Any],
+        chain: SamplerChain,
+        seed: int | None,
+        tracker: PerplexityTracker | None,
+        track: bool,
+    ) -> Branch:
+        """A root branch holding ``history``: ``prefill(sid)`` decodes it into the fresh
+        sequence and returns the logits row after its last cell."""
         with self._fresh_id() as sid:
             self._attach(sid, chain, track)
-            row = self.ctx.decode(tokens, pos=0, seq_id=sid)  # Ctrl-C here aborts the prefill
+            row = prefill(sid)  # Ctrl-C here aborts the prefill
             with _sigint_deferred():  # after it, the branch is made in full first
                 metrics = (tracker or PerplexityTracker()) if track else None
-                b = Branch(self, sid, None, [int(t) for t in tokens], chain, metrics, None)
+                b = Branch(self, sid, None, history, chain, metrics, None)
                 b._set_output(row, int(self.ctx._out_index[-1]))
                 del row
                 if seed is not None:
@@ -618,18 +634,14 @@ class BranchStore:
         if projector.model is not self.ctx.model:
             raise ParamError("the prompt was tokenized by a projector of another model than this store's context")
         cells = self.cells(chunks)
-        with self._fresh_id() as sid:
-            self._attach(sid, chain, track)
-            _, row = projector._eval(self.ctx, chunks, seq_id=sid, logits_last=True)
-            with _sigint_deferred():
-                metrics = (tracker or PerplexityTracker()) if track else None
-                b = Branch(self, sid, None, cells, chain, metrics, None)
-                b._set_output(row, int(self.ctx._out_index[-1]))
-                del row
-                if seed is not None:
-                    b.reseed(seed)
-                self._register(b)
-        return b
+        return self._create_root(
+            cells,
+            lambda sid: projector._eval(self.ctx, chunks, seq_id=sid, logits_last=True)[1],
+            chain,
+            seed,
+            tracker,
+            track,
+        )
 
     def _extend_media(self, b: Branch, chunks: Any, start: int) -> None:
         """Decode the cells of ``chunks`` from ``start`` on into ``b``, which holds the

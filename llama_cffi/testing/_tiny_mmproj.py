@@ -102,6 +102,38 @@ def _writer(path: Path, name: str) -> Any:
     return w
 
 
+def _vision_header(
+    w: Any,
+    projector_type: Any,
+    use_gelu: bool,
+    n_embd_text: int,
+    image_size: int,
+    patch_size: int,
+    shape: tuple[int, int, int, int],
+    eps: float,
+    image_mean: Sequence[float],
+    image_std: Sequence[float],
+) -> None:
+    """The keys every vision projector here writes (``shape``: the encoder's width, FFN
+    width, blocks and heads), in the order the converter writes them; ``use_gelu=False``
+    leaves clip.cpp's default activation (quick-GELU)."""
+    n_embd, n_ff, n_layer, n_head = shape
+    w.add_clip_projector_type(projector_type)
+    w.add_clip_has_vision_encoder(True)
+    if use_gelu:
+        w.add_vision_use_gelu(True)
+    w.add_vision_projection_dim(n_embd_text)
+    w.add_vision_image_size(image_size)
+    w.add_vision_patch_size(patch_size)
+    w.add_vision_embedding_length(n_embd)
+    w.add_vision_feed_forward_length(n_ff)
+    w.add_vision_block_count(n_layer)
+    w.add_vision_head_count(n_head)
+    w.add_vision_attention_layernorm_eps(eps)
+    w.add_vision_image_mean([float(x) for x in image_mean])
+    w.add_vision_image_std([float(x) for x in image_std])
+
+
 def _finish(w: Any) -> None:
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -158,19 +190,10 @@ def write_tiny_gemma3_mmproj(
     gguf = _import_gguf()
     r = _Rand(seed)
     w = _writer(path, "tiny-gemma3-mmproj")
-    w.add_clip_projector_type(gguf.VisionProjectorType.GEMMA3)
-    w.add_clip_has_vision_encoder(True)
-    w.add_vision_use_gelu(True)
-    w.add_vision_projection_dim(n_embd_text)
-    w.add_vision_image_size(image_size)
-    w.add_vision_patch_size(patch_size)
-    w.add_vision_embedding_length(n_embd)
-    w.add_vision_feed_forward_length(n_ff)
-    w.add_vision_block_count(n_layer)
-    w.add_vision_head_count(n_head)
-    w.add_vision_attention_layernorm_eps(eps)
-    w.add_vision_image_mean([float(x) for x in image_mean])
-    w.add_vision_image_std([float(x) for x in image_std])
+    _vision_header(
+        w, gguf.VisionProjectorType.GEMMA3, True, n_embd_text, image_size, patch_size,
+        (n_embd, n_ff, n_layer, n_head), eps, image_mean, image_std,
+    )  # fmt: skip
     merge = side // tokens_per_side
     if merge != 4:  # clip.cpp's default pool for gemma3; the converter writes the key only otherwise
         w.add_vision_projector_scale_factor(merge)

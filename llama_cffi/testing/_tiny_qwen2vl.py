@@ -85,7 +85,7 @@ from pathlib import Path
 from typing import Any
 
 from .._args import expect_path
-from ._tiny_mmproj import _add, _finish, _layer, _positive, _Rand, _writer
+from ._tiny_mmproj import _add, _finish, _layer, _positive, _Rand, _vision_header, _writer
 from ._tiny_model import (
     CHATML_TEMPLATE,
     N_VOCAB,
@@ -258,19 +258,11 @@ def write_tiny_qwen2vl_mmproj(
     gguf = _import_gguf()
     r = _Rand(seed)
     w = _writer(path, "tiny-qwen2vl-mmproj")
-    w.add_clip_projector_type(gguf.VisionProjectorType.QWEN2VL)
-    w.add_clip_has_vision_encoder(True)
     # no use_gelu / use_silu: clip.cpp's default FFN is quick-GELU, Qwen2-VL's activation
-    w.add_vision_projection_dim(n_embd_text)
-    w.add_vision_image_size(image_size)
-    w.add_vision_patch_size(patch_size)
-    w.add_vision_embedding_length(n_embd)
-    w.add_vision_feed_forward_length(n_ff)
-    w.add_vision_block_count(n_layer)
-    w.add_vision_head_count(n_head)
-    w.add_vision_attention_layernorm_eps(eps)
-    w.add_vision_image_mean([float(x) for x in image_mean])
-    w.add_vision_image_std([float(x) for x in image_std])
+    _vision_header(
+        w, gguf.VisionProjectorType.QWEN2VL, False, n_embd_text, image_size, patch_size,
+        (n_embd, n_ff, n_layer, n_head), eps, image_mean, image_std,
+    )  # fmt: skip
     e, f, p = n_embd, n_ff, patch_size
     # the two temporal halves of the conv3d patch embedding; no bias (the graph asserts it)
     _add(w, "v.patch_embd.weight", r.w(e, 3, p, p))
