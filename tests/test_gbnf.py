@@ -1374,10 +1374,11 @@ def test_fast_parse_templates(lines: list[str], newline: str, define_all: bool) 
 )
 def test_fast_parse_is_linear(text: str) -> None:
     """Texts that a tokenizer reading on after an error would take quadratic time on
-    (seconds, not milliseconds)."""
+    (minutes, where the linear parse takes milliseconds). The bound only tells the two
+    apart: it holds on a machine 100 times slower than usual (a test asserts no speed)."""
     start = time.perf_counter()
     assert_parses_like_reference(text)
-    assert time.perf_counter() - start < 2.0
+    assert time.perf_counter() - start < 30.0
 
 
 def test_fast_parse_template_cache_is_bounded() -> None:

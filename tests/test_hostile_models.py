@@ -107,8 +107,9 @@ def test_template_bombs_end_in_typed_errors_within_their_limits(name: str) -> No
         assert isinstance(err, TemplateLimitError), (name, repr(err))
         assert err.limit == limit, (name, err.limit, str(err))
         assert "[TemplateLimits: max_" in str(err), str(err)  # the message names the setting
-    # 2 s render limit; the margin covers a noisy 2-core machine
-    assert took < get_template_limits().max_seconds + 3.0, (name, took)
+    # the 2 s render limit ended it: the margin only tells that from a hang (a loaded
+    # machine can be tens of times slower; a test asserts no speed)
+    assert took < get_template_limits().max_seconds + 30.0, (name, took)
     assert apply_jinja(PLAIN, MESSAGES) == "user: hi\n"
     # at most the one watchdog thread more than before, whatever the number of renders
     assert threading.active_count() <= max(threads, 1) + 1
@@ -125,7 +126,7 @@ def test_a_timeout_leaves_no_exception_pending() -> None:
             TemplateLimits(max_seconds=0.05, max_iterations=10**12),
         )
         assert isinstance(err, TemplateLimitError) and err.limit == "seconds", repr(err)
-        assert took < 2.0
+        assert took < 30.0  # the 0.05 s limit ended it, not the loop (a hang guard, not a speed)
         t_end = time.monotonic() + 0.2
         n = 0
         while time.monotonic() < t_end:  # would be interrupted by a leaked _Timeout
@@ -323,8 +324,9 @@ def test_hostile_model_catalogue(tmp_path: Path) -> None:
     for name, case in cases.items():
         got = res[name]
         assert "load_error" not in got, (name, got)
-        # llama.cpp parses the whole header itself (10**6 keys: ~3 s on the 2-core machine)
-        assert got["seconds"] < 60, (name, got)
+        # llama.cpp parses the whole header itself (10**6 keys: ~3 s on the 2-core machine);
+        # a hang guard that holds on a machine tens of times slower (a test asserts no speed)
+        assert got["seconds"] < 300, (name, got)
         if case["check"] == "template":
             assert got["error"] == "TemplateLimitError" and got["limit"] == case["limit"], (name, got)
         elif case["check"] == "metadata":
