@@ -101,6 +101,26 @@ class Greedy:
         return int(np.asarray(expect("ctx", ctx, Context, "a llama_cffi.Context").logits(idx)).argmax())
 
 
+def _as_sampler(sampler: object, model: Model) -> Sampler:
+    """The sampler :meth:`Context.stream` runs: :class:`Greedy` for None, an object with
+    ``sample(ctx, idx)`` as it is, and ``samplers.SamplingParams`` (anything with
+    ``to_chain(model)``: llama_cffi does not import ``samplers``) as its chain for
+    ``model``; anything else is a :class:`~llama_cffi.errors.ParamTypeError` naming
+    ``sampler``."""
+    if sampler is None:
+        return Greedy()
+    if callable(getattr(sampler, "sample", None)):
+        return sampler  # type: ignore[return-value]
+    to_chain = getattr(sampler, "to_chain", None)
+    if callable(to_chain):
+        chain = to_chain(model)
+        if callable(getattr(chain, "sample", None)):
+            return chain  # type: ignore[no-any-return]
+    raise type_error(
+        "sampler", "a sampler (an object with sample(ctx, idx)), samplers.SamplingParams, or None", sampler
+    )
+
+
 # ---------------------------------------------------------------------- abort plumbing
 class _AbortPy:
     __slots__ = ("callback", "error")
@@ -1682,7 +1702,7 @@ class Context:
         self,
         prompt: str | Iterable[int],
         max_tokens: int = 128,
-        sampler: Sampler | None = None,
+        sampler: Sampler | Any | None = None,
         stop: Iterable[str] = (),
         seq_id: int = 0,
         *,
@@ -1690,8 +1710,11 @@ class Context:
         n_keep: int = 0,
     ) -> Iterator[str]:
         """Decode ``prompt`` then sample up to ``max_tokens``, yielding text pieces (never
-        half a UTF-8 character). Stops at an end-of-generation token or a ``stop`` string
-        (the stop string itself is not yielded). When the sequence fills the context
+        half a UTF-8 character). ``sampler``: any object with ``sample(ctx, idx)`` (a
+        ``samplers`` chain or sampler, :class:`~llama_cffi.sampling.LlamaSampler`), a
+        ``samplers.SamplingParams`` (its chain for this model), or None (greedy). Stops at
+        an end-of-generation token or a ``stop`` string (the stop string itself is not
+        yielded). When the sequence fills the context
         (``n_ctx_seq``) the next decode raises :class:`~llama_cffi.KvCacheFullError`,
         unless ``context_shift=True``: llama.cpp's context shift then keeps the first
         ``n_keep`` positions, drops the oldest half of the rest and shifts the others down
@@ -1708,7 +1731,7 @@ class Context:
             raise type_error("context_shift", "True or False", context_shift)
         if context_shift:
             self._check_shift(n_keep)
-        smp: Sampler = sampler if sampler is not None else Greedy()
+        smp = _as_sampler(sampler, self.model)
         toks = self._vocab.tokenize(prompt) if isinstance(prompt, str) else self._vocab.check_tokens(prompt, "prompt")
         text = StopStringStream(self._vocab, stop)
         if self._enc_dec:
@@ -1739,7 +1762,7 @@ class Context:
         self,
         prompt: str | Iterable[int],
         max_tokens: int = 128,
-        sampler: Sampler | None = None,
+        sampler: Sampler | Any | None = None,
         stop: Iterable[str] = (),
         seq_id: int = 0,
         *,
@@ -1799,7 +1822,7 @@ class Context:
         self,
         prompt: str | Iterable[int],
         max_tokens: int = 128,
-        sampler: Sampler | None = None,
+        sampler: Sampler | Any | None = None,
         stop: Iterable[str] = (),
         seq_id: int = 0,
     ) -> AsyncIterator[str]:
@@ -1824,7 +1847,7 @@ class Context:
         self,
         prompt: str | Iterable[int],
         max_tokens: int = 128,
-        sampler: Sampler | None = None,
+        sampler: Sampler | Any | None = None,
         stop: Iterable[str] = (),
         seq_id: int = 0,
     ) -> str:

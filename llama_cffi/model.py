@@ -24,6 +24,7 @@ from .enums import FType, RopeType
 from .errors import (
     InvalidModelError,
     ModelLoadCancelled,
+    ParamError,
     RpcError,
 )
 from .model_file import check_header, check_model_file
@@ -287,6 +288,23 @@ class Model:
         if self._metadata is None:
             self._metadata = self.read_metadata()
         return self._metadata.copy()
+
+    def meta_value(self, key: str, max_bytes: int = 4096) -> str | None:
+        """One metadata value as llama.cpp gives it (``llama_model_meta_val_str``: scalars
+        as text, strings as they are), at most ``max_bytes - 1`` bytes of it (as the C
+        buffer of that size holds it; invalid UTF-8 replaced), or None when the file has
+        no such key."""
+        key = expect_str("key", key)
+        if "\0" in key:
+            raise ParamError("key must not contain NUL characters")
+        max_bytes = expect_int("max_bytes", max_bytes)
+        if not 1 <= max_bytes <= 1 << 24:
+            raise ParamError(f"max_bytes must be in [1, 2**24], not {max_bytes}")
+        buf = ffi.new("char[]", max_bytes)
+        n = int(lib.llama_model_meta_val_str(self._ptr(), key.encode(), buf, max_bytes))
+        if n < 0:
+            return None
+        return ffi.string(buf).decode("utf-8", "replace")  # type: ignore[no-any-return]
 
     def read_metadata(self, max_keys: int | None = None, max_value_bytes: int | None = None) -> Metadata:
         """The metadata, read with bounds: a model file is untrusted input and may carry

@@ -7,6 +7,10 @@ against them; compose them with :class:`SamplerChain`, or run llama.cpp's own th
     chain = SamplerChain([TopK(40), TopP(0.95), MinP(0.05), Temperature(0.8), Dist(seed=1)])
     token = chain.sample(ctx)          # apply, select, accept
 
+:class:`SamplingParams` holds llama.cpp's sampling options (its names, defaults and
+order) and is taken wherever a sampler is (``sampler=``); :meth:`SamplingParams.from_model`
+starts from the model's own settings.
+
 Measurement: :func:`surprisal`, :func:`entropy`, :class:`PerplexityTracker`, and the
 corpus perplexity of ``llama-perplexity`` in :mod:`samplers.perplexity` (also
 ``python -m llama_cffi perplexity``).
@@ -28,6 +32,7 @@ from .infill import Infill
 from .measure import PerplexityTracker, entropy, surprisal
 from .mirostat import Mirostat, MirostatV2
 from .native import NativeSampler, NativeSamplerChain
+from .params import SamplingParams
 from .penalties import Penalties
 from .selection import Dist, Greedy
 from .speculative import Draft, Drafter, DraftModel, PromptLookup, SpeculativeStats, speculative_step
@@ -58,6 +63,7 @@ __all__ = [
     "Sampler",
     "SamplerChain",
     "SamplingError",
+    "SamplingParams",
     "SpeculativeStats",
     "TempExt",
     "Temperature",

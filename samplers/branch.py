@@ -81,6 +81,8 @@ if TYPE_CHECKING:
     from llama_cffi import Context
     from llama_cffi.mtmd import Chunks
 
+    from .params import SamplingParams
+
 # the C module: signal.signal/getsignal wrap every call in enum conversions (~10 us)
 _signal: Any = getattr(signal, "_signal", None) or signal
 
@@ -108,7 +110,7 @@ class NewBranch:
     cells."""
 
     prompt: Sequence[int] | npt.NDArray[np.integer[Any]]
-    sampler: Sampler | None = None
+    sampler: Sampler | SamplingParams | None = None
     grammar: Any = None
     seed: int | None = None
     track: bool = True
@@ -169,7 +171,12 @@ def _lead_k(chain: SamplerChain, n_vocab: int) -> int:
     return min(first.k, n_vocab)
 
 
-def _as_chain(sampler: Sampler | None, grammar: Any, vocab: Any) -> SamplerChain:
+def _as_chain(sampler: Sampler | SamplingParams | None, grammar: Any, vocab: Any) -> SamplerChain:
+    """The chain a branch runs: ``sampler`` (a sampler, a chain, or SamplingParams: its
+    chain for the model ``vocab``; greedy when None), with ``grammar`` first."""
+    from .params import as_sampler
+
+    sampler = as_sampler(sampler, vocab)
     chain = sampler if isinstance(sampler, SamplerChain) else SamplerChain([sampler or Greedy()])
     if grammar is not None:
         from .grammar import Grammar, GrammarMatcher, GrammarSampler
@@ -534,7 +541,7 @@ class BranchStore:
     def create(
         self,
         prompt: Sequence[int] | npt.NDArray[np.integer[Any]] | Chunks,
-        sampler: Sampler | None = None,
+        sampler: Sampler | SamplingParams | None = None,
         grammar: Any = None,
         seed: int | None = None,
         tracker: PerplexityTracker | None = None,
@@ -1539,13 +1546,11 @@ class Branch:
             np.copyto(self._logits, self._orig)
             self._orig = None
 
-    def set_sampler(self, sampler: Sampler | None, grammar: Any = None) -> None:
-        """Sample with ``sampler`` (greedy when None) from now on, with ``grammar`` (GBNF
-        text, a JSON schema, a Grammar or a matcher) first when given; the grammar starts
-        from here (what the branch generated before is not fed to it). The metrics tracker
-        stays."""
-        if sampler is not None:
-            expect("sampler", sampler, Sampler, "a samplers.Sampler or None")
+    def set_sampler(self, sampler: Sampler | SamplingParams | None, grammar: Any = None) -> None:
+        """Sample with ``sampler`` (a sampler, a chain, or SamplingParams; greedy when
+        None) from now on, with ``grammar`` (GBNF text, a JSON schema, a Grammar or a
+        matcher) first when given; the grammar starts from here (what the branch
+        generated before is not fed to it). The metrics tracker stays."""
         self._check_live()
         tracker = self.sampler.tracker
         chain = _as_chain(sampler, grammar, self.store.ctx.model)

@@ -88,6 +88,8 @@ from .base import Sampler
 if TYPE_CHECKING:
     from llama_cffi import Context
 
+    from .params import SamplingParams
+
 
 __all__ = [
     "DistributedError",
@@ -137,7 +139,7 @@ class Request:
     prompt: str | Sequence[int]
     seed: int | None = None
     max_tokens: int | None = None
-    sampler: Sampler | None = None
+    sampler: Sampler | SamplingParams | None = None
     grammar: Any = None
     json_schema: dict[str, Any] | None = None
     stop: Sequence[str] | None = None
@@ -189,7 +191,7 @@ class _Job:
     prompt: str | Sequence[int]
     seed: int | None
     max_tokens: int
-    sampler: Sampler | None
+    sampler: Sampler | SamplingParams | None
     grammar: Any
     stop: tuple[str, ...]
 
@@ -509,7 +511,7 @@ class Workers:
     def map_generate(
         self,
         prompts: Iterable[str | Sequence[int] | Request],
-        sampler: Sampler | None = None,
+        sampler: Sampler | SamplingParams | None = None,
         grammar: Any = None,
         json_schema: dict[str, Any] | None = None,
         max_tokens: int = 128,
@@ -574,7 +576,7 @@ class Workers:
 def _job(
     i: int,
     r: str | Sequence[int] | Request,
-    sampler: Sampler | None,
+    sampler: Sampler | SamplingParams | None,
     grammar: Any,
     max_tokens: int,
     stop: tuple[str, ...],
@@ -649,7 +651,7 @@ def perplexity(
 def map_generate(
     model_path: str | os.PathLike[str] | None,
     prompts: Iterable[str | Sequence[int] | Request],
-    sampler: Sampler | None = None,
+    sampler: Sampler | SamplingParams | None = None,
     grammar: Any = None,
     json_schema: dict[str, Any] | None = None,
     max_tokens: int = 128,

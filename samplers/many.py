@@ -44,6 +44,7 @@ from llama_cffi.vocab import StopStringStream
 from .base import Sampler
 from .branch import Branch, BranchStore, NewBranch
 from .logprobs import LogprobReader
+from .params import SamplingParams, as_sampler
 from .prompt_cache import PromptCache, _common
 from .search import Result, StopReason, Timings, _accepted_records, _cache, _grammar_forced_end, _result, _store
 
@@ -78,7 +79,7 @@ class Request:
 
     prompt: str | Sequence[int]
     max_tokens: int | None = None
-    sampler: Sampler | None = None
+    sampler: Sampler | SamplingParams | None = None
     grammar: Any = None
     json_schema: Any = None
     stop: Sequence[str] | None = None
@@ -159,7 +160,7 @@ class ManyRun(Iterator[tuple[int, Result]]):
         store: BranchStore,
         prompts: Iterable[str | Sequence[int] | Request],
         max_tokens: int,
-        sampler: Sampler | None,
+        sampler: Sampler | SamplingParams | None,
         grammar: Any,
         json_schema: Any,
         stop: Iterable[str],
@@ -185,8 +186,7 @@ class ManyRun(Iterator[tuple[int, Result]]):
         max_tokens = _max_tokens(max_tokens, "max_tokens")
         if seed is not None:
             seed = expect_int("seed", seed, "an int or None")
-        if sampler is not None:
-            expect("sampler", sampler, Sampler, "a Sampler or None")
+        sampler = as_sampler(sampler, ctx.model)
         if isinstance(prompts, (str, bytes, Request)):
             raise type_error("prompts", "an iterable of prompts (str, token ids or Request)", prompts)
         if isinstance(stop, str):
@@ -224,9 +224,7 @@ class ManyRun(Iterator[tuple[int, Result]]):
                 g = _resolve_grammar(req.grammar, req.json_schema, where)
             else:
                 g = default_grammar
-            smp = req.sampler if req.sampler is not None else sampler
-            if req.sampler is not None:
-                expect(f"{where}.sampler", req.sampler, Sampler, "a Sampler or None")
+            smp = as_sampler(req.sampler, ctx.model, f"{where}.sampler") if req.sampler is not None else sampler
             if isinstance(req.stop, str):
                 raise type_error(f"{where}.stop", "a sequence of strings (a list, not one str)", req.stop)
             st = default_stop if req.stop is None else tuple(req.stop)
@@ -503,7 +501,7 @@ def iter_many(
     store: BranchStore,
     prompts: Iterable[str | Sequence[int] | Request],
     max_tokens: int = 128,
-    sampler: Sampler | None = None,
+    sampler: Sampler | SamplingParams | None = None,
     grammar: Any = None,
     json_schema: Any = None,
     stop: Iterable[str] = (),
@@ -553,7 +551,7 @@ def generate_many(
     store: BranchStore,
     prompts: Iterable[str | Sequence[int] | Request],
     max_tokens: int = 128,
-    sampler: Sampler | None = None,
+    sampler: Sampler | SamplingParams | None = None,
     grammar: Any = None,
     json_schema: Any = None,
     stop: Iterable[str] = (),
@@ -604,7 +602,7 @@ async def aiter_many(
     store: BranchStore,
     prompts: Iterable[str | Sequence[int] | Request],
     max_tokens: int = 128,
-    sampler: Sampler | None = None,
+    sampler: Sampler | SamplingParams | None = None,
     grammar: Any = None,
     json_schema: Any = None,
     stop: Iterable[str] = (),
@@ -653,7 +651,7 @@ async def agenerate_many(
     store: BranchStore,
     prompts: Iterable[str | Sequence[int] | Request],
     max_tokens: int = 128,
-    sampler: Sampler | None = None,
+    sampler: Sampler | SamplingParams | None = None,
     grammar: Any = None,
     json_schema: Any = None,
     stop: Iterable[str] = (),

@@ -29,13 +29,14 @@ import argparse
 import dataclasses
 import math
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from llama_cffi._args import expect_mapping, expect_namespace, expect_parser
+from llama_cffi._args import expect_mapping, expect_namespace, expect_parser, type_error
 from llama_cffi.errors import ParamError
 
 from .adaptive import AdaptiveP
@@ -54,7 +55,7 @@ from .truncation import XTC, MinP, TopK, TopNSigma, TopP, Typical
 if TYPE_CHECKING:
     from llama_cffi import Model
 
-__all__ = ["SAMPLER_NAMES", "SamplingParams"]
+__all__ = ["SAMPLER_NAMES", "SamplingParams", "as_sampler"]
 
 #: llama.cpp's sampler names (``common_sampler_type_to_str``), in the default order, then
 #: the ones that are not in it.
@@ -77,6 +78,50 @@ _ALIASES = {"nucleus": "top_p", "temp": "temperature", "typ": "typ_p", "typical"
 for _n in SAMPLER_NAMES:
     _ALIASES[_n.replace("_", "-")] = _n
     _ALIASES[_n.replace("_", "")] = _n
+
+
+#: llama.cpp's names for the samplers it reads from a model's ``general.sampling.sequence``
+#: (``common_sampler_types_from_names``: the canonical names, their kebab-case and
+#: no-dash forms, ``nucleus``, ``temp`` and ``typ``; matched lower-cased, not stripped).
+_LLAMA_SAMPLER_NAMES = {n: n for n in SAMPLER_NAMES}
+for _n in SAMPLER_NAMES:
+    if "_" in _n:
+        _LLAMA_SAMPLER_NAMES[_n.replace("_", "-")] = _n
+        _LLAMA_SAMPLER_NAMES[_n.replace("_", "")] = _n
+_LLAMA_SAMPLER_NAMES.update({"nucleus": "top_p", "temp": "temperature", "typ": "typ_p"})
+#: The model's numeric sampling keys llama.cpp applies, with the type it parses them as.
+_MODEL_KEYS: tuple[tuple[str, type], ...] = (
+    ("top_k", int),
+    ("top_p", float),
+    ("min_p", float),
+    ("xtc_probability", float),
+    ("xtc_threshold", float),
+    ("temp", float),
+    ("penalty_last_n", int),
+    ("penalty_repeat", float),
+    ("mirostat", int),
+    ("mirostat_tau", float),
+    ("mirostat_eta", float),
+)
+_INT_PREFIX = re.compile(r"[ \t\n\r\f\v]*([+-]?[0-9]+)")
+_FLOAT_PREFIX = re.compile(
+    r"[ \t\n\r\f\v]*([+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|inf(?:inity)?|nan))",
+    re.IGNORECASE,
+)
+
+
+def _leading_number(text: str, kind: type) -> int | float | None:
+    """``text``'s leading number as C's ``strtol`` (base 10) or ``strtof`` (rounded to
+    float32) reads it; None when there is none, or an integer outside int32 (which
+    llama.cpp's conversion would wrap)."""
+    m = (_INT_PREFIX if kind is int else _FLOAT_PREFIX).match(text)
+    if m is None:
+        return None
+    if kind is int:
+        v = int(m.group(1))
+        return v if -(2**31) <= v < 2**31 else None
+    f = float(np.float32(float(m.group(1))))
+    return f
 
 
 def sampler_name(name: str) -> str:
@@ -196,6 +241,50 @@ class SamplingParams:
         d["samplers"] = list(self.samplers)
         d["logit_bias"] = {str(k): v for k, v in self.logit_bias.items()}
         return d
+
+    @classmethod
+    def from_model(cls, model: Model, **overrides: Any) -> SamplingParams:
+        """llama.cpp's defaults, then the model's own sampling settings, then
+        ``overrides``: what you pass wins over the model's, and the model's over the
+        defaults, as in llama.cpp's tools (``common_init_sampler_from_model``: an option
+        given on the command line wins over the file's).
+
+        The model's settings are its GGUF ``general.sampling.*`` keys: ``sequence`` (the
+        samplers' order, ``;``-separated names; names llama.cpp does not know are
+        skipped), ``top_k``, ``top_p``, ``min_p``, ``xtc_probability``,
+        ``xtc_threshold``, ``temp``, ``penalty_last_n``, ``penalty_repeat``,
+        ``mirostat``, ``mirostat_tau`` and ``mirostat_eta``. Each is read as llama.cpp
+        reads it (its text's leading number, as ``strtol``/``strtof`` parse it; no number:
+        ignored). A model file is untrusted: a value these parameters' checks refuse
+        (``top_p`` of 2, a NaN) is ignored too, with a ``RuntimeWarning`` naming it.
+        Raises :class:`~llama_cffi.ParamError` for an override that is wrong."""
+        check_model(model)
+        base = cls()
+        ignored: list[str] = []
+        seq = model.meta_value("general.sampling.sequence", 512)
+        if seq is not None:
+            names = seq.split(";")
+            if names:
+                known = [_LLAMA_SAMPLER_NAMES[n.lower()] for n in names if n.lower() in _LLAMA_SAMPLER_NAMES]
+                base = dataclasses.replace(base, samplers=tuple(known))
+        for name, kind in _MODEL_KEYS:
+            raw = model.meta_value(f"general.sampling.{name}", 64 if kind is int else 128)
+            if raw is None:
+                continue
+            value = _leading_number(raw, kind)
+            if value is None:
+                continue
+            try:
+                base = dataclasses.replace(base, **{name: value})  # type: ignore[arg-type]
+            except ParamError:
+                ignored.append(f"general.sampling.{name}={raw!r}")
+        if ignored:
+            warnings.warn(
+                f"the model's sampling settings {', '.join(ignored)} are out of range: ignored",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return dataclasses.replace(base, **overrides) if overrides else base
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SamplingParams:
@@ -447,3 +536,15 @@ def _number(v: float) -> str:
     if isinstance(v, float) and math.isfinite(v):
         return str(np.format_float_positional(v, unique=True, trim="-"))
     return str(v)
+
+
+def as_sampler(sampler: object, model: Model, name: str = "sampler") -> Sampler | None:
+    """What a ``sampler=`` argument gives: None stays None, a
+    :class:`SamplingParams` becomes its chain for ``model`` (:meth:`SamplingParams.to_chain`),
+    a :class:`~samplers.base.Sampler` is itself; anything else is a
+    :class:`~llama_cffi.errors.ParamTypeError` naming ``name``."""
+    if sampler is None or isinstance(sampler, Sampler):
+        return sampler
+    if isinstance(sampler, SamplingParams):
+        return sampler.to_chain(model)
+    raise type_error(name, "a samplers Sampler (a chain), samplers.SamplingParams, or None", sampler)

@@ -57,6 +57,7 @@ from llama_cffi.errors import KvCacheFullError, ParamError, UnsupportedError
 
 from .base import Sampler
 from .branch import Branch, BranchStore, NewBranch
+from .params import SamplingParams
 
 __all__ = ["CacheStats", "PromptCache"]
 
@@ -310,7 +311,7 @@ class PromptCache:
     def create(
         self,
         prompt: Sequence[int] | npt.NDArray[np.integer[Any]],
-        sampler: Sampler | None = None,
+        sampler: Sampler | SamplingParams | None = None,
         grammar: Any = None,
         seed: int | None = None,
         track: bool = True,
@@ -324,7 +325,7 @@ class PromptCache:
     def _create(
         self,
         prompt: Sequence[int] | npt.NDArray[np.integer[Any]],
-        sampler: Sampler | None,
+        sampler: Sampler | SamplingParams | None,
         grammar: Any,
         seed: int | None,
         track: bool,

@@ -27,6 +27,7 @@ from .base import Sampler
 from .branch import Branch, BranchError, BranchStore
 from .chain import SamplerChain
 from .logprobs import LogprobReader, TokenLogprob
+from .params import SamplingParams, as_sampler
 from .prompt_cache import PromptCache
 from .selection import Greedy
 from .speculative import Drafter, Verify, speculative_step
@@ -427,7 +428,7 @@ def complete(
     store: BranchStore,
     prompt: str | Sequence[int],
     max_tokens: int = 128,
-    sampler: Sampler | None = None,
+    sampler: Sampler | SamplingParams | None = None,
     grammar: Any = None,
     json_schema: Any = None,
     stop: Iterable[str] = (),
@@ -494,7 +495,7 @@ def generate(
     store: BranchStore,
     prompt: str | Sequence[int],
     max_tokens: int = 128,
-    sampler: Sampler | None = None,
+    sampler: Sampler | SamplingParams | None = None,
     grammar: Any = None,
     json_schema: Any = None,
     stop: Iterable[str] = (),
@@ -592,7 +593,7 @@ async def acomplete(
     store: BranchStore,
     prompt: str | Sequence[int],
     max_tokens: int = 128,
-    sampler: Sampler | None = None,
+    sampler: Sampler | SamplingParams | None = None,
     grammar: Any = None,
     json_schema: Any = None,
     stop: Iterable[str] = (),
@@ -644,7 +645,7 @@ async def agenerate(
     store: BranchStore,
     prompt: str | Sequence[int],
     max_tokens: int = 128,
-    sampler: Sampler | None = None,
+    sampler: Sampler | SamplingParams | None = None,
     grammar: Any = None,
     json_schema: Any = None,
     stop: Iterable[str] = (),
@@ -731,7 +732,7 @@ def best_of_n(
     prompt: str | Sequence[int],
     n: int,
     max_tokens: int = 64,
-    sampler: Sampler | None = None,
+    sampler: Sampler | SamplingParams | None = None,
     score: str | Callable[[Branch], float] = "perplexity",
     seed: int = 0,
     drafter: Drafter | None = None,
@@ -750,7 +751,7 @@ def best_of_n(
     if n < 1:
         raise ParamError(f"n must be >= 1, not {n}")
     reader = LogprobReader(store.ctx.model.vocab, 0, unit) if logprobs else None
-    chain = sampler if sampler is not None else SamplerChain([Greedy()])
+    chain = as_sampler(sampler, store.ctx.model) or SamplerChain([Greedy()])
     toks = _prompt_tokens(store, prompt)
     t0 = time.perf_counter()
     root = store.create(toks, sampler=chain)

@@ -423,6 +423,7 @@ REST: dict[str, Callable[[Env], tuple[tuple[Any, ...], dict[str, Any]]]] = {
     "llama_cffi.testing._kv_machine.KvCacheMachine.decode_and_check": lambda e: (([1], "decode"), {}),
     "llama_cffi.testing._strategies.floats32": lambda e: ((1.0,), {}),
     "llama_cffi.media.Audio": lambda e: ((16000,), {}),
+    "samplers.params.as_sampler": lambda e: ((e.model,), {}),
     "llama_cffi.chat.with_media_markers": lambda e: (("<m>",), {}),
     "llama_cffi.media_file.check_media": lambda e: ((), {"max_pixels": 1 << 20, "max_seconds": 60.0}),
     "llama_cffi.mtmd.Chunks": lambda e: ((None,), {}),
