@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from llama_cffi import AdapterError, ClosedError, Model
-from tests.tiny_lora import write_tiny_lora
+from llama_cffi.testing import write_tiny_lora
 
 PROMPT = [1, 40, 50, 60, 70]
 

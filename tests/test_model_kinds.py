@@ -21,9 +21,8 @@ import numpy as np
 import pytest
 
 import llama_cffi
-from llama_cffi.testing import TINY_KINDS, write_tiny
+from llama_cffi.testing import TINY_KINDS, write_tiny, write_tiny_lora
 from tests.conftest import DEFAULT_SIGINT, ROOT
-from tests.tiny_lora import write_tiny_lora
 
 SOURCE = Path(os.environ.get("LLAMA_CFFI_SOURCE_TREE", str(ROOT))).resolve()
 TABLE = SOURCE / "docs" / "model-kinds.md"

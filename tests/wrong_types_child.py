@@ -239,7 +239,7 @@ class Env:
         return ctx.decode(self.prompt())
 
     def lora_path(self) -> str:
-        from tests.tiny_lora import write_tiny_lora
+        from llama_cffi.testing import write_tiny_lora
 
         return str(self.once("lora", lambda: write_tiny_lora(f"{self.folder}/lora.gguf")))
 

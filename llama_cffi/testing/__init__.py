@@ -2,6 +2,7 @@
 
 Usable without a real model installed:
 
+* A tiny LoRA (or aLoRA) adapter for the tiny model (:func:`write_tiny_lora`).
 * Tiny random-weight multimodal projectors for libmtmd (:func:`write_tiny_gemma3_mmproj`,
   an image one; :func:`write_tiny_ultravox_mmproj`, an audio one), paired with any text
   model of the embedding width they are written for; and a tiny Qwen2-VL pair
@@ -70,6 +71,7 @@ from ._strategies import (
     token_sequences,
 )
 from ._tiny_encoders import write_tiny_bert, write_tiny_t5
+from ._tiny_lora import write_tiny_lora
 from ._tiny_mmproj import write_tiny_gemma3_mmproj, write_tiny_ultravox_mmproj
 from ._tiny_model import (
     BOS_ID,
@@ -122,6 +124,7 @@ __all__ = [
     "write_tiny_bert",
     "write_tiny_gemma3_mmproj",
     "write_tiny_hybrid",
+    "write_tiny_lora",
     "write_tiny_mamba",
     "write_tiny_model",
     "write_tiny_quantized",

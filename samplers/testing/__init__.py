@@ -5,6 +5,9 @@
 * :func:`grammars_with_examples`: GBNF grammars with strings they accept and near misses
   they reject (:class:`GrammarExample`), from a small generative grammar model.
 * :func:`json_schemas`: JSON schemas with instances they accept (:class:`SchemaExample`).
+* :func:`chat_messages`, :func:`tool_specs`, :func:`tool_calls`: OpenAI-style
+  conversations (system, user and assistant messages; text parts; tool calls and their
+  results), function specs, and calls whose arguments fit their spec.
 * :class:`BranchMachine`: a hypothesis state machine of a
   :class:`~samplers.branch.BranchStore` (tree, ids, KV cells, logits against fresh
   decodes) to run against your model or extend with your own rules.
@@ -44,6 +47,7 @@ from ..penalties import Penalties
 from ..selection import Dist, Greedy
 from ..temperature import Temperature, TempExt
 from ..truncation import XTC, MinP, TopK, TopNSigma, TopP, Typical
+from ._chat import chat_messages, tool_calls, tool_specs
 from ._grammars import GrammarExample, GrammarExampleMismatch, grammars_with_examples
 from ._hypothesis import _require_hypothesis
 from ._schemas import SchemaExample, json_schemas
@@ -62,9 +66,12 @@ __all__ = [
     "GrammarExampleMismatch",
     "Node",
     "SchemaExample",
+    "chat_messages",
     "grammars_with_examples",
     "json_schemas",
     "sampler_chains",
+    "tool_calls",
+    "tool_specs",
 ]
 
 
