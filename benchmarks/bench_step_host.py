@@ -12,6 +12,9 @@ same model, prompt and context settings:
 * ``batched``: ``BranchStore(ctx)``: after each decode one C call reads every row once on
   ``--threads`` threads (max, log-normaliser, entropy, top-40), then each chain runs on
   its 40 candidates;
+* ``each``: the batched store stepped with ``{b: b.sample() for b in branches}``: the
+  same rows and measures, each chain run on its own (``store.sample`` runs chains of one
+  configuration together, as numpy operations over all their candidates);
 * ``device``: ``BranchStore(ctx, device=True)``: top-k and the measures run in llama.cpp's
   graph (backend sampling; on a CPU, ggml's CPU ops inside ``llama_decode``), so only 56
   candidates and 3 numbers per row reach the host.
@@ -49,7 +52,7 @@ import samplers as S  # noqa: E402
 from benchmarks.common import command_line, cpu_model, write_json  # noqa: E402
 from samplers.branch import BranchStore  # noqa: E402
 
-MODES = ("row", "batched", "device")
+MODES = ("row", "batched", "each", "device")
 
 
 def chain(seed: int, k: int) -> S.SamplerChain:
@@ -97,7 +100,9 @@ def run_mode(
     branches = [root] + [root.fork(seed=i) for i in range(1, n)]
 
     def sample() -> dict[Any, int]:
-        return store.sample(branches) if hasattr(store, "sample") else {b: b.sample() for b in branches}
+        if mode == "each" or not hasattr(store, "sample"):
+            return {b: b.sample() for b in branches}
+        return store.sample(branches)
 
     store.step(sample())  # untimed: the first step with every row
     out: dict[str, list[float]] = {"host_ms": [], "sample_ms": [], "step_host_ms": [], "llama_ms": []}

@@ -103,6 +103,9 @@ class Batch:
         """Fill with ``tokens`` at positions ``start_pos...`` of one sequence (vectorised)."""
         expect_iterable("tokens", tokens, "a sequence or array of token ids")
         start_pos = expect_int("start_pos", start_pos)
+        seq_id = expect_int("seq_id", seq_id)
+        if not isinstance(output_last, (bool, int, np.bool_, np.integer)):
+            raise type_error("output_last", "a bool", output_last)
         n = len(tokens)
         if n > self.capacity:
             raise ParamError(f"{n} tokens do not fit a batch of capacity {self.capacity}")
@@ -118,6 +121,10 @@ class Batch:
     def add(self, token: int, pos: int, seq_ids: tuple[int, ...] | list[int] = (0,), output: bool = False) -> None:
         """Append one token (at position ``pos``, in ``seq_ids``)."""
         token, pos = expect_int("token", token), expect_int("pos", pos)
+        if not isinstance(seq_ids, (tuple, list, np.ndarray)):
+            raise type_error("seq_ids", "a tuple or list of sequence ids", seq_ids)
+        if not isinstance(output, (bool, int, np.bool_, np.integer)):
+            raise type_error("output", "a bool", output)
         i = self.n_tokens
         if i >= self.capacity:
             raise ParamError(f"batch is full ({self.capacity} tokens)")

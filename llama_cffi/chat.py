@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ._args import expect_iterable, expect_path, expect_str
+from ._args import expect, expect_bool, expect_iterable, expect_path, expect_str, expect_strs
 from ._binding import ffi, lib
 from .errors import ChatTemplateError, InvalidMediaError
 from .template_sandbox import (
@@ -32,6 +32,7 @@ __all__ = [
     "MEDIA_PART_TYPES",
     "ChatPrompt",
     "ChatTemplateError",
+    "ReasoningFormat",
     "TemplateLimitError",
     "TemplateLimits",
     "TemplateReport",
@@ -41,6 +42,8 @@ __all__ = [
     "get_template_limits",
     "is_template_name",
     "media_sources",
+    "reasoning_format",
+    "reasoning_opens",
     "set_template_limits",
     "turn_end",
     "unknown_template_name",
@@ -73,6 +76,13 @@ def _check_template(template: object) -> str:
     return expect_str("template", template, "a str (a template name or template text)")
 
 
+def _check_engine(engine: object, limits: object) -> None:
+    """The TypeError naming ``engine`` (a str) or ``limits`` (a TemplateLimits or None)."""
+    expect_str("engine", engine, "'auto', 'native' or 'jinja'")
+    if limits is not None:
+        expect("limits", limits, TemplateLimits, "a llama_cffi.chat.TemplateLimits or None")
+
+
 def is_template_name(template: str) -> bool:
     """Whether ``template`` is a name (one word such as ``"chatml"``) rather than template
     text. A name must be one of :func:`builtin_templates` (or, for a model's methods, a
@@ -84,6 +94,7 @@ def unknown_template_name(name: str, shipped: Iterable[str] = ()) -> ChatTemplat
     """The error for a template name that is no known template: it lists the names that
     are (llama.cpp's builtin ones, and ``shipped``: those a model's file carries)."""
     expect_str("name", name)
+    shipped = expect_strs("shipped", shipped, "an iterable of template names (str)")
     known = f"llama.cpp's builtin templates: {', '.join(_builtin_names())}"
     if shipped := sorted(shipped):
         known += f"; the model's own: {', '.join(shipped)}"
@@ -271,6 +282,7 @@ def _normalized(messages: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
 def apply_native(template: str, messages: Iterable[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
     """Render with llama.cpp; :class:`ChatTemplateError` if it does not know the template."""
     _check_template(template)
+    add_generation_prompt = expect_bool("add_generation_prompt", add_generation_prompt)
     msgs = _messages(messages)
     keep = [(ffi.new("char[]", r.encode()), ffi.new("char[]", c.encode())) for r, c in msgs]
     chat = ffi.new("llama_chat_message[]", max(len(keep), 1))
@@ -414,6 +426,8 @@ def apply_template(
     them is refused (:func:`is_template_name`), and a name is rendered by llama.cpp, not
     by Jinja."""
     _check_template(template)
+    add_generation_prompt = expect_bool("add_generation_prompt", add_generation_prompt)
+    _check_engine(engine, limits)
     if engine not in ("auto", "native", "jinja"):
         raise ValueError(f"engine={engine!r}; use 'auto', 'native' or 'jinja'")
     msgs = list(expect_messages(messages))
@@ -459,6 +473,80 @@ class ChatPrompt:
     #: whether ``tools`` were rendered (only templates that declare tools render them, as
     #: in llama.cpp)
     tools_rendered: bool = False
+    #: the template's reasoning markers (:func:`reasoning_format`), None when it has none
+    reasoning: ReasoningFormat | None = None
+    #: the prompt ends inside a reasoning block (its generation prompt opens one): the
+    #: reply starts with reasoning, without the start marker
+    reasoning_open: bool = False
+
+
+@dataclass(frozen=True)
+class ReasoningFormat:
+    """How a template marks a reply's reasoning: ``start`` and ``end`` markers
+    (``"<think>"``, ``"</think>"``), found by :func:`reasoning_format`."""
+
+    start: str
+    end: str
+
+
+_PROBE_THINKING = "llama_cffi probe: the assistant's thoughts"
+#: What a reasoning marker looks like (llama.cpp's marker segments): ``<think>``,
+#: ``</think>``, ``[THINK]``, ``<|channel|>``...
+_MARKER = r"(?:<\|[^|<>\s]{1,32}\|>|</?[A-Za-z_][\w:-]{0,31}>|\[/?[A-Z_]{2,32}\]|◁/?[a-z]{1,16}▷)"
+
+
+def reasoning_format(
+    template: str, engine: str = "auto", limits: TemplateLimits | None = None, **context: Any
+) -> ReasoningFormat | None:
+    """The reasoning markers of a template, found as llama.cpp's differential analysis
+    finds them (``common/chat-diff-analyzer.cpp``, ``compare_reasoning_presence``): render
+    an assistant message without and with ``reasoning_content``, and take the markers
+    around the reasoning in the second. A template that does not render
+    ``reasoning_content`` but whose text holds ``<think>`` and ``</think>`` gets those.
+    None when neither finds markers (or the template fails to render the probe).
+    ``engine="auto"`` renders template text with Jinja when it is installed (as
+    :meth:`Model.format_chat <llama_cffi.Model.format_chat>` does): llama.cpp's native
+    renderer takes a template it recognises for its family's builtin one, which renders
+    no reasoning."""
+    if engine == "auto" and not is_template_name(template) and jinja_available():
+        engine = "jinja"
+    user = {"role": "user", "content": _PROBE_USER}
+    plain = {"role": "assistant", "content": _PROBE_ASSISTANT}
+    thinking = {**plain, "reasoning_content": _PROBE_THINKING}
+    ctx = {"enable_thinking": True, **context}
+    try:
+        a = apply_template(template, [user, plain], False, engine, limits, **ctx)
+        b = apply_template(template, [user, thinking], False, engine, limits, **ctx)
+    except ChatTemplateError:
+        return None
+    at = b.find(_PROBE_THINKING)
+    if a != b and at >= 0:
+        before = re.search(_MARKER + r"\s*$", b[:at])
+        after = re.match(r"\s*(" + _MARKER + r")", b[at + len(_PROBE_THINKING) :])
+        if before is not None and after is not None:
+            return ReasoningFormat(before.group(0).strip(), after.group(1))
+    if not is_template_name(template) and "<think>" in template and "</think>" in template:
+        return ReasoningFormat("<think>", "</think>")
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def _reasoning_format_cached(template: str, engine: str) -> ReasoningFormat | None:
+    if is_template_name(template) or ("reasoning_content" not in template and "think>" not in template):
+        return None  # neither renders reasoning nor names the usual markers
+    return reasoning_format(template, engine)
+
+
+def reasoning_opens(prompt: str, fmt: ReasoningFormat | None) -> bool:
+    """Whether a rendered generation prompt ends inside a reasoning block (its last
+    marker opens one, as Qwen3's and DeepSeek-R1's templates do): the reply then starts
+    with reasoning."""
+    expect_str("prompt", prompt)
+    if fmt is None:
+        return False
+    expect("fmt", fmt, ReasoningFormat, "a ReasoningFormat (from reasoning_format) or None")
+    tail = prompt.rstrip()
+    return tail.endswith(fmt.start)
 
 
 def jinja_available() -> bool:
@@ -480,6 +568,8 @@ def turn_end(template: str, engine: str = "auto", limits: TemplateLimits | None 
     ChatML, ``"<end_of_turn>"`` for Gemma. Found by rendering a probe conversation; when a
     template puts nothing after the assistant's words, the start of the next user turn
     (Llama 2's ``"[INST]"``). Empty when neither is there."""
+    _check_template(template)
+    _check_engine(engine, limits)
     msgs = [{"role": "user", "content": _PROBE_USER}, {"role": "assistant", "content": _PROBE_ASSISTANT}]
     text = apply_template(template, msgs, False, engine, limits, **context)
     at = text.rfind(_PROBE_ASSISTANT)
@@ -517,6 +607,8 @@ def validate_template(
     ``template`` and report what it supports. Raises :class:`ChatTemplateError` when it
     cannot render them or drops the user's or assistant's words (a template that would
     silently lose the conversation)."""
+    _check_template(template)
+    _check_engine(engine, limits)
     system = "llama_cffi probe: the system's words"
     msgs = [
         {"role": "system", "content": system},

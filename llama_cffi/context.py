@@ -45,6 +45,8 @@ from ._args import (
     expect_bool,
     expect_callable,
     expect_int,
+    expect_iterable,
+    expect_number,
     expect_path,
     expect_str,
     expect_strs,
@@ -98,7 +100,8 @@ class Greedy:
     """The default sampler of :meth:`Context.generate`: the most likely token."""
 
     def sample(self, ctx: Context, idx: int = -1) -> int:
-        return int(np.asarray(expect("ctx", ctx, Context, "a llama_cffi.Context").logits(idx)).argmax())
+        expect("ctx", ctx, Context, "a llama_cffi.Context")
+        return int(np.asarray(ctx.logits(expect_int("idx", idx))).argmax())
 
 
 def _as_sampler(sampler: object, model: Model) -> Sampler:
@@ -497,7 +500,7 @@ class Context:
         aborts it too and is re-raised from the ``decode`` call. ``None`` removes it."""
         if fn is not None and not callable(fn):
             raise type_error("fn", "callable (the abort callback) or None", fn)
-        if not interval >= 0:
+        if not expect_number("interval", interval, "a number of seconds") >= 0:
             raise ParamError(f"interval must be >= 0 seconds, not {interval!r}")
         self._ptr()
         self._abort_py.callback = fn
@@ -535,11 +538,11 @@ class Context:
                 "with n_rs_seq=k to keep k steps of rollback, or clear and decode again)"
             )
 
-    def _check_seq(self, seq_id: object) -> int:
+    def _check_seq(self, seq_id: object, name: str = "seq_id") -> int:
         if isinstance(seq_id, (bool, np.bool_)) or not isinstance(seq_id, (int, np.integer)):
-            raise type_error("seq_id", "an int (a sequence id)", seq_id)
+            raise type_error(name, "an int (a sequence id)", seq_id)
         if not 0 <= seq_id < self._n_seq_max:
-            raise ParamError(f"seq_id={seq_id!r} is out of range [0, {self._n_seq_max})")
+            raise ParamError(f"{name}={seq_id!r} is out of range [0, {self._n_seq_max})")
         return int(seq_id)
 
     def _start_pos(self, seq_id: int, pos: int | None, n: int) -> int:
@@ -547,7 +550,9 @@ class Context:
         if pos is None:
             start = last + 1
         else:
-            if isinstance(pos, bool) or not isinstance(pos, (int, np.integer)) or pos < 0:
+            if isinstance(pos, (bool, np.bool_)) or not isinstance(pos, (int, np.integer)):
+                raise type_error("pos", "an int >= 0 or None", pos)
+            if pos < 0:
                 raise InvalidBatchError(f"pos must be an int >= 0, not {pos!r}")
             start = int(pos)
             if last >= 0 and (start <= last if self._mrope else start != last + 1):
@@ -883,16 +888,18 @@ class Context:
         if logits not in ("none", "last"):
             raise ParamError(f"logits={logits!r}; use 'none' or 'last'")
         seq_id = self._check_seq(seq_id)
+        if pos is not None and (isinstance(pos, (bool, np.bool_)) or not isinstance(pos, (int, np.integer))):
+            raise type_error("pos", "an int >= 0 or None", pos)
         mrope = self._n_pos_per_embd == 4
         sections: npt.NDArray[np.int32] | None = None
         if mrope_pos is not None:
+            arr = np.asarray(mrope_pos)
+            if arr.shape != (n, 4) or arr.dtype.kind not in "iu":
+                raise type_error("mrope_pos", f"an integer array of shape ({n}, 4)", mrope_pos)
             if not mrope:
                 raise ParamError("mrope_pos is for models with M-RoPE positions; this one has one position per row")
             if pos is not None:
                 raise ParamError("give pos or mrope_pos, not both")
-            arr = np.asarray(mrope_pos)
-            if arr.shape != (n, 4) or arr.dtype.kind not in "iu":
-                raise type_error("mrope_pos", f"an integer array of shape ({n}, 4)", mrope_pos)
             if (arr < 0).any() or (arr > 2**31 - 1).any():
                 raise InvalidBatchError("mrope_pos holds a position outside [0, 2**31)")
             sections = arr.astype(np.int32)
@@ -1026,6 +1033,8 @@ class Context:
         would crash), :class:`InvalidBatchError` for more tokens than ``n_ubatch`` (the
         encoder takes one micro-batch)."""
         arr = self._vocab.check_tokens(tokens)
+        if isinstance(seq_id, (bool, np.bool_)) or not isinstance(seq_id, (int, np.integer)):
+            raise type_error("seq_id", "an int (a sequence id, or -1 for every sequence)", seq_id)
         n = len(arr)
         if n == 0:
             raise InvalidBatchError("encode needs at least one token")
@@ -1098,6 +1107,8 @@ class Context:
         model's decoder start token into ``seq_id`` and return its logits (the first
         generated token comes from them)."""
         self._vocab.check_tokens(tokens)
+        if isinstance(seq_id, (bool, np.bool_)) or not isinstance(seq_id, (int, np.integer)):
+            raise type_error("seq_id", "an int (a sequence id)", seq_id)
         self._ptr()
         if not self._enc_dec:
             raise UnsupportedError(f"start_decoder is for encoder-decoder models; this is a {self._arch} model")
@@ -1321,6 +1332,7 @@ class Context:
         """Embedding of output ``i`` of the last decode (needs ``embeddings=True``): a new
         float32 array of ``n_embd_out`` values, L2-normalised if ``normalize``."""
         i = expect_int("i", i)
+        normalize = expect_bool("normalize", normalize)
         ptr = self._ptr()
         self._check_idle()
         if not self._embeddings:
@@ -1338,6 +1350,7 @@ class Context:
     def embeddings_seq(self, seq_id: int = 0, normalize: bool = False) -> np.ndarray:
         """Pooled embedding of a sequence (contexts with a pooling type other than none);
         for ``rank`` pooling, the classifier scores (``n_cls_out`` values)."""
+        normalize = expect_bool("normalize", normalize)
         ptr = self._ptr()
         self._check_idle()
         seq_id = self._check_seq(seq_id)
@@ -1362,6 +1375,7 @@ class Context:
         of its own for embedding."""
         if not isinstance(texts, str):
             texts = expect_strs("texts", texts, "a str or a sequence of str")
+        normalize = expect_bool("normalize", normalize)
         rows = self._pooled([texts] if isinstance(texts, str) else texts, "embed")
         out = np.stack(rows) if rows else np.zeros((0, self.model.n_embd_out), dtype=np.float32)
         if normalize and len(out):
@@ -1470,6 +1484,9 @@ class Context:
         on layers ``il_start..il_end`` inclusive; ``None`` clears it."""
         if data is not None and not isinstance(data, (np.ndarray, Sequence)):
             raise type_error("data", "an array of shape (k, n_embd), or None", data)
+        expect_int("il_start", il_start, "an int (a layer, from 1)")
+        if il_end is not None:
+            expect_int("il_end", il_end, "an int (a layer) or None")
         n_embd, n_layer = self.model.n_embd, self.model.n_layer
         with self._busy:
             ptr = self._ptr()
@@ -1540,12 +1557,14 @@ class Context:
     def seq_state_size(self, seq_id: int = 0, flags: int = 0) -> int:
         """Bytes of one sequence's state (``flags``: ``LLAMA_STATE_SEQ_FLAGS_*``)."""
         seq_id = self._check_seq(seq_id)
+        flags = expect_int("flags", flags, "an int (LLAMA_STATE_SEQ_FLAGS_*)")
         with self._busy:
             return int(lib.llama_state_seq_get_size_ext(self._ptr(), seq_id, flags))
 
     def save_seq_state(self, seq_id: int = 0, flags: int = 0) -> bytes:
         """One sequence's state as bytes (for :meth:`load_seq_state`)."""
         seq_id = self._check_seq(seq_id)
+        flags = expect_int("flags", flags, "an int (LLAMA_STATE_SEQ_FLAGS_*)")
         self._no_pending_shift()
         with self._busy:
             ptr = self._ptr()
@@ -1557,7 +1576,8 @@ class Context:
     def load_seq_state(self, data: bytes | bytearray | memoryview, dest_seq_id: int = 0, flags: int = 0) -> int:
         """Restore a sequence state into ``dest_seq_id`` (which is emptied first)."""
         mv = _bytes_view("data", data)
-        dest_seq_id = self._check_seq(dest_seq_id)
+        dest_seq_id = self._check_seq(dest_seq_id, "dest_seq_id")
+        flags = expect_int("flags", flags, "an int (LLAMA_STATE_SEQ_FLAGS_*)")
         if len(mv) < 4 or int.from_bytes(bytes(mv[:4]), "little") != _SEQ_STATE_MAGIC:
             raise StateError("not a llama.cpp sequence state (bad magic)")
         self.memory.seq_rm(dest_seq_id)
@@ -1580,7 +1600,7 @@ class Context:
         """Save the whole state and the token list to a session file."""
         path = expect_path("path", path)
         self._no_pending_shift()
-        arr = self._vocab.check_tokens(list(tokens))
+        arr = self._vocab.check_tokens(list(expect_iterable("tokens", tokens, "an iterable of token ids")))
         with self._busy:
             ok = lib.llama_state_save_file(
                 self._ptr(), os.fsencode(path), ffi.from_buffer("llama_token[]", arr), len(arr)
@@ -1614,7 +1634,7 @@ class Context:
         path = expect_path("path", path)
         seq_id = self._check_seq(seq_id)
         self._no_pending_shift()
-        arr = self._vocab.check_tokens(list(tokens))
+        arr = self._vocab.check_tokens(list(expect_iterable("tokens", tokens, "an iterable of token ids")))
         with self._busy:
             n = int(
                 lib.llama_state_seq_save_file(
@@ -1633,7 +1653,7 @@ class Context:
         the reason :meth:`load_state_file` gives (llama.cpp's file path also asserts, and
         aborts, on what a truncated file leads it to read)."""
         p = expect_path("path", path)
-        dest_seq_id = self._check_seq(dest_seq_id)
+        dest_seq_id = self._check_seq(dest_seq_id, "dest_seq_id")
         cap = self._n_ctx if max_tokens is None else max_tokens
         # the file holds the sequence's data alone; in memory it follows a magic and a seq id
         tokens, buf = _read_session_file(
@@ -1729,6 +1749,8 @@ class Context:
             raise ParamError(f"max_tokens must be an int >= 0, not {max_tokens!r}")
         if not isinstance(context_shift, bool):
             raise type_error("context_shift", "True or False", context_shift)
+        if isinstance(n_keep, bool) or not isinstance(n_keep, int):
+            raise type_error("n_keep", "an int (positions kept at the start on a context shift)", n_keep)
         if context_shift:
             self._check_shift(n_keep)
         smp = _as_sampler(sampler, self.model)
@@ -1798,6 +1820,8 @@ class Context:
         ``fn`` then finishes, ``cleanup(result)`` is called (to release what it made) and
         the cancellation is raised."""
         expect_callable("fn", fn)
+        if cleanup is not None:
+            expect_callable("cleanup", cleanup, "callable (it takes fn's result) or None")
         loop = asyncio.get_running_loop()
         fut = loop.run_in_executor(None, fn)
         try:

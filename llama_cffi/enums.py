@@ -17,6 +17,8 @@ def coerce(kind: type[E], value: object, param: str) -> E:
 
     if not (isinstance(kind, type) and issubclass(kind, enum.Enum)):
         raise type_error("kind", "an Enum class", kind)
+    if not isinstance(param, str):
+        raise type_error("param", "a str (the parameter the messages name)", param)
 
     if isinstance(value, kind):
         return value
@@ -29,6 +31,8 @@ def coerce(kind: type[E], value: object, param: str) -> E:
             return kind(value)
         except ValueError:
             pass
+    elif not isinstance(value, int):
+        raise type_error(param, f"a {kind.__name__}, its name or its int value", value)
     names = ", ".join(m.lower() for m in kind.__members__)
     raise ParamError(f"{param}={value!r} is not a valid {kind.__name__}; use one of: {names}")
 

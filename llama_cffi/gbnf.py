@@ -147,6 +147,7 @@ class ParsedGrammar:
     def __post_init__(self) -> None:
         expect("rules", self.rules, tuple, "a tuple of rules (use parse_gbnf)")
         expect_mapping("symbol_ids", self.symbol_ids, "a mapping of rule names to ids")
+        expect("token_names", self.token_names, tuple, "a tuple of token names (str)")
         names = [""] * len(self.rules)
         for name, i in self.symbol_ids.items():
             if 0 <= i < len(names):
@@ -1317,6 +1318,7 @@ def check_grammar(g: ParsedGrammar, root: str = "root") -> None:
     rule is left-recursive (:class:`LeftRecursionError`, by llama.cpp's algorithm; and,
     beyond llama.cpp, the "hidden" left recursion it misses, see the module docstring)."""
     expect("g", g, ParsedGrammar, "a ParsedGrammar (from parse_gbnf)")
+    expect_str("root", root, "a str (the start rule's name)")
     if not g.rules:
         raise GrammarError("grammar has no rules")
     if root not in g.symbol_ids:

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from ._args import expect_array, expect_int, expect_iterable, type_error
+from ._args import expect_array, expect_int, expect_iterable, expect_number, type_error
 from ._binding import ffi, lib
 
 __all__ = [
@@ -62,6 +62,8 @@ def softmax_sum(row: npt.NDArray[np.float32], max_value: float, out: npt.NDArray
     log-partition function of ``softmax(row)`` when ``max_value = row.max()``."""
     _check("row", row)
     _check("out", out)
+    if type(max_value) is not float:
+        max_value = expect_number("max_value", max_value)
     if out.shape[0] != row.shape[0]:
         raise ValueError(f"out has {out.shape[0]} values, row has {row.shape[0]}")
     if not out.flags.writeable:
@@ -78,6 +80,8 @@ def softmax_dot(exps: npt.NDArray[np.float32], row: npt.NDArray[np.float32], max
     result, the entropy of ``softmax(row)`` is ``log(s) - softmax_dot(...) / s`` nats."""
     _check("exps", exps)
     _check("row", row)
+    if type(max_value) is not float:
+        max_value = expect_number("max_value", max_value)
     if exps.shape[0] != row.shape[0]:
         raise ValueError(f"exps has {exps.shape[0]} values, row has {row.shape[0]}")
     return float(
@@ -106,6 +110,8 @@ def top_k_grouped(
     """
     _check("row", row)
     _check("gmax", gmax)
+    if type(k) is not int:
+        k = expect_int("k", k)
     n, cols = row.shape[0], gmax.shape[0]
     if not 1 <= k <= cols or cols * _GROUPS > n:
         raise ValueError(f"need 1 <= k <= len(gmax) and 64 * len(gmax) <= len(row): k={k}, {cols} groups, {n} values")
@@ -279,22 +285,22 @@ class RowMeasures:
         that do not fit, before any row is read; :class:`MemoryError` when C runs out."""
         if not isinstance(rows, np.ndarray):
             expect_iterable("rows", rows, "a 2-D float32 array or a sequence of 1-D ones")
+        sl = expect_array("slots", slots, "a sequence of slot numbers (ints)", "iu")
+        ks = expect_array("k", k, "an int or a sequence of ints", "iu")
+        ms = expect_array("measure", measure, "a bool or a sequence of bools", "biu")
         addrs, m = self._addresses(rows)
-        sl = np.asarray(slots)
         if sl.shape != (m,) or (m and not np.issubdtype(sl.dtype, np.integer)):
             raise ValueError(f"slots must be {m} ints, not {slots!r}")
         if m and (int(sl.min()) < 0 or int(sl.max()) >= self.slots):
             raise ValueError(f"a slot is outside [0, {self.slots})")
         if m > 1 and len(np.unique(sl)) != m:
             raise ValueError("two rows cannot share a slot")
-        ks = np.asarray(k)
         if ks.ndim == 0:
             ks = np.full(m, int(ks), dtype=np.int64)
         if ks.shape != (m,) or (m and not np.issubdtype(ks.dtype, np.integer)):
             raise ValueError(f"k must be an int or {m} ints, not {k!r}")
         if m and (int(ks.min()) < 0 or int(ks.max()) > self.k_stride):
             raise ValueError(f"k must be in [0, {self.k_stride}] (reserve() more first)")
-        ms = np.asarray(measure)
         if ms.ndim == 0:
             ms = np.full(m, bool(ms))
         if ms.shape != (m,):
@@ -386,14 +392,14 @@ class RowMeasures:
         measures equal :meth:`compute`'s to float32 precision, not bit for bit."""
         if not isinstance(ctx_ptr, ffi.CData):
             raise type_error("ctx_ptr", "a llama_context * (cdata)", ctx_ptr)
-        ix = np.asarray(idx, dtype=np.int64)
-        sl = np.asarray(slots)
+        ix = expect_array("idx", idx, "a sequence of batch indices (ints)", "iu").astype(np.int64, copy=False)
+        sl = expect_array("slots", slots, "a sequence of slot numbers (ints)", "iu")
+        ks = expect_array("k", k, "an int >= 0 or a sequence of them", "iu")
         m = len(ix)
         if ix.shape != (m,) or sl.shape != (m,) or (m and not np.issubdtype(sl.dtype, np.integer)):
             raise ValueError("idx and slots must be 1-D and of one length")
         if m and (int(sl.min()) < 0 or int(sl.max()) >= self.slots or int(ix.min()) < 0):
             raise ValueError(f"a slot is outside [0, {self.slots}) or an index is negative")
-        ks = np.asarray(k)
         if ks.ndim == 0:
             ks = np.full(m, int(ks), dtype=np.int64)
         if ks.shape != (m,) or (m and int(ks.min()) < 0):
@@ -427,6 +433,8 @@ class RowMeasures:
         :func:`samplers.measure.surprisal` computes it); ``inf`` for a ``-inf`` logit or
         an all ``-inf`` row; NaN when the row had NaN or ``+inf``, or was not measured."""
         slot = expect_int("slot", slot)
+        if type(logit) is not float:
+            logit = expect_number("logit", logit)
         m = float(self.max[slot])
         if m == -math.inf or logit == -math.inf:
             return math.inf
@@ -435,7 +443,7 @@ class RowMeasures:
     def candidates(self, slot: int, k: int | None = None) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.float32]]:
         """Views of the first ``k`` (default: all) candidates of ``slot``: ids and logits."""
         slot = expect_int("slot", slot)
-        n = int(self.n_top[slot]) if k is None else min(int(k), int(self.n_top[slot]))
+        n = int(self.n_top[slot]) if k is None else min(expect_int("k", k, "an int or None"), int(self.n_top[slot]))
         return self.top_ids[slot, :n], self.top_logits[slot, :n]
 
     def copy_slot(self, src: int, dst: int) -> None:
@@ -457,8 +465,8 @@ def rows_log_sum(
     if not isinstance(x, np.ndarray) or not (x.dtype == np.float32 and x.ndim == 2 and x.flags.c_contiguous):
         raise type_error("x", "a C-contiguous 2-D float32 array", x)
     g, stride = x.shape
-    nn = np.ascontiguousarray(n, dtype=np.int32)
-    mx = np.ascontiguousarray(max_values, dtype=np.float32)
+    nn = np.ascontiguousarray(expect_array("n", n, "an array of row lengths (ints)", "iu"), dtype=np.int32)
+    mx = np.ascontiguousarray(expect_array("max_values", max_values, "an array of row maxima"), dtype=np.float32)
     if nn.shape != (g,) or mx.shape != (g,) or (g and (int(nn.min()) < 0 or int(nn.max()) > stride)):
         raise ValueError(f"n and max_values must hold {g} values, n within [0, {stride}]")
     out = np.empty(g, dtype=np.float64)
@@ -493,7 +501,7 @@ def _kl_args(
     ):
         raise type_error("logits", "a 2-D float32 array of rows, each contiguous, at least one column", logits)
     n_rows, n_vocab = logits.shape
-    tok = np.ascontiguousarray(tokens, dtype=np.int32)
+    tok = np.ascontiguousarray(expect_array("tokens", tokens, "one token id per row (ints)", "iu"), dtype=np.int32)
     if tok.shape != (n_rows,):
         raise ValueError(f"tokens must hold one id per row ({n_rows}), not shape {tok.shape}")
     if n_rows and (int(tok.min()) < 0 or int(tok.max()) >= n_vocab):
@@ -626,9 +634,10 @@ def kl_divergence_rows(
 
 
 def _positive(name: str, v: object) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or int(v) < 1:
+    n = expect_int(name, v, "an int >= 1")  # a wrong type: TypeError naming the parameter
+    if n < 1:
         raise ValueError(f"{name} must be an int >= 1, not {v!r}")
-    return int(v)
+    return n
 
 
 def rows_reference(
@@ -638,6 +647,7 @@ def rows_reference(
     exponentials): ``(max, log_norm, entropy, status, top ids, top logits)``. The tested
     reference of the C kernel."""
     x = expect_array("row", row, "a 1-D array of logits").astype(np.float32, copy=False)
+    k = expect_int("k", k)
     if np.isnan(x).any():
         return math.nan, math.nan, math.nan, RowStatus.NAN, np.zeros(0, np.int64), np.zeros(0, np.float32)
     m = float(x.max())

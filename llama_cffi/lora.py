@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import log
-from ._args import expect, expect_mapping
+from ._args import expect, expect_mapping, expect_str, type_error
 from ._binding import ffi, lib
 from ._cdata import Metadata, read_metadata
 from ._handle import HandleOwner, NativeHandle
@@ -32,6 +32,9 @@ class LoraAdapter(HandleOwner):
         from .model import Model
 
         expect("model", model, Model, "a llama_cffi.Model (load adapters with Model.load_lora)")
+        if not isinstance(ptr, ffi.CData) or ffi.typeof(ptr) is not ffi.typeof("struct llama_adapter_lora *"):
+            raise type_error("ptr", "a llama_adapter_lora * (load adapters with Model.load_lora)", ptr)
+        path = expect_str("path", path)
         assert model._handle is not None
         self._handle = NativeHandle(
             self,
@@ -87,6 +90,9 @@ class LoraAdapter(HandleOwner):
 
 def normalise_adapters(adapters: Mapping[LoraAdapter, float] | None, model: Model) -> list[tuple[LoraAdapter, float]]:
     """Validate ``{adapter: scale}`` for ``model``: same model, open, finite scales."""
+    from .model import Model
+
+    expect("model", model, Model, "a llama_cffi.Model")
     if adapters is not None:
         expect_mapping("adapters", adapters, "a mapping {LoraAdapter: scale}, or None")
     out: list[tuple[LoraAdapter, float]] = []

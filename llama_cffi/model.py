@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import chat as _chat
 from . import log
-from ._args import expect_int, expect_iterable, expect_str, type_error
+from ._args import expect, expect_bool, expect_int, expect_iterable, expect_str, type_error
 from ._binding import ffi, lib
 from ._cdata import Metadata, read_metadata, read_str
 from ._handle import NativeHandle
@@ -71,6 +71,7 @@ class Model:
         if not isinstance(ptr, ffi.CData) or ffi.typeof(ptr) is not ffi.typeof("struct llama_model *"):
             raise type_error("ptr", "a llama_model * (use Model.load)", ptr)
         path = expect_str("path", path)
+        vocab_only = expect_bool("vocab_only", vocab_only)
         self._handle = NativeHandle(self, ptr, lib.llama_model_free, f"Model({os.path.basename(path)!r})")
         self.path = path
         #: Loaded with ``vocab_only=True``: a tokenizer without weights (no contexts).
@@ -452,6 +453,9 @@ class Model:
         template variables. Every failure is a :class:`ChatTemplateError`."""
         tmpl = self.chat_template_or_default() if template is None else self._template_text(template)
         msgs = list(_chat.expect_messages(messages))
+        if tools is not None:
+            what = "a sequence of tool specs (dicts), or None"
+            tools = [expect("tools", t, Mapping, what) for t in expect_iterable("tools", tools, what)]
         extra = {
             "bos_token": self._token_text_or_empty(self.vocab.bos),
             "eos_token": self._token_text_or_empty(self.vocab.eos),
@@ -477,7 +481,9 @@ class Model:
         bos_text = self.vocab.token_text(bos) if bos is not None else ""
         if bos_text and self.vocab.add_bos and prompt.startswith(bos_text):
             prompt = prompt[len(bos_text) :]  # the tokenizer adds it (llama.cpp strips it the same way)
-        return _chat.ChatPrompt(prompt, (end,) if end else (), tuple(stops), True, tmpl, render_tools)
+        fmt = _chat._reasoning_format_cached(tmpl, eng)
+        opens = _chat.reasoning_opens(prompt, fmt)
+        return _chat.ChatPrompt(prompt, (end,) if end else (), tuple(stops), True, tmpl, render_tools, fmt, opens)
 
     def validate_chat_template(
         self, template: str | None = None, engine: str = "auto", limits: _chat.TemplateLimits | None = None

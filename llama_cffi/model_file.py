@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from ._args import expect_path
+from ._args import expect_bool, expect_mapping, expect_path
 from ._binding import ffi, lib
 from .errors import InvalidModelError, ModelLoadError, ModelNotFoundError
 
@@ -109,6 +109,9 @@ def check_header(path: str, kv_overrides: Mapping[str, object] | None = None, vo
     hyper-parameters out of its asserted ranges (not read with ``vocab_only``). A header
     that ggml cannot parse is left to llama.cpp (it fails cleanly on it)."""
     path = expect_path("path", path)
+    if kv_overrides is not None:
+        expect_mapping("kv_overrides", kv_overrides, "a mapping of metadata keys to values, or None")
+    vocab_only = expect_bool("vocab_only", vocab_only)
     params = ffi.new("struct gguf_init_params *")
     params.no_alloc = True
     params.ctx = ffi.NULL

@@ -346,6 +346,9 @@ class Projector(HandleOwner):
         from . import chat as _chat
 
         msgs = list(_chat.expect_messages(messages))
+        expect_int("max_pixels", max_pixels, "an int")
+        if isinstance(max_seconds, bool) or not isinstance(max_seconds, (int, float)):
+            raise type_error("max_seconds", "a number", max_seconds)
         marker = self.media_marker
         for i, m in enumerate(msgs):
             content = m.get("content") if isinstance(m, Mapping) else None
@@ -563,6 +566,8 @@ class Chunks(HandleOwner):
 
     def __init__(self, projector: Projector, ptr: Any) -> None:
         expect("projector", projector, Projector, "a llama_cffi.mtmd.Projector (chunks come from Projector.tokenize)")
+        if not isinstance(ptr, ffi.CData) or ffi.typeof(ptr) is not ffi.typeof("mtmd_input_chunks *"):
+            raise type_error("ptr", "an mtmd_input_chunks * (chunks come from Projector.tokenize)", ptr)
         projector._ptr()  # ClosedError for a closed projector
         assert projector._handle is not None
         self._handle = NativeHandle(self, ptr, lib.mtmd_input_chunks_free, "Chunks", parent=projector._handle)
@@ -610,7 +615,7 @@ class Chunk:
     def __init__(self, chunks: Chunks, index: int) -> None:
         expect("chunks", chunks, Chunks, "a llama_cffi.mtmd.Chunks (index it to get a chunk)")
         self.chunks = chunks
-        self.index = index
+        self.index = expect_int("index", index)
 
     def _ptr(self) -> Any:
         return lib.mtmd_input_chunks_get(self.chunks._ptr(), self.index)

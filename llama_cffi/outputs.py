@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
-from ._args import expect
+from ._args import expect, expect_int, expect_str
 from .errors import ClosedError, InvalidBatchError, LlamaError, UnsupportedError
 
 
@@ -84,6 +84,18 @@ class OutputView(NDArrayOperatorsMixin):
         self, buf: OutputBuffer, offset: int, shape: tuple[int, ...], guard: OutputGuard, why: str | None = None
     ) -> None:
         self._buf = expect("buf", buf, OutputBuffer, "an OutputBuffer (views come from Context.logits and decode)")
+        if (
+            type(offset) is not int
+            or type(shape) is not tuple
+            or type(guard) is not OutputGuard
+            or (why is not None and type(why) is not str)
+        ):  # one cheap test on the decode path; the slow one names what is wrong
+            offset = expect_int("offset", offset, "an int (the first value's index in the buffer)")
+            what = "a tuple of ints (the view's shape)"
+            shape = tuple(expect_int("shape", n, what) for n in expect("shape", shape, tuple, what))
+            expect("guard", guard, OutputGuard, "the context's OutputGuard")
+            if why is not None:
+                expect_str("why", why, "a str (why the rows cannot be read) or None")
         self._off = offset
         self._shape = shape
         self._guard = guard

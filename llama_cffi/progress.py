@@ -11,7 +11,7 @@ import sys
 import time
 from typing import TextIO
 
-from ._args import expect_number, expect_str
+from ._args import expect_bool, expect_int, expect_number, expect_str, type_error
 
 __all__ = ["ProgressBar"]
 
@@ -26,9 +26,12 @@ class ProgressBar:
         self, label: str, stream: TextIO | None = None, width: int = 30, interval: float = 0.1, force: bool = False
     ) -> None:
         self.label = expect_str("label", label)
+        if stream is not None and not callable(getattr(stream, "write", None)):
+            raise type_error("stream", "a text stream (with write()), or None", stream)
         self.stream = stream if stream is not None else sys.stderr
-        self.width = width
-        self.interval = interval
+        self.width = expect_int("width", width)
+        self.interval = expect_number("interval", interval, "a number of seconds")
+        force = expect_bool("force", force)
         isatty = getattr(self.stream, "isatty", None)
         self.enabled = force or bool(isatty and isatty())
         self._last = 0.0
@@ -37,6 +40,7 @@ class ProgressBar:
 
     def update(self, fraction: float, note: str = "") -> None:
         f = min(max(expect_number("fraction", fraction), 0.0), 1.0)
+        expect_str("note", note)
         self.fraction = f
         if not self.enabled:
             return

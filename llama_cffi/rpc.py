@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from ._args import expect_int, expect_str, type_error
+from ._args import expect_int, expect_number, expect_str, type_error
 from ._binding import ffi, lib
 from .errors import ParamError, RpcError
 
@@ -88,6 +88,7 @@ def check_server(endpoint: str, timeout: float = 5.0) -> tuple[int, int, int]:
     ``(major, minor, patch)``. Raises :class:`RpcError` when nothing listens there,
     something else answers, or the version is not one llama.cpp here can talk to."""
     host, port = parse_endpoint(endpoint)
+    timeout = expect_number("timeout", timeout, "a number of seconds")
     try:
         with socket.create_connection((host, port), timeout=timeout) as s:
             s.settimeout(timeout)
@@ -114,6 +115,10 @@ def wait_for_server(endpoint: str, timeout: float = 30.0, process: Any = None) -
     """:func:`check_server` until the worker answers (one just started, say); returns its
     protocol version. Raises :class:`RpcError` after ``timeout`` seconds, or as soon as
     ``process`` (a ``subprocess.Popen`` running the worker, if given) has exited."""
+    parse_endpoint(endpoint)
+    timeout = expect_number("timeout", timeout, "a number of seconds")
+    if process is not None and not callable(getattr(process, "poll", None)):
+        raise type_error("process", "a subprocess.Popen (anything with poll()), or None", process)
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -174,6 +179,7 @@ def add_servers(endpoints: Sequence[str], timeout: float = 5.0) -> list[tuple[Rp
     each with :func:`check_server`; returns their devices, with the native handles
     that ``llama_model_params.devices`` takes. The handles live as long as the process
     (llama.cpp never unregisters a server)."""
+    timeout = expect_number("timeout", timeout, "a number of seconds")
     _require_rpc()
     if isinstance(endpoints, str) or not isinstance(endpoints, Sequence):
         raise type_error("endpoints (rpc_servers)", "a non-empty list of 'host:port' strings", endpoints)
@@ -270,6 +276,8 @@ def serve(host: str = "127.0.0.1", port: int = 50052, n_threads: int = 0, cache_
     reloads of the same model). See the module's security warning."""
     host = expect_str("host", host, "a str (an address to listen on)")
     port = expect_int("port", port)
+    if cache_dir is not None:
+        cache_dir = expect_str("cache_dir", cache_dir, "a str (a directory) or None")
     _require_rpc()
     endpoint = f"{host}:{port}"
     parse_endpoint(endpoint)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from ._args import expect, expect_array, expect_iterable, expect_str, type_error
+from ._args import expect, expect_array, expect_bool, expect_int, expect_iterable, expect_str, type_error
 from ._binding import ffi, lib
 from ._handle import NativeHandle
 from .errors import InvalidTokenError, LlamaError, ParamError, ParamTypeError
@@ -77,6 +77,7 @@ def check_int(name: str, value: int, lo: int = _INT32_MIN, hi: int = _INT32_MAX)
     expect_str("name", name, "a str (the parameter's name)")
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise ParamTypeError(f"{name} must be an int, not {type(value).__name__} ({value!r})")
+    lo, hi = expect_int("lo", lo), expect_int("hi", hi)
     v = int(value)
     if not lo <= v <= hi:
         raise ParamError(f"{name} must be in [{lo}, {hi}], not {v}")
@@ -120,6 +121,8 @@ class TokenDataArray:
         """Copy candidates in (``p`` defaults to 0, as ``llama_sampler_sample`` does)."""
         ids_a = expect_array("ids", ids, "an array of token ids", "iu")
         logits_a = expect_array("logits", logits, "an array of logits", "iuf")
+        p_a = None if p is None else expect_array("p", p, "an array of probabilities, or None", "iuf")
+        sorted = expect_bool("sorted", sorted)
         n = len(logits_a)
         if ids_a.shape != (n,) or logits_a.ndim != 1:
             raise ParamError(f"ids and logits must be 1-D arrays of one length, not {ids_a.shape} and {logits_a.shape}")
@@ -128,7 +131,7 @@ class TokenDataArray:
         rec = self._records[:n]
         rec["id"] = ids_a
         rec["logit"] = logits_a
-        rec["p"] = 0.0 if p is None else np.asarray(p)
+        rec["p"] = 0.0 if p_a is None else p_a
         self._reset(n, sorted)
         return self
 
@@ -221,6 +224,10 @@ class LlamaSampler:
     def __init__(self, ptr: Any, what: str, parent: NativeHandle | None = None, owned: bool = True) -> None:
         if not isinstance(ptr, ffi.CData):
             raise type_error("ptr", "a llama_sampler * (use the LlamaSampler class methods)", ptr)
+        expect_str("what", what, "a str (what the sampler is, for messages)")
+        if parent is not None:
+            expect("parent", parent, NativeHandle, "the NativeHandle of the sampler's owner, or None")
+        owned = expect_bool("owned", owned)
         if ptr == ffi.NULL:
             raise SamplingError(f"llama.cpp could not create the {what} sampler")
         self._handle = NativeHandle(self, ptr, _free_sampler if owned else _no_free, what, parent=parent)
@@ -342,7 +349,7 @@ class LlamaSampler:
         from .context import Context
 
         expect("ctx", ctx, Context, "a llama_cffi.Context")
-        row = np.asarray(ctx.logits(idx))
+        row = np.asarray(ctx.logits(expect_int("idx", idx)))
         tda = self._tda
         if tda is None or tda.capacity < len(row):
             tda = self._tda = TokenDataArray(len(row))
@@ -361,7 +368,7 @@ class LlamaSampler:
         """An empty chain (``llama_sampler_chain_init``), then :meth:`add` each of ``samplers``."""
         members = list(expect_iterable("samplers", samplers, "an iterable of LlamaSampler"))
         params = lib.llama_sampler_chain_default_params()
-        params.no_perf = bool(no_perf)
+        params.no_perf = expect_bool("no_perf", no_perf)
         ch = cls(lib.llama_sampler_chain_init(params), "chain")
         ch._is_chain = True
         for s in members:
@@ -524,7 +531,11 @@ class LlamaSampler:
         seq_breakers: Sequence[str | bytes] = ("\n", ":", '"', "*"),
     ) -> LlamaSampler:
         v = _vocab_of(vocab)
-        enc = [b if isinstance(b, bytes) else str(b).encode() for b in seq_breakers]
+        what = "a sequence of str or bytes"
+        enc = [
+            b if isinstance(b, bytes) else expect_str("seq_breakers", b, what).encode()
+            for b in expect_iterable("seq_breakers", seq_breakers, what)
+        ]
         if any(b"\0" in b for b in enc):
             raise ParamError("seq_breakers cannot contain NUL characters")
         cstrs = [ffi.new("char[]", b) for b in enc]
@@ -550,7 +561,8 @@ class LlamaSampler:
     @classmethod
     def logit_bias(cls, n_vocab: int, biases: Mapping[int, float] | Iterable[tuple[int, float]]) -> LlamaSampler:
         n_vocab = check_int("n_vocab", n_vocab, 1)
-        items = list(biases.items()) if isinstance(biases, Mapping) else list(biases)
+        what = "a mapping {token: bias} or an iterable of (token, bias) pairs"
+        items = list(biases.items()) if isinstance(biases, Mapping) else list(expect_iterable("biases", biases, what))
         arr = ffi.new("llama_logit_bias[]", max(len(items), 1))
         for i, (tok, bias) in enumerate(items):
             t = check_int("token", tok)
@@ -592,6 +604,13 @@ class LlamaSampler:
         ``reset()`` and ``clone()``; a :class:`samplers.grammar.GrammarMatcher` is one.
         Without it, :meth:`accept` on such a grammar raises :class:`SamplingError`."""
         v = _vocab_of(vocab)
+        if not isinstance(gbnf, (str, bytes, bytearray, memoryview)):
+            raise type_error("gbnf", "GBNF text (a str or bytes)", gbnf)
+        expect_str("root", root, "a str (the start rule's name)")
+        if guard is not None and not all(callable(getattr(guard, m, None)) for m in ("accept", "reset", "clone")):
+            raise type_error(
+                "guard", "an object with accept(token), reset() and clone() (a GrammarMatcher), or None", guard
+            )
         text = gbnf.encode() if isinstance(gbnf, str) else bytes(gbnf)
         if b"\0" in text or "\0" in root:
             raise ParamError("grammar text and root name cannot contain NUL characters")

@@ -57,6 +57,8 @@ class Vocab:
         """Return ``token`` as an int, or raise :class:`InvalidTokenError` (a
         :class:`~llama_cffi.errors.TokenTypeError`, also a ``TypeError``, when it is no int);
         ``name``: the parameter the messages name."""
+        if not isinstance(name, str):
+            raise type_error("name", "a str (the parameter the messages name)", name)
         if isinstance(token, (bool, np.bool_)) or not isinstance(token, (int, np.integer)):
             raise TokenTypeError(f"{name} must be an int, not {type(token).__name__} ({token!r})")
         t = int(token)
@@ -68,6 +70,8 @@ class Vocab:
         """``tokens`` as a contiguous int32 array, every id checked to be in range;
         ``name``: the parameter the messages name (a value that is no sequence of ints is
         a :class:`~llama_cffi.errors.TokenTypeError`)."""
+        if not isinstance(name, str):
+            raise type_error("name", "a str (the parameter the messages name)", name)
         if isinstance(tokens, np.ndarray):
             arr = tokens
         else:
@@ -111,6 +115,8 @@ class Vocab:
             data = bytes(text)
         else:  # bytes(5) would be five NUL bytes, bytes(10**10) ten gigabytes
             raise type_error("text", "a str or bytes", text)
+        add_special = expect_bool("add_special", add_special)
+        parse_special = expect_bool("parse_special", parse_special)
         if len(data) > _INT32_MAX:
             raise TokenizeError(f"text is {len(data)} bytes; llama.cpp takes at most {_INT32_MAX}")
         vocab = self._vocab()
@@ -134,7 +140,11 @@ class Vocab:
         character: use :class:`StreamingDetokenizer` to turn a token stream into text.
         """
         t = self.check_token(token)
-        if isinstance(lstrip, bool) or not isinstance(lstrip, int) or lstrip < 0:
+        if special is not False and special is not True:
+            special = expect_bool("special", special)
+        if type(lstrip) is not int or lstrip < 0:
+            if isinstance(lstrip, bool) or not isinstance(lstrip, int):
+                raise type_error("lstrip", "an int >= 0", lstrip)
             raise ValueError(f"lstrip must be an int >= 0, not {lstrip!r}")
         vocab = self._vocab()
         buf, size = self._piece_buf()
@@ -148,6 +158,8 @@ class Vocab:
     def detokenize_bytes(self, tokens: Tokens, remove_special: bool = False, unparse_special: bool = False) -> bytes:
         """The bytes of a token sequence, exactly as llama.cpp's ``llama_detokenize``."""
         arr = self.check_tokens(tokens)
+        remove_special = expect_bool("remove_special", remove_special)
+        unparse_special = expect_bool("unparse_special", unparse_special)
         vocab = self._vocab()
         ptr = ffi.from_buffer("llama_token[]", arr)
         cap = max(64, 8 * len(arr))

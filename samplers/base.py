@@ -77,6 +77,8 @@ class Sampler(ABC):
         Raises :class:`SamplingError` when nothing was selected (end a chain with a
         selecting sampler: greedy, dist, mirostat, adaptive-p)."""
         check_context(ctx)
+        if type(idx) is not int:
+            idx = expect_int("idx", idx)
         cands = candidates_for(ctx)
         try:
             cands.reset(np.asarray(ctx.logits(idx)))

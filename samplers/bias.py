@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from llama_cffi import InvalidTokenError
+from llama_cffi._args import expect_iterable
 from llama_cffi.sampling import LlamaSampler, check_float, check_int
 
 from .base import Sampler
@@ -27,11 +28,15 @@ class LogitBias(Sampler):
 
     def __init__(self, n_vocab: int, biases: Mapping[int, float] | Iterable[tuple[int, float]]) -> None:
         self.n_vocab = check_int("n_vocab", n_vocab, 1)
-        items = list(biases.items()) if isinstance(biases, Mapping) else [tuple(b) for b in biases]
+        what = "a mapping token -> bias or (token, bias) pairs"
+        if isinstance(biases, Mapping):
+            items = list(biases.items())
+        else:
+            items = [tuple(expect_iterable("biases", b, what)) for b in expect_iterable("biases", biases, what)]
         toks: list[int] = []
         vals: list[float] = []
         for tok, bias in items:
-            t = check_int("token", int(tok) if isinstance(tok, (int, np.integer)) else tok)  # type: ignore[arg-type]
+            t = check_int("token", int(tok) if isinstance(tok, (int, np.integer)) else tok)
             if not 0 <= t < self.n_vocab:
                 raise InvalidTokenError(f"logit bias token {t} is out of range [0, {self.n_vocab})")
             b = float(bias)

@@ -60,10 +60,13 @@ from llama_cffi._args import (
     expect,
     expect_array,
     expect_bool,
+    expect_callable,
     expect_int,
     expect_iterable,
     expect_mapping,
+    expect_number,
     expect_pairs,
+    type_error,
 )
 from llama_cffi.errors import ClosedError, LlamaError, ParamError, ParamTypeError, UnsupportedError
 from llama_cffi.kernels import RowMeasures, RowStatus
@@ -72,7 +75,7 @@ from llama_cffi.sampling import InvalidLogitsError, LlamaSampler
 from . import chain_batch
 from .base import Sampler
 from .candidates import Candidates
-from .chain import SamplerChain, surprisal_of
+from .chain import SamplerChain, _check_tracker, surprisal_of
 from .measure import PerplexityTracker, entropy
 from .selection import Greedy
 from .truncation import TopK
@@ -268,6 +271,8 @@ class BranchStore:
         from llama_cffi import Context
 
         expect("ctx", ctx, Context, "a llama_cffi.Context")
+        batched = expect_bool("batched", batched)
+        device = expect_bool("device", device)
         if device and not batched:
             raise ParamError("device=True measures rows on the device: it needs batched=True")
         self.ctx = ctx
@@ -567,6 +572,8 @@ class BranchStore:
         of a history with media, raise :class:`BranchError`."""
         from llama_cffi.mtmd import Chunks
 
+        _check_tracker(tracker)
+        track = expect_bool("track", track)
         if isinstance(prompt, Chunks):
             return self._create_media(prompt, _as_chain(sampler, grammar, self.ctx.model), seed, tracker, track)
         tokens = self.ctx.model.vocab.check_tokens(prompt, "prompt")
@@ -1115,6 +1122,16 @@ class Branch:
         logits: npt.NDArray[np.float32] | None,
     ) -> None:
         expect("store", store, BranchStore, "a BranchStore (branches come from BranchStore.create)")
+        if type(seq_id) is not int:
+            seq_id = expect_int("seq_id", seq_id)
+        if parent is not None and not isinstance(parent, Branch):
+            raise type_error("parent", "a Branch or None", parent)
+        if not isinstance(tokens, list):
+            raise type_error("tokens", "a list of token ids", tokens)
+        expect("sampler", sampler, SamplerChain, "a samplers.SamplerChain")
+        _check_tracker(tracker)
+        if logits is not None and not isinstance(logits, np.ndarray):
+            raise type_error("logits", "a float32 array (a logits row) or None", logits)
         self.store = store
         self.seq_id = seq_id
         self._parent = parent
@@ -1368,11 +1385,12 @@ class Branch:
         alone (``options``: its ``budget``, ``is_end``, ``verify``, and ``on_commit``, a
         callable). Returns its :class:`~samplers.speculative.StepResult`."""
         token = expect_int("token", token)
-        from .speculative import speculative_step
+        from .speculative import Drafter, speculative_step
 
+        expect("drafter", drafter, Drafter, "a samplers.speculative.Drafter")
         hook = options.pop("on_commit", None)
         if hook is not None:
-            options["on_commit"] = {self: hook}
+            options["on_commit"] = {self: expect_callable("on_commit", hook, "callable or None")}
         return speculative_step(self.store, {self: int(token)}, {self: drafter}, **options)[self]
 
     # ------------------------------------------------------------------ steering
@@ -1529,7 +1547,7 @@ class Branch:
         other._check_live()
         if other.store.n_vocab != self.store.n_vocab:
             raise ParamError("the two branches' models have different vocabularies")
-        a = float(alpha)
+        a = expect_number("alpha", alpha)
         if not np.isfinite(a):
             raise ParamError(f"alpha must be finite, not {alpha!r}")
         row = self._editable()  # the model's logits are in self._orig now
@@ -1607,6 +1625,8 @@ class Branch:
         becomes ``sinks + tail``; the logits snapshot is recomputed. Sampler and metrics
         are untouched."""
         sinks = expect_int("sinks", sinks)
+        if tail is not None:
+            tail = expect_int("tail", tail, "an int or None")
         self._check_live()
         ctx = self.store.ctx
         if tail is None:
@@ -1637,6 +1657,7 @@ class Branch:
         (``ctx.memory.can_shift``). Refused while other branches are live: with a unified
         cache they may share these cells, whose positions would move for them too."""
         n_discard = expect_int("n_discard", n_discard)
+        sinks = expect_int("sinks", sinks)
         self._check_live()
         ctx = self.store.ctx
         if ctx.model.is_recurrent or ctx.model.is_hybrid:
@@ -1716,6 +1737,7 @@ class Branch:
         proper prefix, a unified KV cache (``kv_unified=True``)."""
         if seed is not None:
             expect_int("seed", seed, "an int or None")
+        clone_logits = expect_bool("clone_logits", clone_logits)
         self._check_live()
         if self._held and at is None:
             raise BranchError(

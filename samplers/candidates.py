@@ -139,6 +139,8 @@ class Candidates:
         """Candidates copied from explicit arrays (any order, any ids)."""
         ids_a = expect_array("ids", ids, "an array of token ids", "iu").astype(np.int32, copy=False)
         lg = expect_array("logits", logits, "an array of logits", "iuf").astype(np.float32, copy=False)
+        p_a = None if p is None else expect_array("p", p, "an array of probabilities or None", "iuf")
+        sorted = expect_bool("sorted", sorted)
         if ids_a.ndim != 1 or lg.shape != ids_a.shape:
             raise InvalidLogitsError(f"ids and logits must be 1-D and of one length, not {ids_a.shape}, {lg.shape}")
         c = cls(len(lg))
@@ -146,8 +148,8 @@ class Candidates:
         c._ids[:n] = ids_a
         c._logits[:n] = lg
         c._n = n
-        if p is not None:
-            c._p[:n] = np.asarray(p, dtype=np.float32)
+        if p_a is not None:
+            c._p[:n] = p_a
             c._p_valid = True
         c.sorted = sorted
         if n:
@@ -160,6 +162,10 @@ class Candidates:
         """Replace the contents with copies of explicit arrays (``selected`` becomes -1)."""
         ids_a = expect_array("ids", ids, "an array of token ids", "iu")
         lg = expect_array("logits", logits, "an array of logits", "iuf")
+        if p is not None and not isinstance(p, np.ndarray):
+            p = expect_array("p", p, "an array of probabilities or None", "iuf")
+        if sorted is not True and sorted is not False:
+            sorted = expect_bool("sorted", sorted)
         n = len(lg)
         if ids_a.shape != (n,) or lg.ndim != 1:
             raise InvalidLogitsError(f"ids and logits must be 1-D and of one length, not {ids_a.shape}, {lg.shape}")
@@ -313,6 +319,8 @@ class Candidates:
         ix = np.asarray(idx)
         if ix.dtype.kind not in "biu":
             raise type_error("idx", "positions (an array of ints or a boolean mask)", idx)
+        if sorted is not None and sorted is not True and sorted is not False:
+            sorted = expect_bool("sorted", sorted)
         if ix.dtype == np.bool_:
             ix = np.flatnonzero(ix)
         m = len(ix)
@@ -424,6 +432,8 @@ def check_candidates(cands: object, name: str = "cands") -> Candidates:
     """``cands`` when it is a :class:`Candidates`, else the
     :class:`~llama_cffi.errors.ParamTypeError` naming ``name`` (every sampler's ``apply``
     checks its argument with it)."""
+    if type(name) is not str:
+        raise type_error("name", "a str (the parameter's name)", name)
     if not isinstance(cands, Candidates):
         raise type_error(name, "a samplers.Candidates (Candidates.from_logits(row))", cands)
     return cands
@@ -434,6 +444,8 @@ def seq_sum(a: FloatArray, scratch: FloatArray | None = None) -> np.float32:
     (``np.cumsum`` is sequential; ``np.sum`` is pairwise and would round differently)."""
     if not isinstance(a, np.ndarray):
         a = expect_array("a", a, "an array of numbers", "iuf").astype(np.float32)
+    if scratch is not None and not isinstance(scratch, np.ndarray):
+        raise type_error("scratch", "a float32 array or None", scratch)
     n = len(a)
     if n == 0:
         return cast(np.float32, np.float32(0.0))

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 import numpy as np
 
-from llama_cffi._args import expect_array, expect_int, expect_iterable, type_error
+from llama_cffi._args import expect_array, expect_bool, expect_int, expect_iterable, type_error
 from llama_cffi.sampling import LlamaSampler, SamplingError
 
 from .base import Sampler, candidates_for, check_context, selected_token
 from .candidates import Candidates, check_candidates
-from .measure import row_surprisal
+from .measure import PerplexityTracker, row_surprisal
 
 if TYPE_CHECKING:
     from llama_cffi import Context
@@ -33,6 +33,16 @@ def surprisal_of(logits: np.ndarray, i: int) -> float:
     if not isinstance(logits, np.ndarray):
         logits = expect_array("logits", logits, "a row of logits", "iuf")
     return row_surprisal(logits, expect_int("i", i))
+
+
+def _check_tracker(tracker: object, name: str = "tracker") -> Tracker | None:
+    """``tracker`` when it is None or has a :class:`Tracker`'s methods, else the
+    :class:`~llama_cffi.errors.ParamTypeError` naming ``name``."""
+    if tracker is None or type(tracker) is PerplexityTracker:
+        return tracker
+    if not all(callable(getattr(tracker, m, None)) for m in ("add", "clone", "reset")):
+        raise type_error(name, "a tracker (add, clone, reset: a samplers.measure.PerplexityTracker) or None", tracker)
+    return cast("Tracker | None", tracker)
 
 
 class SamplerChain(Sampler):
@@ -56,7 +66,7 @@ class SamplerChain(Sampler):
         self.samplers: list[Sampler] = []
         for s in expect_iterable("samplers", samplers, "an iterable of samplers"):
             self.add(s)
-        self.tracker = tracker
+        self.tracker = _check_tracker(tracker)
 
     def add(self, sampler: Sampler) -> SamplerChain:
         """Append ``sampler`` (returns the chain, for chaining calls)."""
@@ -113,6 +123,10 @@ class SamplerChain(Sampler):
         be None when the candidates were set otherwise (a row's top-k, found beforehand)
         and no sampler of the chain checks tokens (a grammar)."""
         check_candidates(cands)
+        if row is not None and not isinstance(row, np.ndarray):
+            raise type_error("row", "a row of logits (a numpy array) or None", row)
+        if surprisal is not True and surprisal is not False:
+            surprisal = expect_bool("surprisal", surprisal)
         checks = [c for c in (getattr(s, "allows", None) for s in self.samplers) if c is not None]
         if checks:
             if row is None:
@@ -142,6 +156,8 @@ class SamplerChain(Sampler):
 
     def sample(self, ctx: Context, idx: int = -1) -> int:
         check_context(ctx)
+        if type(idx) is not int:
+            idx = expect_int("idx", idx)
         cands = candidates_for(ctx)
         row: np.ndarray | None = None
         try:

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from llama_cffi._args import expect, type_error
+from llama_cffi._args import expect, expect_bool, type_error
 from llama_cffi.kernels import rows_log_sum
 
 from .base import Sampler
@@ -88,6 +88,14 @@ def choose(
     engine. ``logits`` is overwritten; every row's first logit must be finite."""
     if not isinstance(sig, tuple) or not all(isinstance(step, tuple) and step for step in sig):
         raise type_error("sig", "a chain signature (from signature())", sig)
+    if type(chains) is not list and not isinstance(chains, Sequence):
+        raise type_error("chains", "a sequence of SamplerChain (one per row)", chains)
+    if not isinstance(ids, np.ndarray):
+        raise type_error("ids", "a 2-D int32 array of candidate ids", ids)
+    if not isinstance(logits, np.ndarray):
+        raise type_error("logits", "a 2-D float32 array of candidate logits", logits)
+    if surprisal is not True and surprisal is not False:
+        surprisal = expect_bool("surprisal", surprisal)
     g, k = logits.shape
     rows = np.arange(g)
     n = np.full(g, k, dtype=np.int64)  # candidates left in each row

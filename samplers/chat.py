@@ -44,8 +44,17 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from llama_cffi._args import expect, expect_bool, type_error
-from llama_cffi.chat import ChatPrompt, TemplateLimits, _has_media
+from llama_cffi._args import (
+    expect,
+    expect_bool,
+    expect_int,
+    expect_iterable,
+    expect_mapping,
+    expect_path,
+    expect_str,
+    type_error,
+)
+from llama_cffi.chat import ChatPrompt, ReasoningFormat, TemplateLimits, _has_media
 from llama_cffi.errors import KvCacheFullError, ParamError, UnsupportedError
 
 from .base import Sampler, check_context
@@ -54,6 +63,7 @@ from .chain import SamplerChain
 from .measure import PerplexityTracker
 from .params import SamplingParams
 from .prompt_cache import PromptCache
+from .reasoning import reasoning_budget_for, split_reasoning
 from .search import AsyncStream, Result, Stream
 from .tools import ToolCall, ToolCallFormat, parse_tool_calls, tool_call_format, tool_call_grammar
 
@@ -80,6 +90,9 @@ class ChatReply:
     #: the tool calls parsed from the reply (empty unless the turn was given tools); ``text``
     #: is then the content before them, and ``result.text`` the whole reply
     tool_calls: tuple[ToolCall, ...] = field(default=())
+    #: the reply's reasoning (``reasoning_content``: what the template's reasoning markers,
+    #: ``<think>...</think>`` and the like, enclose), trimmed; ``text`` is then the rest
+    reasoning: str = ""
 
 
 class ChatStream(Iterator[str]):
@@ -87,13 +100,25 @@ class ChatStream(Iterator[str]):
     is added to the session then)."""
 
     def __init__(
-        self, session: ChatSession, stream: Stream, reused: int, decoded: int, fmt: ToolCallFormat | None = None
+        self,
+        session: ChatSession,
+        stream: Stream,
+        reused: int,
+        decoded: int,
+        fmt: ToolCallFormat | None = None,
+        reasoning: ReasoningFormat | None = None,
+        opened: bool = False,
     ) -> None:
         self._session = expect("session", session, ChatSession, "a ChatSession (use ChatSession.stream)")
         self._stream = expect("stream", stream, Stream, "a samplers.search.Stream")
-        self._reused = reused
-        self._decoded = decoded
+        self._reused = expect_int("reused", reused)
+        self._decoded = expect_int("decoded", decoded)
+        if fmt is not None:
+            expect("fmt", fmt, ToolCallFormat, "a samplers.tools.ToolCallFormat or None")
+        if reasoning is not None:
+            expect("reasoning", reasoning, ReasoningFormat, "a llama_cffi.chat.ReasoningFormat or None")
         self._fmt = fmt
+        self._reasoning = (reasoning, expect_bool("opened", opened))
         self._reply: ChatReply | None = None
 
     def __iter__(self) -> ChatStream:
@@ -109,10 +134,11 @@ class ChatStream(Iterator[str]):
     def _finish(self) -> None:
         if self._reply is None:
             r = self._stream.result
-            content, calls = parse_tool_calls(r.text, self._fmt)
+            thoughts, text = split_reasoning(r.text, *self._reasoning)
+            content, calls = parse_tool_calls(text, self._fmt)
             turn = self._session._turns
             calls = [c if c.id else ToolCall(c.name, c.arguments, f"call_{turn}_{i}") for i, c in enumerate(calls)]
-            self._reply = ChatReply(content, r, self._reused, self._decoded, tuple(calls))
+            self._reply = ChatReply(content, r, self._reused, self._decoded, tuple(calls), thoughts)
             self._session._replied(self._reply)
 
     @property
@@ -139,7 +165,12 @@ class ChatSession:
     conversation in (its store is the session's; see the module docstring).
     ``projector``: reads the images and sounds of messages (not with ``overflow="shift"``
     or a ``cache`` yet); ``media_path``: the directory their ``file://`` URLs are read
-    under."""
+    under. ``reasoning``: the template's ``enable_thinking`` (None: the template's
+    default); ``reasoning_budget``: the most tokens a reply's reasoning block may take
+    (llama.cpp's reasoning budget: the end marker is then forced, after
+    ``reasoning_budget_message``). A reply's reasoning is :attr:`ChatReply.reasoning`,
+    kept in history as the message's ``reasoning_content`` (shown again or dropped as the
+    template decides)."""
 
     def __init__(
         self,
@@ -158,8 +189,26 @@ class ChatSession:
         cache: PromptCache | None = None,
         projector: Projector | None = None,
         media_path: str | os.PathLike[str] | None = None,
+        reasoning: bool | None = None,
+        reasoning_budget: int | None = None,
+        reasoning_budget_message: str = "",
     ) -> None:
         check_context(ctx)
+        for name, text in (("system", system), ("template", template)):
+            if text is not None:
+                expect_str(name, text, "a str or None")
+        _check_sampler(sampler)
+        if seed is not None:
+            seed = expect_int("seed", seed, "an int or None")
+        if store is not None:
+            expect("store", store, BranchStore, "a samplers.branch.BranchStore or None")
+        expect_str("engine", engine, "'auto', 'native' or 'jinja'")
+        if limits is not None:
+            expect("limits", limits, TemplateLimits, "a llama_cffi.chat.TemplateLimits or None")
+        if template_kwargs is not None:
+            expect_mapping("template_kwargs", template_kwargs, "a mapping of template variables or None")
+        if media_path is not None:
+            expect_path("media_path", media_path)
         if projector is not None:
             from llama_cffi.mtmd import Projector
 
@@ -202,6 +251,18 @@ class ChatSession:
         self.engine = engine
         self.limits = limits
         self.template_kwargs = dict(template_kwargs or {})
+        if reasoning is not None:
+            self.template_kwargs["enable_thinking"] = expect_bool("reasoning", reasoning)
+        if reasoning_budget is not None:
+            reasoning_budget = expect_int("reasoning_budget", reasoning_budget)
+            if reasoning_budget < 0:
+                raise ParamError(f"reasoning_budget must be >= 0 tokens (or None: no budget), not {reasoning_budget}")
+        if not isinstance(reasoning_budget_message, str):
+            raise type_error("reasoning_budget_message", "a str", reasoning_budget_message)
+        #: the most tokens a reply's reasoning block may take (None: no bound); at the budget
+        #: the end marker is forced (after ``reasoning_budget_message``)
+        self.reasoning_budget = reasoning_budget
+        self.reasoning_budget_message = reasoning_budget_message
         #: the whole conversation (OpenAI-style message dicts)
         self.messages: list[dict[str, Any]] = []
         if system is not None:
@@ -231,6 +292,7 @@ class ChatSession:
         result: ``add_message("tool", "...", tool_call_id=...)``)."""
         if not isinstance(role, str) or not role:
             raise ParamError(f"role must be a non-empty str, not {role!r}")
+        _content(content)
         self.messages.append({"role": role, "content": content, **extra})
 
     def reset(self, keep_system: bool = True) -> None:
@@ -311,6 +373,17 @@ class ChatSession:
         call well-formed (a known tool, arguments that satisfy its schema) from its start
         marker on; ``parallel_tool_calls`` allows several calls in one reply."""
         content = _content(content)
+        if json_schema is not None:
+            from .grammar.grammar import _check_json_schema
+
+            _check_json_schema(json_schema)
+        _check_sampler(sampler)
+        if isinstance(stop, str):
+            raise type_error("stop", "a sequence of strings (a list, not one str)", stop)
+        expect_iterable("stop", stop, "a sequence of strings")
+        constrain_tools = expect_bool("constrain_tools", constrain_tools)
+        parallel_tool_calls = expect_bool("parallel_tool_calls", parallel_tool_calls)
+        logprobs = expect_bool("logprobs", logprobs)
         if grammar is not None and json_schema is not None:
             raise ParamError("give grammar or json_schema, not both")
         n = self.max_tokens if max_tokens is None else max_tokens
@@ -337,6 +410,15 @@ class ChatSession:
             gbnf, triggers = tool_call_grammar(fmt, tools, parallel_tool_calls)
             lazy = GrammarSampler(Grammar.from_gbnf(gbnf), self.model, lazy=True, trigger_words=triggers)
             chain = SamplerChain([lazy, *chain.samplers], tracker=chain.tracker)
+        if prompt.reasoning is not None and self.reasoning_budget is not None:
+            budget = reasoning_budget_for(
+                self.model,
+                prompt.reasoning,
+                self.reasoning_budget,
+                message=self.reasoning_budget_message,
+                opened=prompt.reasoning_open,
+            )
+            chain = SamplerChain([budget, *chain.samplers], tracker=chain.tracker)
         branch.sampler = chain
         branch.tracker = PerplexityTracker()
         from .logprobs import LogprobReader
@@ -345,7 +427,7 @@ class ChatSession:
         stops = (*prompt.stop, *stop)
         s = Stream(branch, n, stops, prompt.stop_tokens, None, "auto", reader, 0.0, branch.position)
         self._turns += 1
-        return ChatStream(self, s, reused, decoded, fmt)
+        return ChatStream(self, s, reused, decoded, fmt, prompt.reasoning, prompt.reasoning_open)
 
     async def asend(self, content: Any = None, **options: Any) -> ChatReply:
         """:meth:`send` for asyncio: the prompt's decode and each step run in a worker thread;
@@ -372,6 +454,8 @@ class ChatSession:
     def _replied(self, reply: ChatReply) -> None:
         # llama.cpp renders templates from C strings: a NUL the model generated is kept as U+FFFD
         message: dict[str, Any] = {"role": "assistant", "content": reply.text.replace("\0", "\ufffd")}
+        if reply.reasoning:  # the template decides whether later turns show it (Qwen3's drop it)
+            message["reasoning_content"] = reply.reasoning.replace("\0", "\ufffd")
         if reply.tool_calls:
             message["tool_calls"] = [c.message() for c in reply.tool_calls]
         self.messages.append(message)
@@ -578,6 +662,11 @@ class ChatSession:
             self.store.prefill({b: new})
         self._kv_prompt, self._kv_reply = prompt.prompt, ""
         return prompt, reused, len(new)
+
+
+def _check_sampler(sampler: object) -> None:
+    if sampler is not None and not isinstance(sampler, (Sampler, SamplingParams)):
+        raise type_error("sampler", "a samplers Sampler (a chain), samplers.SamplingParams, or None", sampler)
 
 
 def _schema_grammar(schema: Any) -> Any:

@@ -80,7 +80,17 @@ import numpy as np
 import numpy.typing as npt
 
 from llama_cffi import LlamaError, Model, ParamError, default_model_path
-from llama_cffi._args import expect_iterable, expect_namespace, expect_parser, expect_path
+from llama_cffi._args import (
+    expect_callable,
+    expect_iterable,
+    expect_mapping,
+    expect_namespace,
+    expect_number,
+    expect_parser,
+    expect_path,
+    expect_str,
+    type_error,
+)
 
 from . import perplexity as _ppl
 from .base import Sampler
@@ -338,6 +348,9 @@ class Workers:
     ) -> None:
         if model_path is not None:
             expect_path("model_path", model_path)
+        _check_pool_options(model_params, cluster, cpus_per_worker)
+        if ray_init is not None:
+            expect_mapping("ray_init", ray_init, "a mapping of ray.init keywords or None")
         self.n_workers = _int("n_workers", n_workers, 1)
         self.threads_per_worker = _int("threads_per_worker", threads_per_worker, 1)
         cpus = float(self.threads_per_worker if cpus_per_worker is None else cpus_per_worker)
@@ -476,6 +489,8 @@ class Workers:
         workers: the same arguments, the same (bit-identical) result.
         ``progress(chunks_done, n_chunks, running_ppl)`` is called in chunk order as the
         completed prefix grows, with the running values ``llama-perplexity`` prints."""
+        if progress is not None:
+            expect_callable("progress", progress, "callable or None")
         self._check_open()
         assert self._vocab_model is not None
         p, tokens, n_chunk, bos = _ppl.prepare(self._vocab_model, text_or_tokens, n_ctx, n_batch, n_chunks)
@@ -534,6 +549,7 @@ class Workers:
         called as prompts finish. Prompts that fail get ``error`` set (see the module
         docstring); this raises only for invalid arguments or a closed pool."""
         prompts = list(expect_iterable("prompts", prompts, "an iterable of prompts (text, token ids or Requests)"))
+        _check_generation_options(sampler, grammar, json_schema, stop, progress)
         self._check_open()
         batch_size = _int("batch_size", batch_size, 1)
         n_ctx = _int("n_ctx", n_ctx, 1)
@@ -571,6 +587,33 @@ class Workers:
 
         self._run(calls, on_done, on_error)
         return [r if r is not None else _failed(i, None, "lost") for i, r in enumerate(results)]
+
+
+def _check_pool_options(model_params: object, cluster: object, cpus_per_worker: object) -> None:
+    """The :class:`Workers` options that the one-call helpers pass on, checked before a pool starts."""
+    if model_params is not None:
+        expect_mapping("model_params", model_params, "a mapping of Model.load keywords or None")
+    if cluster is not None:
+        expect_str("cluster", cluster, "a Ray address (a str) or None")
+    if cpus_per_worker is not None:
+        expect_number("cpus_per_worker", cpus_per_worker, "a number > 0 or None")
+
+
+def _check_generation_options(
+    sampler: object, grammar: object, json_schema: object, stop: object, progress: object
+) -> None:
+    """:meth:`Workers.map_generate`'s options, checked before any work (the workers get them pickled)."""
+    from .many import _check_constraint
+    from .params import SamplingParams
+
+    if sampler is not None and not isinstance(sampler, (Sampler, SamplingParams)):
+        raise type_error("sampler", "a samplers Sampler (a chain), samplers.SamplingParams, or None", sampler)
+    _check_constraint(grammar, json_schema)
+    if isinstance(stop, str):
+        raise type_error("stop", "an iterable of strings (a list, not one str)", stop)
+    expect_iterable("stop", stop, "an iterable of strings")
+    if progress is not None:
+        expect_callable("progress", progress, "callable (done, total) or None")
 
 
 def _job(
@@ -642,6 +685,10 @@ def perplexity(
     pool's arguments as :class:`Workers` takes them."""
     if model_path is not None:
         expect_path("model_path", model_path)
+    _int("workers", workers, 1)
+    _check_pool_options(model_params, cluster, cpus_per_worker)
+    if progress is not None:
+        expect_callable("progress", progress, "callable or None")
     with Workers(
         model_path, workers, threads_per_worker, model_params, cluster, cpus_per_worker=cpus_per_worker
     ) as pool:
@@ -672,6 +719,10 @@ def map_generate(
     ``{"use_extra_bufts": False}`` (see Determinism in the module docstring)."""
     if model_path is not None:
         expect_path("model_path", model_path)
+    _int("workers", workers, 1)
+    _check_pool_options(model_params, cluster, cpus_per_worker)
+    prompts = list(expect_iterable("prompts", prompts, "an iterable of prompts (text, token ids or Requests)"))
+    _check_generation_options(sampler, grammar, json_schema, stop, progress)
     params = {"use_extra_bufts": False} if model_params is None else model_params
     with Workers(model_path, workers, threads_per_worker, params, cluster, cpus_per_worker=cpus_per_worker) as pool:
         return pool.map_generate(

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from llama_cffi._args import expect_int
+from llama_cffi._args import expect_int, type_error
 from llama_cffi.sampling import LlamaSampler, check_float, check_int
 
 from .base import Sampler, check_model
@@ -39,6 +39,8 @@ def breaker_sequences(model: Model, breakers: Iterable[str | bytes]) -> Breakers
     tails (token sequences that must precede it, nearest first is *not* implied: the tail
     is in text order)."""
     check_model(model)
+    if not isinstance(breakers, Iterable):
+        raise type_error("breakers", "an iterable of breaker strings (str or bytes)", breakers)
     vocab = model.vocab
     pieces = _pieces(model)
     out: Breakers = {}
@@ -109,6 +111,8 @@ class DRY(Sampler):
         self.last_n = max(check_int("last_n", last_n), 0)
         self.enabled = self.multiplier != 0.0 and self.base >= 1.0 and self.last_n != 0
         self.model = model
+        if not isinstance(seq_breakers, Iterable):
+            raise type_error("seq_breakers", "a sequence of breakers (str, bytes or token sequences)", seq_breakers)
         strings = [b for b in seq_breakers if isinstance(b, (str, bytes))]
         self._strings = list(strings)
         self.breakers: Breakers = {}

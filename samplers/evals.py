@@ -55,7 +55,7 @@ import numpy as np
 import numpy.typing as npt
 
 from llama_cffi import Batch, Context, Model, ParamError, Vocab
-from llama_cffi._args import expect, expect_int
+from llama_cffi._args import expect, expect_callable, expect_int, expect_iterable
 
 from ._libm import c_expf, c_logf
 from ._libm import expf as _row_expf
@@ -213,6 +213,13 @@ def _draw(n_pool: int, n_tasks: int) -> list[int]:
     return out
 
 
+def _check_callbacks(**callbacks: object) -> None:
+    """Each callback (by its parameter's name) is None or callable."""
+    for name, fn in callbacks.items():
+        if fn is not None:
+            expect_callable(name, fn, "callable or None")
+
+
 def hellaswag(
     model: Model,
     text: str | Sequence[EvalTask],
@@ -229,7 +236,11 @@ def hellaswag(
     --hellaswag-tasks N -c CTX_SIZE -b N_BATCH -np N_PARALLEL`` computes it (see the
     module docstring). ``progress(done, total, accuracy)`` after each task."""
     expect("model", model, Model, "a llama_cffi.Model")
-    tasks = read_hellaswag(text) if isinstance(text, str) else list(text)
+    _check_callbacks(progress=progress)
+    if isinstance(text, str):
+        tasks = read_hellaswag(text)
+    else:
+        tasks = list(expect_iterable("text", text, "the file's text (a str) or a sequence of EvalTask"))
     for i, t in enumerate(tasks):
         expect(f"tasks[{i}]", t, EvalTask, "an EvalTask")
         if len(t.endings) != 4:
@@ -635,10 +646,12 @@ def winogrande(
     its 6th decimal more rarely still (not seen in the tests). ``progress(done, total,
     accuracy)`` and ``on_task(score)`` after each task."""
     expect("model", model, Model, "a llama_cffi.Model")
+    _check_callbacks(progress=progress, on_task=on_task)
     if isinstance(text_or_tasks, str):
         tasks = read_winogrande(text_or_tasks)
     else:
-        tasks = list(text_or_tasks)
+        what = "the file's text (a str) or a sequence of WinograndeTask"
+        tasks = list(expect_iterable("text_or_tasks", text_or_tasks, what))
         for i, t in enumerate(tasks):
             expect(f"tasks[{i}]", t, WinograndeTask, "a WinograndeTask")
             if len(t.options) != 2 or t.answer not in (1, 2):
@@ -988,6 +1001,7 @@ def multiple_choice(
     decoded in ``n_batch`` chunks from an empty memory. ``progress(done, total,
     accuracy)`` and ``on_task(score)`` after each task."""
     expect("model", model, Model, "a llama_cffi.Model")
+    _check_callbacks(progress=progress, on_task=on_task)
     if isinstance(data, (bytes, bytearray, memoryview)):
         tasks = read_multiple_choice(bytes(data))
     else:

@@ -78,7 +78,9 @@ import numpy.typing as npt
 
 from llama_cffi import Context, Model, ParamError, default_model_path
 from llama_cffi._args import (
+    expect_callable,
     expect_int,
+    expect_mapping,
     expect_namespace,
     expect_number,
     expect_parser,
@@ -501,6 +503,13 @@ def _model_of(model_or_ctx: object) -> Model:
     raise type_error("model_or_ctx", "a llama_cffi.Model or Context", model_or_ctx)
 
 
+def _check_run_options(progress: object, context_params: object) -> None:
+    if progress is not None:
+        expect_callable("progress", progress, "callable or None")
+    if context_params is not None:
+        expect_mapping("context_params", context_params, "a mapping of Context keywords or None")
+
+
 def write_kl_base(
     model_or_ctx: Model | Context,
     text_or_tokens: str | bytes | npt.ArrayLike,
@@ -528,10 +537,11 @@ def write_kl_base(
     Raises what :func:`~samplers.perplexity.perplexity` raises, and ``OSError``.
     """
     model = _model_of(model_or_ctx)
+    dest = Path(expect_path("path", path))
+    _check_run_options(progress, context_params)
     if n_threads is not None:
         n_threads = _int_param("n_threads", n_threads, 1)
     p, tokens, n_chunk, bos = prepare(model, text_or_tokens, n_ctx, n_batch, n_chunks)
-    dest = Path(os.fspath(path))
     using = _Using(model_or_ctx, p, n_threads, context_params)
     try:
         # a new file beside dest (created with the umask's mode, as the tool's), renamed at the end
@@ -1004,6 +1014,9 @@ def kl_divergence(
     context, :class:`KLDivergenceError` for NaN logits, and llama_cffi's decode errors.
     """
     model = _model_of(model_or_ctx)
+    if not isinstance(base, (KLBase, str, os.PathLike)):
+        raise type_error("base", "a KLBase (read_kl_base) or a base file's path (a str or an os.PathLike)", base)
+    _check_run_options(progress, context_params)
     if n_threads is not None:
         n_threads = _int_param("n_threads", n_threads, 1)
     b = base if isinstance(base, KLBase) else read_kl_base(base)

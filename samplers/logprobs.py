@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from llama_cffi._args import expect, type_error
+from llama_cffi._args import expect, expect_iterable, expect_number, type_error
 from llama_cffi.errors import ParamError
 from llama_cffi.kernels import _GROUPS, _group_max, _top_k_grouped, softmax_sum
 
@@ -74,6 +74,15 @@ class TokenLogprob:
         return -self.logprob
 
 
+def _check_unit(unit: object) -> float:
+    """The divisor of ``unit`` (``"nats"`` or ``"bits"``); anything else names ``unit``."""
+    if unit == "nats" or unit == "bits":
+        return _check_base(unit)
+    if not isinstance(unit, str):
+        raise type_error("unit", "'nats' or 'bits'", unit)
+    raise ParamError(f"unit must be 'nats' or 'bits', not {unit!r}")
+
+
 class LogprobReader:
     """Turns logits rows into :class:`TokenLogprob` records, for your own generation loop
     (the helpers keep one per call). ``top``: how many alternatives per token; ``unit``:
@@ -83,12 +92,11 @@ class LogprobReader:
         from llama_cffi import Vocab
 
         expect("vocab", vocab, Vocab, "a llama_cffi.Vocab")
-        if isinstance(top, bool) or not isinstance(top, int) or top < 0:
+        if isinstance(top, bool) or not isinstance(top, int):
+            raise type_error("top (top_logprobs)", "an int >= 0", top)
+        if top < 0:
             raise ParamError(f"top_logprobs must be an int >= 0, not {top!r}")
-        try:
-            self.div = _check_base(unit)
-        except ValueError as e:
-            raise ParamError(f"unit must be 'nats' or 'bits', not {unit!r}") from e
+        self.div = _check_unit(unit)
         self.vocab = vocab
         self.top = top
         self.unit = unit
@@ -112,6 +120,8 @@ class LogprobReader:
         and top list computed once."""
         if not isinstance(row, np.ndarray):
             raise type_error("row", "a float32 numpy array (a row of logits)", row)
+        if type(tokens) is not tuple and not isinstance(tokens, Iterable):
+            raise type_error("tokens", "a sequence of token ids", tokens)
         n = row.shape[0]
         k = min(self.top, n)
         cols = n // _GROUPS
@@ -147,6 +157,8 @@ class LogprobReader:
 
     def from_surprisal(self, token: int, nats: float) -> TokenLogprob:
         """A record from a surprisal already measured (no alternatives)."""
+        if type(nats) is not float:
+            nats = expect_number("nats", nats)
         raw, text = self.piece(token)
         return TokenLogprob(token, text, -nats / self.div, (), raw)
 
@@ -191,7 +203,7 @@ def _tokens(vocab: Vocab, text: _Tokens, add_special: bool, what: str) -> npt.ND
     if isinstance(text, str):
         toks = vocab.tokenize(text, add_special=add_special)
     else:
-        toks = vocab.check_tokens(text)
+        toks = vocab.check_tokens(text, what)
     if len(toks) == 0:
         raise ParamError(f"the {what} has no tokens")
     return np.asarray(toks, dtype=np.int32)
@@ -274,8 +286,7 @@ def score_many(
     ctx = store.ctx
     vocab = ctx.model.vocab
     reader = LogprobReader(vocab, top_logprobs, unit)
-    if isinstance(pairs, (str, bytes)):
-        raise type_error("pairs", "an iterable of (prompt, continuation) pairs", pairs)
+    expect_iterable("pairs", pairs, "an iterable of (prompt, continuation) pairs")
     items: list[tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]] = []
     for i, pair in enumerate(pairs):
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:

@@ -37,13 +37,13 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from llama_cffi._args import expect, expect_int, type_error
+from llama_cffi._args import expect, expect_bool, expect_int, expect_iterable, type_error
 from llama_cffi.errors import LlamaError, ParamError
 from llama_cffi.vocab import StopStringStream
 
 from .base import Sampler
 from .branch import Branch, BranchStore, NewBranch
-from .logprobs import LogprobReader
+from .logprobs import LogprobReader, _check_unit
 from .params import SamplingParams, as_sampler
 from .prompt_cache import PromptCache, _common
 from .search import Result, StopReason, Timings, _accepted_records, _cache, _grammar_forced_end, _result, _store
@@ -126,11 +126,34 @@ class _Job:
     t_first: float | None = None
 
 
-def _resolve_grammar(grammar: Any, json_schema: Any, where: str) -> Any:
-    if grammar is not None and json_schema is not None:
-        raise ParamError(f"{where}: give grammar or json_schema, not both")
+def _check_constraint(grammar: Any, json_schema: Any, prefix: str = "") -> None:
+    """``grammar`` is None or what :meth:`BranchStore.create` takes (GBNF text, a JSON
+    schema, a Grammar or a matcher) and ``json_schema`` None or a schema, else the
+    TypeError naming ``prefix + "grammar"`` or ``prefix + "json_schema"``."""
+    if json_schema is None and (grammar is None or isinstance(grammar, (str, dict))):
+        return
+    from .grammar import Grammar, GrammarMatcher
+    from .grammar.compiled import CompiledGrammar
+    from .grammar.grammar import _check_json_schema
+
+    if json_schema is not None:
+        _check_json_schema(json_schema, f"{prefix}json_schema")
+    if not (
+        grammar is None
+        or isinstance(grammar, (str, dict, bool, Grammar, CompiledGrammar, GrammarMatcher))
+        or any(callable(getattr(grammar, a, None)) for a in ("model_json_schema", "json_schema"))
+    ):
+        raise type_error(f"{prefix}grammar", "GBNF text, a JSON schema, a Grammar or a matcher, or None", grammar)
+
+
+def _resolve_grammar(grammar: Any, json_schema: Any, where: str, prefix: str = "") -> Any:
+    """The constraint of the call (``prefix`` empty) or of a request (``prefix``
+    ``"prompts[i]."``, naming its fields): parsed, or checked to be one."""
     from .grammar import Grammar
 
+    _check_constraint(grammar, json_schema, prefix)
+    if grammar is not None and json_schema is not None:
+        raise ParamError(f"{where}: give grammar or json_schema, not both")
     if json_schema is not None:
         return Grammar.from_json_schema(json_schema)
     if isinstance(grammar, str):
@@ -178,6 +201,16 @@ class ManyRun(Iterator[tuple[int, Result]]):
         if on_error is not None and not callable(on_error):
             raise type_error("on_error", "a callable (index, exception), or None", on_error)
         self._on_error = on_error
+        if isinstance(prompts, (str, bytes, Request)):
+            raise type_error("prompts", "an iterable of prompts (str, token ids or Request)", prompts)
+        expect_iterable("prompts", prompts, "an iterable of prompts (str, token ids or Request)")
+        if isinstance(stop, str):
+            raise type_error("stop", "an iterable of strings (a list, not one str)", stop)
+        expect_iterable("stop", stop, "an iterable of strings (a list, not one str)")
+        expect_iterable("stop_tokens", stop_tokens, "an iterable of token ids")
+        share_prefixes = expect_bool("share_prefixes", share_prefixes)
+        logprobs = expect_bool("logprobs", logprobs)
+        _check_unit(unit)
         self._cache = _cache(cache, store)
         ctx = store.ctx
         vocab = ctx.model.vocab
@@ -187,10 +220,6 @@ class ManyRun(Iterator[tuple[int, Result]]):
         if seed is not None:
             seed = expect_int("seed", seed, "an int or None")
         sampler = as_sampler(sampler, ctx.model)
-        if isinstance(prompts, (str, bytes, Request)):
-            raise type_error("prompts", "an iterable of prompts (str, token ids or Request)", prompts)
-        if isinstance(stop, str):
-            raise type_error("stop", "an iterable of strings (a list, not one str)", stop)
         default_stop = tuple(stop)
         default_enders = frozenset(int(t) for t in vocab.check_tokens(list(stop_tokens), "stop_tokens"))
         default_grammar = _resolve_grammar(grammar, json_schema, "the call")
@@ -221,7 +250,7 @@ class ManyRun(Iterator[tuple[int, Result]]):
                 )
             mt = max_tokens if req.max_tokens is None else _max_tokens(req.max_tokens, f"{where}.max_tokens")
             if req.grammar is not None or req.json_schema is not None:
-                g = _resolve_grammar(req.grammar, req.json_schema, where)
+                g = _resolve_grammar(req.grammar, req.json_schema, where, f"{where}.")
             else:
                 g = default_grammar
             smp = as_sampler(req.sampler, ctx.model, f"{where}.sampler") if req.sampler is not None else sampler
@@ -666,7 +695,10 @@ async def agenerate_many(
     cache: PromptCache | None = None,
 ) -> list[Result]:
     """:func:`generate_many` for asyncio (see :func:`aiter_many`)."""
-    prompts = list(prompts)
+    what = "an iterable of prompts (str, token ids or Request)"
+    if isinstance(prompts, (str, bytes, Request)):
+        raise type_error("prompts", what, prompts)
+    prompts = list(expect_iterable("prompts", prompts, what))
     out: list[Result | None] = [None] * len(prompts)
     async for i, r in aiter_many(
         store,

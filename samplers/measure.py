@@ -35,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from llama_cffi import Context, InvalidTokenError
-from llama_cffi._args import type_error
+from llama_cffi._args import expect_int, type_error
 from llama_cffi.kernels import softmax_dot, softmax_sum
 
 __all__ = [
@@ -82,16 +82,18 @@ def _buffers(n: int) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
 
 
 # ---------------------------------------------------------------------- argument handling
-def _check_base(base: object) -> float:
+def _check_base(base: object, name: str = "base") -> float:
     """The divisor that turns nats into ``base``."""
     if base == "nats":
         return 1.0
     if base == "bits":
         return _LN2
-    raise ValueError(f"base must be 'nats' or 'bits', not {base!r}")
+    if not isinstance(base, str):
+        raise type_error(name, "'nats' or 'bits'", base)
+    raise ValueError(f"{name} must be 'nats' or 'bits', not {base!r}")
 
 
-def _row(logits_or_ctx: Any, idx: int) -> npt.NDArray[np.float32]:
+def _row(logits_or_ctx: Any, idx: int, name: str = "logits_or_ctx") -> npt.NDArray[np.float32]:
     """The logits row as a float32 1-D ndarray (zero-copy for float32 inputs and contexts)."""
     if isinstance(logits_or_ctx, Context):
         arr = np.asarray(logits_or_ctx.logits(idx))
@@ -100,7 +102,7 @@ def _row(logits_or_ctx: Any, idx: int) -> npt.NDArray[np.float32]:
         if arr.dtype != np.float32:
             if not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
                 what = f"a float array of logits or a llama_cffi.Context (dtype {arr.dtype})"
-                raise type_error("logits_or_ctx", what, logits_or_ctx)
+                raise type_error(name, what, logits_or_ctx)
             arr = arr.astype(np.float32)
     if arr.ndim != 1:
         raise ValueError(f"logits must be 1-D (one row of n_vocab values), got shape {arr.shape}")
@@ -131,11 +133,13 @@ def _values_problem(m: float) -> ValueError | None:
     return None
 
 
-def _checked_row(logits_or_ctx: Any, idx: int, token: object) -> tuple[npt.NDArray[np.float32], np.float32, int]:
+def _checked_row(
+    logits_or_ctx: Any, idx: int, token: object, name: str = "logits_or_ctx"
+) -> tuple[npt.NDArray[np.float32], np.float32, int]:
     """``(row, max(row), token)`` after every check. Errors found once the row is fetched
     are raised after dropping it, so that no traceback frame keeps a raw array into a
     Context's output buffer alive (which would block llama.cpp from reallocating it)."""
-    arr = _row(logits_or_ctx, idx)
+    arr = _row(logits_or_ctx, idx, name)
     err: Exception | None = None
     t = -1
     if token is not None:
@@ -200,6 +204,8 @@ def surprisal(logits_or_ctx: Any, token: int, *, idx: int = -1, base: Base = "na
     :class:`TokenOutOfRangeError` for a token outside ``[0, len(logits))``,
     :class:`ValueError` for NaN/``+inf`` logits, an all ``-inf`` row, a bad ``base``.
     """
+    if type(idx) is not int:
+        idx = expect_int("idx", idx)
     div = _check_base(base)
     arr, m, t = _checked_row(logits_or_ctx, idx, token)
     return _nats(arr, t, m) / div
@@ -212,6 +218,8 @@ def entropy(logits_or_ctx: Any, *, idx: int = -1, base: Base = "nats") -> float:
     ``-inf``, or ``exp`` underflowing) contribute ``0`` (``0 log 0 = 0``). The result is
     clamped to ``[0, log n]`` (its mathematical range) against rounding.
     """
+    if type(idx) is not int:
+        idx = expect_int("idx", idx)
     div = _check_base(base)
     arr, m, _ = _checked_row(logits_or_ctx, idx, None)
     n = arr.shape[0]
@@ -294,8 +302,14 @@ class PerplexityTracker:
         ``sampling_logits``, the sampler's filtered logits, when given). Returns the
         model-level surprisal in nats. Inputs as for :func:`surprisal` (arrays, views, or
         a Context's last output)."""
-        x = surprisal(logits, token)
-        y = None if sampling_logits is None else surprisal(sampling_logits, token)
+        arr, m, t = _checked_row(logits, -1, token, "logits")
+        x = _nats(arr, t, m)
+        del arr
+        y = None
+        if sampling_logits is not None:
+            arr, m, t = _checked_row(sampling_logits, -1, token, "sampling_logits")
+            y = _nats(arr, t, m)
+            del arr
         self.add(x, y)
         return x
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from llama_cffi._args import expect, expect_int, expect_iterable, type_error
+from llama_cffi._args import expect, expect_bool, expect_int, expect_iterable, type_error
 from llama_cffi.sampling import LlamaSampler, TokenDataArray
 
 from .base import Sampler, check_context
@@ -64,6 +64,8 @@ class NativeSampler(Sampler):
 
     def sample(self, ctx: Context, idx: int = -1) -> int:
         check_context(ctx)
+        if type(idx) is not int:
+            idx = expect_int("idx", idx)
         return self.sampler.sample(ctx, idx)
 
     def close(self) -> None:
@@ -77,6 +79,7 @@ class NativeSamplerChain(NativeSampler):
 
     def __init__(self, samplers: Iterable[Sampler | LlamaSampler] = (), no_perf: bool = True) -> None:
         items = list(expect_iterable("samplers", samplers, "an iterable of samplers (Sampler or LlamaSampler)"))
+        no_perf = expect_bool("no_perf", no_perf)
         for s in items:
             if not isinstance(s, (Sampler, LlamaSampler)):
                 raise type_error("samplers", "an iterable of samplers (Sampler or LlamaSampler)", s)

@@ -30,13 +30,13 @@ import dataclasses
 import math
 import re
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from llama_cffi._args import expect_mapping, expect_namespace, expect_parser, type_error
+from llama_cffi._args import expect_int, expect_mapping, expect_namespace, expect_parser, type_error
 from llama_cffi.errors import ParamError
 
 from .adaptive import AdaptiveP
@@ -205,12 +205,18 @@ class SamplingParams:
         if self.mirostat not in (0, 1, 2):
             raise ParamError(f"mirostat must be 0 (off), 1 or 2, not {self.mirostat}")
         breakers = _DRY_BREAKERS if self.dry_sequence_breakers is None else self.dry_sequence_breakers
+        if not isinstance(breakers, Iterable):
+            raise type_error("dry_sequence_breakers", "a sequence of strings or None", breakers)
         if isinstance(breakers, str) or not all(isinstance(b, str) for b in breakers):
             raise ParamError("dry_sequence_breakers must be a sequence of strings")
         self.dry_sequence_breakers = tuple(breakers)
+        if not isinstance(self.samplers, Iterable):
+            raise type_error("samplers", "a sequence of sampler names (or a str of names split by ';')", self.samplers)
         if isinstance(self.samplers, str):
             self.samplers = tuple(s for s in self.samplers.replace(",", ";").split(";") if s.strip())
         self.samplers = tuple(sampler_name(s) for s in self.samplers)
+        if not isinstance(self.logit_bias, Iterable):
+            raise type_error("logit_bias", "a mapping token id -> bias", self.logit_bias)
         bias: dict[int, float] = {}
         for k, v in dict(self.logit_bias).items():
             try:
@@ -449,6 +455,8 @@ class SamplingParams:
         """The parameters :meth:`add_arguments`' options hold (``-1`` last-n values become
         ``n_ctx`` when given, as llama.cpp does)."""
         expect_namespace("args", args)
+        if n_ctx is not None:
+            n_ctx = expect_int("n_ctx", n_ctx, "an int or None")
 
         def last_n(v: int) -> int:
             return n_ctx if v == -1 and n_ctx is not None else v
@@ -543,6 +551,8 @@ def as_sampler(sampler: object, model: Model, name: str = "sampler") -> Sampler 
     :class:`SamplingParams` becomes its chain for ``model`` (:meth:`SamplingParams.to_chain`),
     a :class:`~samplers.base.Sampler` is itself; anything else is a
     :class:`~llama_cffi.errors.ParamTypeError` naming ``name``."""
+    if type(name) is not str:
+        raise type_error("name", "a str (the parameter's name)", name)
     if sampler is None or isinstance(sampler, Sampler):
         return sampler
     if isinstance(sampler, SamplingParams):

@@ -54,6 +54,7 @@ from llama_cffi import Batch, Context, LlamaError, Model, ParamError, default_mo
 from llama_cffi._args import (
     expect,
     expect_array,
+    expect_callable,
     expect_int,
     expect_iterable,
     expect_namespace,
@@ -149,7 +150,9 @@ class Plan:
 
 
 def _int_param(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < minimum:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise type_error(name, f"an int >= {minimum}", value)
+    if value < minimum:
         raise ParamError(f"{name} must be an int >= {minimum}, not {value!r}")
     return int(value)
 
@@ -260,6 +263,8 @@ def perplexity(
         model = model_or_ctx
     else:
         raise type_error("model_or_ctx", "a llama_cffi.Model or Context", model_or_ctx)
+    if progress is not None:
+        expect_callable("progress", progress, "callable or None")
     if n_threads is not None:
         n_threads = _int_param("n_threads", n_threads, 1)
     p, tokens, n_chunk, bos = prepare(model, text_or_tokens, n_ctx, n_batch, n_chunks)
@@ -315,6 +320,10 @@ class Scorer:
         """The terms of chunks ``i .. i + n_seq_batch - 1``, decoded together from an
         empty KV memory as ``llama-perplexity`` decodes them."""
         expect_array("tokens", tokens, "an array of token ids", "iu")
+        i = expect_int("i", i)
+        n_seq_batch = expect_int("n_seq_batch", n_seq_batch)
+        if bos is not None:
+            bos = expect_int("bos", bos, "a token id or None")
         ctx, p, batch = self.ctx, self.p, self.batch
         n_ctx, nb = p.n_ctx, p.n_batch
         first = n_ctx // 2
@@ -363,8 +372,10 @@ class Accumulator:
 
     def __init__(self, p: Plan, n_chunk: int, n_tokens: int, progress: ProgressCallback | None = None) -> None:
         self.p = expect("p", p, Plan, "a Plan (from plan())")
-        self.n_chunk = n_chunk
-        self.n_tokens = n_tokens
+        self.n_chunk = expect_int("n_chunk", n_chunk)
+        self.n_tokens = expect_int("n_tokens", n_tokens)
+        if progress is not None:
+            expect_callable("progress", progress, "callable or None")
         self.progress = progress
         self.nll = 0.0
         self.nll2 = 0.0
@@ -494,6 +505,8 @@ def run_cli(args: argparse.Namespace, remote: RemoteScoring | None = None) -> in
     ``remote``: score the chunks there (only the vocabulary is loaded here). User errors
     propagate as exceptions (the caller prints one line and exits 2)."""
     expect_namespace("args", args)
+    if remote is not None:
+        expect_callable("remote", remote, "a RemoteScoring callable or None")
     kl = getattr(args, "kl_divergence_base", None) is not None or bool(getattr(args, "kl_divergence", False))
     if kl:
         if remote is not None:

@@ -52,7 +52,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from llama_cffi._args import expect, expect_int, type_error
+from llama_cffi._args import expect, expect_bool, expect_int, type_error
 from llama_cffi.errors import KvCacheFullError, ParamError, UnsupportedError
 
 from .base import Sampler
@@ -259,6 +259,8 @@ class PromptCache:
         already extends it; or it cannot be one: its positions were shifted, or it has
         children)."""
         expect("branch", branch, Branch, "a samplers.branch.Branch")
+        if n is not None:
+            n = expect_int("n", n, "an int or None")
         self._check_store(branch.store)
         if branch in self._entries:
             raise ParamError(f"{branch!r} is already an entry of this cache")
@@ -331,6 +333,7 @@ class PromptCache:
         track: bool,
     ) -> tuple[Branch, int]:
         """:meth:`create`, and how many of the prompt's tokens were copied."""
+        track = expect_bool("track", track)
         toks = self.store.ctx.model.vocab.check_tokens(prompt, "prompt")
         if len(toks) == 0:
             raise ParamError("a branch needs a prompt of at least one token")

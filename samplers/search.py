@@ -17,7 +17,15 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 
-from llama_cffi._args import expect, expect_bool, type_error
+from llama_cffi._args import (
+    expect,
+    expect_bool,
+    expect_callable,
+    expect_int,
+    expect_iterable,
+    expect_number,
+    type_error,
+)
 from llama_cffi.context import Context
 from llama_cffi.errors import KvCacheFullError, ParamError, ParamTypeError
 from llama_cffi.kernels import softmax_sum
@@ -26,11 +34,11 @@ from llama_cffi.vocab import StopStringStream, Vocab
 from .base import Sampler
 from .branch import Branch, BranchError, BranchStore
 from .chain import SamplerChain
-from .logprobs import LogprobReader, TokenLogprob
+from .logprobs import LogprobReader, TokenLogprob, _check_unit
 from .params import SamplingParams, as_sampler
 from .prompt_cache import PromptCache
 from .selection import Greedy
-from .speculative import Drafter, Verify, speculative_step
+from .speculative import Drafter, Verify, _check_verify, speculative_step
 
 #: Why a generation ended: an end-of-generation token the model chose (``"eog"``) or the
 #: grammar forced (``"grammar"``: its sentence was complete and nothing could follow), a
@@ -121,6 +129,26 @@ def _store(store: object) -> BranchStore:
     raise type_error("store", "a samplers.branch.BranchStore", store)
 
 
+def _check_logprobs(logprobs: object, unit: object) -> bool:
+    """``logprobs`` as a bool, ``unit`` checked (``"nats"`` or ``"bits"``) even when unused."""
+    _check_unit(unit)
+    return expect_bool("logprobs", logprobs)
+
+
+def _check_run(stop_tokens: object = (), drafter: object = None, verify: object = "auto") -> Verify:
+    """The generation options every helper passes on to :class:`Stream` (or the
+    speculative steps), checked before any work: ``verify`` as the literal it is."""
+    expect_iterable("stop_tokens", stop_tokens, "an iterable of token ids")
+    if drafter is not None:
+        expect("drafter", drafter, Drafter, "a samplers.speculative.Drafter or None")
+    return _check_verify(verify)
+
+
+def _optional_callable(name: str, value: object) -> None:
+    if value is not None:
+        expect_callable(name, value, "callable or None")
+
+
 def _branch(branch: object) -> Branch:
     if not isinstance(branch, Branch):
         raise type_error("branch", "a samplers.branch.Branch (from BranchStore.create)", branch)
@@ -190,6 +218,14 @@ class Stream(Iterator[str]):
         make_room: Callable[[], bool] | None = None,
     ) -> None:
         branch = _branch(branch)
+        verify = _check_run(stop_tokens, drafter, verify)
+        if reader is not None:
+            expect("reader", reader, LogprobReader, "a samplers.logprobs.LogprobReader or None")
+        prompt_seconds = expect_number("prompt_seconds", prompt_seconds)
+        if prompt_tokens is not None:
+            prompt_tokens = expect_int("prompt_tokens", prompt_tokens, "an int or None")
+        _optional_callable("on_shift", on_shift)
+        _optional_callable("make_room", make_room)
         if n_keep is not None:
             _check_shift(branch, n_keep)
             if drafter is not None:
@@ -400,6 +436,9 @@ def stream(
     shift (a recurrent state, a sliding-window cache without ``swa_full=True``)."""
     branch = _branch(branch)
     context_shift = expect_bool("context_shift", context_shift)
+    n_keep = expect_int("n_keep", n_keep)
+    verify = _check_run(stop_tokens, drafter, verify)
+    logprobs = _check_logprobs(logprobs, unit)
     reader = LogprobReader(branch.store.ctx.model.vocab, top_logprobs, unit) if logprobs or top_logprobs else None
     keep = n_keep if context_shift else None
     return Stream(branch, max_tokens, stop, stop_tokens, drafter, verify, reader, n_keep=keep)
@@ -414,6 +453,11 @@ def _setup(
     top_logprobs: int,
     unit: Literal["nats", "bits"],
 ) -> tuple[list[int], Any, LogprobReader | None]:
+    logprobs = _check_logprobs(logprobs, unit)
+    if json_schema is not None:
+        from .grammar.grammar import _check_json_schema
+
+        _check_json_schema(json_schema)
     if grammar is not None and json_schema is not None:
         raise ParamError("give grammar or json_schema, not both")
     reader = LogprobReader(store.ctx.model.vocab, top_logprobs, unit) if logprobs or top_logprobs else None
@@ -457,6 +501,8 @@ def complete(
     afterwards instead of being pruned."""
     store = _store(store)
     context_shift = expect_bool("context_shift", context_shift)
+    n_keep = expect_int("n_keep", n_keep)
+    verify = _check_run(stop_tokens, drafter, verify)
     cache = _cache(cache, store)
     toks, constraint, reader = _setup(store, prompt, grammar, json_schema, logprobs, top_logprobs, unit)
     t0 = time.perf_counter()
@@ -612,6 +658,7 @@ async def acomplete(
     branch (the store is as it was before the call; with a ``cache``, a branch whose
     prompt was decoded becomes an entry, as after a finished call)."""
     store = _store(store)
+    verify = _check_run(stop_tokens, drafter, verify)
     cache = _cache(cache, store)
     toks, constraint, reader = _setup(store, prompt, grammar, json_schema, logprobs, top_logprobs, unit)
     t0 = time.perf_counter()
@@ -678,6 +725,11 @@ def run_together(
     drafts in one decode; each branch ends with the tokens, sampler state and metrics
     it would have had without them."""
     store = _store(store)
+    expect_iterable("branches", branches, "a list of branches of the store")
+    max_tokens = expect_int("max_tokens", max_tokens)
+    if drafters is not None and not isinstance(drafters, Mapping):
+        raise type_error("drafters", "a mapping branch -> Drafter, or None", drafters)
+    verify = _check_run(verify=verify)
     vocab = store.ctx.model.vocab
     if drafters is not None:
         return _run_speculative(store, branches, max_tokens, drafters, verify)
@@ -748,6 +800,11 @@ def best_of_n(
     best continuation's per-token log-probabilities in ``unit`` (its end token
     included when it ended on one); the timings count every continuation's decodes."""
     store = _store(store)
+    n = expect_int("n", n)
+    max_tokens = expect_int("max_tokens", max_tokens)
+    seed = expect_int("seed", seed)
+    verify = _check_run(drafter=drafter, verify=verify)
+    logprobs = _check_logprobs(logprobs, unit)
     if n < 1:
         raise ParamError(f"n must be >= 1, not {n}")
     reader = LogprobReader(store.ctx.model.vocab, 0, unit) if logprobs else None
@@ -819,6 +876,10 @@ def beam_search(
     tokens). Returns the best finished (or, at ``max_tokens``, live) beam; every branch it
     made is pruned. ``logprobs``: its per-token log-probabilities in ``unit``."""
     store = _store(store)
+    width = expect_int("width", width)
+    max_tokens = expect_int("max_tokens", max_tokens)
+    length_penalty = expect_number("length_penalty", length_penalty)
+    logprobs = _check_logprobs(logprobs, unit)
     if width < 1:
         raise ParamError(f"width must be >= 1, not {width}")
     reader = LogprobReader(store.ctx.model.vocab, 0, unit) if logprobs else None
@@ -907,6 +968,7 @@ def expand_top_k(branch: Branch, k: int) -> list[Branch]:
     """Fork ``branch`` into ``k`` children, one per its ``k`` most likely next tokens
     (distinct), and advance them in one decode: the basic move of a tree search."""
     branch = _branch(branch)
+    k = expect_int("k", k)
     if k < 1:
         raise ParamError(f"k must be >= 1, not {k}")
     ls = branch.logits

@@ -75,7 +75,15 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from llama_cffi._args import expect, expect_iterable
+from llama_cffi._args import (
+    expect,
+    expect_bool,
+    expect_callable,
+    expect_int,
+    expect_iterable,
+    expect_number,
+    type_error,
+)
 from llama_cffi.errors import KvCacheFullError, ParamError, UnsupportedError
 from llama_cffi.sampling import SamplingError
 
@@ -185,11 +193,14 @@ class Drafter(ABC):
         """Up to ``n`` tokens that may follow ``history`` (every token of the branch: the
         prompt, the generated text and the token about to be decoded)."""
         _history(history)
+        _count(n)
         raise NotImplementedError  # a drafter implements it
 
     def feedback(self, drafted: Sequence[int], n_accepted: int) -> None:
         """The target kept the first ``n_accepted`` of ``drafted``."""
         expect_iterable("drafted", drafted, "a sequence of token ids")
+        if type(n_accepted) is not int:
+            expect_int("n_accepted", n_accepted)
 
     def reset(self) -> None:  # noqa: B027 - optional hook
         """Forget per-history state (statistics stay)."""
@@ -240,7 +251,7 @@ class PromptLookup(Drafter):
         self.max_draft = max_draft
         self._seen: list[int] = []
         self._cache: _NgramCache = {}
-        self._dynamic: _NgramCache | None = {} if dynamic else None
+        self._dynamic: _NgramCache | None = {} if expect_bool("dynamic", dynamic) else None
 
     def __repr__(self) -> str:
         return (
@@ -282,7 +293,7 @@ class PromptLookup(Drafter):
     def draft(self, history: Sequence[int], n: int) -> Draft:
         hist = self._sync(_history(history))
         out: list[int] = []
-        n = min(n, self.max_draft)
+        n = min(_count(n), self.max_draft)
         if len(hist) < NGRAM_STATIC:
             return Draft(out)
         sizes = range(self.ngram_min, self.ngram_max + 1)
@@ -390,6 +401,8 @@ class DraftModel(Drafter):
 
         if isinstance(max_draft, bool) or not isinstance(max_draft, int) or max_draft < 1:
             raise ParamError(f"max_draft must be an int >= 1, not {max_draft!r}")
+        p_min = expect_number("p_min", p_min)
+        n_ctx = expect_int("n_ctx", n_ctx)
         if not 0.0 <= p_min <= 1.0:
             raise ParamError(f"p_min must be in [0, 1], not {p_min}")
         if sampler is not None and not isinstance(sampler, SamplerChain):
@@ -501,7 +514,7 @@ class DraftModel(Drafter):
 
     def draft(self, history: Sequence[int], n: int) -> Draft:
         hist = history if isinstance(history, list) else [int(t) for t in _history(history)]
-        n = min(n, self.max_draft, self.ctx.n_ctx_seq - len(hist) - 1)
+        n = min(_count(n), self.max_draft, self.ctx.n_ctx_seq - len(hist) - 1)
         if n <= 0 or not hist:
             return Draft([])
         if len(hist) > self.ctx.n_ctx_seq:
@@ -623,6 +636,15 @@ def _grammar_matcher(chain: SamplerChain) -> Any:
     return None
 
 
+def _check_verify(verify: object) -> Verify:
+    """``verify`` when it is one of ``"auto"``, ``"match"``, ``"rejection"``."""
+    if verify == "auto" or verify == "match" or verify == "rejection":
+        return verify
+    if not isinstance(verify, str):
+        raise type_error("verify", "'auto', 'match' or 'rejection'", verify)
+    raise ParamError(f"verify must be 'auto', 'match' or 'rejection', not {verify!r}")
+
+
 def _mode(chain: SamplerChain, verify: Verify, sampled_drafts: bool) -> str:
     if verify == "match":
         return "match"
@@ -661,6 +683,17 @@ def speculative_step(
     their tokens, so a step is done whole or not at all.
     """
     expect("store", store, BranchStore, "a samplers.branch.BranchStore")
+    if not isinstance(moves, Mapping):
+        raise type_error("moves", "a mapping branch -> token", moves)
+    if not isinstance(drafters, (Drafter, Mapping)):
+        raise type_error("drafters", "a Drafter or a mapping branch -> Drafter", drafters)
+    if budget is not None and not isinstance(budget, (int, Mapping)):
+        raise type_error("budget", "an int, a mapping branch -> int, or None", budget)
+    if is_end is not None:
+        expect_callable("is_end", is_end, "callable or None")
+    if on_commit is not None and not isinstance(on_commit, Mapping):
+        raise type_error("on_commit", "a mapping branch -> callable, or None", on_commit)
+    verify = _check_verify(verify)
     if not moves:
         return {}
     if store.device:
@@ -926,6 +959,11 @@ def _reject_or_keep(
         r = p
     i = _pick(r, rng.canonical())
     return int(ids[i]), -math.log(float(p[i])) if p[i] > 0 else math.inf, False
+
+
+def _count(n: object) -> int:
+    """A drafter's ``n`` (the most tokens to propose): an int."""
+    return n if type(n) is int else expect_int("n", n)
 
 
 def _history(history: Any) -> Any:

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from llama_cffi._args import expect_number
 from llama_cffi.sampling import LlamaSampler, check_float
 
 from .base import Sampler
@@ -17,6 +18,8 @@ def scale_logits(cands: Candidates, temp: float) -> None:
     """llama.cpp's ``llama_sampler_temp_impl``: divide by ``temp``; ``temp <= 0`` keeps only
     the highest logit (the first on ties) and sets every other to -inf."""
     check_candidates(cands)
+    if type(temp) is not float:
+        temp = expect_number("temp", temp)
     n = cands.size
     if n == 0:
         return

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from llama_cffi._args import expect, expect_str
+from llama_cffi._args import expect, expect_bool, expect_iterable, expect_str
 from llama_cffi.chat import apply_template, turn_end
 from llama_cffi.errors import ParamError
 
@@ -149,6 +149,7 @@ def tool_call_format(template: str, engine: str = "jinja") -> ToolCallFormat | N
     """How ``template`` writes a tool call (found once per template and cached), or None
     when it declares no tools or writes calls in a form this module does not parse."""
     expect_str("template", template, "a str (chat template text)")
+    expect_str("engine", engine, "'jinja', 'native' or 'auto'")
     if not re.search(r"\btools\b", template):
         return None
     return _format(template, engine)
@@ -159,6 +160,8 @@ def parse_tool_calls(text: str, fmt: ToolCallFormat | None) -> tuple[str, list[T
     written in ``fmt`` (with nothing but whitespace between calls). A call that does not
     parse ends the calls; the rest stays content."""
     expect_str("text", text)
+    if fmt is not None:
+        expect("fmt", fmt, ToolCallFormat, "a ToolCallFormat (from tool_call_format) or None")
     if fmt is None:
         return text, []
     marker = fmt.start  # as the template writes it, whitespace included (as llama.cpp matches it)
@@ -222,6 +225,8 @@ def tool_call_grammar(
     grammars. Use it as ``GrammarSampler(Grammar.from_gbnf(gbnf), model, lazy=True,
     trigger_words=trigger_words)``."""
     expect("fmt", fmt, ToolCallFormat, "a ToolCallFormat (from tool_call_format)")
+    expect_iterable("tools", tools, "a sequence of tool specs (dicts)")
+    parallel = expect_bool("parallel", parallel)
     from .grammar.json_schema import llama_cpp_json_schema_to_gbnf
 
     variants = []

@@ -185,8 +185,8 @@ def _position_cases(e: Env) -> list[Case]:
         Case("decode pos rewriting the last", "InvalidBatchError", lambda: ctx.decode([5], pos=3)),
         Case("decode pos rewriting the first", "InvalidBatchError", lambda: ctx.decode([5, 6], pos=0)),
         Case("decode pos=-1", "InvalidBatchError", lambda: ctx.decode([5], pos=-1)),
-        Case("decode pos=True", "InvalidBatchError", lambda: ctx.decode([5], pos=True)),
-        Case("decode pos=4.0", "InvalidBatchError", lambda: ctx.decode([5], pos=4.0)),
+        Case("decode pos=True", "ParamTypeError", lambda: ctx.decode([5], pos=True)),
+        Case("decode pos=4.0", "ParamTypeError", lambda: ctx.decode([5], pos=4.0)),
         Case("decode_single pos beyond", "InvalidBatchError", lambda: ctx.decode_single(5, pos=6)),
         Case("decode_single pos rewriting", "InvalidBatchError", lambda: ctx.decode_single(5, pos=2)),
         Case("decode_single pos=-3", "InvalidBatchError", lambda: ctx.decode_single(5, pos=-3)),
@@ -770,7 +770,8 @@ GROUP_DOCS = {
     "values that are no ints TokenTypeError, an InvalidTokenError and a TypeError).",
     "seq_ids": "Sequence ids -1 and n_seq_max (and bad ranges) raise ParamError in decode, memory ops and state "
     "(a bool, no sequence id: ParamTypeError, a ParamError and a TypeError).",
-    "positions": "Positions that break continuity raise InvalidBatchError; past n_ctx_seq, KvCacheFullError.",
+    "positions": "Positions that break continuity raise InvalidBatchError; past n_ctx_seq, KvCacheFullError "
+    "(a pos that is no int: ParamTypeError, a ParamError and a TypeError).",
     "batches": "Batches too big, with bad tokens, seq ids or positions raise before llama_decode.",
     "outputs": "logits(i) without an output, bad logits masks and stale views raise typed errors.",
     "states": "Truncated, random and foreign states raise StateError and leave the context usable.",

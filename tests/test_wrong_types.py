@@ -24,15 +24,16 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT
-from tests.wrong_types_child import Case, all_callables
+from tests.wrong_types_child import ANY_VALUE, Case, ParamCase, all_callables, all_param_cases
 
 CASES, LEFT_OUT = all_callables()
+PARAM_CASES = all_param_cases()
 
 #: The audit's size when it was written (issue 36): a test that finds far fewer is broken.
 MIN_CASES = 400
 
 
-def _run_children(cases: list[Case], folder: Path) -> dict[str, dict[str, Any]]:
+def _run_children(cases: list[Case] | list[ParamCase], folder: Path, mode: str = "first") -> dict[str, dict[str, Any]]:
     """Run the cases in spawned children; a child that dies is replaced, after the case it
     was running is marked as a crash."""
     results: dict[str, dict[str, Any]] = {}
@@ -41,7 +42,7 @@ def _run_children(cases: list[Case], folder: Path) -> dict[str, dict[str, Any]]:
     env["LLAMA_CFFI_LOG"] = "none"
     while todo:
         r = subprocess.run(
-            [sys.executable, "-m", "tests.wrong_types_child", json.dumps(todo), str(folder)],
+            [sys.executable, "-m", "tests.wrong_types_child", json.dumps(todo), str(folder), mode],
             capture_output=True,
             text=True,
             timeout=900,
@@ -73,10 +74,12 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any
     return _run_children(CASES, tmp_path_factory.mktemp("wrong_types"))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_a_wrong_type_is_a_typed_error_naming_the_parameter(case: Case, results: dict[str, dict[str, Any]]) -> None:
-    r = results[case.id]
+@pytest.fixture(scope="module")
+def param_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    return _run_children(PARAM_CASES, tmp_path_factory.mktemp("wrong_types_params"), "params")
+
+
+def _check(case: Case | ParamCase, r: dict[str, Any]) -> None:
     assert "crash" not in r, f"{case.id}({case.param}=<WrongType>) crashed the process: {r['crash']}"
     assert "setup" not in r, f"{case.id}: the test could not make what it needs: {r['setup']}"
     raised = r["raised"]
@@ -88,6 +91,20 @@ def test_a_wrong_type_is_a_typed_error_naming_the_parameter(case: Case, results:
     assert re.search(rf"\b{re.escape(case.param)}\b", r["message"]), (
         f"{case.id}({case.param}=<WrongType>) raised {kind}({r['message']!r}), which does not name {case.param!r}"
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_a_wrong_type_is_a_typed_error_naming_the_parameter(case: Case, results: dict[str, dict[str, Any]]) -> None:
+    _check(case, results[case.id])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", PARAM_CASES, ids=[c.id for c in PARAM_CASES])
+def test_every_parameter_of_every_callable(case: ParamCase, param_results: dict[str, dict[str, Any]]) -> None:
+    """Each parameter after the first, with valid values for the others (issue 44): the
+    same rule as the first parameter's."""
+    _check(case, param_results[case.id])
 
 
 def test_the_audit_covers_every_public_callable() -> None:
@@ -105,6 +122,14 @@ def test_the_audit_covers_every_public_callable() -> None:
         by_reason[reason] = by_reason.get(reason, 0) + 1
     for reason, n in sorted(by_reason.items(), key=lambda kv: -kv[1]):
         print(f"  {n:4d}  {reason}")
+    assert len(PARAM_CASES) >= 900, len(PARAM_CASES)
+    assert all(reason for reason in ANY_VALUE.values())
+    print(
+        f"{len(CASES) + len(PARAM_CASES)} (callable, parameter) pairs audited: {len(CASES)} first parameters and "
+        f"{len(PARAM_CASES)} others; {len(ANY_VALUE)} parameters take any value:"
+    )
+    for pair, reason in sorted(ANY_VALUE.items()):
+        print(f"  {pair}: {reason}")
 
 
 def test_generate_with_a_context_says_to_make_a_store(tiny_model: Any) -> None:

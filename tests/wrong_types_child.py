@@ -28,6 +28,7 @@ import enum
 import importlib
 import inspect
 import json
+import os
 import pkgutil
 import sys
 from collections.abc import Callable, Iterator
@@ -342,6 +343,7 @@ FACTORIES: dict[str, Callable[[Env], Any]] = {
     "samplers.search.AsyncStream": lambda e: _m("samplers.search").astream(e.branch(), 4),
     "samplers.search.Stream": lambda e: _m("samplers.search").stream(e.branch(), 4),
     "samplers.chat.ChatStream": lambda e: _m("samplers.chat").ChatSession(e.context(n_seq_max=1)).stream("Hi"),
+    "samplers.reasoning.ReasoningBudget": lambda e: _m("samplers.reasoning").ReasoningBudget([[1]], [[2]], [2], 3),
     "samplers.selection.Dist": lambda e: _m("samplers").Dist(1),
     "samplers.selection.Greedy": lambda e: _m("samplers").Greedy(),
     "samplers.speculative.DraftModel": lambda e: _m("samplers.speculative").DraftModel(e.model, n_ctx=256),
@@ -424,6 +426,13 @@ REST: dict[str, Callable[[Env], tuple[tuple[Any, ...], dict[str, Any]]]] = {
     "llama_cffi.testing._strategies.floats32": lambda e: ((1.0,), {}),
     "llama_cffi.media.Audio": lambda e: ((16000,), {}),
     "samplers.params.as_sampler": lambda e: ((e.model,), {}),
+    "samplers.reasoning.ReasoningBudget": lambda e: (([[3]], [3], 2), {}),
+    "samplers.reasoning.split_reasoning": lambda e: ((None,), {}),
+    "samplers.reasoning.reasoning_budget_for": lambda e: (
+        (_m("llama_cffi.chat").ReasoningFormat("<think>", "</think>"), 2),
+        {},
+    ),
+    "llama_cffi.chat.reasoning_opens": lambda e: ((None,), {}),
     "llama_cffi.chat.with_media_markers": lambda e: (("<m>",), {}),
     "llama_cffi.media_file.check_media": lambda e: ((), {"max_pixels": 1 << 20, "max_seconds": 60.0}),
     "llama_cffi.mtmd.Chunks": lambda e: ((None,), {}),
@@ -536,6 +545,150 @@ REST: dict[str, Callable[[Env], tuple[tuple[Any, ...], dict[str, Any]]]] = {
 }
 
 
+# ---------------------------------------------------------------------- every parameter
+@dataclasses.dataclass(frozen=True)
+class ParamCase:
+    """One parameter after the first of a callable of :func:`all_callables` (the first is
+    the callable's own case): the call gets valid values for the others (the first from
+    :data:`FIRST` or its annotation, the rest from :data:`REST`) and WRONG for it."""
+
+    id: str  # "module.Qual.name:param"
+    case: Case
+    param: str
+    index: int  # among the parameters (self/cls and *args/**kwargs left out)
+    keyword_only: bool
+
+
+def _signature_params(fn: Callable[..., Any], bound: bool) -> list[inspect.Parameter]:
+    params = [
+        p
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    ]
+    return params[1:] if bound else params
+
+
+def _unbound(case: Case) -> tuple[Callable[..., Any], bool]:
+    mod = importlib.import_module(case.module)
+    if case.owner is None:
+        return getattr(mod, case.id.rsplit(".", 1)[1]), False
+    cls: Any = mod
+    for part in case.owner.split("."):
+        cls = getattr(cls, part)
+    if case.attr is None:
+        return cls.__init__, True
+    raw = vars(cls)[case.attr]
+    fn = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
+    return fn, case.kind != "staticmethod"
+
+
+def all_param_cases() -> list[ParamCase]:
+    _load_value_tables()
+    out = []
+    for case in all_callables()[0]:
+        fn, bound = _unbound(case)
+        params = _signature_params(fn, bound)
+        for i, p in enumerate(params[1:], start=1):
+            if f"{case.id}:{p.name}" in ANY_VALUE:
+                continue
+            out.append(ParamCase(f"{case.id}:{p.name}", case, p.name, i, p.kind == inspect.Parameter.KEYWORD_ONLY))
+    return out
+
+
+#: A valid value for a callable's first parameter, where its annotation does not give one
+#: (:func:`_first_value`); kept per package in ``tests/wrong_types_values_*.py``.
+FIRST: dict[str, Callable[[Env], Any]] = {}
+#: (positional args after the first, kwargs) for the every-parameter cases, where
+#: :data:`REST` (made for the first parameter's case) does not fit.
+REST_PARAMS: dict[str, Callable[[Env], tuple[tuple[Any, ...], dict[str, Any]]]] = {}
+#: "callable:param" -> why any value is right for that parameter (the audit checks the rest).
+ANY_VALUE: dict[str, str] = {}
+
+
+def _load_value_tables() -> None:
+    for name in ("tests.wrong_types_values_llama_cffi", "tests.wrong_types_values_samplers"):
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name != name:
+                raise
+            continue
+        FIRST.update(getattr(mod, "FIRST", {}))
+        REST_PARAMS.update(getattr(mod, "REST_PARAMS", {}))
+        ANY_VALUE.update(getattr(mod, "ANY_VALUE", {}))
+
+
+def _first_value(env: Env, case: Case, p: inspect.Parameter) -> Any:
+    """A valid value for ``case``'s first parameter ``p``: from :data:`FIRST`, else from
+    its annotation (a context, a store, a branch, a model, text, token ids, a number...)."""
+    if case.id in FIRST:
+        return FIRST[case.id](env)
+    ann = str(p.annotation)
+    head = ann.split("|")[0].strip()
+    if "BranchStore" in head:
+        return env.store()
+    if head.startswith("Branch"):
+        return env.branch()
+    if "Context" in head:
+        return env.context()
+    if head in ("Model", "llama_cffi.Model"):
+        return env.model
+    if "Vocab" in head:
+        return env.vocab
+    if "Candidates" in head:
+        return env.candidates()
+    if head in ("str", "str | os.PathLike[str]") or head.startswith("str"):
+        return "Hello"
+    if head.startswith(("Sequence[int]", "list[int]", "Iterable[int]", "npt.NDArray[np.int", "Sequence[int] |")):
+        return env.prompt()
+    if head.startswith(("npt.NDArray[np.float32]", "npt.ArrayLike", "np.ndarray")):
+        return _np().zeros(env.n_vocab, dtype=_np().float32)
+    if head == "int":
+        return 1
+    if head == "float":
+        return 0.5
+    if head == "bool":
+        return False
+    if p.default is not inspect.Parameter.empty:
+        return p.default
+    raise LookupError(f"no valid value for {case.id}'s first parameter {p.name} ({ann}): add one to FIRST")
+
+
+def run_params(cases: list[ParamCase], folder: str) -> None:
+    _load_value_tables()
+    os.chdir(folder)  # what a call writes with a relative path lands there, not in the tree
+    env = Env(folder)
+    for pc in cases:
+        print(f"CASE {pc.id}", flush=True)
+        out: dict[str, Any] = {"id": pc.id}
+        case = pc.case
+        try:
+            fn, _instance = _target(env, case)
+            raw, bound = _unbound(case)
+            params = _signature_params(raw, bound)
+            first = _first_value(env, case, params[0])
+            rest, kwargs = REST_PARAMS.get(case.id, REST.get(case.id, lambda e: ((), {})))(env)
+            args = [first, *rest]
+        except BaseException as e:
+            out.update(setup=f"{type(e).__name__}: {e}")
+            print("RESULT " + json.dumps(out), flush=True)
+            continue
+        kwargs = dict(kwargs)
+        if pc.index < len(args) and not pc.keyword_only:
+            args[pc.index] = WRONG
+        else:
+            kwargs[pc.param] = WRONG
+        if params[0].kind == inspect.Parameter.KEYWORD_ONLY:
+            kwargs[params[0].name] = args.pop(0)
+        try:
+            _drive(fn(*args, **kwargs))
+        except BaseException as e:
+            out.update(raised=[c.__name__ for c in type(e).__mro__], message=str(e))
+        else:
+            out.update(raised=None)
+        print("RESULT " + json.dumps(out), flush=True)
+
+
 def _target(env: Env, case: Case) -> tuple[Callable[..., Any], Any]:
     """The callable of ``case`` (bound to a fresh instance for a method) and that instance."""
     mod = importlib.import_module(case.module)
@@ -596,4 +749,7 @@ def run(cases: list[Case], folder: str) -> None:
 
 if __name__ == "__main__":
     wanted = set(json.loads(sys.argv[1]))
-    run([c for c in all_callables()[0] if c.id in wanted], sys.argv[2])
+    if len(sys.argv) > 3 and sys.argv[3] == "params":
+        run_params([c for c in all_param_cases() if c.id in wanted], sys.argv[2])
+    else:
+        run([c for c in all_callables()[0] if c.id in wanted], sys.argv[2])

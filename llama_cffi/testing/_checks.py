@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from .._args import expect, expect_array, expect_str, type_error
+from .._args import expect, expect_array, expect_number, expect_str, type_error
 
 if TYPE_CHECKING:
     from ..model import Model
@@ -47,7 +47,10 @@ def decode_equivalence(
     toks = [int(t) for t in expect_array("tokens", tokens, "a sequence of token ids", "iu").reshape(-1)]
     if not toks:
         raise ValueError("decode_equivalence needs at least one token")
-    got = np.asarray(logits, dtype=np.float32).reshape(-1)
+    got = np.asarray(expect_array("logits", logits, "an array of logits (numbers)", "biuf"), dtype=np.float32).reshape(
+        -1
+    )
+    rtol, atol = expect_number("rtol", rtol), expect_number("atol", atol)
     params = {"n_ctx": max(256, len(toks) + 1), **context_params}
     with model.context(**params) as ctx:
         row = None

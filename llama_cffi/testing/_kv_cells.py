@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from .._args import expect, expect_int
+from .._args import expect, expect_int, expect_iterable
 from ..errors import UnsupportedError
 
 if TYPE_CHECKING:
@@ -33,6 +33,7 @@ _INF = 2**31 - 1
 
 
 def _norm(p0: int, p1: int) -> tuple[int, int]:
+    p0, p1 = expect_int("p0", p0), expect_int("p1", p1)
     return max(p0, 0), (_INF if p1 < 0 else p1)
 
 
@@ -105,7 +106,8 @@ class KvCells:
     def add_tokens(self, seq: int, positions: Iterable[int]) -> None:
         """A decode of ``seq`` at ``positions``: one new cell each."""
         seq = expect_int("seq", seq)
-        new = [[expect_int("positions", p, "an iterable of ints"), {seq}] for p in positions]
+        what = "an iterable of ints"
+        new = [[expect_int("positions", p, what), {seq}] for p in expect_iterable("positions", positions, what)]
         self.cells.extend(new)
 
     def rm(self, seq: int, p0: int = -1, p1: int = -1) -> None:
@@ -126,9 +128,9 @@ class KvCells:
     def cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         """``seq_cp``: ``dst`` joins ``src``'s cells in range (they are shared, not copied)."""
         src, dst = expect_int("src", src), expect_int("dst", dst)
+        lo, hi = _norm(p0, p1)
         if src == dst:
             return
-        lo, hi = _norm(p0, p1)
         for c in self.cells:
             if src in c[1] and lo <= c[0] < hi:
                 c[1].add(dst)

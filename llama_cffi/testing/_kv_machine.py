@@ -15,7 +15,7 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from .._args import expect, expect_array, expect_int
+from .._args import expect, expect_array, expect_int, expect_iterable, expect_str
 from ..batch import Batch
 from ..context import Context
 from ..errors import KvCacheFullError, StateError
@@ -149,6 +149,10 @@ class KvCacheMachine(RuleBasedStateMachine):
     def decode_and_check(self, seq: int, tokens: list[int], mode: str) -> None:
         """Decode ``tokens`` into ``seq`` (``mode``: ``"last"``, ``"all"``, ``"none"`` or
         ``"single"``), predicting success or ``KvCacheFullError`` and the cells taken."""
+        seq = expect_int("seq", seq)
+        what = "a list of token ids"
+        tokens = [expect_int("tokens", t, what) for t in expect_iterable("tokens", tokens, what)]
+        expect_str("mode", mode, "'last', 'all', 'none' or 'single'")
         start, n, nb = self.next_pos(seq), len(tokens), self.n_batch
         if start + n > self.n_ctx_seq:
             with expect_raises(KvCacheFullError):  # refused in Python: nothing reaches llama_decode
@@ -255,6 +259,7 @@ class KvCacheMachine(RuleBasedStateMachine):
     def held(self, data: st.DataObject, label: str = "seq") -> int:
         """Draw a sequence that holds positions (any sequence when none does)."""
         expect("data", data, st.DataObject, "hypothesis's st.data() object")
+        expect_str("label", label)
         held = [s for s in range(self.n_seq) if self.kv.pos_max(s) >= 0]
         return data.draw(st.sampled_from(held) if held else st.integers(0, self.n_seq - 1), label=label)
 

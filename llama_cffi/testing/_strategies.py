@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from .._args import expect_number, type_error
+from .._args import expect_bool, expect_int, expect_number, expect_str, type_error
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
@@ -101,6 +101,10 @@ def logits_rows(
     _require_hypothesis()
     from hypothesis import strategies as st
 
+    expect_int("min_size", min_size)
+    expect_int("max_size", max_size)
+    allow_ties = expect_bool("allow_ties", allow_ties)
+    allow_neg_inf = expect_bool("allow_neg_inf", allow_neg_inf)
     sizes: SearchStrategy[int]
     if n_vocab is None:
         lo = _check_size("min_size", min_size, 1)
@@ -169,6 +173,8 @@ def token_ids(
     Control tokens (``llama_vocab_is_control``: BOS, EOS, chat markers, ...) and
     end-of-generation tokens (``llama_vocab_is_eog``) are left out unless allowed. One
     pass over the vocabulary (about 0.1 s at 262,144 tokens)."""
+    allow_control = expect_bool("allow_control", allow_control)
+    allow_eog = expect_bool("allow_eog", allow_eog)
     if isinstance(model_or_vocab, (bool, int, np.integer)):
         return np.arange(_check_size("n_vocab", model_or_vocab, 1), dtype=np.int32)
     from .._binding import lib
@@ -240,6 +246,7 @@ def texts(*, min_pieces: int = 0, max_pieces: int = 16, alphabet: str | None = N
     hi = _check_size("max_pieces", max_pieces, lo)
     piece: SearchStrategy[str]
     if alphabet is not None:
+        expect_str("alphabet", alphabet, "a str (the characters to draw) or None")
         if not alphabet or "\0" in alphabet:
             raise ValueError("alphabet must be a non-empty string without NUL")
         piece = st.sampled_from(sorted(set(alphabet)))

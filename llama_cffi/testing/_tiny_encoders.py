@@ -32,8 +32,17 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .._args import expect_path
-from ._tiny_model import N_VOCAB, PAD_ID, Weights, _import_gguf, add_tiny_vocab, finish
+from .._args import expect_bool, expect_int, expect_path, expect_str
+from ._tiny_model import (
+    N_VOCAB,
+    PAD_ID,
+    Weights,
+    _import_gguf,
+    add_tiny_vocab,
+    expect_ints,
+    expect_writer_options,
+    finish,
+)
 
 __all__ = ["write_tiny_bert", "write_tiny_t5"]
 
@@ -48,7 +57,7 @@ _F32Array = np.ndarray[Any, np.dtype[np.float32]]
 def _check_dims(n_embd: int, n_head: int, **counts: int) -> None:
     """ValueError unless every size is positive and ``n_embd`` splits into ``n_head`` heads."""
     for name, value in {"n_embd": n_embd, "n_head": n_head, **counts}.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if expect_int(name, value, "an int >= 1") < 1:  # a wrong type: TypeError naming the parameter
             raise ValueError(f"{name} must be an int >= 1, not {value!r}")
     if n_embd % n_head:
         raise ValueError(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
@@ -102,6 +111,10 @@ def write_tiny_bert(
         ValueError: for a bad size or ``pooling``, or ``pooling="last"`` with ``rank=True``.
     """
     path = expect_path("path", path)
+    expect_ints(seed=seed)
+    expect_str("pooling", pooling, "'mean', 'cls' or 'last'")
+    expect_bool("rank", rank)
+    expect_writer_options(extra_metadata=extra_metadata)
     _check_dims(n_embd, n_head, n_layer=n_layer, n_ff=n_ff, n_ctx_train=n_ctx_train)
     if pooling not in ("mean", "cls", "last"):
         raise ValueError(f"pooling must be 'mean', 'cls' or 'last', not {pooling!r}")
@@ -217,6 +230,10 @@ def write_tiny_t5(
             outside the vocabulary.
     """
     path = expect_path("path", path)
+    expect_ints(seed=seed)
+    if n_dec_layer is not None:
+        expect_int("n_dec_layer", n_dec_layer, "an int >= 1 or None")
+    expect_writer_options(extra_metadata=extra_metadata)
     n_dec = n_layer if n_dec_layer is None else n_dec_layer
     _check_dims(
         n_embd,
@@ -229,7 +246,8 @@ def write_tiny_t5(
     )
     if n_dec > n_layer:
         raise ValueError(f"n_dec_layer ({n_dec}) must not exceed n_layer ({n_layer}): llama.cpp cannot load that")
-    if isinstance(decoder_start_token_id, bool) or not 0 <= decoder_start_token_id < N_VOCAB:
+    expect_int("decoder_start_token_id", decoder_start_token_id, f"a token id (an int in [0, {N_VOCAB}))")
+    if not 0 <= decoder_start_token_id < N_VOCAB:
         raise ValueError(f"decoder_start_token_id must be a token id in [0, {N_VOCAB}), not {decoder_start_token_id!r}")
 
     gguf = _import_gguf()

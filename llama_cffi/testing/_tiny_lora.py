@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._args import expect_int, expect_path, expect_str, type_error
+from .._args import expect_int, expect_iterable, expect_path, expect_str, type_error
 from ._tiny_model import _import_gguf
 
 __all__ = ["write_tiny_lora"]
@@ -49,16 +49,23 @@ def write_tiny_lora(
     expect_str("arch", arch)
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
         raise type_error("alpha", "a number", alpha)
+    invocation = None
+    if alora_invocation_tokens is not None:
+        what = "a sequence of token ids (ints) or None"
+        invocation = [
+            expect_int("alora_invocation_tokens", t, what)
+            for t in expect_iterable("alora_invocation_tokens", alora_invocation_tokens, what)
+        ]
     gguf = _import_gguf()
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(os.fspath(path), arch)
     w.add_string("general.type", "adapter")
     w.add_string("adapter.type", "lora")
     w.add_float32("adapter.lora.alpha", float(alpha))
-    if alora_invocation_tokens is not None:
+    if invocation is not None:
         w.add_key_value(
             "adapter.alora.invocation_tokens",
-            [expect_int("alora_invocation_tokens", t) for t in alora_invocation_tokens],
+            invocation,
             gguf.GGUFValueType.ARRAY,
             sub_type=gguf.GGUFValueType.UINT32,  # llama.cpp insists on uint32
         )

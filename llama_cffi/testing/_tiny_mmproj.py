@@ -42,8 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from .._args import expect_int, expect_path
-from ._tiny_model import _import_gguf
+from .._args import expect_int, expect_iterable, expect_number, expect_path
+from ._tiny_model import _import_gguf, expect_ints
 
 __all__ = ["WHISPER_N_POS", "write_tiny_gemma3_mmproj", "write_tiny_ultravox_mmproj"]
 
@@ -148,6 +148,13 @@ def _positive(name: str, v: object) -> int:
     return n
 
 
+def _expect_rgb(name: str, v: object) -> None:
+    """The TypeError naming ``name`` unless ``v`` is a sequence of numbers (R, G, B)."""
+    what = "a sequence of 3 numbers (R, G, B)"
+    for x in expect_iterable(name, v, what):
+        expect_number(name, x, what)
+
+
 def write_tiny_gemma3_mmproj(
     path: str | os.PathLike[str],
     n_embd_text: int,
@@ -176,6 +183,10 @@ def write_tiny_gemma3_mmproj(
         _positive(k, v)
     for k, v in (("tokens_per_side", tokens_per_side), ("n_embd", n_embd), ("n_head", n_head), ("n_layer", n_layer)):
         _positive(k, v)
+    expect_ints(seed=seed, n_ff=n_ff)
+    expect_number("eps", eps)
+    _expect_rgb("image_mean", image_mean)
+    _expect_rgb("image_std", image_std)
     if image_size % patch_size:
         raise ValueError("image_size must be a multiple of patch_size")
     side = image_size // patch_size
@@ -237,6 +248,8 @@ def write_tiny_ultravox_mmproj(
         _positive(k, v)
     for k, v in (("n_ff", n_ff), ("n_layer", n_layer), ("stack_factor", stack_factor), ("proj_hidden", proj_hidden)):
         _positive(k, v)
+    expect_ints(seed=seed)
+    expect_number("eps", eps)
     if n_mel_bins > 256:
         raise ValueError("n_mel_bins must be at most 256 (clip.cpp's bound)")
     if n_embd % n_head:

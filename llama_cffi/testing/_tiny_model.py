@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from .._args import expect_path
+from .._args import expect_bool, expect_int, expect_mapping, expect_path, expect_str
 
 __all__ = [
     "BOS_ID",
@@ -221,6 +221,26 @@ def _set_kv(writer: Any, key: str, value: Any) -> None:
     writer.add_key_value(key, value, vtype, sub_type)
 
 
+def expect_ints(**values: object) -> None:
+    """The TypeError naming the first of ``values`` (parameter name -> value) that is not
+    an int: the size and seed checks of the tiny writers, made before any is used."""
+    for name, value in values.items():
+        expect_int(name, value)
+
+
+def expect_writer_options(
+    *, chat_template: object = None, add_space_prefix: object = False, extra_metadata: object = None
+) -> None:
+    """The TypeError naming a wrong-typed ``chat_template`` (a str or None),
+    ``add_space_prefix`` (a bool) or ``extra_metadata`` (a mapping or None): the options
+    the tiny writers share."""
+    if chat_template is not None:
+        expect_str("chat_template", chat_template, "a str (a Jinja template) or None")
+    expect_bool("add_space_prefix", add_space_prefix)
+    if extra_metadata is not None:
+        expect_mapping("extra_metadata", extra_metadata, "a mapping (GGUF key -> value) or None")
+
+
 def rope_head_dim(n_embd: int, n_head: int, n_head_kv: int) -> int:
     """The head dimension of a RoPE attention block; ValueError unless the shapes fit.
 
@@ -274,6 +294,11 @@ def write_tiny_model(
     ``{"tokenizer.ggml.add_bos_token": False}``.
     """
     path = expect_path("path", path)
+    expect_ints(
+        seed=seed, n_embd=n_embd, n_layer=n_layer, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff,
+        n_ctx_train=n_ctx_train, tied_output=tied_output,
+    )  # fmt: skip
+    expect_writer_options(chat_template=chat_template, add_space_prefix=add_space_prefix, extra_metadata=extra_metadata)
     head_dim = rope_head_dim(n_embd, n_head, n_head_kv)
 
     gguf = _import_gguf()

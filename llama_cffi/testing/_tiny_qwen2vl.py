@@ -84,8 +84,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .._args import expect_path
-from ._tiny_mmproj import _add, _finish, _layer, _positive, _Rand, _vision_header, _writer
+from .._args import expect_int, expect_iterable, expect_number, expect_path
+from ._tiny_mmproj import _add, _expect_rgb, _finish, _layer, _positive, _Rand, _vision_header, _writer
 from ._tiny_model import (
     CHATML_TEMPLATE,
     N_VOCAB,
@@ -97,6 +97,8 @@ from ._tiny_model import (
     _set_kv,
     add_attention,
     add_tiny_vocab,
+    expect_ints,
+    expect_writer_options,
     finish,
     rope_head_dim,
 )
@@ -159,6 +161,12 @@ def write_tiny_qwen2vl_model(
     path = Path(expect_path("path", path))
     for k, v in (("n_layer", n_layer), ("n_ff", n_ff), ("n_ctx_train", n_ctx_train)):
         _positive(k, v)
+    expect_ints(n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, seed=seed)
+    if rope_sections is not None:
+        what = "a sequence of 4 ints (time, height, width, extra) or None"
+        for x in expect_iterable("rope_sections", rope_sections, what):
+            expect_int("rope_sections", x, what)
+    expect_writer_options(chat_template=chat_template, extra_metadata=extra_metadata)
     head_dim = rope_head_dim(n_embd, n_head, n_head_kv)
     if rope_sections is None:
         sections = _default_sections(head_dim // 2)
@@ -247,6 +255,10 @@ def write_tiny_qwen2vl_mmproj(
         _positive(k, v)
     for k, v in (("n_head", n_head), ("n_ff", n_ff), ("n_layer", n_layer), ("image_size", image_size)):
         _positive(k, v)
+    expect_ints(seed=seed)
+    expect_number("eps", eps)
+    _expect_rgb("image_mean", image_mean)
+    _expect_rgb("image_std", image_std)
     if n_embd % n_head or (n_embd // n_head) % 4:
         raise ValueError("the head dimension n_embd / n_head must be a multiple of 4 (the vision M-RoPE's 4 sections)")
     if n_ff == n_embd:

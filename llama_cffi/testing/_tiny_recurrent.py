@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from .._args import expect_path
+from .._args import expect_int, expect_iterable, expect_path
 from ._tiny_model import (
     CHATML_TEMPLATE,
     N_VOCAB,
@@ -53,6 +53,8 @@ from ._tiny_model import (
     Weights,
     _import_gguf,
     add_tiny_vocab,
+    expect_ints,
+    expect_writer_options,
     finish,
     rope_head_dim,
 )
@@ -123,6 +125,10 @@ def write_tiny_mamba(
     :func:`~llama_cffi._tiny_model.write_tiny_model`. Same arguments, same bytes.
     """
     path = expect_path("path", path)
+    expect_ints(seed=seed, n_embd=n_embd, n_layer=n_layer, d_state=d_state, d_conv=d_conv, n_ctx_train=n_ctx_train)
+    if dt_rank is not None:
+        expect_int("dt_rank", dt_rank, "an int >= 1 or None")
+    expect_writer_options(chat_template=chat_template, add_space_prefix=add_space_prefix, extra_metadata=extra_metadata)
     if n_embd <= 0 or n_layer <= 0 or d_state <= 0:
         raise ValueError("n_embd, n_layer and d_state must be positive")
     if d_conv < 2:
@@ -207,9 +213,17 @@ def write_tiny_hybrid(
     :func:`~llama_cffi._tiny_model.write_tiny_model`. Same arguments, same bytes.
     """
     path = expect_path("path", path)
+    expect_ints(
+        seed=seed, n_embd=n_embd, n_layer=n_layer, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff,
+        conv_l_cache=conv_l_cache, n_ctx_train=n_ctx_train,
+    )  # fmt: skip
+    layers = list(expect_iterable("attn_layers", attn_layers, "an iterable of layer indices (ints)"))
+    for il in layers:
+        expect_int("attn_layers", il, "an iterable of layer indices (ints)")
+    expect_writer_options(chat_template=chat_template, add_space_prefix=add_space_prefix, extra_metadata=extra_metadata)
     if n_embd <= 0 or n_layer <= 0 or n_ff <= 0:
         raise ValueError("n_embd, n_layer and n_ff must be positive")
-    attn = sorted(set(attn_layers))
+    attn = sorted(set(layers))
     if not attn or any(not 0 <= il < n_layer for il in attn):
         raise ValueError(f"attn_layers ({attn}) must name at least one layer in [0, {n_layer})")
     if len(attn) == n_layer:

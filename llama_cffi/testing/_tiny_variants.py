@@ -48,7 +48,7 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
-from .._args import expect_path
+from .._args import expect_path, expect_str
 from ._tiny_model import (
     CHATML_TEMPLATE,
     N_VOCAB,
@@ -56,6 +56,8 @@ from ._tiny_model import (
     _import_gguf,
     add_attention,
     add_tiny_vocab,
+    expect_ints,
+    expect_writer_options,
     finish,
     rope_head_dim,
     write_tiny_model,
@@ -148,6 +150,11 @@ def write_tiny_swa(
     ``path`` as a ``Path``; the same arguments give a byte-identical file.
     """
     path = expect_path("path", path)
+    expect_ints(
+        seed=seed, sliding_window=sliding_window, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
+        n_head_kv=n_head_kv, n_ff=n_ff, n_ctx_train=n_ctx_train,
+    )  # fmt: skip
+    expect_writer_options(chat_template=chat_template, add_space_prefix=add_space_prefix, extra_metadata=extra_metadata)
     if sliding_window < 1:
         raise ValueError(f"sliding_window ({sliding_window}) must be >= 1")
     head_dim = rope_head_dim(n_embd, n_head, n_head_kv)
@@ -238,6 +245,12 @@ def write_tiny_quantized(
     ``Path``; the same arguments give a byte-identical file.
     """
     path = expect_path("path", path)
+    expect_str("qtype", qtype, f"one of {', '.join(QUANT_TYPES)} (a str)")
+    expect_ints(
+        seed=seed, n_embd=n_embd, n_layer=n_layer, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff,
+        n_ctx_train=n_ctx_train,
+    )  # fmt: skip
+    expect_writer_options(chat_template=chat_template, add_space_prefix=add_space_prefix, extra_metadata=extra_metadata)
     if qtype not in QUANT_TYPES:
         raise ValueError(f"qtype must be one of {', '.join(QUANT_TYPES)}, not {qtype!r}")
     for name, value in (("n_embd", n_embd), ("n_ff", n_ff)):

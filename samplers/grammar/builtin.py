@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from llama_cffi._args import type_error
+from llama_cffi._args import expect_bool, type_error
 from llama_cffi.gbnf import GrammarError
 
 from .errors import SchemaError
@@ -121,6 +121,7 @@ def regex(pattern: str, *, dotall: bool = False) -> str:
     """
     if not isinstance(pattern, str):
         raise type_error("pattern", "a str (a regular expression)", pattern)
+    dotall = expect_bool("dotall", dotall)
     body = _to_bytes_str(f"^(?:{_strip_anchors(pattern)})$")
     converter = _SchemaConverter(bool(dotall))
     del converter.rules["space"]  # no JSON around the text: the whitespace rule is unused

@@ -45,10 +45,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from llama_cffi._args import expect, expect_int
+from llama_cffi._args import expect, expect_int, type_error
 from llama_cffi._trie_walk import RunScan, TrieGrammar
 
-from .engine import DEAD, NO_PARTIAL, Engine, Partial, decode_utf8
+from .engine import DEAD, NO_PARTIAL, Engine, Partial, _bad_partial, decode_utf8
 from .vocab_index import VocabIndex
 
 if TYPE_CHECKING:
@@ -140,6 +140,9 @@ class CompiledGrammar:
     ) -> None:
         expect("engine", engine, Engine, "a samplers.grammar.engine.Engine")
         expect("vocab", vocab, VocabIndex, "a samplers.grammar.VocabIndex")
+        mask_cache_size = expect_int("mask_cache_size", mask_cache_size)
+        if kernel is not None and not isinstance(kernel, str):
+            raise type_error("kernel", f"one of {KERNELS} or None", kernel)
         kernel = default_kernel() if kernel is None else kernel
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS}, not {kernel!r}")
@@ -618,6 +621,8 @@ class CompiledGrammar:
         do not modify it (copy first)."""
         if type(state) is not int:
             state = expect_int("state", state)
+        if type(partial) is not tuple or len(partial) != 2:
+            raise _bad_partial(partial)
         key = (state, partial)
         last = self._last
         if last is not None and last[0] == key and self._mask_cache_size > 0:
@@ -637,6 +642,8 @@ class CompiledGrammar:
         word ``t // 32`` (the layout of xgrammar and llguidance bitmasks). Shared with
         the cache: do not modify it."""
         state = expect_int("state", state)
+        if type(partial) is not tuple or len(partial) != 2:
+            raise _bad_partial(partial)
         with self._lock:
             return self._packed_locked((state, partial))[0]
 
@@ -646,8 +653,12 @@ class CompiledGrammar:
         returned. A cached mask is copied; with no cache and the C walk, the walk writes
         into ``out`` directly."""
         state = expect_int("state", state)
+        if type(partial) is not tuple or len(partial) != 2:
+            raise _bad_partial(partial)
         n = self.n_words
-        if not isinstance(out, np.ndarray) or out.dtype != np.uint32 or out.ndim != 1 or len(out) < n:
+        if not isinstance(out, np.ndarray):
+            raise type_error("out", f"a 1-D uint32 array of at least {n} words", out)
+        if out.dtype != np.uint32 or out.ndim != 1 or len(out) < n:
             raise ValueError(f"out must be a 1-D uint32 array of at least {n} words")
         if not out.flags.writeable or not out.flags.c_contiguous:
             raise ValueError("out must be writeable and C-contiguous")
@@ -1264,6 +1275,8 @@ class CompiledGrammar:
     def token_allowed(self, state: int, partial: Partial, token: int) -> bool:
         """Whether llama.cpp's grammar sampler would leave ``token`` unmasked."""
         state, token = expect_int("state", state), expect_int("token", token)
+        if type(partial) is not tuple or len(partial) != 2:
+            raise _bad_partial(partial)
         with self._lock:
             return self._token_allowed(state, partial, token)
 

@@ -40,7 +40,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from llama_cffi._args import expect, expect_array, expect_int, expect_iterable, type_error
+from llama_cffi._args import expect, expect_array, expect_int, expect_iterable, expect_str, type_error
+from llama_cffi.errors import ParamTypeError
 from llama_cffi.gbnf import GrammarError, GreType, ParsedGrammar
 
 from .errors import GrammarBudgetError
@@ -102,6 +103,11 @@ def _budget_error(what: str, max_stacks: int) -> GrammarBudgetError:
     )
 
 
+def _bad_partial(partial: object) -> ParamTypeError:
+    """The TypeError for a ``partial`` that is no ``(value, remaining)`` pair."""
+    return type_error("partial", "a (value, remaining) tuple of two ints (a partial UTF-8 character)", partial)
+
+
 def decode_utf8(data: bytes, partial: Partial = NO_PARTIAL) -> tuple[list[int], Partial]:
     """llama.cpp's ``decode_utf8(std::string, llama_partial_utf8)`` exactly, quirks included:
     decoding stops at the first NUL byte; continuation bytes inside a sequence are not
@@ -110,6 +116,8 @@ def decode_utf8(data: bytes, partial: Partial = NO_PARTIAL) -> tuple[list[int], 
     sequence left at the end."""
     if not isinstance(data, (bytes, bytearray)):
         raise type_error("data", "bytes", data)
+    if type(partial) is not tuple or len(partial) != 2:
+        raise _bad_partial(partial)
     nul = data.find(0)
     if nul >= 0:
         data = data[:nul]
@@ -161,6 +169,9 @@ class Engine:
         max_cells: int = MAX_CELLS,
     ) -> None:
         expect("grammar", grammar, ParsedGrammar, "a llama_cffi.gbnf.ParsedGrammar")
+        expect_str("root", root, "a str (the start rule's name)")
+        if core is not None and not isinstance(core, str):
+            raise type_error("core", f"one of {CORES} or None", core)
         core = default_core() if core is None else core
         if core not in CORES:
             raise ValueError(f"core must be one of {CORES}, not {core!r}")
@@ -780,6 +791,8 @@ class Engine:
         """Successor of ``state`` on a code point of class ``cls`` (``DEAD`` if none)."""
         if type(state) is not int:
             state = expect_int("state", state)
+        if type(cls) is not int:
+            cls = expect_int("cls", cls)
         if state == DEAD:
             return DEAD
         nxt = int(self._trans[state, cls])
@@ -858,6 +871,8 @@ class Engine:
         transitions are kept."""
         if type(state) is not int:
             state = expect_int("state", state)
+        if not isinstance(classes, np.ndarray):
+            classes = expect_array("classes", classes, "an array of code-point classes", "iu")
         if state == DEAD or not len(classes):
             return None
         t = self._trans
@@ -981,6 +996,8 @@ class Engine:
         """The state after the code points ``cps`` (``DEAD`` once nothing matches)."""
         if type(state) is not int:
             state = expect_int("state", state)
+        if not isinstance(cps, (list, tuple)):
+            expect_iterable("cps", cps, "an iterable of code points (ints)")
         for cp in cps:
             state = self.step(state, self.class_of(cp))
             if state == DEAD:
@@ -992,6 +1009,8 @@ class Engine:
         ``t != token``) on top, advanced (``llama_grammar_accept_token``'s token branch)."""
         if type(state) is not int:
             state = expect_int("state", state)
+        if type(token) is not int:
+            token = expect_int("token", token)
         if state == DEAD or not self._token_tops[state]:
             return DEAD
         out: dict[Stack, None] = {}
@@ -1044,6 +1063,10 @@ class Engine:
         one byte still needed)."""
         if type(pos) is not int:
             pos = expect_int("pos", pos)
+        if not isinstance(values, np.ndarray):
+            values = expect_array("values", values, "an array of ints")
+        if not isinstance(remains, np.ndarray):
+            remains = expect_array("remains", remains, "an array of ints")
         values = np.asarray(values, dtype=np.int64)
         remains = np.asarray(remains, dtype=np.int64)
         valid = (remains > 0) & ~((remains == 1) & (values < 2))
@@ -1074,6 +1097,8 @@ class Engine:
         accept a code point that the partial UTF-8 sequence ``partial`` completes to?"""
         if type(state) is not int:
             state = expect_int("state", state)
+        if type(partial) is not tuple or len(partial) != 2:
+            raise _bad_partial(partial)
         value, n_remain = partial
         if state == DEAD or n_remain < 0 or (n_remain == 1 and value < 2):
             return False

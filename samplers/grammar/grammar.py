@@ -6,7 +6,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from llama_cffi._args import expect, expect_str, type_error
+from llama_cffi._args import expect, expect_int, expect_str, type_error
 from llama_cffi.gbnf import GrammarError, ParsedGrammar, check_grammar, parse_gbnf, resolve_tokens
 
 from .compiled import CompiledGrammar
@@ -15,6 +15,17 @@ from .matcher import GrammarMatcher
 from .vocab_index import VocabIndex
 
 _NO_TOKEN = 2**31 - 1  # stands for named tokens when there is no vocabulary: matches nothing
+
+
+def _check_json_schema(schema: object, name: str = "json_schema") -> None:
+    """``schema`` is something :meth:`Grammar.from_json_schema` reads (what
+    :func:`samplers.grammar.schema.schema_of` takes), else the
+    :class:`~llama_cffi.errors.ParamTypeError` naming ``name`` (the caller's parameter)."""
+    if schema is None or isinstance(schema, (str, dict, bool, list, int, float)):
+        return
+    if callable(getattr(schema, "model_json_schema", None)) or callable(getattr(schema, "json_schema", None)):
+        return
+    raise type_error(name, "a JSON schema (a dict, a bool, JSON text or a pydantic model)", schema)
 
 
 class Grammar:
@@ -114,6 +125,9 @@ class Grammar:
         from .compiled import default_kernel
 
         _check_vocab(vocab)
+        mask_cache_size = expect_int("mask_cache_size", mask_cache_size)
+        if kernel is not None and not isinstance(kernel, str):
+            raise type_error("kernel", "'c', 'numpy' or None", kernel)
         kernel = default_kernel() if kernel is None else kernel
         index = VocabIndex.of(vocab)
         # cached per llama_cffi Vocab (a weak key: the compiled grammar holds only the

@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from llama_cffi._args import expect_str
+from llama_cffi._args import expect_bool, expect_str, type_error
 
 from .errors import SchemaError, SchemaTypeError
 
@@ -1375,6 +1375,8 @@ def json_schema_to_gbnf(schema: Any, *, compat: str | None = None, **options: An
     ``registry``, ``resources``, ``retrieve``). ``compat="llama.cpp"`` gives llama.cpp's
     converter instead, byte for byte (:func:`llama_cpp_json_schema_to_gbnf`; its one
     option is ``dotall``)."""
+    if compat is not None and not isinstance(compat, str):
+        raise type_error("compat", "None or 'llama.cpp'", compat)
     if compat is None:
         from .schema import schema_to_gbnf
 
@@ -1402,6 +1404,7 @@ def llama_cpp_json_schema_to_gbnf(schema: Mapping[str, Any] | str | bool, *, dot
     """
     if not isinstance(schema, (Mapping, str, bool, int, float, list, tuple)) and schema is not None:
         raise SchemaTypeError(f"schema must be a JSON schema (a mapping, JSON text), not {type(schema).__name__}")
+    dotall = expect_bool("dotall", dotall)
     doc = _parse_json(schema) if isinstance(schema, str) else schema
     try:
         root = _normalize(doc)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from llama_cffi._args import expect_iterable
+from llama_cffi._args import expect_int, expect_iterable, type_error
 
 from .compiled import CompiledGrammar
 from .matcher import GrammarMatcher
@@ -50,6 +50,10 @@ def fill_masks(
     for i, m in enumerate(ms):
         if not isinstance(m, GrammarMatcher):
             raise TypeError(f"matchers[{i}] must be a GrammarMatcher, not {type(m).__name__}")
+    if out is not None and not isinstance(out, np.ndarray):
+        raise type_error("out", "a C-contiguous uint32 array (one row per matcher) or None", out)
+    if n_threads is not None:
+        n_threads = expect_int("n_threads", n_threads, "an int or None")
     if not ms:
         return np.zeros((0, 0), dtype=np.uint32) if out is None else out
     n_words = ms[0].compiled.n_words

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from llama_cffi._args import expect, expect_int, type_error
+from llama_cffi._args import expect, expect_bool, expect_int, expect_iterable, type_error
 from llama_cffi.sampling import LlamaSampler, SamplingError
 
 from ..base import Sampler
@@ -53,6 +53,10 @@ class GrammarSampler(Sampler):
         trigger_tokens: Iterable[int] = (),
         trigger_words: Iterable[str] = (),
     ) -> None:
+        lazy = expect_bool("lazy", lazy)
+        expect_iterable("trigger_patterns", trigger_patterns, "an iterable of regular expressions (str)")
+        expect_iterable("trigger_tokens", trigger_tokens, "an iterable of token ids")
+        expect_iterable("trigger_words", trigger_words, "an iterable of str")
         self._grammar: Grammar | None = None
         self._vocab = vocab
         if isinstance(grammar, GrammarMatcher):

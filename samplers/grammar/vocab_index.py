@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from llama_cffi._args import expect_int, expect_iterable, type_error
+from llama_cffi._args import expect_bool, expect_int, expect_iterable, type_error
 
 from .engine import NO_PARTIAL, decode_utf8
 
@@ -101,6 +101,10 @@ class VocabIndex:
         *,
         arrays: dict[str, npt.NDArray[Any]] | None = None,
     ) -> None:
+        if not isinstance(eog, np.ndarray):
+            expect_iterable("eog", eog, "an iterable of token ids or a boolean array")
+        if arrays is not None and not isinstance(arrays, dict):
+            raise type_error("arrays", "a dict of arrays (a cache file's) or None", arrays)
         if isinstance(pieces, tuple) and len(pieces) == 2 and isinstance(pieces[0], bytes):
             self.blob: bytes = pieces[0]
             self.piece_offsets: I64 = np.asarray(pieces[1], dtype=np.int64)
@@ -398,6 +402,7 @@ class VocabIndex:
         or a new one for a sequence of byte pieces. For a llama_cffi vocabulary the index
         is kept for the vocabulary's lifetime and, with ``disk_cache`` (and unless
         ``LLAMA_CFFI_GRAMMAR_CACHE=0``), on disk: see the module docstring."""
+        disk_cache = expect_bool("disk_cache", disk_cache)
         if isinstance(vocab, VocabIndex):
             return vocab
         from llama_cffi.model import Model

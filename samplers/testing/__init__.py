@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any
 
-from llama_cffi._args import type_error
+from llama_cffi._args import expect_int, expect_iterable, type_error
 from llama_cffi.testing import floats32
 
 from ..adaptive import AdaptiveP
@@ -90,7 +90,7 @@ _MAX_SEED = 2**32 - 2  # 2**32 - 1 is LLAMA_DEFAULT_SEED: a random seed, not rep
 def _names(given: Collection[str] | None, known: tuple[str, ...], what: str, n_vocab: int | None) -> list[str]:
     if given is None:
         return [n for n in known if n_vocab is not None or n not in _NEED_N_VOCAB]
-    names = list(given)
+    names = list(expect_iterable(f"{what}s", given, f"a collection of {what} names or None"))
     for n in names:
         if n not in known:
             raise ValueError(f"unknown {what} {n!r}: choose from {', '.join(known)}")
@@ -131,6 +131,7 @@ def sampler_chains(
         raise type_error("n_vocab", "None or an int >= 1", n_vocab)
     if n_vocab is not None and n_vocab < 1:
         raise ValueError(f"n_vocab must be None or an int >= 1, not {n_vocab!r}")
+    min_filters, max_filters = expect_int("min_filters", min_filters), expect_int("max_filters", max_filters)
     if not 0 <= min_filters <= max_filters:
         raise ValueError(f"need 0 <= min_filters <= max_filters, not {min_filters}, {max_filters}")
     filter_names = _names(filters, FILTERS, "filter", n_vocab)

@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from llama_cffi import Context, Model
-from llama_cffi._args import expect_int, expect_iterable
+from llama_cffi._args import expect_bool, expect_int, expect_iterable
 from llama_cffi.errors import KvCacheFullError, ParamError
 from llama_cffi.testing import KvCells, expect_raises
 
@@ -112,7 +112,9 @@ class Node:
     @classmethod
     def root(cls, seq: int, prompt: list[int], tracked: bool) -> Node:
         """A root branch's node: ``prompt`` decoded into sequence ``seq``."""
-        n = cls(expect_int("seq", seq), None, list(prompt), [], [], [], None, tracked=tracked)
+        seq = expect_int("seq", seq)
+        prompt = list(expect_iterable("prompt", prompt, "a list of token ids"))
+        n = cls(seq, None, prompt, [], [], [], None, tracked=expect_bool("tracked", tracked))
         n.decoded(prompt)
         return n
 

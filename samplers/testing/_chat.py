@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from llama_cffi._args import expect_int, type_error
+from llama_cffi._args import expect_bool, expect_int, type_error
 from llama_cffi.testing import texts
 
 from ..tools import ToolCall
@@ -143,6 +143,9 @@ def chat_messages(
     from hypothesis import strategies as st
 
     lo, hi = _check_range("min_turns", min_turns, "max_turns", max_turns)
+    if system is not None:
+        system = expect_bool("system", system)
+    parts = expect_bool("parts", parts)
     if tools is not None:
         _check_specs("tools", tools)
     if lo < 1:

@@ -7,7 +7,7 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, TypeAlias
 
-from llama_cffi._args import expect_int
+from llama_cffi._args import expect_bool, expect_int
 
 from ._hypothesis import _require_hypothesis
 
@@ -334,6 +334,9 @@ def grammars_with_examples(
         expect_int(name, value)
     if max_depth < 0 or max_accepted < 1 or max_rejected < 0:
         raise ValueError("need max_depth >= 0, max_accepted >= 1 and max_rejected >= 0")
+    recursive = expect_bool("recursive", recursive)
+    ascii_only = expect_bool("ascii_only", ascii_only)
+    confirm = expect_bool("confirm", confirm)
     lit_chars = _ascii(_LIT_CHARS) if ascii_only else _LIT_CHARS
     singles = _ascii(_CLASS_SINGLES) if ascii_only else _CLASS_SINGLES
     ranges = tuple(r for r in _CLASS_RANGES if not ascii_only or ord(r[1]) < 0x80)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from llama_cffi._args import expect_int
+from llama_cffi._args import expect_int, type_error
 
 from ._hypothesis import _require_hypothesis
 
@@ -54,6 +54,8 @@ def json_schemas(
     from hypothesis import strategies as st
 
     max_depth, max_instances = expect_int("max_depth", max_depth), expect_int("max_instances", max_instances)
+    if not isinstance(property_order, str):
+        raise type_error("property_order", "'schema' or 'required-first'", property_order)
     if property_order not in ("schema", "required-first"):
         raise ValueError(f"property_order must be 'schema' or 'required-first', not {property_order!r}")
     required_first = property_order == "required-first"

@@ -53,6 +53,8 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from llama_cffi._args import expect_bool, expect_callable, expect_mapping, type_error
+
 from ..errors import SchemaError
 from ..json_schema import SchemaWarning
 from . import _budget, _drafts
@@ -123,6 +125,22 @@ def schema_to_gbnf(
     from referencing.exceptions import NoSuchResource
     from referencing.jsonschema import specification_with
 
+    validator = expect_bool("validator", validator)
+    strict = expect_bool("strict", strict)
+    for name, value in (
+        ("property_order", property_order),
+        ("additional_properties", additional_properties),
+        ("formats", formats),
+        ("default_draft", default_draft),
+    ):
+        if value is not None and not isinstance(value, str):
+            raise type_error(name, "a str or None", value)
+    if registry is not None and not isinstance(registry, Registry):
+        raise type_error("registry", "a referencing.Registry or None", registry)
+    if resources is not None:
+        expect_mapping("resources", resources, "a mapping URI -> schema, or None")
+    if retrieve is not None:
+        expect_callable("retrieve", retrieve, "callable (URI -> schema) or None")
     defaults = ("any", "schema", "annotate") if validator else ("schema", "declared", "assert")
     property_order = property_order or defaults[0]
     additional_properties = additional_properties or defaults[1]
