@@ -10,7 +10,7 @@ through :meth:`BranchStore.step`: one ``llama_decode`` for all::
     root = store.create(prompt, sampler=SamplerChain([TopK(40), Dist(1)]))
     kids = [root.fork(seed=i) for i in range(4)]
     for _ in range(32):
-        store.step(store.sample(kids))  # or {b: b.sample() for b in kids}
+        store.step(store.sample(kids))  # {b: b.sample() for b in kids} too, one chain at a time
     best = min(kids, key=lambda b: b.perplexity)
     store.retain_only(best)
 

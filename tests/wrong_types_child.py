@@ -284,7 +284,7 @@ FACTORIES: dict[str, Callable[[Env], Any]] = {
     "llama_cffi.memory_usage.MemoryUsage": lambda e: e.context().memory_usage(),
     "llama_cffi.model.Model": lambda e: e.model,
     "llama_cffi.outputs.OutputView": lambda e: e.view(),
-    "llama_cffi.outputs.OutputBuffer": lambda e: e.view().buf,
+    "llama_cffi.outputs.OutputBuffer": lambda e: e.view()._buf,
     "llama_cffi.progress.ProgressBar": lambda e: _m("llama_cffi.progress").ProgressBar("x", force=False),
     "llama_cffi.sampling.LlamaSampler": lambda e: _m("llama_cffi.sampling").LlamaSampler.greedy(),
     "llama_cffi.context.Greedy": lambda e: _m("llama_cffi.context").Greedy(),
