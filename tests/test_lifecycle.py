@@ -129,7 +129,7 @@ def test_every_member_of_a_closed_model_and_vocab_raises(tiny_model_path: Path) 
         m = llama_cffi.Model.load({str(tiny_model_path)!r})
         v = m.vocab
         m.close()
-        ARGS = {{"text": "hi", "tokens": [1], "token": 1, "path": {str(tiny_model_path)!r}}}
+        ARGS = {{"text": "hi", "tokens": [1], "token": 1, "key": "general.name", "path": {str(tiny_model_path)!r}}}
         for obj, name in [(m, "Model"), (v, "Vocab")]:
             for attr in sorted(dir(type(obj))):
                 if attr.startswith("_") or attr in ("close", "closed", "load", "load_splits", "path"):
