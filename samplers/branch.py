@@ -161,17 +161,25 @@ _ST_TIE = int(RowStatus.TIE_AT_CUT)
 def _lead_k(chain: SamplerChain, n_vocab: int) -> int:
     """``min(k, n_vocab)`` when ``chain`` can run on its row's ``k`` best candidates (it
     begins with a plain ``TopK(k)``, ``0 < k <= FAST_K_MAX``, and checks no token against a
-    grammar), else 0."""
+    grammar), 1 for a chain that is only ``Greedy`` (the row's best candidate, ties by the
+    lower id, is its argmax), else 0."""
     samplers = chain.samplers
     if not samplers:
         return 0
     first = samplers[0]
+    if type(first) is Greedy and len(samplers) == 1:
+        return 1
     if type(first) is not TopK or not 0 < first.k <= FAST_K_MAX:
         return 0
     for s in samplers:
         if getattr(s, "allows", None) is not None:
             return 0
     return min(first.k, n_vocab)
+
+
+def _greedy_only(chain: SamplerChain) -> bool:
+    s = chain.samplers
+    return len(s) == 1 and type(s[0]) is Greedy
 
 
 def _as_chain(sampler: Sampler | SamplingParams | None, grammar: Any, vocab: Any) -> SamplerChain:
@@ -258,7 +266,8 @@ class BranchStore:
     that tracks metrics; without one, its :attr:`Branch.entropy` is not known) and
     ``top_k(k + DEVICE_MARGIN)``, so only those candidates and three measures per row
     come back to the host, and the branch's own chain runs on them. Every chain must then
-    begin with ``TopK(k)`` (``k <= FAST_K_MAX``) and hold no grammar; what needs a whole
+    begin with ``TopK(k)`` (``k <= FAST_K_MAX``) and hold no grammar, or be ``Greedy``
+    alone; what needs a whole
     row (the ``logits`` snapshot, edits, steering, speculative steps, metrics of a forced
     token past the candidates) raises :class:`BranchError`. Tokens are the host path's
     (the candidates are the same logits, sorted the same way; see :data:`DEVICE_MARGIN`
@@ -351,7 +360,7 @@ class BranchStore:
         if not k:
             raise BranchError(
                 f"a store made with device=True samples from each row's top-k on the device: {chain!r} must begin "
-                f"with TopK(k), 1 <= k <= {FAST_K_MAX}, and hold no grammar"
+                f"with TopK(k), 1 <= k <= {FAST_K_MAX}, and hold no grammar (or be Greedy alone)"
             )
         want = min(k + DEVICE_MARGIN, self.n_vocab)
         have = self._attached.get(sid)
@@ -1265,6 +1274,8 @@ class Branch:
             token, sampling = self.sampler.choose(cands, row, track)
         finally:
             cands.release()
+        if row is None and sampling is not None and _greedy_only(self.sampler):
+            sampling = None  # greedy samples from the model's distribution (its row's best candidate)
         self._pending = (token, sampling)
         return token
 
@@ -1600,7 +1611,10 @@ class Branch:
         cands = self.store._cands
         try:
             chain = self.sampler.clone()
-            self._fill(cands, chain, False)
+            if _greedy_only(chain):  # greedy draws from the model's distribution: the whole row
+                cands.reset(self._row())
+            else:
+                self._fill(cands, chain, False)
             for s in chain.samplers:
                 s.apply(cands)
             return float(entropy(np.ascontiguousarray(cands.read_logits(), dtype=np.float32)))

@@ -149,7 +149,7 @@ def test_device_store_refuses_what_needs_a_whole_row(tiny_model: Model) -> None:
         with pytest.raises(BranchError, match="device"):
             b.set_logits(np.zeros(tiny_model.n_vocab, np.float32))
         with pytest.raises(BranchError, match="TopK"):
-            b.set_sampler(S.Greedy())
+            b.set_sampler(S.SamplerChain([S.Temperature(0.8), S.Dist(1)]))
         assert b.sampler.samplers[0].k == 20  # the chain stayed
         ids, _ = store.measures.candidates(b.seq_id)
         outside = next(t for t in range(tiny_model.n_vocab) if t not in set(ids.tolist()))
