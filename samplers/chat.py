@@ -362,6 +362,7 @@ class ChatSession:
         parallel_tool_calls: bool = False,
         logprobs: bool = False,
         top_logprobs: int = 0,
+        tool_choice: str | Mapping[str, Any] = "auto",
     ) -> ChatStream:
         """Add a user message and stream the reply's text. ``grammar`` (GBNF text, a Grammar)
         or ``json_schema`` constrain this reply only; ``sampler`` overrides the session's for
@@ -371,7 +372,14 @@ class ChatSession:
         them; a reply's calls are then parsed (:mod:`samplers.tools`) into
         :attr:`ChatReply.tool_calls`, and with ``constrain_tools`` a lazy grammar keeps a
         call well-formed (a known tool, arguments that satisfy its schema) from its start
-        marker on; ``parallel_tool_calls`` allows several calls in one reply."""
+        marker on; ``parallel_tool_calls`` allows several calls in one reply.
+
+        ``tool_choice`` (OpenAI's): ``"auto"`` (the model decides; the lazy grammar
+        above), ``"none"`` (tools rendered, no call parsed or constrained: the reply is
+        content), ``"required"`` (the reply is a call, from its first token: the call
+        grammar applied at once), or ``{"type": "function", "function": {"name": N}}``
+        (a call to ``N``). Forcing a call needs a template whose call format is known
+        (:func:`~samplers.tools.tool_call_format`) and no ``grammar``/``json_schema``."""
         content = _content(content)
         if json_schema is not None:
             from .grammar.grammar import _check_json_schema
@@ -383,6 +391,9 @@ class ChatSession:
         expect_iterable("stop", stop, "a sequence of strings")
         constrain_tools = expect_bool("constrain_tools", constrain_tools)
         parallel_tool_calls = expect_bool("parallel_tool_calls", parallel_tool_calls)
+        choice = _tool_choice(tool_choice, tools)
+        if choice not in ("auto", "none") and (grammar is not None or json_schema is not None):
+            raise ParamError(f"tool_choice={tool_choice!r} forces a call: give no grammar or json_schema with it")
         logprobs = expect_bool("logprobs", logprobs)
         if grammar is not None and json_schema is not None:
             raise ParamError("give grammar or json_schema, not both")
@@ -404,7 +415,24 @@ class ChatSession:
         constraint = grammar if json_schema is None else _schema_grammar(json_schema)
         chain = self._chain(sampler, constraint)
         fmt = tool_call_format(prompt.template, self._jinja_engine()) if prompt.tools_rendered else None
-        if fmt is not None and tools and constraint is None and constrain_tools:
+        if choice == "none":
+            fmt = None  # nothing parsed: the reply is content
+        elif choice != "auto":
+            if fmt is None or not tools:
+                if added:
+                    self.messages.pop()
+                raise ParamError(
+                    f"tool_choice={tool_choice!r} forces a call, but this template renders no tools or its call format "
+                    "is unknown (samplers.tools.tool_call_format)"
+                )
+            from .grammar import Grammar, GrammarSampler
+
+            named = [t for t in tools if f"function:{_tool_name(t)}" == choice]
+            chosen = list(tools) if choice == "required" else named
+            gbnf, _ = tool_call_grammar(fmt, chosen, parallel_tool_calls)
+            forced = GrammarSampler(Grammar.from_gbnf(gbnf), self.model)
+            chain = SamplerChain([forced, *chain.samplers], tracker=chain.tracker)
+        elif fmt is not None and tools and constraint is None and constrain_tools:
             from .grammar import Grammar, GrammarSampler
 
             gbnf, triggers = tool_call_grammar(fmt, tools, parallel_tool_calls)
@@ -667,6 +695,32 @@ class ChatSession:
 def _check_sampler(sampler: object) -> None:
     if sampler is not None and not isinstance(sampler, (Sampler, SamplingParams)):
         raise type_error("sampler", "a samplers Sampler (a chain), samplers.SamplingParams, or None", sampler)
+
+
+def _tool_name(tool: Any) -> Any:
+    fn = tool.get("function", tool) if isinstance(tool, Mapping) else None
+    return fn.get("name") if isinstance(fn, Mapping) else None
+
+
+def _tool_choice(value: object, tools: Sequence[Mapping[str, Any]] | None) -> str:
+    """``"auto"``, ``"none"``, ``"required"``, or ``"function:NAME"`` for a
+    ``{"type": "function", "function": {"name": NAME}}`` choice (NAME one of ``tools``)."""
+    if isinstance(value, str):
+        if value not in ("auto", "none", "required"):
+            raise ParamError(f"tool_choice must be 'auto', 'none', 'required' or a function choice, not {value!r}")
+        if value == "required" and not tools:
+            raise ParamError("tool_choice='required' needs tools")
+        return value
+    fn = value.get("function") if isinstance(value, Mapping) else None
+    name = fn.get("name") if isinstance(fn, Mapping) else None
+    if not isinstance(name, str):
+        raise type_error(
+            "tool_choice", "'auto', 'none', 'required' or {'type': 'function', 'function': {'name': ...}}", value
+        )
+    names = [_tool_name(t) for t in tools or ()]
+    if name not in names:
+        raise ParamError(f"tool_choice names {name!r}, which is not among the tools ({', '.join(map(str, names))})")
+    return "function:" + name  # apart from the three modes, whatever the function is called
 
 
 def _schema_grammar(schema: Any) -> Any:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import samplers as S
-from llama_cffi import Model
+from llama_cffi import Model, ParamError
 from samplers.branch import BranchStore
 from samplers.chat import ChatSession
 from samplers.grammar import Grammar
@@ -246,3 +246,60 @@ def test_lazy_tool_grammar_in_a_session(tiny_model: Model, constrain: bool, temp
         assert call.name == "get_weather" and isinstance(call.args["city"], str) and len(call.args["city"]) <= 6
     else:
         assert not r.tool_calls, r.text
+
+
+TWO = [
+    *SHORT,
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "description": "The time in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 6}},
+                "required": ["city"],
+            },
+        },
+    },
+]
+
+
+@pytest.mark.parametrize("template", ["qwen", "nemotron"])
+def test_tool_choice(tiny_model: Model, template: str) -> None:
+    """tool_choice (OpenAI's): "required" makes the reply a call from its first token (the
+    call grammar applied at once, no trigger needed), a named function makes it a call to
+    that one, "none" parses none; wrong choices are refused before anything changes."""
+    tpl = QWEN if template == "qwen" else NEMOTRON
+    with tiny_model.context(n_ctx=2048, n_seq_max=2, kv_unified=True) as ctx:
+        s = ChatSession(ctx, template=tpl, max_tokens=200)
+        r = s.send(
+            "Weather in Paris?", tools=TWO, tool_choice="required", sampler=S.SamplerChain([S.TopK(40), S.Dist(3)])
+        )
+        assert len(r.tool_calls) == 1 and r.tool_calls[0].name in ("get_weather", "get_time"), r.result.text
+        assert isinstance(r.tool_calls[0].args["city"], str)
+        s.reset()
+        named = {"type": "function", "function": {"name": "get_time"}}
+        r = s.send("Time in Oslo?", tools=TWO, tool_choice=named, sampler=S.SamplerChain([S.TopK(40), S.Dist(4)]))
+        assert [c.name for c in r.tool_calls] == ["get_time"], r.result.text
+        s.reset()
+        trigger = [int(t) for t in tiny_model.tokenize(tool_call_format(tpl).start, add_special=False)]
+        chain = S.SamplerChain([_ForcePrefix(tiny_model.n_vocab, trigger), S.TopK(40), S.Dist(7)])
+        r = s.send("Weather?", tools=TWO, tool_choice="none", sampler=chain)
+        assert not r.tool_calls and r.text  # written like a call's start, but content
+        before = list(s.messages)
+        for choice, error, message in [
+            ("sometimes", ParamError, "tool_choice must be"),
+            ({"type": "function", "function": {"name": "nope"}}, ParamError, "not among the tools"),
+            ({"type": "function"}, TypeError, "tool_choice"),
+        ]:
+            with pytest.raises(error, match=message):
+                s.send("x", tools=TWO, tool_choice=choice)
+        with pytest.raises(ParamError, match="no grammar or json_schema"):
+            s.send("x", tools=TWO, tool_choice="required", grammar='root ::= "a"')
+        assert s.messages == before
+    with tiny_model.context(n_ctx=512) as ctx:  # ChatML renders no tools: no call can be forced
+        s = ChatSession(ctx, max_tokens=16)
+        with pytest.raises(ParamError, match="renders no tools"):
+            s.send("x", tools=TWO, tool_choice="required")
+        assert s.messages == []
