@@ -108,6 +108,7 @@ class ChatStream(Iterator[str]):
         fmt: ToolCallFormat | None = None,
         reasoning: ReasoningFormat | None = None,
         opened: bool = False,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
         self._session = expect("session", session, ChatSession, "a ChatSession (use ChatSession.stream)")
         self._stream = expect("stream", stream, Stream, "a samplers.search.Stream")
@@ -118,6 +119,7 @@ class ChatStream(Iterator[str]):
         if reasoning is not None:
             expect("reasoning", reasoning, ReasoningFormat, "a llama_cffi.chat.ReasoningFormat or None")
         self._fmt = fmt
+        self._tools = None if tools is None else list(expect_iterable("tools", tools, "a sequence of tool specs"))
         self._reasoning = (reasoning, expect_bool("opened", opened))
         self._reply: ChatReply | None = None
 
@@ -135,7 +137,7 @@ class ChatStream(Iterator[str]):
         if self._reply is None:
             r = self._stream.result
             thoughts, text = split_reasoning(r.text, *self._reasoning)
-            content, calls = parse_tool_calls(text, self._fmt)
+            content, calls = parse_tool_calls(text, self._fmt, self._tools)
             turn = self._session._turns
             calls = [c if c.id else ToolCall(c.name, c.arguments, f"call_{turn}_{i}") for i, c in enumerate(calls)]
             self._reply = ChatReply(content, r, self._reused, self._decoded, tuple(calls), thoughts)
@@ -436,8 +438,9 @@ class ChatSession:
             from .grammar import Grammar, GrammarSampler
 
             gbnf, triggers = tool_call_grammar(fmt, tools, parallel_tool_calls)
-            lazy = GrammarSampler(Grammar.from_gbnf(gbnf), self.model, lazy=True, trigger_words=triggers)
-            chain = SamplerChain([lazy, *chain.samplers], tracker=chain.tracker)
+            if triggers:  # calls with no marker (Llama 3.x): no lazy grammar, as in llama.cpp
+                lazy = GrammarSampler(Grammar.from_gbnf(gbnf), self.model, lazy=True, trigger_words=triggers)
+                chain = SamplerChain([lazy, *chain.samplers], tracker=chain.tracker)
         if prompt.reasoning is not None and self.reasoning_budget is not None:
             budget = reasoning_budget_for(
                 self.model,
@@ -455,7 +458,9 @@ class ChatSession:
         stops = (*prompt.stop, *stop)
         s = Stream(branch, n, stops, prompt.stop_tokens, None, "auto", reader, 0.0, branch.position)
         self._turns += 1
-        return ChatStream(self, s, reused, decoded, fmt, prompt.reasoning, prompt.reasoning_open)
+        return ChatStream(
+            self, s, reused, decoded, fmt, prompt.reasoning, prompt.reasoning_open, list(tools) if tools else None
+        )
 
     async def asend(self, content: Any = None, **options: Any) -> ChatReply:
         """:meth:`send` for asyncio: the prompt's decode and each step run in a worker thread;
