@@ -333,59 +333,125 @@ def apply_jinja(
                 n["content"] = [dict(part) for part in raw]
             elif isinstance(raw, str) and typed and not strings:
                 n["content"] = [{"type": "text", "text": raw}]
-    if any(_string_arguments(m) for m in normalized) and _object_arguments(template):
-        for n in normalized:
-            if _string_arguments(n):
-                n["tool_calls"] = [_with_object_arguments(c) for c in n["tool_calls"]]
+    if any(_call_arguments(m) for m in normalized):
+        objects = _object_arguments(template)
+        for i, n in enumerate(normalized):
+            if _call_arguments(n):
+                n["tool_calls"] = [_arguments_as_read(c, objects, i, j) for j, c in enumerate(n["tool_calls"])]
     ctx["messages"] = normalized
     ctx["add_generation_prompt"] = add_generation_prompt
     return render_template(template, ctx, limits)
 
 
-def _string_arguments(message: Mapping[str, Any]) -> bool:
+def _call_arguments(message: Mapping[str, Any]) -> bool:
+    """Whether ``message`` has tool calls with ``arguments``."""
     calls = message.get("tool_calls")
     if not isinstance(calls, (list, tuple)):
         return False
-    return any(isinstance(c, Mapping) and isinstance((c.get("function") or c).get("arguments"), str) for c in calls)
+    return any(isinstance(c, Mapping) and "arguments" in _call_function(c) for c in calls)
 
 
-def _with_object_arguments(call: Any) -> Any:
-    """``call`` with its JSON-text arguments as an object (when the text is a JSON object)."""
+def _call_function(call: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The mapping holding a call's ``name`` and ``arguments``: its ``function`` (OpenAI's
+    shape), or the call itself (a flat ``{"name": ..., "arguments": ...}``)."""
+    fn = call.get("function")
+    return fn if isinstance(fn, Mapping) else call
+
+
+def _arguments_as_read(call: Any, objects: bool, i: int, j: int) -> Any:
+    """``call`` with its arguments as llama.cpp hands them to a template
+    (``common/chat.cpp``): ``common_chat_msgs_parse_oaicompat`` keeps arguments as JSON
+    text (an object is written as compact JSON: ``{"city":"Paris"}``), and when the
+    template reads arguments as an object (``supports_object_arguments``, see
+    :func:`_object_arguments`) ``workaround::func_args_not_string`` parses that text back:
+    any JSON value, and text that is not JSON is refused (:class:`ChatTemplateError`, as
+    llama.cpp refuses it). So a template that reads objects gets objects, one that reads
+    text gets text, whichever form the caller used."""
     if not isinstance(call, Mapping):
         return call
-    fn = call.get("function")
-    inner: Mapping[str, Any] = fn if isinstance(fn, Mapping) else call
-    args = inner.get("arguments")
-    if not isinstance(args, str):
+    inner = _call_function(call)
+    if "arguments" not in inner:
         return call
-    try:
-        parsed = json.loads(args)
-    except ValueError:
-        return call
-    if not isinstance(parsed, dict):
+    args = inner["arguments"]
+    if objects and isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError as e:
+            where = f"messages[{i}].tool_calls[{j}]" + (".function" if inner is not call else "")
+            raise ChatTemplateError(
+                f"{where}.arguments must be JSON text (this template reads arguments as an object, and llama.cpp "
+                f"refuses arguments it cannot parse): {e}"
+            ) from None
+    elif not objects and not isinstance(args, str):
+        try:
+            args = json.dumps(args, separators=(",", ":"), ensure_ascii=False)
+        except (TypeError, ValueError):
+            return call  # not JSON data: the template gets it as it is
+    else:
         return call
     if inner is call:
-        return {**call, "arguments": parsed}
-    return {**call, "function": {**inner, "arguments": parsed}}
+        return {**call, "arguments": args}
+    return {**call, "function": {**inner, "arguments": args}}
 
 
-_PROBE_ARG = "llama_cffi probe: an argument"
+class _ArgumentsProbe(dict):  # type: ignore[type-arg]
+    """The probe call's arguments, ``{"arg": "value"}``, recording whether the template
+    reads the value (llama.cpp marks a value used when a template looks it up, iterates
+    its parent's items or writes its parent with ``tojson``; not when it prints the
+    whole object): by key, ``get``, ``items()`` (which ``tojson``'s ``json.dumps`` calls
+    too) or ``values()``."""
+
+    __slots__ = ("read",)
+
+    def __init__(self) -> None:
+        super().__init__(arg="value")
+        self.read = False
+
+    def __getitem__(self, key: Any) -> Any:
+        self.read = self.read or key == "arg"
+        return super().__getitem__(key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self.read = self.read or key == "arg"
+        return super().get(key, default)
+
+    def items(self) -> Any:
+        self.read = True
+        return super().items()
+
+    def values(self) -> Any:
+        self.read = True
+        return super().values()
 
 
 @functools.lru_cache(maxsize=64)
 def _object_arguments(template: str) -> bool:
-    """Whether the template reads a tool call's arguments as an object (llama.cpp's
-    ``supports_object_arguments``): then JSON-text arguments are passed parsed, as
-    llama.cpp passes them."""
-    call = {"id": "call0", "type": "function", "function": {"name": "probe", "arguments": {"arg": _PROBE_ARG}}}
-    msgs = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+    """Whether the template reads a tool call's arguments as an object: llama.cpp's
+    ``supports_object_arguments`` (``common/jinja/caps.cpp``), found with its probe (the
+    same conversation, call ids of nine characters, tool and context): the render
+    succeeds and reads the arguments' ``arg``."""
+    args = _ArgumentsProbe()
+    call = {"id": "call00001", "type": "function", "function": {"name": "tool1", "arguments": args}}
+    msgs = [
+        {"role": "user", "content": "User message"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": "Tool response", "tool_call_id": "call00001"},
+        {"role": "assistant", "content": "The tool response was 'tool response'"},
+        {"role": "user", "content": "User message"},
+    ]
+    params = {
+        "type": "object",
+        "properties": {"arg": {"type": "string", "description": "Arg description"}},
+        "required": ["arg"],
+    }
+    tool = {"name": "tool1", "description": "Tool description", "parameters": params}
+    tools = [{"name": "tool", "type": "function", "function": tool}]
+    context = {"messages": msgs, "tools": tools, "bos_token": "", "eos_token": "", "add_generation_prompt": True}
     try:
-        out = render_template(
-            template, {"messages": msgs, "add_generation_prompt": False, "bos_token": "", "eos_token": "", "tools": []}
-        )
+        render_template(template, context)
     except ChatTemplateError:
         return False
-    return _PROBE_ARG in out
+    return args.read
 
 
 _PROBE_TYPED = "llama_cffi probe: typed content"

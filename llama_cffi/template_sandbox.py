@@ -523,6 +523,47 @@ def _make_environment() -> Any:
 
     filters["tojson"] = tojson
 
+    # No HTML escaping, as in llama.cpp's engine (common/jinja/value.cpp), which has no
+    # Markup type and no autoescaping: its ``safe`` returns a string as it is (other values
+    # as their text). Jinja2's ``safe`` returns markupsafe's Markup instead, and Markup
+    # escapes whatever is added to it: ``"... "|safe + description + tojson`` wrote the
+    # description's ``<&'`` and the JSON's quotes as HTML entities (Functionary v3.1's tool
+    # list). So no filter hands a template a Markup: ``safe`` gives plain text, and
+    # ``escape``/``e``/``forceescape`` (which llama.cpp does not have) the escaped text as
+    # plain text, so that it does not escape what is added to it either.
+    from markupsafe import escape as _html_escape
+
+    def safe(value: Any) -> str:
+        return str(value)  # a plain str (str() of a str subclass such as Markup is one too)
+
+    def escape(value: Any) -> str:
+        return str(_html_escape(value))
+
+    filters["safe"] = safe
+    filters["escape"] = filters["e"] = filters["forceescape"] = escape
+
+    to_string = filters["string"]
+
+    def string(value: Any) -> Any:
+        # Reads a container's items through items() (as tojson's json.dumps does) before
+        # writing it: llama.cpp counts every value inside as read by the template (its
+        # capability probe, common/jinja/caps.cpp; the chat module's probe records reads
+        # this way), while str() of a dict reads them without calling anything
+        todo, seen = [value], set()
+        while todo:
+            v = todo.pop()
+            if isinstance(v, (Mapping, list, tuple)):
+                if id(v) in seen:
+                    continue  # a container that holds itself
+                seen.add(id(v))
+            if isinstance(v, Mapping):
+                todo.extend(x for kv in v.items() for x in kv)
+            elif isinstance(v, (list, tuple)):
+                todo.extend(v)
+        return to_string(value)
+
+    filters["string"] = string
+
     for name, check in (
         ("center", _center),
         ("indent", _indent),
@@ -562,7 +603,10 @@ def _size_of(value: object) -> int:
     if isinstance(value, str):
         return len(value)
     if isinstance(value, Mapping):
-        return sum(_size_of(k) + _size_of(v) for k, v in value.items())
+        # dict.items for dicts: counting must not run a dict subclass's own items() (the
+        # chat module's probes record which values a template reads)
+        items = dict.items(value) if isinstance(value, dict) else value.items()
+        return sum(_size_of(k) + _size_of(v) for k, v in items)
     if isinstance(value, (list, tuple)):
         return sum(_size_of(v) for v in value)
     return 8

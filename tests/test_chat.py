@@ -111,3 +111,15 @@ def test_template_names_and_text_are_told_apart(tiny_model: Model, tmp_path: Pat
         assert model.format_chat(MESSAGES, template="tool_use").prompt == "<system>Be brief.<user>Hi"
         with pytest.raises(ChatTemplateError, match=r"unknown chat template name 'tool_uses'.*tool_use"):
             model.apply_chat_template(MESSAGES, template="tool_uses")
+
+
+def test_jinja_has_no_html_escaping() -> None:
+    """As in llama.cpp's Jinja engine, which has no Markup: ``safe`` gives text as it is
+    (other values as their text) and nothing added to it is HTML-escaped; ``escape``
+    escapes only its own input; ``tojson`` writes quotes and ``<&'`` as they are."""
+    from llama_cffi.template_sandbox import render_template
+
+    ctx = {"d": {"q": "<'&\">"}, "s": "<b>"}
+    assert render_template('{{ "x"|safe + s + d|tojson }}', ctx) == 'x<b>{"q": "<\'&\\">"}'
+    assert render_template("{{ s|safe }} {{ 1|safe }} {{ none|safe }}", ctx) == "<b> 1 None"
+    assert render_template('{{ s|e + s }} {{ "<"|forceescape }}', ctx) == "&lt;b&gt;<b> &lt;"

@@ -452,7 +452,7 @@ def _oracle_content(family: str, content: str) -> str:
 
 
 @pytest.mark.parametrize("upto", [2, 4, 6])
-@pytest.mark.parametrize("family", sorted(set(TEMPLATES) - {"functionary3_1"}))
+@pytest.mark.parametrize("family", sorted(TEMPLATES))
 def test_more_prompts_with_tools_equal_llama_cpp(
     tiny_model_path: Path, tiny_model: Model, family: str, upto: int
 ) -> None:
@@ -460,8 +460,7 @@ def test_more_prompts_with_tools_equal_llama_cpp(
     llama.cpp renders it for each family's real template. Llama 3.1's dates differ (llama.cpp
     gives the template today's date through ``strftime_now``, ours renders the template's
     default): the line is compared without it. Mistral Nemo's template wants nine-character
-    alphanumeric call ids. (Functionary 3.1 is left out: this package's Jinja engine
-    HTML-escapes its ``"..."|safe + ... | tojson()`` tool list, llama.cpp's does not.)"""
+    alphanumeric call ids."""
     import re
 
     template = _template(family)
@@ -686,3 +685,93 @@ def test_a_format_of_an_unknown_style_is_refused() -> None:
             parse_tool_calls("x", fmt)
         with pytest.raises(ParamError, match=message):
             tool_call_grammar(fmt, TOOLS)
+
+
+# --- no HTML escaping; tool-call arguments as llama.cpp hands them to a template ----------
+
+
+@pytest.mark.parametrize("upto", [2, 4])
+def test_functionary_prompt_with_tools_equals_llama_cpp(tiny_model_path: Path, tiny_model: Model, upto: int) -> None:
+    """Functionary 3.1 writes each tool as ``"..."|safe + description + ... + tool|tojson``:
+    llama.cpp's engine has no Markup, so nothing added to ``safe`` text is HTML-escaped
+    (Jinja2's Markup wrote the description's ``<&'`` and the JSON's quotes as entities)."""
+    template = _template("functionary3_1")
+    msgs = [dict(m, tool_calls=[CALL]) if m.get("tool_calls") else m for m in CONVERSATION[:upto]]
+    ref = chat_oracle(tiny_model_path, {"template": template, "messages": msgs, "tools": TOOLS})
+    ours = tiny_model.format_chat(msgs, template=template, tools=TOOLS)
+    assert ours.prompt == ref["prompt"]
+    assert "The weather <now> in a city & its 'region' (é)" in ours.prompt and "&#34;" not in ours.prompt
+    assert json.dumps(TOOLS[0]["function"], ensure_ascii=False) in ours.prompt
+
+
+@pytest.mark.parametrize("upto", [4, 6])
+def test_nemo_arguments_as_json_text_equal_llama_cpp(tiny_model_path: Path, tiny_model: Model, upto: int) -> None:
+    """Arguments given as JSON text (OpenAI's form) reach Mistral Nemo's template as an
+    object, as llama.cpp passes them to a template that reads objects
+    (``supports_object_arguments``, which its probe finds with nine-character call ids,
+    the only ones this template accepts): ``"arguments": {...}`` in the prompt, not a
+    JSON string."""
+    template = _template("mistral_nemo")
+    call = {
+        "id": "abc123def",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+    }
+    msgs = [dict(m, tool_calls=[call]) if m.get("tool_calls") else m for m in CONVERSATION[:upto]]
+    msgs = [dict(m, tool_call_id="abc123def") if m.get("tool_call_id") else m for m in msgs]
+    ref = chat_oracle(tiny_model_path, {"template": template, "messages": msgs, "tools": TOOLS})
+    assert ref["caps"]["supports_object_arguments"]
+    ours = tiny_model.format_chat(msgs, template=template, tools=TOOLS)
+    assert ours.prompt == ref["prompt"]
+    assert '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "abc123def"}]' in ours.prompt
+
+
+#: templates that read a call's arguments: as text (printed whole), or as an object
+#: (``|string`` reads all of it, as ``tojson`` does; a test of a key reads that key: the
+#: probe's call has one argument, ``arg``)
+ARGS_TEMPLATES = {
+    "text": "{{ c.function.arguments }}",
+    "string": "{{ c.function.arguments|string }}",
+    "key": "{% if c.function.arguments.arg or c.function.arguments.city %}city{% endif %}",
+}
+
+
+@pytest.mark.parametrize("args", ['{"city": "Paris", "n": [1, 2.5]}', {"city": "Pé", "n": [1, 2.5]}, "[1, 2]"])
+@pytest.mark.parametrize("reads", sorted(ARGS_TEMPLATES))
+def test_call_arguments_as_llama_cpp_passes_them(
+    tiny_model_path: Path, tiny_model: Model, reads: str, args: Any
+) -> None:
+    """llama.cpp keeps a call's arguments as JSON text (an object written compactly) and
+    parses the text when its probe finds that the template reads the arguments' values;
+    a template that only prints them whole gets the text."""
+    template = (
+        "{% for t in tools %}T {{ t.function.name }}\n{% endfor %}{% for m in messages %}{% if m.tool_calls %}"
+        "{% for c in m.tool_calls %}CALL {{ c.function.name }} " + ARGS_TEMPLATES[reads] + "{% endfor %}"
+        "{% else %}{{ m.role }}: {{ m.content }}{% endif %}\n{% endfor %}"
+    )
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": args}}
+    msgs = [dict(m, tool_calls=[call]) if m.get("tool_calls") else m for m in CONVERSATION[:4]]
+    ref = chat_oracle(tiny_model_path, {"template": template, "messages": msgs, "tools": TOOLS})
+    assert ref["caps"]["supports_object_arguments"] == (reads != "text")
+    assert tiny_model.format_chat(msgs, template=template, tools=TOOLS).prompt == ref["prompt"]
+
+
+def test_call_arguments_that_are_not_json_are_refused(tiny_model_path: Path, tiny_model: Model) -> None:
+    """Arguments text that is not JSON, for a template that reads objects, is refused, as
+    llama.cpp refuses it; a template that reads text gets it as it is."""
+    from llama_cffi import ChatTemplateError
+
+    call = {"id": "abc123def", "type": "function", "function": {"name": "get_weather", "arguments": "not json"}}
+    msgs = [dict(m, tool_calls=[call]) if m.get("tool_calls") else m for m in CONVERSATION[:3]]
+    template = _template("mistral_nemo")
+    with pytest.raises(AssertionError, match="Failed to parse tool call arguments as JSON"):
+        chat_oracle(tiny_model_path, {"template": template, "messages": msgs, "tools": TOOLS})
+    with pytest.raises(ChatTemplateError, match=r"messages\[2\]\.tool_calls\[0\]\.function\.arguments must be JSON"):
+        tiny_model.format_chat(msgs, template=template, tools=TOOLS)
+    text = (
+        "{% for m in messages %}{{ m.content }}{% for c in m.tool_calls or [] %}{{ c.function.arguments }}{% endfor %}|"
+    )
+    text += "{% endfor %}{{ tools|length }}"
+    ref = chat_oracle(tiny_model_path, {"template": text, "messages": msgs, "tools": TOOLS})
+    ours = tiny_model.format_chat(msgs, template=text, tools=TOOLS).prompt
+    assert ours == ref["prompt"] and "|not json|" in ours
