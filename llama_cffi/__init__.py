@@ -84,6 +84,7 @@ from .memory_usage import MemoryUsage
 from .model import Model
 from .model_params import ModelParams, model_default_params
 from .outputs import OutputView, StaleOutputError
+from .threadpool import Threadpool
 from .vocab import StreamingDetokenizer, Vocab
 
 __all__ = [
@@ -137,6 +138,7 @@ __all__ = [
     "StreamingDetokenizer",
     "TemplateLimitError",
     "TemplateLimits",
+    "Threadpool",
     "TokenAttr",
     "TokenTypeError",
     "TokenizeError",

@@ -32,6 +32,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, TypeVar, cast, overload
@@ -55,7 +56,7 @@ from ._args import (
 from ._binding import ffi, lib
 from ._handle import NativeHandle
 from .batch import Batch
-from .context_params import ContextParams
+from .context_params import ContextParams, available_cores
 from .enums import PoolingType, RopeType
 from .errors import (
     AdapterError,
@@ -74,6 +75,8 @@ from .memory import Memory
 from .memory_usage import MemoryUsage, read_memory_usage
 from .outputs import LiveOutputError, OutputBuffer, OutputGuard, OutputView
 from .sampling import LlamaSampler
+from .threadpool import AdaptiveThreads, Threadpool, default_threadpool, expect_pool
+from .threadpool import _attached as _pool_users
 from .vocab import StopStringStream
 
 if TYPE_CHECKING:
@@ -134,6 +137,18 @@ class _AbortPy:
 
 
 _pending = threading.local()  # an exception raised while polling, per decoding thread
+_wall = time.perf_counter
+_cpu = time.thread_time  # the calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID)
+_gpu_seen: list[bool] = []
+
+
+def _has_gpu() -> bool:
+    """Whether this build registered a GPU (its decodes' CPU time says nothing of load)."""
+    if not _gpu_seen:
+        from .device import DeviceType, devices
+
+        _gpu_seen.append(any(d.type in (DeviceType.GPU, DeviceType.IGPU) for d in devices()))
+    return _gpu_seen[0]
 
 
 def _abort_onerror(exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
@@ -197,8 +212,20 @@ class Context:
     """
 
     _handle: NativeHandle | None = None
+    _pool: Threadpool | None = None  # the pool decodes run on (see _setup_threads)
+    _pool_batch: Threadpool | None = None  # a second pool for batches, when given
+    _gov: AdaptiveThreads | None = None  # the adaptive thread policy, when on
 
-    def __init__(self, model: Model, params: ContextParams | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: Model,
+        params: ContextParams | None = None,
+        *,
+        threadpool: Threadpool | None = None,
+        threadpool_batch: Threadpool | None = None,
+        adaptive_threads: bool | None = None,
+        **kwargs: Any,
+    ) -> None:
         if params is not None and kwargs:
             raise TypeError("pass either params= or keyword parameters, not both")
         from .model import Model
@@ -206,6 +233,15 @@ class Context:
         expect("model", model, Model, "a llama_cffi.Model")
         if params is not None:
             expect("params", params, ContextParams, "a ContextParams")
+        expect_pool("threadpool", threadpool)
+        expect_pool("threadpool_batch", threadpool_batch)
+        if threadpool_batch is not None and threadpool is None:
+            raise ParamError("threadpool_batch needs threadpool too (llama.cpp uses it for single-token decodes)")
+        if adaptive_threads is not None:
+            adaptive_threads = expect_bool("adaptive_threads", adaptive_threads)
+        for pool in (threadpool, threadpool_batch):
+            if pool is not None:
+                pool._ptr()  # ClosedError for a closed pool
         mptr = model._ptr()
         if model.vocab_only:
             # llama.cpp creates the context but aborts the process on the first decode
@@ -272,7 +308,16 @@ class Context:
             reason = "; ".join(line for _, line in lines[-3:]) or "llama.cpp returned no context"
             raise ContextCreateError(f"cannot create a context: {reason}")
         assert model._handle is not None
-        self._handle = NativeHandle(self, ptr, lib.llama_free, "Context", parent=model._handle)
+        # pools this context pinned: released once llama.cpp has freed the context
+        pins: list[NativeHandle] = []
+        self._pool_pins = pins
+
+        def free(p: Any) -> None:
+            lib.llama_free(p)
+            while pins:
+                pins.pop().unpin()
+
+        self._handle = NativeHandle(self, ptr, free, "Context", parent=model._handle)
         self.model = model
         self.params = p
         self.n_vocab = model.n_vocab
@@ -360,6 +405,7 @@ class Context:
         self._abort.py = self._abort_handle
         self._abort.interval_us = int(ABORT_POLL_INTERVAL * 1e6)
         lib.llama_set_abort_callback(ptr, lib.llama_cffi_abort_combined, self._abort)
+        self._setup_threads(p, threadpool, threadpool_batch, adaptive_threads)
 
     # ------------------------------------------------------------------ lifetime
     def _ptr(self) -> Any:
@@ -442,13 +488,190 @@ class Context:
         return int(lib.llama_n_threads_batch(self._ptr()))
 
     def set_n_threads(self, n_threads: int, n_threads_batch: int | None = None) -> None:
-        """Threads for generation and for batch (prompt) processing, on a live context."""
+        """Threads for generation and for batch (prompt) processing, on a live context.
+
+        Fixes the count: the adaptive policy (``adaptive_threads``) stops. A count above
+        the attached pool's threads detaches the shared default pool; with a pool of your
+        own it is refused."""
         nb = n_threads if n_threads_batch is None else n_threads_batch
         for name, v in (("n_threads", n_threads), ("n_threads_batch", nb)):
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 4096:
                 raise ParamError(f"{name} must be an int in [1, 4096], not {v!r}")
         with self._busy:
-            lib.llama_set_n_threads(self._ptr(), n_threads, nb)
+            ptr = self._ptr()
+            pool = self._pool
+            if pool is not None and max(n_threads, nb) > pool.n_threads:
+                if not self._pool_is_default:
+                    raise ParamError(
+                        f"the attached thread pool has {pool.n_threads} threads; {max(n_threads, nb)} do not fit: "
+                        "attach a bigger Threadpool first"
+                    )
+                self._detach_pool(ptr)
+                self._use_default = False
+            self._gov = None
+            lib.llama_set_n_threads(ptr, n_threads, nb)
+
+    # ------------------------------------------------------------------ thread pools
+    def _setup_threads(
+        self, p: ContextParams, pool: Threadpool | None, pool_batch: Threadpool | None, adaptive: bool | None
+    ) -> None:
+        """Attach a pool (the caller's, or the process's default one) and choose the
+        thread policy (see :mod:`llama_cffi.threadpool`)."""
+        self._pool = self._pool_batch = None
+        self._pool_is_default = False
+        self._gov = None
+        t, b = int(p.c.n_threads), int(p.c.n_threads_batch)
+        ptr = self._handle.ptr  # type: ignore[union-attr]
+        if pool is not None:
+            self._use_default = False
+            for name, pl, n in (("threadpool", pool, t), ("threadpool_batch", pool_batch or pool, b)):
+                if n > pl.n_threads:
+                    raise ParamError(
+                        f"{'n_threads' if name == 'threadpool' else 'n_threads_batch'}={n} exceeds the {name}'s "
+                        f"{pl.n_threads} threads"
+                    )
+            self._attach_pool(ptr, pool, pool_batch)
+        else:
+            self._use_default = max(t, b) > 1 and max(t, b) <= available_cores()
+            if self._use_default:
+                self._attach_pool(ptr, default_threadpool(), None, default=True)
+        if adaptive is None:
+            adaptive = pool is None and not p.threads_explicit and not _has_gpu() and not self.model._uses_rpc
+        if adaptive and max(t, b) > 1:
+            self._gov = AdaptiveThreads(t, b, self._apply_threads)
+
+    def _attach_pool(self, ptr: Any, pool: Threadpool, pool_batch: Threadpool | None, default: bool = False) -> None:
+        pool._handle.pin()  # type: ignore[union-attr]
+        self._pool_pins.append(pool._handle)  # type: ignore[arg-type]
+        if pool_batch is not None and pool_batch is not pool:
+            pool_batch._handle.pin()  # type: ignore[union-attr]
+            self._pool_pins.append(pool_batch._handle)  # type: ignore[arg-type]
+        else:
+            pool_batch = None
+        lib.llama_attach_threadpool(ptr, pool._handle.ptr, (pool_batch or pool)._handle.ptr)  # type: ignore[union-attr]
+        self._pool, self._pool_batch = pool, pool_batch
+        self._pool_is_default = default
+        _pool_users.add(self)
+
+    def _detach_pool(self, ptr: Any) -> None:
+        if self._pool is None:
+            return
+        lib.llama_detach_threadpool(ptr)
+        for pl in (self._pool, self._pool_batch):
+            if pl is not None and pl._handle in self._pool_pins:
+                self._pool_pins.remove(pl._handle)
+                pl._handle.unpin()
+        self._pool = self._pool_batch = None
+        self._pool_is_default = False
+        _pool_users.discard(self)
+
+    def _apply_threads(self, t: int, b: int, full: bool) -> None:
+        """The adaptive policy's change (called with ``_busy`` held): the counts, and the
+        default pool on at full strength only (its idle workers poll a core)."""
+        ptr = self._handle.ptr  # type: ignore[union-attr]
+        lib.llama_set_n_threads(ptr, t, b)
+        if self._use_default:
+            if full and self._pool is None:
+                self._attach_pool(ptr, default_threadpool(), None, default=True)
+            elif not full and self._pool_is_default:
+                self._detach_pool(ptr)
+
+    def _forked(self) -> None:
+        """In a forked child: the pools' workers stayed in the parent, so decode without."""
+        handle = self._handle
+        if handle is not None and not handle.closed and self._pool is not None:
+            lib.llama_detach_threadpool(handle.ptr)
+        self._pool = self._pool_batch = None
+        self._pool_is_default = self._use_default = False
+        self._pool_pins.clear()  # the child never frees a parent's pool
+
+    def _compute(self, fn: Any, ptr: Any, batch: Any, batched: bool) -> int:
+        """``fn(ptr, batch)`` (llama_decode or llama_encode) with the pool's lock, timed
+        for the adaptive policy (called with ``_busy`` held)."""
+        pool = self._pool
+        gov = self._gov
+        if pool is None:
+            if gov is None:
+                return int(fn(ptr, batch))
+            w0, c0 = _wall(), _cpu()
+            rc = int(fn(ptr, batch))
+            gov._observe(_wall() - w0, _cpu() - c0, batched)
+            return rc
+        lock = pool._lock
+        if not lock.acquire(not self._pool_is_default):
+            # the shared default pool computes another context's graph: this one runs
+            # without a pool, as llama.cpp does by default, rather than wait
+            lib.llama_detach_threadpool(ptr)
+            try:
+                w0, c0 = _wall(), _cpu()
+                rc = int(fn(ptr, batch))
+                if gov is not None:
+                    gov._observe(_wall() - w0, _cpu() - c0, batched)
+            finally:
+                if self._pool is pool:  # (the adaptive policy may have let it go meanwhile)
+                    lib.llama_attach_threadpool(ptr, pool._handle.ptr, pool._handle.ptr)  # type: ignore[union-attr]
+            return rc
+        lock2 = self._pool_batch._lock if self._pool_batch is not None else None
+        if lock2 is not None:
+            lock2.acquire()
+        try:
+            if gov is None:
+                return int(fn(ptr, batch))
+            w0, c0 = _wall(), _cpu()
+            rc = int(fn(ptr, batch))
+            gov._observe(_wall() - w0, _cpu() - c0, batched)
+            return rc
+        finally:
+            if lock2 is not None:
+                lock2.release()
+            lock.release()
+
+    def attach_threadpool(self, threadpool: Threadpool, threadpool_batch: Threadpool | None = None) -> None:
+        """Decode on ``threadpool`` (and ``threadpool_batch`` for multi-token batches;
+        default: the same pool) from now on: ``llama_attach_threadpool``. Fixes the
+        thread counts (the adaptive policy stops); they must fit the pools. The context
+        keeps the pools allocated until it detaches them or is freed."""
+        expect("threadpool", threadpool, Threadpool, "a llama_cffi.Threadpool")
+        expect_pool("threadpool_batch", threadpool_batch)
+        with self._busy:
+            ptr = self._ptr()
+            threadpool._ptr()
+            if threadpool_batch is not None:
+                threadpool_batch._ptr()
+            t, b = int(lib.llama_n_threads(ptr)), int(lib.llama_n_threads_batch(ptr))
+            if self._gov is not None:
+                t, b = self._gov.n_threads, self._gov.n_threads_batch
+            for name, pl, n in (("threadpool", threadpool, t), ("threadpool_batch", threadpool_batch or threadpool, b)):
+                if n > pl.n_threads:
+                    raise ParamError(
+                        f"this context uses {n} threads; the {name} has {pl.n_threads}: lower them with "
+                        "set_n_threads first, or make a bigger pool"
+                    )
+            self._detach_pool(ptr)
+            self._gov = None
+            self._use_default = False
+            lib.llama_set_n_threads(ptr, t, b)
+            self._attach_pool(ptr, threadpool, threadpool_batch)
+
+    def detach_threadpool(self) -> None:
+        """Stop using the attached pool (yours or the default one): from now on each
+        decode starts its own threads, as llama.cpp does without a pool
+        (``llama_detach_threadpool``). The adaptive policy, if on, goes on."""
+        with self._busy:
+            ptr = self._ptr()
+            self._use_default = False
+            self._detach_pool(ptr)
+
+    @property
+    def threadpool(self) -> Threadpool | None:
+        """The pool decodes run on now (None: each decode starts its own threads)."""
+        return self._pool
+
+    @property
+    def adaptive_threads(self) -> AdaptiveThreads | None:
+        """The adaptive thread policy (its counts now, drops and raises so far), or None
+        when the thread counts are fixed. See :mod:`llama_cffi.threadpool`."""
+        return self._gov
 
     @property
     def pooling_type(self) -> str:
@@ -696,7 +919,7 @@ class Context:
             self._one_seq[0] = seq_id
             self._abort.flag = 0
             self._guard.generation += 1  # earlier views go stale before llama.cpp writes
-            rc = lib.llama_decode(handle.ptr, self._one[0])
+            rc = self._compute(lib.llama_decode, handle.ptr, self._one[0], False)
             self._after_decode(rc, 1, _ZERO_INDEX, 1)
             if self._backend:
                 self._out_dev = np.array([seq_id in self._backend])
@@ -782,7 +1005,7 @@ class Context:
                 self._grew(len(out_index))
                 self._abort.flag = 0
                 self._guard.generation += 1
-                rc = lib.llama_decode(ptr, b.c)
+                rc = self._compute(lib.llama_decode, ptr, b.c, m > 1)
                 self._after_decode(rc, len(out_index), out_index, m)
                 if self._backend:
                     self._out_dev = np.full(len(out_index), seq_id in self._backend)
@@ -851,7 +1074,7 @@ class Context:
         self._grew(len(out_index))
         self._abort.flag = 0
         self._guard.generation += 1
-        rc = lib.llama_decode(ptr, batch.c)
+        rc = self._compute(lib.llama_decode, ptr, batch.c, n > 1)
         self._after_decode(rc, len(out_index), out_index, n)
         if self._backend:
             self._out_dev = self._backend_mask[batch.seq_id[out_index, 0]]
@@ -1078,7 +1301,7 @@ class Context:
             b.logits[:n] = 1
             self._abort.flag = 0
             self._guard.generation += 1
-            rc = lib.llama_encode(ptr, b.c)
+            rc = self._compute(lib.llama_encode, ptr, b.c, n > 1)
             self._after_decode(rc, n, np.arange(n, dtype=np.int32), n)
             self._encoded = self._encoded or self._enc_dec
 

@@ -94,6 +94,8 @@ class ContextParams:
         self.ctx_other: Context | None = None
         fields = dict(ffi.typeof("struct llama_context_params").fields)
         cores = available_cores()
+        #: n_threads or n_threads_batch given (a Context then keeps them fixed by default)
+        self.threads_explicit = "n_threads" in kwargs or "n_threads_batch" in kwargs
         if "n_threads" not in kwargs:
             c.n_threads = min(int(c.n_threads), cores)
         if "n_threads_batch" not in kwargs:

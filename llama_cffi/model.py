@@ -541,6 +541,8 @@ class Model:
 
         if self.vocab_only:  # no size will do: fail once, not once per retry
             return Context(self, **params)
+        # Context's own options (thread pools), not llama_context_params fields
+        opts = {k: params.pop(k) for k in ("threadpool", "threadpool_batch", "adaptive_threads") if k in params}
         p = ContextParams(**params)
         c = p.c
         n_ctx = int(c.n_ctx) or self.n_ctx_train
@@ -556,7 +558,7 @@ class Model:
         for k, b, u in plan:
             c.n_ctx, c.n_batch, c.n_ubatch = k, b, u
             try:
-                ctx = Context(self, params=p)
+                ctx = Context(self, params=p, **opts)
             except ContextCreateError as exc:
                 tried.append(f"n_ctx={k} n_batch={b} n_ubatch={u}: {exc}")
                 log.logger.warning("context creation failed (%s); retrying smaller", tried[-1])

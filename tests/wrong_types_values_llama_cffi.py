@@ -41,6 +41,12 @@ def _pooling_type() -> Any:
     return PoolingType
 
 
+def _threadpool() -> Any:
+    from llama_cffi.threadpool import Threadpool
+
+    return Threadpool(1)
+
+
 def _prompt(e: Env) -> list[int]:
     return e.prompt()
 
@@ -101,6 +107,7 @@ FIRST: dict[str, Callable[[Env], Any]] = {
     "llama_cffi.chat.validate_template": lambda e: "chatml",
     "llama_cffi.chat.with_media_markers": _messages,
     "llama_cffi.context.Context.arun": lambda e: lambda: None,
+    "llama_cffi.context.Context.attach_threadpool": lambda e: _threadpool(),
     "llama_cffi.context.Context.decode": _prompt,
     "llama_cffi.context.Context.decode_embeddings": lambda e: _np().zeros((1, e.model.n_embd_inp), _np().float32),
     "llama_cffi.context.Context.encode": _prompt,
