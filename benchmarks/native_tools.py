@@ -265,7 +265,10 @@ def build_shared_c_tool(name: str) -> Path:
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
+    # ggml-cpu: the thread pool functions (ggml_threadpool_new) live in the CPU backend
     libs = [libdir / f"lib{lib}{SHLIB_SUFFIX}" for lib in ("llama", "ggml", "ggml-base")]
+    cpu = libdir / f"libggml-cpu{SHLIB_SUFFIX}"
+    libs += [cpu] if cpu.is_file() else []
     cmd = [
         os.environ.get("CC", "cc"),
         "-O3",  # vectorised loops over the logits (argmax), as numpy's

@@ -665,12 +665,14 @@ class Context:
     @property
     def threadpool(self) -> Threadpool | None:
         """The pool decodes run on now (None: each decode starts its own threads)."""
+        self._ptr()
         return self._pool
 
     @property
     def adaptive_threads(self) -> AdaptiveThreads | None:
         """The adaptive thread policy (its counts now, drops and raises so far), or None
         when the thread counts are fixed. See :mod:`llama_cffi.threadpool`."""
+        self._ptr()
         return self._gov
 
     @property

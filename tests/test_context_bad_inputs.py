@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import llama_cffi
-from llama_cffi import Batch, Context, Memory
+from llama_cffi import Batch, Context, Memory, Threadpool
 from llama_cffi.sampling import LlamaSampler
 from tests.conftest import run_isolated
 from tests.tiny_model import write_tiny_model
@@ -501,6 +501,10 @@ def _closed_cases(e: Env) -> list[Case]:
         "set_n_threads": lambda: ctx.set_n_threads(1),
         "set_warmup": lambda: ctx.set_warmup(False),
         "state_size": lambda: ctx.state_size(),
+        "threadpool": lambda: ctx.threadpool,
+        "adaptive_threads": lambda: ctx.adaptive_threads,
+        "attach_threadpool": lambda: ctx.attach_threadpool(Threadpool(1)),
+        "detach_threadpool": lambda: ctx.detach_threadpool(),
         "stream": lambda: next(ctx.stream([5], max_tokens=1)),
         "synchronize": lambda: ctx.synchronize(),
         "underlying": lambda: ctx.underlying,

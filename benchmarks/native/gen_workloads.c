@@ -10,6 +10,8 @@
  * The contract (the same on every side of bench_peer.py):
  *  - a generation context (n_ctx N_CTX, n_batch = n_ubatch = 512, flash attention on) and a
  *    parallel one (n_ctx N_CTX_PAR, n_seq_max = max NS, unified KV); a one-token warm-up;
+ *    here both decode on one ggml thread pool of THREADS threads, as llama-bench's contexts
+ *    and llama_cffi's do (llama-cpp-python attaches none: each decode starts its threads);
  *  - greedy / sampled / grammar: memory cleared, the prompt decoded (not timed), then N_TOK
  *    times: pick a token from the last logits, decode it (timed). greedy: argmax;
  *    sampled: chain top-k 40 -> temp 0.8 -> dist(SEED); grammar: chain grammar(json.gbnf) ->
@@ -18,6 +20,7 @@
  *  - parallelN: memory cleared, the prompt decoded into sequence 0 and copied to 1..N-1 (not
  *    timed), then TG steps of: the argmax of each sequence's logits, one llama_decode of the
  *    N tokens (one per sequence, every one an output). tok/s = N * TG / time. */
+#include "ggml-cpu.h"
 #include "llama.h"
 #include <math.h>
 #include <stdio.h>
@@ -190,6 +193,11 @@ int main(int argc, char **argv) {
     cp.kv_unified = true;
     struct llama_context *par = max_seq > 1 ? llama_init_from_model(model, cp) : NULL;
     if (!gen || (max_seq > 1 && !par)) { fprintf(stderr, "context failed\n"); return 1; }
+    struct ggml_threadpool_params tpp = ggml_threadpool_params_default(n_threads);
+    struct ggml_threadpool *pool = ggml_threadpool_new(&tpp);
+    if (!pool) { fprintf(stderr, "threadpool failed\n"); return 1; }
+    llama_attach_threadpool(gen, pool, pool);
+    if (par) llama_attach_threadpool(par, pool, pool);
     if (n_prompt + n_tok > n_ctx || n_prompt + max_seq * tg > n_ctx_par) {
         fprintf(stderr, "contexts too small\n");
         return 1;
@@ -237,6 +245,7 @@ int main(int argc, char **argv) {
     printf("}}\n");
     if (par) llama_free(par);
     llama_free(gen);
+    ggml_threadpool_free(pool);
     llama_model_free(model);
     llama_backend_free();
     return 0;
