@@ -142,6 +142,19 @@ _cpu = time.thread_time  # the calling thread's CPU time (CLOCK_THREAD_CPUTIME_I
 _gpu_seen: list[bool] = []
 
 
+def _check_pools_fit(t: int, b: int, pool: Threadpool, pool_batch: Threadpool | None) -> None:
+    """ParamError unless ``t`` threads fit ``pool`` and ``b`` fit ``pool_batch`` (or ``pool``)."""
+    for name, pl, count, n in (
+        ("threadpool", pool, "n_threads", t),
+        ("threadpool_batch", pool_batch or pool, "n_threads_batch", b),
+    ):
+        if n > pl.n_threads:
+            raise ParamError(
+                f"{count}={n} exceeds the {name}'s {pl.n_threads} threads: lower it (set_n_threads) or make a "
+                "bigger Threadpool"
+            )
+
+
 def _has_gpu() -> bool:
     """Whether this build registered a GPU (its decodes' CPU time says nothing of load)."""
     if not _gpu_seen:
@@ -524,12 +537,7 @@ class Context:
         ptr = self._handle.ptr  # type: ignore[union-attr]
         if pool is not None:
             self._use_default = False
-            for name, pl, n in (("threadpool", pool, t), ("threadpool_batch", pool_batch or pool, b)):
-                if n > pl.n_threads:
-                    raise ParamError(
-                        f"{'n_threads' if name == 'threadpool' else 'n_threads_batch'}={n} exceeds the {name}'s "
-                        f"{pl.n_threads} threads"
-                    )
+            _check_pools_fit(t, b, pool, pool_batch)
             self._attach_pool(ptr, pool, pool_batch)
         else:
             self._use_default = max(t, b) > 1 and max(t, b) <= available_cores()
@@ -641,12 +649,7 @@ class Context:
             t, b = int(lib.llama_n_threads(ptr)), int(lib.llama_n_threads_batch(ptr))
             if self._gov is not None:
                 t, b = self._gov.n_threads, self._gov.n_threads_batch
-            for name, pl, n in (("threadpool", threadpool, t), ("threadpool_batch", threadpool_batch or threadpool, b)):
-                if n > pl.n_threads:
-                    raise ParamError(
-                        f"this context uses {n} threads; the {name} has {pl.n_threads}: lower them with "
-                        "set_n_threads first, or make a bigger pool"
-                    )
+            _check_pools_fit(t, b, threadpool, threadpool_batch)
             self._detach_pool(ptr)
             self._gov = None
             self._use_default = False

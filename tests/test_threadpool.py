@@ -94,7 +94,7 @@ def test_a_pool_outlives_close_while_a_context_uses_it(tiny_model: Model) -> Non
 def test_attach_detach_and_thread_counts(tiny_model: Model) -> None:
     with Context(tiny_model, n_ctx=128, n_threads=2, n_threads_batch=2) as ctx:
         with Threadpool(1) as small:
-            with pytest.raises(ParamError, match="uses 2 threads; the threadpool has 1"):
+            with pytest.raises(ParamError, match="n_threads=2 exceeds the threadpool's 1 threads"):
                 ctx.attach_threadpool(small)
             ctx.set_n_threads(1)
             ctx.attach_threadpool(small)
