@@ -533,6 +533,10 @@ class Context:
         self._pool = self._pool_batch = None
         self._pool_is_default = False
         self._gov = None
+        # pools llama.cpp's CPU backend ran this context's last graph on, and pins to drop
+        # after the next decode (see _compute)
+        self._last_pools: tuple[Threadpool, ...] = ()
+        self._unpin_later: list[NativeHandle] = []
         t, b = int(p.c.n_threads), int(p.c.n_threads_batch)
         ptr = self._handle.ptr  # type: ignore[union-attr]
         if pool is not None:
@@ -566,9 +570,12 @@ class Context:
             return
         lib.llama_detach_threadpool(ptr)
         for pl in (self._pool, self._pool_batch):
-            if pl is not None and pl._handle in self._pool_pins:
-                self._pool_pins.remove(pl._handle)
-                pl._handle.unpin()
+            if pl is not None and pl._handle is not None:
+                if any(pl is q for q in self._last_pools):
+                    self._unpin_later.append(pl._handle)  # after the next decode (see _compute)
+                else:
+                    self._pool_pins.remove(pl._handle)
+                    pl._handle.unpin()
         self._pool = self._pool_batch = None
         self._pool_is_default = False
         _pool_users.discard(self)
@@ -591,48 +598,52 @@ class Context:
             lib.llama_detach_threadpool(handle.ptr)
         self._pool = self._pool_batch = None
         self._pool_is_default = self._use_default = False
+        self._last_pools = ()
+        self._unpin_later.clear()
         self._pool_pins.clear()  # the child never frees a parent's pool
 
     def _compute(self, fn: Any, ptr: Any, batch: Any, batched: bool) -> int:
-        """``fn(ptr, batch)`` (llama_decode or llama_encode) with the pool's lock, timed
-        for the adaptive policy (called with ``_busy`` held)."""
-        pool = self._pool
+        """``fn(ptr, batch)`` (llama_decode or llama_encode) holding the locks of the pools
+        it may touch, timed for the adaptive policy (called with ``_busy`` held).
+
+        Those pools are the attached ones and the ones this context's last decode ran on:
+        when llama.cpp's CPU backend moves to another pool (or to none) it pauses the one
+        it leaves (``ggml_backend_cpu_set_threadpool``), which must not happen while another
+        context computes a graph on it (that graph's workers would sleep at its barrier
+        for ever). The time includes the wait for a pool: a pool busy with another
+        context's graph is CPU this decode does not get."""
+        pool, pool_b, last = self._pool, self._pool_batch, self._last_pools
         gov = self._gov
-        if pool is None:
+        if pool is None and not last:
             if gov is None:
                 return int(fn(ptr, batch))
             w0, c0 = _wall(), _cpu()
             rc = int(fn(ptr, batch))
             gov._observe(_wall() - w0, _cpu() - c0, batched)
             return rc
-        lock = pool._lock
-        if not lock.acquire(not self._pool_is_default):
-            # the shared default pool computes another context's graph: this one runs
-            # without a pool, as llama.cpp does by default, rather than wait
-            lib.llama_detach_threadpool(ptr)
-            try:
-                w0, c0 = _wall(), _cpu()
-                rc = int(fn(ptr, batch))
-                if gov is not None:
-                    gov._observe(_wall() - w0, _cpu() - c0, batched)
-            finally:
-                if self._pool is pool:  # (the adaptive policy may have let it go meanwhile)
-                    lib.llama_attach_threadpool(ptr, pool._handle.ptr, pool._handle.ptr)  # type: ignore[union-attr]
-            return rc
-        lock2 = self._pool_batch._lock if self._pool_batch is not None else None
-        if lock2 is not None:
-            lock2.acquire()
+        need: list[Threadpool] = []
+        for pl in (pool, pool_b, *last):
+            if pl is not None and all(pl is not q for q in need):
+                need.append(pl)
+        if len(need) > 1:
+            need.sort(key=id)  # one order for every context: no lock-order deadlock
+        w0, c0 = _wall(), _cpu()
+        for pl in need:
+            pl._lock.acquire()
         try:
-            if gov is None:
-                return int(fn(ptr, batch))
-            w0, c0 = _wall(), _cpu()
             rc = int(fn(ptr, batch))
-            gov._observe(_wall() - w0, _cpu() - c0, batched)
-            return rc
         finally:
-            if lock2 is not None:
-                lock2.release()
-            lock.release()
+            for pl in reversed(need):
+                pl._lock.release()
+        self._last_pools = () if pool is None else (pool,) if pool_b is None else (pool, pool_b)
+        if self._unpin_later:  # pools let go of: llama.cpp's backend no longer points at them
+            for h in self._unpin_later:
+                self._pool_pins.remove(h)
+                h.unpin()
+            self._unpin_later.clear()
+        if gov is not None:
+            gov._observe(_wall() - w0, _cpu() - c0, batched)
+        return rc
 
     def attach_threadpool(self, threadpool: Threadpool, threadpool_batch: Threadpool | None = None) -> None:
         """Decode on ``threadpool`` (and ``threadpool_batch`` for multi-token batches;

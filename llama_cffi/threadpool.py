@@ -11,9 +11,10 @@ one. :class:`Threadpool` wraps one (threads, ``poll``, priority, CPU mask), for
 What a context does by default (no ``threadpool=``, ``n_threads`` not given):
 
 * it decodes on one pool shared by the process's default contexts (made on first use,
-  ``available_cores()`` threads, llama.cpp's default ``poll=50``). A context that finds
-  the shared pool busy (another thread is decoding on it) decodes that once without a
-  pool, as llama.cpp does, rather than wait;
+  ``available_cores()`` threads, llama.cpp's default ``poll=50``). Decodes on one pool
+  take turns (its lock): a pool computes one graph at a time, and a context that leaves
+  a pool (llama.cpp's CPU backend pauses the pool it leaves) holds its lock for its next
+  decode, so it never pauses a pool under another context's graph;
 * it adapts its thread count to the machine (:class:`AdaptiveThreads`). ggml's workers
   meet at a spinning barrier after every operation, so when another process holds a
   core, a decode on every core waits for a descheduled thread many times a token (on a
@@ -33,10 +34,11 @@ Pass ``n_threads=`` (or ``adaptive_threads=False``) to keep a fixed count, and
 threads in the child: contexts there decode without it (the child leaks the pool's
 memory rather than join threads that do not exist).
 
-Lifetimes: a :class:`Threadpool` stays allocated while a context uses it; ``close()``
-on it marks it closed and frees it when the last context using it is freed or
-detaches. Decodes on one pool are serialised by the pool's lock (a ggml pool computes
-one graph at a time).
+Lifetimes: a :class:`Threadpool` stays allocated while a context uses it (or may still
+point at it: until the decode after it detaches); ``close()`` on it marks it closed and
+frees it when the last such context lets go. The wait for a busy pool counts in the
+adaptive policy's measure as CPU time not had, so two default contexts decoding at once
+drop threads and leave the shared pool rather than take turns on it.
 """
 
 from __future__ import annotations
