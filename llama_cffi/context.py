@@ -536,6 +536,7 @@ class Context:
         # pools llama.cpp's CPU backend ran this context's last graph on, and pins to drop
         # after the next decode (see _compute)
         self._last_pools: tuple[Threadpool, ...] = ()
+        self._pools: tuple[Threadpool, ...] = ()  # the attached pools, as _last_pools holds them
         self._unpin_later: list[NativeHandle] = []
         t, b = int(p.c.n_threads), int(p.c.n_threads_batch)
         ptr = self._handle.ptr  # type: ignore[union-attr]
@@ -562,6 +563,8 @@ class Context:
             pool_batch = None
         lib.llama_attach_threadpool(ptr, pool._handle.ptr, (pool_batch or pool)._handle.ptr)  # type: ignore[union-attr]
         self._pool, self._pool_batch = pool, pool_batch
+        # in one order for every context (by id): locks taken in it cannot deadlock
+        self._pools = (pool,) if pool_batch is None else tuple(sorted((pool, pool_batch), key=id))
         self._pool_is_default = default
         _pool_users.add(self)
 
@@ -577,6 +580,7 @@ class Context:
                     self._pool_pins.remove(pl._handle)
                     pl._handle.unpin()
         self._pool = self._pool_batch = None
+        self._pools = ()
         self._pool_is_default = False
         _pool_users.discard(self)
 
@@ -598,7 +602,7 @@ class Context:
             lib.llama_detach_threadpool(handle.ptr)
         self._pool = self._pool_batch = None
         self._pool_is_default = self._use_default = False
-        self._last_pools = ()
+        self._last_pools = self._pools = ()
         self._unpin_later.clear()
         self._pool_pins.clear()  # the child never frees a parent's pool
 
@@ -612,21 +616,19 @@ class Context:
         context computes a graph on it (that graph's workers would sleep at its barrier
         for ever). The time includes the wait for a pool: a pool busy with another
         context's graph is CPU this decode does not get."""
-        pool, pool_b, last = self._pool, self._pool_batch, self._last_pools
+        pools, last = self._pools, self._last_pools
         gov = self._gov
-        if pool is None and not last:
+        if not pools and not last:
             if gov is None:
                 return int(fn(ptr, batch))
             w0, c0 = _wall(), _cpu()
             rc = int(fn(ptr, batch))
             gov._observe(_wall() - w0, _cpu() - c0, batched)
             return rc
-        need: list[Threadpool] = []
-        for pl in (pool, pool_b, *last):
-            if pl is not None and all(pl is not q for q in need):
-                need.append(pl)
-        if len(need) > 1:
-            need.sort(key=id)  # one order for every context: no lock-order deadlock
+        if last is pools:  # the steady case: the pools the last decode ran on
+            need = pools
+        else:
+            need = tuple(sorted({id(pl): pl for pl in (*pools, *last)}.values(), key=id))  # one lock order
         w0, c0 = _wall(), _cpu()
         for pl in need:
             pl._lock.acquire()
@@ -635,9 +637,9 @@ class Context:
         finally:
             for pl in reversed(need):
                 pl._lock.release()
-        self._last_pools = () if pool is None else (pool,) if pool_b is None else (pool, pool_b)
-        if self._unpin_later:  # pools let go of: llama.cpp's backend no longer points at them
-            for h in self._unpin_later:
+        if last is not pools:
+            self._last_pools = pools
+            for h in self._unpin_later:  # pools let go of: llama.cpp's backend no longer points at them
                 self._pool_pins.remove(h)
                 h.unpin()
             self._unpin_later.clear()
