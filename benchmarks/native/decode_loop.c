@@ -1,6 +1,8 @@
 /* Native reference for benchmarks/decode_overhead.py: the same single-token decode loop
  * as llama_cffi's Context.decode_single + logits(), written directly against llama.h.
- * It links llama_cffi's own libraries and loads the CPU variant llama_cffi chose.
+ * It links llama_cffi's own libraries and loads the CPU variant llama_cffi chose, and
+ * decodes on a ggml thread pool, as llama_cffi's contexts and llama-bench do (the pool
+ * functions come from the CPU backend's registry: the variant is loaded at run time).
  * usage: decode_loop MODEL N_STEPS N_THREADS  -> prints one line: median_us mean_us */
 #include "llama.h"
 #include "ggml-backend.h"
@@ -43,6 +45,16 @@ int main(int argc, char **argv) {
     cp.n_threads_batch = n_threads;
     struct llama_context *ctx = llama_init_from_model(model, cp);
     if (!ctx) { fprintf(stderr, "context failed\n"); return 1; }
+    typedef struct ggml_threadpool *(*tp_new_fn)(struct ggml_threadpool_params *);
+    typedef void (*tp_free_fn)(struct ggml_threadpool *);
+    ggml_backend_reg_t cpu = ggml_backend_reg_by_name("CPU");
+    tp_new_fn tp_new = cpu ? (tp_new_fn)ggml_backend_reg_get_proc_address(cpu, "ggml_threadpool_new") : NULL;
+    tp_free_fn tp_free = cpu ? (tp_free_fn)ggml_backend_reg_get_proc_address(cpu, "ggml_threadpool_free") : NULL;
+    if (!tp_new || !tp_free) { fprintf(stderr, "no thread pool functions in the CPU backend\n"); return 1; }
+    struct ggml_threadpool_params tpp = ggml_threadpool_params_default(n_threads);
+    struct ggml_threadpool *pool = tp_new(&tpp);
+    if (!pool) { fprintf(stderr, "threadpool failed\n"); return 1; }
+    llama_attach_threadpool(ctx, pool, pool);
     llama_token tok = llama_vocab_bos(vocab) >= 0 ? llama_vocab_bos(vocab) : 0;
     llama_pos pos = 0;
     llama_seq_id seq = 0, *seqs = &seq;
@@ -65,6 +77,7 @@ int main(int argc, char **argv) {
     qsort(dt, n_steps, sizeof(double), cmp);
     printf("%.3f %.3f\n", dt[n_steps / 2], sum / n_steps);
     llama_free(ctx);
+    tp_free(pool);
     llama_model_free(model);
     return 0;
 }
