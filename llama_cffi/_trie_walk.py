@@ -45,6 +45,7 @@ __all__ = [
     "PEND_TRANS",
     "TRANS_UNKNOWN",
     "RunScan",
+    "SharedScan",
     "Trie",
     "TrieGrammar",
     "mask_logits",
@@ -164,6 +165,45 @@ class RunScan:
         self.on = on
         #: the subtrees a skipping scan kept for derivations took whole: (node, level) pairs
         self.absorbed: I32 | None = None
+
+
+class SharedScan:
+    """A full-length :class:`RunScan` in terms no grammar's classes enter, so that every
+    grammar whose run holds the same code points (JSON string content, ``[a-z]``) can
+    take it (:meth:`TrieGrammar.shared`, :meth:`TrieGrammar.unshare`): a scan depends
+    only on which of the vocabulary's code points its run holds, and on ``k``. ``nodes``
+    is the frontier (the root's children apart, as in :class:`RunScan`) with each
+    node's parent depth in ``depths``; ``mask``, ``pt_tokens`` and ``pt_depth`` are as in
+    :class:`RunScan`; ``on`` and ``absorbed`` (both or neither) are what a derivation of a
+    shorter length reads (with them, the nodes at each level on the run's paths are the
+    ``on`` ones and those below an ``absorbed`` one: the same nodes whichever class
+    partition made the scan). Read-only: the arrays may be views of a memory-mapped
+    cache file."""
+
+    __slots__ = ("absorbed", "depths", "k", "mask", "nodes", "on", "pt_depth", "pt_tokens")
+
+    def __init__(
+        self,
+        k: int,
+        mask: U32,
+        nodes: I32,
+        depths: I32,
+        pt_tokens: I32,
+        pt_depth: I32,
+        on: npt.NDArray[np.uint8] | None = None,
+        absorbed: I32 | None = None,
+    ) -> None:
+        if (on is None) != (absorbed is None):
+            raise ValueError("on and absorbed come together")
+        if len(nodes) != len(depths) or len(pt_tokens) != len(pt_depth):
+            raise ValueError("nodes and depths, pt_tokens and pt_depth must have equal lengths")
+        self.k, self.mask, self.nodes, self.depths = k, mask, nodes, depths
+        self.pt_tokens, self.pt_depth, self.on, self.absorbed = pt_tokens, pt_depth, on, absorbed
+
+    @property
+    def keeps_paths(self) -> bool:
+        """Whether shorter lengths can be derived from it (``on`` and ``absorbed``)."""
+        return self.on is not None
 
 
 class _ScanOut:
@@ -764,6 +804,52 @@ class TrieGrammar:
         got = out.result(rc, on)
         if absorbed is not None:
             got.absorbed = absorbed[: 2 * n_abs[0]].copy()
+        return got
+
+    def shared(self, scan: RunScan) -> SharedScan:
+        """``scan`` (made for this grammar) as a :class:`SharedScan`: its frontier with
+        each node's parent depth instead of this grammar's groups."""
+        nc = self.n_classes
+        if len(scan.group_start) != (scan.k + 1) * nc + 1:
+            raise ValueError("the scan was made for another grammar")
+        bounds = scan.group_start[np.arange(scan.k + 2, dtype=np.int64) * nc].astype(np.int64)
+        depths = np.repeat(np.arange(scan.k + 1, dtype=np.int32), np.diff(bounds))
+        if len(depths) != len(scan.frontier):
+            raise ValueError("the scan's groups do not cover its frontier")
+        return SharedScan(
+            scan.k, scan.mask, scan.frontier, depths, scan.pt_tokens, scan.pt_depth, scan.on, scan.absorbed
+        )
+
+    def unshare(self, sh: SharedScan, run: U64) -> RunScan:
+        """The :class:`RunScan` of ``run`` (``W`` words; its code points must be those
+        ``sh`` was made for) from ``sh``: the frontier grouped by parent depth and this
+        grammar's class of each node (``llama_cffi_trie_group``). Shares ``sh``'s
+        read-only arrays."""
+        trie = self.trie
+        run = np.array(run, dtype=np.uint64)  # a copy: the scan keeps it
+        if run.shape != (self.W,):
+            raise ValueError(f"run must be {self.W} uint64 words")
+        if not 0 <= sh.k <= trie.max_depth + 1:
+            raise ValueError(f"k must lie in [0, {trie.max_depth + 1}], not {sh.k}")
+        if sh.mask.shape != (trie.n_words,) or sh.mask.dtype != np.uint32:
+            raise ValueError(f"the shared mask must be {trie.n_words} uint32 words")
+        nodes = _i32("nodes", sh.nodes)
+        depths = _i32("depths", sh.depths, len(nodes))
+        frontier = np.empty(len(nodes), dtype=np.int32)
+        group_start = np.empty((sh.k + 1) * self.n_classes + 1, dtype=np.int32)
+        rc = lib.llama_cffi_trie_group(
+            trie._struct,
+            self._g,
+            ffi.from_buffer("int32_t[]", nodes),
+            ffi.from_buffer("int32_t[]", depths),
+            len(nodes),
+            sh.k,
+            ffi.from_buffer("int32_t[]", frontier),
+            ffi.from_buffer("int32_t[]", group_start),
+        )
+        _check_rc(rc, "trie group")
+        got = RunScan(sh.k, sh.mask, frontier, group_start, sh.pt_tokens, sh.pt_depth, run, sh.on)
+        got.absorbed = sh.absorbed
         return got
 
     def run_derive(self, base: RunScan, k: int) -> RunScan:

@@ -175,6 +175,82 @@ def test_random_vocabularies(data: st.DataObject, derive: str, monkeypatch: pyte
             assert sorted(fast.pt_tokens.tolist()) == sorted(plain.pt_tokens.tolist()), k
 
 
+def _same_scan(a: Any, b: Any, label: str) -> None:
+    """Two run scans of one grammar hold the same tokens, partial tokens and groups (the
+    nodes within a group in any order)."""
+    assert a.k == b.k, label
+    assert np.array_equal(a.mask, b.mask), label
+    assert np.array_equal(a.group_start, b.group_start), label
+    for g in range(len(a.group_start) - 1):
+        lo, hi = a.group_start[g], a.group_start[g + 1]
+        assert sorted(a.frontier[lo:hi].tolist()) == sorted(b.frontier[lo:hi].tolist()), (label, g)
+    assert sorted(zip(a.pt_tokens.tolist(), a.pt_depth.tolist(), strict=True)) == sorted(
+        zip(b.pt_tokens.tolist(), b.pt_depth.tolist(), strict=True)
+    ), label
+
+
+#: character classes for the shared-scan test (none holds "<" or ">", which open and close
+#: the run), and classes that split them differently in a second grammar
+_RUN_SETS = ["[a-z0-9 ]", '[^"\\\\<>]', "[a-eé日Ж0-9]", "[^<>]", "[ -;=?-~]"]
+_SPLITS = ["[b-d]", "[0-1]", "[éa]", "[\\u0400-\\u04FF]", '["\\\\]', "[ -/]", "[z]"]
+
+
+@settings(max_examples=budget(60), deadline=None)
+@given(data=st.data())
+def test_shared_scans_serve_grammars_with_other_classes(data: st.DataObject) -> None:
+    """A run's scan depends only on which of the vocabulary's code points the run holds:
+    grammar A's scan, shared (``TrieGrammar.shared``) and regrouped for grammar B, whose
+    classes split the same characters differently (``unshare``), equals B's own scan, at
+    full length and at every shorter length derived from it; B compiled after A on the
+    same index takes A's scan from the vocabulary (a hit), and its masks equal the numpy
+    walk's."""
+    rng = random.Random(data.draw(st.integers(0, 2**32 - 1), label="seed"))
+    parts = [*_PIECE_PARTS, b"<", b">", b"x", b"<a", b"b>"]
+    pieces = {b"".join(rng.choice(parts) for _ in range(rng.randint(1, 8))) for _ in range(400)}
+    pieces |= {p + rng.choice(_PARTIALS) for p in list(pieces)[:30]} | set(_PARTIALS) | set(parts)
+    index = VocabIndex(sorted(pieces))
+    run_set = data.draw(st.sampled_from(_RUN_SETS), label="run")
+    splits = data.draw(st.lists(st.sampled_from(_SPLITS), min_size=1, max_size=3, unique=True), label="splits")
+    text_a = f'root ::= "<" {run_set}* ">"\n'
+    text_b = f'root ::= "<" {run_set}* ">" | ({" | ".join(splits)}) "!"\n'
+    a = Grammar.from_gbnf(text_a).compile(index, mask_cache_size=0, kernel="c")
+    b = Grammar.from_gbnf(text_b).compile(index, mask_cache_size=0, kernel="c")
+    runs = []
+    for c in (a, b):
+        m = c.matcher()
+        assert m.accept_bytes(b"<")
+        c._run(m.state)
+        runs.append(c._run_words[m.state].copy())
+    key_a, key_b = a._cp_key(runs[0]), b._cp_key(runs[1])
+    event(f"B has more classes {b.engine.n_classes > a.engine.n_classes}")
+    assert key_a == key_b, (text_a, text_b)
+    cap = index.trie().max_depth + 1
+    own = b._tg.run_scan(runs[1], cap, keep=True)
+    got = b._tg.unshare(a._tg.shared(a._tg.run_scan(runs[0], cap, keep=True)), runs[1])
+    _same_scan(got, own, "full length")
+    for k in sorted({1, 2, 3, cap // 2, cap - 1} - {0, cap}):
+        _same_scan(b._tg.run_derive(got, k), b._tg.run_derive(own, k), f"k={k}")
+    # through the vocabulary: A's walk shares its scan, B's takes it
+    fresh_index = VocabIndex(sorted(pieces))
+    ca, na = both(Grammar.from_gbnf(text_a), fresh_index)
+    compare_walk(ca, na, rng, 6, text_a)
+    m = ca.matcher()
+    assert m.accept_bytes(b"<")
+    ca.fill_words(m.state, m.partial, np.zeros(ca.n_words, dtype=np.uint32))
+    ca.fill_words(m.state, m.partial, np.zeros(ca.n_words, dtype=np.uint32))  # the second mask makes the plan
+    assert fresh_index._shared_scan(key_a) is not None
+    cb, nb = both(Grammar.from_gbnf(text_b), fresh_index)
+    cb._tg.run_scan = None  # B must not scan the vocabulary for this run: it is shared
+    m, mn = cb.matcher(), nb.matcher()
+    assert m.accept_bytes(b"<") and mn.accept_bytes(b"<")
+    want = nb.packed(mn.state, mn.partial)
+    for _ in range(2):  # the first mask, then the one that makes the plan (and takes the scan)
+        words = np.zeros(cb.n_words, dtype=np.uint32)
+        cb.fill_words(m.state, m.partial, words)
+        assert np.array_equal(words.view(np.uint8)[: len(want)], want)
+    assert m.state in cb._plans
+
+
 def _assert_binding_is_the_reference(c: CompiledGrammar) -> None:
     """``TrieGrammar.bind`` (one C call) against its reference: the engine's classes of the
     vocabulary's code points, the trie's nodes per class, and ``TrieGrammar(...)``'s ASCII

@@ -11,7 +11,16 @@ import pytest
 
 import llama_cffi
 from samplers.grammar import Grammar
-from samplers.grammar.vocab_index import _MAGIC, _SAVED, VocabIndex, _cache_path, _load, _save
+from samplers.grammar.vocab_index import (
+    _MAGIC,
+    _PRESCAN_FIELDS,
+    _PRESCANNED,
+    _SAVED,
+    VocabIndex,
+    _cache_path,
+    _load,
+    _save,
+)
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +64,80 @@ def test_disk_cache_round_trip(vocab_model: llama_cffi.Model, tmp_path: Path, mo
     for text in ("", "{ab", "{a\\", "hello"):
         assert m1.accept_bytes(text) == m2.accept_bytes(text)
         np.testing.assert_array_equal(m1.allowed_tokens(), m2.allowed_tokens())
+
+
+def test_prescanned_string_scans(
+    vocab_model: llama_cffi.Model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The index is built with the scans of JSON string content (our converter's and
+    llama.cpp's character class) and keeps them in its cache file: loaded, they are the
+    file's read-only pages, equal to the built ones; regrouped for a grammar they equal
+    that grammar's own scan; a JSON schema's string takes one (no scan of the vocabulary)
+    and its masks equal the numpy walk's; a cache file whose prescans do not fit the trie
+    has them made again."""
+    monkeypatch.setenv("LLAMA_CFFI_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("LLAMA_CFFI_GRAMMAR_CACHE", raising=False)
+    built = _index(vocab_model)
+    loaded = _index(vocab_model)
+    assert not built.from_cache and loaded.from_cache
+    assert len(built._prescans) == len(loaded._prescans) == len(_PRESCANNED)
+    assert built._prescans.keys() == loaded._prescans.keys()
+    for key, a in built._prescans.items():
+        b = loaded._prescans[key]
+        for f in _PRESCAN_FIELDS:
+            if f == "key":
+                continue
+            x, y = getattr(a, f), getattr(b, f)
+            assert not y.flags.writeable, f
+            np.testing.assert_array_equal(x, y, err_msg=f)
+    # each prescan against a fresh scan, for a grammar whose classes split the characters
+    cap = loaded.trie().max_depth + 1
+    for char_class in _PRESCANNED:
+        text = f'root ::= "\\"" {char_class}* "\\"" | [a-c0-3] "!" | [\\u0400-\\u04FF]'
+        c = Grammar.from_gbnf(text).compile(loaded, mask_cache_size=0, kernel="c")
+        m = c.matcher()
+        assert m.accept_bytes(b'"')
+        c._run(m.state)
+        run = c._run_words[m.state]
+        sh = loaded._shared_scan(c._cp_key(run), True)
+        assert sh is not None and sh.keeps_paths, char_class
+        own = c._tg.run_scan(run, cap, keep=True)
+        got = c._tg.unshare(sh, run)
+        assert np.array_equal(got.mask, own.mask) and np.array_equal(got.group_start, own.group_start)
+        assert sorted(got.frontier.tolist()) == sorted(own.frontier.tolist())
+        assert sorted(zip(got.pt_tokens.tolist(), got.pt_depth.tolist(), strict=True)) == sorted(
+            zip(own.pt_tokens.tolist(), own.pt_depth.tolist(), strict=True)
+        )
+        for k in (1, 3, cap // 2):
+            d1, d2 = c._tg.run_derive(got, k), c._tg.run_derive(own, k)
+            assert np.array_equal(d1.mask, d2.mask) and np.array_equal(d1.group_start, d2.group_start), k
+            assert sorted(d1.frontier.tolist()) == sorted(d2.frontier.tolist()), k
+    # a schema's strings (bounded and not): no scan of the vocabulary, masks as the numpy walk's
+    schema = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string", "maxLength": 6}}}
+    g = Grammar.from_json_schema(schema)
+    c, n = g.compile(loaded, mask_cache_size=0, kernel="c"), g.compile(loaded, mask_cache_size=0, kernel="numpy")
+    own_scan = c._tg.run_scan
+
+    def short_scans_only(run: np.ndarray, k: int, keep: bool = False) -> object:
+        assert k < cap, "a full-length scan of the vocabulary: the prescan was not taken"
+        return own_scan(run, k, keep)
+
+    c._tg.run_scan = short_scans_only
+    for doc in ('{"a": "hello wo', '{"a": "x", "b": "ab'):
+        mc, mn = c.matcher(), n.matcher()
+        assert mc.accept_bytes(doc) and mn.accept_bytes(doc)
+        for _ in range(2):
+            np.testing.assert_array_equal(mc.allowed_tokens(), mn.allowed_tokens())
+    # prescans that do not fit the trie: made again when the file is loaded
+    bad = {k: v for k, v in _load(_cache_path(*vocab_model.vocab.pieces_blob(special=True))).items()}
+    bad["prescan0_on"] = bad["prescan0_on"][:-1]
+    again = VocabIndex(
+        (vocab_model.vocab.pieces_blob(special=True)[0], vocab_model.vocab.pieces_blob(special=True)[1]),
+        vocab_model.vocab.pieces_blob(special=True)[2],
+        arrays=bad,
+    )
+    assert again.from_cache and again._prescans.keys() == built._prescans.keys()
+    assert all(sh.on.flags.writeable for sh in again._prescans.values())  # made, not the file's
 
 
 def test_bad_cache_files_are_rebuilt(

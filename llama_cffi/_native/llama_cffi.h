@@ -309,6 +309,14 @@ int llama_cffi_trie_run_derive_skip(const llama_cffi_trie *t, const llama_cffi_t
                                     const int32_t *base_frontier, int32_t n_base, const int32_t *base_group_start,
                                     int32_t base_k, int32_t *frontier, int32_t frontier_cap, int32_t *n_frontier,
                                     int32_t *group_start);
+/* a scan's frontier grouped for grammar g (as llama_cffi_trie_run_scan groups it): nodes
+   (n, each < n_nodes) with their parent's depth (0 .. k) into frontier (n values) and
+   group_start ((k + 1) * n_classes + 1 values), group d * n_classes + c holding the nodes
+   of parent depth d and class c in g, in the order given. The scan itself (which nodes)
+   depends only on the run's code points: this lets grammars share it.
+   0, -1 bad data, -2 out of memory */
+int llama_cffi_trie_group(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, const int32_t *nodes,
+                          const int32_t *depths, int32_t n, int32_t k, int32_t *frontier, int32_t *group_start);
 /* the frontier of the same run for a shorter length k < base_k, from a scan of length
    base_k (its frontier, group_start and on_out): groups of depth below k copied, those of
    depth k made of the base's off-run nodes and of its on-path nodes of level k. (The

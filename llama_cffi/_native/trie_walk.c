@@ -919,6 +919,35 @@ out:
     return rc;
 }
 
+int llama_cffi_trie_group(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, const int32_t *nodes,
+                          const int32_t *depths, int32_t n, int32_t k, int32_t *frontier, int32_t *group_start) {
+    if (!t || !g || n < 0 || (n && (!nodes || !depths || !frontier)) || !group_start || k < 0 ||
+        k > t->max_depth + 1)
+        return -1;
+    const int32_t nc = g->n_classes;
+    const int64_t n_groups = (int64_t)(k + 1) * nc;
+    if (nc <= 0 || n_groups >= (int64_t)1 << 30) return -1;
+    int32_t *pairs = (int32_t *)malloc(sizeof(int32_t) * (2 * (size_t)n + 1));
+    if (!pairs) return -2;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t node = nodes[i], d = depths[i];
+        if (node < 0 || node >= t->n_nodes || d < 0 || d > k) {
+            free(pairs);
+            return -1;
+        }
+        int32_t c = node_cls(t, g, node);
+        if (c < 0 || c >= nc) {
+            free(pairs);
+            return -1;
+        }
+        pairs[2 * (size_t)i] = node;
+        pairs[2 * (size_t)i + 1] = d * nc + c;
+    }
+    group_sort(pairs, n, n_groups, frontier, group_start);
+    free(pairs);
+    return 0;
+}
+
 int32_t llama_cffi_mask_logits(int32_t n, float *logits, const int32_t *ids, const uint32_t *words, int32_t n_vocab) {
     if (n < 0 || (n && (!logits || !words)) || n_vocab < 0 || (!ids && n > n_vocab)) return -1;
     int32_t banned = 0;

@@ -1119,16 +1119,49 @@ class CompiledGrammar:
         got = self._run_scans.get(key)
         if got is None:
             cap = self._run_cap
-            if k == cap or (k <= _SCAN_SHORT and key[0] not in self._run_bases):
+            if k == cap:
+                got = self._full_scan(run, keep=False)
+            elif k <= _SCAN_SHORT and key[0] not in self._run_bases:
                 got = self._tg.run_scan(run, k)  # subtrees wholly of the run set at once
             else:  # derived from the full-length scan that kept its paths (made once per run)
                 base = self._run_bases.get(key[0])
                 if base is None:
-                    base = self._run_bases[key[0]] = self._tg.run_scan(run, cap, keep=True)
+                    base = self._run_bases[key[0]] = self._full_scan(run, keep=True)
                     self._run_scans.setdefault((key[0], cap), base)
                 got = self._tg.run_derive(base, k)
             self._run_scans[key] = got
         return got
+
+    def _full_scan(self, run: npt.NDArray[np.uint64], keep: bool) -> Any:
+        """The full-length scan of ``run`` (with its paths when ``keep``): the vocabulary's
+        shared one for the same code points when it has one (made by another grammar,
+        or when the index was built: JSON string content), else scanned here and shared."""
+        v = self.vocab
+        ck = self._cp_key(run)
+        sh = v._shared_scan(ck, keep)
+        if sh is not None:
+            return self._tg.unshare(sh, run)
+        got = self._tg.run_scan(run, self._run_cap, keep=keep)
+        v._share_scan(ck, self._tg.shared(got))
+        return got
+
+    def _start_run_scan(self) -> tuple[bytes, Any]:
+        """The full-length scan, with its paths, of the start state's run, shared
+        (``SharedScan``) with its code-point key: what ``VocabIndex`` prescans (for a
+        grammar ``root ::= [...]*``, the run is that character class)."""
+        start = self.engine.start
+        self._run(start)
+        run = self._run_words[start]
+        return self._cp_key(run), self._tg.shared(self._tg.run_scan(run, self._run_cap, keep=True))
+
+    def _cp_key(self, run: npt.NDArray[np.uint64]) -> bytes:
+        """Which of the vocabulary's code points the classes of ``run`` hold (one bit per
+        distinct code point, and the partial-character bit): a scan depends on nothing
+        else, so grammars with different classes share it by this key."""
+        nc = self.engine.n_classes
+        bits = np.unpackbits(run.view(np.uint8), bitorder="little")
+        member = bits[:nc][self._cls_of_cp]
+        return np.packbits(member, bitorder="little").tobytes() + bytes([int(bits[nc])])
 
     def _grow_pchars(self, n: int) -> None:
         """The partial-character tables the C walk reads (and, with the engine, writes) made

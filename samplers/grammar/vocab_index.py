@@ -27,7 +27,9 @@ import json
 import mmap
 import os
 import tempfile
+import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,7 +44,7 @@ from .engine import NO_PARTIAL, decode_utf8
 I64 = npt.NDArray[np.int64]
 
 #: Bump when the arrays or how they are built change: old cache files are then ignored.
-_FORMAT = 4
+_FORMAT = 5
 _MAGIC = b"LLAMA_CFFI_VOCAB\n"
 _ALIGN = 64
 
@@ -76,6 +78,31 @@ _SAVED: dict[str, str] = {
     "below_flags": "u1",
     "cp_nodes": "<i4",
 }
+
+#: Code-point sets whose full-length run scans (see ``llama_cffi._trie_walk.SharedScan``)
+#: are made when an index is built and kept in its cache file, so that a grammar's first
+#: string in a new process does not scan the vocabulary (0.4-0.9 ms at 262,144 tokens):
+#: JSON string content as our converter writes it, and as llama.cpp's grammars write it
+#: (``json.gbnf``, ``json-schema-to-grammar``). Part of the cache file's key.
+_PRESCANNED: tuple[str, ...] = (
+    "[ !#-\\[\\]-\\uD7FF\\uE000-\\U0010FFFF]",
+    '[^"\\\\\\x7F\\x00-\\x1F]',
+)
+#: A prescanned scan's arrays in the cache file (``prescan<i>_<field>``): field -> dtype.
+_PRESCAN_FIELDS: dict[str, str] = {
+    "key": "u1",
+    "mask": "<u4",
+    "nodes": "<i4",
+    "depths": "<i4",
+    "pt_tokens": "<i4",
+    "pt_depth": "<i4",
+    "on": "u1",
+    "absorbed": "<i4",
+}
+#: Run scans a vocabulary keeps for its grammars to share (least recently used dropped;
+#: the prescanned ones besides): each a mask (n_vocab / 8 bytes) and, with its paths, a
+#: byte per trie node.
+_SHARED_SCANS = 32
 
 
 class VocabIndex:
@@ -132,6 +159,12 @@ class VocabIndex:
         if not self.from_cache:
             self._build(eog_flags)
         self._derive()
+        self._scan_lock = threading.Lock()
+        self._scans: OrderedDict[bytes, Any] = OrderedDict()  # shared run scans, by code points
+        self._prescans: dict[bytes, Any] = {}  # the prescanned ones (never dropped)
+        self._prescan_arrays: dict[str, npt.NDArray[Any]] = {}  # and their arrays, as saved
+        if self.from_cache and arrays is not None:
+            self._adopt_prescans(arrays)
 
     # ------------------------------------------------------------------ pieces
     def piece(self, token: int) -> bytes:
@@ -393,7 +426,109 @@ class VocabIndex:
 
     def arrays(self) -> dict[str, npt.NDArray[Any]]:
         """The arrays a cache file holds."""
-        return {k: np.asarray(getattr(self, k), dtype=dt) for k, dt in _SAVED.items()}
+        out = {k: np.asarray(getattr(self, k), dtype=dt) for k, dt in _SAVED.items()}
+        out.update(self._prescan_arrays)
+        return out
+
+    # ------------------------------------------------------------------ shared run scans
+    def _shared_scan(self, key: bytes, paths: bool = False) -> Any:
+        """The full-length run scan (``llama_cffi._trie_walk.SharedScan``) a grammar made,
+        or the index was built with, for the code points ``key`` names (see
+        ``CompiledGrammar._cp_key``); with ``paths``, only one that keeps its paths. None
+        when there is none."""
+        with self._scan_lock:
+            sh = self._prescans.get(key)
+            if sh is None:
+                sh = self._scans.get(key)
+                if sh is not None:
+                    self._scans.move_to_end(key)
+        if sh is None or (paths and not sh.keeps_paths):
+            return None
+        return sh
+
+    def _share_scan(self, key: bytes, sh: Any) -> None:
+        """Keep ``sh`` (a ``SharedScan`` made for the code points ``key`` names) for the
+        vocabulary's other grammars; one that keeps its paths is not replaced by one that
+        does not. At most :data:`_SHARED_SCANS` are kept, the least recently used dropped."""
+        with self._scan_lock:
+            if key in self._prescans:
+                return
+            old = self._scans.get(key)
+            if old is not None and old.keeps_paths and not sh.keeps_paths:
+                return
+            self._scans[key] = sh
+            self._scans.move_to_end(key)
+            while len(self._scans) > _SHARED_SCANS:
+                self._scans.popitem(last=False)
+
+    def _prescan(self) -> None:
+        """Make the scans of :data:`_PRESCANNED` (with their paths) and keep them, and their
+        arrays for the cache file."""
+        from .grammar import Grammar
+
+        for i, char_class in enumerate(_PRESCANNED):
+            c = Grammar.from_gbnf(f"root ::= {char_class}*").compile(self, mask_cache_size=0, kernel="c")
+            key, sh = c._start_run_scan()
+            self._prescans[key] = sh
+            fields = {
+                "key": np.frombuffer(key, dtype=np.uint8),
+                "mask": sh.mask,
+                "nodes": sh.nodes,
+                "depths": sh.depths,
+                "pt_tokens": sh.pt_tokens,
+                "pt_depth": sh.pt_depth,
+                "on": sh.on,
+                "absorbed": sh.absorbed,
+            }
+            for f, dt in _PRESCAN_FIELDS.items():
+                self._prescan_arrays[f"prescan{i}_{f}"] = np.ascontiguousarray(fields[f], dtype=dt)
+
+    def _adopt_prescans(self, arrays: dict[str, npt.NDArray[Any]]) -> None:
+        """Take the prescanned scans of a cache file (read-only views of its pages) when
+        every one is there and fits the trie; otherwise make them. (What C reads of them
+        is bounds-checked there too.)"""
+        from llama_cffi._trie_walk import SharedScan
+
+        n_nodes, n_words = len(self.parent), (self.n_vocab + 31) // 32
+        key_len = (len(self.uniq_cps) + 7) // 8 + 1
+        k = len(self.level_base)  # max_depth + 1: a full-length scan
+        got: dict[bytes, Any] = {}
+        saved: dict[str, npt.NDArray[Any]] = {}
+        for i in range(len(_PRESCANNED)):
+            a = {f: x for f in _PRESCAN_FIELDS if (x := arrays.get(f"prescan{i}_{f}")) is not None}
+            if len(a) != len(_PRESCAN_FIELDS) or any(
+                x.dtype != np.dtype(_PRESCAN_FIELDS[f]) or x.ndim != 1 for f, x in a.items()
+            ):
+                break
+            ok = (
+                len(a["key"]) == key_len
+                and len(a["mask"]) == n_words
+                and len(a["nodes"]) == len(a["depths"])
+                and len(a["pt_tokens"]) == len(a["pt_depth"])
+                and len(a["on"]) == n_nodes + 1
+                and len(a["absorbed"]) % 2 == 0
+                and _within(a["nodes"], 0, n_nodes - 1)
+                and _within(a["depths"], 0, k)
+                and _within(a["pt_tokens"], 0, self.n_vocab - 1)
+                and _within(a["pt_depth"], 0, k)
+            )
+            if not ok:
+                break
+            got[a["key"].tobytes()] = SharedScan(
+                k,
+                a["mask"],
+                a["nodes"],
+                a["depths"],
+                a["pt_tokens"],
+                a["pt_depth"],
+                a["on"],
+                a["absorbed"],
+            )
+            saved.update({f"prescan{i}_{f}": x for f, x in a.items()})
+        else:
+            self._prescans, self._prescan_arrays = got, saved
+            return
+        self._prescan()
 
     # ------------------------------------------------------------------ cache
     @classmethod
@@ -425,10 +560,17 @@ class VocabIndex:
         path = _cache_path(blob, offsets, eog) if disk_cache and _disk_cache_enabled() else None
         arrays = _load(path) if path is not None and path.is_file() else None
         index = cls((blob, offsets), eog, arrays=arrays)  # built when the arrays do not fit
+        if not index._prescans:
+            index._prescan()
         if path is not None and not index.from_cache:
             _save(path, index.arrays())
         index.trie()  # the C walks' view of it, made now rather than inside a first compile
         return index
+
+
+def _within(a: npt.NDArray[Any], lo: int, hi: int) -> bool:
+    """Whether every value of ``a`` lies in ``[lo, hi]``."""
+    return not len(a) or (int(a.min()) >= lo and int(a.max()) <= hi)
 
 
 def _has_pt(term: npt.NDArray[Any], partial_tokens: npt.NDArray[Any], n_nodes: int) -> npt.NDArray[np.uint8]:
@@ -448,6 +590,7 @@ def _cache_path(blob: bytes, offsets: I64, eog: npt.NDArray[np.bool_]) -> Path:
 
     h = hashlib.blake2b(digest_size=20)
     h.update(f"llama_cffi grammar vocab v{_FORMAT}\n".encode())
+    h.update(json.dumps(_PRESCANNED).encode())
     h.update(blob)
     h.update(np.ascontiguousarray(offsets, dtype="<i8").tobytes())
     h.update(np.ascontiguousarray(eog, dtype=np.uint8).tobytes())
@@ -510,7 +653,7 @@ def _load(path: Path) -> dict[str, npt.NDArray[Any]] | None:
     except ValueError:
         return None
     start = -(-(len(_MAGIC) + 8 + n) // _ALIGN) * _ALIGN
-    allowed = {np.dtype(dt).str for dt in _SAVED.values()}
+    allowed = {np.dtype(dt).str for dt in (*_SAVED.values(), *_PRESCAN_FIELDS.values())}
     out: dict[str, npt.NDArray[Any]] = {}
     if not isinstance(entries, dict):
         return None
