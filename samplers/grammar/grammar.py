@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -81,7 +82,19 @@ class Grammar:
 
         max_stacks = options.pop("max_stacks", MAX_STACKS)
         max_cells = options.pop("max_cells", MAX_CELLS)
-        return cls.from_gbnf(json_schema_to_gbnf(schema, **options), max_stacks=max_stacks, max_cells=max_cells)
+        # no garbage collection while compiling: the converter and the parser make many
+        # small objects and few cycles, and in a large program a full collection that falls
+        # due meanwhile (milliseconds over every object alive) would cost more than the
+        # compile; the collection that falls due runs after it, at the next allocation,
+        # over what the compile left alive
+        paused = gc.isenabled()
+        if paused:
+            gc.disable()
+        try:
+            return cls.from_gbnf(json_schema_to_gbnf(schema, **options), max_stacks=max_stacks, max_cells=max_cells)
+        finally:
+            if paused:
+                gc.enable()
 
     @property
     def gbnf(self) -> str:

@@ -155,7 +155,7 @@ def schema_to_gbnf(
         raise ValueError(f"default_draft must be one of {sorted(DRAFT_URIS)}, not {default_draft!r}")
     data = schema_of(schema)
     try:
-        json.dumps(data, allow_nan=False)
+        text = json.dumps(data, allow_nan=False)  # (allow_nan only refuses: the text json.dumps gives)
     except (TypeError, ValueError) as e:
         raise SchemaError(f"the schema is not JSON data: {e}") from None
     if not isinstance(data, dict | bool):
@@ -211,7 +211,6 @@ def schema_to_gbnf(
     reg = reg.with_resource(base, root)
     resolver = reg.resolver(base_uri=base)
 
-    text = json.dumps(data)
     annotations = "unevaluated" in text
     dynamic = "$dynamicAnchor" in text or "$dynamicAnchor" in json.dumps(resources or {}) or registry is not None
     reason = ""

@@ -191,41 +191,61 @@ def scan(schema: Any) -> dict[str, str]:
     found: dict[str, str] = {}
     ids: list[str] = []
     refs = False
-    todo: list[tuple[Any, str, int]] = [(schema, "#", 0)]
+    # a subschema's pointer is written out only where it is reported: kept as its
+    # parent's and the step to it (see :func:`_pointer`)
+    todo: list[tuple[Any, Any, int]] = [(schema, "#", 0)]
     while todo:
-        s, ptr, depth = todo.pop()
+        s, where, depth = todo.pop()
         if not isinstance(s, dict):
             continue
         refs = refs or "$ref" in s
-        items = s.get("items")
-        if isinstance(items, list):
-            found.setdefault("items", f"{ptr}/items")
-        if isinstance(s.get("dependencies"), dict):
-            found.setdefault("dependencies", f"{ptr}/dependencies")
-        for k in ("exclusiveMinimum", "exclusiveMaximum"):
-            if isinstance(s.get(k), bool):
-                found.setdefault(k, f"{ptr}/{k}")
-        if isinstance(s.get("id"), str) and "$id" not in s:
-            ids.append(f"{ptr}/id")
-        sid = s.get("$id")
-        if isinstance(sid, str) and "#" in sid and not sid.endswith("#"):
-            found.setdefault("$id", f"{ptr}/$id")
-        if depth >= MAX_DEPTH:
+        if not _OLD_OR_ID.isdisjoint(s):
+            ptr = _pointer(where)
+            items = s.get("items")
+            if isinstance(items, list):
+                found.setdefault("items", f"{ptr}/items")
+            if isinstance(s.get("dependencies"), dict):
+                found.setdefault("dependencies", f"{ptr}/dependencies")
+            for k in ("exclusiveMinimum", "exclusiveMaximum"):
+                if isinstance(s.get(k), bool):
+                    found.setdefault(k, f"{ptr}/{k}")
+            if isinstance(s.get("id"), str) and "$id" not in s:
+                ids.append(f"{ptr}/id")
+            sid = s.get("$id")
+            if isinstance(sid, str) and "#" in sid and not sid.endswith("#"):
+                found.setdefault("$id", f"{ptr}/$id")
+        if depth >= MAX_DEPTH or _SUBSCHEMA_KEYS.isdisjoint(s):
             continue
         for k in _ONE:
             if isinstance(s.get(k), dict):
-                todo.append((s[k], f"{ptr}/{k}", depth + 1))
+                todo.append((s[k], (where, k, None), depth + 1))
         for k in _MANY:
             v = s.get(k)
             if isinstance(v, list):
-                todo.extend((x, f"{ptr}/{k}/{i}", depth + 1) for i, x in enumerate(v))
+                todo.extend((x, (where, k, i), depth + 1) for i, x in enumerate(v))
         for k in _NAMED:
             v = s.get(k)
             if isinstance(v, dict):
-                todo.extend((x, f"{ptr}/{k}/{_esc(n)}", depth + 1) for n, x in v.items())
+                todo.extend((x, (where, k, n), depth + 1) for n, x in v.items())
     if ids and refs:  # an identifier only where some $ref may resolve against it
         found["id"] = min(ids, key=len)
     return found
+
+
+#: the keywords :func:`scan` reports (or reads to decide whether to report them)
+_OLD_OR_ID = frozenset({"items", "dependencies", "exclusiveMinimum", "exclusiveMaximum", "id", "$id"})
+#: the keywords :func:`scan` finds subschemas under
+_SUBSCHEMA_KEYS = frozenset(_ONE + _MANY + _NAMED)
+
+
+def _pointer(where: Any) -> str:
+    """The JSON pointer of a place :func:`scan` keeps: ``"#"``, or (its parent's place,
+    the keyword, and None, an index in an array or a name in an object)."""
+    steps = []
+    while not isinstance(where, str):
+        where, k, sub = where
+        steps.append(f"/{k}" if sub is None else f"/{k}/{sub}" if isinstance(sub, int) else f"/{k}/{_esc(sub)}")
+    return where + "".join(reversed(steps))
 
 
 def _esc(name: Any) -> str:

@@ -216,6 +216,8 @@ class Const:
 Atom = Null | Bool | Num | Str | Arr | Obj | Const
 ANY: tuple[Atom, ...] = (Null(), Bool(), Num(), Str(), Arr(), Obj())
 TYPE_ATOM = {a.type: a for a in ANY}
+#: the atoms of every value but objects
+_NON_OBJECT: tuple[Atom, ...] = tuple(a for a in ANY if a.type != "object")
 
 
 def canon(value: Any) -> str:
@@ -323,7 +325,10 @@ class Lowering:
                 f"JSON schema error at {ptr}: a schema must be an object or a boolean, not {schema!r:.60}"
             )
         try:
-            sub = resolver.in_subresource(self.specification.create_resource(schema)) if enter else resolver
+            if not enter or self.specification.id_of(schema) is None:
+                sub = resolver  # what in_subresource gives a schema without an identifier
+            else:
+                sub = resolver.in_subresource(self.specification.create_resource(schema))
         except Exception as e:
             # an identifier referencing cannot read (draft 4's id given an object: a property
             # written where a keyword goes): the schema stays in its parent's scope
@@ -1055,8 +1060,10 @@ class Lowering:
                     reqs[k] = v
                 else:
                     schemas[k] = ("dependencies", v)
-        out = []
-        non_obj = tuple(a for a in ANY if a.type != "object")
+        out: list[tuple[Atom, ...]] = []
+        if not reqs and not schemas:
+            return out
+        non_obj = _NON_OBJECT
         for k, names in reqs.items():
             out.append((*non_obj, Obj(forbidden=frozenset({k})), Obj(required=frozenset({k, *names}))))
         for k, (kw, v) in schemas.items():
@@ -1068,7 +1075,7 @@ class Lowering:
     def _local(self, s: dict[str, Any], sub: Callable[..., Node], ptr: str, draft: str) -> tuple[Atom, ...]:
         """The atoms of the keywords that constrain one type each (and type/enum/const)."""
         kw = _DRAFT_KEYWORDS[draft]
-        atoms = {t: a for t, a in TYPE_ATOM.items()}
+        atoms = dict(TYPE_ATOM)
         integer_only = False
         if "type" in s:
             ts = s["type"] if isinstance(s["type"], list) else [s["type"]]
@@ -1108,6 +1115,9 @@ class Lowering:
         return out
 
     def _number(self, s: dict[str, Any], draft: str, ptr: str) -> NumberSpec:
+        if _NUMBER_KEYWORDS.isdisjoint(s):  # no bound nor divisor
+            return NumberSpec()
+
         def num(key: str) -> Fraction | None:
             v = s.get(key)
             if isinstance(v, bool) or not isinstance(v, int | float):
@@ -1287,6 +1297,10 @@ def _pattern_dfa(pattern: str) -> Any:
         return from_regex(anchored(parse(pattern)))
     except (ValueError, OverflowError):
         return None
+
+
+#: the keywords :meth:`Lowering._number` reads
+_NUMBER_KEYWORDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
 
 
 def _type_counts(atoms: tuple[Atom, ...]) -> dict[str, int]:

@@ -3,6 +3,7 @@ and character classes."""
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -87,6 +88,14 @@ FIXED_NAMES = frozenset(
 )
 
 
+@functools.lru_cache(maxsize=4096)
+def _base_name(hint: str) -> str:
+    """The rule name a hint gives (before any number that makes it unique): runs of
+    characters other than letters, digits and ``-`` as one ``-``, lower case, at most 40
+    characters (``r`` when nothing is left)."""
+    return _NAME_RE.sub("-", hint).strip("-").lower()[:40] or "r"
+
+
 class RuleSet:
     """Rules by name. :meth:`add` returns the name of a rule with the given body,
     reusing an existing rule with the same body; :meth:`reserve` / :meth:`define` name a
@@ -102,7 +111,7 @@ class RuleSet:
         self._next: dict[str, int] = {}
 
     def fresh(self, hint: str) -> str:
-        base = _NAME_RE.sub("-", hint).strip("-").lower()[:40] or "r"
+        base = _base_name(hint)
         name = base
         if name in self._taken:
             k = self._next.get(base, 1)
@@ -169,42 +178,50 @@ def automaton(rs: RuleSet, prefix: str, start: State, step: Step, accept: Any = 
                 todo.append(nxt)
                 if len(edges) + len(todo) > rs.max_rules:
                     raise TooLarge(f"an automaton of over {rs.max_rules} states")
+    # the states by number (in the order met), each transition's target a number (-1:
+    # accept): the passes below index lists instead of hashing states again
+    number = {s: i for i, s in enumerate(edges)}
+    targets = [[(item, -1 if nxt == accept else number[nxt]) for item, nxt in out] for out in edges.values()]
     # the states that can accept: backwards from the accepting transitions
-    back: dict[State, list[State]] = {}
-    live: set[State] = set()
-    todo = []
-    for s, out in edges.items():
-        for _, nxt in out:
-            if nxt == accept:
-                if s not in live:
-                    live.add(s)
-                    todo.append(s)
+    back: list[list[int]] = [[] for _ in targets]
+    live = [False] * len(targets)
+    todo_live: list[int] = []
+    for i, out in enumerate(targets):
+        for _, t in out:
+            if t < 0:
+                if not live[i]:
+                    live[i] = True
+                    todo_live.append(i)
             else:
-                back.setdefault(nxt, []).append(s)
-    while todo:
-        for prev in back.get(todo.pop(), ()):
-            if prev not in live:
-                live.add(prev)
-                todo.append(prev)
-    if start not in live:
+                back[t].append(i)
+    while todo_live:
+        for prev in back[todo_live.pop()]:
+            if not live[prev]:
+                live[prev] = True
+                todo_live.append(prev)
+    if not live[0]:  # the start state
         return None
-    names = {s: rs.fresh(f"{prefix}-{_label(s)}") for s in edges if s in live}
-    for s, name in names.items():
+    names = [rs.fresh(f"{prefix}-{_label(s)}") if live[i] else "" for i, s in enumerate(edges)]
+    for i, out in enumerate(targets):
+        if not live[i]:
+            continue
         body = []
-        for item, nxt in edges[s]:
-            if nxt == accept:
+        for item, t in out:
+            if t < 0:
                 body.append(item or '""')
-            elif nxt in live:
-                body.append(f"{item} {names[nxt]}".strip())
-        rs.define(name, " | ".join(dict.fromkeys(body)))
-    return names[start]
+            elif live[t]:
+                body.append(f"{item} {names[t]}".strip())
+        rs.define(names[i], " | ".join(dict.fromkeys(body)))
+    return names[0]
 
 
 def _label(state: State) -> str:
     if isinstance(state, tuple):
-        return "-".join(_label(x) for x in state)
-    if isinstance(state, bool):
-        return "f" if state else "n"
+        return "-".join([_label(x) for x in state])
+    if state is True:
+        return "f"
+    if state is False:
+        return "n"
     return str(state)
 
 

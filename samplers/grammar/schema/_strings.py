@@ -169,10 +169,14 @@ def json_char(rs: RuleSet, ivs: Intervals) -> str:
 
 
 ANY_CHAR: Intervals = ((0, MAX_CP),)
+#: text :func:`string_literal` writes as it is: printable ASCII but ``"``, ``\\`` and ``/``
+_PLAIN_TEXT = re.compile(r"[ !#-.0-\[\]-~]+")
 
 
 def string_literal(rs: RuleSet, value: str) -> str:
     """A GBNF sequence for the JSON string whose value is ``value`` (quotes included)."""
+    if _PLAIN_TEXT.fullmatch(value):  # printable ASCII, nothing to escape: one literal
+        return f'"\\"" "{value}" "\\""'
     parts: list[str] = []
     plain = ""
     for c in value:
