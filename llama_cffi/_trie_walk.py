@@ -77,12 +77,19 @@ def _i32(name: str, a: npt.ArrayLike, n: int | None = None) -> I32:
     return arr
 
 
+_U32 = np.dtype(np.uint32)
+
+
 def _words(name: str, a: Any, n: int) -> U32:
-    if not isinstance(a, np.ndarray) or a.dtype != np.uint32 or a.ndim != 1 or not a.flags.c_contiguous:
+    # (once per mask: a dtype compared with a dtype, not with np.uint32, and one flags object)
+    if not isinstance(a, np.ndarray) or a.dtype != _U32 or a.ndim != 1:
+        raise TypeError(f"{name} must be a 1-D C-contiguous uint32 ndarray")
+    flags = a.flags
+    if not flags.c_contiguous:
         raise TypeError(f"{name} must be a 1-D C-contiguous uint32 ndarray")
     if len(a) < n:
         raise ValueError(f"{name} has {len(a)} words, {n} needed")
-    if not a.flags.writeable:
+    if not flags.writeable:
         raise ValueError(f"{name} is read-only")
     return a
 
@@ -1025,6 +1032,10 @@ class TrieGrammar:
         ]
         p.depth_states, p.frontier, p.group_start, p.base, p.extra, p.run = keep
         p.start, p.k, p.n_frontier, p.n_extra = int(start), scan.k, len(scan.frontier), len(ex)
+        # the groups that hold nodes, listed once: a walk then skips the empty ones at once
+        live = np.empty(len(scan.group_start) - 1, dtype=np.int32)
+        keep.append(ffi.from_buffer("int32_t[]", live))
+        _check_rc(lib.llama_cffi_trie_plan_groups(self.trie._struct, self._g, p, keep[-1], len(live)), "plan groups")
         return (p, keep, ds, ex, scan, self)
 
     def mask(self, plan: Any, out: U32) -> tuple[I32, bool]:

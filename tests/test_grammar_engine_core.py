@@ -286,6 +286,14 @@ def test_c_core_refuses_bad_arguments() -> None:
     assert lib.llama_cffi_gengine_n_stacks(h, 10**6) == -4
     assert lib.llama_cffi_gengine_fill_row(h, 10**6) == -4
     assert lib.llama_cffi_gengine_complete(h, -1) == -4
+    out = np.zeros(4, dtype=np.uint8)
+    u8 = ffi.from_buffer("uint8_t[]", out)
+    n = lib.llama_cffi_gengine_n_states(h)
+    assert lib.llama_cffi_gengine_completes(h, -1, 1, u8) == -4
+    assert lib.llama_cffi_gengine_completes(h, 0, n + 1, u8) == -4
+    assert lib.llama_cffi_gengine_completes(h, 0, 1, ffi.NULL) == -4
+    assert lib.llama_cffi_gengine_completes(h, 0, min(n, 4), u8) == 0
+    assert out[: min(n, 4)].tolist() == [int(lib.llama_cffi_gengine_complete(h, s) > 0) for s in range(min(n, 4))]
     lens = np.array([1], dtype=np.int32)
     flat = np.array([10**6], dtype=np.int32)
     i32 = lambda a: ffi.cast("int32_t *", a.ctypes.data)  # noqa: E731

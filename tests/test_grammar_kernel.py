@@ -682,6 +682,16 @@ def test_bad_arrays_raise_not_crash() -> None:
     attempt("cls", bad_cls)
     attempt("bind", lambda: t.nodes_per_class(np.full(len(c._cls_of_cp), 10**6, np.int32), c.engine.n_classes))
     attempt("ascii_cls", lambda: TrieGrammar(t, c._cls_of_cp, c.engine.n_classes, np.full(128, 10**6, np.int32), na))
+    # a shared scan regrouped: nodes and depths out of range
+    from llama_cffi._trie_walk import SharedScan
+    sc = c._tg.run_scan(c._run_words[c.engine.start], 2)
+    sh = c._tg.shared(sc)
+    for label, nodes, depths in (("shared node", [10**6], [0]), ("shared depth", [0], [99]), ("neg depth", [0], [-1])):
+        bad_sh = SharedScan(2, sh.mask, np.array(nodes, np.int32), np.array(depths, np.int32),
+                            sh.pt_tokens, sh.pt_depth)
+        attempt(label, lambda s_=bad_sh: c._tg.unshare(s_, sc.run))
+    attempt("shared mask", lambda: c._tg.unshare(SharedScan(2, np.zeros(9, np.uint32), sh.nodes, sh.depths,
+                                                             sh.pt_tokens, sh.pt_depth), sc.run))
     attempt("short cls", lambda: TrieGrammar(t, c._cls_of_cp[:1], c.engine.n_classes, ac, na).walk(
         np.zeros(t.n_words, np.uint32), c.engine.start, np.array([t.n_nodes], np.int32)))
     print("alive")
@@ -702,6 +712,10 @@ def test_bad_arrays_raise_not_crash() -> None:
         "cls",
         "bind",
         "ascii_cls",
+        "shared node",
+        "shared depth",
+        "neg depth",
+        "shared mask",
     ):
         assert f"{label} raised ValueError" in lines, (label, r.stdout)
 

@@ -722,6 +722,15 @@ int32_t llama_cffi_gengine_sync(llama_cffi_gengine *e, int32_t *table, int32_t n
     return copied;
 }
 
+int32_t llama_cffi_gengine_completes(const llama_cffi_gengine *e, int32_t first, int32_t n, uint8_t *out) {
+    if (!e || first < 0 || n < 0 || (int64_t)first + n > e->st_off.n || (n && !out)) return -4;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t st = first + i;
+        out[i] = e->st_len.v[st] > 0 && e->st_pool.v[e->st_off.v[st]] == 0;
+    }
+    return 0;
+}
+
 int32_t llama_cffi_gengine_run(llama_cffi_gengine *e, int32_t state, const double *class_weight, int32_t cap,
                                int32_t max_run_stacks, int32_t *chain, uint64_t *run_words, int32_t W) {
     if (!e || !check_state(e, state) || !class_weight || cap < 0 || !chain || !run_words ||

@@ -353,7 +353,18 @@ typedef struct {
     const uint32_t *base;        /* ceil(n_vocab / 32) words */
     const int32_t *extra;        /* tokens set besides the walk's */
     int32_t n_extra;
+    /* the groups (d * n_classes + c) the walk enters, increasing: those with frontier nodes
+       and, at depth 0, the classes off the run (every class when k = 0) with root children
+       (llama_cffi_trie_plan_groups); NULL: the walk tries all (k + 1) * n_classes */
+    const int32_t *live_groups;
+    int32_t n_live_groups;
 } llama_cffi_trie_plan;
+/* p's live groups (see llama_cffi_trie_plan) written into buf (cap values, at least
+   (k + 1) * n_classes) and p->live_groups / n_live_groups set to them: a walk from a deep
+   run (k + 1 = 33 depths of tens of classes) then enters only the few groups that hold
+   nodes. 0, -1 bad data */
+int llama_cffi_trie_plan_groups(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, llama_cffi_trie_plan *p,
+                                int32_t *buf, int32_t cap);
 int llama_cffi_trie_mask(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, const llama_cffi_trie_plan *p,
                          uint32_t *mask, int32_t *pending, int32_t pending_cap, int32_t *n_pending, int32_t *frames,
                          int32_t frames_cap);
@@ -464,6 +475,9 @@ int llama_cffi_gengine_fill(llama_cffi_gengine *e, int64_t n, const int32_t *sta
    empty) into complete; returns the rows copied */
 int32_t llama_cffi_gengine_sync(llama_cffi_gengine *e, int32_t *table, int32_t n_rows, uint8_t *complete,
                                 int32_t first, int32_t n_complete);
+/* whether each of the states first .. first + n - 1 is complete, into out (n bytes);
+   0, -4 bad arguments */
+int32_t llama_cffi_gengine_completes(const llama_cffi_gengine *e, int32_t first, int32_t n, uint8_t *out);
 /* the run of state (see samplers.grammar.compiled.CompiledGrammar._run): the classes that
    lead it to the successor whose classes weigh most (class_weight per class; the state
    itself on a tie, then the lowest id) as bits of run_words (W = n_classes / 64 + 1

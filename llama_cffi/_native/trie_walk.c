@@ -436,10 +436,48 @@ static int descend(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, i
     return 0;
 }
 
+static int walk(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, const int32_t *nodes,
+                const int32_t *states, int32_t n, const int32_t *group_start, const int32_t *depth_states,
+                const uint64_t *run, int32_t k, int32_t start, const int32_t *live, int32_t n_live, uint32_t *mask,
+                int32_t *pending, int32_t pending_cap, int32_t *n_pending, int32_t *frames, int32_t frames_cap);
+
 int llama_cffi_trie_walk(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, const int32_t *nodes,
                          const int32_t *states, int32_t n, const int32_t *group_start, const int32_t *depth_states,
                          const uint64_t *run, int32_t k, int32_t start, uint32_t *mask, int32_t *pending, int32_t pending_cap,
                          int32_t *n_pending, int32_t *frames, int32_t frames_cap) {
+    return walk(t, g, nodes, states, n, group_start, depth_states, run, k, start, NULL, 0, mask, pending, pending_cap,
+                n_pending, frames, frames_cap);
+}
+
+int llama_cffi_trie_plan_groups(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, llama_cffi_trie_plan *p,
+                                int32_t *buf, int32_t cap) {
+    if (!t || !g || !p || !buf || !p->group_start || !p->run || !g->root_start || p->k < 0 ||
+        p->k > t->max_depth + 1)
+        return -1;
+    const int32_t nc = g->n_classes;
+    const int64_t n_groups = (int64_t)(p->k + 1) * nc;
+    if (n_groups > cap) return -1;
+    int32_t n = 0;
+    for (int64_t gi = 0; gi < n_groups; gi++) {
+        int32_t a = p->group_start[gi], b = p->group_start[gi + 1];
+        if (a < 0 || b < a || b > p->n_frontier) return -1;
+        int live = a < b;
+        if (!live && gi < nc && (p->k == 0 || !in_set(p->run, (int32_t)gi))) {
+            int32_t ra, rb;
+            if (root_group(t, g, (int32_t)gi, &ra, &rb)) return -1;
+            live = ra < rb;
+        }
+        if (live) buf[n++] = (int32_t)gi;
+    }
+    p->live_groups = buf;
+    p->n_live_groups = n;
+    return 0;
+}
+
+static int walk(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, const int32_t *nodes,
+                const int32_t *states, int32_t n, const int32_t *group_start, const int32_t *depth_states,
+                const uint64_t *run, int32_t k, int32_t start, const int32_t *live, int32_t n_live, uint32_t *mask,
+                int32_t *pending, int32_t pending_cap, int32_t *n_pending, int32_t *frames, int32_t frames_cap) {
     if (!t || !g || (!nodes && n) || !mask || !pending || !n_pending || !frames) return -1;
     if (!t->below_asc || !t->below_flags || !g->asc_table || !g->na_classes) return -1;
     if (!states && !group_start && (start < 0 || start >= n_states_of(g))) return -1;
@@ -454,12 +492,17 @@ int llama_cffi_trie_walk(const llama_cffi_trie *t, const llama_cffi_trie_grammar
     run_sums_init(&sums);
     if (group_start) {
         /* nodes grouped by (depth of the parent, class), entered from the state at that
-           depth: a class that state does not take skips its group at once */
-        for (int32_t d = 0; d <= k; d++) {
+           depth: a class that state does not take skips its group at once (with live, the
+           plan's list of groups that hold nodes: only those) */
+        const int64_t n_groups = (int64_t)(k + 1) * nc_;
+        const int64_t n_iter = live ? n_live : n_groups;
+        for (int64_t it = 0; it < n_iter; it++) {
+            const int64_t gi = live ? live[it] : it;
+            if (gi < 0 || gi >= n_groups) return -1;
+            const int32_t d = (int32_t)(gi / nc_), c = (int32_t)(gi % nc_);
             int32_t ps = depth_states[d];
             if (ps < 0 || ps >= n_states_of(g)) return -1;
-            for (int32_t c = 0; c < nc_; c++) {
-                int64_t gi = (int64_t)d * nc_ + c;
+            {
                 int32_t a = group_start[gi], b = group_start[gi + 1];
                 if (a < 0 || b < a || b > n) return -1;
                 /* at depth 0, the root's children of a class that leaves the run: implicit */
@@ -526,8 +569,9 @@ int llama_cffi_trie_mask(const llama_cffi_trie *t, const llama_cffi_trie_grammar
         if (tok < 0 || tok >= t->n_vocab) return -1;
         SET_BIT(mask, tok);
     }
-    return llama_cffi_trie_walk(t, g, p->frontier, NULL, p->n_frontier, p->group_start, p->depth_states, p->run,
-                                p->k, p->start, mask, pending, pending_cap, n_pending, frames, frames_cap);
+    if (p->n_live_groups < 0 || (p->n_live_groups && !p->live_groups)) return -1;
+    return walk(t, g, p->frontier, NULL, p->n_frontier, p->group_start, p->depth_states, p->run, p->k, p->start,
+                p->live_groups, p->n_live_groups, mask, pending, pending_cap, n_pending, frames, frames_cap);
 }
 
 int llama_cffi_trie_first_mask(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, int32_t start,

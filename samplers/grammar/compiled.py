@@ -155,6 +155,9 @@ class CompiledGrammar:
         self.n_words = (vocab.n_vocab + 31) // 32
         self._masks: OrderedDict[tuple[int, Partial], npt.NDArray[np.uint8]] = OrderedDict()
         self._mask_cache_size = mask_cache_size
+        #: every mask computed by the C walk (no mask cache, no token elements): fill_words'
+        #: short path (with a live state and no partial character: :meth:`_c_walks`)
+        self._uncached_c = mask_cache_size == 0 and kernel == "c" and not engine.has_token_elements
         self._last: tuple[tuple[int, Partial], npt.NDArray[np.bool_]] | None = None
         self._partial_ok: dict[tuple[int, Partial], bool] = {}
         self.stats = {"mask_hits": 0, "mask_misses": 0}
@@ -230,6 +233,8 @@ class CompiledGrammar:
             self._run_bases: dict[bytes, Any] = {}  # per run: its full-length scan with its paths
             self._pchar_known = np.zeros(64, dtype=bool)
             self._pchar_tab = np.zeros((64, max(len(self._pchars), 1)), dtype=bool)
+            #: the arrays last given to the C walk (see _set_tables)
+            self._tables_given: tuple[Any, ...] | None = None
             #: start states whose walk has nothing left to wait for (a walk of theirs computed
             #: every transition, run and partial-character answer it reads: the tables only grow)
             self._settled: set[int] = set()
@@ -669,19 +674,18 @@ class CompiledGrammar:
         writeable, C-contiguous, at least ``n_words``): the matcher's path."""
         n = self.n_words
         with self._lock:
-            key = (state, partial)
-            if self._mask_cache_size == 0 and self._c_walks(state, partial):
+            if self._uncached_c and partial[1] == 0 and state != DEAD:  # (_c_walks, no mask cache)
                 self.stats["mask_misses"] += 1
                 paused = gc.isenabled()
                 if paused:
                     gc.disable()
                 try:
-                    self._mask_words_c(state, out[:n])
+                    self._mask_words_c(state, out if len(out) == n else out[:n])
                 finally:
                     if paused:
                         gc.enable()
                 return out
-            packed = self._packed_locked(key)[0]
+            packed = self._packed_locked((state, partial))[0]
         words = out[:n].view(np.uint8)
         words[len(packed) :] = 0
         words[: len(packed)] = packed
@@ -939,10 +943,15 @@ class CompiledGrammar:
 
     def _set_tables(self) -> None:
         """The C walk's view of the tables (transitions, runs, partial characters), current
-        (also for :func:`~samplers.grammar.fill_masks`, under the lock, after its plans)."""
-        self._tg.set_tables(
-            self.engine.table(), self._run_known, self._run_words, self._run_len, self._pchar_known, self._pchar_tab
-        )
+        (also for :func:`~samplers.grammar.fill_masks`, under the lock, after its plans).
+        The tables are replaced, never resized in place, and the run and partial-character
+        ones in pairs: the same three arrays as last time mean nothing to do."""
+        t = self.engine._trans  # (engine.table())
+        given = self._tables_given
+        if given is not None and t is given[0] and self._run_known is given[1] and self._pchar_known is given[2]:
+            return
+        self._tg.set_tables(t, self._run_known, self._run_words, self._run_len, self._pchar_known, self._pchar_tab)
+        self._tables_given = (t, self._run_known, self._pchar_known)
 
     def _resolve_pending(self, pend: npt.NDArray[np.int32]) -> None:
         """Compute what a walk left pending: transitions, runs, partial-character answers."""

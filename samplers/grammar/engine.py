@@ -287,6 +287,7 @@ class Engine:
         self._c = ffi.gc(raw, lib.llama_cffi_gengine_free)
         self._ffi = ffi
         self._trans_ptr = ffi.from_buffer("int32_t[]", self._trans)
+        self._complete_buf = np.zeros(64, dtype=np.uint8)  # (_c_sync: the new states' completeness)
 
     def _c_call(self, what: str, rc: int) -> int:
         """A C engine result, checked; new states (if any) get their Python side."""
@@ -325,10 +326,16 @@ class Engine:
             self._trans_ptr = self._ffi.from_buffer("int32_t[]", grown)
         if n > have:
             # the new states' Python side first: another thread may read a row of the table
-            # without the lock (step's fast path) and go on to a state the rows name
-            complete = _lib().llama_cffi_gengine_complete
+            # without the lock (step's fast path) and go on to a state the rows name; their
+            # completeness comes with the sync below, so the rows are copied after it
+            buf = self._complete_buf
+            if len(buf) < n - have:
+                buf = self._complete_buf = np.zeros(max(2 * len(buf), n - have), dtype=np.uint8)
+            rc = lib.llama_cffi_gengine_completes(self._c, have, n - have, self._ffi.from_buffer("uint8_t[]", buf))
+            if rc < 0:  # pragma: no cover - the states exist
+                raise GrammarError(f"internal error: the grammar engine's completeness failed (code {rc})")
             self._token_tops.extend([()] * (n - have))
-            self._complete.extend([complete(self._c, s) > 0 for s in range(have, n)])
+            self._complete.extend(buf[: n - have].astype(bool).tolist())
         rc = lib.llama_cffi_gengine_sync(self._c, self._trans_ptr, len(self._trans), self._ffi.NULL, have, 0)
         if rc < 0:  # pragma: no cover - the table was grown above
             raise GrammarError(f"internal error: the grammar engine's sync failed (code {rc})")

@@ -19,6 +19,8 @@ from ..candidates import Candidates
 from .compiled import CompiledGrammar
 from .engine import DEAD, NO_PARTIAL, Partial, decode_utf8
 
+_U32 = np.dtype(np.uint32)  # (a dtype compared with a dtype: faster than with np.uint32)
+
 
 def _apply_words(cands: Candidates, words: npt.NDArray[np.uint32], n_vocab: int) -> None:
     """Set the logits of the candidates whose bit is clear in ``words`` to -inf, in place,
@@ -92,7 +94,7 @@ class GrammarMatcher:
         out = np.empty(n_words, dtype=np.uint32) if bitmask is None else bitmask
         if not isinstance(out, np.ndarray):
             raise type_error("bitmask", "a 1-D uint32 ndarray", out)
-        if out.dtype != np.uint32 or out.ndim != 1 or len(out) < n_words:
+        if out.dtype != _U32 or out.ndim != 1 or len(out) < n_words:
             raise ValueError(f"bitmask must be a 1-D uint32 array of at least {n_words} words")
         flags = out.flags
         if not flags.writeable or not flags.c_contiguous:
