@@ -29,6 +29,15 @@ from .test_gbnf import Node, budget, grammar_text, grammars
 from .test_grammar import _PARTIALS, _PIECE_PARTS, _SELF_LOOP_GRAMMARS
 
 
+@pytest.fixture(autouse=True)
+def _plans_on_small_vocabularies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests' vocabularies are small, where every mask would be a walk from the root
+    (``_SMALL_VOCAB``): plans, scans and derivations are what they compare, so they are
+    made here as on a large vocabulary (``test_random_vocabularies[small]`` keeps the
+    default)."""
+    monkeypatch.setattr(compiled_mod, "_SMALL_VOCAB", 0)
+
+
 @pytest.fixture(scope="module")
 def vocab_model(tiny_model_path: Path) -> Iterator[llama_cffi.Model]:
     m = llama_cffi.Model.load(tiny_model_path, vocab_only=True)
@@ -124,14 +133,17 @@ def test_random_grammars_tiny_vocabulary(
         event(f"derived {sum(d is not None for d in getattr(c, '_derived', {}).values()) > 0}")
 
 
-@pytest.mark.parametrize("derive", ["default", "always"])
+@pytest.mark.parametrize("derive", ["default", "always", "small"])
 @settings(max_examples=budget(80), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_random_vocabularies(data: st.DataObject, derive: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Random vocabularies (pieces that end inside a character, lone lead bytes) with
     grammars of self-loops, chains of optional characters (bounded repetitions) and
     alternatives, every mask along a random walk. ``always``: masks derived from other
-    states' wherever the thresholds allow (see test_random_grammars_tiny_vocabulary)."""
+    states' wherever the thresholds allow (see test_random_grammars_tiny_vocabulary);
+    ``small``: the small-vocabulary mode, every mask a walk from the root (no plan)."""
+    if derive == "small":
+        monkeypatch.setattr(compiled_mod, "_SMALL_VOCAB", compiled_mod.__dict__["_INT32_MAX"])
     if derive == "always":
         monkeypatch.setattr(compiled_mod, "_DERIVE_MIN_ROOT", 0)
         monkeypatch.setattr(compiled_mod, "_DERIVE_SHARE", 1)
