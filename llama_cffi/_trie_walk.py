@@ -1145,6 +1145,53 @@ class TrieGrammar:
         )
         return self._pending_after(rc, "trie mask")
 
+    # ------------------------------------------------------------------ the hot path
+    # (for samplers.grammar.compiled's uncached masks: one C call, the caller's checks
+    # trusted: ``out_c`` a cdata over at least n_words uint32 words it keeps alive; what C
+    # reads of the tables and plan is bounds-checked there as always)
+    def first_mask_rc(
+        self, start: int, out_c: Any, root_plan_max: int, heavy_min: int, root_plan_tokens: int, derive_share: int
+    ) -> int:
+        """:meth:`first_mask`'s C call alone, with the ``eog`` and ``pchars`` last given
+        to :meth:`first_mask` (call that once first): the C result (0 done, 1 plan,
+        2 heavy, <0 as :meth:`first_mask` raises for); :attr:`n_pending` entries pending.
+        An engine error raises as in :meth:`first_mask`."""
+        fixed = self._first_args
+        if fixed is None or self._engine is None:
+            raise RuntimeError("first_mask() with an engine first")
+        rc: int = lib.llama_cffi_trie_first_mask(
+            self.trie._struct,
+            self._g,
+            start,
+            root_plan_max,
+            root_plan_tokens,
+            heavy_min,
+            derive_share,
+            fixed[4],
+            fixed[5],
+            fixed[6],
+            out_c,
+            *self._walk_args,
+        )
+        if rc <= _ENGINE_ERR and self._on_engine_error is not None:
+            self._on_engine_error(rc - _ENGINE_ERR)  # raises
+        return rc
+
+    def mask_plain_rc(self, plan: Any, out_c: Any) -> int:
+        """:meth:`mask_plain`'s C call alone (after :meth:`mask_plain` made the engine-free
+        view of the grammar; -9 before): the C result; :attr:`n_pending` entries pending."""
+        gp = self._g_plain
+        if gp is None or not self._tables:
+            return -9
+        rc: int = lib.llama_cffi_trie_mask(self.trie._struct, gp, plan[0], out_c, *self._walk_args)
+        return rc
+
+    @property
+    def n_pending(self) -> int:
+        """How many subtrees the last walk left pending."""
+        n: int = self._n_pending[0]
+        return n
+
     def _walk_buffers(self) -> tuple[Any, ...]:
         """The pending list and the walk's frames: the C walks' last arguments."""
         return self._walk_args

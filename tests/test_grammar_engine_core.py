@@ -293,6 +293,13 @@ def test_c_core_refuses_bad_arguments() -> None:
     assert lib.llama_cffi_gengine_completes(h, 0, n + 1, u8) == -4
     assert lib.llama_cffi_gengine_completes(h, 0, 1, ffi.NULL) == -4
     assert lib.llama_cffi_gengine_completes(h, 0, min(n, 4), u8) == 0
+    table = np.zeros((n, c.n_classes), dtype=np.int32)
+    tp = ffi.from_buffer("int32_t[]", table)
+    assert lib.llama_cffi_gengine_sync_known(h, ffi.NULL, n, n) == -4
+    assert lib.llama_cffi_gengine_sync_known(h, tp, -1, n) == -4
+    assert lib.llama_cffi_gengine_sync_known(h, tp, n, n - 1) == -5  # a state the caller does not know
+    assert lib.llama_cffi_gengine_sync_known(h, tp, n - 1, n) == -5  # a table too short for it
+    assert lib.llama_cffi_gengine_sync_known(h, tp, n, n) >= 0
     assert out[: min(n, 4)].tolist() == [int(lib.llama_cffi_gengine_complete(h, s) > 0) for s in range(min(n, 4))]
     lens = np.array([1], dtype=np.int32)
     flat = np.array([10**6], dtype=np.int32)

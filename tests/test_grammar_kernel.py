@@ -61,9 +61,16 @@ def compare_walk(c: CompiledGrammar, n: CompiledGrammar, rng: random.Random, ste
     boolean) must be equal. Returns the steps taken."""
     assert c.kernel == "c" and n.kernel == "numpy"
     mc, mn = c.matcher(), n.matcher()
+    words = np.empty(c.n_words, dtype=np.uint32)
     for step in range(steps):
         try:
-            got, want = c.packed(mc.state, mc.partial), n.packed(mn.state, mn.partial)
+            # fill_words first (with no mask cache: its one-call path takes a state's first
+            # mask), then packed (the same state again: its plan)
+            want = n.packed(mn.state, mn.partial)
+            if c._mask_cache_size == 0:
+                c.fill_words(mc.state, mc.partial, words)
+                assert np.array_equal(words.view(np.uint8)[: len(want)], want), f"{label} step {step}: fill_words"
+            got = c.packed(mc.state, mc.partial)
         except GrammarBudgetError:
             # an ambiguous grammar past the engine's stack budget (the walks visit different
             # states, so one kernel may meet it first): the documented typed error

@@ -722,6 +722,20 @@ int32_t llama_cffi_gengine_sync(llama_cffi_gengine *e, int32_t *table, int32_t n
     return copied;
 }
 
+int32_t llama_cffi_gengine_sync_known(llama_cffi_gengine *e, int32_t *table, int32_t n_rows, int32_t n_known) {
+    if (!e || !table || n_rows < 0 || n_known < 0) return -4;
+    if (e->st_off.n > n_known || e->st_off.n > n_rows) return -5;
+    const int64_t nc = e->n_classes;
+    for (int64_t i = 0; i < e->dirty.n; i++) {
+        int32_t st = e->dirty.v[i];
+        memcpy(table + (int64_t)st * nc, e->trans.v + (int64_t)st * nc, sizeof(int32_t) * (size_t)nc);
+        e->row_dirty.v[st] = 0;
+    }
+    int32_t copied = (int32_t)e->dirty.n;
+    e->dirty.n = 0;
+    return copied;
+}
+
 int32_t llama_cffi_gengine_completes(const llama_cffi_gengine *e, int32_t first, int32_t n, uint8_t *out) {
     if (!e || first < 0 || n < 0 || (int64_t)first + n > e->st_off.n || (n && !out)) return -4;
     for (int32_t i = 0; i < n; i++) {

@@ -475,6 +475,11 @@ int llama_cffi_gengine_fill(llama_cffi_gengine *e, int64_t n, const int32_t *sta
    empty) into complete; returns the rows copied */
 int32_t llama_cffi_gengine_sync(llama_cffi_gengine *e, int32_t *table, int32_t n_rows, uint8_t *complete,
                                 int32_t first, int32_t n_complete);
+/* llama_cffi_gengine_sync when the caller already knows every state (the engine has at
+   most n_known states, and at most n_rows): the rows changed since the last sync copied
+   into table, their number returned; -5 (nothing done) when there are new states (the
+   caller takes their completeness first, then syncs), -4 bad arguments */
+int32_t llama_cffi_gengine_sync_known(llama_cffi_gengine *e, int32_t *table, int32_t n_rows, int32_t n_known);
 /* whether each of the states first .. first + n - 1 is complete, into out (n bytes);
    0, -4 bad arguments */
 int32_t llama_cffi_gengine_completes(const llama_cffi_gengine *e, int32_t first, int32_t n, uint8_t *out);

@@ -46,6 +46,7 @@ import numpy as np
 import numpy.typing as npt
 
 from llama_cffi._args import expect, expect_int, type_error
+from llama_cffi._binding import ffi as _ffi
 from llama_cffi._trie_walk import RunScan, TrieGrammar
 
 from .engine import DEAD, NO_PARTIAL, Engine, Partial, _bad_partial, decode_utf8
@@ -165,6 +166,7 @@ class CompiledGrammar:
         self._uncached_c = mask_cache_size == 0 and kernel == "c" and not engine.has_token_elements
         self._last: tuple[tuple[int, Partial], npt.NDArray[np.bool_]] | None = None
         self._blob_u8: npt.NDArray[np.uint8] | None = None  # the pieces' bytes (partial masks)
+        self._out_c: tuple[Any, Any] | None = None  # the last out buffer and its cdata (_mask_fast)
         self._partial_ok: dict[tuple[int, Partial], bool] = {}
         self.stats = {"mask_hits": 0, "mask_misses": 0}
         self._lock = threading.RLock()  # the walk buffer, the cache and the engine are shared
@@ -686,7 +688,8 @@ class CompiledGrammar:
                 if paused:
                     gc.disable()
                 try:
-                    self._mask_words_c(state, out if len(out) == n else out[:n])
+                    if not self._mask_fast(state, out):
+                        self._mask_words_c(state, out if len(out) == n else out[:n])
                 finally:
                     if paused:
                         gc.enable()
@@ -698,6 +701,49 @@ class CompiledGrammar:
         if not np.little_endian:  # pragma: no cover - bytes were packed little-endian
             out[:n].byteswap(inplace=True)
         return out
+
+    def _mask_fast(self, state: int, out: npt.NDArray[np.uint32]) -> bool:
+        """The common masks in one C call (under the lock; ``out`` checked by the caller):
+        a settled state's plan walked without the engine, or a state's first mask from
+        the root that leaves nothing pending. False (nothing decided, ``out`` to be
+        overwritten) for everything else, which :meth:`_mask_words_c` does, as it does
+        these: a first mask answering "plan" or "heavy" (returned before any walk) or
+        leaving subtrees pending is made again there."""
+        tg = self._tg
+        oc = self._out_c
+        if oc is None or oc[0] is not out:
+            oc = self._out_c = (out, _ffi.from_buffer("uint32_t[]", out))
+        plan = self._plans.get(state)
+        if plan is not None:
+            if state not in self._settled:
+                return False
+            self._set_tables()
+            return tg.mask_plain_rc(plan, oc[1]) == 0 and tg.n_pending == 0
+        small = self.n_vocab <= _SMALL_VOCAB
+        if tg._engine is None or tg._first_args is None or (state in self._visited and not small):
+            return False
+        if state in self._derived:
+            return False
+        self._walk_tables()
+        eng = self.engine
+        with eng._lock:
+            try:
+                rc = tg.first_mask_rc(
+                    state,
+                    oc[1],
+                    _INT32_MAX if small else _ROOT_PLAN_MAX,
+                    -1 if small else _DERIVE_MIN_ROOT,
+                    -1 if small else _ROOT_PLAN_TOKENS,
+                    _DERIVE_SHARE,
+                )
+            finally:
+                eng._c_sync()
+        if rc != 0 or tg.n_pending:
+            return False
+        if not small:
+            self._visited.add(state)
+        self._settled.add(state)
+        return True
 
     def _packed_locked(self, key: tuple[int, Partial]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_] | None]:
         """The packed mask of ``key`` (cached or computed) and, when the walk made one,

@@ -314,6 +314,9 @@ class Engine:
         since the last sync copied into ``_trans`` (grown first), and the completeness of
         the states it made."""
         lib = _LIB if _LIB is not None else _lib()
+        # most syncs: no new state, a few rows computed (one call copies them)
+        if lib.llama_cffi_gengine_sync_known(self._c, self._trans_ptr, len(self._trans), len(self._complete)) >= 0:
+            return
         n = lib.llama_cffi_gengine_n_states(self._c)
         have = len(self._complete)
         if n > len(self._trans):
