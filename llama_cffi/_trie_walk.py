@@ -859,6 +859,28 @@ class TrieGrammar:
         got.absorbed = sh.absorbed
         return got
 
+    def densified(self, scan: RunScan) -> RunScan:
+        """``scan`` (made with ``keep``) with its paths made whole: ``on`` marks every node
+        of the subtrees it took whole (``llama_cffi_trie_densify_on``; a copy), and no
+        ``absorbed`` pair is left, so that each :meth:`run_derive` from it reads one level
+        of ``on`` (a bounded string derives a scan at each of its positions)."""
+        if scan.on is None or scan.absorbed is None:
+            raise ValueError("densified needs a scan made with keep=True")
+        if not len(scan.absorbed):
+            return scan
+        trie = self.trie
+        on = np.array(scan.on, dtype=np.uint8)  # a copy: the scan's may be read-only (a cache file's)
+        if on.shape != (trie.n_nodes + 1,):
+            raise ValueError(f"on must have {trie.n_nodes + 1} values")
+        absorbed = _i32("absorbed", scan.absorbed)
+        rc = lib.llama_cffi_trie_densify_on(
+            trie._struct, ffi.from_buffer("uint8_t[]", on), ffi.from_buffer("int32_t[]", absorbed), len(absorbed) // 2
+        )
+        _check_rc(rc, "trie densify")
+        got = RunScan(scan.k, scan.mask, scan.frontier, scan.group_start, scan.pt_tokens, scan.pt_depth, scan.run, on)
+        got.absorbed = np.zeros(0, dtype=np.int32)
+        return got
+
     def run_derive(self, base: RunScan, k: int) -> RunScan:
         """:meth:`Trie.run_derive` from a base made by :meth:`run_scan` with ``keep``: the
         same mask, partial tokens and groups, reading only the nodes ``k`` deep."""

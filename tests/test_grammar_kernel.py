@@ -192,6 +192,10 @@ def test_random_vocabularies(data: st.DataObject, derive: str, monkeypatch: pyte
             assert np.array_equal(fast.mask, plain.mask) and np.array_equal(fast.group_start, plain.group_start), k
             assert sorted(fast.frontier.tolist()) == sorted(plain.frontier.tolist()), k
             assert sorted(fast.pt_tokens.tolist()) == sorted(plain.pt_tokens.tolist()), k
+            # from the base with its paths made whole (no absorbed pair left): the same
+            dense = c._tg.run_derive(c._tg.densified(fast_base), k)
+            assert np.array_equal(dense.group_start, plain.group_start), k
+            assert sorted(dense.frontier.tolist()) == sorted(plain.frontier.tolist()), k
 
 
 def _same_scan(a: Any, b: Any, label: str) -> None:
@@ -713,6 +717,11 @@ def test_bad_arrays_raise_not_crash() -> None:
                                                              sh.pt_tokens, sh.pt_depth), sc.run))
     attempt("short cls", lambda: TrieGrammar(t, c._cls_of_cp[:1], c.engine.n_classes, ac, na).walk(
         np.zeros(t.n_words, np.uint32), c.engine.start, np.array([t.n_nodes], np.int32)))
+    def bad_densify():
+        base = c._tg.run_scan(c._run_words[c.engine.start], 2, keep=True)
+        base.absorbed = np.array([10**6, 0], np.int32)
+        c._tg.densified(base)
+    attempt("densify", bad_densify)
     print("alive")
     """
     r = run_isolated(code)
@@ -735,6 +744,7 @@ def test_bad_arrays_raise_not_crash() -> None:
         "shared depth",
         "neg depth",
         "shared mask",
+        "densify",
     ):
         assert f"{label} raised ValueError" in lines, (label, r.stdout)
 

@@ -317,6 +317,12 @@ int llama_cffi_trie_run_derive_skip(const llama_cffi_trie *t, const llama_cffi_t
    0, -1 bad data, -2 out of memory */
 int llama_cffi_trie_group(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, const int32_t *nodes,
                           const int32_t *depths, int32_t n, int32_t k, int32_t *frontier, int32_t *group_start);
+/* a llama_cffi_trie_run_scan_skip base's paths made whole: every node of the subtrees it
+   took whole (absorbed: n_absorbed (node, level) pairs) marked in on (n_nodes + 1 bytes),
+   level by level through their contiguous blocks, so that llama_cffi_trie_run_derive_skip
+   with no absorbed pairs reads one level of on instead of expanding every pair down to it
+   (a bounded string's positions are each a derivation). 0, -1 bad data */
+int llama_cffi_trie_densify_on(const llama_cffi_trie *t, uint8_t *on, const int32_t *absorbed, int32_t n_absorbed);
 /* the frontier of the same run for a shorter length k < base_k, from a scan of length
    base_k (its frontier, group_start and on_out): groups of depth below k copied, those of
    depth k made of the base's off-run nodes and of its on-path nodes of level k. (The

@@ -963,6 +963,30 @@ out:
     return rc;
 }
 
+int llama_cffi_trie_densify_on(const llama_cffi_trie *t, uint8_t *on, const int32_t *absorbed, int32_t n_absorbed) {
+    if (!t || !on || n_absorbed < 0 || (n_absorbed && !absorbed)) return -1;
+    const int32_t n_nodes = t->n_nodes, max_depth = t->max_depth;
+    const int32_t *lb = t->level_base;
+    for (int32_t i = 0; i < n_absorbed; i++) {
+        int32_t a = absorbed[2 * (size_t)i], lvl = absorbed[2 * (size_t)i + 1];
+        if (a < 0 || a >= n_nodes || lvl < 0 || lvl >= max_depth || a < lb[lvl] || a >= lb[lvl + 1]) return -1;
+        int32_t blo = a, bhi = a + 1;
+        for (int32_t j = lvl; blo < bhi; j++) { /* the block, then its children: the next level's block */
+            memset(on + blo, 1, (size_t)(bhi - blo));
+            if (j + 1 >= max_depth) break;
+            int32_t f = blo, l = bhi - 1;
+            while (f < bhi && t->n_child[f] == 0) f++;
+            while (l >= f && t->n_child[l] == 0) l--;
+            if (f > l) break;
+            int32_t nlo = t->first_child[f], nhi = t->first_child[l] + t->n_child[l];
+            if (nlo < lb[j + 1] || nhi > lb[j + 2] || nhi < nlo) return -1;
+            blo = nlo;
+            bhi = nhi;
+        }
+    }
+    return 0;
+}
+
 int llama_cffi_trie_group(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, const int32_t *nodes,
                           const int32_t *depths, int32_t n, int32_t k, int32_t *frontier, int32_t *group_start) {
     if (!t || !g || n < 0 || (n && (!nodes || !depths || !frontier)) || !group_start || k < 0 ||

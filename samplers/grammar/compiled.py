@@ -1206,6 +1206,8 @@ class CompiledGrammar:
         if sh is not None:
             return self._tg.unshare(sh, run)
         got = self._tg.run_scan(run, self._run_cap, keep=keep)
+        if keep:  # (every derivation from it then reads one level)
+            got = self._tg.densified(got)
         v._share_scan(ck, self._tg.shared(got))
         return got
 
@@ -1216,7 +1218,8 @@ class CompiledGrammar:
         start = self.engine.start
         self._run(start)
         run = self._run_words[start]
-        return self._cp_key(run), self._tg.shared(self._tg.run_scan(run, self._run_cap, keep=True))
+        scan = self._tg.densified(self._tg.run_scan(run, self._run_cap, keep=True))
+        return self._cp_key(run), self._tg.shared(scan)
 
     def _cp_key(self, run: npt.NDArray[np.uint64]) -> bytes:
         """Which of the vocabulary's code points the classes of ``run`` hold (one bit per
