@@ -1342,9 +1342,11 @@ class CompiledGrammar:
         # (a dict of the distinct code points, not np.unique: its first call imports numpy.ma)
         cps = sorted(set(cp[done].tolist()))
         live: dict[int, bool] = {}
-        if cps:
-            classes = eng.classes_of(np.array(cps, dtype=np.int64)).tolist()
-            live = {c: eng.step(state, k) != DEAD for c, k in zip(cps, classes, strict=True)}
+        if cps:  # their transitions computed in one call, then read from the table
+            classes = eng.classes_of(np.array(cps, dtype=np.int64)).astype(np.int32)
+            eng.fill(np.full(len(classes), state, dtype=np.int32), classes)
+            nxt = eng.table()[state, classes]
+            live = dict(zip(cps, (nxt != DEAD).tolist(), strict=True))
         ok = np.fromiter((live.get(c, False) for c in cp.tolist()), dtype=bool, count=len(cp))
         exact = done & (length == remain)  # nothing after the character: allowed iff it is taken
         mask[ct[exact & ok]] = True
