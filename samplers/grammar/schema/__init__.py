@@ -164,6 +164,7 @@ def schema_to_gbnf(
         )
     dialect = data.get("$schema") if isinstance(data, dict) else None
     spec = None
+    checked = False  # whether the metaschema check below is known to pass
     if isinstance(dialect, str):
         try:
             spec = specification_with(dialect)
@@ -173,6 +174,7 @@ def schema_to_gbnf(
         draft, note = _drafts.detect(data)
         if note is not None:
             warnings.warn(SchemaWarning(note), stacklevel=2)
+        checked = note is None  # 2020-12, whose metaschema detect found no error in it
         spec = specification_with(DRAFT_URIS[draft])
     elif spec is None:
         spec = specification_with(DRAFT_URIS[default_draft or "2020-12"])
@@ -199,8 +201,9 @@ def schema_to_gbnf(
         reg = reg.with_resources(
             (u, Resource.from_contents(d, default_specification=spec)) for u, d in resources.items()
         )
-    for note in _drafts.check(data, _drafts.SPEC_DRAFTS.get(spec.name), lenient=not strict):
-        warnings.warn(SchemaWarning(note), stacklevel=2)
+    if not checked:
+        for note in _drafts.check(data, _drafts.SPEC_DRAFTS.get(spec.name), lenient=not strict):
+            warnings.warn(SchemaWarning(note), stacklevel=2)
     root = Resource(contents=data, specification=spec)  # type: ignore[call-arg]
     try:
         base = root.id() or ""

@@ -266,8 +266,9 @@ _HOW = 'name another with "$schema" or default_draft='
 
 def detect(data: Any) -> tuple[str, str | None]:
     """The draft a schema without a recognised ``$schema`` is read under, and the warning
-    to give (None: none); the metaschema check is done. Raises :class:`SchemaError` if
-    the schema is valid under no draft.
+    to give (None: none, only where 2020-12's metaschema finds no error in it, so that
+    its :func:`check` may be skipped); the metaschema check is done. Raises
+    :class:`SchemaError` if the schema is valid under no draft.
 
     The older drafts' keywords looked for (:func:`scan`) are those whose meaning 2020-12
     changed or dropped: ``items`` as an array (a tuple; ``additionalItems`` means nothing

@@ -45,7 +45,7 @@ from ._lower import (
 )
 from ._numbers import GENERATION_DIGITS, NumberSpec, cap_digits
 from ._regex import CharSet, RegexSyntaxError, RegexUnsupported, Repeat, anchored, parse
-from ._rules import RuleSet, automaton, literal, repeat
+from ._rules import RuleSet, automaton, literal, repeat, triple_label
 from ._strings import ANY_CHAR, format_rule, json_char, regex_body, string_literal
 
 __all__ = ["SPACE", "Emitter"]
@@ -55,6 +55,8 @@ NEVER = "[^\\x00-\\U0010FFFF]"
 _NAME_ONLY = re.compile(r"[a-zA-Z0-9-]+")
 #: the most distinct values uniqueItems is enforced over
 MAX_UNIQUE_VALUES = 10
+#: :meth:`Emitter.node`'s mark of a node without a rule yet
+_UNKNOWN = "?"
 
 
 class Emitter:
@@ -95,11 +97,11 @@ class Emitter:
         """The rule of a JSON value of node ``n``; None when no value can meet it. A node
         whose body another rule already has (and that does not refer to itself) takes
         that rule's name: subschemas that lower alike share one rule."""
-        if n in self.rules:
-            name = self.rules[n]
-            if name is not None and name in self._open:
-                self._recursive.add(name)
-            return name
+        known = self.rules.get(n, _UNKNOWN)
+        if known is not _UNKNOWN:
+            if known is not None and known in self._open:
+                self._recursive.add(known)
+            return known
         atoms = self.low.lower(n)
         if not atoms:
             self.rules[n] = None
@@ -442,7 +444,7 @@ class Emitter:
                 alts.append((f'{sep(n)}{r} ws {rest}"]"', None))
             return alts
 
-        head = automaton(self.rs, "arr", 0, step)
+        head = automaton(self.rs, "arr", 0, step, label=str)
         return "" if head is None else f'"[" ws {head}'
 
     # objects -----------------------------------------------------------------------------
@@ -651,7 +653,7 @@ class Emitter:
                 alts.append((f"{sep}{free}", (mask, nc, False)))
             return alts
 
-        head = automaton(self.rs, "obj", (0, 0, True), step)
+        head = automaton(self.rs, "obj", (0, 0, True), step, label=triple_label)
         return "" if head is None else f'"{{" ws {head}'
 
     def _schema_order(self, a: Obj, keys: list[str], pairs: dict[str, str], others: list[str], ptr: str) -> str:
@@ -681,7 +683,7 @@ class Emitter:
                     alts.append((f"{sep}{free}", (n, nc, False)))
             return alts
 
-        head = automaton(self.rs, "obj", (0, 0, True), step)
+        head = automaton(self.rs, "obj", (0, 0, True), step, label=triple_label)
         return "" if head is None else f'"{{" ws {head}'
 
 

@@ -37,22 +37,31 @@ Warn = Callable[[str, str, str], None]
 # --- nodes: subschemas, lazily lowered ----------------------------------------------
 
 
-@dataclass(frozen=True, eq=False)
 class Node:
     """A subschema in scope (``op == "schema"``: ``schema`` and ``resolver``), or an
-    operation on nodes: ``allOf``, ``anyOf``, ``not``, or ``const`` (``value``)."""
+    operation on nodes: ``allOf``, ``anyOf``, ``not``, or ``const`` (``value``). Nodes
+    are equal when their ``key`` s are; not to be changed once made (a plain class with
+    slots, not a frozen dataclass: the converter makes thousands)."""
 
-    op: str
-    parts: tuple[Node, ...] = ()
-    schema: Any = None
-    resolver: Any = None
-    ptr: str = "#"
-    key: tuple[Any, ...] = ()
-    #: hash(key), computed once (keys nest: hashing one walks the whole tuple)
-    h: int = field(default=0, compare=False, repr=False)
+    __slots__ = ("h", "key", "op", "parts", "ptr", "resolver", "schema")
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "h", hash(self.key))
+    def __init__(
+        self,
+        op: str,
+        parts: tuple[Node, ...] = (),
+        schema: Any = None,
+        resolver: Any = None,
+        ptr: str = "#",
+        key: tuple[Any, ...] = (),
+    ) -> None:
+        self.op = op
+        self.parts = parts
+        self.schema = schema
+        self.resolver = resolver
+        self.ptr = ptr
+        self.key = key
+        #: hash(key), computed once (keys nest: hashing one walks the whole tuple)
+        self.h = hash(key)
 
     def __hash__(self) -> int:
         return self.h
@@ -82,6 +91,10 @@ FALSE = Node("false", key=("false",))
 
 
 def all_of(*parts: Node | None) -> Node:
+    if len(parts) == 1 and parts[0] is not None and parts[0].op != "allOf":
+        # one part (a property's value, most often): the part itself, as below
+        key = parts[0].key
+        return TRUE if key == ("true",) else FALSE if key == ("false",) else parts[0]
     ps = tuple(p for p in parts if p is not None and p is not TRUE and p.key != ("true",))
     if any(p.key == ("false",) for p in ps):
         return FALSE
@@ -302,6 +315,8 @@ class Lowering:
         self.max_union = budget.max_union
         self._memo: dict[tuple[Node, bool], tuple[Atom, ...]] = {}
         self._busy: set[tuple[Node, bool]] = set()
+        #: (base URI, $ref) -> what the reference resolves to (see :meth:`_ref`)
+        self._lookups: dict[tuple[str, str], Any] = {}
         #: whether the atoms being lowered will be complemented (an odd number of
         #: complements above): relaxations then accept less (see :meth:`lower`)
         self.neg = False
@@ -912,25 +927,26 @@ class Lowering:
         local = self._local(s, sub, ptr, draft)
         if local is not ANY:
             parts.append(local)
-        for i, x in enumerate(s.get("allOf", []) if isinstance(s.get("allOf"), list) else []):
-            parts.append(self.lower(sub("allOf", x, f"/{i}")))
-        if isinstance(s.get("anyOf"), list):
-            parts.append(self.union(*(self.lower(sub("anyOf", x, f"/{i}")) for i, x in enumerate(s["anyOf"]))))
-        if isinstance(s.get("oneOf"), list):
-            parts.append(self._one_of([sub("oneOf", x, f"/{i}") for i, x in enumerate(s["oneOf"])], ptr))
-        if "not" in s:
-            parts.append(self.complement(self.lower_flipped(sub("not", s["not"])), f"{ptr}/not"))
-        if kw["if"] and "if" in s and self.annotations and "then" not in s and "else" not in s:
-            # a lone if constrains nothing, but its annotations count where it matches
-            parts.append(self.union(self.lower(sub("if", s["if"])), ANY))
-        elif kw["if"] and "if" in s and ("then" in s or "else" in s):
-            cond = self.lower(sub("if", s["if"]))
-            then = self.lower(sub("then", s["then"])) if "then" in s else ANY
-            other = self.lower(sub("else", s["else"])) if "else" in s else ANY
-            against = self.complement(self.lower_flipped(sub("if", s["if"])), f"{ptr}/if")
-            parts.append(self.union(self.intersect(cond, then), self.intersect(against, other)))
-        deps = self._dependencies(s, sub, ptr, draft)
-        parts.extend(deps)
+        if not _APPLICATORS.isdisjoint(s):
+            for i, x in enumerate(s.get("allOf", []) if isinstance(s.get("allOf"), list) else []):
+                parts.append(self.lower(sub("allOf", x, f"/{i}")))
+            if isinstance(s.get("anyOf"), list):
+                parts.append(self.union(*(self.lower(sub("anyOf", x, f"/{i}")) for i, x in enumerate(s["anyOf"]))))
+            if isinstance(s.get("oneOf"), list):
+                parts.append(self._one_of([sub("oneOf", x, f"/{i}") for i, x in enumerate(s["oneOf"])], ptr))
+            if "not" in s:
+                parts.append(self.complement(self.lower_flipped(sub("not", s["not"])), f"{ptr}/not"))
+            if kw["if"] and "if" in s and self.annotations and "then" not in s and "else" not in s:
+                # a lone if constrains nothing, but its annotations count where it matches
+                parts.append(self.union(self.lower(sub("if", s["if"])), ANY))
+            elif kw["if"] and "if" in s and ("then" in s or "else" in s):
+                cond = self.lower(sub("if", s["if"]))
+                then = self.lower(sub("then", s["then"])) if "then" in s else ANY
+                other = self.lower(sub("else", s["else"])) if "else" in s else ANY
+                against = self.complement(self.lower_flipped(sub("if", s["if"])), f"{ptr}/if")
+                parts.append(self.union(self.intersect(cond, then), self.intersect(against, other)))
+        if not _DEPENDENCY_KEYWORDS.isdisjoint(s):
+            parts.extend(self._dependencies(s, sub, ptr, draft))
 
         out = ANY
         for p in parts:
@@ -944,16 +960,24 @@ class Lowering:
             raise SchemaError(f"JSON schema error at {ptr}: $ref must be a string")
         from referencing.exceptions import Unresolvable
 
-        try:
-            resolved = r.lookup(ref)
-        except Unresolvable as e:
-            resolved = self._from_root(ref, ptr)
-            if resolved is None:
-                raise SchemaError(f"JSON schema error at {ptr}: cannot resolve $ref {ref!r}: {e}") from None
-        except Exception as e:
-            raise SchemaError(
-                f"JSON schema error at {ptr}: cannot resolve $ref {ref!r}: {type(e).__name__}: {e}"
-            ) from None
+        # without dynamic scopes a reference resolves alike from every resolver with the
+        # same base URI (nodes are told apart by that base alone): looked up once
+        key = (r._base_uri, ref)
+        resolved = None if self.dynamic else self._lookups.get(key)
+        if resolved is None:
+            try:
+                resolved = r.lookup(ref)
+            except Unresolvable as e:
+                resolved = self._from_root(ref, ptr)  # (warns at each use: not kept)
+                if resolved is None:
+                    raise SchemaError(f"JSON schema error at {ptr}: cannot resolve $ref {ref!r}: {e}") from None
+            except Exception as e:
+                raise SchemaError(
+                    f"JSON schema error at {ptr}: cannot resolve $ref {ref!r}: {type(e).__name__}: {e}"
+                ) from None
+            else:
+                if not self.dynamic:
+                    self._lookups[key] = resolved
         return self.node(resolved.contents, resolved.resolver, f"{ptr}/$ref({ref})", enter=False)
 
     def _from_root(self, ref: str, ptr: str) -> Any:
@@ -1074,6 +1098,8 @@ class Lowering:
 
     def _local(self, s: dict[str, Any], sub: Callable[..., Node], ptr: str, draft: str) -> tuple[Atom, ...]:
         """The atoms of the keywords that constrain one type each (and type/enum/const)."""
+        if _LOCAL_KEYWORDS.isdisjoint(s):
+            return ANY  # none of them: every value (what the steps below would find)
         kw = _DRAFT_KEYWORDS[draft]
         atoms = dict(TYPE_ATOM)
         integer_only = False
@@ -1089,11 +1115,12 @@ class Lowering:
                     raise SchemaError(f"JSON schema error at {ptr}/type: unknown type {t!r}")
             integer_only = "integer" in ts and "number" not in ts
             atoms = {t: a for t, a in atoms.items() if t in allowed}
-        num = self._number(s, draft, ptr)
-        if integer_only:
-            num = num.intersect(NumberSpec(integer=True))
-        if "number" in atoms and num.key() != NumberSpec().key():
-            atoms["number"] = None if num.empty() else Num(num)  # type: ignore[assignment]
+        if "number" in atoms:
+            num = self._number(s, draft, ptr)
+            if integer_only:
+                num = num.intersect(NumberSpec(integer=True))
+            if num.key() != _ANY_NUMBER_KEY:
+                atoms["number"] = None if num.empty() else Num(num)  # type: ignore[assignment]
         if "string" in atoms:
             atoms["string"] = self._string(s, ptr)  # type: ignore[assignment]
         if "array" in atoms:
@@ -1301,6 +1328,39 @@ def _pattern_dfa(pattern: str) -> Any:
 
 #: the keywords :meth:`Lowering._number` reads
 _NUMBER_KEYWORDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
+#: the keywords of the applicators :meth:`Lowering._schema` reads after ``_local``
+_APPLICATORS = frozenset({"allOf", "anyOf", "oneOf", "not", "if"})
+#: the keywords :meth:`Lowering._dependencies` reads
+_DEPENDENCY_KEYWORDS = frozenset({"dependentRequired", "dependentSchemas", "dependencies"})
+#: the key of a number without constraints
+_ANY_NUMBER_KEY = NumberSpec().key()
+#: every keyword :meth:`Lowering._local` reads, it and the methods it calls: a schema
+#: with none of them constrains no type there
+_LOCAL_KEYWORDS = _NUMBER_KEYWORDS | {
+    "type",
+    "const",
+    "enum",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "format",
+    "prefixItems",
+    "items",
+    "additionalItems",
+    "minItems",
+    "maxItems",
+    "contains",
+    "minContains",
+    "maxContains",
+    "uniqueItems",
+    "properties",
+    "patternProperties",
+    "additionalProperties",
+    "required",
+    "minProperties",
+    "maxProperties",
+    "propertyNames",
+}
 
 
 def _type_counts(atoms: tuple[Atom, ...]) -> dict[str, int]:

@@ -159,29 +159,37 @@ State = Hashable
 Step = Callable[[Any], list[tuple[str, Any]]]
 
 
-def automaton(rs: RuleSet, prefix: str, start: State, step: Step, accept: Any = None) -> str | None:
+def automaton(
+    rs: RuleSet, prefix: str, start: State, step: Step, label: Callable[[Any], str] | None = None
+) -> str | None:
     """Define the rules of a finite automaton and return its start rule's name (None when
     it accepts nothing). ``step(state)`` lists the state's transitions, each a (GBNF item,
-    next state) pair; ``accept`` as the next state means "accept after the item". Only the
+    next state) pair; None as the next state means "accept after the item". Only the
     states reachable from ``start`` are built, and of them only those that can accept get
-    rules (a rule per state, named ``<prefix>-<state>``)."""
-    edges: dict[State, list[tuple[str, Any]]] = {}
+    rules (a rule per state, named ``<prefix>-<label>``: ``label(state)``, by default the
+    state's parts joined by ``-``, booleans as ``f``/``n``)."""
+    # the states by number (in the order met), each with its transitions
+    number: dict[State, int] = {}
+    states: list[State] = []
+    outs: list[list[tuple[str, Any]]] = []
     todo = [start]
+    max_rules = rs.max_rules
     while todo:
         cur = todo.pop()
-        if cur in edges:
+        if cur in number:
             continue
+        number[cur] = len(states)
+        states.append(cur)
         out = step(cur)
-        edges[cur] = out
+        outs.append(out)
         for _, nxt in out:
-            if nxt != accept and nxt not in edges:
+            if nxt is not None and nxt not in number:
                 todo.append(nxt)
-                if len(edges) + len(todo) > rs.max_rules:
-                    raise TooLarge(f"an automaton of over {rs.max_rules} states")
-    # the states by number (in the order met), each transition's target a number (-1:
-    # accept): the passes below index lists instead of hashing states again
-    number = {s: i for i, s in enumerate(edges)}
-    targets = [[(item, -1 if nxt == accept else number[nxt]) for item, nxt in out] for out in edges.values()]
+                if len(states) + len(todo) > max_rules:
+                    raise TooLarge(f"an automaton of over {max_rules} states")
+    # each transition's target a number (-1: accept): the passes below index lists
+    # instead of hashing states again
+    targets = [[(item, -1 if nxt is None else number[nxt]) for item, nxt in out] for out in outs]
     # the states that can accept: backwards from the accepting transitions
     back: list[list[int]] = [[] for _ in targets]
     live = [False] * len(targets)
@@ -201,7 +209,10 @@ def automaton(rs: RuleSet, prefix: str, start: State, step: Step, accept: Any = 
                 todo_live.append(prev)
     if not live[0]:  # the start state
         return None
-    names = [rs.fresh(f"{prefix}-{_label(s)}") if live[i] else "" for i, s in enumerate(edges)]
+    name_of = label or _label
+    fresh = rs.fresh
+    names = [fresh(f"{prefix}-{name_of(s)}") if alive else "" for s, alive in zip(states, live, strict=True)]
+    define = rs.define
     for i, out in enumerate(targets):
         if not live[i]:
             continue
@@ -210,12 +221,13 @@ def automaton(rs: RuleSet, prefix: str, start: State, step: Step, accept: Any = 
             if t < 0:
                 body.append(item or '""')
             elif live[t]:
-                body.append(f"{item} {names[t]}".strip())
-        rs.define(names[i], " | ".join(dict.fromkeys(body)))
+                body.append(f"{item} {names[t]}" if item else names[t])
+        define(names[i], " | ".join(dict.fromkeys(body)))
     return names[0]
 
 
 def _label(state: State) -> str:
+    """A state's part of its rule name (see :func:`automaton`)."""
     if isinstance(state, tuple):
         return "-".join([_label(x) for x in state])
     if state is True:
@@ -223,6 +235,11 @@ def _label(state: State) -> str:
     if state is False:
         return "n"
     return str(state)
+
+
+def triple_label(state: tuple[int, int, bool]) -> str:
+    """:func:`automaton`'s default label of a state (int, int, bool), written at once."""
+    return f"{state[0]}-{state[1]}-{'f' if state[2] else 'n'}"
 
 
 #: counts up to this are written as GBNF repetitions (``x{m,n}``, a named rule shared by
