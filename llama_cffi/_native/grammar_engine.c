@@ -441,9 +441,14 @@ int32_t llama_cffi_gengine_n_stacks(const llama_cffi_gengine *e, int32_t state) 
     return e->st_len.v[state];
 }
 
+/* whether some stack of state st is empty (the grammar may end there: sorted, cell 0 first) */
+static inline uint8_t state_complete(const llama_cffi_gengine *e, int32_t st) {
+    return e->st_len.v[st] > 0 && e->st_pool.v[e->st_off.v[st]] == 0;
+}
+
 int32_t llama_cffi_gengine_complete(const llama_cffi_gengine *e, int32_t state) {
     if (!e || !check_state(e, state)) return -4;
-    return e->st_len.v[state] > 0 && e->st_pool.v[e->st_off.v[state]] == 0; /* sorted: cell 0 first */
+    return state_complete(e, state);
 }
 
 int64_t llama_cffi_gengine_stacks(const llama_cffi_gengine *e, int32_t state, int32_t *lens, int32_t *flat,
@@ -702,11 +707,8 @@ int llama_cffi_gengine_fill(llama_cffi_gengine *e, int64_t n, const int32_t *sta
     return 0;
 }
 
-int32_t llama_cffi_gengine_sync(llama_cffi_gengine *e, int32_t *table, int32_t n_rows, uint8_t *complete,
-                                int32_t first, int32_t n_complete) {
-    if (!e || !table || n_rows < e->st_off.n || first < 0 || n_complete < 0 || first + n_complete > e->st_off.n ||
-        (n_complete && !complete))
-        return -4;
+/* the rows changed since the last sync copied into table (rows of n_classes); how many */
+static int32_t copy_dirty_rows(llama_cffi_gengine *e, int32_t *table) {
     const int64_t nc = e->n_classes;
     for (int64_t i = 0; i < e->dirty.n; i++) {
         int32_t st = e->dirty.v[i];
@@ -715,33 +717,28 @@ int32_t llama_cffi_gengine_sync(llama_cffi_gengine *e, int32_t *table, int32_t n
     }
     int32_t copied = (int32_t)e->dirty.n;
     e->dirty.n = 0;
-    for (int32_t i = 0; i < n_complete; i++) {
-        int32_t st = first + i;
-        complete[i] = e->st_len.v[st] > 0 && e->st_pool.v[e->st_off.v[st]] == 0;
-    }
+    return copied;
+}
+
+int32_t llama_cffi_gengine_sync(llama_cffi_gengine *e, int32_t *table, int32_t n_rows, uint8_t *complete,
+                                int32_t first, int32_t n_complete) {
+    if (!e || !table || n_rows < e->st_off.n || first < 0 || n_complete < 0 || first + n_complete > e->st_off.n ||
+        (n_complete && !complete))
+        return -4;
+    int32_t copied = copy_dirty_rows(e, table);
+    for (int32_t i = 0; i < n_complete; i++) complete[i] = state_complete(e, first + i);
     return copied;
 }
 
 int32_t llama_cffi_gengine_sync_known(llama_cffi_gengine *e, int32_t *table, int32_t n_rows, int32_t n_known) {
     if (!e || !table || n_rows < 0 || n_known < 0) return -4;
     if (e->st_off.n > n_known || e->st_off.n > n_rows) return -5;
-    const int64_t nc = e->n_classes;
-    for (int64_t i = 0; i < e->dirty.n; i++) {
-        int32_t st = e->dirty.v[i];
-        memcpy(table + (int64_t)st * nc, e->trans.v + (int64_t)st * nc, sizeof(int32_t) * (size_t)nc);
-        e->row_dirty.v[st] = 0;
-    }
-    int32_t copied = (int32_t)e->dirty.n;
-    e->dirty.n = 0;
-    return copied;
+    return copy_dirty_rows(e, table);
 }
 
 int32_t llama_cffi_gengine_completes(const llama_cffi_gengine *e, int32_t first, int32_t n, uint8_t *out) {
     if (!e || first < 0 || n < 0 || (int64_t)first + n > e->st_off.n || (n && !out)) return -4;
-    for (int32_t i = 0; i < n; i++) {
-        int32_t st = first + i;
-        out[i] = e->st_len.v[st] > 0 && e->st_pool.v[e->st_off.v[st]] == 0;
-    }
+    for (int32_t i = 0; i < n; i++) out[i] = state_complete(e, first + i);
     return 0;
 }
 
