@@ -707,8 +707,9 @@ class CompiledGrammar:
         a settled state's plan walked without the engine, or a state's first mask from
         the root that leaves nothing pending. False (nothing decided, ``out`` to be
         overwritten) for everything else, which :meth:`_mask_words_c` does, as it does
-        these: a first mask answering "plan" or "heavy" (returned before any walk) or
-        leaving subtrees pending is made again there."""
+        these: a first mask answering "plan" has its plan made here and walked there; one
+        answering "heavy" (returned before any walk) or leaving subtrees pending is made
+        again there."""
         tg = self._tg
         oc = self._out_c
         if oc is None or oc[0] is not out:
@@ -738,6 +739,10 @@ class CompiledGrammar:
                 )
             finally:
                 eng._c_sync()
+        if rc == 1 and not small:  # a plan pays (the general path's answer to "plan"), made here
+            self._visited.add(state)
+            self._plans[state] = self._plan(state)
+            return False
         if rc != 0 or tg.n_pending:
             return False
         if not small:
