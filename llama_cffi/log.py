@@ -103,12 +103,18 @@ def capture() -> Iterator[list[tuple[int, str]]]:
         yield lines
     finally:
         with _lock:
-            _captures.remove(lines)
+            # by identity: two captures that saw the same lines are equal lists, and
+            # list.remove would take the first of them (another thread's, or the outer
+            # block's), leaving this one to collect and the other's remove to fail
+            for i, cap in enumerate(_captures):
+                if cap is lines:
+                    del _captures[i]
+                    break
             _apply_c_threshold()
 
 
 def _emit(level: int, line: str) -> None:
-    for cap in _captures:
+    for cap in tuple(_captures):  # (a snapshot: another thread may open or close a capture)
         if level >= logging.WARNING:
             cap.append((level, line))
     if level >= _user_level:

@@ -54,3 +54,40 @@ def test_bad_verbosity() -> None:
         llama_cffi.set_verbosity("loud")
     with pytest.raises(TypeError):
         llama_cffi.set_verbosity(1.5)  # type: ignore[arg-type]
+
+
+def test_captures_are_told_apart_by_identity() -> None:
+    """Nested captures (or two threads' at once) that saw the same lines are equal lists:
+    closing the inner one must close it, not the outer (list.remove by equality did, and
+    the outer then missed every later line while another thread's close raised)."""
+    import threading
+
+    from llama_cffi import log
+
+    with log.capture() as outer:
+        with log.capture() as inner:
+            log._emit(logging.WARNING, "both")
+        log._emit(logging.WARNING, "outer only")
+    assert outer == [(logging.WARNING, "both"), (logging.WARNING, "outer only")]
+    assert inner == [(logging.WARNING, "both")]
+    assert not log._captures
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(4)
+
+    def worker() -> None:
+        try:
+            for _ in range(200):
+                with log.capture():
+                    barrier.wait(timeout=30)
+                    log._emit(logging.WARNING, "shared")
+                    barrier.wait(timeout=30)
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert not log._captures
