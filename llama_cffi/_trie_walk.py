@@ -1131,19 +1131,13 @@ class TrieGrammar:
                 len(e32),
                 ffi.from_buffer("int64_t[]", pc) if len(pc) else ffi.NULL,
             )
-        rc = lib.llama_cffi_trie_first_mask(
-            self.trie._struct,
-            self._g,
+        rc = self.first_mask_rc(
             int(start),
-            int(root_plan_max),
-            int(root_plan_tokens),
-            int(heavy_min),
-            int(derive_share),
-            fixed[4],
-            fixed[5],
-            fixed[6],
             ffi.from_buffer("uint32_t[]", out),
-            *self._walk_args,
+            int(root_plan_max),
+            int(heavy_min),
+            int(root_plan_tokens),
+            int(derive_share),
         )
         if rc in (1, 2):
             return ("plan" if rc == 1 else "heavy"), _NO_PENDING, False
@@ -1158,13 +1152,10 @@ class TrieGrammar:
         if not self._tables:
             raise RuntimeError("set_tables() first")
         _words("out", out, self.trie.n_words)
-        gp = self._g_plain
-        if gp is None:
+        if self._g_plain is None:
             gp = self._g_plain = ffi.new("llama_cffi_trie_grammar *", self._g[0])
             gp.engine = gp.class_weight = gp.run_chain = ffi.NULL
-        rc = lib.llama_cffi_trie_mask(
-            self.trie._struct, gp, plan[0], ffi.from_buffer("uint32_t[]", out), *self._walk_args
-        )
+        rc = self.mask_plain_rc(plan, ffi.from_buffer("uint32_t[]", out))
         return self._pending_after(rc, "trie mask")
 
     # ------------------------------------------------------------------ the hot path

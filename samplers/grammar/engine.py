@@ -329,8 +329,8 @@ class Engine:
             self._trans_ptr = self._ffi.from_buffer("int32_t[]", grown)
         if n > have:
             # the new states' Python side first: another thread may read a row of the table
-            # without the lock (step's fast path) and go on to a state the rows name; their
-            # completeness comes with the sync below, so the rows are copied after it
+            # without the lock (step's fast path) and go on to a state the rows name: their
+            # completeness (one call) before the sync below copies the rows
             buf = self._complete_buf
             if len(buf) < n - have:
                 buf = self._complete_buf = np.zeros(max(2 * len(buf), n - have), dtype=np.uint8)
