@@ -317,6 +317,65 @@ def test_binding_in_one_c_call_equals_the_reference(rules: dict[str, tuple[tuple
     _assert_binding_is_the_reference(g.compile(pieces, mask_cache_size=0, kernel="c"))
 
 
+#: pieces that start with continuation bytes: they complete a pending character exactly,
+#: complete it and go on (ASCII, another character, a lead byte), end inside it, or hold
+#: a NUL (decoding stops there) or a byte that is not a continuation byte where one is due
+_CONTINUATIONS = [
+    b"\xa9",
+    b"\x97",
+    b"\xa5",
+    b"\x80",
+    b"\xa8",
+    b"\x97\xa5",
+    b"\x9f\x98\x80",
+    b"\x98\x80",
+    b"\x80\xa8",
+    b"\xa9a",
+    b"\xa9\xc3",
+    b"\x97\xa5\xe6\x97",
+    b"\xa5\xc3\xa9",
+    b"\x97a",
+    b"\x97\x00",
+    b"\xa9\x00b",
+    b"\x80\x80\x80\x80",
+]
+#: pending characters of the grammars' alphabet (test_gbnf.CHARS): after \xc3 (é), \xe6 and
+#: \xe6\x97 (日), \xf0, \xf0\x9f and \xf0\x9f\x98 (😀), \xe2\x80 (\u2028)
+_PENDING = [(0x03, 1), (0x06, 2), (0x06 << 6 | 0x17, 1), (0x00, 3), (0x1F, 2), (0x1F << 6 | 0x18, 1), (0x02 << 6, 1)]
+
+
+@settings(max_examples=budget(60), deadline=None)
+@given(rules=grammars(dag=False), seed=st.integers(0, 2**32 - 1), kernel=st.sampled_from(["c", "numpy"]))
+def test_partial_character_masks_equal_the_token_by_token_check(
+    rules: dict[str, tuple[tuple[Node, ...], ...]], seed: int, kernel: str
+) -> None:
+    """With a character pending, the mask made from the vocabulary's continuation tokens
+    sorted once (``VocabIndex.continuation_kinds``: completions in one engine call, longer
+    partial characters in one C call) equals the reference that checks every continuation
+    token alone, at every state of a random walk and every pending character of the
+    grammars' alphabet (on either engine core)."""
+    try:
+        g = Grammar.from_gbnf(grammar_text(rules))
+    except GrammarError:
+        return
+    rng = random.Random(seed)
+    parts = [*_PIECE_PARTS, *_PARTIALS, *_CONTINUATIONS, "😀".encode(), "\u2028".encode(), b"\xf0\x9f"]
+    pieces = sorted({b"".join(rng.choice(parts) for _ in range(rng.randint(1, 4))) for _ in range(300)} | set(parts))
+    c = g.compile(pieces, mask_cache_size=0, kernel=kernel)
+    assert len(c.vocab.continuation_tokens) >= len(_CONTINUATIONS)
+    m = c.matcher()
+    states = {m.state}
+    for _ in range(6):
+        allowed = np.flatnonzero(c.allowed(m.state, m.partial) & ~c.vocab.eog)
+        if not len(allowed) or not m.accept_token(int(allowed[rng.randrange(len(allowed))])):
+            break
+        states.add(m.state)
+    for state in sorted(states):
+        for pending in _PENDING:
+            want = c._partial_mask_by_token(state, pending)
+            assert np.array_equal(c._partial_mask(state, pending), want), (state, pending)
+
+
 def test_binding_in_one_c_call_on_the_default_vocabulary(big_vocab: llama_cffi.Model) -> None:
     """The same on Gemma 3's 262,144 tokens, for JSON schemas and a word list."""
     for name in list(_BIG_SCHEMAS)[:3]:

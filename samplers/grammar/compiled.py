@@ -165,9 +165,11 @@ class CompiledGrammar:
         #: short path (with a live state and no partial character: :meth:`_c_walks`)
         self._uncached_c = mask_cache_size == 0 and kernel == "c" and not engine.has_token_elements
         self._last: tuple[tuple[int, Partial], npt.NDArray[np.bool_]] | None = None
-        self._blob_u8: npt.NDArray[np.uint8] | None = None  # the pieces' bytes (partial masks)
         self._out_c: tuple[Any, Any] | None = None  # the last out buffer and its cdata (_mask_fast)
         self._partial_ok: dict[tuple[int, Partial], bool] = {}
+        #: per partial character: the classes of its completions by continuation tokens, and
+        #: the longer partial characters of the tokens that end inside it (_partial_mask)
+        self._pm_args: dict[Partial, tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]] = {}
         self.stats = {"mask_hits": 0, "mask_misses": 0}
         self._lock = threading.RLock()  # the walk buffer, the cache and the engine are shared
         #: use the absorbing walk (False: the plain level-by-level walk, for comparison)
@@ -1313,48 +1315,51 @@ class CompiledGrammar:
 
     def _partial_mask(self, state: int, partial: Partial) -> npt.NDArray[np.bool_]:
         """The mask from ``state`` with ``partial`` pending: only continuation tokens can
-        be allowed. Their first bytes (as many as the character still needs) complete it;
-        one engine step per distinct completed code point decides the tokens that end
-        there, and refuses those whose completion ``state`` cannot take or whose bytes are
-        not continuation bytes (invalid); the others (longer, shorter than the character's
-        rest, or with a NUL in it: decoding stops there) are checked token by token
-        (:meth:`_token_allowed`, the reference: 0.4-1.9 ms at 474 tokens for all of them,
-        where llama.cpp takes 0.03)."""
-        v, eng = self.vocab, self.engine
-        ct = v.continuation_tokens
+        be allowed (the vocabulary's :meth:`~VocabIndex.continuation_kinds` sorts them once
+        per number of bytes still needed). A token that completes the character exactly is
+        allowed iff ``state`` takes the code point (the transitions computed in one engine
+        call); one that ends inside it, iff ``state`` can take some completion of the
+        longer partial character (one C call); one that completes it and goes on, and the
+        few the sorting leaves to the reference, are checked token by token
+        (:meth:`_token_allowed`; :meth:`_partial_mask_by_token` checks every token so, the
+        reference of the whole mask)."""
+        eng = self.engine
         remain = partial[1]
         mask = np.zeros(self.n_vocab, dtype=bool)
-        if state == DEAD or not len(ct):
+        if state == DEAD or not len(self.vocab.continuation_tokens):
             return mask
         if eng.has_token_elements or remain <= 0:
             return self._partial_mask_by_token(state, partial)
-        blob = self._blob_u8
-        if blob is None:
-            blob = self._blob_u8 = np.frombuffer(v.blob, dtype=np.uint8)
-        start = v.piece_offsets[ct]
-        length = v.piece_offsets[ct + 1] - start
-        whole = length >= remain
-        cp = np.full(len(ct), int(partial[0]), dtype=np.int64)
-        cont = np.ones(len(ct), dtype=bool)
-        for j in range(remain):
-            b = np.where(whole, blob[np.minimum(start + j, len(blob) - 1)], 0).astype(np.int64)
-            whole &= b != 0
-            cont &= (b >> 6) == 2
-            cp = (cp << 6) + (b & 0x3F)
-        done = whole & cont & ~v.eog[ct]  # the character completed (EOG pieces: the reference)
-        # (a dict of the distinct code points, not np.unique: its first call imports numpy.ma)
-        cps = sorted(set(cp[done].tolist()))
-        live: dict[int, bool] = {}
-        if cps:  # their transitions computed in one call, then read from the table
-            classes = eng.classes_of(np.array(cps, dtype=np.int64)).astype(np.int32)
-            eng.fill(np.full(len(classes), state, dtype=np.int32), classes)
-            nxt = eng.table()[state, classes]
-            live = dict(zip(cps, (nxt != DEAD).tolist(), strict=True))
-        ok = np.fromiter((live.get(c, False) for c in cp.tolist()), dtype=bool, count=len(cp))
-        exact = done & (length == remain)  # nothing after the character: allowed iff it is taken
-        mask[ct[exact & ok]] = True
-        check = ~whole | (done & ok & ~exact) | (whole & cont & v.eog[ct])  # (exact lies within done)
-        for t in ct[check].tolist():
+        kinds = self.vocab.continuation_kinds(remain)
+        args = self._pm_args.get(partial)
+        if args is None:  # per partial character: the completions' classes, the longer partials
+            value = int(partial[0])
+            cps = (value << (6 * remain)) | np.concatenate((kinds.exact[1], kinds.longer[1]))
+            _, low, taken = kinds.short
+            pchars = (((value << (6 * taken)) | low) << 2) | (remain - taken)
+            if len(self._pm_args) >= 4096:
+                self._pm_args.clear()
+            args = self._pm_args[partial] = (eng.classes_of(cps).astype(np.int32), pchars)
+        classes, pchars = args
+        ex = kinds.exact[0]
+        n_ex = len(ex)
+        if len(classes):
+            row = eng.table()[state]
+            if (row[classes] == -2).any():
+                eng.fill(np.full(len(classes), state, dtype=np.int32), classes)
+                row = eng.table()[state]
+            live = row[classes] != DEAD
+            mask[ex] = live[:n_ex]
+            for t in kinds.longer[0][live[n_ex:]].tolist():
+                mask[t] = self._token_allowed(state, partial, t)
+        if len(pchars):
+            toks = kinds.short[0]
+            if eng.core == "c":
+                mask[toks] = eng._c_pchar_ok(state, pchars)
+            else:
+                for t, pc in zip(toks.tolist(), pchars.tolist(), strict=True):
+                    mask[t] = self._partial_fits(state, (pc >> 2, pc & 3))
+        for t in kinds.ref.tolist():
             mask[t] = self._token_allowed(state, partial, t)
         return mask
 

@@ -32,7 +32,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -103,6 +103,20 @@ _PRESCAN_FIELDS: dict[str, str] = {
 #: the prescanned ones besides): each a mask (n_vocab / 8 bytes) and, with its paths, a
 #: byte per trie node.
 _SHARED_SCANS = 32
+
+
+TokenBits = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]
+
+
+class ContinuationKinds(NamedTuple):
+    """Continuation tokens for a character that still needs a given number of bytes
+    (:meth:`VocabIndex.continuation_kinds`): each kind as (tokens, the low six bits of the
+    bytes they give the character, how many bytes that is)."""
+
+    exact: TokenBits  #: complete the character and end there
+    longer: TokenBits  #: complete it and go on
+    short: TokenBits  #: end inside it
+    ref: npt.NDArray[np.int64]  #: checked alone by the reference (EOG pieces, a NUL byte)
 
 
 class VocabIndex:
@@ -186,6 +200,52 @@ class VocabIndex:
         at its end left out)."""
         token = expect_int("token", token)
         return self.cps[self.offsets[token] : self.offsets[token + 1]]
+
+    def continuation_kinds(self, remain: int) -> ContinuationKinds:
+        """The vocabulary's continuation tokens sorted for a character that still needs
+        ``remain`` bytes (1-3; made with the index): those that complete it exactly, those
+        that complete it and go on, those that end inside it, and those left to the
+        grammar's token-by-token check (EOG pieces, a NUL byte in the piece: decoding stops
+        there); the others (a byte that is not a continuation byte where the character
+        needs one, or a token that is never allowed) are refused. Per token, the low six
+        bits of the bytes it gives the character, in order, and how many bytes that is."""
+        if type(remain) is not int:
+            remain = expect_int("remain", remain)
+        if not 1 <= remain <= 3:
+            raise ValueError(f"remain must be 1, 2 or 3 (bytes a UTF-8 character still needs), not {remain}")
+        return self._cont_kinds[remain - 1]
+
+    def _sort_continuations(self) -> list[ContinuationKinds]:
+        """:meth:`continuation_kinds` for 1, 2 and 3 bytes still needed (vectorised)."""
+        ct = self.continuation_tokens.astype(np.int64)
+        po = self.piece_offsets
+        start, length = po[ct], po[ct + 1] - po[ct]
+        blob = np.frombuffer(self.blob, dtype=np.uint8)
+        zeros = np.concatenate(([0], np.cumsum(blob == 0)))
+        ref = self.eog[ct] | (zeros[start + length] > zeros[start])
+        out = []
+        for remain in (1, 2, 3):
+            taken = np.minimum(length, remain)
+            low = np.zeros(len(ct), dtype=np.int64)
+            cont = ~ref & ~self.never[ct]
+            for j in range(remain):
+                inside = j < taken
+                b = blob[np.where(inside, start + j, 0)].astype(np.int64) if len(blob) else low
+                cont &= ~inside | (b >> 6 == 2)
+                low = np.where(inside, (low << 6) | (b & 0x3F), low)
+
+            def kind(sel: npt.NDArray[np.bool_], low: I64 = low, taken: I64 = taken) -> TokenBits:
+                return ct[sel], low[sel], taken[sel]
+
+            out.append(
+                ContinuationKinds(
+                    kind(cont & (length == remain)),
+                    kind(cont & (length > remain)),
+                    kind(cont & (length < remain)),
+                    ct[ref],
+                )
+            )
+        return out
 
     # ------------------------------------------------------------------ building
     def _build(self, eog: npt.NDArray[np.bool_]) -> None:
@@ -371,6 +431,7 @@ class VocabIndex:
         #: tokens whose piece starts with a UTF-8 continuation byte: the only ones that can
         #: follow a token that ended inside a character
         self.continuation_tokens = nonempty[(fb >= 0x80) & (fb < 0xC0)].astype(np.int32)
+        self._cont_kinds = self._sort_continuations()
         self.has_partial = self.partial_remain > 0
         self.nonpartial = ~self.has_partial
         self.eog_ids = np.flatnonzero(self.eog)
