@@ -268,6 +268,19 @@ class _ScanOut:
         )
 
 
+def _runs(run: Any, w: int, max_depth: int) -> U64:
+    """A scan's runs as ``(n, w)`` uint64 words (a copy: the scan keeps its first row):
+    one run (``w`` words), or a chain's, one per character (the ``j``-th character of a
+    path of the run is of a class in row ``min(j, n - 1)``: the last repeats),
+    ``1 <= n <= max_depth + 2``."""
+    runs = np.array(run, dtype=np.uint64)
+    if runs.ndim == 1:
+        runs = runs[None, :]
+    if runs.ndim != 2 or runs.shape[1] != w or not 1 <= len(runs) <= max_depth + 2:
+        raise ValueError(f"run must be {w} uint64 words, or 1 to {max_depth + 2} rows of them")
+    return np.ascontiguousarray(runs)
+
+
 def _derived(trie: Trie, base: RunScan, k: int, frontier: I32, group_start: I32) -> RunScan:
     """The scan of length ``k`` derived from ``base``: its frontier and groups as the C
     derivation made them; the mask and partial tokens the base's, limited to ``k``
@@ -478,23 +491,23 @@ class Trie:
 
     def run_scan(self, cls: I32, n_classes: int, run: U64, k: int, keep_on: bool = False) -> RunScan:
         """See :class:`RunScan`. ``cls``: each node's class (the reference scan's input;
-        :class:`TrieGrammar` scans without it); ``run``: ``W`` words;
-        ``0 <= k <= max_depth + 1`` (``max_depth + 1``: any length). ``keep_on``: keep which
-        nodes are on the run's paths, for :meth:`run_derive`."""
+        :class:`TrieGrammar` scans without it); ``run``: ``W`` words, or a chain's runs,
+        ``(n, W)`` (see :func:`_runs`); ``0 <= k <= max_depth + 1`` (``max_depth + 1``: any
+        length). ``keep_on``: keep which nodes are on the run's paths, for
+        :meth:`run_derive`."""
         cls = _i32("cls", cls, self.n_nodes)
         w = n_classes // 64 + 1
-        run = np.array(run, dtype=np.uint64)  # a copy: the scan keeps it
-        if run.shape != (w,):
-            raise ValueError(f"run must be {w} uint64 words")
+        runs = _runs(run, w, self.max_depth)
         if not 0 <= k <= self.max_depth + 1:
             raise ValueError(f"k must lie in [0, {self.max_depth + 1}], not {k}")
-        out = _ScanOut(self, n_classes, k, run)
+        out = _ScanOut(self, n_classes, k, runs[0])
         on = np.empty(self.n_nodes + 1, dtype=np.uint8) if keep_on else None
         rc = lib.llama_cffi_trie_run_scan(
             self._struct,
             ffi.from_buffer("int32_t[]", cls),
             n_classes,
-            ffi.from_buffer("uint64_t[]", run),
+            ffi.from_buffer("uint64_t[]", runs),
+            len(runs),
             k,
             *out.args(),
             ffi.NULL if on is None else ffi.from_buffer("uint8_t[]", on),
@@ -783,15 +796,16 @@ class TrieGrammar:
 
     def run_scan(self, run: U64, k: int, keep: bool = False) -> RunScan:
         """:meth:`Trie.run_scan` for this grammar, faster (subtrees wholly of the run are set
-        at once, not visited). ``keep``: keep what :meth:`run_derive` needs (the visited
-        nodes on the run's paths, the subtrees taken whole)."""
+        at once, not visited). ``run``: ``W`` words, or a chain's runs ``(n, W)`` (see
+        :func:`_runs`; then not ``keep``). ``keep``: keep what :meth:`run_derive` needs
+        (the visited nodes on the run's paths, the subtrees taken whole)."""
         trie = self.trie
-        run = np.array(run, dtype=np.uint64)  # a copy: the scan keeps it
-        if run.shape != (self.W,):
-            raise ValueError(f"run must be {self.W} uint64 words")
+        runs = _runs(run, self.W, trie.max_depth)
+        if keep and len(runs) > 1:
+            raise ValueError("keep needs a run of one class set (derivations are of one)")
         if not 0 <= k <= trie.max_depth + 1:
             raise ValueError(f"k must lie in [0, {trie.max_depth + 1}], not {k}")
-        out = self._scan_bufs = _ScanOut(trie, self.n_classes, k, run, self._scan_bufs)
+        out = self._scan_bufs = _ScanOut(trie, self.n_classes, k, runs[0], self._scan_bufs)
         on = absorbed = None
         n_abs = ffi.new("int32_t *")
         if keep:
@@ -800,7 +814,8 @@ class TrieGrammar:
         rc = lib.llama_cffi_trie_run_scan_skip(
             trie._struct,
             self._g,
-            ffi.from_buffer("uint64_t[]", run),
+            ffi.from_buffer("uint64_t[]", runs),
+            len(runs),
             k,
             *out.args(),
             ffi.NULL if on is None else ffi.from_buffer("uint8_t[]", on),
@@ -921,11 +936,13 @@ class TrieGrammar:
         run_len: I32,
         pchar_known: npt.NDArray[np.bool_],
         pchar_ok: npt.NDArray[np.bool_],
+        run_closed: U64 | None = None,
     ) -> None:
         """The grammar's growing tables, read in place: ``trans`` ``(n_states,
         n_classes)`` int32; per state ``run_known``, ``run_words`` ``(n, W)`` and
         ``run_len`` (see ``llama_cffi.h``); ``pchar_known`` per state and ``pchar_ok``
-        ``(n, max(n_pchars, 1))``. A no-op when the same arrays are given again."""
+        ``(n, max(n_pchars, 1))``; ``run_closed`` (None, or as ``run_words``): per state
+        its closed run. A no-op when the same arrays are given again."""
         old = self._tables
         if (
             old
@@ -935,14 +952,16 @@ class TrieGrammar:
             and run_len is old[3]
             and pchar_known is old[4]
             and pchar_ok is old[5]
+            and run_closed is old[6]
         ):
             return
-        tables = (trans, run_known, run_words, run_len, pchar_known, pchar_ok)
+        tables = (trans, run_known, run_words, run_len, pchar_known, pchar_ok, run_closed)
         nc, w, npc = self.n_classes, self.W, max(self.trie.n_pchars, 1)
         for name, a, dt, cols in (
             ("trans", trans, np.int32, nc),
             ("run_words", run_words, np.uint64, w),
             ("pchar_ok", pchar_ok, np.bool_, npc),
+            *((("run_closed", run_closed, np.uint64, w),) if run_closed is not None else ()),
         ):
             if not isinstance(a, np.ndarray) or a.dtype != dt or a.ndim != 2 or a.shape[1] != cols:
                 raise ValueError(f"{name} must be a 2-D {np.dtype(dt).name} array of {cols} columns")
@@ -957,6 +976,8 @@ class TrieGrammar:
                 raise ValueError(f"{name} must be a 1-D C-contiguous {np.dtype(dt).name} array")
         if len(run_known) > min(len(run_words), len(run_len)) or len(pchar_known) > len(pchar_ok):
             raise ValueError("a known-flags array is longer than its table")
+        if run_closed is not None and len(run_closed) < len(run_known):
+            raise ValueError("run_closed is shorter than run_known")
         g = self._g
         keep = [
             ffi.from_buffer("int32_t[]", trans),
@@ -967,6 +988,11 @@ class TrieGrammar:
             ffi.from_buffer("uint8_t[]", pchar_ok),
         ]
         g.trans, g.run_known, g.run_words, g.run_len, g.pchar_known, g.pchar_ok = keep
+        if run_closed is not None:
+            keep.append(ffi.from_buffer("uint64_t[]", run_closed))
+            g.run_closed = keep[-1]
+        else:
+            g.run_closed = ffi.NULL
         g.n_states, g.n_run_states, g.n_pchar_states = len(trans), len(run_known), len(pchar_known)
         self._g_plain = None  # (the copy without the engine is made again on its next use)
         self._tables = tables

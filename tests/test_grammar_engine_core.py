@@ -62,7 +62,7 @@ def check_pchars_and_run(c: Engine, p: Engine, sc: int, sp: int, where: str) -> 
     want = [p.partial_ok(sp, (v >> 2, v & 3)) for v in PCHARS]
     assert got == want, where
     try:
-        chain, words = c._c_run(sc, np.arange(1, c.n_classes + 1, dtype=np.float64), 6, 256)
+        chain, words, closed = c._c_run(sc, np.arange(1, c.n_classes + 1, dtype=np.float64), 6, 256)
     except GrammarBudgetError:
         return
     classes = [k for k in range(c.n_classes) if (int(words[k // 64]) >> (k % 64)) & 1]
@@ -72,6 +72,19 @@ def check_pchars_and_run(c: Engine, p: Engine, sc: int, sp: int, where: str) -> 
             assert c.step(a, k) == b, f"{where}: run class {k} from {a}"
     if not classes:
         assert chain.tolist() == [sc] * 7, where
+    # the closed run: every state its classes lead to (from sc, by any string of them)
+    # stays alive on each of them (checked by a search over those states)
+    shut = [k for k in range(c.n_classes) if (int(closed[k // 64]) >> (k % 64)) & 1]
+    seen, todo = {sc}, [sc]
+    while todo:
+        a = todo.pop()
+        for k in shut:
+            b = c.step(a, k)
+            assert b >= 0, f"{where}: closed class {k} kills state {a}"
+            if b not in seen:
+                seen.add(b)
+                todo.append(b)
+    assert len(seen) <= 8, where
 
 
 def step_both(c: Engine, p: Engine, sc: int, sp: int, cp: int, where: str) -> tuple[int, int] | None:
@@ -331,6 +344,7 @@ def test_c_core_refuses_bad_arguments() -> None:
             8,
             i32(chain),
             ffi.cast("uint64_t *", words.ctypes.data),
+            ffi.NULL,
             7,
         )
         == -4

@@ -228,6 +228,25 @@ def test_patterns_match_like_a_search(pattern: str, text: str) -> None:
     assert both(g, text) == expect
 
 
+@pytest.mark.parametrize("pattern", PATTERNS)
+@settings(max_examples=60, deadline=None)
+@given(texts=st.lists(st.text(alphabet="abcdxyé0123-_\n ", max_size=7), min_size=1, max_size=20))
+def test_minimized_automata_accept_the_same(pattern: str, texts: list[str]) -> None:
+    """``DFA.minimized`` (what key and not-pattern rules are written from) accepts the same
+    strings with at most as many states, and minimizing again changes nothing; its
+    complement too. A search for ``\\w`` is two states: before a word character and after
+    one (the subset construction makes four)."""
+    d = from_regex(anchored(parse(pattern)))
+    for a in (d, d.complement()):
+        m = a.minimized()
+        assert len(m.edges) <= len(a.edges)
+        assert len(m.minimized().edges) == len(m.edges)
+        for text in texts:
+            assert m.accepts(text) == a.accepts(text), text
+    w = from_regex(anchored(parse("\\w"))).minimized()
+    assert len(w.edges) == 2 and w.accepts("--a") and not w.accepts("--")
+
+
 def test_string_keywords_together() -> None:
     """Two patterns, a pattern with lengths, and a not-pattern are enforced together (an
     automaton product), with escapes and characters outside the BMP counted as one."""

@@ -742,13 +742,96 @@ int32_t llama_cffi_gengine_completes(const llama_cffi_gengine *e, int32_t first,
     return 0;
 }
 
+#define CLOSED_MAX 8     /* states a closed run may visit */
+#define CLOSED_TRIES 32  /* searches for one (each after removing classes) */
+
+/* see llama_cffi_gengine_run: the closed run of state into words (W words). From the
+   classes that leave state alive, a search over the states they lead to; a state that
+   some of them kill (or one past CLOSED_MAX) costs either those classes or the class it
+   was reached by, whichever weighs less (class_weight: a key's closing quote leads to a
+   state that kills every letter, and goes), and the search starts again. Left empty
+   after CLOSED_TRIES searches, or at a state with more than max_run_stacks stacks or a
+   transition past the engine's budget; 0, or an engine error */
+static int closed_run(llama_cffi_gengine *e, int32_t state, const double *class_weight, int32_t max_run_stacks,
+                      uint64_t *words, int32_t W) {
+    const int64_t nc = e->n_classes;
+    memset(words, 0, sizeof(uint64_t) * (size_t)W);
+    int rc = e->st_len.v[state] > max_run_stacks ? -3 : fill_row_(e, state);
+    if (rc == -3 || rc == -6) return 0; /* an ambiguous state, past the budget: no closed run */
+    if (rc) return rc;
+    const int32_t *row = e->trans.v + (int64_t)state * nc;
+    for (int64_t c = 0; c < nc; c++)
+        if (row[c] >= 0) words[c / 64] |= (uint64_t)1 << (c % 64);
+#define IN_L(c) ((words[(c) / 64] >> ((c) % 64)) & 1u)
+#define DROP(c) (words[(c) / 64] &= ~((uint64_t)1 << ((c) % 64)))
+    for (int tries = 0; tries < CLOSED_TRIES; tries++) {
+        int32_t seen[CLOSED_MAX], via[CLOSED_MAX];
+        int32_t n_seen = 1;
+        seen[0] = state;
+        via[0] = -1;
+        int again = 0;
+        for (int32_t i = 0; i < n_seen && !again; i++) {
+            const int32_t r = seen[i];
+            rc = e->st_len.v[r] > max_run_stacks ? -3 : fill_row_(e, r);
+            if (rc == -3 || rc == -6) break;
+            if (rc) return rc;
+            row = e->trans.v + (int64_t)r * nc; /* (read after fill_row_: the table may have moved) */
+            double killed = 0.0;
+            int any = 0;
+            for (int64_t c = 0; c < nc; c++)
+                if (IN_L(c) && row[c] < 0) {
+                    killed += class_weight[c];
+                    any = 1;
+                }
+            if (any) {
+                if (i > 0 && class_weight[via[i]] < killed) DROP(via[i]);
+                else
+                    for (int64_t c = 0; c < nc; c++)
+                        if (IN_L(c) && row[c] < 0) DROP(c);
+                again = 1;
+                break;
+            }
+            for (int64_t c = 0; c < nc && !again; c++) {
+                if (!IN_L(c)) continue;
+                const int32_t nx = row[c];
+                if (nx < 0 || nx >= e->st_off.n) { /* (not after the check above; never read as a state) */
+                    DROP(c);
+                    again = 1;
+                    break;
+                }
+                int known = 0;
+                for (int32_t j = 0; j < n_seen && !known; j++) known = seen[j] == nx;
+                if (known) continue;
+                if (n_seen == CLOSED_MAX) { /* too many states: the class that leads past them goes */
+                    DROP(c);
+                    again = 1;
+                    break;
+                }
+                via[n_seen] = (int32_t)c;
+                seen[n_seen++] = nx;
+            }
+        }
+        if (rc == -3 || rc == -6) break;
+        if (!again) return 0; /* every state reached stays alive on every class left */
+    }
+#undef IN_L
+#undef DROP
+    memset(words, 0, sizeof(uint64_t) * (size_t)W); /* none found within the bounds */
+    return 0;
+}
+
 int32_t llama_cffi_gengine_run(llama_cffi_gengine *e, int32_t state, const double *class_weight, int32_t cap,
-                               int32_t max_run_stacks, int32_t *chain, uint64_t *run_words, int32_t W) {
+                               int32_t max_run_stacks, int32_t *chain, uint64_t *run_words, uint64_t *closed_words,
+                               int32_t W) {
     if (!e || !check_state(e, state) || !class_weight || cap < 0 || !chain || !run_words ||
         W != e->n_classes / 64 + 1)
         return -4;
     int rc = fill_row_(e, state);
     if (rc) return rc;
+    if (closed_words) {
+        rc = closed_run(e, state, class_weight, max_run_stacks, closed_words, W);
+        if (rc) return rc;
+    }
     const int64_t nc = e->n_classes;
     memset(run_words, 0, sizeof(uint64_t) * (size_t)W);
     int32_t len = 0;

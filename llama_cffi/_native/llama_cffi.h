@@ -231,6 +231,10 @@ typedef struct {
     const uint8_t *run_known;
     const uint64_t *run_words;
     const int32_t *run_len;
+    /* NULL, or per state below n_run_states with run_known: its closed run (W words, see
+       llama_cffi_gengine_run): a subtree wholly of those classes is accepted whole from
+       it, at any depth */
+    const uint64_t *run_closed;
     const uint8_t *pchar_known;
     const uint8_t *pchar_ok;
     const int32_t *root_nodes; /* the root's children grouped by class (llama_cffi_trie_root_groups) */
@@ -268,7 +272,10 @@ int llama_cffi_trie_bind(const llama_cffi_trie *t, const int32_t *uniq_cps, cons
                          int32_t n_ascii, const int32_t *edges, const int32_t *interval_class, int32_t n_int,
                          int32_t n_classes, const int32_t *ascii_cls, int32_t *cls_of_cpi, double *class_weight,
                          uint64_t *na_classes, uint64_t *asc_table, int32_t *root_nodes, int32_t *root_start);
-/* the tokens of at most k characters made only of the classes in run: whole ones as
+/* the tokens of at most k characters whose j-th character (from 0) is of a class in
+   runs[min(j, n_runs - 1)] (n_runs rows of n_classes / 64 + 1 words, 1 <= n_runs <=
+   max_depth + 2: a run of one class set, or a chain whose states each follow their own,
+   the last repeating; "the run" below): whole ones as
    bits of mask (OR-ed), those ending inside a character into pt_tokens with their depth
    in characters (pt_depth); the nodes where such paths leave the run (a class not in it,
    or a (k+1)-th character) into frontier, grouped by the parent's depth d and the class
@@ -280,8 +287,8 @@ int llama_cffi_trie_bind(const llama_cffi_trie *t, const int32_t *uniq_cps, cons
    again). scratch holds 2 * frontier_cap values. on_out
    (n_nodes + 1 bytes, or NULL): which nodes are on such paths.
    0, -1 bad data, -2 out of memory, -3 a buffer too small */
-int llama_cffi_trie_run_scan(const llama_cffi_trie *t, const int32_t *cls, int32_t n_classes, const uint64_t *run,
-                             int32_t k, uint32_t *mask, int32_t *frontier, int32_t frontier_cap, int32_t *n_frontier,
+int llama_cffi_trie_run_scan(const llama_cffi_trie *t, const int32_t *cls, int32_t n_classes, const uint64_t *runs,
+                             int32_t n_runs, int32_t k, uint32_t *mask, int32_t *frontier, int32_t frontier_cap, int32_t *n_frontier,
                              int32_t *group_start, int32_t *pt_tokens, int32_t *pt_depth, int32_t pt_cap, int32_t *n_pt,
                              int32_t *scratch, uint8_t *on_out);
 /* llama_cffi_trie_run_scan without on_out, faster: a node whose whole subtree is of the
@@ -293,9 +300,10 @@ int llama_cffi_trie_run_scan(const llama_cffi_trie *t, const int32_t *cls, int32
    With on_out (n_nodes + 1 bytes, zeroed by the caller) and absorbed (2 * absorbed_cap
    values), it also keeps what llama_cffi_trie_run_derive_skip needs: the nodes on the
    run's paths it visited (on_out), and those whose whole subtree it took unvisited, with
-   their level (absorbed, *n_absorbed pairs); all NULL: neither. */
-int llama_cffi_trie_run_scan_skip(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, const uint64_t *run,
-                                  int32_t k, uint32_t *mask, int32_t *frontier, int32_t frontier_cap,
+   their level (absorbed, *n_absorbed pairs); all NULL: neither (and only they when
+   n_runs > 1: derivations are of one class set). */
+int llama_cffi_trie_run_scan_skip(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, const uint64_t *runs,
+                                  int32_t n_runs, int32_t k, uint32_t *mask, int32_t *frontier, int32_t frontier_cap,
                                   int32_t *n_frontier, int32_t *group_start, int32_t *pt_tokens, int32_t *pt_depth,
                                   int32_t pt_cap, int32_t *n_pt, int32_t *scratch, uint8_t *on_out,
                                   int32_t *absorbed, int32_t absorbed_cap, int32_t *n_absorbed);
@@ -495,9 +503,16 @@ int32_t llama_cffi_gengine_completes(const llama_cffi_gengine *e, int32_t first,
    words), and the chain of states those classes lead to, chain[0] = state, followed while
    every class of the run leads the state reached to one successor and the state has at
    most max_run_stacks stacks, filled up to cap + 1 states when it reaches a self-loop (or
-   when nothing follows state); returns the chain's length (at most cap + 1) */
+   when nothing follows state); returns the chain's length (at most cap + 1). With
+   closed_words (W words, or NULL), also its closed run: classes L such that every state
+   that strings over L lead state to (at most 8 of them, each with at most max_run_stacks
+   stacks) stays alive on every class of L, so that every string over L, of any length,
+   leaves state alive (empty when there is none within those bounds). A key that must
+   match \\w: a word character leads to another state than the others, so no single
+   successor's classes make a long run, but every string character keeps the key alive */
 int32_t llama_cffi_gengine_run(llama_cffi_gengine *e, int32_t state, const double *class_weight, int32_t cap,
-                               int32_t max_run_stacks, int32_t *chain, uint64_t *run_words, int32_t W);
+                               int32_t max_run_stacks, int32_t *chain, uint64_t *run_words, uint64_t *closed_words,
+                               int32_t W);
 /* per partial UTF-8 character (pchars[k]: value << 2 | bytes still needed), whether some
    stack of state can take a completion of it (llama_grammar_match_partial_char), into out */
 int llama_cffi_gengine_pchar_ok(llama_cffi_gengine *e, int32_t state, const int64_t *pchars, int32_t n,

@@ -145,7 +145,7 @@ static inline int root_class_step(const llama_cffi_trie *t, const llama_cffi_tri
 static int compute_run(const llama_cffi_trie_grammar *g, int32_t s) {
     int32_t n = llama_cffi_gengine_run((llama_cffi_gengine *)g->engine, s, g->class_weight, g->run_cap,
                                        g->max_run_stacks, g->run_chain, (uint64_t *)g->run_words + (size_t)s * g->W,
-                                       g->W);
+                                       g->run_closed ? (uint64_t *)g->run_closed + (size_t)s * g->W : NULL, g->W);
     if (n < 0) return LLAMA_CFFI_GENGINE_WALK_ERR + n;
     ((int32_t *)g->run_len)[s] = n - 1;
     ((uint8_t *)g->run_known)[s] = 1;
@@ -197,7 +197,7 @@ static inline int covered(const llama_cffi_trie *t, int32_t node, const uint64_t
 #define RUN_SUMS 64 /* a power of two */
 typedef struct {
     int32_t state[RUN_SUMS];
-    uint64_t sum[RUN_SUMS][3];
+    uint64_t sum[RUN_SUMS][6]; /* the run's summary, then its closed run's (zero: none) */
 } run_sums;
 
 static inline void run_sums_init(run_sums *r) {
@@ -208,6 +208,8 @@ static inline const uint64_t *run_sum_of(const llama_cffi_trie_grammar *g, run_s
     const int h = s & (RUN_SUMS - 1);
     if (r->state[h] != s) {
         run_summary(g, g->run_words + (size_t)s * (size_t)g->W, r->sum[h]);
+        if (g->run_closed) run_summary(g, g->run_closed + (size_t)s * (size_t)g->W, r->sum[h] + 3);
+        else memset(r->sum[h] + 3, 0, 3 * sizeof(uint64_t));
         r->state[h] = s;
     }
     return r->sum[h];
@@ -224,14 +226,15 @@ static void group_sort(const int32_t *pairs, int32_t nf, int64_t n_groups, int32
     group_start[0] = 0;
 }
 
-int llama_cffi_trie_run_scan(const llama_cffi_trie *t, const int32_t *cls, int32_t n_classes, const uint64_t *run,
-                             int32_t k, uint32_t *mask, int32_t *frontier, int32_t frontier_cap, int32_t *n_frontier,
+int llama_cffi_trie_run_scan(const llama_cffi_trie *t, const int32_t *cls, int32_t n_classes, const uint64_t *runs,
+                             int32_t n_runs, int32_t k, uint32_t *mask, int32_t *frontier, int32_t frontier_cap, int32_t *n_frontier,
                              int32_t *group_start, int32_t *pt_tokens, int32_t *pt_depth, int32_t pt_cap, int32_t *n_pt,
                              int32_t *scratch, uint8_t *on_out) {
-    if (!t || !cls || !run || !mask || !frontier || !n_frontier || !group_start || !pt_tokens || !pt_depth || !n_pt ||
-        !scratch || k < 0 || k > t->max_depth + 1 || n_classes < 0)
+    if (!t || !cls || !runs || !mask || !frontier || !n_frontier || !group_start || !pt_tokens || !pt_depth || !n_pt ||
+        !scratch || k < 0 || k > t->max_depth + 1 || n_classes < 0 || n_runs < 1 || n_runs > t->max_depth + 2)
         return -1;
     const int32_t n_nodes = t->n_nodes, n_vocab = t->n_vocab;
+    const size_t W = (size_t)(n_classes / 64 + 1);
     const int64_t n_groups = (int64_t)(k + 1) * n_classes;
     if (n_groups >= (int64_t)1 << 30 || frontier_cap < n_nodes) return -1;
     int32_t nf = 0, np_ = 0;
@@ -260,6 +263,7 @@ int llama_cffi_trie_run_scan(const llama_cffi_trie *t, const int32_t *cls, int32
         if (lo < 0 || hi < lo || hi > n_nodes) { rc = -1; goto done; }
         int any = 0;
         const int in_run = j < k;
+        const uint64_t *run = runs + (size_t)(j < n_runs ? j : n_runs - 1) * W; /* the classes of character j */
         for (int32_t n = lo; n < hi; n++) {
             const int32_t p = parent[n];
             if ((uint32_t)p > (uint32_t)n_nodes) { rc = -1; goto done; }
@@ -349,8 +353,12 @@ static inline int visit(const llama_cffi_trie *t, const llama_cffi_trie_grammar 
         if (rc) return rc;
     }
     if (s < g->n_run_states && g->run_known[s]) {
-        if (t->height[node] <= g->run_len[s] && covered(t, node, run_sum_of(g, sums, s))) {
-            /* every token below continues in s's run: the whole subtree */
+        const uint64_t *sum = run_sum_of(g, sums, s);
+        /* (a closed run's summary: bit 0 of word 2 alone, every class with a code point >=
+           128 in it, says nothing when it holds no class) */
+        if ((t->height[node] <= g->run_len[s] && covered(t, node, sum)) ||
+            ((sum[3] | sum[4]) && covered(t, node, sum + 3))) {
+            /* every token below continues in s's run, or in its closed run: the whole subtree */
             for (int32_t r = rs; r < re; r++) {
                 int32_t tok = t->order[r];
                 if (tok < 0 || tok >= t->n_vocab) return -1;
@@ -706,21 +714,24 @@ int llama_cffi_trie_first_mask(const llama_cffi_trie *t, const llama_cffi_trie_g
     return 0;
 }
 
-int llama_cffi_trie_run_scan_skip(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, const uint64_t *run,
-                                  int32_t k, uint32_t *mask, int32_t *frontier, int32_t frontier_cap,
+int llama_cffi_trie_run_scan_skip(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, const uint64_t *runs,
+                                  int32_t n_runs, int32_t k, uint32_t *mask, int32_t *frontier, int32_t frontier_cap,
                                   int32_t *n_frontier, int32_t *group_start, int32_t *pt_tokens, int32_t *pt_depth,
                                   int32_t pt_cap, int32_t *n_pt, int32_t *scratch, uint8_t *on_out,
                                   int32_t *absorbed, int32_t absorbed_cap, int32_t *n_absorbed) {
-    if ((on_out || absorbed) && (!on_out || !absorbed || !n_absorbed || absorbed_cap < 0)) return -1;
+    if ((on_out || absorbed) && (!on_out || !absorbed || !n_absorbed || absorbed_cap < 0 || n_runs != 1)) return -1;
     if (n_absorbed) *n_absorbed = 0;
-    if (!t || !g || !run || !mask || !frontier || !n_frontier || !group_start || !pt_tokens || !pt_depth || !n_pt ||
-        !scratch || k < 0 || k > t->max_depth + 1)
+    if (!t || !g || !runs || !mask || !frontier || !n_frontier || !group_start || !pt_tokens || !pt_depth || !n_pt ||
+        !scratch || k < 0 || k > t->max_depth + 1 || n_runs < 1 || n_runs > t->max_depth + 2)
         return -1;
     const int32_t n_nodes = t->n_nodes, n_vocab = t->n_vocab, nc = g->n_classes;
     const int64_t n_groups = (int64_t)(k + 1) * nc;
     if (!t->below_asc || !t->below_flags || !g->asc_table || !g->na_classes) return -1;
-    uint64_t sum[3]; /* the run in the terms of the trie's below_asc and below_flags */
-    run_summary(g, run, sum);
+    /* the classes of character d: runs[min(d, n_runs - 1)]; a subtree is taken whole only
+       where every character below it is of the last (the same from there on) */
+    const uint64_t *const last = runs + (size_t)(n_runs - 1) * (size_t)g->W;
+    uint64_t sum[3]; /* the last run in the terms of the trie's below_asc and below_flags */
+    run_summary(g, last, sum);
     if (n_groups >= (int64_t)1 << 30 || frontier_cap < n_nodes) return -1;
     const int32_t *const first_child = t->first_child, *const n_child = t->n_child;
     const int32_t *const row_start = t->row_start, *const row_end = t->row_end, *const n_term = t->n_term;
@@ -747,7 +758,7 @@ int llama_cffi_trie_run_scan_skip(const llama_cffi_trie *t, const llama_cffi_tri
     int rc = 0;
     if (k > 0)
         for (int32_t c = 0; c < nc; c++) {
-            if (!in_set(run, c)) continue;
+            if (!in_set(runs, c)) continue;
             int32_t a, b;
             if (root_group(t, g, c, &a, &b) || n_on_root + (b - a) > nroot) { rc = -1; goto done; }
             memcpy(on_root + n_on_root, g->root_nodes + a, sizeof(int32_t) * (size_t)(b - a));
@@ -768,7 +779,7 @@ int llama_cffi_trie_run_scan_skip(const llama_cffi_trie *t, const llama_cffi_tri
             if ((uint32_t)ch >= (uint32_t)n_nodes) { rc = -1; goto done; }
             const int32_t c = node_cls(t, g, ch);
             if ((uint32_t)c >= (uint32_t)nc) { rc = -1; goto done; }
-            if (d >= k || !in_set(run, c)) {
+            if (d >= k || !in_set(d < n_runs ? runs + (size_t)d * (size_t)g->W : last, c)) {
                 scratch[2 * (size_t)nf] = ch;
                 scratch[2 * (size_t)nf + 1] = d * nc + c;
                 nf++;
@@ -776,7 +787,7 @@ int llama_cffi_trie_run_scan_skip(const llama_cffi_trie *t, const llama_cffi_tri
             }
             /* on the run's path, d + 1 characters deep */
             const int32_t rs = row_start[ch];
-            if (d + 1 + height[ch] <= k && covered(t, ch, sum)) {
+            if (d + 1 >= n_runs - 1 && d + 1 + height[ch] <= k && covered(t, ch, sum)) {
                 const int32_t re = row_end[ch];
                 if (rs < 0 || re < rs || re > n_vocab) { rc = -1; goto done; }
                 if (absorbed) { /* (node, level): its subtree is on the run's paths, unvisited */

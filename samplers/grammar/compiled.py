@@ -66,6 +66,7 @@ _ROOT_PLAN_MAX = 64  # a first mask skips the plan when its run starts at most t
 #: tokens, where the plan's scan takes whole subtrees at once)
 _ROOT_PLAN_TOKENS = 16384
 _RUN_STACKS_MAX = 256  # a run's chain stops at a state with more stacks than this
+_CHAIN_MAX = 8  # states before a wider chain's last run must repeat (_wider_chain)
 #: a state whose transitions lead at least this many of the root's children on, all but at
 #: most 1/_DERIVE_SHARE of them as another state's do, takes its mask from that state's
 _DERIVE_MIN_ROOT = 2048
@@ -236,6 +237,7 @@ class CompiledGrammar:
                 )
             self._run_known = np.zeros(64, dtype=bool)
             self._run_words = np.zeros((64, w), dtype=np.uint64)
+            self._run_closed = np.zeros((64, w), dtype=np.uint64)  # closed runs (zero: none known)
             self._run_len = np.zeros(64, dtype=np.int32)
             self._run_chain: dict[int, npt.NDArray[np.int32]] = {}
             self._run_scans: dict[tuple[bytes, int], Any] = {}
@@ -1012,7 +1014,15 @@ class CompiledGrammar:
         given = self._tables_given
         if given is not None and t is given[0] and self._run_known is given[1] and self._pchar_known is given[2]:
             return
-        self._tg.set_tables(t, self._run_known, self._run_words, self._run_len, self._pchar_known, self._pchar_tab)
+        self._tg.set_tables(
+            t,
+            self._run_known,
+            self._run_words,
+            self._run_len,
+            self._pchar_known,
+            self._pchar_tab,
+            run_closed=self._run_closed,
+        )
         self._tables_given = (t, self._run_known, self._pchar_known)
 
     def _resolve_pending(self, pend: npt.NDArray[np.int32]) -> None:
@@ -1062,7 +1072,12 @@ class CompiledGrammar:
         complete."""
         eng = self.engine
         chain = self._run(start)  # also completes the rows of the chain's states
-        scan = self._run_scan(start, len(chain) - 1)
+        wider = self._wider_chain(start, chain)
+        if wider is None:
+            scan = self._run_scan(start, len(chain) - 1)
+        else:
+            chain, runs = wider
+            scan = self._chain_scan(runs, len(chain) - 1)
         extra = [self._eog_ids] if eng.is_complete(start) else []
         pt = scan.pt_tokens
         if len(pt):  # their whole characters lead down the chain
@@ -1072,6 +1087,66 @@ class CompiledGrammar:
                 extra.append(sel[self._state_pchar_ok(s_)[self._pchar_slot[sel]]])
         toks = np.concatenate(extra).astype(np.int32) if extra else np.zeros(0, dtype=np.int32)
         return self._tg.plan(start, scan, chain, toks)
+
+    def _wider_chain(
+        self, start: int, chain: npt.NDArray[np.int32]
+    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.uint64]] | None:
+        """A chain down which each state follows its own run, not ``start``'s: the state
+        after ``d`` characters, and per character the classes of the run of the state
+        before it, until a state's run loops on itself (its classes then repeat: any
+        length) or none follows, at most :data:`_CHAIN_MAX` states. A scan over it takes
+        at once the tokens that ``start``'s run would leave to the walk, as in a key that
+        must match ``\\w`` (a word character, then any string character: after the word
+        character, the run of any character) or a name ``[A-Z][a-z]+`` (a capital, then a
+        loop of lowercase letters). Returned when it is longer than ``chain`` (``start``'s
+        run, any state's classes the same), or as long and its classes hold ``start``'s
+        run's at every character; else None (``start``'s run is as good)."""
+        cap = self._run_cap
+        states = [start]
+        runs = [self._run_words[start]]  # (start's run is known: chain is its)
+        cur, own = start, chain
+        while len(states) <= cap:  # (cap characters: as long as any token)
+            if len(own) < 2 or len(states) > _CHAIN_MAX:
+                break  # none follows (or a long prefix): the chain ends here
+            nxt = int(own[1])
+            if nxt == cur:  # a self-loop: its classes repeat, the chain is as long as any token
+                states.extend([cur] * (cap + 1 - len(states)))
+                break
+            own = self._run(nxt)  # (its run computed before its classes are read)
+            states.append(nxt)
+            runs.append(self._run_words[nxt])
+            cur = nxt
+        k, k0 = len(states) - 1, len(chain) - 1
+        if k < k0:
+            return None
+        first = runs[0]
+        if all(np.array_equal(r, first) for r in runs):
+            return None  # the same classes throughout: start's run (with its derivations)
+        if k == k0 and not all(not (first & ~r).any() for r in runs):
+            return None
+        return np.asarray(states[: k + 1], dtype=np.int32), np.stack(runs[: max(1, min(len(runs), k))])
+
+    def _chain_scan(self, runs: npt.NDArray[np.uint64], k: int) -> Any:
+        """The scan of a chain's runs (``_wider_chain``; one class set per character, the
+        last repeating) to length ``k``: cached per (runs, k), and at full length shared
+        through the vocabulary's index by the code points of each run (as
+        :meth:`_full_scan`)."""
+        key = (runs.tobytes(), k)
+        got = self._run_scans.get(key)
+        if got is not None:
+            return got
+        if k == self._run_cap:
+            ck = b"".join(self._cp_key(r) for r in runs)
+            sh = self.vocab._shared_scan(ck)
+            if sh is not None:
+                got = self._tg.unshare(sh, runs[0])
+            else:
+                got = self._tg.run_scan(runs, k)
+                self.vocab._share_scan(ck, self._tg.shared(got))
+        else:
+            got = self._tg.run_scan(runs, k)
+        self._run_scans[key] = got
+        return got
 
     def _root_plan_pays(self, start: int) -> bool:
         """Whether the first mask from ``start`` should skip the plan: when its run's scan is
@@ -1120,8 +1195,8 @@ class CompiledGrammar:
             return chain
         eng, nc, cap = self.engine, self.engine.n_classes, self._run_cap
         if eng.core == "c":  # the same run, computed by the engine's C core in one call
-            chain, run = eng._c_run(state, self._class_weight_f, cap, _RUN_STACKS_MAX)
-            self._store_run(state, chain, run)
+            chain, run, closed = eng._c_run(state, self._class_weight_f, cap, _RUN_STACKS_MAX)
+            self._store_run(state, chain, run, closed)
             return chain
         eng.fill_row(state)
         row = eng.table()[state, :nc]
@@ -1158,12 +1233,21 @@ class CompiledGrammar:
         self._store_run(state, chain, run)
         return chain
 
-    def _store_run(self, state: int, chain: npt.NDArray[np.int32], run: npt.NDArray[np.uint64]) -> None:
-        """Put the run of ``state`` into the tables the C walk reads, and its chain into
+    def _store_run(
+        self,
+        state: int,
+        chain: npt.NDArray[np.int32],
+        run: npt.NDArray[np.uint64],
+        closed: npt.NDArray[np.uint64] | None = None,
+    ) -> None:
+        """Put the run of ``state`` (and its closed run, when known: see
+        ``llama_cffi_gengine_run``) into the tables the C walk reads, and its chain into
         ``_run_chain``."""
         if state >= len(self._run_known):
             self._grow_runs(max(2 * len(self._run_known), state + 1))
         self._run_words[state] = run
+        if closed is not None:
+            self._run_closed[state] = closed
         self._run_len[state] = len(chain) - 1
         self._run_known[state] = True
         self._run_chain[state] = chain
@@ -1174,9 +1258,11 @@ class CompiledGrammar:
         known[: len(self._run_known)] = self._run_known
         words = np.zeros((n, self._W), dtype=np.uint64)
         words[: len(self._run_words)] = self._run_words
+        closed = np.zeros((n, self._W), dtype=np.uint64)
+        closed[: len(self._run_closed)] = self._run_closed
         lens = np.zeros(n, dtype=np.int32)
         lens[: len(self._run_len)] = self._run_len
-        self._run_known, self._run_words, self._run_len = known, words, lens
+        self._run_known, self._run_words, self._run_closed, self._run_len = known, words, closed, lens
 
     def _run_scan(self, state: int, k: int) -> Any:
         """``llama_cffi._trie_walk.Trie.run_scan`` for the run of ``state`` (cached per

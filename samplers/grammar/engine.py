@@ -345,14 +345,16 @@ class Engine:
 
     def _c_run(
         self, state: int, class_weight: npt.NDArray[np.float64], cap: int, max_run_stacks: int
-    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.uint64]]:
+    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
         """The run of ``state`` by the C core (``llama_cffi_gengine_run``): its chain of
-        states (``cap + 1`` at most) and its classes as ``n_classes // 64 + 1`` words. For
+        states (``cap + 1`` at most), its classes and its closed run's (each as
+        ``n_classes // 64 + 1`` words). For
         :meth:`samplers.grammar.compiled.CompiledGrammar._run`; C core only."""
         ffi = self._ffi
         w = self.n_classes // 64 + 1
         chain = np.empty(cap + 1, dtype=np.int32)
         words = np.zeros(w, dtype=np.uint64)
+        closed = np.zeros(w, dtype=np.uint64)
         cw = np.ascontiguousarray(class_weight, dtype=np.float64)
         if len(cw) < self.n_classes:
             raise ValueError("class_weight needs a value per class")
@@ -367,10 +369,11 @@ class Engine:
                     max_run_stacks,
                     ffi.from_buffer("int32_t[]", chain),
                     ffi.from_buffer("uint64_t[]", words),
+                    ffi.from_buffer("uint64_t[]", closed),
                     w,
                 ),
             )
-        return chain[:n], words
+        return chain[:n], words, closed
 
     def _c_pchar_ok(self, state: int, pchars: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
         """Per partial character (``value << 2 | bytes still needed``): can ``state`` take

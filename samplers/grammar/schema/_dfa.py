@@ -105,6 +105,46 @@ class DFA:
         edges = [[(ivs, new[t]) for ivs, t in self.edges[s] if t in live] for s in keep]
         return DFA(edges, {new[s] for s in self.accepting if s in live})
 
+    def minimized(self) -> DFA:
+        """The equivalent DFA with the fewest states (Moore's partition refinement; the
+        start stays state 0, edges to one state merged into one interval set). A pattern
+        searched anywhere in a key (``\\w``: ``.*\\w.*``) comes out of the subset
+        construction with states that accept the same rest: as grammar rules, a parser
+        state per copy, and the mask walk cannot follow the key's characters as one loop."""
+        n = len(self.edges)
+        block = [1 if s in self.accepting else 0 for s in range(n)]
+        n_blocks = len(set(block))
+        while True:
+            sigs: dict[tuple[object, ...], int] = {}
+            new = []
+            for s in range(n):
+                by: dict[int, list[tuple[int, int]]] = {}
+                for ivs, t in self.edges[s]:
+                    by.setdefault(block[t], []).extend(ivs)
+                sig = (block[s], *sorted((b, norm(ivs)) for b, ivs in by.items()))
+                new.append(sigs.setdefault(sig, len(sigs)))
+            block = new
+            if len(sigs) == n_blocks:
+                break
+            n_blocks = len(sigs)
+        if n_blocks == n:
+            return self
+        order = {block[0]: 0}  # renumbered in the order met from the start: 0 first
+        for b in block:
+            order.setdefault(b, len(order))
+        edges: list[list[tuple[Intervals, int]]] = [[] for _ in range(n_blocks)]
+        done = [False] * n_blocks
+        for s in range(n):
+            b = order[block[s]]
+            if done[b]:
+                continue
+            done[b] = True
+            by2: dict[int, list[tuple[int, int]]] = {}
+            for ivs, t in self.edges[s]:
+                by2.setdefault(order[block[t]], []).extend(ivs)
+            edges[b] = [(norm(ivs), t) for t, ivs in by2.items()]
+        return DFA(edges, {order[block[s]] for s in self.accepting})
+
 
 # --- NFA (Thompson) and the subset construction -------------------------------------
 
@@ -247,7 +287,9 @@ def length(lo: int, hi: int | None, max_states: int = MAX_STATES) -> DFA:
 
 def to_gbnf(dfa: DFA, rs: RuleSet, prefix: str, char_rule: Callable[[RuleSet, Intervals], str]) -> str:
     """Define one rule per state (``char_rule(rs, intervals)`` names a character rule)
-    and return the start rule's name; each rule ends at the closing quote."""
+    and return the start rule's name; each rule ends at the closing quote. The automaton
+    is minimized first (:meth:`DFA.minimized`)."""
+    dfa = dfa.minimized()
     names = [rs.reserve(f"{prefix}-s{i}") for i in range(len(dfa.edges))]
     for s, row in enumerate(dfa.edges):
         alts = [f"{char_rule(rs, ivs)} {names[t]}" for ivs, t in row]
