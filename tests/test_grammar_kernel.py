@@ -34,8 +34,9 @@ def _plans_on_small_vocabularies(monkeypatch: pytest.MonkeyPatch) -> None:
     """These tests' vocabularies are small, where every mask would be a walk from the root
     (``_SMALL_VOCAB``): plans, scans and derivations are what they compare, so they are
     made here as on a large vocabulary (``test_random_vocabularies[small]`` keeps the
-    default)."""
+    default); so are wider chains, whatever few tokens start with their first run."""
     monkeypatch.setattr(compiled_mod, "_SMALL_VOCAB", 0)
+    monkeypatch.setattr(compiled_mod, "_CHAIN_MIN_TOKENS", 0)
 
 
 @pytest.fixture(scope="module")
@@ -426,16 +427,23 @@ def test_chain_scans_equal_the_plain_scan_and_brute_force(data: st.DataObject) -
         c._tg.run_scan(runs[:1].repeat(2, axis=0), k, keep=True)  # derivations are of one class set
 
 
-def test_a_wider_chain_longer_than_the_trie_is_cut_at_its_depth() -> None:
-    """A literal longer than the vocabulary's longest token: each state's run leads to the
-    next (a wider chain of 12 states), cut where the trie ends (a scan takes at most
-    ``max_depth + 1`` characters); the masks equal the numpy walk's at every step."""
-    pieces = [b"a", b"ab", b"abc", b"bcd", b"c", b"cd", b"d", b"e", b"de", b"fgh", b"f", b"g", b"h", b"x"]
-    c, n = both(Grammar.from_gbnf('root ::= "abcdefghabcd"\n'), pieces)
-    assert c.vocab.trie().max_depth == 3
-    wider = c._wider_chain(c.engine.start, c._run(c.engine.start))
-    assert wider is not None and len(wider[0]) == c._run_cap + 1 and len(wider[1]) <= c._run_cap
-    compare_walk(c, n, random.Random(0), 12, "long literal")
+def test_wider_chains_end_in_a_loop_within_the_trie() -> None:
+    """A wider chain is taken only when it reaches a state that loops on itself within
+    ``_CHAIN_MAX`` states (a literal longer than the vocabulary's longest token does not:
+    its chain would be cut where the trie ends, each state scanned with no subtree taken
+    whole); then it is as long as any token, one class set per state before the loop.
+    The masks equal the numpy walk's at every step, either way."""
+    pieces = [b"a", b"ab", b"abc", b"bcd", b"c", b"cd", b"d", b"e", b"de", b"fgh", b"f", b"g", b"h", b"x", b"zz"]
+    for text, loops in (('root ::= "abcdefghabcd"\n', False), ('root ::= "ab" [c-z]*\n', True)):
+        c, n = both(Grammar.from_gbnf(text), pieces)
+        assert c.vocab.trie().max_depth == 3
+        start = c.engine.start
+        wider = c._wider_chain(start, c._run(start))
+        if loops:
+            assert wider is not None and len(wider[0]) == c._run_cap + 1 and len(wider[1]) == 3
+        else:
+            assert wider is None
+        compare_walk(c, n, random.Random(0), 12, text)
 
 
 #: a key that must match \w (a word character somewhere: the subset construction's four
@@ -727,7 +735,8 @@ def test_walk_computes_transitions_in_the_engine(big_vocab: llama_cffi.Model, mo
     for s in np.flatnonzero(c._run_known[: c.engine.n_states]).tolist():  # the runs the walks wrote
         chain, words, closed = c.engine._c_run(s, c._class_weight_f, c._run_cap, _RUN_STACKS_MAX)
         assert np.array_equal(c._run_words[s], words) and c._run_len[s] == len(chain) - 1, s
-        assert np.array_equal(c._run_closed[s], closed), s
+        # (a walk leaves a state's closed run out, a plan's run has it: the engine's)
+        assert not c._run_closed[s].any() or np.array_equal(c._run_closed[s], closed), s
     t = c.engine.table()
     assert c.engine.n_states == len(c.engine._complete) and (t[: c.engine.n_states] != TRANS_UNKNOWN).any()
     for s in range(c.engine.n_states):  # the copy equals the engine's own answers where known

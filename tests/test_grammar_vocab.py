@@ -38,6 +38,22 @@ def test_pieces_blob_equals_token_to_piece(vocab_model: llama_cffi.Model) -> Non
         assert np.flatnonzero(eog).tolist() == v.eog_tokens()
 
 
+@pytest.mark.parametrize("pieces", ["model", "mixed"])
+def test_first_code_point_counts(vocab_model: llama_cffi.Model, pieces: str) -> None:
+    """``first_cp_tokens`` (read from the trie's first level) counts, per code point, the
+    usable tokens whose first code point it is: the same as counting token by token."""
+    if pieces == "model":
+        v = VocabIndex.of(vocab_model.vocab)
+    else:
+        v = VocabIndex([b"a", b"ab", b"\xc3", b"\xc3\xa9x", b"", b"\x00a", b"\xa9", "日本".encode(), b"b", b"ba"])
+    want = np.zeros(len(v.uniq_cps))
+    for t in np.flatnonzero(v.usable).tolist():
+        cps = v.token_cps(t)
+        if len(cps):
+            want[int(np.searchsorted(v.uniq_cps, cps[0]))] += 1
+    assert np.array_equal(v.first_cp_tokens, want)
+
+
 def _index(model: llama_cffi.Model) -> VocabIndex:
     blob, offsets, eog = model.vocab.pieces_blob(special=True)
     return VocabIndex._load_or_build(blob, offsets, eog, disk_cache=True)

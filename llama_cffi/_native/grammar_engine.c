@@ -747,11 +747,12 @@ int32_t llama_cffi_gengine_completes(const llama_cffi_gengine *e, int32_t first,
 
 /* see llama_cffi_gengine_run: the closed run of state into words (W words). From the
    classes that leave state alive, a search over the states they lead to; a state that
-   some of them kill (or one past CLOSED_MAX) costs either those classes or the class it
-   was reached by, whichever weighs less (class_weight: a key's closing quote leads to a
-   state that kills every letter, and goes), and the search starts again. Left empty
-   after CLOSED_TRIES searches, or at a state with more than max_run_stacks stacks or a
-   transition past the engine's budget; 0, or an engine error */
+   some of them kill costs either those classes or the class it was reached by,
+   whichever weighs less (class_weight: a key's closing quote leads to a state that
+   kills every letter, and goes), and the search starts again. Left empty after
+   CLOSED_TRIES searches, past CLOSED_MAX states (a bounded string's positions), or at a
+   state with more than max_run_stacks stacks or a transition past the engine's budget;
+   0, or an engine error */
 static int closed_run(llama_cffi_gengine *e, int32_t state, const double *class_weight, int32_t max_run_stacks,
                       uint64_t *words, int32_t W) {
     const int64_t nc = e->n_classes;
@@ -791,7 +792,7 @@ static int closed_run(llama_cffi_gengine *e, int32_t state, const double *class_
                 again = 1;
                 break;
             }
-            for (int64_t c = 0; c < nc && !again; c++) {
+            for (int64_t c = 0; c < nc && !again && !rc; c++) {
                 if (!IN_L(c)) continue;
                 const int32_t nx = row[c];
                 if (nx < 0 || nx >= e->st_off.n) { /* (not after the check above; never read as a state) */
@@ -802,14 +803,14 @@ static int closed_run(llama_cffi_gengine *e, int32_t state, const double *class_
                 int known = 0;
                 for (int32_t j = 0; j < n_seen && !known; j++) known = seen[j] == nx;
                 if (known) continue;
-                if (n_seen == CLOSED_MAX) { /* too many states: the class that leads past them goes */
-                    DROP(c);
-                    again = 1;
+                if (n_seen == CLOSED_MAX) { /* too many states (a bounded string's positions): none */
+                    rc = -3;
                     break;
                 }
                 via[n_seen] = (int32_t)c;
                 seen[n_seen++] = nx;
             }
+            if (rc) break;
         }
         if (rc == -3 || rc == -6) break;
         if (!again) return 0; /* every state reached stays alive on every class left */
@@ -820,6 +821,9 @@ static int closed_run(llama_cffi_gengine *e, int32_t state, const double *class_
     return 0;
 }
 
+static int32_t run_chain(llama_cffi_gengine *e, int32_t state, const double *class_weight, int32_t cap,
+                         int32_t max_run_stacks, int32_t *chain, uint64_t *run_words, int32_t W);
+
 int32_t llama_cffi_gengine_run(llama_cffi_gengine *e, int32_t state, const double *class_weight, int32_t cap,
                                int32_t max_run_stacks, int32_t *chain, uint64_t *run_words, uint64_t *closed_words,
                                int32_t W) {
@@ -828,10 +832,41 @@ int32_t llama_cffi_gengine_run(llama_cffi_gengine *e, int32_t state, const doubl
         return -4;
     int rc = fill_row_(e, state);
     if (rc) return rc;
+    if (closed_words) memset(closed_words, 0, sizeof(uint64_t) * (size_t)W);
+    int32_t len = run_chain(e, state, class_weight, cap, max_run_stacks, chain, run_words, W);
+    if (len < 0) return len;
     if (closed_words) {
-        rc = closed_run(e, state, class_weight, max_run_stacks, closed_words, W);
-        if (rc) return rc;
+        /* (not past a chain of more than CLOSED_MAX states: a bounded string's positions,
+           whose closure is never closed, would cost a search of CLOSED_MAX rows each) */
+        int32_t distinct = 1;
+        for (int32_t i = 1; i < len && distinct <= CLOSED_MAX; i++) distinct += chain[i] != chain[i - 1];
+        /* nor when the classes state takes off its run weigh under a quarter of the run's
+           (JSON punctuation after a value, a string's closing quote): a closed run could
+           add little, and its search would fill rows in every walk that meets the state */
+        const int32_t *row = e->trans.v + (int64_t)state * e->n_classes;
+        double w_run = 0.0, w_off = 0.0;
+        for (int64_t c = 0; c < e->n_classes; c++)
+            if (row[c] >= 0) {
+                if ((run_words[c / 64] >> (c % 64)) & 1u) w_run += class_weight[c];
+                else w_off += class_weight[c];
+            }
+        if (distinct <= CLOSED_MAX && w_off > 0.0 && 4.0 * w_off >= w_run) {
+            rc = closed_run(e, state, class_weight, max_run_stacks, closed_words, W);
+            if (rc) return rc;
+            /* one that adds nothing to a run of any length is left out: a walk would test
+               each node it descends into against it again (a string's loop: the same) */
+            uint64_t extra = 0;
+            for (int32_t w = 0; w < W; w++) extra |= closed_words[w] & ~run_words[w];
+            if (!extra && len == cap + 1 && chain[cap] == chain[cap - (cap > 0)])
+                memset(closed_words, 0, sizeof(uint64_t) * (size_t)W);
+        }
     }
+    return len;
+}
+
+/* llama_cffi_gengine_run's chain and run (state's row filled); its length, or an error */
+static int32_t run_chain(llama_cffi_gengine *e, int32_t state, const double *class_weight, int32_t cap,
+                         int32_t max_run_stacks, int32_t *chain, uint64_t *run_words, int32_t W) {
     const int64_t nc = e->n_classes;
     memset(run_words, 0, sizeof(uint64_t) * (size_t)W);
     int32_t len = 0;

@@ -507,7 +507,10 @@ int32_t llama_cffi_gengine_completes(const llama_cffi_gengine *e, int32_t first,
    closed_words (W words, or NULL), also its closed run: classes L such that every state
    that strings over L lead state to (at most 8 of them, each with at most max_run_stacks
    stacks) stays alive on every class of L, so that every string over L, of any length,
-   leaves state alive (empty when there is none within those bounds). A key that must
+   leaves state alive (empty when there is none within those bounds, or when it holds
+   no class but the run's and the run is a self-loop: it would add nothing; not searched
+   for when the classes state takes off its run weigh under a quarter of the run's
+   class_weight, or the chain passes more than 8 states). A key that must
    match \\w: a word character leads to another state than the others, so no single
    successor's classes make a long run, but every string character keeps the key alive */
 int32_t llama_cffi_gengine_run(llama_cffi_gengine *e, int32_t state, const double *class_weight, int32_t cap,

@@ -143,9 +143,12 @@ static inline int root_class_step(const llama_cffi_trie *t, const llama_cffi_tri
 /* the run of state s (below g's run tables' length) computed by g's engine and written
    into those tables (writeable: see llama_cffi.h); 0, or an engine error offset */
 static int compute_run(const llama_cffi_trie_grammar *g, int32_t s) {
+    /* (not its closed run: its search fills rows, which a walk that meets many states
+       for the first time would pay for each; the plans' runs, made by Python, have theirs) */
     int32_t n = llama_cffi_gengine_run((llama_cffi_gengine *)g->engine, s, g->class_weight, g->run_cap,
                                        g->max_run_stacks, g->run_chain, (uint64_t *)g->run_words + (size_t)s * g->W,
-                                       g->run_closed ? (uint64_t *)g->run_closed + (size_t)s * g->W : NULL, g->W);
+                                       NULL, g->W);
+    if (g->run_closed) memset((uint64_t *)g->run_closed + (size_t)s * g->W, 0, sizeof(uint64_t) * (size_t)g->W);
     if (n < 0) return LLAMA_CFFI_GENGINE_WALK_ERR + n;
     ((int32_t *)g->run_len)[s] = n - 1;
     ((uint8_t *)g->run_known)[s] = 1;
@@ -197,7 +200,9 @@ static inline int covered(const llama_cffi_trie *t, int32_t node, const uint64_t
 #define RUN_SUMS 64 /* a power of two */
 typedef struct {
     int32_t state[RUN_SUMS];
-    uint64_t sum[RUN_SUMS][6]; /* the run's summary, then its closed run's (zero: none) */
+    uint64_t sum[RUN_SUMS][6]; /* the run's summary, then its closed run's */
+    /* per entry, the closed run's summary: 0 not made yet, 1 made, 2 none (no closed run) */
+    uint8_t closed[RUN_SUMS];
 } run_sums;
 
 static inline void run_sums_init(run_sums *r) {
@@ -208,11 +213,31 @@ static inline const uint64_t *run_sum_of(const llama_cffi_trie_grammar *g, run_s
     const int h = s & (RUN_SUMS - 1);
     if (r->state[h] != s) {
         run_summary(g, g->run_words + (size_t)s * (size_t)g->W, r->sum[h]);
-        if (g->run_closed) run_summary(g, g->run_closed + (size_t)s * (size_t)g->W, r->sum[h] + 3);
-        else memset(r->sum[h] + 3, 0, 3 * sizeof(uint64_t));
+        r->closed[h] = 0;
         r->state[h] = s;
     }
     return r->sum[h];
+}
+
+/* the summary of s's closed run (s's entry made by run_sum_of first), made when first
+   asked for; NULL when s has none (or g no closed runs): most walks never ask */
+static inline const uint64_t *closed_sum_of(const llama_cffi_trie_grammar *g, run_sums *r, int32_t s) {
+    const int h = s & (RUN_SUMS - 1);
+    if (!r->closed[h]) {
+        r->closed[h] = 2;
+        if (g->run_closed) {
+            const uint64_t *w = g->run_closed + (size_t)s * (size_t)g->W;
+            uint64_t any = 0;
+            for (int32_t i = 0; i < g->W; i++) any |= w[i];
+            if (any) {
+                run_summary(g, w, r->sum[h] + 3);
+                /* (bit 0 of word 2 alone, every class with a code point >= 128 in it, says
+                   nothing when it holds no class) */
+                if (r->sum[h][3] | r->sum[h][4]) r->closed[h] = 1;
+            }
+        }
+    }
+    return r->closed[h] == 1 ? r->sum[h] + 3 : NULL;
 }
 
 /* a counting sort of (node, group) pairs by group: group g's nodes are
@@ -353,11 +378,9 @@ static inline int visit(const llama_cffi_trie *t, const llama_cffi_trie_grammar 
         if (rc) return rc;
     }
     if (s < g->n_run_states && g->run_known[s]) {
-        const uint64_t *sum = run_sum_of(g, sums, s);
-        /* (a closed run's summary: bit 0 of word 2 alone, every class with a code point >=
-           128 in it, says nothing when it holds no class) */
+        const uint64_t *sum = run_sum_of(g, sums, s), *closed;
         if ((t->height[node] <= g->run_len[s] && covered(t, node, sum)) ||
-            ((sum[3] | sum[4]) && covered(t, node, sum + 3))) {
+            ((closed = closed_sum_of(g, sums, s)) && covered(t, node, closed))) {
             /* every token below continues in s's run, or in its closed run: the whole subtree */
             for (int32_t r = rs; r < re; r++) {
                 int32_t tok = t->order[r];
@@ -727,11 +750,6 @@ int llama_cffi_trie_run_scan_skip(const llama_cffi_trie *t, const llama_cffi_tri
     const int32_t n_nodes = t->n_nodes, n_vocab = t->n_vocab, nc = g->n_classes;
     const int64_t n_groups = (int64_t)(k + 1) * nc;
     if (!t->below_asc || !t->below_flags || !g->asc_table || !g->na_classes) return -1;
-    /* the classes of character d: runs[min(d, n_runs - 1)]; a subtree is taken whole only
-       where every character below it is of the last (the same from there on) */
-    const uint64_t *const last = runs + (size_t)(n_runs - 1) * (size_t)g->W;
-    uint64_t sum[3]; /* the last run in the terms of the trie's below_asc and below_flags */
-    run_summary(g, last, sum);
     if (n_groups >= (int64_t)1 << 30 || frontier_cap < n_nodes) return -1;
     const int32_t *const first_child = t->first_child, *const n_child = t->n_child;
     const int32_t *const row_start = t->row_start, *const row_end = t->row_end, *const n_term = t->n_term;
@@ -751,8 +769,26 @@ int llama_cffi_trie_run_scan_skip(const llama_cffi_trie *t, const llama_cffi_tri
     if (!g->root_nodes || !g->root_start) return -1;
     const int32_t nroot = n_child[n_nodes];
     const int32_t depth_cap = t->max_depth + 2;
+    /* the classes of character d: runs[min(d, n_runs - 1)]; a subtree whose characters
+       start at index d is taken whole when they are all of the classes every run from d
+       on holds (sums[min(d, n_runs - 1)]: those classes in the terms of the trie's
+       below_asc and below_flags) */
+    const uint64_t *const last = runs + (size_t)(n_runs - 1) * (size_t)g->W;
+    uint64_t *sums = (uint64_t *)malloc(sizeof(uint64_t) * (3 * (size_t)n_runs + (size_t)g->W));
+    if (!sums) return -2;
+    {
+        uint64_t *inter = sums + 3 * (size_t)n_runs;
+        memcpy(inter, last, sizeof(uint64_t) * (size_t)g->W);
+        for (int32_t j = n_runs - 1; j >= 0; j--) {
+            for (int32_t w = 0; w < g->W; w++) inter[w] &= runs[(size_t)j * (size_t)g->W + (size_t)w];
+            run_summary(g, inter, sums + 3 * (size_t)j);
+        }
+    }
     int32_t *fr_node = (int32_t *)malloc(sizeof(int32_t) * (2 * (size_t)depth_cap + (size_t)nroot + 1));
-    if (!fr_node) return -2;
+    if (!fr_node) {
+        free(sums);
+        return -2;
+    }
     int32_t *fr_next = fr_node + depth_cap, *on_root = fr_node + 2 * depth_cap;
     int32_t n_on_root = 0;
     int rc = 0;
@@ -787,7 +823,7 @@ int llama_cffi_trie_run_scan_skip(const llama_cffi_trie *t, const llama_cffi_tri
             }
             /* on the run's path, d + 1 characters deep */
             const int32_t rs = row_start[ch];
-            if (d + 1 >= n_runs - 1 && d + 1 + height[ch] <= k && covered(t, ch, sum)) {
+            if (d + 1 + height[ch] <= k && covered(t, ch, sums + 3 * (size_t)(d + 1 < n_runs ? d + 1 : n_runs - 1))) {
                 const int32_t re = row_end[ch];
                 if (rs < 0 || re < rs || re > n_vocab) { rc = -1; goto done; }
                 if (absorbed) { /* (node, level): its subtree is on the run's paths, unvisited */
@@ -828,6 +864,7 @@ int llama_cffi_trie_run_scan_skip(const llama_cffi_trie *t, const llama_cffi_tri
     }
 done:
     free(fr_node);
+    free(sums);
     if (rc) return rc;
     group_sort(scratch, nf, n_groups, frontier, group_start);
     *n_frontier = nf;

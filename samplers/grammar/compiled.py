@@ -66,7 +66,9 @@ _ROOT_PLAN_MAX = 64  # a first mask skips the plan when its run starts at most t
 #: tokens, where the plan's scan takes whole subtrees at once)
 _ROOT_PLAN_TOKENS = 16384
 _RUN_STACKS_MAX = 256  # a run's chain stops at a state with more stacks than this
-_CHAIN_MAX = 8  # states before a wider chain's last run must repeat (_wider_chain)
+_CHAIN_MAX = 4  # states before a wider chain's last run must repeat (_wider_chain)
+#: a wider chain only for a short run that at least this many tokens start with (_wider_chain)
+_CHAIN_MIN_TOKENS = 2048
 #: a state whose transitions lead at least this many of the root's children on, all but at
 #: most 1/_DERIVE_SHARE of them as another state's do, takes its mask from that state's
 _DERIVE_MIN_ROOT = 2048
@@ -238,6 +240,7 @@ class CompiledGrammar:
             self._run_known = np.zeros(64, dtype=bool)
             self._run_words = np.zeros((64, w), dtype=np.uint64)
             self._run_closed = np.zeros((64, w), dtype=np.uint64)  # closed runs (zero: none known)
+            self._class_first_tokens: npt.NDArray[np.float64] | None = None  # see _first_tokens
             self._run_len = np.zeros(64, dtype=np.int32)
             self._run_chain: dict[int, npt.NDArray[np.int32]] = {}
             self._run_scans: dict[tuple[bytes, int], Any] = {}
@@ -1094,37 +1097,53 @@ class CompiledGrammar:
         """A chain down which each state follows its own run, not ``start``'s: the state
         after ``d`` characters, and per character the classes of the run of the state
         before it, until a state's run loops on itself (its classes then repeat: any
-        length) or none follows, at most :data:`_CHAIN_MAX` states. A scan over it takes
+        length) within :data:`_CHAIN_MAX` states (else None: a chain through a bounded
+        string's positions would be scanned with no subtree taken whole before its
+        end, milliseconds, where their common run is derived). A scan over it takes
         at once the tokens that ``start``'s run would leave to the walk, as in a key that
         must match ``\\w`` (a word character, then any string character: after the word
         character, the run of any character) or a name ``[A-Z][a-z]+`` (a capital, then a
         loop of lowercase letters). Returned when it is longer than ``chain`` (``start``'s
         run, any state's classes the same), or as long and its classes hold ``start``'s
-        run's at every character; else None (``start``'s run is as good)."""
+        run's at every character; else None (``start``'s run is as good). Not for a short
+        run that fewer than :data:`_CHAIN_MIN_TOKENS` tokens start with (the quote before
+        a string): the walk below it is short, and a scan of the chain would be one more
+        to make in a fresh process."""
         cap = self._run_cap
+        if len(chain) - 1 < cap and self._first_tokens(self._run_words[start]) < _CHAIN_MIN_TOKENS:
+            return None  # few tokens start with the run (a quote before a string): its walk is short
         states = [start]
         runs = [self._run_words[start]]  # (start's run is known: chain is its)
         cur, own = start, chain
-        while len(states) <= cap:  # (cap characters: as long as any token)
-            if len(own) < 2 or len(states) > _CHAIN_MAX:
-                break  # none follows (or a long prefix): the chain ends here
+        while True:
+            if len(own) < 2:
+                return None  # none follows: start's run
             nxt = int(own[1])
             if nxt == cur:  # a self-loop: its classes repeat, the chain is as long as any token
                 states.extend([cur] * (cap + 1 - len(states)))
                 break
+            if len(states) >= min(_CHAIN_MAX, cap):
+                return None  # a long prefix (a literal, a bounded string): start's run
             own = self._run(nxt)  # (its run computed before its classes are read)
             states.append(nxt)
             runs.append(self._run_words[nxt])
             cur = nxt
         k, k0 = len(states) - 1, len(chain) - 1
-        if k < k0:
-            return None
         first = runs[0]
         if all(np.array_equal(r, first) for r in runs):
             return None  # the same classes throughout: start's run (with its derivations)
         if k == k0 and not all(not (first & ~r).any() for r in runs):
             return None
-        return np.asarray(states[: k + 1], dtype=np.int32), np.stack(runs[: max(1, min(len(runs), k))])
+        return np.asarray(states, dtype=np.int32), np.stack(runs)
+
+    def _first_tokens(self, run: npt.NDArray[np.uint64]) -> int:
+        """How many usable tokens start with a character of ``run``'s classes."""
+        per = self._class_first_tokens
+        if per is None:
+            counts = np.bincount(self._cls_of_cp, weights=self.vocab.first_cp_tokens, minlength=self.engine.n_classes)
+            per = self._class_first_tokens = counts.astype(np.float64)
+        bits = np.unpackbits(run.view(np.uint8), bitorder="little")[: self.engine.n_classes].astype(bool)
+        return int(per[bits].sum())
 
     def _chain_scan(self, runs: npt.NDArray[np.uint64], k: int) -> Any:
         """The scan of a chain's runs (``_wider_chain``; one class set per character, the

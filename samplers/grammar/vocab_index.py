@@ -168,6 +168,7 @@ class VocabIndex:
                 if 0 <= t < n:
                     eog_flags[t] = True
         self._pieces: list[bytes] | None = None
+        self._first_cp_tokens: npt.NDArray[np.float64] | None = None  # see first_cp_tokens
         #: whether the arrays came from a cache file (checked) rather than a build
         self.from_cache = arrays is not None and self._adopt(arrays, eog_flags)
         if not self.from_cache:
@@ -214,6 +215,18 @@ class VocabIndex:
         if not 1 <= remain <= 3:
             raise ValueError(f"remain must be 1, 2 or 3 (bytes a UTF-8 character still needs), not {remain}")
         return self._cont_kinds[remain - 1]
+
+    @property
+    def first_cp_tokens(self) -> npt.NDArray[np.float64]:
+        """Per code point of ``uniq_cps``: how many usable tokens start with it (made on
+        first use; a grammar sums them per class)."""
+        got: npt.NDArray[np.float64] | None = self._first_cp_tokens
+        if got is None:  # the root's children (level 0 of the trie): the rows below each
+            lo, hi = int(self.level_base[0]), int(self.level_base[1])
+            rows = self.row_end[lo:hi].astype(np.int64) - self.row_start[lo:hi]
+            got = np.bincount(self.node_cpi[lo:hi], weights=rows, minlength=len(self.uniq_cps)).astype(np.float64)
+            self._first_cp_tokens = got
+        return got
 
     def _sort_continuations(self) -> list[ContinuationKinds]:
         """:meth:`continuation_kinds` for 1, 2 and 3 bytes still needed (vectorised)."""
@@ -432,6 +445,7 @@ class VocabIndex:
         #: follow a token that ended inside a character
         self.continuation_tokens = nonempty[(fb >= 0x80) & (fb < 0xC0)].astype(np.int32)
         self._cont_kinds = self._sort_continuations()
+        self._first_cp_tokens = None
         self.has_partial = self.partial_remain > 0
         self.nonpartial = ~self.has_partial
         self.eog_ids = np.flatnonzero(self.eog)
