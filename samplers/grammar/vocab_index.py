@@ -105,7 +105,7 @@ _PRESCAN_FIELDS: dict[str, str] = {
 _SHARED_SCANS = 32
 
 
-TokenBits = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]
+_TokenBits = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]
 
 
 class ContinuationKinds(NamedTuple):
@@ -113,9 +113,9 @@ class ContinuationKinds(NamedTuple):
     (:meth:`VocabIndex.continuation_kinds`): each kind as (tokens, the low six bits of the
     bytes they give the character, how many bytes that is)."""
 
-    exact: TokenBits  #: complete the character and end there
-    longer: TokenBits  #: complete it and go on
-    short: TokenBits  #: end inside it
+    exact: _TokenBits  #: complete the character and end there
+    longer: _TokenBits  #: complete it and go on
+    short: _TokenBits  #: end inside it
     ref: npt.NDArray[np.int64]  #: checked alone by the reference (EOG pieces, a NUL byte)
 
 
@@ -247,7 +247,7 @@ class VocabIndex:
                 cont &= ~inside | (b >> 6 == 2)
                 low = np.where(inside, (low << 6) | (b & 0x3F), low)
 
-            def kind(sel: npt.NDArray[np.bool_], low: I64 = low, taken: I64 = taken) -> TokenBits:
+            def kind(sel: npt.NDArray[np.bool_], low: I64 = low, taken: I64 = taken) -> _TokenBits:
                 return ct[sel], low[sel], taken[sel]
 
             out.append(

@@ -22,6 +22,8 @@ from ._rules import RuleSet
 __all__ = ["DFA", "MAX_STATES", "from_regex", "length", "literals"]
 
 MAX_STATES = 600
+#: automata with more states are written as built (see :func:`to_gbnf`)
+MINIMIZE_MAX = 16
 
 
 @dataclass
@@ -287,9 +289,13 @@ def length(lo: int, hi: int | None, max_states: int = MAX_STATES) -> DFA:
 
 def to_gbnf(dfa: DFA, rs: RuleSet, prefix: str, char_rule: Callable[[RuleSet, Intervals], str]) -> str:
     """Define one rule per state (``char_rule(rs, intervals)`` names a character rule)
-    and return the start rule's name; each rule ends at the closing quote. The automaton
-    is minimized first (:meth:`DFA.minimized`)."""
-    dfa = dfa.minimized()
+    and return the start rule's name; each rule ends at the closing quote. An automaton
+    of at most :data:`MINIMIZE_MAX` states is minimized first (:meth:`DFA.minimized`:
+    a pattern searched in a key). Moore's refinement takes a round per state down a
+    chain, about 1 ms for a pattern's count ``{0,30}``, and such long ones (lengths,
+    counts) are chains already minimal."""
+    if len(dfa.edges) <= MINIMIZE_MAX:
+        dfa = dfa.minimized()
     names = [rs.reserve(f"{prefix}-s{i}") for i in range(len(dfa.edges))]
     for s, row in enumerate(dfa.edges):
         alts = [f"{char_rule(rs, ivs)} {names[t]}" for ivs, t in row]
