@@ -14,7 +14,6 @@ grammar of every branch its mask for a step at once (see :meth:`GrammarSampler.u
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -106,9 +105,11 @@ def _walk_jobs(
     grammar's lock (taken in a fixed order); cached masks copied instead; a walk left
     unfinished done again on its own."""
     grammars = sorted({id(c): c for _, c, _ in jobs}.items())
-    with contextlib.ExitStack() as stack:
+    held = []
+    try:
         for _, c in grammars:
-            stack.enter_context(c._lock)
+            c._lock.acquire()
+            held.append(c._lock)
         todo = []
         for i, c, key in jobs:
             packed = c._cached_packed(key)
@@ -134,3 +135,6 @@ def _walk_jobs(
             if rc != 0 or n_pending:
                 c._mask_words_c(key[0], row)  # finished on its own: what it waits for is computed there
             c._store(key, row)
+    finally:
+        for lock in reversed(held):
+            lock.release()
