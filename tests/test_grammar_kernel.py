@@ -479,9 +479,9 @@ def test_wider_chains_and_closed_runs(big_vocab: llama_cffi.Model, name: str, mo
     chains: list[int] = []
     orig = CompiledGrammar._chain_scan
 
-    def counted(self: CompiledGrammar, runs: np.ndarray, k: int) -> Any:
+    def counted(self: CompiledGrammar, runs: np.ndarray) -> Any:
         chains.append(len(runs))
-        return orig(self, runs, k)
+        return orig(self, runs)
 
     monkeypatch.setattr(CompiledGrammar, "_chain_scan", counted)
     c, n = both(Grammar.from_json_schema(schema), big_vocab)

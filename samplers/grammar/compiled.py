@@ -1080,7 +1080,7 @@ class CompiledGrammar:
             scan = self._run_scan(start, len(chain) - 1)
         else:
             chain, runs = wider
-            scan = self._chain_scan(runs, len(chain) - 1)
+            scan = self._chain_scan(runs)
         extra = [self._eog_ids] if eng.is_complete(start) else []
         pt = scan.pt_tokens
         if len(pt):  # their whole characters lead down the chain
@@ -1145,25 +1145,23 @@ class CompiledGrammar:
         bits = np.unpackbits(run.view(np.uint8), bitorder="little")[: self.engine.n_classes].astype(bool)
         return int(per[bits].sum())
 
-    def _chain_scan(self, runs: npt.NDArray[np.uint64], k: int) -> Any:
-        """The scan of a chain's runs (``_wider_chain``; one class set per character, the
-        last repeating) to length ``k``: cached per (runs, k), and at full length shared
+    def _chain_scan(self, runs: npt.NDArray[np.uint64]) -> Any:
+        """The full-length scan of a chain's runs (``_wider_chain``, which ends in a loop:
+        one class set per character, the last repeating): cached per runs, and shared
         through the vocabulary's index by the code points of each run (as
         :meth:`_full_scan`)."""
-        key = (runs.tobytes(), k)
+        cap = self._run_cap
+        key = (runs.tobytes(), cap)
         got = self._run_scans.get(key)
         if got is not None:
             return got
-        if k == self._run_cap:
-            ck = b"".join(self._cp_key(r) for r in runs)
-            sh = self.vocab._shared_scan(ck)
-            if sh is not None:
-                got = self._tg.unshare(sh, runs[0])
-            else:
-                got = self._tg.run_scan(runs, k)
-                self.vocab._share_scan(ck, self._tg.shared(got))
+        ck = b"".join(self._cp_key(r) for r in runs)
+        sh = self.vocab._shared_scan(ck)
+        if sh is not None:
+            got = self._tg.unshare(sh, runs[0])
         else:
-            got = self._tg.run_scan(runs, k)
+            got = self._tg.run_scan(runs, cap)
+            self.vocab._share_scan(ck, self._tg.shared(got))
         self._run_scans[key] = got
         return got
 

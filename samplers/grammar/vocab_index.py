@@ -234,8 +234,14 @@ class VocabIndex:
         po = self.piece_offsets
         start, length = po[ct], po[ct + 1] - po[ct]
         blob = np.frombuffer(self.blob, dtype=np.uint8)
-        zeros = np.concatenate(([0], np.cumsum(blob == 0)))
-        ref = self.eog[ct] | (zeros[start + length] > zeros[start])
+        # (a NUL byte in the piece: a search of these pieces alone, not a pass over the blob)
+        raw = self.blob
+        nul = np.fromiter(
+            (raw.find(b"\0", a, b) >= 0 for a, b in zip(start.tolist(), (start + length).tolist(), strict=True)),
+            dtype=bool,
+            count=len(ct),
+        )
+        ref = self.eog[ct] | nul
         out = []
         for remain in (1, 2, 3):
             taken = np.minimum(length, remain)
