@@ -431,10 +431,12 @@ def test_wider_chains_end_in_a_loop_within_the_trie() -> None:
     """A wider chain is taken only when it reaches a state that loops on itself within
     ``_CHAIN_MAX`` states (a literal longer than the vocabulary's longest token does not:
     its chain would be cut where the trie ends, each state scanned with no subtree taken
-    whole); then it is as long as any token, one class set per state before the loop.
-    The masks equal the numpy walk's at every step, either way."""
+    whole), nor does a literal that ends (its last state takes nothing: an empty run,
+    which the engine pads as a loop); then it is as long as any token, one class set per
+    state before the loop. The masks equal the numpy walk's at every step, either way."""
     pieces = [b"a", b"ab", b"abc", b"bcd", b"c", b"cd", b"d", b"e", b"de", b"fgh", b"f", b"g", b"h", b"x", b"zz"]
-    for text, loops in (('root ::= "abcdefghabcd"\n', False), ('root ::= "ab" [c-z]*\n', True)):
+    cases = (('root ::= "abcdefghabcd"\n', False), ('root ::= "ab" [c-z]*\n', True), ('root ::= "ab"\n', False))
+    for text, loops in cases:
         c, n = both(Grammar.from_gbnf(text), pieces)
         assert c.vocab.trie().max_depth == 3
         start = c.engine.start

@@ -1120,6 +1120,8 @@ class CompiledGrammar:
                 return None  # none follows: start's run
             nxt = int(own[1])
             if nxt == cur:  # a self-loop: its classes repeat, the chain is as long as any token
+                if not runs[-1].any():
+                    return None  # (an empty run, padded as a loop: nothing follows; start's run)
                 states.extend([cur] * (cap + 1 - len(states)))
                 break
             if len(states) >= min(_CHAIN_MAX, cap):
