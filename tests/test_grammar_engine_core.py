@@ -196,6 +196,21 @@ def test_cores_agree_on_json() -> None:
     assert c.is_complete(sc) and p.is_complete(sp)
 
 
+def test_many_states_made_by_one_call_keep_their_completeness() -> None:
+    """One C call (a row) makes more new states than the sync's buffer holds (64): their
+    completeness comes back by the longer path, state for state as in the Python core."""
+    alts = [f'"{chr(0x100 + i)}" "z"' + ("?" if i % 2 else "") for i in range(150)]
+    c, p = engines("root ::= " + " | ".join(alts) + "\n")
+    before = c.n_states
+    c.fill_row(c.start)
+    assert c.n_states - before > 64
+    for i in range(150):
+        got = step_both(c, p, c.start, p.start, 0x100 + i, f"alternative {i}")
+        assert got is not None
+        same_state(c, p, *got, f"alternative {i}")
+        assert c.is_complete(got[0]) == bool(i % 2)
+
+
 @pytest.mark.parametrize("core", ["c", "python"])
 def test_ambiguous_grammar_ends_in_budget_error(core: str) -> None:
     """The stacks of AMBIGUOUS multiply by 4 with every "a": the step that would make a
@@ -308,11 +323,24 @@ def test_c_core_refuses_bad_arguments() -> None:
     assert lib.llama_cffi_gengine_completes(h, 0, min(n, 4), u8) == 0
     table = np.zeros((n, c.n_classes), dtype=np.int32)
     tp = ffi.from_buffer("int32_t[]", table)
-    assert lib.llama_cffi_gengine_sync_known(h, ffi.NULL, n, n) == -4
-    assert lib.llama_cffi_gengine_sync_known(h, tp, -1, n) == -4
-    assert lib.llama_cffi_gengine_sync_known(h, tp, n, n - 1) == -5  # a state the caller does not know
-    assert lib.llama_cffi_gengine_sync_known(h, tp, n - 1, n) == -5  # a table too short for it
-    assert lib.llama_cffi_gengine_sync_known(h, tp, n, n) >= 0
+    assert lib.llama_cffi_gengine_sync_known(h, ffi.NULL, n, n, ffi.NULL, 0) == -4
+    assert lib.llama_cffi_gengine_sync_known(h, tp, -1, n, ffi.NULL, 0) == -4
+    one = np.zeros(1, dtype=np.uint8)
+    u1 = ffi.from_buffer("uint8_t[]", one)
+    assert lib.llama_cffi_gengine_sync_known(h, tp, n, n, ffi.NULL, 1) == -4  # room for answers, and no buffer
+    assert lib.llama_cffi_gengine_sync_known(h, tp, n, n, u1, -1) == -4
+    # states the caller does not know: their number back, nothing copied, and their
+    # completeness when the buffer holds it (here: the last state's, then none)
+    new_states = lib.LLAMA_CFFI_GENGINE_NEW_STATES
+    one[0] = 7
+    assert lib.llama_cffi_gengine_sync_known(h, tp, n, n - 1, u1, 1) == new_states - n
+    assert one[0] == int(lib.llama_cffi_gengine_complete(h, n - 1) > 0)
+    one[0] = 7
+    if n >= 3:
+        assert lib.llama_cffi_gengine_sync_known(h, tp, n, n - 2, u1, 1) == new_states - n
+        assert one[0] == 7  # two new states, room for one: left alone
+    assert lib.llama_cffi_gengine_sync_known(h, tp, n - 1, n, ffi.NULL, 0) == -5  # a table too short for it
+    assert lib.llama_cffi_gengine_sync_known(h, tp, n, n, ffi.NULL, 0) >= 0
     assert out[: min(n, 4)].tolist() == [int(lib.llama_cffi_gengine_complete(h, s) > 0) for s in range(min(n, 4))]
     lens = np.array([1], dtype=np.int32)
     flat = np.array([10**6], dtype=np.int32)

@@ -730,9 +730,16 @@ int32_t llama_cffi_gengine_sync(llama_cffi_gengine *e, int32_t *table, int32_t n
     return copied;
 }
 
-int32_t llama_cffi_gengine_sync_known(llama_cffi_gengine *e, int32_t *table, int32_t n_rows, int32_t n_known) {
-    if (!e || !table || n_rows < 0 || n_known < 0) return -4;
-    if (e->st_off.n > n_known || e->st_off.n > n_rows) return -5;
+int32_t llama_cffi_gengine_sync_known(llama_cffi_gengine *e, int32_t *table, int32_t n_rows, int32_t n_known,
+                                      uint8_t *complete, int32_t cap) {
+    if (!e || !table || n_rows < 0 || n_known < 0 || cap < 0 || (cap && !complete)) return -4;
+    const int32_t n = (int32_t)e->st_off.n;
+    if (n > n_known) {
+        if (n - n_known <= cap)
+            for (int32_t i = n_known; i < n; i++) complete[i - n_known] = state_complete(e, i);
+        return LLAMA_CFFI_GENGINE_NEW_STATES - n;
+    }
+    if (n > n_rows) return -5;
     return copy_dirty_rows(e, table);
 }
 

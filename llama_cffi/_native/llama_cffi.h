@@ -491,9 +491,14 @@ int32_t llama_cffi_gengine_sync(llama_cffi_gengine *e, int32_t *table, int32_t n
                                 int32_t first, int32_t n_complete);
 /* llama_cffi_gengine_sync when the caller already knows every state (the engine has at
    most n_known states, and at most n_rows): the rows changed since the last sync copied
-   into table, their number returned; -5 (nothing done) when there are new states (the
-   caller takes their completeness first, then syncs), -4 bad arguments */
-int32_t llama_cffi_gengine_sync_known(llama_cffi_gengine *e, int32_t *table, int32_t n_rows, int32_t n_known);
+   into table, their number returned. When the engine has n > n_known states, no row is
+   copied and LLAMA_CFFI_GENGINE_NEW_STATES - n comes back, the completeness of the new
+   states n_known .. n - 1 written into complete when they are at most cap (the caller
+   takes it, grows its table, then syncs again); -5 (nothing done) when n_rows < n, -4 bad
+   arguments */
+#define LLAMA_CFFI_GENGINE_NEW_STATES -16
+int32_t llama_cffi_gengine_sync_known(llama_cffi_gengine *e, int32_t *table, int32_t n_rows, int32_t n_known,
+                                      uint8_t *complete, int32_t cap);
 /* whether each of the states first .. first + n - 1 is complete, into out (n bytes);
    0, -4 bad arguments */
 int32_t llama_cffi_gengine_completes(const llama_cffi_gengine *e, int32_t first, int32_t n, uint8_t *out);

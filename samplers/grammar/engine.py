@@ -54,6 +54,7 @@ NO_PARTIAL: Partial = (0, 0)
 
 DEAD = -1  # the empty stack set: nothing can follow
 _UNKNOWN = -2  # a transition not computed yet
+_NEW_STATES = -16  # (LLAMA_CFFI_GENGINE_NEW_STATES: llama_cffi_gengine_sync_known found new states)
 
 _END, _ALT, _RULE_REF = int(GreType.END), int(GreType.ALT), int(GreType.RULE_REF)
 _CHAR, _CHAR_NOT, _RNG, _CHAR_ALT, _ANY = (
@@ -224,9 +225,10 @@ class Engine:
         self._groups: dict[tuple[int, ...], list[tuple[list[int], npt.NDArray[np.int64]]]] = {}
         self._group_of: dict[tuple[int, ...], npt.NDArray[np.int32]] = {}  # per tops: class -> group
         self._trans = np.full((64, self.n_classes), _UNKNOWN, dtype=np.int32)
-        #: per state: does some stack have a token element on top / is some stack empty
+        #: per state: the token elements on top of its stacks (the Python core's states
+        #: only: the C core's grammars have none) / is some stack empty (1) or not (0)
         self._token_tops: list[tuple[tuple[int, int], ...]] = []
-        self._complete: list[bool] = []
+        self._complete = bytearray()
         self.core = "python" if self.has_token_elements else core
         self._c: Any = None
         self._stack_cache: dict[int, tuple[Stack, ...]] = {}
@@ -288,6 +290,8 @@ class Engine:
         self._ffi = ffi
         self._trans_ptr = ffi.from_buffer("int32_t[]", self._trans)
         self._complete_buf = np.zeros(64, dtype=np.uint8)  # (_c_sync: the new states' completeness)
+        self._complete_ptr = ffi.from_buffer("uint8_t[]", self._complete_buf)
+        self._complete_mv = self._complete_buf.data  # (a memoryview: bytes appended without a copy to numpy)
 
     def _c_call(self, what: str, rc: int) -> int:
         """A C engine result, checked; new states (if any) get their Python side."""
@@ -314,11 +318,24 @@ class Engine:
         since the last sync copied into ``_trans`` (grown first), and the completeness of
         the states it made."""
         lib = _LIB if _LIB is not None else _lib()
-        # most syncs: no new state, a few rows computed (one call copies them)
-        if lib.llama_cffi_gengine_sync_known(self._c, self._trans_ptr, len(self._trans), len(self._complete)) >= 0:
-            return
-        n = lib.llama_cffi_gengine_n_states(self._c)
         have = len(self._complete)
+        # most syncs: no new state, a few rows computed (one call copies them); with new
+        # states, that call hands back their completeness instead (when they fit the buffer)
+        rc = lib.llama_cffi_gengine_sync_known(
+            self._c, self._trans_ptr, len(self._trans), have, self._complete_ptr, len(self._complete_buf)
+        )
+        if rc >= 0:
+            return
+        if rc > _NEW_STATES:  # pragma: no cover - the arguments are the engine's own
+            raise GrammarError(f"internal error: the grammar engine's sync failed (code {rc})")
+        n = _NEW_STATES - rc
+        if n - have > len(self._complete_buf):  # more new states than the buffer holds: again, into a larger one
+            self._complete_buf = np.zeros(max(2 * len(self._complete_buf), n - have), dtype=np.uint8)
+            self._complete_ptr = self._ffi.from_buffer("uint8_t[]", self._complete_buf)
+            self._complete_mv = self._complete_buf.data  # (a memoryview: bytes appended without a copy to numpy)
+            rc = lib.llama_cffi_gengine_completes(self._c, have, n - have, self._complete_ptr)
+            if rc < 0:  # pragma: no cover - the states exist
+                raise GrammarError(f"internal error: the grammar engine's completeness failed (code {rc})")
         if n > len(self._trans):
             cap = len(self._trans)
             while cap < n:
@@ -327,19 +344,10 @@ class Engine:
             grown[: len(self._trans)] = self._trans
             self._trans = grown
             self._trans_ptr = self._ffi.from_buffer("int32_t[]", grown)
-        if n > have:
-            # the new states' Python side first: another thread may read a row of the table
-            # without the lock (step's fast path) and go on to a state the rows name: their
-            # completeness (one call) before the sync below copies the rows
-            buf = self._complete_buf
-            if len(buf) < n - have:
-                buf = self._complete_buf = np.zeros(max(2 * len(buf), n - have), dtype=np.uint8)
-            rc = lib.llama_cffi_gengine_completes(self._c, have, n - have, self._ffi.from_buffer("uint8_t[]", buf))
-            if rc < 0:  # pragma: no cover - the states exist
-                raise GrammarError(f"internal error: the grammar engine's completeness failed (code {rc})")
-            self._token_tops.extend([()] * (n - have))
-            self._complete.extend(buf[: n - have].astype(bool).tolist())
-        rc = lib.llama_cffi_gengine_sync(self._c, self._trans_ptr, len(self._trans), self._ffi.NULL, have, 0)
+        # the new states' Python side first: another thread may read a row of the table
+        # without the lock (step's fast path) and go on to a state the rows name
+        self._complete += self._complete_mv[: n - have]
+        rc = lib.llama_cffi_gengine_sync_known(self._c, self._trans_ptr, len(self._trans), n, self._ffi.NULL, 0)
         if rc < 0:  # pragma: no cover - the table was grown above
             raise GrammarError(f"internal error: the grammar engine's sync failed (code {rc})")
 
@@ -791,13 +799,13 @@ class Engine:
         """Whether some stack is empty: the input so far is a complete sentence (EOG allowed)."""
         if type(state) is not int:
             state = expect_int("state", state)
-        return state != DEAD and self._complete[state]
+        return state != DEAD and self._complete[state] == 1
 
     def token_tops(self, state: int) -> tuple[tuple[int, int], ...]:
         """``(type, token id)`` of the token elements on top of the state's stacks."""
         if type(state) is not int:
             state = expect_int("state", state)
-        return () if state == DEAD else self._token_tops[state]
+        return () if state == DEAD or self._c is not None else self._token_tops[state]
 
     # ------------------------------------------------------------------ transitions
     def step(self, state: int, cls: int) -> int:
@@ -1024,7 +1032,7 @@ class Engine:
             state = expect_int("state", state)
         if type(token) is not int:
             token = expect_int("token", token)
-        if state == DEAD or not self._token_tops[state]:
+        if state == DEAD or self._c is not None or not self._token_tops[state]:
             return DEAD
         out: dict[Stack, None] = {}
         types, values = self.types, self.values
@@ -1053,7 +1061,7 @@ class Engine:
         a token that decodes to no complete character)."""
         if type(state) is not int:
             state = expect_int("state", state)
-        if state == DEAD or not (self._token_tops[state] or self._complete[state]):
+        if state == DEAD or not ((self._c is None and self._token_tops[state]) or self._complete[state]):
             return state
         types = self.types
         return self.intern([s for s in self.stacks(state) if s and types[s[-1]] not in (_TOKEN, _TOKEN_NOT)])
