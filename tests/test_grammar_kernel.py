@@ -448,6 +448,25 @@ def test_wider_chains_end_in_a_loop_within_the_trie() -> None:
         compare_walk(c, n, random.Random(0), 12, text)
 
 
+def test_a_bounded_strings_position_takes_its_own_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A position of a bounded string (its run holds for any token, through states that
+    do not loop) takes no wider chain, and asks for no run of the positions after it
+    (each an engine call at its many stacks, only to find the same classes); a position
+    near the bound, whose run ends, may look further. Masks equal the numpy walk's."""
+    pieces = [b"a", b"ab", b"abc", b"bcd", b"c", b"cd", b"d", b'"', b'a"', b"x", b"zz"]
+    text = 'root ::= "\\"" [a-z]{0,40} "\\""\n'
+    c, n = both(Grammar.from_gbnf(text), pieces)
+    start = c.engine.step(c.engine.start, c.engine.class_of(ord('"')))
+    chain = c._run(start)
+    assert len(chain) == c._run_cap + 1 and len(set(chain.tolist())) == len(chain)
+    asked: list[int] = []
+    run = c._run
+    monkeypatch.setattr(c, "_run", lambda s: asked.append(s) or run(s))
+    assert c._wider_chain(start, chain) is None and asked == []
+    monkeypatch.undo()
+    compare_walk(c, n, random.Random(1), 16, text)
+
+
 #: a key that must match \w (a word character somewhere: the subset construction's four
 #: states minimized to two), and names of a capital and lowercase letters
 _CHAIN_SCHEMAS: dict[str, tuple[dict[str, Any], Any]] = {
