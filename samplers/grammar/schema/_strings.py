@@ -23,16 +23,8 @@ __all__ = ["FORMATS", "KNOWN_FORMATS", "format_rule", "json_char", "regex_body",
 
 MAX_ESCAPE_RANGES = 16
 _RAW_OK = norm([(0x20, 0x21), (0x23, 0x5B), (0x5D, 0xD7FF), (0xE000, MAX_CP)])
-_SHORT = {
-    8: "\\\\b",
-    12: "\\\\f",
-    10: "\\\\n",
-    13: "\\\\r",
-    9: "\\\\t",
-    0x22: '\\\\\\"',
-    0x5C: "\\\\\\\\",
-    0x2F: "\\\\/",
-}
+#: the short escapes: the code point -> the character after the backslash
+_SHORT = {8: "b", 12: "f", 10: "n", 13: "r", 9: "t", 0x22: '"', 0x5C: "\\", 0x2F: "/"}
 _ESCAPABLE = norm([(0, 0x1F), (0x7F, 0xD7FF), (0xE000, MAX_CP)])
 _HEXV = "0123456789abcdef"
 
@@ -73,8 +65,9 @@ def _fixed_range(lo: int, hi: int, width: int, base: int, digit: Callable[[int, 
 
 
 @functools.lru_cache(maxsize=4096)
-def _u_escapes(ivs: Intervals) -> tuple[str, ...]:
-    """``\\uXXXX`` spellings of the code points in ``ivs`` (controls and non-ASCII)."""
+def _u_tails(ivs: Intervals) -> tuple[str, ...]:
+    """What follows ``\\u`` in the ``\\uXXXX`` spellings of the code points in ``ivs``
+    (controls and non-ASCII; a supplementary character's second ``\\u`` included)."""
     ivs = intersect(ivs, _ESCAPABLE)
     if not ivs:
         return ()
@@ -84,7 +77,7 @@ def _u_escapes(ivs: Intervals) -> tuple[str, ...]:
     alts: list[str] = []
     bmp = [(lo, min(hi, 0xFFFF)) for lo, hi in ivs if lo <= 0xFFFF]
     for lo, hi in bmp:
-        alts += [f'"\\\\u" {s}' for s in _fixed_range(lo, hi, 4, 16, _hex_digit_class)]
+        alts += _fixed_range(lo, hi, 4, 16, _hex_digit_class)
     for lo, hi in ivs:
         lo = max(lo, 0x10000)
         if lo > hi:
@@ -96,22 +89,38 @@ def _u_escapes(ivs: Intervals) -> tuple[str, ...]:
             b = 0xDC00 + ((hi - 0x10000) & 0x3FF) if h == h_hi else 0xDFFF
             hs = " ".join(_fixed_range(h, h, 4, 16, _hex_digit_class))
             for s in _fixed_range(a, b, 4, 16, _hex_digit_class):
-                alts.append(f'"\\\\u" {hs} "\\\\u" {s}')
+                alts.append(f'{hs} "\\\\u" {s}')
         if h_hi - h_lo > 1:
             mid = " | ".join(_fixed_range(h_lo + 1, h_hi - 1, 4, 16, _hex_digit_class))
             low = " | ".join(_fixed_range(0xDC00, 0xDFFF, 4, 16, _hex_digit_class))
-            alts.append(f'"\\\\u" ({mid}) "\\\\u" ({low})')
+            alts.append(f'({mid}) "\\\\u" ({low})')
     return tuple(alts)
+
+
+def _escapes(short: list[str], u_tails: list[str]) -> str | None:
+    """One alternative for escaped spellings: the backslash once, then the characters
+    of the short escapes (one class) or ``u`` and the ``\\u`` tails (None: no
+    escape). Written so, every spelling shares the backslash: a string's state holds
+    one stack waiting for it, not one per spelling (20 of them inside any string)."""
+    tails = []
+    if short:
+        tails.append(char_class(norm([(ord(c), ord(c)) for c in short])))
+    if u_tails:
+        one = len(u_tails) == 1 and "|" not in u_tails[0]
+        tails.append(f'"u" {u_tails[0]}' if one else f'"u" ({" | ".join(u_tails)})')
+    if not tails:
+        return None
+    return f'"\\\\" {tails[0]}' if len(tails) == 1 else f'"\\\\" ({" | ".join(tails)})'
 
 
 #: every non-ASCII code point a ``\\u`` escape may spell (surrogates only in pairs)
 _NON_ASCII = norm([(0x80, 0xD7FF), (0xE000, MAX_CP)])
 #: every code point with an escaped spelling
 _HAS_ESCAPE = norm([*_ESCAPABLE, *((cp, cp) for cp in _SHORT)])
-#: shared rules (defined once per grammar, where used): the ``\\u`` escapes of every
-#: non-ASCII character, and every escaped spelling of every character. Most character
-#: sets hold them all ("any character but these"); naming the shared rule keeps their
-#: rules one class and a name long
+#: shared rules (defined once per grammar, where used): what follows ``\\u`` in the
+#: escapes of every non-ASCII character, and every escaped spelling of every character.
+#: Most character sets hold them all ("any character but these"); naming the shared rule
+#: keeps their rules one class and a name long
 U_NON_ASCII = "json-u-non-ascii"
 ANY_ESCAPE = "json-escape"
 
@@ -125,17 +134,17 @@ def _json_char_body(ivs: Intervals) -> tuple[str, str | None]:
         alts.append(char_class(raw))
     if intersect(ivs, _HAS_ESCAPE) == _HAS_ESCAPE:
         return " | ".join([*alts, ANY_ESCAPE]), ANY_ESCAPE
-    for cp, esc in _SHORT.items():
-        if any(lo <= cp <= hi for lo, hi in ivs):
-            alts.append(f'"{esc}"')
+    short = [esc for cp, esc in _SHORT.items() if any(lo <= cp <= hi for lo, hi in ivs)]
     escapable = intersect(ivs, _ESCAPABLE)
     shared = None
     if intersect(escapable, _NON_ASCII) == _NON_ASCII:
-        alts += _u_escapes(intersect(escapable, ((0, 0x7F),)))
-        alts.append(U_NON_ASCII)
+        u_tails = [*_u_tails(intersect(escapable, ((0, 0x7F),))), U_NON_ASCII]
         shared = U_NON_ASCII
     else:
-        alts += _u_escapes(escapable)
+        u_tails = list(_u_tails(escapable))
+    esc = _escapes(short, u_tails)
+    if esc is not None:
+        alts.append(esc)
     if not alts:
         raise ValueError("no character")
     return " | ".join(alts), shared
@@ -144,10 +153,11 @@ def _json_char_body(ivs: Intervals) -> tuple[str, str | None]:
 def _shared(rs: RuleSet, name: str) -> None:
     if name == ANY_ESCAPE and ANY_ESCAPE not in rs.bodies:
         _shared(rs, U_NON_ASCII)
-        short = [f'"{esc}"' for esc in _SHORT.values()]
-        rs.fixed(ANY_ESCAPE, " | ".join([*short, *_u_escapes(((0, 0x7F),)), U_NON_ASCII]))
+        esc = _escapes(list(_SHORT.values()), [*_u_tails(((0, 0x7F),)), U_NON_ASCII])
+        assert esc is not None
+        rs.fixed(ANY_ESCAPE, esc)
     elif name == U_NON_ASCII:
-        rs.fixed(U_NON_ASCII, " | ".join(_u_escapes(_NON_ASCII)))
+        rs.fixed(U_NON_ASCII, " | ".join(_u_tails(_NON_ASCII)))
 
 
 def json_char(rs: RuleSet, ivs: Intervals) -> str:
