@@ -326,6 +326,11 @@ def below_summary(
     return asc, (na.astype(np.uint8) | (pt.astype(np.uint8) << 1)).astype(np.uint8)
 
 
+#: a trie node with at least this many children is a big node (``llama_cffi_trie``'s
+#: ``big_nodes``); read when a :class:`Trie` is made
+BIG_CHILDREN = 64
+
+
 class Trie:
     """One vocabulary's code-point trie for the C walks (the layout of
     :class:`samplers.grammar.vocab_index.VocabIndex`; see ``llama_cffi.h``). Node
@@ -341,7 +346,9 @@ class Trie:
     given. ``lengths`` (per token, its whole code points) lets :meth:`run_derive` work.
     ``below_asc`` and ``below_flags`` (see :func:`below_summary`) are computed from
     ``uniq_cps`` (the code point of each ``node_cpi`` value) when not given; ``cp_nodes``
-    (the nodes of each ``node_cpi`` value) is counted on first use when not given."""
+    (the nodes of each ``node_cpi`` value) is counted on first use when not given. The
+    nodes with at least :data:`BIG_CHILDREN` children (the root apart) are its big nodes,
+    whose children each :class:`TrieGrammar` groups by class."""
 
     def __init__(
         self,
@@ -454,6 +461,19 @@ class Trie:
         t.below_flags = buf
         self._frames_n = 3 * (max_depth + 2)
         self._n_root_children = int(self._arrays["n_child"][n_nodes])
+        # the nodes with many children (Gemma 3: 20, one of them the space before a word
+        # with 2,852): a grammar groups their children by class (TrieGrammar), and a walk
+        # skips the groups its state does not take, not each child
+        nch = self._arrays["n_child"][:n_nodes]
+        big = np.flatnonzero(nch >= BIG_CHILDREN).astype(np.int32)
+        self._big_nodes = big
+        self._big_base = np.zeros(len(big) + 1, dtype=np.int32)
+        np.cumsum(nch[big], out=self._big_base[1:])
+        t.n_big, t.big_min = len(big), BIG_CHILDREN
+        for name in ("big_nodes", "big_base"):
+            buf = ffi.from_buffer("int32_t[]", getattr(self, "_" + name))
+            self._keep.append(buf)
+            setattr(t, name, buf)
         self._per_cp: npt.NDArray[np.float64] | None = None
         if cp_nodes is not None:
             per_cp = np.asarray(cp_nodes)
@@ -747,6 +767,22 @@ class TrieGrammar:
         self._keep["root_nodes"] = ffi.from_buffer("int32_t[]", root_nodes)
         self._keep["root_start"] = ffi.from_buffer("int32_t[]", root_start)
         g.root_nodes, g.root_start = self._keep["root_nodes"], self._keep["root_start"]
+        if len(trie._big_nodes):  # the big nodes' children by class (llama_cffi_trie_big_groups)
+            n_big_kids = int(trie._big_base[-1])
+            kids = np.empty(n_big_kids, dtype=np.int32)
+            nxt = np.empty(n_big_kids, dtype=np.int32)
+            self._keep["big_kids"] = ffi.from_buffer("int32_t[]", kids)
+            self._keep["big_next"] = ffi.from_buffer("int32_t[]", nxt)
+            self._keep["big_arrays"] = (kids, nxt)
+            rc = lib.llama_cffi_trie_big_groups(
+                trie._struct, g.cls_of_cpi, len(cls_of_cp), n_classes, self._keep["big_kids"], self._keep["big_next"]
+            )
+            if rc == -2:  # pragma: no cover - a few kilobytes
+                raise MemoryError("grouping the trie's big nodes: out of memory")
+            _check_rc(rc, "trie big groups")
+            g.big_kids, g.big_next = self._keep["big_kids"], self._keep["big_next"]
+        else:
+            g.big_kids = g.big_next = ffi.NULL
         self._scan_bufs: _ScanOut | None = None
         g.engine = g.class_weight = g.run_chain = ffi.NULL
         self._g_plain: Any = None

@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import llama_cffi
+import llama_cffi._trie_walk as trie_walk_mod
 import samplers.grammar.compiled as compiled_mod
 from samplers.grammar import Grammar, GrammarBudgetError, GrammarError
 from samplers.grammar.compiled import _RUN_STACKS_MAX, CompiledGrammar
@@ -141,7 +143,7 @@ def test_random_grammars_tiny_vocabulary(
         event(f"derived {sum(d is not None for d in getattr(c, '_derived', {}).values()) > 0}")
 
 
-@pytest.mark.parametrize("derive", ["default", "always", "small"])
+@pytest.mark.parametrize("derive", ["default", "always", "small", "big"])
 @settings(max_examples=budget(80), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_random_vocabularies(data: st.DataObject, derive: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -149,7 +151,11 @@ def test_random_vocabularies(data: st.DataObject, derive: str, monkeypatch: pyte
     grammars of self-loops, chains of optional characters (bounded repetitions) and
     alternatives, every mask along a random walk. ``always``: masks derived from other
     states' wherever the thresholds allow (see test_random_grammars_tiny_vocabulary);
-    ``small``: the small-vocabulary mode, every mask a walk from the root (no plan)."""
+    ``small``: the small-vocabulary mode, every mask a walk from the root (no plan);
+    ``big``: every node of 2 or 3 children or more is a big node, its children walked by
+    class (Gemma 3's vocabulary has 20, of 64 children or more)."""
+    if derive == "big":
+        monkeypatch.setattr(trie_walk_mod, "BIG_CHILDREN", data.draw(st.integers(2, 3), label="big"))
     if derive == "small":
         monkeypatch.setattr(compiled_mod, "_SMALL_VOCAB", compiled_mod.__dict__["_INT32_MAX"])
     if derive == "always":
@@ -169,6 +175,10 @@ def test_random_vocabularies(data: st.DataObject, derive: str, monkeypatch: pyte
     ]
     text = data.draw(st.sampled_from([*_SELF_LOOP_GRAMMARS, *bounded]), label="grammar")
     c, n = both(Grammar.from_gbnf(text), vocab)
+    if derive == "big":
+        big = c.vocab.trie()._big_nodes
+        assert len(big) and c._tg._g.big_kids != trie_walk_mod.ffi.NULL
+        _assert_big_groups(c)
     compare_walk(c, n, rng, 12, text)
     if derive == "always":
         event(f"derived {sum(d is not None for d in c._derived.values()) > 0}")
@@ -560,6 +570,80 @@ def test_binding_refuses_inconsistent_arrays(vocab_model: llama_cffi.Model) -> N
     ):
         with pytest.raises(ValueError):
             TrieGrammar.bind(**{**args, **change})  # type: ignore[arg-type]
+
+
+def _assert_big_groups(c: CompiledGrammar) -> None:
+    """Each big node's children, as the grammar groups them: all of them once, each group
+    one class, and every position's next the end of its group."""
+    trie = c.vocab.trie()
+    kids, nxt = c._tg._keep["big_arrays"]
+    n_child, first = trie._arrays["n_child"], trie._arrays["first_child"]
+    for i, node in enumerate(trie._big_nodes.tolist()):
+        a, b = int(trie._big_base[i]), int(trie._big_base[i + 1])
+        assert b - a == n_child[node] >= trie_walk_mod.BIG_CHILDREN
+        got = kids[a:b]
+        assert sorted(got.tolist()) == list(range(first[node], first[node] + n_child[node]))
+        cls = c._cls_of_cp[trie._arrays["node_cpi"][got]]
+        j = 0
+        while j < b - a:
+            end = int(nxt[a + j]) - a
+            assert j < end <= b - a and (cls[j:end] == cls[j]).all() and (nxt[a + j : a + end] == a + end).all()
+            assert cls[j] not in cls[end:].tolist()  # one group per class
+            j = end
+
+
+def test_big_groups_refuse_bad_data(vocab_model: llama_cffi.Model) -> None:
+    """``llama_cffi_trie_big_groups`` checks what it reads: classes out of range, a code
+    point index past the grammar's, a node list that is not increasing or whose sizes are
+    not the nodes' numbers of children; nothing is written past the arrays."""
+    from llama_cffi._binding import ffi, lib
+
+    c = Grammar.from_gbnf('root ::= [a-c]+ "é"').compile(vocab_model, mask_cache_size=0, kernel="c")
+    trie = c.vocab.trie()
+    n_child = trie._arrays["n_child"]
+    big = np.flatnonzero(n_child[: trie.n_nodes] >= 2)[:4].astype(np.int32)
+    base = np.zeros(len(big) + 1, dtype=np.int32)
+    np.cumsum(n_child[big], out=base[1:])
+    t = ffi.new("llama_cffi_trie *", trie._struct[0])
+    kids = np.full(int(base[-1]) + 1, -7, dtype=np.int32)
+    nxt = np.full(int(base[-1]) + 1, -7, dtype=np.int32)
+    cls = c._cls_of_cp
+
+    def call(nodes: npt.NDArray[np.int32], starts: npt.NDArray[np.int32], classes: Any, n_cls: int) -> int:
+        keep = (ffi.from_buffer("int32_t[]", nodes), ffi.from_buffer("int32_t[]", starts))
+        t.n_big, t.big_min, t.big_nodes, t.big_base = len(nodes), 2, keep[0], keep[1]
+        rc: int = lib.llama_cffi_trie_big_groups(
+            t,
+            ffi.from_buffer("int32_t[]", classes),
+            len(classes),
+            n_cls,
+            ffi.from_buffer("int32_t[]", kids),
+            ffi.from_buffer("int32_t[]", nxt),
+        )
+        return rc
+
+    assert call(big, base, cls, c.engine.n_classes) == 0
+    assert kids[-1] == nxt[-1] == -7 and sorted(kids[:-1].tolist()) == sorted(
+        j
+        for node in big.tolist()
+        for j in range(trie._arrays["first_child"][node], trie._arrays["first_child"][node] + n_child[node])
+    )
+    assert call(big, base, cls, int(cls.max())) == -1  # a class out of range
+    assert call(big, base, cls[:1], c.engine.n_classes) == -1  # code point indexes past the grammar's
+    assert call(big[::-1].copy(), base, cls, c.engine.n_classes) == -1  # not increasing
+    bad = base.copy()
+    bad[1] += 1
+    assert call(big, bad, cls, c.engine.n_classes) == -1  # a size that is not the node's
+    assert (
+        call(
+            np.array([trie.n_nodes], dtype=np.int32),
+            np.array([0, n_child[trie.n_nodes]], dtype=np.int32),
+            cls,
+            c.engine.n_classes,
+        )
+        == -1
+    )  # the root
+    assert kids[-1] == nxt[-1] == -7
 
 
 @settings(max_examples=budget(60), deadline=None)

@@ -207,6 +207,13 @@ typedef struct {
     /* +: bit 0, a code point >= 128 strictly below; bit 1, a token ending inside a
        character at or below (has_pt here or below) */
     const uint8_t *below_flags;
+    /* the nodes (not the root) with many children, increasing (n_big of them), and where
+       each one's children start in a grammar's big_kids (n_big + 1 values from 0): a
+       walk reaching one skips the children of a class its state does not take at once */
+    int32_t n_big;
+    int32_t big_min; /* every big node has at least this many children */
+    const int32_t *big_nodes;
+    const int32_t *big_base;
 } llama_cffi_trie;
 /* one grammar on one trie. trans[state * n_classes + class]: the successor state, -1
    none, LLAMA_CFFI_TRANS_UNKNOWN not computed yet (n_states rows). A state s below
@@ -239,6 +246,11 @@ typedef struct {
     const uint8_t *pchar_ok;
     const int32_t *root_nodes; /* the root's children grouped by class (llama_cffi_trie_root_groups) */
     const int32_t *root_start; /* n_classes + 1: class c's are root_nodes[root_start[c] .. root_start[c + 1]] */
+    /* NULL, or (llama_cffi_trie_big_groups) the children of the trie's big nodes grouped by
+       class: big node i's are big_kids[big_base[i] .. big_base[i + 1]], and big_next[j]
+       the position past the group holding position j */
+    const int32_t *big_kids;
+    const int32_t *big_next;
     /* NULL, or the grammar's llama_cffi_gengine: a walk of one mask (llama_cffi_trie_walk,
        llama_cffi_trie_mask; not llama_cffi_trie_masks, whose threads share the engine)
        then computes the transitions it meets instead of leaving them pending, reading
@@ -259,6 +271,12 @@ typedef struct {
    (n_classes + 1). 0, -1 bad data */
 int llama_cffi_trie_root_groups(const llama_cffi_trie *t, const int32_t *cls_of_cpi, int32_t n_cps, int32_t n_classes,
                                 int32_t *out_nodes, int32_t *out_start);
+/* the children of each of the trie's big nodes grouped by class under a grammar (as
+   root groups: cls_of_cpi, n_cps values, classes below n_classes) into kids and next
+   (big_base[n_big] values each: see llama_cffi_trie_grammar's big_kids); 0, -1 bad
+   data, -2 out of memory */
+int llama_cffi_trie_big_groups(const llama_cffi_trie *t, const int32_t *cls_of_cpi, int32_t n_cps, int32_t n_classes,
+                               int32_t *kids, int32_t *next);
 /* a grammar's binding to a trie in one call (the Python version: TrieGrammar(...) and
    samplers.grammar's CompiledGrammar): uniq_cps (n_cps increasing code points, the trie's
    node_cpi indexes them; the first n_ascii below 128) and cp_weight (the trie's nodes per

@@ -51,6 +51,91 @@ int llama_cffi_trie_root_groups(const llama_cffi_trie *t, const int32_t *cls_of_
     return 0;
 }
 
+int llama_cffi_trie_big_groups(const llama_cffi_trie *t, const int32_t *cls_of_cpi, int32_t n_cps, int32_t n_classes,
+                               int32_t *kids, int32_t *next) {
+    if (!t || !cls_of_cpi || n_cps < 0 || n_classes < 1 || t->n_big < 0 || (t->n_big && (!t->big_nodes || !t->big_base)))
+        return -1;
+    if (!t->n_big) return 0;
+    if (!kids || !next || t->big_base[0] != 0) return -1;
+    /* per class, how many children of the node (reset after each node: only the classes met) */
+    int32_t *count = (int32_t *)calloc((size_t)n_classes, sizeof(int32_t));
+    int32_t *met = (int32_t *)malloc(sizeof(int32_t));
+    int32_t met_cap = 1;
+    if (!count || !met) {
+        free(count);
+        free(met);
+        return -2;
+    }
+    int rc = 0;
+    for (int32_t i = 0; i < t->n_big && !rc; i++) {
+        const int32_t node = t->big_nodes[i], base = t->big_base[i];
+        if (node < 0 || node >= t->n_nodes || (i && node <= t->big_nodes[i - 1])) {
+            rc = -1;
+            break;
+        }
+        const int32_t fc = t->first_child[node], n = t->n_child[node];
+        if (fc < 0 || n < 0 || fc + n > t->n_nodes || t->big_base[i + 1] - base != n) {
+            rc = -1;
+            break;
+        }
+        if (n > met_cap) {
+            int32_t *p = (int32_t *)realloc(met, sizeof(int32_t) * (size_t)n);
+            if (!p) {
+                rc = -2;
+                break;
+            }
+            met = p;
+            met_cap = n;
+        }
+        int32_t n_met = 0;
+        for (int32_t j = 0; j < n; j++) {
+            const uint32_t cpi = (uint32_t)t->node_cpi[fc + j];
+            if (cpi >= (uint32_t)n_cps || cls_of_cpi[cpi] < 0 || cls_of_cpi[cpi] >= n_classes) {
+                rc = -1;
+                break;
+            }
+            const int32_t c = cls_of_cpi[cpi];
+            if (!count[c]++) met[n_met++] = c;
+        }
+        if (rc) break;
+        /* the groups in the order their classes were met; count[c] becomes the group's
+           next free position, then is cleared */
+        int32_t at = 0;
+        for (int32_t m = 0; m < n_met; m++) {
+            const int32_t c = met[m], size = count[c];
+            for (int32_t j = at; j < at + size; j++) next[base + j] = base + at + size;
+            count[c] = at;
+            at += size;
+        }
+        for (int32_t j = 0; j < n; j++) kids[base + count[cls_of_cpi[t->node_cpi[fc + j]]]++] = fc + j;
+        for (int32_t m = 0; m < n_met; m++) count[met[m]] = 0;
+    }
+    free(count);
+    free(met);
+    return rc;
+}
+
+/* big node node's grouped children and their next positions (relative: kids[0 .. n)),
+   when node is one of the trie's big nodes and g has its groups; 0 when not (the caller
+   reads the children in order), -1 bad data */
+static inline int big_of(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, int32_t node, int32_t n,
+                         const int32_t **kids, const int32_t **next) {
+    *kids = *next = NULL;
+    if (!g->big_kids || !g->big_next || t->n_big <= 0) return 0;
+    int32_t lo = 0, hi = t->n_big;
+    while (lo < hi) {
+        const int32_t mid = lo + (hi - lo) / 2;
+        if (t->big_nodes[mid] < node) lo = mid + 1;
+        else hi = mid;
+    }
+    if (lo == t->n_big || t->big_nodes[lo] != node) return 0;
+    const int32_t base = t->big_base[lo];
+    if (base < 0 || t->big_base[lo + 1] - base != n) return -1;
+    *kids = g->big_kids + base;
+    *next = g->big_next + base;
+    return 1;
+}
+
 int llama_cffi_trie_bind(const llama_cffi_trie *t, const int32_t *uniq_cps, const double *cp_weight, int32_t n_cps,
                          int32_t n_ascii, const int32_t *edges, const int32_t *interval_class, int32_t n_int,
                          int32_t n_classes, const int32_t *ascii_cls, int32_t *cls_of_cpi, double *class_weight,
@@ -422,12 +507,19 @@ static int descend(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, i
         int32_t cur = f_node[d], cs = f_state[d];
         int32_t fc = t->first_child[cur], ncld = t->n_child[cur];
         if (fc < 0 || ncld < 0 || fc + ncld > n_nodes) return -1;
+        /* a node with many children (a space before a word): its children by class, a
+           class the state does not take skipped whole */
+        const int32_t *kids = NULL, *knext = NULL;
+        if (t->n_big > 0 && ncld >= t->big_min && big_of(t, g, cur, ncld, &kids, &knext) < 0) return -1;
+        const int32_t kbase = kids ? (int32_t)(kids - g->big_kids) : 0;
         const int32_t *row = tab + (size_t)cs * (size_t)nc_;
         int32_t k = f_next[d];
         int descended = 0;
         while (k < ncld) {
-            int32_t ch = fc + k;
+            const int32_t at = k;
+            int32_t ch = kids ? kids[k] : fc + k;
             k++;
+            if (ch < fc || ch >= fc + ncld) return -1;
             int32_t c = node_cls(t, g, ch);
             if (c < 0 || c >= nc_) return -1;
             int32_t s2 = row[c];
@@ -442,7 +534,14 @@ static int descend(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, i
                 n_st = n_states_of(g);
                 row = tab + (size_t)cs * (size_t)nc_;
             }
-            if (s2 < 0) continue;
+            if (s2 < 0) {
+                if (kids) { /* the rest of its class's group too */
+                    const int32_t nx = knext[at] - kbase;
+                    if (nx <= at || nx > ncld) return -1;
+                    k = nx;
+                }
+                continue;
+            }
             if (s2 >= n_st) return -1;
             int v = visit(t, g, ch, cs, s2, mask, pending, pending_cap, n_pending, &moved, sums);
             if (moved) {
