@@ -691,6 +691,24 @@ class CompiledGrammar:
         with self._lock:
             if self._uncached_c and partial[1] == 0 and state != DEAD:  # (_c_walks, no mask cache)
                 self.stats["mask_misses"] += 1
+                plan = self._plans.get(state)
+                if plan is not None and state in self._settled:
+                    # a settled state: one C call that reads only the tables and allocates
+                    # nothing (no collection can fall due: the garbage collector stays on)
+                    oc = self._out_c
+                    if oc is None or oc[0] is not out:
+                        oc = self._out_c = (out, _ffi.from_buffer("uint32_t[]", out))
+                    given = self._tables_given
+                    if (
+                        given is None
+                        or given[0] is not self.engine._trans
+                        or given[1] is not self._run_known
+                        or given[2] is not self._pchar_known
+                    ):
+                        self._set_tables()
+                    tg = self._tg
+                    if tg.mask_plain_rc(plan, oc[1]) == 0 and tg.n_pending == 0:
+                        return out
                 paused = gc.isenabled()
                 if paused:
                     gc.disable()
