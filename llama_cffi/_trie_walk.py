@@ -534,46 +534,58 @@ class Trie:
         )
         return out.result(rc, on)
 
-    def masks(self, grammars: list[TrieGrammar], plans: list[Any], rows: list[U32], n_threads: int) -> tuple[I32, I32]:
+    def masks(
+        self, grammars: list[TrieGrammar], plans: list[Any], out: U32, rows: list[int], n_threads: int
+    ) -> tuple[I32, I32]:
         """The masks of many :meth:`TrieGrammar.plan` s in one call, shared among ``n_threads``
-        threads (the GIL released): ``rows[i]`` (a writeable C-contiguous uint32 array of at
-        least ``n_words``) gets what ``grammars[i].mask(plans[i], rows[i])`` writes. Returns,
-        per job, the C result (0: done) and how many subtrees were left pending: a job with
-        either not zero is to be done again on its own (:meth:`TrieGrammar.mask`, then
-        :meth:`TrieGrammar.walk`)."""
+        threads (the GIL released): row ``rows[i]`` of ``out`` (a writeable C-contiguous 2-D
+        uint32 array of at least ``n_words`` columns) gets what ``grammars[i].mask(plans[i],
+        ...)`` writes. Returns, per job, the C result (0: done) and how many subtrees were
+        left pending: a job with either not zero is to be done again on its own
+        (:meth:`TrieGrammar.mask`, then :meth:`TrieGrammar.walk`)."""
         n = len(plans)
         if len(grammars) != n or len(rows) != n:
             raise ValueError("one grammar and one row per plan")
-        for i, (g, p, row) in enumerate(zip(grammars, plans, rows, strict=True)):
+        if (
+            not isinstance(out, np.ndarray)
+            or out.dtype != np.uint32
+            or out.ndim != 2
+            or out.shape[1] < self.n_words
+            or not out.flags.c_contiguous
+            or not out.flags.writeable
+        ):
+            raise ValueError(f"out must be a writeable C-contiguous 2-D uint32 array of >= {self.n_words} columns")
+        n_rows = out.shape[0]
+        for i, (g, p, r) in enumerate(zip(grammars, plans, rows, strict=True)):
             if g.trie is not self or p[5] is not g or not g._tables:
                 raise ValueError(f"job {i}: its grammar is not on this trie, its plan not its grammar's, or no tables")
-            _words(f"rows[{i}]", row, self.n_words)
-            if not row.flags.c_contiguous:
-                raise ValueError(f"rows[{i}] must be C-contiguous")
-        rcs = np.zeros(n, dtype=np.int32)
-        n_pending = np.zeros(n, dtype=np.int32)
+            if type(r) is not int or not 0 <= r < n_rows:
+                raise ValueError(f"job {i}: row {r!r} is not a row of out")
+        res = np.zeros(2 * n, dtype=np.int32)  # the results, then the pending counts
         if n == 0:
-            return rcs, n_pending
+            return res[:0], res[:0]
         pending = np.empty(n * 4 * _BATCH_PENDING_CAP, dtype=np.int32)
         frames = np.empty(n * self._frames_n, dtype=np.int32)
-        bufs = [ffi.from_buffer("uint32_t[]", r) for r in rows]  # kept alive for the call
+        base = ffi.from_buffer("uint32_t[]", out)  # kept alive for the call
+        stride = out.shape[1]
+        res_c = ffi.from_buffer("int32_t[]", res)
         rc = lib.llama_cffi_trie_masks(
             self._struct,
             n,
             ffi.new("llama_cffi_trie_grammar *[]", [g._g for g in grammars]),
             ffi.new("llama_cffi_trie_plan *[]", [p[0] for p in plans]),
-            ffi.new("uint32_t *[]", bufs),
+            ffi.new("uint32_t *[]", [base + r * stride for r in rows]),
             ffi.from_buffer("int32_t[]", pending),
             _BATCH_PENDING_CAP,
-            ffi.from_buffer("int32_t[]", n_pending),
+            res_c + n,
             ffi.from_buffer("int32_t[]", frames),
             self._frames_n,
-            ffi.from_buffer("int32_t[]", rcs),
+            res_c,
             max(1, int(n_threads)),
         )
-        del bufs
+        del base
         _check_rc(rc, "trie masks")
-        return rcs, n_pending
+        return res[:n], res[n:]
 
     def len_mask(self, k: int) -> U32:
         """The tokens of at most ``k`` whole code points, as mask words (cached)."""

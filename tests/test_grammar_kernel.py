@@ -1084,6 +1084,21 @@ def test_fill_masks_of_many_matchers(big_vocab: llama_cffi.Model) -> None:
     tiny = Grammar.from_gbnf("root ::= [a-z]+").matcher(VocabIndex([b"a", b"b"]))
     with pytest.raises(ValueError, match="another size"):
         fill_masks([matchers[0], tiny])
+    # the trie's batch call writes rows of the caller's array: a row out of it, or an
+    # array that is not one, is refused before any walk
+    c, st = matchers[0].compiled, matchers[0].state
+    assert c.kernel == "c" and c._mask_cache_size == 0
+    c.fill_words(st, (0, 0), np.empty(c.n_words, dtype=np.uint32))
+    plan, trie = c._batch_plan(st), c.vocab.trie()
+    c._set_tables()
+    rcs, pending = trie.masks([c._tg], [plan], out, [2], 1)
+    assert rcs.tolist() == [0] and (pending.tolist() != [0] or np.array_equal(out[2, : c.n_words], got[0]))
+    for bad_row in (-1, len(out), 1.0):
+        with pytest.raises(ValueError, match="row"):
+            trie.masks([c._tg], [plan], out, [bad_row], 1)  # type: ignore[list-item]
+    for bad_out in (out[0], out[:, ::2], out.astype(np.int32), out[:, : c.n_words - 1]):
+        with pytest.raises(ValueError, match="2-D"):
+            trie.masks([c._tg], [plan], bad_out, [0], 1)
 
 
 def test_a_given_mask_is_used_while_the_state_holds(vocab_model: llama_cffi.Model) -> None:

@@ -46,19 +46,21 @@ def fill_masks(
     (default: the CPUs this process may use, at most 16; one below :data:`THREADS_FROM`
     walks, where waking threads costs more than it saves)."""
     ms = list(expect_iterable("matchers", matchers, "a sequence of GrammarMatcher"))
+    n_words = -1
     for i, m in enumerate(ms):
         if not isinstance(m, GrammarMatcher):
             raise TypeError(f"matchers[{i}] must be a GrammarMatcher, not {type(m).__name__}")
+        n = m._compiled.n_words
+        if n != n_words:
+            if n_words >= 0:
+                raise ValueError(f"matchers[{i}] is for a vocabulary of another size")
+            n_words = n
     if out is not None and not isinstance(out, np.ndarray):
         raise type_error("out", "a C-contiguous uint32 array (one row per matcher) or None", out)
     if n_threads is not None:
         n_threads = expect_int("n_threads", n_threads, "an int or None")
     if not ms:
         return np.zeros((0, 0), dtype=np.uint32) if out is None else out
-    n_words = ms[0].compiled.n_words
-    for i, m in enumerate(ms):
-        if m.compiled.n_words != n_words:
-            raise ValueError(f"matchers[{i}] is for a vocabulary of another size")
     if out is None:
         out = np.empty((len(ms), n_words), dtype=np.uint32)
     elif (
@@ -76,21 +78,25 @@ def fill_masks(
     copies: list[tuple[int, int]] = []  # (row, row it repeats)
     walks: dict[Any, list[tuple[int, CompiledGrammar, tuple[int, tuple[int, int]]]]] = {}  # per trie
     for i, m in enumerate(ms):
-        row = out[i]
         if m.ended:
-            row[:n_words] = 0
+            out[i, :n_words] = 0
             continue
-        c = m.compiled
-        key = (id(c), m.state, m.partial)
+        c = m._compiled
+        state, partial = m.state, m.partial
+        key = (id(c), state, partial)
         j = first.get(key)
         if j is not None:
             copies.append((i, j))
             continue
         first[key] = i
-        if c._c_walks(m.state, m.partial):
-            walks.setdefault(c.vocab.trie(), []).append((i, c, (m.state, m.partial)))
+        if c._c_walks(state, partial):
+            trie = c.vocab.trie()
+            jobs = walks.get(trie)
+            if jobs is None:
+                jobs = walks[trie] = []
+            jobs.append((i, c, (state, partial)))
         else:
-            c.fill_words(m.state, m.partial, row)
+            c.fill_words(state, partial, out[i])
     for trie, jobs in walks.items():
         _walk_jobs(trie, jobs, out, threads)
     for i, j in copies:
@@ -110,9 +116,12 @@ def _walk_jobs(
         for _, c in grammars:
             c._lock.acquire()
             held.append(c._lock)
-        todo = []
+        todo: list[tuple[int, CompiledGrammar, tuple[int, tuple[int, int]]]] = []
+        tgs: list[Any] = []
+        plans: list[Any] = []
+        rows: list[int] = []
         for i, c, key in jobs:
-            packed = c._cached_packed(key)
+            packed = c._cached_packed(key) if c._mask_cache_size > 0 else None
             if packed is not None:
                 words = out[i].view(np.uint8)
                 words[len(packed) : 4 * c.n_words] = 0
@@ -124,17 +133,19 @@ def _walk_jobs(
                 c._mask_words_c(key[0], row)
                 c._store(key, row)
             else:
-                todo.append((i, c, key, c._batch_plan(key[0])))
+                todo.append((i, c, key))
+                tgs.append(c._tg)
+                plans.append(c._batch_plan(key[0]))
+                rows.append(i)
         if not todo:
             return
         for _, c in grammars:
             c._set_tables()
-        rows = [out[i, : c.n_words] for i, c, _, _ in todo]
-        rcs, pending = trie.masks([c._tg for _, c, _, _ in todo], [p for *_, p in todo], rows, threads)
-        for (_i, c, key, _), rc, n_pending, row in zip(todo, rcs.tolist(), pending.tolist(), rows, strict=True):
-            if rc != 0 or n_pending:
-                c._mask_words_c(key[0], row)  # finished on its own: what it waits for is computed there
-            c._store(key, row)
+        rcs, pending = trie.masks(tgs, plans, out, rows, threads)
+        for (i, c, key), rc, n_pending in zip(todo, rcs.tolist(), pending.tolist(), strict=True):
+            if rc != 0 or n_pending:  # finished on its own: what it waits for is computed there
+                c._mask_words_c(key[0], out[i, : c.n_words])
+            c._store(key, out[i])
     finally:
         for lock in reversed(held):
             lock.release()
