@@ -359,7 +359,7 @@ def test_c_core_refuses_bad_arguments() -> None:
     table = np.full((1, c.n_classes), -2, dtype=np.int32)
     c.fill_row(c.start)
     if c.n_states > 1:
-        assert lib.llama_cffi_gengine_sync(h, i32(table), 1, ffi.NULL, 0, 0) == -4
+        assert lib.llama_cffi_gengine_sync_known(h, i32(table), 1, c.n_states, ffi.NULL, 0) == -5
     weights = np.ones(c.n_classes, dtype=np.float64)
     chain = np.zeros(4, dtype=np.int32)
     words = np.zeros(1, dtype=np.uint64)

@@ -89,7 +89,7 @@ struct llama_cffi_gengine {
     htab cells;
     int32_t gen;
     /* states, and their transitions (n_states x n_classes, LLAMA_CFFI_TRANS_UNKNOWN where
-       not computed yet); rows changed since the last llama_cffi_gengine_sync are listed
+       not computed yet); rows changed since the last llama_cffi_gengine_sync_known are listed
        in dirty (row_dirty: whether a row is listed) */
     ivec st_off, st_len, st_pool;
     htab states;
@@ -717,16 +717,6 @@ static int32_t copy_dirty_rows(llama_cffi_gengine *e, int32_t *table) {
     }
     int32_t copied = (int32_t)e->dirty.n;
     e->dirty.n = 0;
-    return copied;
-}
-
-int32_t llama_cffi_gengine_sync(llama_cffi_gengine *e, int32_t *table, int32_t n_rows, uint8_t *complete,
-                                int32_t first, int32_t n_complete) {
-    if (!e || !table || n_rows < e->st_off.n || first < 0 || n_complete < 0 || first + n_complete > e->st_off.n ||
-        (n_complete && !complete))
-        return -4;
-    int32_t copied = copy_dirty_rows(e, table);
-    for (int32_t i = 0; i < n_complete; i++) complete[i] = state_complete(e, first + i);
     return copied;
 }
 

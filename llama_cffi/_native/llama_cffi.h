@@ -493,7 +493,7 @@ int64_t llama_cffi_gengine_stacks(const llama_cffi_gengine *e, int32_t state, in
 int32_t llama_cffi_gengine_intern(llama_cffi_gengine *e, int32_t n, const int32_t *lens, const int32_t *flat);
 /* The engine keeps its own table of transitions; the caller's copy (rows x n_classes
    int32, LLAMA_CFFI_TRANS_UNKNOWN where not computed) is brought up to date by
-   llama_cffi_gengine_sync. The successor of state on class cls (computed once): */
+   llama_cffi_gengine_sync_known. The successor of state on class cls (computed once): */
 int32_t llama_cffi_gengine_step(llama_cffi_gengine *e, int32_t state, int32_t cls);
 /* every successor of state (computed once per group of classes the same stacks take) */
 int llama_cffi_gengine_fill_row(llama_cffi_gengine *e, int32_t state);
@@ -502,14 +502,9 @@ int llama_cffi_gengine_fill_row(llama_cffi_gengine *e, int32_t state);
 int32_t llama_cffi_gengine_group_step(llama_cffi_gengine *e, int32_t state, const int32_t *classes, int32_t n);
 /* the transitions (states[i], classes[i]) computed (pairs with a negative state skipped) */
 int llama_cffi_gengine_fill(llama_cffi_gengine *e, int64_t n, const int32_t *states, const int32_t *classes);
-/* the rows changed since the last sync copied into table (n_rows >= the number of states),
-   and whether each of the states first .. first + n_complete - 1 is complete (some stack
-   empty) into complete; returns the rows copied */
-int32_t llama_cffi_gengine_sync(llama_cffi_gengine *e, int32_t *table, int32_t n_rows, uint8_t *complete,
-                                int32_t first, int32_t n_complete);
-/* llama_cffi_gengine_sync when the caller already knows every state (the engine has at
-   most n_known states, and at most n_rows): the rows changed since the last sync copied
-   into table, their number returned. When the engine has n > n_known states, no row is
+/* the caller's copy of the table brought up to date, when it already knows every state
+   (the engine has at most n_known states, and at most n_rows): the rows changed since the
+   last sync copied into table, their number returned. When the engine has n > n_known states, no row is
    copied and LLAMA_CFFI_GENGINE_NEW_STATES - n comes back, the completeness of the new
    states n_known .. n - 1 written into complete when they are at most cap (the caller
    takes it, grows its table, then syncs again); -5 (nothing done) when n_rows < n, -4 bad

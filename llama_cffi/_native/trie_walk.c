@@ -517,9 +517,12 @@ static int descend(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, i
         int descended = 0;
         while (k < ncld) {
             const int32_t at = k;
-            int32_t ch = kids ? kids[k] : fc + k;
+            int32_t ch = fc + k;
+            if (kids) {
+                ch = kids[k];
+                if (ch < fc || ch >= fc + ncld) return -1;
+            }
             k++;
-            if (ch < fc || ch >= fc + ncld) return -1;
             int32_t c = node_cls(t, g, ch);
             if (c < 0 || c >= nc_) return -1;
             int32_t s2 = row[c];

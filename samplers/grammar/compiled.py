@@ -168,7 +168,7 @@ class CompiledGrammar:
         #: short path (with a live state and no partial character: :meth:`_c_walks`)
         self._uncached_c = mask_cache_size == 0 and kernel == "c" and not engine.has_token_elements
         self._last: tuple[tuple[int, Partial], npt.NDArray[np.bool_]] | None = None
-        self._out_c: tuple[Any, Any] | None = None  # the last out buffer and its cdata (_mask_fast)
+        self._out_c: tuple[Any, Any] | None = None  # the last out buffer and its cdata (_out_cdata)
         self._partial_ok: dict[tuple[int, Partial], bool] = {}
         #: per partial character: the classes of its completions by continuation tokens, and
         #: the longer partial characters of the tokens that end inside it (_partial_mask)
@@ -695,19 +695,9 @@ class CompiledGrammar:
                 if plan is not None and state in self._settled:
                     # a settled state: one C call that reads only the tables and allocates
                     # nothing (no collection can fall due: the garbage collector stays on)
-                    oc = self._out_c
-                    if oc is None or oc[0] is not out:
-                        oc = self._out_c = (out, _ffi.from_buffer("uint32_t[]", out))
-                    given = self._tables_given
-                    if (
-                        given is None
-                        or given[0] is not self.engine._trans
-                        or given[1] is not self._run_known
-                        or given[2] is not self._pchar_known
-                    ):
-                        self._set_tables()
+                    self._set_tables()
                     tg = self._tg
-                    if tg.mask_plain_rc(plan, oc[1]) == 0 and tg.n_pending == 0:
+                    if tg.mask_plain_rc(plan, self._out_cdata(out)) == 0 and tg.n_pending == 0:
                         return out
                 paused = gc.isenabled()
                 if paused:
@@ -727,24 +717,24 @@ class CompiledGrammar:
             out[:n].byteswap(inplace=True)
         return out
 
+    def _out_cdata(self, out: npt.NDArray[np.uint32]) -> Any:
+        """A cffi buffer over ``out`` (the last one made, when ``out`` is the same array)."""
+        oc = self._out_c
+        if oc is None or oc[0] is not out:
+            oc = self._out_c = (out, _ffi.from_buffer("uint32_t[]", out))
+        return oc[1]
+
     def _mask_fast(self, state: int, out: npt.NDArray[np.uint32]) -> bool:
-        """The common masks in one C call (under the lock; ``out`` checked by the caller):
-        a settled state's plan walked without the engine, or a state's first mask from
-        the root that leaves nothing pending. False (nothing decided, ``out`` to be
+        """A state's first mask from the root in one C call, when it leaves nothing pending
+        (under the lock; ``out`` checked by the caller; a settled state's plan is walked
+        by :meth:`_fill_words` before it). False (nothing decided, ``out`` to be
         overwritten) for everything else, which :meth:`_mask_words_c` does, as it does
         these: a first mask answering "plan" has its plan made here and walked there; one
         answering "heavy" (returned before any walk) or leaving subtrees pending is made
         again there."""
         tg = self._tg
-        oc = self._out_c
-        if oc is None or oc[0] is not out:
-            oc = self._out_c = (out, _ffi.from_buffer("uint32_t[]", out))
-        plan = self._plans.get(state)
-        if plan is not None:
-            if state not in self._settled:
-                return False
-            self._set_tables()
-            return tg.mask_plain_rc(plan, oc[1]) == 0 and tg.n_pending == 0
+        if state in self._plans:
+            return False
         small = self.n_vocab <= _SMALL_VOCAB
         if tg._engine is None or tg._first_args is None or (state in self._visited and not small):
             return False
@@ -756,7 +746,7 @@ class CompiledGrammar:
             try:
                 rc = tg.first_mask_rc(
                     state,
-                    oc[1],
+                    self._out_cdata(out),
                     _INT32_MAX if small else _ROOT_PLAN_MAX,
                     -1 if small else _DERIVE_MIN_ROOT,
                     -1 if small else _ROOT_PLAN_TOKENS,
