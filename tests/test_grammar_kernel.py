@@ -23,7 +23,7 @@ import llama_cffi
 import llama_cffi._trie_walk as trie_walk_mod
 import samplers.grammar.compiled as compiled_mod
 from samplers.grammar import Grammar, GrammarBudgetError, GrammarError
-from samplers.grammar.compiled import _RUN_STACKS_MAX, CompiledGrammar
+from samplers.grammar.compiled import _DENSIFY_AT, _RUN_STACKS_MAX, CompiledGrammar
 from samplers.grammar.vocab_index import VocabIndex
 
 from .conftest import run_isolated
@@ -475,6 +475,54 @@ def test_a_bounded_strings_position_takes_its_own_run(monkeypatch: pytest.Monkey
     assert c._wider_chain(start, chain) is None and asked == []
     monkeypatch.undo()
     compare_walk(c, n, random.Random(1), 16, text)
+
+
+def test_a_runs_base_is_densified_only_when_derived_again_and_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The full-length scan that a bounded run's shorter lengths derive from keeps its
+    paths as subtrees taken whole (``absorbed``) for its first derivations, and is made
+    dense (each later derivation reads one level) at the :data:`_DENSIFY_AT`-th, for
+    this grammar and, through the vocabulary, for the next one; every derived scan
+    equals the one derived from the dense base, and the masks along the string equal the
+    numpy walk's."""
+    parts = [b"a", b"b", b"ab", b"ba", b"abab", b"bbb", b"aaaa", b"ab-", b"-", b"x"]
+    pieces = sorted({b"".join(random.Random(i).choice(parts) for _ in range(1 + i % 5)) for i in range(300)})
+    pieces += [b'"', b'a"', b'"-', b"\xc3"]
+    text = 'root ::= "\\"" [ab]{0,12} "\\"" "-"*\n'
+    monkeypatch.setattr(compiled_mod, "_SMALL_VOCAB", 0)  # plans, scans and derivations at any size
+    index = VocabIndex(pieces)
+    c, n = both(Grammar.from_gbnf(text), index)
+    m, mn = c.matcher(), n.matcher()
+    assert m.accept_bytes(b'"') and mn.accept_bytes(b'"')
+    seen: list[tuple[int, bool]] = []  # per derivation: its length, whether the base was dense
+    orig = c._tg.run_derive
+
+    def derive(base: Any, k: int) -> Any:
+        got = orig(base, k)
+        seen.append((k, not len(base.absorbed)))
+        dense = orig(c._tg.densified(base), k)
+        _same_scan(got, dense, f"k={k}")
+        return got
+
+    c._tg.run_derive = derive
+    for step in range(12):
+        c.fill_words(m.state, m.partial, np.zeros(c.n_words, dtype=np.uint32))  # first mask
+        c.fill_words(m.state, m.partial, np.zeros(c.n_words, dtype=np.uint32))  # the plan's
+        assert np.array_equal(c.allowed(m.state, m.partial), n.allowed(mn.state, mn.partial)), step
+        char = b"ab"[step % 2 : step % 2 + 1]
+        assert m.accept_bytes(char) and mn.accept_bytes(char)
+    assert len(seen) >= _DENSIFY_AT + 2, seen
+    assert [dense for _k, dense in seen] == [i >= _DENSIFY_AT - 1 for i in range(len(seen))], seen
+    assert len({k for k, _dense in seen}) == len(seen)  # each length derived once
+    # the vocabulary now holds the dense base: the next grammar's first derivation reads it
+    c2 = Grammar.from_gbnf(text).compile(index, mask_cache_size=0, kernel="c")
+    firsts: list[bool] = []
+    orig2 = c2._tg.run_derive
+    c2._tg.run_derive = lambda base, k: firsts.append(not len(base.absorbed)) or orig2(base, k)
+    m2 = c2.matcher()
+    assert m2.accept_bytes(b'"ab')
+    c2.fill_words(m2.state, m2.partial, np.zeros(c2.n_words, dtype=np.uint32))
+    c2.fill_words(m2.state, m2.partial, np.zeros(c2.n_words, dtype=np.uint32))
+    assert firsts[:1] == [True], firsts
 
 
 #: a key that must match \w (a word character somewhere: the subset construction's four

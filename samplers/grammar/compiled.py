@@ -59,6 +59,11 @@ _TOKEN_NOT = 9
 _ABSORB_MIN_ROWS = 64  # subtrees smaller than this are walked rather than absorbed
 _SPINE_MAX = 32768  # at most this many undecided tokens are walked one by one
 _SCAN_SHORT = 4  # a run this short is scanned on its own, not derived from its full-length scan
+#: a run's full-length scan with its paths is made dense (every node of the subtrees it
+#: took whole marked: each derivation then reads one level) at its this-many-th derivation
+#: only: densifying costs 0.2-0.5 ms at 262,144 tokens, a derivation without it at most
+#: that more, and most runs (a pattern's class, a short bounded key) derive a few lengths
+_DENSIFY_AT = 3
 _ROOT_PLAN_MAX = 64  # a first mask skips the plan when its run starts at most this many root children
 #: ... and, for a run of 4 characters or more, when at most this many tokens start with two
 #: of its characters (a letters loop starts few root children, but a walk from the root
@@ -246,6 +251,7 @@ class CompiledGrammar:
             self._run_scans: dict[tuple[bytes, int], Any] = {}
             self._plans: dict[int, Any] = {}
             self._run_bases: dict[bytes, Any] = {}  # per run: its full-length scan with its paths
+            self._run_derived: dict[bytes, int] = {}  # per run: derivations from its base so far
             self._pchar_known = np.zeros(64, dtype=bool)
             self._pchar_tab = np.zeros((64, max(len(self._pchars), 1)), dtype=bool)
             #: the arrays last given to the C walk (see _set_tables)
@@ -1318,6 +1324,12 @@ class CompiledGrammar:
                 if base is None:
                     base = self._run_bases[key[0]] = self._full_scan(run, keep=True)
                     self._run_scans.setdefault((key[0], cap), base)
+                n = self._run_derived[key[0]] = self._run_derived.get(key[0], 0) + 1
+                if n == _DENSIFY_AT and base.absorbed is not None and len(base.absorbed):
+                    # a run derived at many lengths (a bounded string's last positions):
+                    # densified once, for this grammar and the vocabulary's others
+                    base = self._run_bases[key[0]] = self._tg.densified(base)
+                    self.vocab._share_scan(self._cp_key(run), self._tg.shared(base))
                 got = self._tg.run_derive(base, k)
             self._run_scans[key] = got
         return got
@@ -1331,9 +1343,7 @@ class CompiledGrammar:
         sh = v._shared_scan(ck, keep)
         if sh is not None:
             return self._tg.unshare(sh, run)
-        got = self._tg.run_scan(run, self._run_cap, keep=keep)
-        if keep:  # (every derivation from it then reads one level)
-            got = self._tg.densified(got)
+        got = self._tg.run_scan(run, self._run_cap, keep=keep)  # (densified by _run_scan when it pays)
         v._share_scan(ck, self._tg.shared(got))
         return got
 
