@@ -762,6 +762,8 @@ class TrieGrammar:
         absorb_min_rows: int,
     ) -> None:
         """The object's state from its checked tables (``__init__`` and :meth:`bind`)."""
+        #: per run scan a plan was made from: :meth:`plan`'s part of it (:meth:`_scan_parts`)
+        self._plan_parts: dict[RunScan, tuple[Any, ...]] = {}
         self.trie = trie
         w = n_classes // 64 + 1
         self.n_classes, self.W = n_classes, w
@@ -1108,31 +1110,43 @@ class TrieGrammar:
         """What :meth:`mask` needs to compute the mask from ``start`` in one call: the run
         scan of its run, the states down its chain (``depth_states``, ``k + 1``) and the
         tokens to set besides the walk's (``extra``). An opaque object; keeps its arrays
-        alive."""
+        alive. What depends on the scan alone (its buffers, the groups that hold nodes) is
+        made once per scan and shared by the plans of every state with that run (the
+        positions of a bounded string)."""
+        parts = self._plan_parts.get(scan)
+        if parts is None:
+            parts = self._plan_parts[scan] = self._scan_parts(scan)
+        ds = _i32("depth_states", depth_states, scan.k + 1)
+        ex = _i32("extra", extra)
+        p = ffi.new("llama_cffi_trie_plan *")
+        keep = [ffi.from_buffer("int32_t[]", ds), ffi.from_buffer("int32_t[]", ex), parts]
+        p.depth_states, p.extra = keep[0], keep[1]
+        p.frontier, p.group_start, p.base, p.run, p.live_groups = parts[:5]
+        p.start, p.k, p.n_frontier, p.n_extra = int(start), scan.k, len(scan.frontier), len(ex)
+        p.n_live_groups = parts[5]
+        return (p, keep, ds, ex, scan, self)
+
+    def _scan_parts(self, scan: RunScan) -> tuple[Any, ...]:
+        """:meth:`plan`'s part of ``scan`` (checked): buffers over its frontier, groups,
+        tokens and run, and the groups that hold nodes (``llama_cffi_trie_plan_groups``:
+        a walk then skips the empty ones at once) with their count."""
         if (
             len(scan.group_start) != (scan.k + 1) * self.n_classes + 1
             or scan.mask.shape != (self.trie.n_words,)
             or scan.run.shape != (self.W,)
         ):
             raise ValueError("the scan was made for another grammar or vocabulary")
-        ds = _i32("depth_states", depth_states, scan.k + 1)
-        ex = _i32("extra", extra)
         p = ffi.new("llama_cffi_trie_plan *")
-        keep = [
-            ffi.from_buffer("int32_t[]", ds),
-            ffi.from_buffer("int32_t[]", scan.frontier),
-            ffi.from_buffer("int32_t[]", scan.group_start),
-            ffi.from_buffer("uint32_t[]", scan.mask),
-            ffi.from_buffer("int32_t[]", ex),
-            ffi.from_buffer("uint64_t[]", scan.run),
-        ]
-        p.depth_states, p.frontier, p.group_start, p.base, p.extra, p.run = keep
-        p.start, p.k, p.n_frontier, p.n_extra = int(start), scan.k, len(scan.frontier), len(ex)
-        # the groups that hold nodes, listed once: a walk then skips the empty ones at once
+        frontier = ffi.from_buffer("int32_t[]", _i32("frontier", scan.frontier))
+        group_start = ffi.from_buffer("int32_t[]", _i32("group_start", scan.group_start))
+        base = ffi.from_buffer("uint32_t[]", np.ascontiguousarray(scan.mask, dtype=np.uint32))
+        run = ffi.from_buffer("uint64_t[]", np.ascontiguousarray(scan.run, dtype=np.uint64))
+        p.frontier, p.group_start, p.base, p.run = frontier, group_start, base, run
+        p.k, p.n_frontier = scan.k, len(scan.frontier)
         live = np.empty(len(scan.group_start) - 1, dtype=np.int32)
-        keep.append(ffi.from_buffer("int32_t[]", live))
-        _check_rc(lib.llama_cffi_trie_plan_groups(self.trie._struct, self._g, p, keep[-1], len(live)), "plan groups")
-        return (p, keep, ds, ex, scan, self)
+        live_c = ffi.from_buffer("int32_t[]", live)
+        _check_rc(lib.llama_cffi_trie_plan_groups(self.trie._struct, self._g, p, live_c, len(live)), "plan groups")
+        return (frontier, group_start, base, run, live_c, int(p.n_live_groups), live, scan)
 
     def mask(self, plan: Any, out: U32) -> tuple[I32, bool]:
         """The mask of :meth:`plan` into ``out`` (overwritten). Returns what :meth:`walk`

@@ -477,6 +477,38 @@ def test_a_bounded_strings_position_takes_its_own_run(monkeypatch: pytest.Monkey
     compare_walk(c, n, random.Random(1), 16, text)
 
 
+def test_a_bounded_strings_later_positions_take_a_plan_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once a position of a bounded string has a plan, the positions down its chain take
+    theirs at their first mask, without the first mask's C call (which would only answer
+    "plan"); their plans share what depends on the scan alone (its buffers and live
+    groups), and every mask equals the numpy walk's, through the string's end."""
+    monkeypatch.setattr(compiled_mod, "_SMALL_VOCAB", 0)
+    monkeypatch.setattr(compiled_mod, "_ROOT_PLAN_MAX", 0)  # (any run "starts many tokens")
+    pieces = [b"a", b"ab", b"abc", b"bcd", b"c", b"cd", b"d", b'"', b'a"', b'c"}', b"x", b"}", b"\xc3", b"\xa9"]
+    text = 'root ::= "\\"" [a-d\\u00e9]{0,40} "\\"" "}"\n'
+    c, n = both(Grammar.from_gbnf(text), pieces)
+    firsts: list[int] = []
+    orig = c._tg.first_mask_rc
+    c._tg.first_mask_rc = lambda s, *a: firsts.append(s) or orig(s, *a)
+    m, mn = c.matcher(), n.matcher()
+    out = np.zeros(c.n_words, dtype=np.uint32)
+    planned_at_once = 0
+    for step, piece in enumerate([b'"', *[b"abc", b"d", b"ab", b"c", b"\xc3\xa9"] * 4, b'"']):
+        assert m.accept_bytes(piece) and mn.accept_bytes(piece), step
+        state = m.state
+        was_next = state in c._plan_next
+        c.fill_words(state, m.partial, out)
+        if was_next:
+            planned_at_once += 1
+            assert state not in firsts and state in c._plans, step
+        expected = np.packbits(n.allowed(mn.state, mn.partial), bitorder="little")
+        assert np.array_equal(out.view(np.uint8)[: len(expected)], expected), step
+    assert planned_at_once >= 15
+    parts = {id(p[1][2]) for p in c._plans.values()}
+    scans = {id(p[4]) for p in c._plans.values()}
+    assert len(parts) == len(scans) < len(c._plans)  # one part per scan, shared by many plans
+
+
 def test_a_runs_base_is_densified_only_when_derived_again_and_again(monkeypatch: pytest.MonkeyPatch) -> None:
     """The full-length scan that a bounded run's shorter lengths derive from keeps its
     paths as subtrees taken whole (``absorbed``) for its first derivations, and is made

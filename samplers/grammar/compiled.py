@@ -252,6 +252,10 @@ class CompiledGrammar:
             self._plans: dict[int, Any] = {}
             self._run_bases: dict[bytes, Any] = {}  # per run: its full-length scan with its paths
             self._run_derived: dict[bytes, int] = {}  # per run: derivations from its base so far
+            self._pt_of: dict[RunScan, tuple[int, npt.NDArray[np.int32]]] = {}  # see _pt_split
+            #: states whose first mask takes a plan at once (a bounded string's positions after
+            #: the first, which the first mask's C call would only answer "plan" for)
+            self._plan_next: set[int] = set()
             self._pchar_known = np.zeros(64, dtype=bool)
             self._pchar_tab = np.zeros((64, max(len(self._pchars), 1)), dtype=bool)
             #: the arrays last given to the C walk (see _set_tables)
@@ -746,6 +750,10 @@ class CompiledGrammar:
             return False
         if state in self._derived:
             return False
+        if state in self._plan_next and not small:  # (what the C call answers "plan" for, without it)
+            self._visited.add(state)
+            self._plans[state] = self._plan(state)
+            return False
         self._walk_tables()
         eng = self.engine
         with eng._lock:
@@ -1098,12 +1106,31 @@ class CompiledGrammar:
         extra = [self._eog_ids] if eng.is_complete(start) else []
         pt = scan.pt_tokens
         if len(pt):  # their whole characters lead down the chain
-            at = chain[scan.pt_depth]
-            for s_ in set(at.tolist()):
-                sel = pt[at == s_]
-                extra.append(sel[self._state_pchar_ok(s_)[self._pchar_slot[sel]]])
+            one, slots = self._pt_split(scan)
+            if one >= 0:  # all at one depth (most scans: the run's partial characters start a token)
+                extra.append(pt[self._state_pchar_ok(int(chain[one]))[slots]])
+            else:
+                at = chain[scan.pt_depth]
+                for s_ in set(at.tolist()):
+                    sel = at == s_
+                    extra.append(pt[sel][self._state_pchar_ok(s_)[slots[sel]]])
         toks = np.concatenate(extra).astype(np.int32) if extra else np.zeros(0, dtype=np.int32)
+        if wider is None and len(chain) - 1 == self._run_cap and chain[1] != start:
+            # a bounded string's position: the next token's state is one of the positions
+            # down its chain (the same run), and takes a plan at once, as this one did (not
+            # the first mask's C call, which would answer "plan")
+            self._plan_next.update(chain[1:].tolist())
         return self._tg.plan(start, scan, chain, toks)
+
+    def _pt_split(self, scan: RunScan) -> tuple[int, npt.NDArray[np.int32]]:
+        """For :meth:`_plan`, per scan (made once): the depth of all its partial-character
+        tokens when they share one (else -1), and each one's partial-character slot."""
+        got = self._pt_of.get(scan)
+        if got is None:
+            d = scan.pt_depth
+            one = int(d[0]) if len(d) and not (d != d[0]).any() else -1
+            got = self._pt_of[scan] = (one, self._pchar_slot[scan.pt_tokens])
+        return got
 
     def _wider_chain(
         self, start: int, chain: npt.NDArray[np.int32]
