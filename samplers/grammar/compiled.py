@@ -83,6 +83,7 @@ _DERIVE_SHARE = 8
 #: more than llama.cpp's whole mask: 0.4 ms against 0.03 ms at 474 tokens)
 _SMALL_VOCAB = 8192
 _INT32_MAX = 2**31 - 1
+_TABLE_ROWS = 256  # the run and partial-character tables' first size, in states
 
 #: the mask walks: ``"c"`` (the trie walk in C, ``llama_cffi._trie_walk``) or ``"numpy"``
 #: (the vectorised walk in this module, the reference the C walk is tested against)
@@ -141,6 +142,13 @@ class _Derived(NamedTuple):
     add: npt.NDArray[np.uint32]  #: words set besides: the state's end-of-generation and partial-character tokens
 
 
+def _set_tokens(words: npt.NDArray[np.uint32], tokens: npt.ArrayLike) -> None:
+    """Set the bits of ``tokens`` (ids) in mask ``words``."""
+    t = np.asarray(tokens, dtype=np.int64)
+    if len(t):
+        np.bitwise_or.at(words, t >> 5, np.left_shift(np.uint32(1), (t & 31).astype(np.uint32)))
+
+
 class CompiledGrammar:
     """An :class:`~samplers.grammar.engine.Engine` plus a :class:`VocabIndex` (see the
     module docstring). Shared by all matchers of the grammar on this vocabulary, from
@@ -177,7 +185,8 @@ class CompiledGrammar:
         self._partial_ok: dict[tuple[int, Partial], bool] = {}
         #: per partial character: the classes of its completions by continuation tokens, and
         #: the longer partial characters of the tokens that end inside it (_partial_mask)
-        self._pm_args: dict[Partial, tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]] = {}
+        #: per partial character: the completions' classes and the longer partial characters
+        self._pm_args: dict[Partial, tuple[npt.NDArray[Any], ...]] = {}
         self.stats = {"mask_hits": 0, "mask_misses": 0}
         self._lock = threading.RLock()  # the walk buffer, the cache and the engine are shared
         #: use the absorbing walk (False: the plain level-by-level walk, for comparison)
@@ -242,11 +251,13 @@ class CompiledGrammar:
                     self._run_cap,
                     _RUN_STACKS_MAX,
                 )
-            self._run_known = np.zeros(64, dtype=bool)
-            self._run_words = np.zeros((64, w), dtype=np.uint64)
-            self._run_closed = np.zeros((64, w), dtype=np.uint64)  # closed runs (zero: none known)
+            # (rows for 256 states: a first walk, which wants room for 64 new states past those
+            # that exist, then finds its tables the right size instead of growing them)
+            self._run_known = np.zeros(_TABLE_ROWS, dtype=bool)
+            self._run_words = np.zeros((_TABLE_ROWS, w), dtype=np.uint64)
+            self._run_closed = np.zeros((_TABLE_ROWS, w), dtype=np.uint64)  # closed runs (zero: none known)
             self._class_first_tokens: npt.NDArray[np.float64] | None = None  # see _first_tokens
-            self._run_len = np.zeros(64, dtype=np.int32)
+            self._run_len = np.zeros(_TABLE_ROWS, dtype=np.int32)
             self._run_chain: dict[int, npt.NDArray[np.int32]] = {}
             self._run_scans: dict[tuple[bytes, int], Any] = {}
             self._plans: dict[int, Any] = {}
@@ -256,8 +267,8 @@ class CompiledGrammar:
             #: states whose first mask takes a plan at once (a bounded string's positions after
             #: the first, which the first mask's C call would only answer "plan" for)
             self._plan_next: set[int] = set()
-            self._pchar_known = np.zeros(64, dtype=bool)
-            self._pchar_tab = np.zeros((64, max(len(self._pchars), 1)), dtype=bool)
+            self._pchar_known = np.zeros(_TABLE_ROWS, dtype=bool)
+            self._pchar_tab = np.zeros((_TABLE_ROWS, max(len(self._pchars), 1)), dtype=bool)
             #: the arrays last given to the C walk (see _set_tables)
             self._tables_given: tuple[Any, ...] | None = None
             #: start states whose walk has nothing left to wait for (a walk of theirs computed
@@ -718,6 +729,10 @@ class CompiledGrammar:
                 finally:
                     if paused:
                         gc.enable()
+                return out
+            if self._uncached_c and state != DEAD:  # a partial character pending: no walk
+                self.stats["mask_misses"] += 1
+                self._partial_words(state, partial, out if len(out) == n else out[:n])
                 return out
             packed = self._packed_locked((state, partial))[0]
         words = out[:n].view(np.uint8)
@@ -1470,54 +1485,74 @@ class CompiledGrammar:
         return mask
 
     def _partial_mask(self, state: int, partial: Partial) -> npt.NDArray[np.bool_]:
-        """The mask from ``state`` with ``partial`` pending: only continuation tokens can
-        be allowed (the vocabulary's :meth:`~VocabIndex.continuation_kinds` sorts them once
-        per number of bytes still needed). A token that completes the character exactly is
-        allowed iff ``state`` takes the code point (the transitions computed in one engine
-        call); one that ends inside it, iff ``state`` can take some completion of the
-        longer partial character (one C call); one that completes it and goes on, and the
-        few the sorting leaves to the reference, are checked token by token
-        (:meth:`_token_allowed`; :meth:`_partial_mask_by_token` checks every token so, the
-        reference of the whole mask)."""
+        """:meth:`_partial_words` as a boolean mask."""
+        words = np.zeros(self.n_words, dtype=np.uint32)
+        self._partial_words(state, partial, words)
+        return np.unpackbits(words.view(np.uint8), bitorder="little")[: self.n_vocab].astype(bool)
+
+    def _partial_words(self, state: int, partial: Partial, out: npt.NDArray[np.uint32]) -> None:
+        """The mask from ``state`` with ``partial`` pending, as words into ``out``
+        (``n_words`` of them, overwritten), end-of-generation included. Only continuation
+        tokens can be allowed (the vocabulary's :meth:`~VocabIndex.continuation_kinds`
+        sorts them once per number of bytes still needed). A token that completes the
+        character exactly is allowed iff ``state`` takes the code point (the transitions
+        computed in one engine call); one that ends inside it, iff ``state`` can take some
+        completion of the longer partial character (one C call); one that completes it and
+        goes on, and the few the sorting leaves to the reference, are checked token by
+        token (:meth:`_token_allowed`; :meth:`_partial_mask_by_token` checks every token
+        so, the reference of the whole mask). The tokens are set word by word from lists
+        made once per partial character: nothing as long as the vocabulary is made (a mask
+        with a partial character is as cheap on a small vocabulary as llama.cpp's)."""
         eng = self.engine
         remain = partial[1]
-        mask = np.zeros(self.n_vocab, dtype=bool)
-        if state == DEAD or not len(self.vocab.continuation_tokens):
-            return mask
-        if eng.has_token_elements or remain <= 0:
-            return self._partial_mask_by_token(state, partial)
+        out[:] = 0
+        if state != DEAD and len(self.vocab.continuation_tokens):
+            if eng.has_token_elements or remain <= 0:
+                _set_tokens(out, np.flatnonzero(self._partial_mask_by_token(state, partial)))
+            else:
+                self._partial_kinds_into(state, partial, out)
+        if eng.is_complete(state):  # (an EOG piece among the continuations is the reference's: the same answer)
+            _set_tokens(out, self._eog_ids)
+
+    def _partial_kinds_into(self, state: int, partial: Partial, out: npt.NDArray[np.uint32]) -> None:
+        """:meth:`_partial_words` for a live state and a character still needing 1-3 bytes."""
+        eng = self.engine
+        remain = partial[1]
         kinds = self.vocab.continuation_kinds(remain)
+        low_all, ex_w, ex_b, sh_w, sh_b = self.vocab._continuation_bits(remain)
         args = self._pm_args.get(partial)
         if args is None:  # per partial character: the completions' classes, the longer partials
             value = int(partial[0])
-            cps = (value << (6 * remain)) | np.concatenate((kinds.exact[1], kinds.longer[1]))
             _, low, taken = kinds.short
-            pchars = (((value << (6 * taken)) | low) << 2) | (remain - taken)
             if len(self._pm_args) >= 4096:
                 self._pm_args.clear()
-            args = self._pm_args[partial] = (eng.classes_of(cps).astype(np.int32), pchars)
+            args = self._pm_args[partial] = (
+                eng._classes_of_cps((value << (6 * remain)) | low_all),
+                (((value << (6 * taken)) | low) << 2) | (remain - taken),
+            )
         classes, pchars = args
-        ex = kinds.exact[0]
-        n_ex = len(ex)
+        n_ex = len(ex_w)
         if len(classes):
-            row = eng.table()[state]
-            if (row[classes] == -2).any():
+            to = eng.table()[state][classes]
+            if (to == -2).any():
                 eng.fill(np.full(len(classes), state, dtype=np.int32), classes)
-                row = eng.table()[state]
-            live = row[classes] != DEAD
-            mask[ex] = live[:n_ex]
-            for t in kinds.longer[0][live[n_ex:]].tolist():
-                mask[t] = self._token_allowed(state, partial, t)
+                to = eng.table()[state][classes]
+            live = to != DEAD
+            ok = live[:n_ex]
+            np.bitwise_or.at(out, ex_w[ok], ex_b[ok])
+            if len(live) > n_ex:
+                for t in kinds.longer[0][live[n_ex:]].tolist():
+                    if self._token_allowed(state, partial, t):
+                        out[t >> 5] |= np.uint32(1 << (t & 31))
         if len(pchars):
-            toks = kinds.short[0]
             if eng.core == "c":
-                mask[toks] = eng._c_pchar_ok(state, pchars)
+                ok = eng._c_pchar_ok(state, pchars)
             else:
-                for t, pc in zip(toks.tolist(), pchars.tolist(), strict=True):
-                    mask[t] = self._partial_fits(state, (pc >> 2, pc & 3))
+                ok = np.array([self._partial_fits(state, (pc >> 2, pc & 3)) for pc in pchars.tolist()], dtype=bool)
+            np.bitwise_or.at(out, sh_w[ok], sh_b[ok])
         for t in kinds.ref.tolist():
-            mask[t] = self._token_allowed(state, partial, t)
-        return mask
+            if self._token_allowed(state, partial, t):
+                out[t >> 5] |= np.uint32(1 << (t & 31))
 
     def _partials_into(
         self, mask: npt.NDArray[np.bool_], tokens: npt.NDArray[np.int64], states: npt.NDArray[np.int32]

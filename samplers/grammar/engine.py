@@ -681,6 +681,13 @@ class Engine:
         idx = np.searchsorted(self._edges, np.clip(a, 0, _MAX_CP - 1), side="right") - 1
         return self._interval_class[idx]
 
+    def _classes_of_cps(self, cps: npt.NDArray[np.int64]) -> npt.NDArray[np.int32]:
+        """:meth:`classes_of` for non-negative int64 code points (unchecked; a value past the
+        last code point has the last one's class)."""
+        idx = np.searchsorted(self._edges, np.minimum(cps, _MAX_CP - 1), side="right") - 1
+        out: npt.NDArray[np.int32] = self._interval_class[idx].astype(np.int32, copy=False)
+        return out
+
     def _classes_of_sorted(self, cps: npt.NDArray[np.int64]) -> npt.NDArray[np.int32]:
         """:meth:`classes_of` for distinct code points in increasing order (a vocabulary's
         ``uniq_cps``): each interval's class repeated over the code points in it, one

@@ -216,6 +216,24 @@ class VocabIndex:
             raise ValueError(f"remain must be 1, 2 or 3 (bytes a UTF-8 character still needs), not {remain}")
         return self._cont_kinds[remain - 1]
 
+    def _continuation_bits(self, remain: int) -> tuple[npt.NDArray[Any], ...]:
+        """For :meth:`continuation_kinds` ``(remain)`` (made on first use): the low bits of
+        the exact completions then of the longer ones (``exact[1]``, ``longer[1]``), and
+        the mask word (``intp``) and bit (``uint32``) of each exact token, then of each
+        token that ends inside the character (``short[0]``)."""
+        kinds = self.continuation_kinds(remain)
+        got = self._cont_bits[remain - 1]
+        if got is None:
+            ex, sh = kinds.exact[0], kinds.short[0]
+            got = self._cont_bits[remain - 1] = (
+                np.concatenate((kinds.exact[1], kinds.longer[1])),
+                (ex >> 5).astype(np.intp),
+                np.left_shift(np.uint32(1), (ex & 31).astype(np.uint32)),
+                (sh >> 5).astype(np.intp),
+                np.left_shift(np.uint32(1), (sh & 31).astype(np.uint32)),
+            )
+        return got
+
     @property
     def first_cp_tokens(self) -> npt.NDArray[np.float64]:
         """Per code point of ``uniq_cps``: how many usable tokens start with it (made on
@@ -451,6 +469,7 @@ class VocabIndex:
         #: follow a token that ended inside a character
         self.continuation_tokens = nonempty[(fb >= 0x80) & (fb < 0xC0)].astype(np.int32)
         self._cont_kinds = self._sort_continuations()
+        self._cont_bits: list[tuple[npt.NDArray[Any], ...] | None] = [None, None, None]  # see _continuation_bits
         self._first_cp_tokens = None
         self.has_partial = self.partial_remain > 0
         self.nonpartial = ~self.has_partial
