@@ -290,6 +290,40 @@ def test_escaped_spellings_share_their_backslash() -> None:
         assert max(sizes[1:]) <= (3 if "maxLength" not in schema else 12), (schema, sizes)
 
 
+def test_runs_of_digits_are_rules_shared_by_the_grammars_numbers() -> None:
+    """A number's runs of digits (a range's open ends capped at 16 digits, a mantissa's
+    fraction) are references to one rule per run (``digits-1-16 ::= [0-9]{1,16}``), not
+    ``[0-9]{1,16}`` written again at each place, which llama.cpp's parser expands into
+    15 rules there; the numbers accepted are the same: up to 16 digits where the schema
+    sets no bound, the ranges' ends exact (as before the runs were rules)."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "price": {"type": "number", "minimum": 0.5, "maximum": 1e6},
+            "stock": {"type": "integer", "minimum": 0},
+            "rate": {"type": "number", "exclusiveMinimum": -1, "maximum": 5},
+        },
+        "required": ["price", "stock", "rate"],
+    }
+    text = schema_to_gbnf(schema)
+    runs = re.findall(r'(?:\[0-9\]|"0")\{\d+,\d+\}', text)
+    assert runs and len(runs) == len(set(runs)), runs  # each run written once
+    for line in text.splitlines():
+        if re.search(r'(?:\[0-9\]|"0")\{\d+,\d+\}', line):
+            assert re.fullmatch(r'(digits|zeros)-\d+-\d+ ::= (\[0-9\]|"0")\{\d+,\d+\}', line), line
+    g = grammar(schema)
+
+    def doc(price: str, stock: str, rate: str) -> str:
+        return f'{{"price": {price}, "stock": {stock}, "rate": {rate}}}'
+
+    # (an integer with no maximum: a first digit, then at most 16 more)
+    goods = [("0.5", "0", "-0.5"), ("1000000", "1" * 17, "5"), ("0.5" + "0" * 15, "12", "4.999"), ("1e6", "7", "0")]
+    for good in goods:
+        assert g.accepts(doc(*good)), good
+    for bad in [("0.4", "0", "0"), ("1000001", "0", "0"), ("1", "1" * 18, "0"), ("1", "0", "-1"), ("1", "0", "5.5")]:
+        assert not g.accepts(doc(*bad)), bad
+
+
 FORMAT_CASES = {
     "date": (
         ["2020-02-29", "1999-12-31", "2000-02-29"],

@@ -192,7 +192,7 @@ class Emitter:
                 multiple_fraction=self.free_digits,
             )
             if not self.free_digits:  # generation: no endless digits
-                body = cap_digits(body, GENERATION_DIGITS)
+                body = cap_digits(body, GENERATION_DIGITS, self.rs)
             if body:
                 bodies.append(body)
         return " | ".join(f"({b})" if "|" in b else b for b in bodies)

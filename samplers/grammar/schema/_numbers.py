@@ -425,18 +425,32 @@ class NumberSpec:
 #: digits a generated number may have in each part where the schema sets no bound
 #: (llama.cpp's converter allows 16): a model could otherwise write digits without end
 GENERATION_DIGITS = 16
-_OPEN_RUN = re.compile(r'(\[0-9\]|"0")([*+]|\{(\d+),\})')
+_DIGIT_RUN = re.compile(r'(\[0-9\]|"0")(?:([*+])|\{(\d+),(\d*)\})')
 
 
-def cap_digits(body: str, cap: int) -> str:
+def cap_digits(body: str, cap: int, rs: RuleSet | None = None) -> str:
     """``body`` with each open-ended run of digits (``[0-9]*``, ``[0-9]+``, ``[0-9]{k,}``,
-    ``"0"*``, ``"0"+``) limited to ``cap`` digits."""
+    ``"0"*``, ``"0"+``) limited to ``cap`` digits. With ``rs``, every run of ``m`` to
+    ``n > m + 1`` digits (capped or not) is a reference to a rule of its own, named for
+    its item and counts (``digits-1-16 ::= [0-9]{1,16}``) and shared by the grammar's
+    numbers: llama.cpp's parser expands ``x{m,n}`` into ``n - m`` rules at each place it
+    is written (a number's range writes a handful of such runs), and a rule whose text
+    is the same in every grammar is parsed once per process."""
 
     def one(m: re.Match[str]) -> str:
-        lo = {"*": 0, "+": 1}.get(m.group(2), int(m.group(3) or 0))
-        return f"{m.group(1)}{{{lo},{max(lo, cap)}}}"
+        item = m.group(1)
+        if m.group(2):
+            lo = 0 if m.group(2) == "*" else 1
+            hi = max(lo, cap)
+        else:
+            lo = int(m.group(3))
+            hi = max(lo, cap) if m.group(4) == "" else int(m.group(4))
+        text = f"{item}{{{lo},{hi}}}"
+        if rs is None or hi - lo < 2:
+            return text
+        return rs.add(f"{'digits' if item == '[0-9]' else 'zeros'}-{lo}-{hi}", text)
 
-    return _OPEN_RUN.sub(one, body)
+    return _DIGIT_RUN.sub(one, body)
 
 
 Positions = list[tuple[int, int]]  # per digit position, the digit range
