@@ -135,7 +135,8 @@ def _walk_jobs(
             else:
                 todo.append((i, c, key))
                 tgs.append(c._tg)
-                plans.append(c._batch_plan(key[0]))
+                plan = c._plans.get(key[0])
+                plans.append(plan if plan is not None else c._batch_plan(key[0]))
                 rows.append(i)
         if not todo:
             return
@@ -145,7 +146,10 @@ def _walk_jobs(
         for (i, c, key), rc, n_pending in zip(todo, rcs.tolist(), pending.tolist(), strict=True):
             if rc != 0 or n_pending:  # finished on its own: what it waits for is computed there
                 c._mask_words_c(key[0], out[i, : c.n_words])
-            c._store(key, out[i])
+            if c._mask_cache_size > 0:
+                c._store(key, out[i])
+            else:  # (_store without a cache: the count alone, no view of the row)
+                c.stats["mask_misses"] += 1
     finally:
         for lock in reversed(held):
             lock.release()
