@@ -1176,6 +1176,26 @@ class TrieGrammar:
         """Whether :meth:`attach_engine` was called (and not undone)."""
         return self._engine is not None
 
+    def set_first_args(self, eog: I32, pchars: npt.NDArray[np.int64]) -> None:
+        """The ``eog`` and ``pchars`` of :meth:`first_mask` (see there), converted for the C
+        call once per pair of arrays (a grammar passes the same two every time; a grammar
+        gives them when it is bound, so that its first mask finds them)."""
+        fixed = self._first_args
+        if fixed is None or eog is not fixed[0] or pchars is not fixed[1]:
+            e32 = _i32("eog", eog)
+            pc = np.ascontiguousarray(pchars, dtype=np.int64)
+            if len(pc) != self.trie.n_pchars:
+                raise ValueError(f"pchars must have {self.trie.n_pchars} values")
+            self._first_args = (
+                eog,
+                pchars,
+                e32,
+                pc,
+                ffi.from_buffer("int32_t[]", e32),
+                len(e32),
+                ffi.from_buffer("int64_t[]", pc) if len(pc) else ffi.NULL,
+            )
+
     def first_mask(
         self,
         start: int,
@@ -1203,22 +1223,7 @@ class TrieGrammar:
         if self._engine is None or self._g.class_weight == ffi.NULL:
             raise RuntimeError("attach_engine() with class_weight first")
         _words("out", out, self.trie.n_words)
-        fixed = self._first_args
-        if fixed is None or eog is not fixed[0] or pchars is not fixed[1]:
-            # converted once per pair of arrays (a grammar passes the same two every time)
-            e32 = _i32("eog", eog)
-            pc = np.ascontiguousarray(pchars, dtype=np.int64)
-            if len(pc) != self.trie.n_pchars:
-                raise ValueError(f"pchars must have {self.trie.n_pchars} values")
-            fixed = self._first_args = (
-                eog,
-                pchars,
-                e32,
-                pc,
-                ffi.from_buffer("int32_t[]", e32),
-                len(e32),
-                ffi.from_buffer("int64_t[]", pc) if len(pc) else ffi.NULL,
-            )
+        self.set_first_args(eog, pchars)
         rc = self.first_mask_rc(
             int(start),
             ffi.from_buffer("uint32_t[]", out),

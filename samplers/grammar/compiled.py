@@ -290,6 +290,9 @@ class CompiledGrammar:
                 np.zeros(0, dtype=np.int32),
                 np.zeros(w, dtype=np.uint64),
             )
+            if self._tg._engine is not None:  # what a first mask's C call takes, ready for it
+                self._tg.set_first_args(self._eog_i32, self._pchars)
+                self._walk_tables()
         else:
             self._cls_of_cp = eng._classes_of_sorted(v.uniq_cps)
             self._cls_arr = self._cls_of_cp[v.node_cpi]
