@@ -735,7 +735,14 @@ class CompiledGrammar:
                 return out
             if self._uncached_c and state != DEAD:  # a partial character pending: no walk
                 self.stats["mask_misses"] += 1
-                self._partial_words(state, partial, out if len(out) == n else out[:n])
+                paused = gc.isenabled()  # (no collection inside a mask, as above)
+                if paused:
+                    gc.disable()
+                try:
+                    self._partial_words(state, partial, out if len(out) == n else out[:n])
+                finally:
+                    if paused:
+                        gc.enable()
                 return out
             packed = self._packed_locked((state, partial))[0]
         words = out[:n].view(np.uint8)
@@ -1531,20 +1538,19 @@ class CompiledGrammar:
                 self._pm_args.clear()
             args = self._pm_args[partial] = (
                 eng._classes_of_cps((value << (6 * remain)) | low_all),
-                (((value << (6 * taken)) | low) << 2) | (remain - taken),
+                (((value << (6 * taken)) | low) << 2) | (remain - taken) if len(low) else low,
             )
         classes, pchars = args
-        n_ex = len(ex_w)
+        # (few numpy calls: the first mask of a partial character is often cold, ~3 us each)
         if len(classes):
-            to = eng.table()[state][classes]
-            if (to == -2).any():
+            to = eng.table()[state, classes]
+            if to.min() == -2:  # (-2: not computed yet)
                 eng.fill(np.full(len(classes), state, dtype=np.int32), classes)
-                to = eng.table()[state][classes]
-            live = to != DEAD
-            ok = live[:n_ex]
-            np.bitwise_or.at(out, ex_w[ok], ex_b[ok])
-            if len(live) > n_ex:
-                for t in kinds.longer[0][live[n_ex:]].tolist():
+                to = eng.table()[state, classes]
+            n_ex = len(ex_w)
+            np.bitwise_or.at(out, ex_w, np.where(to[:n_ex] != DEAD, ex_b, np.uint32(0)))
+            if len(to) > n_ex:
+                for t in kinds.longer[0][to[n_ex:] != DEAD].tolist():
                     if self._token_allowed(state, partial, t):
                         out[t >> 5] |= np.uint32(1 << (t & 31))
         if len(pchars):

@@ -685,7 +685,7 @@ class Engine:
         """:meth:`classes_of` for non-negative int64 code points (unchecked; a value past the
         last code point has the last one's class)."""
         idx = np.searchsorted(self._edges, np.minimum(cps, _MAX_CP - 1), side="right") - 1
-        out: npt.NDArray[np.int32] = self._interval_class[idx].astype(np.int32, copy=False)
+        out: npt.NDArray[np.int32] = self._interval_class[idx]  # (int32)
         return out
 
     def _classes_of_sorted(self, cps: npt.NDArray[np.int64]) -> npt.NDArray[np.int32]:
