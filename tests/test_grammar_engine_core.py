@@ -385,6 +385,48 @@ def test_c_core_refuses_bad_arguments() -> None:
         )
         == -4
     )
+    # a partial character's mask: a bad state, class, word index or missing buffer is
+    # refused before anything is written (out untouched)
+    cls = np.zeros(2, dtype=np.int32)
+    w = np.zeros(2, dtype=np.int32)
+    bits = np.ones(2, dtype=np.uint32)
+    pch2 = np.array([(0xC3 << 2) | 1], dtype=np.int64)
+    mask = np.zeros(2, dtype=np.uint32)
+    live = np.zeros(2, dtype=np.uint8)
+
+    def pmask(state: int, classes: np.ndarray, n_ex: int, n_long: int, words: np.ndarray, n_words: int) -> int:
+        rc: int = lib.llama_cffi_gengine_partial_mask(
+            h,
+            state,
+            i32(classes),
+            n_ex,
+            n_long,
+            i32(words),
+            ffi.cast("uint32_t *", bits.ctypes.data),
+            ffi.cast("int64_t *", pch2.ctypes.data),
+            1,
+            i32(words),
+            ffi.cast("uint32_t *", bits.ctypes.data),
+            ffi.cast("uint32_t *", mask.ctypes.data),
+            n_words,
+            ffi.cast("uint8_t *", live.ctypes.data),
+        )
+        return rc
+
+    assert pmask(c.start, cls, 1, 1, w, 2) == 0  # (the good call)
+    mask[:] = 0
+    assert pmask(10**6, cls, 1, 1, w, 2) == -4  # no such state
+    assert pmask(c.start, np.array([0, c.n_classes], dtype=np.int32), 1, 1, w, 2) == -4  # no such class
+    assert pmask(c.start, cls, 2, 0, np.array([0, 2], dtype=np.int32), 2) == -4  # a word past the mask
+    assert pmask(c.start, cls, -1, 0, w, 2) == -4
+    assert pmask(c.start, cls, 1, 1, w, -1) == -4
+    assert not mask.any()
+    assert (
+        lib.llama_cffi_gengine_partial_mask(
+            h, c.start, ffi.NULL, 1, 0, ffi.NULL, ffi.NULL, ffi.NULL, 0, ffi.NULL, ffi.NULL, ffi.NULL, 2, ffi.NULL
+        )
+        == -4
+    )
     types = np.array([3, 0], dtype=np.int32)  # CHAR then END, with a bad row
     values = np.array([97, 0], dtype=np.int32)
     rs = np.array([0], dtype=np.int32)

@@ -958,3 +958,40 @@ int llama_cffi_gengine_pchar_ok(llama_cffi_gengine *e, int32_t state, const int6
     for (int64_t i = 0; i < e->live.n; i++) e->pos_seen[e->top.v[e->live.v[i]]] = 0;
     return 0;
 }
+
+int llama_cffi_gengine_partial_mask(llama_cffi_gengine *e, int32_t state, const int32_t *classes, int32_t n_exact,
+                                    int32_t n_longer, const int32_t *ex_w, const uint32_t *ex_b,
+                                    const int64_t *pchars, int32_t n_short, const int32_t *sh_w,
+                                    const uint32_t *sh_b, uint32_t *out, int32_t n_words, uint8_t *live_longer) {
+    if (!e || !check_state(e, state) || n_exact < 0 || n_longer < 0 || n_short < 0 || n_words < 0 || !out ||
+        ((n_exact || n_longer) && !classes) || (n_exact && (!ex_w || !ex_b)) || (n_longer && !live_longer) ||
+        (n_short && (!pchars || !sh_w || !sh_b)))
+        return -4;
+    const int64_t n_cls = (int64_t)n_exact + n_longer;
+    for (int64_t i = 0; i < n_cls; i++) { /* every index checked before anything is written */
+        if (classes[i] < 0 || classes[i] >= e->n_classes) return -4;
+        if (i < n_exact && (ex_w[i] < 0 || ex_w[i] >= n_words)) return -4;
+    }
+    for (int32_t k = 0; k < n_short; k++)
+        if (sh_w[k] < 0 || sh_w[k] >= n_words) return -4;
+    for (int64_t i = 0; i < n_cls; i++) {
+        int32_t s = step_(e, state, classes[i]);
+        if (s < -1) return s;
+        if (i < n_exact) {
+            if (s >= 0) out[ex_w[i]] |= ex_b[i];
+        } else {
+            live_longer[i - n_exact] = (uint8_t)(s >= 0);
+        }
+    }
+    if (n_short) {
+        uint8_t *ok = (uint8_t *)malloc((size_t)n_short);
+        if (!ok) return -2;
+        int rc = llama_cffi_gengine_pchar_ok(e, state, pchars, n_short, ok);
+        if (!rc)
+            for (int32_t k = 0; k < n_short; k++)
+                if (ok[k]) out[sh_w[k]] |= sh_b[k];
+        free(ok);
+        if (rc) return rc;
+    }
+    return 0;
+}

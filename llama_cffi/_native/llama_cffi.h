@@ -538,5 +538,18 @@ int32_t llama_cffi_gengine_run(llama_cffi_gengine *e, int32_t state, const doubl
    stack of state can take a completion of it (llama_grammar_match_partial_char), into out */
 int llama_cffi_gengine_pchar_ok(llama_cffi_gengine *e, int32_t state, const int64_t *pchars, int32_t n,
                                 uint8_t *out);
+/* The mask of state with a partial UTF-8 character pending, over the continuation tokens
+   sorted for that character: exact token i (of n_exact) completes it into a code point of
+   class classes[i] and is set (out[ex_w[i]] |= ex_b[i]) when state's transition on that
+   class is live (computed when unknown); longer token j (of n_longer) completes it with
+   class classes[n_exact + j] and goes on: live_longer[j] = whether that transition is live
+   (the caller checks those tokens whole); short token k (of n_short) ends inside it, the
+   longer partial character pchars[k]: set (out[sh_w[k]] |= sh_b[k]) when some stack of
+   state can take a completion of it. Every index is checked first (ex_w, sh_w < n_words).
+   0, -4 for bad arguments, -2 out of memory, or an engine error as llama_cffi_gengine_step. */
+int llama_cffi_gengine_partial_mask(llama_cffi_gengine *e, int32_t state, const int32_t *classes, int32_t n_exact,
+                                    int32_t n_longer, const int32_t *ex_w, const uint32_t *ex_b,
+                                    const int64_t *pchars, int32_t n_short, const int32_t *sh_w,
+                                    const uint32_t *sh_b, uint32_t *out, int32_t n_words, uint8_t *live_longer);
 
 #endif

@@ -185,8 +185,9 @@ class CompiledGrammar:
         self._partial_ok: dict[tuple[int, Partial], bool] = {}
         #: per partial character: the classes of its completions by continuation tokens, and
         #: the longer partial characters of the tokens that end inside it (_partial_mask)
-        #: per partial character: the completions' classes and the longer partial characters
-        self._pm_args: dict[Partial, tuple[npt.NDArray[Any], ...]] = {}
+        #: per partial character: the completions' classes, the longer partial characters, the
+        #: C call's arguments (C core) and its flags for the tokens that go on
+        self._pm_args: dict[Partial, tuple[Any, ...]] = {}
         self.stats = {"mask_hits": 0, "mask_misses": 0}
         self._lock = threading.RLock()  # the walk buffer, the cache and the engine are shared
         #: use the absorbing walk (False: the plain level-by-level walk, for comparison)
@@ -1525,40 +1526,66 @@ class CompiledGrammar:
             _set_tokens(out, self._eog_ids)
 
     def _partial_kinds_into(self, state: int, partial: Partial, out: npt.NDArray[np.uint32]) -> None:
-        """:meth:`_partial_words` for a live state and a character still needing 1-3 bytes."""
+        """:meth:`_partial_words` for a live state and a character still needing 1-3 bytes:
+        with the C core, one call (``llama_cffi_gengine_partial_mask``) for the exact and
+        shorter tokens and the longer ones' first step (a partial character's mask is
+        often cold: each numpy call there costs ~3 us); else the same in numpy."""
         eng = self.engine
         remain = partial[1]
         kinds = self.vocab.continuation_kinds(remain)
-        low_all, ex_w, ex_b, sh_w, sh_b = self.vocab._continuation_bits(remain)
         args = self._pm_args.get(partial)
         if args is None:  # per partial character: the completions' classes, the longer partials
+            low_all, ex_w, _ex_b, _sh_w, _sh_b, ex_wc, ex_bc, sh_wc, sh_bc = self.vocab._continuation_bits(remain)
             value = int(partial[0])
             _, low, taken = kinds.short
+            classes = eng._classes_of_cps((value << (6 * remain)) | low_all)
+            pchars = (((value << (6 * taken)) | low) << 2) | (remain - taken) if len(low) else low.astype(np.int64)
+            c_args: tuple[Any, ...] | None = None
+            longer_live = np.zeros(max(len(kinds.longer[0]), 1), dtype=np.uint8)
+            if eng.core == "c":
+
+                def buf(kind: str, a: npt.NDArray[Any]) -> Any:
+                    return _ffi.from_buffer(kind, a) if len(a) else _ffi.NULL
+
+                c_args = (
+                    buf("int32_t[]", classes),
+                    len(ex_w),
+                    len(classes) - len(ex_w),
+                    ex_wc,
+                    ex_bc,
+                    buf("int64_t[]", pchars),
+                    len(pchars),
+                    sh_wc,
+                    sh_bc,
+                    _ffi.from_buffer("uint8_t[]", longer_live),
+                )
             if len(self._pm_args) >= 4096:
                 self._pm_args.clear()
-            args = self._pm_args[partial] = (
-                eng._classes_of_cps((value << (6 * remain)) | low_all),
-                (((value << (6 * taken)) | low) << 2) | (remain - taken) if len(low) else low,
-            )
-        classes, pchars = args
-        # (few numpy calls: the first mask of a partial character is often cold, ~3 us each)
-        if len(classes):
-            to = eng.table()[state, classes]
-            if to.min() == -2:  # (-2: not computed yet)
-                eng.fill(np.full(len(classes), state, dtype=np.int32), classes)
-                to = eng.table()[state, classes]
-            n_ex = len(ex_w)
-            np.bitwise_or.at(out, ex_w, np.where(to[:n_ex] != DEAD, ex_b, np.uint32(0)))
-            if len(to) > n_ex:
-                for t in kinds.longer[0][to[n_ex:] != DEAD].tolist():
+            args = self._pm_args[partial] = (classes, pchars, c_args, longer_live)
+        classes, pchars, c_args, longer_live = args
+        n_longer = len(kinds.longer[0])
+        if c_args is not None:
+            eng._c_partial_mask(state, c_args, _ffi.from_buffer("uint32_t[]", out), len(out))
+            if n_longer:
+                for t in kinds.longer[0][longer_live[:n_longer] != 0].tolist():
                     if self._token_allowed(state, partial, t):
                         out[t >> 5] |= np.uint32(1 << (t & 31))
-        if len(pchars):
-            if eng.core == "c":
-                ok = eng._c_pchar_ok(state, pchars)
-            else:
+        else:
+            _low_all, ex_w, ex_b, sh_w, sh_b = self.vocab._continuation_bits(remain)[:5]
+            if len(classes):
+                to = eng.table()[state, classes]
+                if to.min() == -2:  # (-2: not computed yet)
+                    eng.fill(np.full(len(classes), state, dtype=np.int32), classes)
+                    to = eng.table()[state, classes]
+                n_ex = len(ex_w)
+                np.bitwise_or.at(out, ex_w, np.where(to[:n_ex] != DEAD, ex_b, np.uint32(0)))
+                if n_longer:
+                    for t in kinds.longer[0][to[n_ex:] != DEAD].tolist():
+                        if self._token_allowed(state, partial, t):
+                            out[t >> 5] |= np.uint32(1 << (t & 31))
+            if len(pchars):
                 ok = np.array([self._partial_fits(state, (pc >> 2, pc & 3)) for pc in pchars.tolist()], dtype=bool)
-            np.bitwise_or.at(out, sh_w[ok], sh_b[ok])
+                np.bitwise_or.at(out, sh_w[ok], sh_b[ok])
         for t in kinds.ref.tolist():
             if self._token_allowed(state, partial, t):
                 out[t >> 5] |= np.uint32(1 << (t & 31))

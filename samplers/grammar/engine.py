@@ -402,6 +402,17 @@ class Engine:
             )
         return out[: len(pc)].astype(bool)
 
+    def _c_partial_mask(self, state: int, args: tuple[Any, ...], out_c: Any, n_words: int) -> None:
+        """``llama_cffi_gengine_partial_mask`` (C core): ``args`` as
+        :meth:`samplers.grammar.compiled.CompiledGrammar._partial_kinds_into` makes them
+        (cffi buffers and counts), ``out_c`` a buffer over ``n_words`` mask words (ORed
+        into); the longer tokens' flags land in ``args``' own buffer."""
+        with self._lock:
+            self._c_call(
+                "a partial character's mask",
+                _lib().llama_cffi_gengine_partial_mask(self._c, state, *args[:-1], out_c, n_words, args[-1]),
+            )
+
     def _c_stacks(self, state: int) -> tuple[Stack, ...]:
         """A state's stacks from the C engine (cached)."""
         got = self._stack_cache.get(state)

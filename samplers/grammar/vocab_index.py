@@ -216,21 +216,29 @@ class VocabIndex:
             raise ValueError(f"remain must be 1, 2 or 3 (bytes a UTF-8 character still needs), not {remain}")
         return self._cont_kinds[remain - 1]
 
-    def _continuation_bits(self, remain: int) -> tuple[npt.NDArray[Any], ...]:
+    def _continuation_bits(self, remain: int) -> tuple[Any, ...]:
         """For :meth:`continuation_kinds` ``(remain)`` (made on first use): the low bits of
-        the exact completions then of the longer ones (``exact[1]``, ``longer[1]``), and
-        the mask word (``intp``) and bit (``uint32``) of each exact token, then of each
-        token that ends inside the character (``short[0]``)."""
-        kinds = self.continuation_kinds(remain)
+        the exact completions then of the longer ones (``exact[1]``, ``longer[1]``); the
+        mask word (``int32``) and bit (``uint32``) of each exact token, then of each token
+        that ends inside the character (``short[0]``); and those four arrays as cffi
+        buffers (NULL when empty), for ``llama_cffi_gengine_partial_mask``."""
         got = self._cont_bits[remain - 1]
         if got is None:
+            from llama_cffi._binding import ffi
+
+            kinds = self.continuation_kinds(remain)
             ex, sh = kinds.exact[0], kinds.short[0]
+            arrays = (
+                (ex >> 5).astype(np.int32),
+                np.left_shift(np.uint32(1), (ex & 31).astype(np.uint32)),
+                (sh >> 5).astype(np.int32),
+                np.left_shift(np.uint32(1), (sh & 31).astype(np.uint32)),
+            )
+            kinds_c = ("int32_t[]", "uint32_t[]", "int32_t[]", "uint32_t[]")
             got = self._cont_bits[remain - 1] = (
                 np.concatenate((kinds.exact[1], kinds.longer[1])),
-                (ex >> 5).astype(np.intp),
-                np.left_shift(np.uint32(1), (ex & 31).astype(np.uint32)),
-                (sh >> 5).astype(np.intp),
-                np.left_shift(np.uint32(1), (sh & 31).astype(np.uint32)),
+                *arrays,
+                *(ffi.from_buffer(k, a) if len(a) else ffi.NULL for k, a in zip(kinds_c, arrays, strict=True)),
             )
         return got
 
@@ -469,7 +477,7 @@ class VocabIndex:
         #: follow a token that ended inside a character
         self.continuation_tokens = nonempty[(fb >= 0x80) & (fb < 0xC0)].astype(np.int32)
         self._cont_kinds = self._sort_continuations()
-        self._cont_bits: list[tuple[npt.NDArray[Any], ...] | None] = [None, None, None]  # see _continuation_bits
+        self._cont_bits: list[tuple[Any, ...] | None] = [None, None, None]  # see _continuation_bits
         self._first_cp_tokens = None
         self.has_partial = self.partial_remain > 0
         self.nonpartial = ~self.has_partial
