@@ -183,10 +183,9 @@ class CompiledGrammar:
         self._last: tuple[tuple[int, Partial], npt.NDArray[np.bool_]] | None = None
         self._out_c: tuple[Any, Any] | None = None  # the last out buffer and its cdata (_out_cdata)
         self._partial_ok: dict[tuple[int, Partial], bool] = {}
-        #: per partial character: the classes of its completions by continuation tokens, and
-        #: the longer partial characters of the tokens that end inside it (_partial_mask)
-        #: per partial character: the completions' classes, the longer partial characters, the
-        #: C call's arguments (C core) and its flags for the tokens that go on
+        #: per partial character (_partial_kinds_into): the classes of its completions by
+        #: continuation tokens, the longer partial characters of the tokens that end inside
+        #: it, the C call's arguments (C core) and its flags for the tokens that go on
         self._pm_args: dict[Partial, tuple[Any, ...]] = {}
         self.stats = {"mask_hits": 0, "mask_misses": 0}
         self._lock = threading.RLock()  # the walk buffer, the cache and the engine are shared
@@ -1506,14 +1505,13 @@ class CompiledGrammar:
         (``n_words`` of them, overwritten), end-of-generation included. Only continuation
         tokens can be allowed (the vocabulary's :meth:`~VocabIndex.continuation_kinds`
         sorts them once per number of bytes still needed). A token that completes the
-        character exactly is allowed iff ``state`` takes the code point (the transitions
-        computed in one engine call); one that ends inside it, iff ``state`` can take some
-        completion of the longer partial character (one C call); one that completes it and
-        goes on, and the few the sorting leaves to the reference, are checked token by
-        token (:meth:`_token_allowed`; :meth:`_partial_mask_by_token` checks every token
-        so, the reference of the whole mask). The tokens are set word by word from lists
-        made once per partial character: nothing as long as the vocabulary is made (a mask
-        with a partial character is as cheap on a small vocabulary as llama.cpp's)."""
+        character exactly is allowed iff ``state`` takes the code point; one that ends
+        inside it, iff ``state`` can take some completion of the longer partial character;
+        one that completes it and goes on, and the few the sorting leaves to the reference,
+        are checked token by token (:meth:`_token_allowed`; :meth:`_partial_mask_by_token`
+        checks every token so, the reference of the whole mask). The tokens are set word by
+        word from lists made once per vocabulary and partial character: no array as long
+        as the vocabulary is made."""
         eng = self.engine
         remain = partial[1]
         out[:] = 0
