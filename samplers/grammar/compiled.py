@@ -1140,12 +1140,20 @@ class CompiledGrammar:
                     sel = at == s_
                     extra.append(pt[sel][self._state_pchar_ok(s_)[slots[sel]]])
         toks = np.concatenate(extra).astype(np.int32) if extra else np.zeros(0, dtype=np.int32)
-        if wider is None and len(chain) - 1 == self._run_cap and chain[1] != start:
-            # a bounded string's position: the next token's state is one of the positions
-            # down its chain (the same run), and takes a plan at once, as this one did (not
-            # the first mask's C call, which would answer "plan")
+        if wider is None and self._bounded_position(chain):
+            # the next token's state is one of the positions down its chain (the same run),
+            # and takes a plan at once, as this one did (not the first mask's C call, which
+            # would answer "plan")
             self._plan_next.update(chain[1:].tolist())
         return self._tg.plan(start, scan, chain, toks)
+
+    def _bounded_position(self, chain: npt.NDArray[np.int32]) -> bool:
+        """Whether the state whose run's chain is ``chain`` (see :meth:`_run`) is a bounded
+        string's position: its run holds for any token and does not loop within
+        :data:`_CHAIN_MAX` states."""
+        return len(chain) - 1 == self._run_cap and len(set(chain[: _CHAIN_MAX + 1].tolist())) == min(
+            _CHAIN_MAX + 1, len(chain)
+        )
 
     def _pt_split(self, scan: RunScan) -> tuple[int, npt.NDArray[np.int32]]:
         """For :meth:`_plan`, per scan (made once): the depth of all its partial-character
@@ -1178,11 +1186,9 @@ class CompiledGrammar:
         cap = self._run_cap
         if len(chain) - 1 < cap and self._first_tokens(self._run_words[start]) < _CHAIN_MIN_TOKENS:
             return None  # few tokens start with the run (a quote before a string): its walk is short
-        if len(chain) - 1 == cap and len(set(chain[: _CHAIN_MAX + 1].tolist())) == min(_CHAIN_MAX + 1, len(chain)):
-            # start's run holds for any token and does not loop within _CHAIN_MAX states: a
-            # bounded string's position. Its successors' runs (one engine call each, ~15 us
-            # at 77 stacks) would be computed only to find the same classes, position after
-            # position: start's run
+        if self._bounded_position(chain):
+            # its successors' runs (one engine call each, ~15 us at 77 stacks) would be
+            # computed only to find the same classes, position after position: start's run
             return None
         states = [start]
         runs = [self._run_words[start]]  # (start's run is known: chain is its)
