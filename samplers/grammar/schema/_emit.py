@@ -490,6 +490,11 @@ class Emitter:
         if hit is not None:
             return list(hit)
         pats = list(dict.fromkeys([p for p, _ in a.patterns]))
+        if not pats and self._class_value(a, [], []) is FALSE:
+            # no undeclared key may appear (additionalProperties false): no automaton of
+            # the keys they could be
+            self.rs.memo[memo_key] = ()
+            return []
         exact: list[tuple[str, dfa_mod.DFA]] = []
         loose: list[str] = []
         for p in pats:

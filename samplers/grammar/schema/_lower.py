@@ -1055,6 +1055,8 @@ class Lowering:
         return all(self._apart(x, y) for x in xs for y in ys)
 
     def _apart(self, x: Atom, y: Atom) -> bool:
+        if isinstance(x, Obj) and isinstance(y, Obj) and self._told_by_constants(x, y):
+            return True
         z = self.meet(x, y)
         if z is None:
             return True
@@ -1067,6 +1069,20 @@ class Lowering:
         except SchemaError:  # a recursive reference met while lowering: unsure
             return False
         return _empty((z,))
+
+    def _told_by_constants(self, x: Obj, y: Obj) -> bool:
+        """Whether a key that one of two objects requires has constant values declared on
+        both sides with none in common (a discriminated union's tag): then no object meets
+        both. Read off the declared schemas' own ``enum`` and ``const`` (the value meets
+        these and maybe more, never fewer), without meeting or lowering anything."""
+        kw = _DRAFT_KEYWORDS[self.draft()]
+        for key in sorted(x.required | y.required):
+            xs = _constants_of(x, key, kw["const"])
+            if xs is not None:
+                ys = _constants_of(y, key, kw["const"])
+                if ys is not None and xs.isdisjoint(ys):
+                    return True
+        return False
 
     def _dependencies(
         self, s: dict[str, Any], sub: Callable[..., Node], ptr: str, draft: str
@@ -1303,6 +1319,35 @@ def value_node(a: Obj, key: str, strict: bool = False) -> Node:
         if key not in names and not any(_search(p, key) in skip for p in pats):
             parts.append(n)
     return all_of(*parts)
+
+
+def _constants_of(a: Obj, key: str, has_const: bool) -> frozenset[str] | None:
+    """The canonical texts that every value of ``key`` in ``a`` is among, as the
+    ``enum`` and ``const`` of its declared schemas say (``has_const``: the draft has
+    ``const``); None where none of them says. A schema with ``$ref`` is passed over
+    (before 2019-09 its siblings do not count)."""
+    out: frozenset[str] | None = None
+    keys: frozenset[str] | None
+    for node in a.declared(key):
+        if node.op == "const":
+            keys = frozenset((node.key[1],))
+        elif node.op == "schema" and isinstance(node.schema, dict) and "$ref" not in node.schema:
+            s = node.schema
+            keys = None
+            try:
+                if has_const and "const" in s:
+                    keys = frozenset((canon(s["const"]),))
+                if isinstance(s.get("enum"), list):
+                    enum = frozenset(canon(v) for v in s["enum"])
+                    keys = enum if keys is None else keys & enum
+            except (TypeError, ValueError):  # not JSON: left to the lowering to say
+                continue
+            if keys is None:
+                continue
+        else:
+            continue
+        out = keys if out is None else out & keys
+    return out
 
 
 @functools.lru_cache(maxsize=4096)
