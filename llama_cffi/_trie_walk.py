@@ -31,6 +31,7 @@ runs); ``mask`` arrays are written, nothing else is.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -331,6 +332,26 @@ def below_summary(
 BIG_CHILDREN = 64
 
 
+class _BatchWork:
+    """One thread's working arrays for :meth:`Trie.masks` batches of up to ``cap`` jobs:
+    the jobs' grammar, plan and row pointers, their results and pending counts (``res``:
+    ``cap`` results, then ``cap`` counts), pending subtrees and walk frames."""
+
+    __slots__ = ("cap", "frames", "frames_c", "grammars", "pending", "pending_c", "plans", "res", "res_c", "rows")
+
+    def __init__(self, cap: int, frames_n: int) -> None:
+        self.cap = cap
+        self.grammars = ffi.new("llama_cffi_trie_grammar *[]", cap)
+        self.plans = ffi.new("llama_cffi_trie_plan *[]", cap)
+        self.rows = ffi.new("uint32_t *[]", cap)
+        self.res = np.zeros(2 * cap, dtype=np.int32)
+        self.res_c = ffi.from_buffer("int32_t[]", self.res)
+        self.pending = np.empty(cap * 4 * _BATCH_PENDING_CAP, dtype=np.int32)
+        self.pending_c = ffi.from_buffer("int32_t[]", self.pending)
+        self.frames = np.empty(cap * frames_n, dtype=np.int32)
+        self.frames_c = ffi.from_buffer("int32_t[]", self.frames)
+
+
 class Trie:
     """One vocabulary's code-point trie for the C walks (the layout of
     :class:`samplers.grammar.vocab_index.VocabIndex`; see ``llama_cffi.h``). Node
@@ -460,6 +481,7 @@ class Trie:
         self._keep.append(buf)
         t.below_flags = buf
         self._frames_n = 3 * (max_depth + 2)
+        self._batch_work = threading.local()  # per thread: a _BatchWork for masks
         self._n_root_children = int(self._arrays["n_child"][n_nodes])
         # the nodes with many children (Gemma 3: 20, one of them the space before a word
         # with 2,852): a grammar groups their children by class (TrieGrammar), and a walk
@@ -536,13 +558,14 @@ class Trie:
 
     def masks(
         self, grammars: list[TrieGrammar], plans: list[Any], out: U32, rows: list[int], n_threads: int
-    ) -> tuple[I32, I32]:
+    ) -> tuple[list[int], list[int]]:
         """The masks of many :meth:`TrieGrammar.plan` s in one call, shared among ``n_threads``
         threads (the GIL released): row ``rows[i]`` of ``out`` (a writeable C-contiguous 2-D
         uint32 array of at least ``n_words`` columns) gets what ``grammars[i].mask(plans[i],
         ...)`` writes. Returns, per job, the C result (0: done) and how many subtrees were
         left pending: a job with either not zero is to be done again on its own
-        (:meth:`TrieGrammar.mask`, then :meth:`TrieGrammar.walk`)."""
+        (:meth:`TrieGrammar.mask`, then :meth:`TrieGrammar.walk`). The call's working
+        arrays are the calling thread's, kept between calls (grown to the largest batch)."""
         n = len(plans)
         if len(grammars) != n or len(rows) != n:
             raise ValueError("one grammar and one row per plan")
@@ -555,37 +578,41 @@ class Trie:
             or not out.flags.writeable
         ):
             raise ValueError(f"out must be a writeable C-contiguous 2-D uint32 array of >= {self.n_words} columns")
+        if n == 0:
+            return [], []
         n_rows = out.shape[0]
-        for i, (g, p, r) in enumerate(zip(grammars, plans, rows, strict=True)):
+        for i, (g, p) in enumerate(zip(grammars, plans, strict=True)):
             if g.trie is not self or p[5] is not g or not g._tables:
                 raise ValueError(f"job {i}: its grammar is not on this trie, its plan not its grammar's, or no tables")
-            if type(r) is not int or not 0 <= r < n_rows:
-                raise ValueError(f"job {i}: row {r!r} is not a row of out")
-        res = np.zeros(2 * n, dtype=np.int32)  # the results, then the pending counts
-        if n == 0:
-            return res[:0], res[:0]
-        pending = np.empty(n * 4 * _BATCH_PENDING_CAP, dtype=np.int32)
-        frames = np.empty(n * self._frames_n, dtype=np.int32)
+        if not all(type(r) is int for r in rows) or min(rows) < 0 or max(rows) >= n_rows:
+            i = next(i for i, r in enumerate(rows) if type(r) is not int or not 0 <= r < n_rows)
+            raise ValueError(f"job {i}: row {rows[i]!r} is not a row of out")
+        work = getattr(self._batch_work, "arrays", None)
+        if work is None or work.cap < n:
+            work = self._batch_work.arrays = _BatchWork(max(n, 2 * work.cap if work is not None else 8), self._frames_n)
+        work.grammars[0:n] = [g._g for g in grammars]
+        work.plans[0:n] = [p[0] for p in plans]
         base = ffi.from_buffer("uint32_t[]", out)  # kept alive for the call
         stride = out.shape[1]
-        res_c = ffi.from_buffer("int32_t[]", res)
+        work.rows[0:n] = [base + r * stride for r in rows]
+        res = work.res_c
         rc = lib.llama_cffi_trie_masks(
             self._struct,
             n,
-            ffi.new("llama_cffi_trie_grammar *[]", [g._g for g in grammars]),
-            ffi.new("llama_cffi_trie_plan *[]", [p[0] for p in plans]),
-            ffi.new("uint32_t *[]", [base + r * stride for r in rows]),
-            ffi.from_buffer("int32_t[]", pending),
+            work.grammars,
+            work.plans,
+            work.rows,
+            work.pending_c,
             _BATCH_PENDING_CAP,
-            res_c + n,
-            ffi.from_buffer("int32_t[]", frames),
+            res + work.cap,
+            work.frames_c,
             self._frames_n,
-            res_c,
+            res,
             max(1, int(n_threads)),
         )
         del base
         _check_rc(rc, "trie masks")
-        return res[:n], res[n:]
+        return ffi.unpack(res, n), ffi.unpack(res + work.cap, n)
 
     def len_mask(self, k: int) -> U32:
         """The tokens of at most ``k`` whole code points, as mask words (cached)."""

@@ -1172,7 +1172,7 @@ def test_fill_masks_of_many_matchers(big_vocab: llama_cffi.Model) -> None:
     plan, trie = c._batch_plan(st), c.vocab.trie()
     c._set_tables()
     rcs, pending = trie.masks([c._tg], [plan], out, [2], 1)
-    assert rcs.tolist() == [0] and (pending.tolist() != [0] or np.array_equal(out[2, : c.n_words], got[0]))
+    assert rcs == [0] and (pending != [0] or np.array_equal(out[2, : c.n_words], got[0]))
     for bad_row in (-1, len(out), 1.0):
         with pytest.raises(ValueError, match="row"):
             trie.masks([c._tg], [plan], out, [bad_row], 1)  # type: ignore[list-item]

@@ -180,6 +180,10 @@ class CompiledGrammar:
         #: every mask computed by the C walk (no mask cache, no token elements): fill_words'
         #: short path (with a live state and no partial character: :meth:`_c_walks`)
         self._uncached_c = mask_cache_size == 0 and kernel == "c" and not engine.has_token_elements
+        #: the C walk computes the masks of live states with no partial character pending
+        #: (:meth:`_c_walks`), on this trie (None: the numpy kernel)
+        self._walks_c = kernel == "c" and not engine.has_token_elements
+        self._trie: Any = vocab.trie() if kernel == "c" else None
         self._last: tuple[tuple[int, Partial], npt.NDArray[np.bool_]] | None = None
         self._out_c: tuple[Any, Any] | None = None  # the last out buffer and its cdata (_out_cdata)
         self._partial_ok: dict[tuple[int, Partial], bool] = {}
@@ -845,7 +849,7 @@ class CompiledGrammar:
         """Whether the C walk computes this mask: the ``"c"`` kernel, a live state, no
         partial character pending and no token elements in the grammar (those masks,
         rare, take the numpy walk)."""
-        return self.kernel == "c" and state != DEAD and partial[1] == 0 and not self.engine.has_token_elements
+        return self._walks_c and state != DEAD and partial[1] == 0
 
     def _mask_words_c(
         self, start: int, out: npt.NDArray[np.uint32] | None = None, derive: bool = True
