@@ -1111,22 +1111,25 @@ def parse_outcome(parse: Callable[[str], ParsedGrammar], text: str) -> tuple[obj
 
 
 def assert_parses_like_reference(text: str) -> bool:
-    """parse_gbnf(text) is exactly the reference's, met for the first time, then again (a
+    """parse_gbnf(text) is exactly the reference's; so is what the fast parser gives, by
+    the C parser and by its Python path alone, met for the first time, then again (a
     template made of each line that is not of the converter's kind), then replayed; so
     is the nesting depth that native_grammar_hazard reads. Whether the fast parser read
     it."""
     expected = parse_outcome(reference_parse, text)
-    for _ in range(3):
-        assert parse_outcome(parse_gbnf, text) == expected, text
-    fast = gbnf._FastParser()
-    g = fast.parse(text)
-    if g is None:
-        return False
-    assert ("ok", g.rules, tuple(g.symbol_ids.items()), g.token_names, g.names) == expected, text
-    reference = gbnf._Parser(text)
-    reference.parse()
-    assert fast.max_nesting == reference.max_nesting, text
-    return True
+    assert parse_outcome(parse_gbnf, text) == expected, text
+    read = False
+    for c_parser in (True, False, False, False):
+        fast = gbnf._FastParser(c_parser=c_parser)
+        g = fast.parse(text)
+        if g is None:
+            continue
+        read = True
+        assert ("ok", g.rules, tuple(g.symbol_ids.items()), g.token_names, g.names) == expected, (c_parser, text)
+        reference = gbnf._Parser(text)
+        reference.parse()
+        assert fast.max_nesting == reference.max_nesting, (c_parser, text)
+    return read
 
 
 FAST_PARSE_CASES = [
@@ -1267,12 +1270,75 @@ def test_fast_parser_reads_the_converters_grammars() -> None:
         for validator in (False, True):
             text = schema_to_gbnf(schema, validator=validator, formats="assert")
             assert assert_parses_like_reference(text), text
+            assert gbnf._c_parse(text) is not None, text  # the C parser itself
 
 
 def test_fast_parser_falls_back() -> None:
     for text in ["root ::= <[5]>", 'root ::= "\\q"', 'root ::= "a"{1,\n2}', "root ::= x", 'root ::= "a"{2001}']:
+        assert gbnf._c_parse(text) is None
         assert gbnf._FastParser().parse(text) is None
         assert_parses_like_reference(text)
+
+
+def test_c_parser_at_its_edges() -> None:
+    """What the C parser leaves to Python (groups nested over 64 deep, a lone surrogate
+    in the text) and what it reads at the edges of its arrays (repetitions that outgrow
+    its first guess of the grammar's size, non-ASCII literals and classes, \\U escapes
+    past the code points), all as the reference reads them."""
+    deep = "root ::= " + "(" * 65 + '"x"' + ")" * 65
+    assert gbnf._c_parse(deep) is None and assert_parses_like_reference(deep)
+    shallow = "root ::= " + "(" * 64 + '"x"' + ")" * 64
+    got = gbnf._c_parse(shallow)
+    assert got is not None and got[1] == 64 and assert_parses_like_reference(shallow)
+    assert gbnf._c_parse('root ::= "\\ud800"') is not None  # an escape: a value, not text
+    surrogate = 'root ::= "\\ud800" "\ud800"'
+    assert gbnf._c_parse(surrogate) is None and assert_parses_like_reference(surrogate)
+    many = 'root ::= "a"{0,1000} "b"{0,1000} x\nx ::= ("é" [à-ü\\U0010FFFF\\UFFFFFFFF])+ "€"'
+    got = gbnf._c_parse(many)
+    assert got is not None and len(got[0].rules) > 2000 and assert_parses_like_reference(many)
+    for text in ['root ::= "\\U0010FFF"', "root ::= [\\x4]", "root ::= ()", "root ::= x\r\nx ::= |", "a ::= b\r"]:
+        assert_parses_like_reference(text)
+
+
+def test_c_parser_refuses_bad_arguments() -> None:
+    """The C parser checks its arguments before reading anything: -4, not a crash; past
+    an array's capacity it says so (-1) and writes nothing beyond it."""
+    import numpy as np
+
+    from llama_cffi._binding import ffi, lib
+
+    text = b'root ::= "a"'
+    u32 = np.zeros(64, dtype=np.uint32)
+    i32 = np.zeros(64, dtype=np.int32)
+
+    def call(text_ptr: Any = None, n: int = len(text), cap: int = 16, syms: int = 8, hash_size: int = 16) -> int:
+        return int(
+            lib.llama_cffi_gbnf_parse(
+                ffi.from_buffer(text) if text_ptr is None else text_ptr,
+                n,
+                ffi.from_buffer("uint32_t[]", u32),
+                cap,
+                ffi.from_buffer("uint32_t[]", u32),
+                cap,
+                ffi.from_buffer("int32_t[]", i32),
+                ffi.from_buffer("int32_t[]", i32),
+                ffi.from_buffer("int32_t[]", i32),
+                syms,
+                ffi.from_buffer("int32_t[]", np.zeros(hash_size, dtype=np.int32)),
+                hash_size,
+                ffi.from_buffer("int32_t[]", np.zeros(3, dtype=np.int32)),
+            )
+        )
+
+    assert call() == 0
+    assert call(text_ptr=ffi.NULL) == -4
+    assert call(n=-1) == -4
+    assert call(cap=-1) == -4
+    assert call(syms=-1) == -4
+    assert call(hash_size=12) == -4  # not a power of two
+    assert call(cap=1) == -1 and call(syms=0) == -1  # past a capacity
+    u32[:] = 7
+    assert call(cap=1) == -1 and (u32[2:] == 7).all()  # one pair at most: nothing past it written
 
 
 @settings(max_examples=budget(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -552,4 +552,18 @@ int llama_cffi_gengine_partial_mask(llama_cffi_gengine *e, int32_t state, const 
                                     const int64_t *pchars, int32_t n_short, const int32_t *sh_w,
                                     const uint32_t *sh_b, uint32_t *out, int32_t n_words, uint8_t *live_longer);
 
+/* GBNF text (n_text bytes of UTF-8, no NUL) parsed as llama.cpp's parser parses it, for the
+   texts it is sure of (samplers: llama_cffi.gbnf._FastParser is the Python path, _Parser the
+   reference). Out: the finished rules' (type, value) pairs in elems (cap_elems pairs; scratch
+   holds rules under construction, cap_scratch pairs), rule i at pair rule_off[i], rule_len[i]
+   pairs long; symbol i's name at sym[3i] (byte offset in text), sym[3i + 1] (length), and
+   sym[3i + 2] = -1, or for a generated name (<that name>_<i>) i; cap_syms symbols at most;
+   hash: hash_size (a power of two, at least 2 cap_syms) ints of working space; counts: the
+   number of pairs, of symbols, and the deepest nesting of groups. 0: parsed; 1: unsure (an
+   error, a token, a construct it leaves to Python); -1: past a capacity; -4: bad arguments.
+   Every write is checked against its array's capacity. */
+int llama_cffi_gbnf_parse(const char *text, int64_t n_text, uint32_t *elems, int64_t cap_elems, uint32_t *scratch,
+                          int64_t cap_scratch, int32_t *rule_off, int32_t *rule_len, int32_t *sym, int32_t cap_syms,
+                          int32_t *hash, int32_t hash_size, int32_t *counts);
+
 #endif
