@@ -145,6 +145,11 @@ class ParsedGrammar:
     token_names: tuple[str, ...] = ()
     #: ``rule id -> name`` (derived).
     names: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    #: set by the fast parsers only (not by the constructor, nor by ``dataclasses.replace``):
+    #: the grammar is as they make it (no token elements), so :func:`check_grammar` need
+    #: not check it element by element; the C parser adds its elements in one list,
+    #: their types as bytes, and their types and values as int64 arrays (rule by rule)
+    _parsed: bool | tuple[list[Element], bytes, Any, Any] = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         expect("rules", self.rules, tuple, "a tuple of rules (use parse_gbnf)")
@@ -159,6 +164,29 @@ class ParsedGrammar:
     def rule_id(self, name: str) -> int:
         """The id of rule ``name`` (KeyError if the grammar has none)."""
         return self.symbol_ids[expect_str("name", name)]
+
+
+def _parsed(g: ParsedGrammar, how: bool | tuple[list[Element], bytes, Any, Any]) -> ParsedGrammar:
+    """``g`` marked as a parser made it (:attr:`ParsedGrammar._parsed`)."""
+    object.__setattr__(g, "_parsed", how)
+    return g
+
+
+def _element_arrays(g: ParsedGrammar) -> tuple[list[Element], Any, Any]:
+    """The elements of ``g`` rule by rule: as one list, and their types and values as
+    int64 arrays (the C parser's when it made ``g``)."""
+    import numpy as np
+
+    parsed = g._parsed
+    if isinstance(parsed, tuple):
+        return parsed[0], parsed[2], parsed[3]
+    flat = list(chain.from_iterable(g.rules))
+    n = len(flat)
+    return (
+        flat,
+        np.fromiter(map(_TYPE, flat), dtype=np.int64, count=n),
+        np.fromiter(map(_VALUE, flat), dtype=np.int64, count=n),
+    )
 
 
 def resolve_tokens(grammar: ParsedGrammar, token_id: Callable[[str], int]) -> ParsedGrammar:
@@ -810,9 +838,8 @@ def _c_parse(text: str) -> tuple[ParsedGrammar, int] | None:
         return None
     n_elems, n_syms, nesting = counts.tolist()
     pairs = elems[: 2 * n_elems].view(_PAIR).tolist()  # (type, value) tuples, made by numpy
-    rules = tuple(
-        [tuple(pairs[o : o + k]) for o, k in zip(rule_off[:n_syms].tolist(), rule_len[:n_syms].tolist(), strict=True)]
-    )
+    offs, lens = rule_off[:n_syms], rule_len[:n_syms]
+    rules = tuple([tuple(pairs[o : o + k]) for o, k in zip(offs.tolist(), lens.tolist(), strict=True)])
     syms = sym[: 3 * n_syms].tolist()
     source = text if n == len(text) else None  # ASCII: byte offsets are str offsets
     names = []
@@ -820,7 +847,14 @@ def _c_parse(text: str) -> tuple[ParsedGrammar, int] | None:
         o, k, generated = syms[i], syms[i + 1], syms[i + 2]
         name = source[o : o + k] if source is not None else data[o : o + k].decode("ascii")
         names.append(name if generated < 0 else f"{name}_{generated}")
-    return ParsedGrammar(rules, dict(zip(names, range(n_syms), strict=True)), ()), nesting
+    # the elements in rule order (the parser writes a rule once it ends: a group's before
+    # the rule it is in) and their types, for check_grammar
+    ends = np.cumsum(lens, dtype=np.int64)
+    at = np.repeat(offs.astype(np.int64) - (ends - lens), lens) + np.arange(int(ends[-1]) if n_syms else 0)
+    type_a, value_a = elems[2 * at].astype(np.int64), elems[2 * at + 1].astype(np.int64)
+    flat = list(chain.from_iterable(rules))
+    how = (flat, type_a.astype(np.uint8).tobytes(), type_a, value_a)
+    return _parsed(ParsedGrammar(rules, dict(zip(names, range(n_syms), strict=True)), ()), how), nesting
 
 
 class _FastParser:
@@ -886,7 +920,7 @@ class _FastParser:
             return None
         if len(rules) != len(symbol_ids):
             return None  # a rule used but not defined: the reference says where
-        return ParsedGrammar(tuple([rules[i] for i in range(len(rules))]), symbol_ids, ())
+        return _parsed(ParsedGrammar(tuple([rules[i] for i in range(len(rules))]), symbol_ids, ()), True)
 
     def other_lines(self, lines: list[str], at_end: bool) -> bool:
         """Parse ``lines`` (``at_end``: the last lines of the text); False where unsure.
@@ -1093,6 +1127,12 @@ def _validate(g: ParsedGrammar) -> _Leading:
     The checks run over the whole grammar at once (the element types as one bytes
     string, the distinct elements as a set); anything they do not clear is checked again
     element by element (:func:`_validate_elements`), which raises the exact error."""
+    parsed = g._parsed
+    if isinstance(parsed, tuple):  # as the C parser made it: well-formed, its elements at hand
+        return _Leading(g.rules, parsed[0], parsed[1])
+    if parsed:  # as the Python fast path made it: well-formed
+        flat = list(chain.from_iterable(g.rules))
+        return _Leading(g.rules, flat, bytes(map(_TYPE, flat)))
     flat = list(chain.from_iterable(g.rules))
     try:
         types = bytes(map(_TYPE, flat))  # ValueError for a type past 255
@@ -1112,6 +1152,7 @@ def _validate(g: ParsedGrammar) -> _Leading:
 
 
 _TYPE = itemgetter(0)
+_VALUE = itemgetter(1)
 _LAST = itemgetter(-1)
 # the types of a valid grammar's elements, one byte each, hold none of these: a type
 # past TOKEN_NOT, a modifier (CHAR_RNG_UPPER, CHAR_ALT) first or after an element that

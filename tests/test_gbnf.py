@@ -25,7 +25,7 @@ import random
 import re
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -1298,6 +1298,23 @@ def test_c_parser_at_its_edges() -> None:
     assert got is not None and len(got[0].rules) > 2000 and assert_parses_like_reference(many)
     for text in ['root ::= "\\U0010FFF"', "root ::= [\\x4]", "root ::= ()", "root ::= x\r\nx ::= |", "a ::= b\r"]:
         assert_parses_like_reference(text)
+
+
+def test_only_what_the_fast_parsers_made_skips_the_element_checks() -> None:
+    """check_grammar does not check element by element what the fast parsers made (their
+    mark, with the C parser's elements); a grammar built or changed by hand has no mark
+    and is checked."""
+    g = parse_gbnf('root ::= "a" x\nx ::= "b" | [c-d]')
+    assert isinstance(g._parsed, tuple) and gbnf._FastParser(c_parser=False).parse('root ::= "a"')._parsed is True  # type: ignore[union-attr]
+    check_grammar(g)
+    for bad in (
+        replace(g, rules=(g.rules[0][:-1], g.rules[1])),  # END dropped
+        ParsedGrammar((g.rules[0], ((gbnf.GreType.CHAR_ALT, 99), *g.rules[1])), g.symbol_ids),  # a modifier first
+        ParsedGrammar(((*g.rules[0][:-1], (gbnf.GreType.RULE_REF, 7), g.rules[0][-1]), g.rules[1]), g.symbol_ids),
+    ):
+        assert not bad._parsed
+        with pytest.raises(GrammarError, match="malformed|undefined"):
+            check_grammar(bad)
 
 
 def test_c_parser_refuses_bad_arguments() -> None:

@@ -31,7 +31,6 @@ takes unbounded time and memory), leaving the engine as it was.
 from __future__ import annotations
 
 import itertools
-import operator
 import os
 import threading
 from collections.abc import Iterable, Sequence
@@ -42,7 +41,7 @@ import numpy.typing as npt
 
 from llama_cffi._args import expect, expect_array, expect_int, expect_iterable, expect_str, type_error
 from llama_cffi.errors import ParamTypeError
-from llama_cffi.gbnf import GrammarError, GreType, ParsedGrammar
+from llama_cffi.gbnf import GrammarError, GreType, ParsedGrammar, _element_arrays
 
 from .errors import GrammarBudgetError
 
@@ -65,7 +64,6 @@ _CHAR, _CHAR_NOT, _RNG, _CHAR_ALT, _ANY = (
     int(GreType.CHAR_ANY),
 )
 _TOKEN, _TOKEN_NOT = int(GreType.TOKEN), int(GreType.TOKEN_NOT)
-_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
 _MAX_CP = 1 << 22  # llama.cpp's decoder can produce values up to 0x3FFFFF
 _ROW_MIN = 4  # a state needing this many unknown classes at once gets its whole row computed
 
@@ -196,11 +194,9 @@ class Engine:
         self.rule_start = (
             list(itertools.accumulate((len(r) for r in grammar.rules[:-1]), initial=0)) if grammar.rules else []
         )
-        flat = list(itertools.chain.from_iterable(grammar.rules))
-        n_pos = len(flat)
         # the element types and values as arrays (a checked grammar's types are 0..9)
-        self._types_a = t_arr = np.fromiter(map(_FIRST, flat), dtype=np.int64, count=n_pos)
-        self._values_a = v_arr = np.fromiter(map(_SECOND, flat), dtype=np.int64, count=n_pos)
+        _flat, t_arr, v_arr = _element_arrays(grammar)
+        self._types_a, self._values_a = t_arr, v_arr
         self.types = t_arr.tolist()
         self.values = v_arr.tolist()
         n_rules = len(grammar.rules)
