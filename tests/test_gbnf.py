@@ -1313,7 +1313,7 @@ def test_only_what_the_fast_parsers_made_skips_the_element_checks() -> None:
         ParsedGrammar(((*g.rules[0][:-1], (gbnf.GreType.RULE_REF, 7), g.rules[0][-1]), g.rules[1]), g.symbol_ids),
     ):
         assert not bad._parsed
-        with pytest.raises(GrammarError, match="malformed|undefined"):
+        with pytest.raises(GrammarError, match=r"malformed|undefined"):
             check_grammar(bad)
 
 
