@@ -837,22 +837,46 @@ def _c_parse(text: str) -> tuple[ParsedGrammar, int] | None:
     if rc != 0:
         return None
     n_elems, n_syms, nesting = counts.tolist()
-    pairs = elems[: 2 * n_elems].view(_PAIR).tolist()  # (type, value) tuples, made by numpy
-    offs, lens = rule_off[:n_syms], rule_len[:n_syms]
-    rules = tuple([tuple(pairs[o : o + k]) for o, k in zip(offs.tolist(), lens.tolist(), strict=True)])
-    syms = sym[: 3 * n_syms].tolist()
-    source = text if n == len(text) else None  # ASCII: byte offsets are str offsets
-    names = []
-    for i in range(0, 3 * n_syms, 3):
-        o, k, generated = syms[i], syms[i + 1], syms[i + 2]
-        name = source[o : o + k] if source is not None else data[o : o + k].decode("ascii")
-        names.append(name if generated < 0 else f"{name}_{generated}")
     # the elements in rule order (the parser writes a rule once it ends: a group's before
-    # the rule it is in) and their types, for check_grammar
+    # the rule it is in) as indexes into the distinct ones, and the names, by the C unpacker
+    lens = rule_len[:n_syms]
+    total = int(lens.sum())
+    idx = np.empty(total, dtype=np.int32)
+    dist = np.empty(2 * max(total, 1), dtype=np.uint32)
+    hash_size = 1 << (2 * max(total, 1) - 1).bit_length()
+    hash_ = np.empty(hash_size, dtype=np.int32)
+    cap_names = int(sym[1 : 3 * n_syms : 3].sum()) + 12 * n_syms
+    names_buf = np.empty(max(cap_names, 1), dtype=np.uint8)
+    got = np.zeros(3, dtype=np.int64)
+    rc = lib.llama_cffi_gbnf_unpack(
+        ffi.from_buffer(data),
+        n,
+        ffi.from_buffer("uint32_t[]", elems),
+        n_elems,
+        ffi.from_buffer("int32_t[]", rule_off),
+        ffi.from_buffer("int32_t[]", rule_len),
+        ffi.from_buffer("int32_t[]", sym),
+        n_syms,
+        ffi.from_buffer("int32_t[]", idx),
+        total,
+        ffi.from_buffer("uint32_t[]", dist),
+        max(total, 1),
+        ffi.from_buffer("int32_t[]", hash_),
+        hash_size,
+        ffi.from_buffer("char[]", names_buf),
+        len(names_buf),
+        ffi.from_buffer("int64_t[]", got),
+    )
+    if rc != 0:
+        return None
+    n_idx, n_dist, n_names = got.tolist()
+    idx = idx[:n_idx]  # (all of it: every rule's elements)
+    distinct = dist[: 2 * n_dist].view(_PAIR).tolist()  # (type, value) tuples, made by numpy, one each
+    flat = list(map(distinct.__getitem__, idx.tolist()))
     ends = np.cumsum(lens, dtype=np.int64)
-    at = np.repeat(offs.astype(np.int64) - (ends - lens), lens) + np.arange(int(ends[-1]) if n_syms else 0)
-    type_a, value_a = elems[2 * at].astype(np.int64), elems[2 * at + 1].astype(np.int64)
-    flat = list(chain.from_iterable(rules))
+    rules = tuple([tuple(flat[o:e]) for o, e in zip((ends - lens).tolist(), ends.tolist(), strict=True)])
+    names = names_buf[:n_names].tobytes().decode("ascii").split("\n") if n_syms else []
+    type_a, value_a = dist[0 : 2 * n_dist : 2][idx].astype(np.int64), dist[1 : 2 * n_dist : 2][idx].astype(np.int64)
     how = (flat, type_a.astype(np.uint8).tobytes(), type_a, value_a)
     return _parsed(ParsedGrammar(rules, dict(zip(names, range(n_syms), strict=True)), ()), how), nesting
 

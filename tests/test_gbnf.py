@@ -1357,6 +1357,38 @@ def test_c_parser_refuses_bad_arguments() -> None:
     u32[:] = 7
     assert call(cap=1) == -1 and (u32[2:] == 7).all()  # one pair at most: nothing past it written
 
+    # the unpacker reads the parser's offsets only once checked against what they index
+    def unpack(off: int = 0, length: int = 2, name: int = 0, n_elems: int = 2, cap: int = 8, names: int = 16) -> int:
+        elems = np.array([3, 97, 0, 0], dtype=np.uint32)
+        rule = np.array([off, length], dtype=np.int32)
+        sym = np.array([name, 4, -1], dtype=np.int32)
+        return int(
+            lib.llama_cffi_gbnf_unpack(
+                ffi.from_buffer(text),
+                len(text),
+                ffi.from_buffer("uint32_t[]", elems),
+                n_elems,
+                ffi.from_buffer("int32_t[]", rule[:1]),
+                ffi.from_buffer("int32_t[]", rule[1:]),
+                ffi.from_buffer("int32_t[]", sym),
+                1,
+                ffi.from_buffer("int32_t[]", np.zeros(8, dtype=np.int32)),
+                cap,
+                ffi.from_buffer("uint32_t[]", np.zeros(16, dtype=np.uint32)),
+                cap,
+                ffi.from_buffer("int32_t[]", np.zeros(16, dtype=np.int32)),
+                16,
+                ffi.from_buffer("char[]", np.zeros(16, dtype=np.uint8)),
+                names,
+                ffi.from_buffer("int64_t[]", np.zeros(3, dtype=np.int64)),
+            )
+        )
+
+    assert unpack() == 0
+    assert unpack(off=1) == -4 and unpack(off=-1) == -4 and unpack(length=3) == -4  # past the elements
+    assert unpack(name=len(text) - 3) == -4  # a name past the text
+    assert unpack(cap=1) == -1 and unpack(names=3) == -1  # past a capacity
+
 
 @settings(max_examples=budget(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(grammars(dag=False, big=True, tokens=True), st.sampled_from(["\n", "\r\n", "\r"]))

@@ -373,3 +373,73 @@ int llama_cffi_gbnf_parse(const char *text, int64_t n_text, uint32_t *elems, int
     counts[2] = max_nesting;
     return 0;
 }
+
+/* What llama_cffi_gbnf_parse left, for Python: the rules' elements in rule order as
+ * indexes (idx) into the distinct (type, value) pairs met (dist, in the order met), and the
+ * symbols' names (generated ones with "_<id>") one per line into names. Every offset read
+ * is checked against what it indexes, every write against its array. out: the number of
+ * indexes, of distinct pairs, of name bytes. 0, -1 past a capacity, -4 bad arguments. */
+int llama_cffi_gbnf_unpack(const char *text, int64_t n_text, const uint32_t *elems, int64_t n_elems,
+                           const int32_t *rule_off, const int32_t *rule_len, const int32_t *sym, int32_t n_syms,
+                           int32_t *idx, int64_t cap_idx, uint32_t *dist, int64_t cap_dist, int32_t *hash,
+                           int64_t hash_size, char *names, int64_t cap_names, int64_t *out) {
+    if (!text || n_text < 0 || !elems || n_elems < 0 || !rule_off || !rule_len || !sym || n_syms < 0 || !idx ||
+        cap_idx < 0 || !dist || cap_dist < 0 || !hash || hash_size < 2 || (hash_size & (hash_size - 1)) || !names ||
+        cap_names < 0 || !out)
+        return -4;
+    for (int32_t i = 0; i < n_syms; i++) {
+        const int64_t o = rule_off[i], k = rule_len[i], so = sym[3 * (int64_t)i], sl = sym[3 * (int64_t)i + 1];
+        if (o < 0 || k < 0 || o + k > n_elems || so < 0 || sl < 0 || so + sl > n_text) return -4;
+    }
+    for (int64_t i = 0; i < hash_size; i++) hash[i] = -1;
+    const uint64_t mask = (uint64_t)hash_size - 1;
+    int64_t n_idx = 0, n_dist = 0, n_names = 0;
+    for (int32_t r = 0; r < n_syms; r++) {
+        const uint32_t *e = elems + 2 * (int64_t)rule_off[r];
+        for (int32_t j = 0; j < rule_len[r]; j++) {
+            const uint32_t t = e[2 * j], v = e[2 * j + 1];
+            uint64_t slot = (((uint64_t)t << 32 | v) * 0x9E3779B97F4A7C15ull) >> 17 & mask;
+            int32_t d;
+            for (;;) {
+                d = hash[slot];
+                if (d < 0 || (dist[2 * (int64_t)d] == t && dist[2 * (int64_t)d + 1] == v)) break;
+                slot = (slot + 1) & mask;
+            }
+            if (d < 0) {
+                if (n_dist >= cap_dist || 2 * (n_dist + 1) > hash_size || n_dist >= INT32_MAX) return -1;
+                d = (int32_t)n_dist++;
+                dist[2 * (int64_t)d] = t;
+                dist[2 * (int64_t)d + 1] = v;
+                hash[slot] = d;
+            }
+            if (n_idx >= cap_idx) return -1;
+            idx[n_idx++] = d;
+        }
+    }
+    for (int32_t i = 0; i < n_syms; i++) {
+        const int64_t so = sym[3 * (int64_t)i], sl = sym[3 * (int64_t)i + 1];
+        const int32_t gen = sym[3 * (int64_t)i + 2];
+        char digits[12];
+        int nd = 0;
+        if (gen >= 0) {
+            uint32_t x = (uint32_t)gen;
+            do {
+                digits[nd++] = (char)('0' + x % 10);
+                x /= 10;
+            } while (x);
+        }
+        const int64_t need = sl + (gen >= 0 ? 1 + nd : 0) + (i + 1 < n_syms ? 1 : 0);
+        if (need > cap_names - n_names) return -1;
+        memcpy(names + n_names, text + so, (size_t)sl);
+        n_names += sl;
+        if (gen >= 0) {
+            names[n_names++] = '_';
+            while (nd) names[n_names++] = digits[--nd];
+        }
+        if (i + 1 < n_syms) names[n_names++] = '\n';
+    }
+    out[0] = n_idx;
+    out[1] = n_dist;
+    out[2] = n_names;
+    return 0;
+}

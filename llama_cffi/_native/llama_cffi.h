@@ -566,4 +566,16 @@ int llama_cffi_gbnf_parse(const char *text, int64_t n_text, uint32_t *elems, int
                           int64_t cap_scratch, int32_t *rule_off, int32_t *rule_len, int32_t *sym, int32_t cap_syms,
                           int32_t *hash, int32_t hash_size, int32_t *counts);
 
+/* What llama_cffi_gbnf_parse left (rule i at rule_off[i], rule_len[i] pairs of elems;
+   symbol i's name as sym[3i..3i+2] say), for Python: the elements in rule order as indexes
+   (idx, cap_idx) into the distinct (type, value) pairs in the order met (dist, cap_dist
+   pairs), and the names (generated ones with "_<id>") separated by newlines (names,
+   cap_names bytes); hash: hash_size (a power of two, at least 2 cap_dist) ints of working
+   space; out: the number of indexes, of distinct pairs and of name bytes. Every offset is
+   checked against what it indexes first. 0, -1 past a capacity, -4 bad arguments. */
+int llama_cffi_gbnf_unpack(const char *text, int64_t n_text, const uint32_t *elems, int64_t n_elems,
+                           const int32_t *rule_off, const int32_t *rule_len, const int32_t *sym, int32_t n_syms,
+                           int32_t *idx, int64_t cap_idx, uint32_t *dist, int64_t cap_dist, int32_t *hash,
+                           int64_t hash_size, char *names, int64_t cap_names, int64_t *out);
+
 #endif
