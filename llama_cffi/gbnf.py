@@ -148,8 +148,11 @@ class ParsedGrammar:
     #: set by the fast parsers only (not by the constructor, nor by ``dataclasses.replace``):
     #: the grammar is as they make it (no token elements), so :func:`check_grammar` need
     #: not check it element by element; the C parser adds its elements in one list,
-    #: their types as bytes, and their types and values as int64 arrays (rule by rule)
-    _parsed: bool | tuple[list[Element], bytes, Any, Any] = field(default=False, init=False, repr=False, compare=False)
+    #: their types as bytes, their types and values as int64 arrays (rule by rule), and
+    #: whether its C check found no rule that reaches itself before a character
+    _parsed: bool | tuple[list[Element], bytes, Any, Any, bool] = field(
+        default=False, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         expect("rules", self.rules, tuple, "a tuple of rules (use parse_gbnf)")
@@ -166,7 +169,7 @@ class ParsedGrammar:
         return self.symbol_ids[expect_str("name", name)]
 
 
-def _parsed(g: ParsedGrammar, how: bool | tuple[list[Element], bytes, Any, Any]) -> ParsedGrammar:
+def _parsed(g: ParsedGrammar, how: bool | tuple[list[Element], bytes, Any, Any, bool]) -> ParsedGrammar:
     """``g`` marked as a parser made it (:attr:`ParsedGrammar._parsed`)."""
     object.__setattr__(g, "_parsed", how)
     return g
@@ -876,8 +879,20 @@ def _c_parse(text: str) -> tuple[ParsedGrammar, int] | None:
     ends = np.cumsum(lens, dtype=np.int64)
     rules = tuple([tuple(flat[o:e]) for o, e in zip((ends - lens).tolist(), ends.tolist(), strict=True)])
     names = names_buf[:n_names].tobytes().decode("ascii").split("\n") if n_syms else []
-    type_a, value_a = dist[0 : 2 * n_dist : 2][idx].astype(np.int64), dist[1 : 2 * n_dist : 2][idx].astype(np.int64)
-    how = (flat, type_a.astype(np.uint8).tobytes(), type_a, value_a)
+    values = dist[1 : 2 * n_dist : 2][idx]
+    type_a, value_a = dist[0 : 2 * n_dist : 2][idx].astype(np.int64), values.astype(np.int64)
+    types = type_a.astype(np.uint8).tobytes()
+    work = np.empty(6 * n_idx + 5 * n_syms + 2, dtype=np.int32)
+    no_cycle = lib.llama_cffi_gbnf_no_left_cycle(
+        ffi.from_buffer(types),
+        ffi.from_buffer("uint32_t[]", values),
+        n_idx,
+        ffi.from_buffer("int32_t[]", rule_len),
+        n_syms,
+        ffi.from_buffer("int32_t[]", work),
+        len(work),
+    )
+    how = (flat, types, type_a, value_a, no_cycle == 1)
     return _parsed(ParsedGrammar(rules, dict(zip(names, range(n_syms), strict=True)), ()), how), nesting
 
 
@@ -1474,6 +1489,9 @@ def check_grammar(g: ParsedGrammar, root: str = "root") -> None:
         raise GrammarError(f"grammar does not contain a '{root}' symbol")
     if not 0 <= g.symbol_ids[root] < len(g.rules):
         raise GrammarError(f"grammar's '{root}' symbol has no rule")
+    parsed = g._parsed
+    if isinstance(parsed, tuple) and parsed[4]:  # the C parser's check: no rule reaches itself first
+        return
     leading = _validate(g)
     if _acyclic(leading.successors(leading.nullable)):  # llama.cpp follows some of these: no left recursion
         return

@@ -1126,6 +1126,9 @@ def assert_parses_like_reference(text: str) -> bool:
             continue
         read = True
         assert ("ok", g.rules, tuple(g.symbol_ids.items()), g.token_names, g.names) == expected, (c_parser, text)
+        if isinstance(g._parsed, tuple):  # the C parser's: its left-cycle check is the Python one's
+            leading = gbnf._Leading(g.rules)
+            assert g._parsed[4] == gbnf._acyclic(leading.successors(leading.nullable)), text
         reference = gbnf._Parser(text)
         reference.parse()
         assert fast.max_nesting == reference.max_nesting, (c_parser, text)
@@ -1317,6 +1320,31 @@ def test_only_what_the_fast_parsers_made_skips_the_element_checks() -> None:
             check_grammar(bad)
 
 
+@pytest.mark.parametrize(
+    ("text", "no_cycle"),
+    [
+        ('root ::= a\na ::= b "x" | ""\nb ::= "y"', True),
+        ('root ::= root "a" | "b"', False),  # direct
+        ('root ::= a "x"\na ::= b\nb ::= root | "y"', False),  # through two rules
+        ('root ::= e root "x" | "y"\ne ::= "" | "z"', False),  # behind a rule that may be empty
+        ('root ::= e f root | "y"\ne ::= f f\nf ::= "z"*', False),  # behind rules empty only indirectly
+        ('root ::= e "q" root | "y"\ne ::= "" | "z"', True),  # a character first
+        ('root ::= (a | b) "x"\na ::= b "y"\nb ::= "z" | a?', False),  # through a group and a repetition
+    ],
+)
+def test_c_left_cycle_check_is_the_python_one(text: str, no_cycle: bool) -> None:
+    """The C parser's answer to check_grammar's first question (no rule reaches itself
+    before a character) is what the Python checks answer, and check_grammar then raises
+    as the reference does."""
+    got = gbnf._c_parse(text)
+    assert got is not None
+    g = got[0]
+    assert isinstance(g._parsed, tuple) and g._parsed[4] is no_cycle
+    leading = gbnf._Leading(g.rules)
+    assert gbnf._acyclic(leading.successors(leading.nullable)) is no_cycle
+    assert check_outcome(check_grammar, g, "root") == check_outcome(reference_check, g, "root")
+
+
 def test_c_parser_refuses_bad_arguments() -> None:
     """The C parser checks its arguments before reading anything: -4, not a crash; past
     an array's capacity it says so (-1) and writes nothing beyond it."""
@@ -1388,6 +1416,25 @@ def test_c_parser_refuses_bad_arguments() -> None:
     assert unpack(off=1) == -4 and unpack(off=-1) == -4 and unpack(length=3) == -4  # past the elements
     assert unpack(name=len(text) - 3) == -4  # a name past the text
     assert unpack(cap=1) == -1 and unpack(names=3) == -1  # past a capacity
+
+    # the left-cycle check: every reference to a rule among them, the lengths the elements'
+    def cycle(ref: int = 0, lens: tuple[int, ...] = (2,), work: int = 64) -> int:
+        rule_len = np.array(lens, dtype=np.int32)
+        return int(
+            lib.llama_cffi_gbnf_no_left_cycle(
+                ffi.from_buffer(bytes([2, 0])),
+                ffi.from_buffer("uint32_t[]", np.array([ref, 0], dtype=np.uint32)),
+                2,
+                ffi.from_buffer("int32_t[]", rule_len),
+                len(rule_len),
+                ffi.from_buffer("int32_t[]", np.zeros(64, dtype=np.int32)),
+                work,
+            )
+        )
+
+    assert cycle() == 0  # root ::= root
+    assert cycle(ref=1) == -4 and cycle(lens=(3,)) == -4 and cycle(lens=(1,)) == -4
+    assert cycle(work=18) == -1  # 6 * 2 + 5 * 1 + 2 = 19 ints needed
 
 
 @settings(max_examples=budget(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -443,3 +443,115 @@ int llama_cffi_gbnf_unpack(const char *text, int64_t n_text, const uint32_t *ele
     out[2] = n_names;
     return 0;
 }
+
+
+/* Whether no rule can reach itself before matching a character: check_grammar's first
+ * question (llama_cffi.gbnf: _Leading, its successors, then _acyclic), for the C parser's
+ * grammars. The n_rules rules' elements in rule order (types[j], values[j]; rule r is
+ * rule_len[r] of them). A rule derives the empty string when one of its alternatives is
+ * empty or made only of references to such rules; a rule's successors are, in each of its
+ * alternatives, the leading references up to the first to a rule that does not. 1: that
+ * graph has no cycle; 0: it has one (the Python checks then say where); -1: work holds
+ * fewer than 6 n_elems + 5 n_rules + 2 ints; -4: bad arguments, a reference to no rule
+ * among them (checked before anything else is read). */
+int llama_cffi_gbnf_no_left_cycle(const uint8_t *types, const uint32_t *values, int64_t n_elems,
+                                  const int32_t *rule_len, int32_t n_rules, int32_t *work, int64_t cap_work) {
+    if (!types || !values || n_elems < 0 || n_elems > INT32_MAX || !rule_len || n_rules < 0 || !work || cap_work < 0)
+        return -4;
+    int64_t total = 0;
+    for (int32_t r = 0; r < n_rules; r++) {
+        if (rule_len[r] < 0) return -4;
+        total += rule_len[r];
+    }
+    if (total != n_elems) return -4;
+    for (int64_t j = 0; j < n_elems; j++)
+        if (types[j] == P_REF && values[j] >= (uint32_t)n_rules) return -4;
+    if (cap_work < 6 * n_elems + 5 * (int64_t)n_rules + 2) return -1;
+    int32_t *alt_rule = work, *alt_s = alt_rule + n_elems, *alt_e = alt_s + n_elems, *pending = alt_e + n_elems;
+    int32_t *occ = pending + n_elems, *succ = occ + n_elems;
+    int32_t *occ_start = succ + n_elems, *succ_start = occ_start + n_rules + 1;
+    int32_t *nullable = succ_start + n_rules + 1, *todo = nullable + n_rules, *count = todo + n_rules;
+    /* the alternatives that start with references or are empty */
+    int64_t n_alt = 0, j = 0;
+    for (int32_t r = 0; r < n_rules; r++) {
+        const int64_t end = j + rule_len[r];
+        int64_t a = j;
+        while (a < end) {
+            int64_t e = a;
+            while (e < end && types[e] == P_REF) e++;
+            const int whole = e < end && (types[e] == P_END || types[e] == P_ALT);
+            if (e > a || whole) {
+                alt_rule[n_alt] = r;
+                alt_s[n_alt] = (int32_t)a;
+                alt_e[n_alt] = (int32_t)e;
+                pending[n_alt] = whole ? (int32_t)(e - a) : -1;
+                n_alt++;
+            }
+            int64_t q = e;
+            while (q < end && types[q] != P_END && types[q] != P_ALT) q++;
+            a = q + 1;
+        }
+        j = end;
+    }
+    /* the rules that derive the empty string (a worklist; _Leading._nullable) */
+    int64_t n_todo = 0;
+    for (int32_t r = 0; r < n_rules; r++) nullable[r] = count[r] = 0;
+    for (int64_t k = 0; k < n_alt; k++) {
+        if (pending[k] == 0) {
+            if (!nullable[alt_rule[k]]) {
+                nullable[alt_rule[k]] = 1;
+                todo[n_todo++] = alt_rule[k];
+            }
+        } else if (pending[k] > 0) {
+            for (int64_t i = alt_s[k]; i < alt_e[k]; i++) count[values[i]]++;
+        }
+    }
+    occ_start[0] = 0;
+    for (int32_t r = 0; r < n_rules; r++) {
+        occ_start[r + 1] = occ_start[r] + count[r];
+        count[r] = occ_start[r]; /* (now each rule's next free slot) */
+    }
+    for (int64_t k = 0; k < n_alt; k++)
+        if (pending[k] > 0)
+            for (int64_t i = alt_s[k]; i < alt_e[k]; i++) occ[count[values[i]]++] = (int32_t)k;
+    while (n_todo) {
+        const int32_t r = todo[--n_todo];
+        for (int32_t i = occ_start[r]; i < occ_start[r + 1]; i++) {
+            const int32_t k = occ[i];
+            if (--pending[k] == 0 && !nullable[alt_rule[k]]) {
+                nullable[alt_rule[k]] = 1;
+                todo[n_todo++] = alt_rule[k];
+            }
+        }
+    }
+    /* each rule's successors (the alternatives are in rule order: so are these) */
+    int64_t n_succ = 0;
+    for (int32_t r = 0; r <= n_rules; r++) succ_start[r] = 0;
+    for (int64_t k = 0; k < n_alt; k++) {
+        for (int64_t i = alt_s[k]; i < alt_e[k]; i++) {
+            succ[n_succ++] = (int32_t)values[i];
+            succ_start[alt_rule[k] + 1]++;
+            if (!nullable[values[i]]) break;
+        }
+    }
+    for (int32_t r = 0; r < n_rules; r++) succ_start[r + 1] += succ_start[r];
+    /* Kahn's algorithm over the rules that have successors (_acyclic) */
+    for (int32_t r = 0; r < n_rules; r++) count[r] = 0; /* (now the in-degrees) */
+    for (int64_t i = 0; i < n_succ; i++) count[succ[i]]++;
+    int64_t n_with = 0, done = 0;
+    n_todo = 0;
+    for (int32_t r = 0; r < n_rules; r++) {
+        if (succ_start[r + 1] == succ_start[r]) continue;
+        n_with++;
+        if (count[r] == 0) todo[n_todo++] = r;
+    }
+    while (n_todo) {
+        const int32_t r = todo[--n_todo];
+        done++;
+        for (int32_t i = succ_start[r]; i < succ_start[r + 1]; i++) {
+            const int32_t v = succ[i];
+            if (--count[v] == 0 && succ_start[v + 1] > succ_start[v]) todo[n_todo++] = v;
+        }
+    }
+    return done == n_with ? 1 : 0;
+}

@@ -578,4 +578,12 @@ int llama_cffi_gbnf_unpack(const char *text, int64_t n_text, const uint32_t *ele
                            int32_t *idx, int64_t cap_idx, uint32_t *dist, int64_t cap_dist, int32_t *hash,
                            int64_t hash_size, char *names, int64_t cap_names, int64_t *out);
 
+/* Whether no rule of a parsed grammar reaches itself before matching a character (its
+   rules' elements in rule order: types[j], values[j]; rule r is rule_len[r] of them): 1 no
+   such cycle, 0 one (llama_cffi.gbnf's checks say where), -1 work holds fewer than
+   6 n_elems + 5 n_rules + 2 ints, -4 bad arguments (a reference to no rule among them,
+   checked first). llama_cffi.gbnf._Leading and _acyclic are the reference. */
+int llama_cffi_gbnf_no_left_cycle(const uint8_t *types, const uint32_t *values, int64_t n_elems,
+                                  const int32_t *rule_len, int32_t n_rules, int32_t *work, int64_t cap_work);
+
 #endif
