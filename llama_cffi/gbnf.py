@@ -786,6 +786,8 @@ def _head_name(head: str) -> str:
 _C_PARSE_MAX = 1 << 26
 #: the C parser's (type, value) pairs as records, whose tolist() gives tuples
 _PAIR: Any = None
+#: numpy's type characters -> the C arrays the parser's calls take
+_C_ARRAY_TYPES = {"I": "uint32_t[]", "i": "int32_t[]", "l": "int64_t[]", "q": "int64_t[]", "B": "char[]"}
 
 
 def _c_parse(text: str) -> tuple[ParsedGrammar, int] | None:
@@ -808,6 +810,10 @@ def _c_parse(text: str) -> tuple[ParsedGrammar, int] | None:
     if _PAIR is None:
         _PAIR = np.dtype([("type", "<u4"), ("value", "<u4")])
 
+    def c(a: Any) -> Any:  # an array's buffer for the C calls, typed by its dtype
+        return ffi.from_buffer(_C_ARRAY_TYPES[a.dtype.char], a)
+
+    text_c = ffi.from_buffer(data)
     cap = 2 * n + 1024
     cap_syms = n // 4 + 1024  # (names of a character or more, with spaces or "::=" between)
     for _attempt in range(2):
@@ -820,19 +826,19 @@ def _c_parse(text: str) -> tuple[ParsedGrammar, int] | None:
         hash_ = np.empty(hash_size, dtype=np.int32)
         counts = np.zeros(3, dtype=np.int32)
         rc = lib.llama_cffi_gbnf_parse(
-            ffi.from_buffer(data),
+            text_c,
             n,
-            ffi.from_buffer("uint32_t[]", elems),
+            c(elems),
             cap,
-            ffi.from_buffer("uint32_t[]", scratch),
+            c(scratch),
             cap,
-            ffi.from_buffer("int32_t[]", rule_off),
-            ffi.from_buffer("int32_t[]", rule_len),
-            ffi.from_buffer("int32_t[]", sym),
+            c(rule_off),
+            c(rule_len),
+            c(sym),
             cap_syms,
-            ffi.from_buffer("int32_t[]", hash_),
+            c(hash_),
             hash_size,
-            ffi.from_buffer("int32_t[]", counts),
+            c(counts),
         )
         if rc != -1:
             break
@@ -852,23 +858,23 @@ def _c_parse(text: str) -> tuple[ParsedGrammar, int] | None:
     names_buf = np.empty(max(cap_names, 1), dtype=np.uint8)
     got = np.zeros(3, dtype=np.int64)
     rc = lib.llama_cffi_gbnf_unpack(
-        ffi.from_buffer(data),
+        text_c,
         n,
-        ffi.from_buffer("uint32_t[]", elems),
+        c(elems),
         n_elems,
-        ffi.from_buffer("int32_t[]", rule_off),
-        ffi.from_buffer("int32_t[]", rule_len),
-        ffi.from_buffer("int32_t[]", sym),
+        c(rule_off),
+        c(rule_len),
+        c(sym),
         n_syms,
-        ffi.from_buffer("int32_t[]", idx),
+        c(idx),
         total,
-        ffi.from_buffer("uint32_t[]", dist),
+        c(dist),
         max(total, 1),
-        ffi.from_buffer("int32_t[]", hash_),
+        c(hash_),
         hash_size,
-        ffi.from_buffer("char[]", names_buf),
+        c(names_buf),
         len(names_buf),
-        ffi.from_buffer("int64_t[]", got),
+        c(got),
     )
     if rc != 0:
         return None
@@ -884,13 +890,7 @@ def _c_parse(text: str) -> tuple[ParsedGrammar, int] | None:
     types = type_a.astype(np.uint8).tobytes()
     work = np.empty(6 * n_idx + 5 * n_syms + 2, dtype=np.int32)
     no_cycle = lib.llama_cffi_gbnf_no_left_cycle(
-        ffi.from_buffer(types),
-        ffi.from_buffer("uint32_t[]", values),
-        n_idx,
-        ffi.from_buffer("int32_t[]", rule_len),
-        n_syms,
-        ffi.from_buffer("int32_t[]", work),
-        len(work),
+        ffi.from_buffer(types), c(values), n_idx, c(rule_len), n_syms, c(work), len(work)
     )
     how = (flat, types, type_a, value_a, no_cycle == 1)
     return _parsed(ParsedGrammar(rules, dict(zip(names, range(n_syms), strict=True)), ()), how), nesting
