@@ -581,12 +581,11 @@ class Trie:
         if n == 0:
             return [], []
         n_rows = out.shape[0]
-        for i, (g, p) in enumerate(zip(grammars, plans, strict=True)):
+        for i, (g, p, r) in enumerate(zip(grammars, plans, rows, strict=True)):
             if g.trie is not self or p[5] is not g or not g._tables:
                 raise ValueError(f"job {i}: its grammar is not on this trie, its plan not its grammar's, or no tables")
-        if not all(type(r) is int for r in rows) or min(rows) < 0 or max(rows) >= n_rows:
-            i = next(i for i, r in enumerate(rows) if type(r) is not int or not 0 <= r < n_rows)
-            raise ValueError(f"job {i}: row {rows[i]!r} is not a row of out")
+            if type(r) is not int or not 0 <= r < n_rows:
+                raise ValueError(f"job {i}: row {r!r} is not a row of out")
         work = getattr(self._batch_work, "arrays", None)
         if work is None or work.cap < n:
             work = self._batch_work.arrays = _BatchWork(max(n, 2 * work.cap if work is not None else 8), self._frames_n)

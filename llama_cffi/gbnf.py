@@ -175,20 +175,18 @@ def _parsed(g: ParsedGrammar, how: bool | tuple[list[Element], bytes, Any, Any, 
     return g
 
 
-def _element_arrays(g: ParsedGrammar) -> tuple[list[Element], Any, Any]:
-    """The elements of ``g`` rule by rule: as one list, and their types and values as
-    int64 arrays (the C parser's when it made ``g``)."""
+def _element_arrays(g: ParsedGrammar) -> tuple[Any, Any]:
+    """The types and values of the elements of ``g``, rule by rule, as int64 arrays (the
+    C parser's when it made ``g``)."""
     import numpy as np
 
     parsed = g._parsed
     if isinstance(parsed, tuple):
-        return parsed[0], parsed[2], parsed[3]
+        return parsed[2], parsed[3]
     flat = list(chain.from_iterable(g.rules))
     n = len(flat)
-    return (
-        flat,
-        np.fromiter(map(_TYPE, flat), dtype=np.int64, count=n),
-        np.fromiter(map(_VALUE, flat), dtype=np.int64, count=n),
+    return np.fromiter(map(_TYPE, flat), dtype=np.int64, count=n), np.fromiter(
+        map(_VALUE, flat), dtype=np.int64, count=n
     )
 
 
@@ -1169,13 +1167,10 @@ def _validate(g: ParsedGrammar) -> _Leading:
     parsed = g._parsed
     if isinstance(parsed, tuple):  # as the C parser made it: well-formed, its elements at hand
         return _Leading(g.rules, parsed[0], parsed[1])
-    if parsed:  # as the Python fast path made it: well-formed
-        flat = list(chain.from_iterable(g.rules))
-        return _Leading(g.rules, flat, bytes(map(_TYPE, flat)))
     flat = list(chain.from_iterable(g.rules))
     try:
         types = bytes(map(_TYPE, flat))  # ValueError for a type past 255
-        valid = _valid(g, flat, types)
+        valid = bool(parsed) or _valid(g, flat, types)  # (the Python fast path's: well-formed)
     except Exception:  # a malformed element: the exact check says which
         valid = False
     if not valid:

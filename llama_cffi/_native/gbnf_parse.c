@@ -98,21 +98,21 @@ static int32_t generated_symbol(p_parser *g) {
     return id;
 }
 
-static int push(p_parser *g, uint32_t type, uint32_t value) {
-    if (g->n_scratch >= g->cap_scratch) return -1;
-    g->scratch[2 * g->n_scratch] = type;
-    g->scratch[2 * g->n_scratch + 1] = value;
-    g->n_scratch++;
+/* one (type, value) pair at the end of an array of cap pairs holding *n: -1 when full */
+static int put(uint32_t *pairs, int64_t cap, int64_t *n, uint32_t type, uint32_t value) {
+    if (*n >= cap) return -1;
+    pairs[2 * *n] = type;
+    pairs[2 * *n + 1] = value;
+    (*n)++;
     return 0;
 }
 
-static int out(p_parser *g, uint32_t type, uint32_t value) {
-    if (g->n_elems >= g->cap_elems) return -1;
-    g->elems[2 * g->n_elems] = type;
-    g->elems[2 * g->n_elems + 1] = value;
-    g->n_elems++;
-    return 0;
+/* onto the rule under construction (scratch), or onto the finished rules (elems) */
+static int push(p_parser *g, uint32_t type, uint32_t value) {
+    return put(g->scratch, g->cap_scratch, &g->n_scratch, type, value);
 }
+
+static int out(p_parser *g, uint32_t type, uint32_t value) { return put(g->elems, g->cap_elems, &g->n_elems, type, value); }
 
 /* the scratch pairs [from, to) into elems (n_elems at the start) */
 static int out_copy(p_parser *g, int64_t from, int64_t to) {

@@ -1575,9 +1575,8 @@ class CompiledGrammar:
         if c_args is not None:
             eng._c_partial_mask(state, c_args, _ffi.from_buffer("uint32_t[]", out), len(out))
             if n_longer:
-                for t in kinds.longer[0][longer_live[:n_longer] != 0].tolist():
-                    if self._token_allowed(state, partial, t):
-                        out[t >> 5] |= np.uint32(1 << (t & 31))
+                longer = kinds.longer[0][longer_live[:n_longer] != 0].tolist()
+                _set_tokens(out, [t for t in longer if self._token_allowed(state, partial, t)])
         else:
             _low_all, ex_w, ex_b, sh_w, sh_b = self.vocab._continuation_bits(remain)[:5]
             if len(classes):
@@ -1588,15 +1587,12 @@ class CompiledGrammar:
                 n_ex = len(ex_w)
                 np.bitwise_or.at(out, ex_w, np.where(to[:n_ex] != DEAD, ex_b, np.uint32(0)))
                 if n_longer:
-                    for t in kinds.longer[0][to[n_ex:] != DEAD].tolist():
-                        if self._token_allowed(state, partial, t):
-                            out[t >> 5] |= np.uint32(1 << (t & 31))
+                    longer = kinds.longer[0][to[n_ex:] != DEAD].tolist()
+                    _set_tokens(out, [t for t in longer if self._token_allowed(state, partial, t)])
             if len(pchars):
                 ok = np.array([self._partial_fits(state, (pc >> 2, pc & 3)) for pc in pchars.tolist()], dtype=bool)
                 np.bitwise_or.at(out, sh_w[ok], sh_b[ok])
-        for t in kinds.ref.tolist():
-            if self._token_allowed(state, partial, t):
-                out[t >> 5] |= np.uint32(1 << (t & 31))
+        _set_tokens(out, [t for t in kinds.ref.tolist() if self._token_allowed(state, partial, t)])
 
     def _partials_into(
         self, mask: npt.NDArray[np.bool_], tokens: npt.NDArray[np.int64], states: npt.NDArray[np.int32]

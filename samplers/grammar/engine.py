@@ -195,7 +195,7 @@ class Engine:
             list(itertools.accumulate((len(r) for r in grammar.rules[:-1]), initial=0)) if grammar.rules else []
         )
         # the element types and values as arrays (a checked grammar's types are 0..9)
-        _flat, t_arr, v_arr = _element_arrays(grammar)
+        t_arr, v_arr = _element_arrays(grammar)
         self._types_a, self._values_a = t_arr, v_arr
         self.types = t_arr.tolist()
         self.values = v_arr.tolist()

@@ -46,11 +46,7 @@ def fill_masks(
     columns (written and returned); made when None. ``n_threads``: threads for the C walks
     (default: the CPUs this process may use, at most 16; one below :data:`THREADS_FROM`
     walks, where waking threads costs more than it saves)."""
-    ms = (
-        matchers
-        if type(matchers) is list
-        else list(expect_iterable("matchers", matchers, "a sequence of GrammarMatcher"))
-    )
+    ms = list(expect_iterable("matchers", matchers, "a sequence of GrammarMatcher"))
     if out is not None and not isinstance(out, np.ndarray):
         raise type_error("out", "a C-contiguous uint32 array (one row per matcher) or None", out)
     if n_threads is not None:
@@ -64,7 +60,7 @@ def fill_masks(
     walks: dict[Any, list[tuple[int, CompiledGrammar, int, tuple[int, int]]]] = {}  # per trie
     others: list[tuple[int, CompiledGrammar, int, tuple[int, int]]] = []
     for i, m in enumerate(ms):
-        if type(m) is not GrammarMatcher and not isinstance(m, GrammarMatcher):
+        if not isinstance(m, GrammarMatcher):
             raise TypeError(f"matchers[{i}] must be a GrammarMatcher, not {type(m).__name__}")
         c = m._compiled
         if c.n_words != n_words:
@@ -144,7 +140,7 @@ def _walk_jobs(
                 continue
             todo.append(job)
             tgs.append(c._tg)
-            plans.append(c._plans.get(state) or c._batch_plan(state))
+            plans.append(c._batch_plan(state))
             rows.append(i)
             if c._mask_cache_size == 0:  # (_store without a cache: the count alone)
                 c.stats["mask_misses"] += 1
