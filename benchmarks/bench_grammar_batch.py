@@ -11,11 +11,11 @@ first visit, as it would be by the step that reached it).
 Measured, interleaved over rounds (medians): the single-mask time of each matcher
 (``matcher.fill_mask(row)``), its median and sum over the N, and the time of one
 ``samplers.grammar.fill_masks(matchers, out)`` call. Reported: ``batch / (N x single
-median)`` (the issue's target: at most 1.2) and ``batch / sum of singles``. Matchers in
+median)`` (issue 41's target: at most 1.0) and ``batch / sum of singles``. Matchers in
 the same (grammar, state) are computed once by ``fill_masks`` and copied; their number
 is reported (``distinct``).
 
-    python benchmarks/bench_grammar_batch.py [--ns 8,64,256] [--rounds 5] [--json PATH]
+    python benchmarks/bench_grammar_batch.py [--ns 8,64,256] [--rounds 21] [--json PATH]
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def build(model: Any, n: int) -> tuple[list[Any], int]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ns", default="8,64,256")
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=21)
     ap.add_argument("--model", type=Path, default=None)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()

@@ -334,16 +334,15 @@ BIG_CHILDREN = 64
 
 class _BatchWork:
     """One thread's working arrays for :meth:`Trie.masks` batches of up to ``cap`` jobs:
-    the jobs' grammar, plan and row pointers, their results and pending counts (``res``:
+    the jobs (grammar and plan) and their rows, their results and pending counts (``res``:
     ``cap`` results, then ``cap`` counts), pending subtrees and walk frames."""
 
-    __slots__ = ("cap", "frames", "frames_c", "grammars", "pending", "pending_c", "plans", "res", "res_c", "rows")
+    __slots__ = ("cap", "frames", "frames_c", "jobs", "pending", "pending_c", "res", "res_c", "rows")
 
     def __init__(self, cap: int, frames_n: int) -> None:
         self.cap = cap
-        self.grammars = ffi.new("llama_cffi_trie_grammar *[]", cap)
-        self.plans = ffi.new("llama_cffi_trie_plan *[]", cap)
-        self.rows = ffi.new("uint32_t *[]", cap)
+        self.jobs = ffi.new("llama_cffi_trie_job *[]", cap)
+        self.rows = ffi.new("int32_t[]", cap)
         self.res = np.zeros(2 * cap, dtype=np.int32)
         self.res_c = ffi.from_buffer("int32_t[]", self.res)
         self.pending = np.empty(cap * 4 * _BATCH_PENDING_CAP, dtype=np.int32)
@@ -586,20 +585,30 @@ class Trie:
                 raise ValueError(f"job {i}: its grammar is not on this trie, its plan not its grammar's, or no tables")
             if type(r) is not int or not 0 <= r < n_rows:
                 raise ValueError(f"job {i}: row {r!r} is not a row of out")
+        self._masks([g.batch_job(p) for g, p in zip(grammars, plans, strict=True)], out, rows, n_threads)
+        work = self._batch_work.arrays
+        return ffi.unpack(work.res_c, n), ffi.unpack(work.res_c + work.cap, n)
+
+    def _masks(self, jobs: list[Any], out: U32, rows: list[int], n_threads: int) -> int:
+        """:meth:`masks` without its checks, for :func:`samplers.grammar.fill_masks`:
+        ``jobs``, from :meth:`TrieGrammar.batch_job` (grammars on this trie, their tables set;
+        the grammars and plans kept alive by the caller); ``out`` as :meth:`masks` checks it.
+        The rows are checked in C, before any walk. Returns how many jobs are to be done
+        again; :meth:`_redo` says which."""
+        n = len(jobs)
         work = getattr(self._batch_work, "arrays", None)
         if work is None or work.cap < n:
             work = self._batch_work.arrays = _BatchWork(max(n, 2 * work.cap if work is not None else 8), self._frames_n)
-        work.grammars[0:n] = [g._g for g in grammars]
-        work.plans[0:n] = [p[0] for p in plans]
-        base = ffi.from_buffer("uint32_t[]", out)  # kept alive for the call
-        stride = out.shape[1]
-        work.rows[0:n] = [base + r * stride for r in rows]
+        work.jobs[0:n] = jobs
+        work.rows[0:n] = rows
         res = work.res_c
-        rc = lib.llama_cffi_trie_masks(
+        rc: int = lib.llama_cffi_trie_masks(
             self._struct,
             n,
-            work.grammars,
-            work.plans,
+            work.jobs,
+            ffi.from_buffer("uint32_t[]", out),
+            out.shape[1],
+            out.shape[0],
             work.rows,
             work.pending_c,
             _BATCH_PENDING_CAP,
@@ -609,9 +618,16 @@ class Trie:
             res,
             max(1, int(n_threads)),
         )
-        del base
-        _check_rc(rc, "trie masks")
-        return ffi.unpack(res, n), ffi.unpack(res + work.cap, n)
+        if rc < 0:
+            raise ValueError("trie masks: a row outside the array, or a job without a grammar or plan")
+        return rc
+
+    def _redo(self, n: int) -> list[bool]:
+        """After :meth:`_masks` of ``n`` jobs on this thread: per job, whether it is to be
+        done again on its own (a result not 0, or subtrees left pending)."""
+        work = self._batch_work.arrays
+        rcs, pending = ffi.unpack(work.res_c, n), ffi.unpack(work.res_c + work.cap, n)
+        return [rc != 0 or k != 0 for rc, k in zip(rcs, pending, strict=True)]
 
     def len_mask(self, k: int) -> U32:
         """The tokens of at most ``k`` whole code points, as mask words (cached)."""
@@ -1308,6 +1324,11 @@ class TrieGrammar:
         if rc <= _ENGINE_ERR and self._on_engine_error is not None:
             self._on_engine_error(rc - _ENGINE_ERR)  # raises
         return rc
+
+    def batch_job(self, plan: Any) -> Any:
+        """A job of :meth:`Trie._masks`: this grammar's walk of ``plan`` (one of its
+        :meth:`plan` s). It points into both: they must outlive it."""
+        return ffi.new("llama_cffi_trie_job *", (self._g, plan[0]))
 
     def mask_plain_rc(self, plan: Any, out_c: Any) -> int:
         """:meth:`mask_plain`'s C call alone (after :meth:`mask_plain` made the engine-free

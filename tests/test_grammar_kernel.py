@@ -1179,6 +1179,15 @@ def test_fill_masks_of_many_matchers(big_vocab: llama_cffi.Model) -> None:
     for bad_out in (out[0], out[:, ::2], out.astype(np.int32), out[:, : c.n_words - 1]):
         with pytest.raises(ValueError, match="2-D"):
             trie.masks([c._tg], [plan], bad_out, [0], 1)
+    # fill_masks' call without the Python checks: rows still checked, in C, before any walk
+    job = c._tg.batch_job(plan)
+    before = out.copy()
+    for bad_row in (-1, len(out)):
+        with pytest.raises(ValueError, match="row"):
+            trie._masks([job, job], out, [0, bad_row], 2)
+    assert np.array_equal(out, before)
+    assert trie._masks([job], out, [1], 1) == 0 and trie._redo(1) == [False]
+    assert np.array_equal(out[1, : c.n_words], got[0])
 
 
 def test_a_given_mask_is_used_while_the_state_holds(vocab_model: llama_cffi.Model) -> None:
@@ -1331,3 +1340,56 @@ def test_fill_masks_in_one_c_call_first_visits_included(big_vocab: llama_cffi.Mo
     for i, m in enumerate(matchers):
         assert np.array_equal(got[i], m.fill_mask()), i
     assert any(m.compiled._masks for m in matchers)
+
+
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_fill_masks_step_after_step(big_vocab: llama_cffi.Model, n_threads: int) -> None:
+    """Matchers of grammars without a mask cache, each advanced by a token between calls:
+    the states met before are walked in one C call from the jobs kept for them
+    (``_ready``), the others first on their own; every call's rows equal each matcher's
+    own mask, and each walk is counted once as a miss."""
+    from samplers.grammar import fill_masks
+
+    rng = random.Random(100 + n_threads)
+    compiled = [Grammar.from_json_schema(s).compile(big_vocab, mask_cache_size=0) for s in _BIG_SCHEMAS.values()]
+    matchers = [compiled[i % len(compiled)].matcher() for i in range(3 * len(compiled))]
+    batched = 0
+    for _ in range(12):
+        before = sum(c.stats["mask_misses"] for c in compiled)
+        got = fill_masks(matchers, n_threads=n_threads)
+        live = {(id(m.compiled), m.state, m.partial) for m in matchers if not m.ended}
+        assert sum(c.stats["mask_misses"] for c in compiled) - before == len(live)
+        batched += sum(m.state in m.compiled._ready for m in matchers)
+        for i, m in enumerate(matchers):
+            assert np.array_equal(got[i], m.fill_mask()), i
+            allowed = np.flatnonzero(m.allowed_tokens() & ~m.compiled.vocab.eog)
+            if len(allowed):
+                assert m.accept_token(int(rng.choice(allowed.tolist())))
+    assert batched > len(matchers)  # (most steps' states were walked in the batch)
+
+
+def test_fill_masks_finishes_a_batched_walk_that_waits(big_vocab: llama_cffi.Model) -> None:
+    """A state taken for settled whose walk still waits for a transition (its plan made,
+    nothing walked from it: the batch's walks leave what they cannot compute pending) is
+    finished on its own, on the first call (no job kept for it yet) and on a later one
+    (its job kept): its row is its own mask."""
+    from samplers.grammar import fill_masks
+
+    for kept in (False, True):
+        g = Grammar.from_json_schema(_BIG_SCHEMAS["bounded string"])  # a new Grammar: compiled afresh
+        c = g.compile(big_vocab, mask_cache_size=0)
+        m = c.matcher()
+        warm = c.matcher()
+        c.fill_words(warm.state, warm.partial, np.empty(c.n_words, dtype=np.uint32))
+        for t in big_vocab.tokenize('{"name": "ab', add_special=False).tolist():
+            assert m.accept_token(t)
+        assert m.state not in c._settled and m.state not in c._plans
+        c._settled.add(m.state)  # (wrongly: its transitions are not computed)
+        if kept:
+            c._ready[m.state] = c._tg.batch_job(c._batch_plan(m.state))
+        got = fill_masks([warm, m])
+        want = Grammar.from_json_schema(_BIG_SCHEMAS["bounded string"]).compile(big_vocab).matcher()
+        for t in big_vocab.tokenize('{"name": "ab', add_special=False).tolist():
+            assert want.accept_token(t)
+        assert np.array_equal(got[1], want.fill_mask()), kept
+        assert np.array_equal(got[0], warm.fill_mask())

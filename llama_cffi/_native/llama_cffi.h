@@ -424,15 +424,23 @@ int llama_cffi_trie_first_mask(const llama_cffi_trie *t, const llama_cffi_trie_g
                                int32_t derive_share, const int32_t *eog, int32_t n_eog, const int64_t *pchars,
                                uint32_t *mask, int32_t *pending, int32_t pending_cap, int32_t *n_pending,
                                int32_t *frames, int32_t frames_cap);
+/* a job of llama_cffi_trie_masks: a grammar and a plan of its */
+typedef struct {
+    const llama_cffi_trie_grammar *g;
+    const llama_cffi_trie_plan *p;
+} llama_cffi_trie_job;
 /* many masks in one call, shared among n_threads threads (the caller's and a pool kept for
-   the process): job i is llama_cffi_trie_mask(t, gs[i], plans[i], masks[i], ...)
-   with its own pending (4 * pending_cap values at pending + i * 4 * pending_cap, their
-   number in n_pending[i]) and frames (frames_cap values at frames + i * frames_cap); its
-   result in rcs[i]. Jobs may share a grammar (walks only read it). 0, -1 bad arguments */
-int llama_cffi_trie_masks(const llama_cffi_trie *t, int32_t n, const llama_cffi_trie_grammar *const *gs,
-                          const llama_cffi_trie_plan *const *plans, uint32_t *const *masks, int32_t *pending,
-                          int32_t pending_cap, int32_t *n_pending, int32_t *frames, int32_t frames_cap,
-                          int32_t *rcs, int32_t n_threads);
+   the process): job i is llama_cffi_trie_mask(t, jobs[i]->g, jobs[i]->p, masks + rows[i] *
+   stride, ...) (row rows[i], below n_rows, of a C-contiguous array of n_rows rows of
+   stride >= ceil(n_vocab / 32) words) with its own pending (4 * pending_cap values at
+   pending + i * 4 * pending_cap, their number in n_pending[i]) and frames (frames_cap
+   values at frames + i * frames_cap); its result in rcs[i]. Jobs may share a grammar
+   (walks only read it); with threads, those of larger frontiers are handed out first.
+   Returns how many jobs are to be done again (a result not 0, or subtrees pending), -1
+   bad arguments (nothing walked) */
+int llama_cffi_trie_masks(const llama_cffi_trie *t, int32_t n, const llama_cffi_trie_job *const *jobs, uint32_t *masks,
+                          int64_t stride, int32_t n_rows, const int32_t *rows, int32_t *pending, int32_t pending_cap,
+                          int32_t *n_pending, int32_t *frames, int32_t frames_cap, int32_t *rcs, int32_t n_threads);
 /* a mask applied to candidates: logits[i] = -inf where the bit of token ids[i] (of i when
    ids is NULL) is clear in words (ceil(n_vocab / 32) words). Returns how many were set,
    -1 for an id outside [0, n_vocab) (logits before it already masked) or bad arguments */

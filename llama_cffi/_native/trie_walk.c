@@ -1215,49 +1215,71 @@ int32_t llama_cffi_mask_logits(int32_t n, float *logits, const int32_t *ids, con
 
 typedef struct {
     const llama_cffi_trie *t;
-    const llama_cffi_trie_grammar *const *gs;
-    const llama_cffi_trie_plan *const *plans;
-    uint32_t *const *masks;
+    const llama_cffi_trie_job *const *jobs;
+    uint32_t *masks;
+    int64_t stride;
+    const int32_t *rows;
     int32_t *pending;
     int32_t pending_cap;
     int32_t *n_pending;
     int32_t *frames;
     int32_t frames_cap;
     int32_t *rcs;
+    const int32_t *order; /* NULL, or the jobs in the order they are handed out */
     int32_t n;
     int32_t next; /* atomic */
 } tw_batch;
+
+static int tw_key_cmp(const void *a, const void *b) {
+    const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
 
 /* take masks until none is left (on any thread of the pool) */
 static void tw_task(void *arg, int worker) {
     tw_batch *b = (tw_batch *)arg;
     (void)worker;
     for (;;) {
-        const int32_t i = __atomic_fetch_add(&b->next, 1, __ATOMIC_RELAXED);
+        int32_t i = __atomic_fetch_add(&b->next, 1, __ATOMIC_RELAXED);
         if (i >= b->n) return;
+        if (b->order) i = b->order[i];
         b->n_pending[i] = 0;
-        llama_cffi_trie_grammar g = *b->gs[i];
+        llama_cffi_trie_grammar g = *b->jobs[i]->g;
         g.engine = NULL; /* the threads share engines: transitions not computed yet stay pending */
-        b->rcs[i] = llama_cffi_trie_mask(b->t, &g, b->plans[i], b->masks[i],
+        b->rcs[i] = llama_cffi_trie_mask(b->t, &g, b->jobs[i]->p, b->masks + (size_t)b->rows[i] * (size_t)b->stride,
                                          b->pending + (size_t)i * 4 * (size_t)b->pending_cap, b->pending_cap,
                                          &b->n_pending[i], b->frames + (size_t)i * (size_t)b->frames_cap,
                                          b->frames_cap);
     }
 }
 
-int llama_cffi_trie_masks(const llama_cffi_trie *t, int32_t n, const llama_cffi_trie_grammar *const *gs,
-                          const llama_cffi_trie_plan *const *plans, uint32_t *const *masks, int32_t *pending,
-                          int32_t pending_cap, int32_t *n_pending, int32_t *frames, int32_t frames_cap,
-                          int32_t *rcs, int32_t n_threads) {
-    if (!t || n < 0 || (n && (!gs || !plans || !masks || !pending || !n_pending || !frames || !rcs)) ||
-        pending_cap < 1 || frames_cap < 3 * (t->max_depth + 2))
+int llama_cffi_trie_masks(const llama_cffi_trie *t, int32_t n, const llama_cffi_trie_job *const *jobs,
+                          uint32_t *masks, int64_t stride, int32_t n_rows, const int32_t *rows, int32_t *pending, int32_t pending_cap, int32_t *n_pending,
+                          int32_t *frames, int32_t frames_cap, int32_t *rcs, int32_t n_threads) {
+    if (!t || n < 0 || (n && (!jobs || !masks || !rows || !pending || !n_pending || !frames || !rcs)) ||
+        pending_cap < 1 || frames_cap < 3 * (t->max_depth + 2) || stride < ((int64_t)t->n_vocab + 31) / 32 || n_rows < 0)
         return -1;
     for (int32_t i = 0; i < n; i++)
-        if (!gs[i] || !plans[i] || !masks[i]) return -1;
+        if (!jobs[i] || !jobs[i]->g || !jobs[i]->p || rows[i] < 0 || rows[i] >= n_rows) return -1;
     if (n == 0) return 0;
-    tw_batch b = {t, gs, plans, masks, pending, pending_cap, n_pending, frames, frames_cap, rcs, n, 0};
     if (n_threads > TW_MAX_THREADS) n_threads = TW_MAX_THREADS;
     if (n_threads > n) n_threads = n;
+    /* shared among threads: the walks of most frontier nodes first (the longest ones, as
+       far as the plan tells), so that one long walk does not start last and run alone */
+    int64_t *keys = n_threads > 1 ? (int64_t *)malloc((sizeof(int64_t) + sizeof(int32_t)) * (size_t)n) : NULL;
+    int32_t *order = keys ? (int32_t *)(keys + n) : NULL;
+    if (keys) {
+        for (int32_t i = 0; i < n; i++) {
+            const int64_t f = jobs[i]->p->n_frontier < 0 ? 0 : jobs[i]->p->n_frontier;
+            keys[i] = ((INT64_C(0x7fffffff) - f) << 32) | i; /* most frontier first, then by job */
+        }
+        qsort(keys, (size_t)n, sizeof(int64_t), tw_key_cmp);
+        for (int32_t i = 0; i < n; i++) order[i] = (int32_t)(keys[i] & 0x7fffffff);
+    }
+    tw_batch b = {t, jobs, masks, stride, rows, pending, pending_cap, n_pending, frames, frames_cap, rcs, order, n, 0};
     llama_cffi_pool_run(n_threads - 1, tw_task, &b); /* the process's pool (pool.c) */
-    return 0;
+    free(keys);
+    int32_t redo = 0;
+    for (int32_t i = 0; i < n; i++) redo += rcs[i] != 0 || n_pending[i] != 0;
+    return redo;
 }

@@ -278,6 +278,9 @@ class CompiledGrammar:
             #: start states whose walk has nothing left to wait for (a walk of theirs computed
             #: every transition, run and partial-character answer it reads: the tables only grow)
             self._settled: set[int] = set()
+            #: per settled state with a plan: its C walk's job (TrieGrammar.batch_job), for
+            #: fill_masks (filled by it; like _plans and _settled, it only grows)
+            self._ready: dict[int, Any] = {}
             self._visited: set[int] = set()  # start states masked once (the second mask makes a plan)
             #: per start state: the state its mask is derived from and how (None: not derived)
             self._derived: dict[int, _Derived | None] = {}

@@ -5,10 +5,11 @@ grammar and state.
 ``t // 32``, the layout of :meth:`GrammarMatcher.fill_mask`, xgrammar and llguidance).
 Matchers at the same parser state of the same compiled grammar share one computation
 (branches forked from one another often are); cached masks are copied; the others are
-computed by their grammars' C walks in **one** call (``llama_cffi._trie_walk.Trie.masks``),
-shared among threads with the GIL released. A walk that needs something not computed yet
-(a parser state met for the first time) is finished on its own afterwards, so the result
-is always each matcher's own mask. :class:`samplers.branch.BranchStore` uses it to give the
+computed by their grammars' C walks in **one** call (``llama_cffi_trie_masks``), shared
+among threads with the GIL released. A state met before, whose walk needs nothing more, has
+its C job (grammar and plan) kept by its grammar, so that most matchers cost the call a
+few list appends. A walk that needs something not computed yet (a parser state met for the
+first time) is walked on its own, so the result is always each matcher's own mask. :class:`samplers.branch.BranchStore` uses it to give the
 grammar of every branch its mask for a step at once (see :meth:`GrammarSampler.use_mask`).
 """
 
@@ -52,12 +53,17 @@ def fill_masks(
     if n_threads is not None:
         n_threads = expect_int("n_threads", n_threads, "an int or None")
     # one pass over the matchers, all checked before anything is written: those ended,
-    # those in a (grammar, state) met before in the list, the C walks (per trie), the rest
+    # those in a (grammar, state) met before in the list, the C walks ready to be batched
+    # (a settled state with a plan, no mask cache, on the first such trie), the rest
     n_words = -1
     ended: list[int] = []
     first: dict[tuple[CompiledGrammar, int, tuple[int, int]], int] = {}  # (grammar, state, partial) -> row
     copies: list[tuple[int, int]] = []  # (row, row it repeats)
-    walks: dict[Any, list[tuple[int, CompiledGrammar, int, tuple[int, int]]]] = {}  # per trie
+    trie: Any = None  # the trie of the ready walks
+    jobs: list[Any] = []  # per ready walk: its C job (grammar and plan), its row
+    rows: list[int] = []
+    ready: dict[CompiledGrammar, int] = {}  # the ready walks' grammars: how many walks each
+    rest: dict[Any, list[tuple[int, CompiledGrammar, int, tuple[int, int]]]] = {}  # other C walks, per trie
     others: list[tuple[int, CompiledGrammar, int, tuple[int, int]]] = []
     for i, m in enumerate(ms):
         if not isinstance(m, GrammarMatcher):
@@ -74,11 +80,17 @@ def fill_masks(
         j = first.setdefault((c, state, partial), i)
         if j != i:
             copies.append((i, j))
-        elif c._walks_c and partial[1] == 0 and state != DEAD:  # (c._c_walks)
-            jobs = walks.get(c._trie)
-            if jobs is None:
-                jobs = walks[c._trie] = []
-            jobs.append((i, c, state, partial))
+        elif c._uncached_c and partial[1] == 0 and state != DEAD:  # (c._c_walks, no mask cache)
+            p = c._ready.get(state)
+            if p is not None and (c._trie is trie or trie is None):
+                trie = c._trie
+                jobs.append(p)
+                rows.append(i)
+                ready[c] = ready.get(c, 0) + 1
+            else:
+                rest.setdefault(c._trie, []).append((i, c, state, partial))
+        elif c._walks_c and partial[1] == 0 and state != DEAD:
+            rest.setdefault(c._trie, []).append((i, c, state, partial))
         else:
             others.append((i, c, state, partial))
     if not ms:
@@ -99,28 +111,63 @@ def fill_masks(
         out[i, :n_words] = 0
     for i, c, state, partial in others:
         c.fill_words(state, partial, out[i])
-    for trie, jobs in walks.items():
-        _walk_jobs(trie, jobs, out, threads)
+    if rows:
+        _walk_ready(ms, trie, ready, jobs, rows, out, threads)
+    for t, tjobs in rest.items():
+        _walk_jobs(t, tjobs, out, threads)
     for i, j in copies:
         out[i, :n_words] = out[j, :n_words]
     return out
+
+
+def _release(held: list[Any]) -> None:
+    """Release the locks taken, the last first."""
+    for lock in reversed(held):
+        lock.release()
+
+
+def _walk_ready(
+    ms: list[GrammarMatcher],
+    trie: Any,
+    ready: dict[CompiledGrammar, int],
+    jobs: list[Any],
+    rows: list[int],
+    out: Any,
+    threads: int,
+) -> None:
+    """The ready walks (of ``ms[rows[k]]``: grammars without a mask cache, settled states
+    with plans, see ``CompiledGrammar._ready``) in one C call, under their grammars' locks,
+    with their tables set; a walk left unfinished done again on its own."""
+    held = []
+    try:
+        for c in sorted(ready, key=id):  # (the locks in a fixed order)
+            c._lock.acquire()
+            held.append(c._lock)
+            c._set_tables()
+            c.stats["mask_misses"] += ready[c]
+        if trie._masks(jobs, out, rows, threads):
+            for i, redo in zip(rows, trie._redo(len(rows)), strict=True):
+                if redo:  # finished on its own: what it waits for is computed there
+                    c = ms[i]._compiled
+                    c._mask_words_c(ms[i].state, out[i, : c.n_words])
+    finally:
+        _release(held)
 
 
 def _walk_jobs(
     trie: Any, jobs: list[tuple[int, CompiledGrammar, int, tuple[int, int]]], out: Any, threads: int
 ) -> None:
     """The C walks of ``jobs`` (row, compiled grammar, state, partial) in one call, under
-    every grammar's lock (taken in a fixed order); cached masks copied instead; a walk
-    left unfinished done again on its own."""
-    grammars = sorted({c for _, c, _, _ in jobs}, key=id)
+    every grammar's lock; cached masks copied instead; a state not settled yet walked on
+    its own (its walk computes what it waits for), a walk left unfinished done again on
+    its own; the plans of settled states kept in ``_ready`` for the next call."""
     held = []
     try:
-        for c in grammars:
+        for c in sorted({c for _, c, _, _ in jobs}, key=id):  # (the locks in a fixed order)
             c._lock.acquire()
             held.append(c._lock)
         todo: list[tuple[int, CompiledGrammar, int, tuple[int, int]]] = []
-        tgs: list[Any] = []
-        plans: list[Any] = []
+        cjobs: list[Any] = []
         rows: list[int] = []
         for job in jobs:
             i, c, state, partial = job
@@ -131,31 +178,27 @@ def _walk_jobs(
                     words[len(packed) : 4 * c.n_words] = 0
                     words[: len(packed)] = packed
                     continue
-            if state not in c._settled:
-                # a state whose walk would wait for something (a transition, a run): on its
-                # own, where the walk computes it in the engine, rather than twice
-                row = out[i, : c.n_words]
-                c._mask_words_c(state, row)
-                c._store((state, partial), row)
-                continue
+            p = c._ready.get(state)
+            if p is None:
+                if state not in c._settled:
+                    # a state whose walk would wait for something (a transition, a run): on
+                    # its own, where the walk computes it in the engine, rather than twice
+                    row = out[i, : c.n_words]
+                    c._mask_words_c(state, row)
+                    c._store((state, partial), row)
+                    continue
+                p = c._ready[state] = c._tg.batch_job(c._batch_plan(state))
             todo.append(job)
-            tgs.append(c._tg)
-            plans.append(c._batch_plan(state))
+            cjobs.append(p)
             rows.append(i)
-            if c._mask_cache_size == 0:  # (_store without a cache: the count alone)
-                c.stats["mask_misses"] += 1
         if not todo:
             return
-        for c in grammars:
+        for c in {c for _, c, _, _ in todo}:
             c._set_tables()
-        rcs, pending = trie.masks(tgs, plans, out, rows, threads)
-        if not (any(rcs) or any(pending) or any(c._mask_cache_size > 0 for c in grammars)):
-            return
-        for (i, c, state, partial), rc, n_pending in zip(todo, rcs, pending, strict=True):
-            if rc != 0 or n_pending:  # finished on its own: what it waits for is computed there
+        redo = trie._redo(len(todo)) if trie._masks(cjobs, out, rows, threads) else None
+        for k, (i, c, state, partial) in enumerate(todo):
+            if redo is not None and redo[k]:  # finished on its own: what it waits for is computed there
                 c._mask_words_c(state, out[i, : c.n_words])
-            if c._mask_cache_size > 0:
-                c._store((state, partial), out[i])
+            c._store((state, partial), out[i])
     finally:
-        for lock in reversed(held):
-            lock.release()
+        _release(held)
