@@ -1393,3 +1393,32 @@ def test_fill_masks_finishes_a_batched_walk_that_waits(big_vocab: llama_cffi.Mod
             assert want.accept_token(t)
         assert np.array_equal(got[1], want.fill_mask()), kept
         assert np.array_equal(got[0], warm.fill_mask())
+
+
+def test_fill_masks_over_two_vocabularies_of_one_size() -> None:
+    """Matchers on two vocabularies of the same size (two tries): the first trie's walks
+    are batched from their kept jobs, the other's walked in a call of their own; on the
+    first call and on later ones (the jobs kept) every row is its matcher's own mask."""
+    from samplers.grammar import fill_masks
+
+    pieces = [b"a", b"ab", b"b", b"ba", b"abc", b"c", b"cc", b"{", b"}", b'"']
+    other = [b"x", b"ax", b"bb", b"c", b"ca", b"a", b"b", b"{", b'"', b"}"]
+    grammars = ['root ::= "{" [a-c]* "}"', 'root ::= [abc] [abc]+ "x"?', 'root ::= ("ab" | "ca")+']
+    matchers = []
+    rng = random.Random(5)
+    for vocab in (VocabIndex(pieces), VocabIndex(other)):
+        for text in grammars:
+            c = Grammar.from_gbnf(text).compile(vocab, mask_cache_size=0, kernel="c")
+            for _ in range(3):
+                m = c.matcher()
+                for _ in range(rng.randint(0, 3)):
+                    allowed = np.flatnonzero(m.allowed_tokens())
+                    if len(allowed):
+                        m.accept_token(int(rng.choice(allowed.tolist())))
+                matchers.append(m)
+    for _ in range(3):
+        got = fill_masks(matchers)
+        for i, m in enumerate(matchers):
+            assert np.array_equal(got[i], m.fill_mask()), i
+    # (both tries' walks had their jobs kept: the last call took both ways)
+    assert len({id(m.compiled._trie) for m in matchers if m.state in m.compiled._ready}) == 2
