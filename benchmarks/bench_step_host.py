@@ -17,7 +17,13 @@ same model, prompt and context settings:
   configuration together, as numpy operations over all their candidates);
 * ``device``: ``BranchStore(ctx, device=True)``: top-k and the measures run in llama.cpp's
   graph (backend sampling; on a CPU, ggml's CPU ops inside ``llama_decode``), so only 56
-  candidates and 3 numbers per row reach the host.
+  candidates and 3 numbers per row reach the host;
+* ``json``: the batched store with every branch under a JSON schema (:data:`SCHEMA`, an
+  array of at least 64 objects, so no branch can finish within the run; compiled once,
+  each fork with its own matcher): each step adds the branches' grammar masks (one
+  ``fill_masks`` call for all), the mask applied to each chain's candidates and the
+  sampled tokens accepted. Issue 41 asks for this at >= 0.95x the unconstrained step on a
+  GPU; ``json / batched`` below is its host side.
 
 Host work per step = wall time of ``sample`` + ``step`` minus the wall time of the
 ``llama_decode`` call itself (timed around the C call: the context's ``lib`` is wrapped
@@ -52,7 +58,23 @@ import samplers as S  # noqa: E402
 from benchmarks.common import command_line, cpu_model, write_json  # noqa: E402
 from samplers.branch import BranchStore  # noqa: E402
 
-MODES = ("row", "batched", "each", "device")
+MODES = ("row", "batched", "each", "device", "json")
+
+#: the ``json`` mode's schema: objects of a string, an integer and a boolean, at least 64 of
+#: them (no branch ends within a run: each object takes more than one token)
+SCHEMA: dict[str, Any] = {
+    "type": "array",
+    "minItems": 64,
+    "items": {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 12},
+            "count": {"type": "integer"},
+            "ok": {"type": "boolean"},
+        },
+        "required": ["name", "count", "ok"],
+    },
+}
 
 
 def chain(seed: int, k: int) -> S.SamplerChain:
@@ -86,9 +108,10 @@ def in_llama_ms(ctx: llama_cffi.Context) -> float:
 
 
 def run_mode(
-    ctx: llama_cffi.Context, mode: str, n: int, prompt: np.ndarray, steps: int, k: int, threads: int
+    ctx: llama_cffi.Context, mode: str, n: int, prompt: np.ndarray, steps: int, k: int, threads: int, grammar: Any
 ) -> dict[str, list[float]]:
-    """One generation of ``steps`` timed steps (after one untimed) with ``n`` branches."""
+    """One generation of ``steps`` timed steps (after one untimed) with ``n`` branches
+    (``grammar``: the ``json`` mode's compiled grammar)."""
     ctx.memory.clear(data=False)
     if "batched" in inspect.signature(BranchStore).parameters:
         store = BranchStore(ctx, batched=mode != "row", device=mode == "device", n_threads=threads)
@@ -96,7 +119,7 @@ def run_mode(
         store = BranchStore(ctx)
     else:
         raise SystemExit(f"this BranchStore has no {mode!r} mode")
-    root = store.create(prompt, sampler=chain(0, k))
+    root = store.create(prompt, sampler=chain(0, k), grammar=grammar if mode == "json" else None)
     branches = [root] + [root.fork(seed=i) for i in range(1, n)]
 
     def sample() -> dict[Any, int]:
@@ -149,6 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     llama_cffi.context.lib = DecodeTimer(llama_cffi.context.lib)  # type: ignore[assignment]
     rng = np.random.default_rng(7)
     prompt = rng.integers(0, model.n_vocab, size=args.pp, dtype=np.int32)
+    grammar = None
+    if "json" in modes:  # compiled once, before any timing (the vocabulary index included)
+        from samplers.grammar import Grammar
+
+        grammar = Grammar.from_json_schema(SCHEMA).compile(model)
     print(
         f"model {model.desc} (vocabulary {model.n_vocab}); chain TopK({args.k}) -> TopP(0.95) -> Temperature(0.8) -> "
         f"Dist, tracking; {threads} threads; {args.steps} timed steps x {args.rounds} rounds; CPU {cpu_model()}",
@@ -170,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             order = modes[r % len(modes) :] + modes[: r % len(modes)]
             for mode in order:
-                d = run_mode(ctx, mode, n, prompt, args.steps, args.k, threads)
+                d = run_mode(ctx, mode, n, prompt, args.steps, args.k, threads, grammar)
                 agg = res.setdefault((mode, n), {k: [] for k in d})
                 for key, v in d.items():
                     agg[key].extend(v)
@@ -209,6 +237,20 @@ def main(argv: list[str] | None = None) -> int:
                 f"{n:>4} {mode:>8} {host:9.3f} {host * 1e3 / n:10.1f} {row['sample_ms']:8.3f} "
                 f"{row['step_host_ms']:8.3f} {row['llama_ms']:9.1f} {ratio}"
             )
+    if "json" in modes and "batched" in modes:
+        print()
+        print("JSON-constrained against unconstrained (batched): speed = unconstrained step / constrained step")
+        for n in ns:
+            jb = [
+                statistics.median([a + b for a, b in zip(res[(m, n)]["host_ms"], res[(m, n)]["llama_ms"], strict=True)])
+                for m in ("json", "batched")
+            ]
+            extra = statistics.median(res[("json", n)]["host_ms"]) - statistics.median(res[("batched", n)]["host_ms"])
+            print(
+                f"{n:>4} branches: speed {jb[1] / jb[0]:.3f}x; grammar host work {extra:+.3f} ms/step "
+                f"({extra * 1e3 / n:+.1f} us/branch)"
+            )
+            rows.append({"n": n, "mode": "json/batched", "speed": jb[1] / jb[0], "extra_host_ms": extra})
     if args.json:
         write_json(
             args.json,

@@ -39,6 +39,7 @@ __all__ = [
     "kl_base_rows",
     "kl_divergence_rows",
     "kl_row_values",
+    "masked_top_k",
     "rows_log_sum",
     "rows_reference",
     "softmax_dot",
@@ -120,6 +121,53 @@ def top_k_grouped(
     if not out.flags.c_contiguous or not out.flags.writeable:
         raise ValueError("out must be C-contiguous and writable")
     return _top_k_grouped(row, gmax, k, out)
+
+
+def masked_top_k(
+    row: npt.NDArray[np.float32],
+    words: npt.NDArray[np.uint32],
+    k: int,
+    ids: npt.NDArray[np.int32],
+    logits: npt.NDArray[np.float32],
+) -> int:
+    """The ``k`` best values of ``row`` among the positions a packed mask allows (bit ``p %
+    32`` of ``words[p // 32]``: a grammar's mask, as ``GrammarMatcher.fill_mask`` writes
+    it), largest first, ties by lower position, written to ``ids[:k]`` (positions) and
+    ``logits[:k]``; when fewer than ``k`` allowed values are above ``-inf``, the rest are the
+    lowest positions the mask leaves at ``-inf`` (bit clear, or ``-inf`` in the row), with
+    ``-inf``. That is a stable sort of the masked row (``-inf`` where the bit is clear) by
+    ``-value``, cut to ``k``: what ``Candidates.top`` keeps after the mask is applied, in
+    one pass over the mask's set bits, without a copy of the row. Returns how many of the
+    ``k`` are above ``-inf``. Requires ``1 <= k <= len(row)``; a NaN at an allowed position
+    raises ``ValueError``."""
+    _check("row", row)
+    n = row.shape[0]
+    if type(k) is not int:
+        k = expect_int("k", k)
+    if not 1 <= k <= n:
+        raise ValueError(f"need 1 <= k <= len(row): k={k}, {n} values")
+    if not isinstance(words, np.ndarray) or words.dtype != np.uint32 or words.ndim != 1:
+        raise TypeError("words must be a 1-D uint32 ndarray")
+    if len(words) < (n + 31) // 32 or not words.flags.c_contiguous:
+        raise ValueError(f"words must be C-contiguous with at least {(n + 31) // 32} words")
+    for name, a, dt in (("ids", ids, np.int32), ("logits", logits, np.float32)):
+        if not isinstance(a, np.ndarray) or a.dtype != dt or a.ndim != 1 or len(a) < k:
+            raise TypeError(f"{name} must be a 1-D {np.dtype(dt).name} ndarray of at least {k} entries")
+        if not a.flags.c_contiguous or not a.flags.writeable:
+            raise ValueError(f"{name} must be C-contiguous and writable")
+    got: int = lib.llama_cffi_masked_top_k(
+        n,
+        ffi.from_buffer("float[]", row),
+        ffi.from_buffer("uint32_t[]", words),
+        k,
+        ffi.from_buffer("int32_t[]", ids),
+        ffi.from_buffer("float[]", logits),
+    )
+    if got == -2:
+        raise ValueError("the row holds NaN at a position the mask allows")
+    if got < 0:
+        raise MemoryError("masked_top_k: out of memory")
+    return got
 
 
 def _group_max(row: npt.NDArray[np.float32], gmax: npt.NDArray[np.float32]) -> float:

@@ -20,9 +20,16 @@ reads each branch's new row once: its maximum, log-normaliser and entropy (what 
 metrics need), and the ``k`` best candidates when the branch's chain begins with
 ``TopK(k)``. Such a chain then runs on those ``k`` candidates only: the same tokens as
 on the whole row (top-k keeps exactly these, in this order), for microseconds instead
-of a pass over the vocabulary. Chains that need the whole row (penalties over the
-vocabulary, logit bias, DRY, a grammar, a steering hook or edited logits) get it, as
-before: they cost a pass over ``n_vocab`` logits per token (a grammar's masks more).
+of a pass over the vocabulary. A chain that begins with a grammar and then ``TopK(k)``
+runs so too, with llama.cpp's fast path (``common_sampler_sample``, as
+:meth:`SamplerChain.choose`): its samplers after the grammar choose from the row's ``k``
+best candidates, a token the grammar allows stands, and only a row whose token it
+rejects is read again, for the ``k`` best candidates its mask allows (one C pass over
+the mask's set bits, :func:`llama_cffi.kernels.masked_top_k`); the grammars' masks come
+from one :func:`~samplers.grammar.fill_masks` call. Chains that need the whole row
+(penalties over the vocabulary, logit bias, DRY, a grammar before anything but top-k, a
+steering hook or edited logits) get it, as before: they cost a pass over ``n_vocab``
+logits per token (a grammar's masks more).
 
 Snapshots are **zero-copy** while they can be: a branch's row stays in the context's
 output buffer, where the decode wrote it, until llama.cpp is about to overwrite it (any
@@ -175,6 +182,25 @@ def _lead_k(chain: SamplerChain, n_vocab: int) -> int:
         if getattr(s, "allows", None) is not None:
             return 0
     return min(first.k, n_vocab)
+
+
+def _grammar_sig(chain: SamplerChain, store: BranchStore) -> chain_batch.Signature | None:
+    """The signature of the samplers after the grammar when :meth:`BranchStore.sample` runs
+    ``chain`` with llama.cpp's grammar fast path on its row's best candidates (see
+    :func:`samplers.chain_batch.grammar_signature`; a batched store on the host, ``k <=
+    FAST_K_MAX``), else None."""
+    if not store.batched or store.device:
+        return None
+    sig = chain_batch.grammar_signature(chain)
+    if sig is None or int(sig[0][1]) > FAST_K_MAX:  # type: ignore[call-overload]
+        return None
+    return sig
+
+
+def _grammar_lead_k(chain: SamplerChain, store: BranchStore) -> int:
+    """``min(k, n_vocab)`` for the candidates :func:`_grammar_sig`'s chains start from, else 0."""
+    sig = _grammar_sig(chain, store)
+    return 0 if sig is None else min(int(sig[0][1]), store.n_vocab)  # type: ignore[call-overload]
 
 
 def _greedy_only(chain: SamplerChain) -> bool:
@@ -401,9 +427,10 @@ class BranchStore:
         sampler as :meth:`Branch.sample` does; ready for :meth:`step`.
 
         Branches whose chains share one configuration that :mod:`samplers.chain_batch` can
-        run row-wise (``TopK`` first, then top-p, min-p, temperature, and dist or greedy)
-        are sampled together, in a few numpy calls over their candidates: the same tokens
-        and sampling surprisals as one by one. The others go one by one."""
+        run row-wise (``TopK`` first, then top-p, min-p, temperature, and dist or greedy;
+        or a grammar, then such a chain) are sampled together, in a few numpy calls over
+        their candidates: the same tokens and sampling surprisals as one by one. The
+        others go one by one."""
         if branches is not None:
             expect_iterable("branches", branches, "an iterable of Branch, or None")
         todo = [b for b in self.branches if not b._held] if branches is None else list(branches)
@@ -411,6 +438,7 @@ class BranchStore:
         if not self.batched or len(todo) < 2:
             return {b: b.sample() for b in todo}
         groups: dict[chain_batch.Signature, list[Branch]] = {}
+        constrained: dict[chain_batch.Signature, list[Branch]] = {}  # chains that begin with a grammar
         single: list[Branch] = []
         for b in todo:
             b._check_live()
@@ -418,17 +446,22 @@ class BranchStore:
                 raise BranchError(f"{b!r} belongs to another store")
             if b._held:  # (one by one, Branch.sample refuses it)
                 raise BranchError(f"{b!r} is a kept prompt (a prefix source, as a prompt cache entry): not sampled")
-            sig = chain_batch.signature(b.sampler) if b.steer is None and b._orig is None else None
-            if sig is None:
-                single.append(b)
-            else:
+            plain = b.steer is None and b._orig is None
+            sig = chain_batch.signature(b.sampler) if plain else None
+            if sig is not None:
                 groups.setdefault(sig, []).append(b)
+            elif plain and (sig := _grammar_sig(b.sampler, self)) is not None:
+                constrained.setdefault(sig, []).append(b)
+            else:
+                single.append(b)
         out: dict[Branch, int] = {}
         for sig, group in groups.items():
             if len(group) == 1:
                 single.extend(group)
                 continue
             self._sample_group(sig, group, out)
+        for sig, group in constrained.items():
+            self._sample_group(sig, group, out, constrained=True)
         for b in single:
             out[b] = b.sample()
         return {b: out[b] for b in todo}
@@ -454,8 +487,12 @@ class BranchStore:
         for g, row in zip(gs, rows, strict=True):
             g.use_mask(row)  # type: ignore[union-attr]
 
-    def _sample_group(self, sig: chain_batch.Signature, group: list[Branch], out: dict[Branch, int]) -> None:
-        """Sample branches whose chains have signature ``sig`` together (see :meth:`sample`)."""
+    def _sample_group(
+        self, sig: chain_batch.Signature, group: list[Branch], out: dict[Branch, int], constrained: bool = False
+    ) -> None:
+        """Sample branches whose chains have signature ``sig`` together (see :meth:`sample`);
+        ``constrained``: chains that begin with a grammar, ``sig`` the samplers' after it
+        (their grammar masks from this step's :meth:`_give_masks`, or computed here)."""
         k = min(int(sig[0][1]), self.n_vocab)  # type: ignore[call-overload]
         meas = self.measures
         slots = np.fromiter((b.seq_id for b in group), dtype=np.intp, count=len(group))
@@ -474,8 +511,18 @@ class BranchStore:
                 out[b] = b.sample()
             return
         track = np.fromiter((b.tracker is not None for b in group), dtype=bool, count=len(group))
-        tokens, samp, pos = chain_batch.choose(sig, [b.sampler for b in group], ids, lg, bool(track.any()))
-        raw = meas.top_logits[slots, pos]  # the model's logits of the chosen tokens
+        if constrained:
+            masks = []
+            for b in group:
+                g = b.sampler.samplers[0]
+                words = g._words()  # type: ignore[attr-defined]
+                masks.append(g.matcher.fill_mask() if words is None else words)  # type: ignore[attr-defined]
+            tokens, samp, raw = chain_batch.choose_constrained(
+                sig, [b.sampler for b in group], ids, lg, masks, lambda r: group[r]._row(), bool(track.any())
+            )
+        else:
+            tokens, samp, pos = chain_batch.choose(sig, [b.sampler for b in group], ids, lg, bool(track.any()))
+            raw = meas.top_logits[slots, pos]  # the model's logits of the chosen tokens
         for i, b in enumerate(group):
             t = int(tokens[i])
             pending = b._pending = (t, float(samp[i]) if samp is not None and track[i] else None)
@@ -1308,8 +1355,12 @@ class Branch:
         return None
 
     def _want_k(self) -> int:
-        """Candidates to find when this branch's next row is measured."""
-        return _lead_k(self.sampler, self.store.n_vocab) if self._orig is None and self.steer is None else 0
+        """Candidates to find when this branch's next row is measured (a chain that begins
+        with a grammar: those its samplers after the grammar choose from first, see
+        :meth:`BranchStore.sample`)."""
+        if self._orig is not None or self.steer is not None:
+            return 0
+        return _lead_k(self.sampler, self.store.n_vocab) or _grammar_lead_k(self.sampler, self.store)
 
     def accept(self, token: int) -> None:
         """Advance sampler, grammar and metrics by ``token`` (measured on the snapshot)

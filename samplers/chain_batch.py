@@ -13,18 +13,28 @@ dropped candidates are ``-inf`` at the end of it, which adds exact zeros to ever
 sum: so every row gets the token, and the sampling surprisal, that its chain gives on its
 own (:meth:`SamplerChain.choose` on the same candidates), bit for bit. The tests run both
 on random rows and chains.
+
+A chain that begins with a grammar (:func:`grammar_signature`) runs with llama.cpp's
+fast path, as :meth:`SamplerChain.choose` does (:func:`choose_constrained`): the samplers
+after the grammar choose from the row's best candidates; a row whose token the grammar
+rejects chooses again (a second draw) from the best candidates its mask allows, found in
+one C pass over the mask (:func:`llama_cffi.kernels.masked_top_k`), not a pass over the
+row and a copy of it.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from llama_cffi._args import expect, expect_bool, type_error
-from llama_cffi.kernels import rows_log_sum
+from llama_cffi.kernels import masked_top_k, rows_log_sum
+from llama_cffi.sampling import SamplingError
 
 from .base import Sampler
 from .chain import SamplerChain
@@ -46,7 +56,11 @@ def signature(chain: SamplerChain) -> Signature | None:
     expect("chain", chain, Sampler, "a samplers.Sampler (a SamplerChain)")
     if type(chain) is not SamplerChain:  # a subclass may choose otherwise
         return None
-    samplers = chain.samplers
+    return _signature(chain.samplers)
+
+
+def _signature(samplers: list[Sampler]) -> Signature | None:
+    """:func:`signature` of a chain of ``samplers``."""
     if len(samplers) < 2 or type(samplers[0]) is not TopK or samplers[0].k <= 0:
         return None
     sig: list[tuple[object, ...]] = []
@@ -70,6 +84,79 @@ def signature(chain: SamplerChain) -> Signature | None:
     else:
         return None
     return tuple(sig)
+
+
+def grammar_signature(chain: SamplerChain) -> Signature | None:
+    """The configuration of ``chain`` when :func:`choose_constrained` can run it: a plain
+    :class:`SamplerChain` of a :class:`~samplers.grammar.GrammarSampler` (active: not
+    waiting for a trigger, its grammar not ended), then samplers :func:`signature` takes
+    (the signature returned is theirs), else None."""
+    expect("chain", chain, Sampler, "a samplers.Sampler (a SamplerChain)")
+    if type(chain) is not SamplerChain:
+        return None
+    samplers = chain.samplers
+    # (no chain holds a GrammarSampler before its module is imported: nothing to import here)
+    mod = sys.modules.get("samplers.grammar.sampler")
+    if mod is None or len(samplers) < 3 or type(samplers[0]) is not mod.GrammarSampler:
+        return None
+    g: Any = samplers[0]
+    if g.awaiting or g.matcher.ended:
+        return None
+    return _signature(samplers[1:])
+
+
+def choose_constrained(
+    sig: Signature,
+    chains: Sequence[SamplerChain],
+    ids: npt.NDArray[np.int32],
+    logits: npt.NDArray[np.float32],
+    masks: Sequence[npt.NDArray[np.uint32]],
+    row: Callable[[int], npt.NDArray[np.float32]],
+    surprisal: bool,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64] | None, npt.NDArray[np.float32]]:
+    """Run chains that begin with a grammar (all of :func:`grammar_signature` ``sig``) on
+    their rows, as :meth:`SamplerChain.choose` does (llama.cpp's ``common_sampler_sample``):
+    the samplers after the grammar choose first from each row's ``k`` best candidates
+    (``ids``/``logits`` as :func:`choose` takes them; ``logits`` is overwritten); a token
+    the row's grammar mask allows (``masks[r]``, bit ``t % 32`` of word ``t // 32``) stands;
+    the other rows choose again, a second draw from their engines, from the ``k`` best
+    candidates their masks allow (:func:`llama_cffi.kernels.masked_top_k` over ``row(r)``,
+    the whole row of logits, read only for those rows). Returns each row's token, its
+    sampling surprisal when asked for (under the final candidates, as :func:`choose`) and
+    the model's logit of the token. Raises :class:`~llama_cffi.sampling.SamplingError`
+    when a row's mask allows no candidate (a grammar that has ended), as the chain would."""
+    if not isinstance(ids, np.ndarray):
+        raise type_error("ids", "a 2-D int32 array of candidate ids", ids)
+    if not isinstance(logits, np.ndarray) or logits.ndim != 2:
+        raise type_error("logits", "a 2-D float32 array of candidate logits", logits)
+    if type(masks) is not list and not isinstance(masks, Sequence):
+        raise type_error("masks", "a sequence of uint32 mask rows (one per row)", masks)
+    if not callable(row):
+        raise type_error("row", "a callable giving row r's logits", row)
+    g, k = logits.shape
+    if len(masks) != g:
+        raise ValueError(f"{len(masks)} masks for {g} rows")
+    model = logits.copy()  # the model's logits of the candidates (choose overwrites logits)
+    tokens, out, pos = choose(sig, chains, ids, logits, surprisal)
+    raw = model[np.arange(g), pos]
+    rejected = [r for r in range(g) if not (int(masks[r][tokens[r] >> 5]) >> int(tokens[r] & 31)) & 1]
+    if not rejected:
+        return tokens, out, raw
+    ids2 = np.empty((len(rejected), k), dtype=np.int32)
+    lg2 = np.empty((len(rejected), k), dtype=np.float32)
+    for j, r in enumerate(rejected):
+        if masked_top_k(row(r), masks[r], k, ids2[j], lg2[j]) == 0:
+            raise SamplingError(
+                f"no token is allowed: a constraint of {chains[r]!r} rejects every candidate "
+                "(a grammar that has ended, e.g. after an end-of-generation token)"
+            )
+    model2 = lg2.copy()
+    t2, out2, pos2 = choose(sig, [chains[r] for r in rejected], ids2, lg2, surprisal)
+    tokens[rejected] = t2
+    raw[rejected] = model2[np.arange(len(rejected)), pos2]
+    if out is not None and out2 is not None:
+        out[rejected] = out2
+    return tokens, out, raw
 
 
 def choose(

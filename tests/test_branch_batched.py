@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,6 +18,9 @@ from samplers.branch import Branch, BranchStore
 from samplers.measure import entropy, surprisal
 
 GRAMMAR = 'root ::= [a-z ]+ "."'
+#: grammars that allow few tokens at a time (most first choices rejected) or many, none of
+#: them ending within a test's steps
+GRAMMARS = ['root ::= [a-z ]{40,} "."', 'root ::= ("the" | " " | "a" | "cat"){40,} "."', 'root ::= [^.]{40,} "."']
 
 
 def chains(vocab_size: int) -> list[Callable[[int], S.SamplerChain]]:
@@ -34,7 +38,7 @@ def chains(vocab_size: int) -> list[Callable[[int], S.SamplerChain]]:
 
 def run(model: Model, batched: bool, n_steps: int, prompt: list[int], with_grammar: bool) -> list[tuple]:
     kinds = chains(model.n_vocab)
-    n = len(kinds) + (1 if with_grammar else 0)
+    n = len(kinds) * (2 if with_grammar else 1) + (1 if with_grammar else 0)
     with model.context(n_ctx=512, n_batch=64, n_seq_max=n, kv_unified=True, n_threads=2) as ctx:
         store = BranchStore(ctx, batched=batched, n_threads=2)
         root = store.create(prompt, sampler=kinds[0](0))
@@ -47,6 +51,11 @@ def run(model: Model, batched: bool, n_steps: int, prompt: list[int], with_gramm
             g = root.fork(seed=7)
             g.set_grammar(GRAMMAR)
             branches.append(g)
+            for i, make in enumerate(kinds):  # every chain kind behind a grammar (the top-k ones batched)
+                g = root.fork()
+                g.set_sampler(make(200 + i))
+                g.set_grammar(GRAMMARS[i % len(GRAMMARS)])
+                branches.append(g)
         entropies = []
         for _ in range(n_steps):
             entropies.append([b.entropy for b in branches])
@@ -76,15 +85,35 @@ def test_batched_equals_row_by_row_on_the_tiny_model(tiny_model: Model, with_gra
     prompt = [int(t) for t in tiny_model.tokenize("once upon a time")]
     a = run(tiny_model, True, 10, prompt, with_grammar)
     assert_same_runs(a, run(tiny_model, False, 10, prompt, with_grammar))
+    if with_grammar:  # (a chain that begins with a grammar went the batched way, rejections included)
+        import samplers.chain_batch as cb
+
+        seen: list[int] = []
+        real = cb.choose_constrained
+
+        def spy(*args: Any) -> Any:
+            seen.append(len(args[1]))
+            return real(*args)
+
+        try:
+            cb.choose_constrained = spy  # type: ignore[assignment]
+            run(tiny_model, True, 2, prompt, with_grammar)
+        finally:
+            cb.choose_constrained = real  # type: ignore[assignment]
+        assert sum(seen) >= 2 * 4
     assert len({tuple(x[0]) for x in a[:-1]}) > 2  # the branches went different ways
 
 
 @pytest.mark.default_model
-def test_batched_equals_row_by_row_on_the_default_vocabulary(default_model: Model) -> None:
+@pytest.mark.parametrize("with_grammar", [False, True])
+def test_batched_equals_row_by_row_on_the_default_vocabulary(default_model: Model, with_grammar: bool) -> None:
     """At 262,144 tokens the candidates come from the block-maximum summary (the large-row
-    path of the kernel): the same tokens and metrics as reading every row whole."""
+    path of the kernel), and a grammar's rejected rows from the masked top-k over the
+    whole row: the same tokens and metrics as reading every row whole."""
     prompt = [int(t) for t in default_model.tokenize("The three primary colours are")]
-    assert_same_runs(run(default_model, True, 6, prompt, False), run(default_model, False, 6, prompt, False))
+    assert_same_runs(
+        run(default_model, True, 6, prompt, with_grammar), run(default_model, False, 6, prompt, with_grammar)
+    )
 
 
 def test_metrics_are_the_reference_measures(tiny_model: Model) -> None:

@@ -118,6 +118,74 @@ def test_top_k_grouped_checks_its_arguments() -> None:
         kernels.top_k_grouped(np.zeros(64 * 8, dtype=np.float32)[::2], gmax, 2, out)
 
 
+def _masked_reference(row: np.ndarray, allowed: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """What ``Candidates.top(k)`` keeps after a grammar mask: a stable sort of the masked row."""
+    masked = np.where(allowed, row, np.float32(-math.inf)).astype(np.float32)
+    order = np.argsort(-masked, kind="stable")[:k]
+    return order, masked[order]
+
+
+@given(
+    st.integers(1, 200),
+    st.integers(1, 50),
+    st.sampled_from([0.0, 0.02, 0.3, 0.9, 1.0]),  # share allowed: none, few, many, all
+    st.sampled_from([3, 50, 4000]),  # few distinct values: many ties
+    st.integers(0, 2**32 - 1),
+    st.booleans(),
+    st.booleans(),
+)
+def test_masked_top_k_equals_a_stable_sort_of_the_masked_row(
+    n: int, k: int, share: float, distinct: int, seed: int, with_inf: bool, dirty_padding: bool
+) -> None:
+    """The k best allowed values, ties by lower position, then (fewer than k allowed above
+    -inf) the lowest positions left at -inf: what the chain's top-k keeps after the mask;
+    the count returned is of those above -inf; padding bits past the row are ignored."""
+    k = min(k, n)
+    rng = np.random.default_rng(seed)
+    row = (rng.integers(0, distinct, size=n) / 7).astype(np.float32)
+    if with_inf:
+        row[rng.integers(0, n, size=n // 3 + 1)] = -math.inf
+        row[rng.integers(0, n)] = math.inf
+    allowed = rng.random(n) < share
+    words = np.zeros((n + 31) // 32, dtype=np.uint32)
+    words.view(np.uint8)[: (n + 7) // 8] = np.packbits(allowed, bitorder="little")
+    if dirty_padding and n % 32:
+        words[-1] |= np.uint32(~((1 << (n % 32)) - 1) & 0xFFFFFFFF)  # bits past the row: not tokens
+    ids = np.full(k + 2, -7, dtype=np.int32)
+    lg = np.full(k + 2, 7.0, dtype=np.float32)
+    got = kernels.masked_top_k(row, words, k, ids, lg)
+    want_ids, want_lg = _masked_reference(row, allowed, k)
+    assert ids[:k].tolist() == want_ids.tolist()
+    np.testing.assert_array_equal(lg[:k], want_lg)
+    assert got == int(np.count_nonzero(want_lg > -math.inf))
+    assert ids[k:].tolist() == [-7, -7] and lg[k:].tolist() == [7.0, 7.0]  # nothing past k
+
+
+def test_masked_top_k_checks_its_arguments() -> None:
+    row = np.zeros(40, dtype=np.float32)
+    words = np.full(2, 0xFFFFFFFF, dtype=np.uint32)
+    ids, lg = np.zeros(4, dtype=np.int32), np.zeros(4, dtype=np.float32)
+    for bad_k in (0, 41):
+        with pytest.raises(ValueError, match="k <= len"):
+            kernels.masked_top_k(row, words, bad_k, ids, lg)
+    with pytest.raises(ValueError, match="at least 2 words"):
+        kernels.masked_top_k(row, words[:1], 2, ids, lg)
+    with pytest.raises(TypeError, match="uint32"):
+        kernels.masked_top_k(row, words.astype(np.int64), 2, ids, lg)
+    with pytest.raises(TypeError, match="ids must be"):
+        kernels.masked_top_k(row, words, 5, ids, lg)
+    with pytest.raises(TypeError, match="logits must be"):
+        kernels.masked_top_k(row, words, 2, ids, lg.astype(np.float64))
+    with pytest.raises(TypeError, match="contiguous"):
+        kernels.masked_top_k(np.zeros(80, dtype=np.float32)[::2], words, 2, ids, lg)
+    nan = row.copy()
+    nan[33] = math.nan
+    with pytest.raises(ValueError, match="NaN"):
+        kernels.masked_top_k(nan, words, 2, ids, lg)
+    words[1] = 0  # the NaN masked out: not read
+    assert kernels.masked_top_k(nan, words, 2, ids, lg) == 2
+
+
 # ---------------------------------------------------------------------- RowMeasures
 def _row_cases() -> st.SearchStrategy[tuple[np.ndarray, int]]:
     """A batch of rows (with ties, -inf, NaN, +inf, all -inf) and a k."""

@@ -401,6 +401,10 @@ REST: dict[str, Callable[[Env], tuple[tuple[Any, ...], dict[str, Any]]]] = {
     "llama_cffi.kernels.softmax_dot": lambda e: ((_f32(4), 0.0), {}),
     "llama_cffi.kernels.softmax_sum": lambda e: ((0.0, _f32(4)), {}),
     "llama_cffi.kernels.top_k_grouped": lambda e: ((_f32(1), 1, _np().zeros(1, dtype=_np().intp)), {}),
+    "llama_cffi.kernels.masked_top_k": lambda e: (
+        (_np().zeros(1, dtype=_np().uint32), 1, _np().zeros(1, dtype=_np().int32), _f32(1)),
+        {},
+    ),
     "llama_cffi.lora.LoraAdapter": lambda e: ((_m("llama_cffi")._binding.ffi.NULL, e.lora_path()), {}),
     "llama_cffi.lora.normalise_adapters": lambda e: ((e.model,), {}),
     "llama_cffi.memory.Memory.seq_cp": lambda e: ((1,), {}),
@@ -459,6 +463,10 @@ REST: dict[str, Callable[[Env], tuple[tuple[Any, ...], dict[str, Any]]]] = {
     "samplers.chain.surprisal_of": lambda e: ((0,), {}),
     "samplers.chain_batch.choose": lambda e: (
         ([], _np().zeros((0, 1), dtype=_np().int32), _np().zeros((0, 1), dtype=_np().float32), False),
+        {},
+    ),
+    "samplers.chain_batch.choose_constrained": lambda e: (
+        ([], _np().zeros((0, 1), dtype=_np().int32), _np().zeros((0, 1), dtype=_np().float32), [], len, False),
         {},
     ),
     "samplers.chat.ChatSession.add_message": lambda e: (("hello",), {}),

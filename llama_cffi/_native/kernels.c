@@ -149,3 +149,77 @@ int llama_cffi_top_k_grouped(int n, const float *row, int cols, const float *gma
     free(cand);
     return got;
 }
+
+/* ---- top-k among the positions a packed mask allows (a grammar's; samplers.chain_batch) ---- */
+
+/* the worst of a min-heap ordered by llama_cffi_vp_before (the root is the one every other
+   comes before) */
+static void masked_sift_down(llama_cffi_vp *h, int32_t m, int32_t i) {
+    for (;;) {
+        int32_t w = i;
+        const int32_t l = 2 * i + 1, r = l + 1;
+        if (l < m && llama_cffi_vp_before(&h[w], &h[l])) w = l;
+        if (r < m && llama_cffi_vp_before(&h[w], &h[r])) w = r;
+        if (w == i) return;
+        const llama_cffi_vp t = h[i];
+        h[i] = h[w];
+        h[w] = t;
+        i = w;
+    }
+}
+
+static void masked_sift_up(llama_cffi_vp *h, int32_t i) {
+    while (i > 0) {
+        const int32_t p = (i - 1) / 2;
+        if (!llama_cffi_vp_before(&h[p], &h[i])) return;
+        const llama_cffi_vp t = h[i];
+        h[i] = h[p];
+        h[p] = t;
+        i = p;
+    }
+}
+
+int32_t llama_cffi_masked_top_k(int32_t n, const float *row, const uint32_t *words, int32_t k, int32_t *ids,
+                                float *logits) {
+    if (n <= 0 || !row || !words || !ids || !logits || k <= 0 || k > n) return -1;
+    llama_cffi_vp *h = (llama_cffi_vp *)malloc(sizeof(llama_cffi_vp) * (size_t)k);
+    if (!h) return -1;
+    int32_t m = 0;
+    const int32_t n_words = (int32_t)(((int64_t)n + 31) / 32);
+    for (int32_t w = 0; w < n_words; w++) {
+        uint32_t bits = words[w];
+        if (w == n_words - 1 && (n & 31)) bits &= (UINT32_C(1) << (n & 31)) - 1; /* (padding bits) */
+        while (bits) {
+            const int32_t p = w * 32 + __builtin_ctz(bits);
+            bits &= bits - 1;
+            const float v = row[p];
+            if (v != v) { /* NaN */
+                free(h);
+                return -2;
+            }
+            if (v == -INFINITY) continue;
+            const llama_cffi_vp x = {v, p};
+            if (m < k) {
+                h[m] = x;
+                masked_sift_up(h, m++);
+            } else if (llama_cffi_vp_before(&x, &h[0])) {
+                h[0] = x;
+                masked_sift_down(h, m, 0);
+            }
+        }
+    }
+    llama_cffi_vp_sort(h, (size_t)m);
+    for (int32_t i = 0; i < m; i++) {
+        ids[i] = (int32_t)h[i].pos;
+        logits[i] = h[i].v;
+    }
+    free(h);
+    /* then the lowest positions the mask leaves at -inf (its bit clear, or -inf in the row) */
+    int32_t got = m;
+    for (int32_t p = 0; p < n && got < k; p++) {
+        if (((words[p >> 5] >> (p & 31)) & 1u) && row[p] != -INFINITY) continue;
+        ids[got] = p;
+        logits[got++] = -INFINITY;
+    }
+    return m;
+}

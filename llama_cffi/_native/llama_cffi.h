@@ -39,6 +39,15 @@ const char *llama_cffi_softmax_impl(void);
 /* positions of the k largest values of a NaN-free row summarised by 64 interleaved
    group maxima (kernels.c; see samplers.candidates.Candidates.top); k or -1 */
 int llama_cffi_top_k_grouped(int n, const float *row, int cols, const float *gmax, int k, int64_t *out);
+/* the k best of row's n values among the positions whose bit is set in words (bit p % 32 of
+   word p / 32; (n + 31) / 32 words), descending, ties by lower position, into ids/logits;
+   then, when fewer than k of those are above -inf, the lowest positions the mask leaves at
+   -inf (bit clear, or -inf in the row), with -inf: a stable sort of the masked row by
+   -value, cut to k (kernels.c; see llama_cffi.kernels.masked_top_k). Returns how many
+   above -inf it wrote first, -1 bad arguments or out of memory, -2 a NaN at an allowed
+   position */
+int32_t llama_cffi_masked_top_k(int32_t n, const float *row, const uint32_t *words, int32_t k, int32_t *ids,
+                                float *logits);
 
 /* many logits rows at once (rows.c; see llama_cffi.kernels.RowMeasures). Row r (n
    floats at rows[r]) writes slot dest[r] (r when dest is NULL): its max (NaN when it

@@ -9,8 +9,9 @@ computed by their grammars' C walks in **one** call (``llama_cffi_trie_masks``),
 among threads with the GIL released. A state met before, whose walk needs nothing more, has
 its C job (grammar and plan) kept by its grammar, so that most matchers cost the call a
 few list appends. A walk that needs something not computed yet (a parser state met for the
-first time) is walked on its own, so the result is always each matcher's own mask. :class:`samplers.branch.BranchStore` uses it to give the
-grammar of every branch its mask for a step at once (see :meth:`GrammarSampler.use_mask`).
+first time) is walked on its own, so the result is always each matcher's own mask.
+:class:`samplers.branch.BranchStore` uses it to give the grammar of every branch its mask
+for a step at once (see :meth:`GrammarSampler.use_mask`).
 """
 
 from __future__ import annotations
