@@ -462,6 +462,7 @@ class Trie:
         if self._lengths is not None and self._lengths.shape != (n_vocab,):
             raise ValueError(f"lengths must have {n_vocab} values")
         self._len_masks: dict[int, U32] = {}
+        self._token_node: I32 | None = None  # see token_node
         t = self._struct = ffi.new("llama_cffi_trie *")
         t.n_nodes, t.n_vocab, t.max_depth = n_nodes, n_vocab, max_depth
         t.n_pchars, t.n_root_pt = n_pchars, len(root_pt_a)
@@ -628,6 +629,21 @@ class Trie:
         work = self._batch_work.arrays
         rcs, pending = ffi.unpack(work.res_c, n), ffi.unpack(work.res_c + work.cap, n)
         return [rc != 0 or k != 0 for rc, k in zip(rcs, pending, strict=True)]
+
+    def token_node(self) -> I32:
+        """Per token, the node where its row is (its path's end; the root's tokens, with no
+        whole character, and any other token without a row: -1), made once."""
+        got = self._token_node
+        if got is None:
+            a = self._arrays
+            n_term = a["n_term"][: self.n_nodes].astype(np.int64)
+            nodes = np.repeat(np.arange(self.n_nodes, dtype=np.int32), n_term)
+            first = np.repeat(a["row_start"][: self.n_nodes].astype(np.int64), n_term)
+            rows = first + (np.arange(len(nodes)) - np.repeat(np.cumsum(n_term) - n_term, n_term))
+            got = np.full(self.n_vocab, -1, dtype=np.int32)
+            got[a["order"][rows]] = nodes
+            self._token_node = got
+        return got
 
     def len_mask(self, k: int) -> U32:
         """The tokens of at most ``k`` whole code points, as mask words (cached)."""
@@ -1324,6 +1340,31 @@ class TrieGrammar:
         if rc <= _ENGINE_ERR and self._on_engine_error is not None:
             self._on_engine_error(rc - _ENGINE_ERR)  # raises
         return rc
+
+    def tokens_allowed(self, states: I32, tokens: I32) -> npt.NDArray[np.int8]:
+        """Per pair, whether ``tokens[i]`` is allowed from ``states[i]`` by the transition
+        table last given (:meth:`set_tables`): 1, 0, or -1 when the table cannot tell alone
+        (a transition not computed yet, a token that is not whole characters: see
+        ``llama_cffi_trie_tokens_allowed``). No engine is run."""
+        states, tokens = _i32("states", states), _i32("tokens", tokens)
+        if len(states) != len(tokens):
+            raise ValueError("one state per token")
+        if not self._tables:
+            raise RuntimeError("set_tables() first")
+        out = np.empty(len(tokens), dtype=np.int8)
+        _check_rc(
+            lib.llama_cffi_trie_tokens_allowed(
+                self.trie._struct,
+                self._g,
+                ffi.from_buffer("int32_t[]", self.trie.token_node()),
+                len(tokens),
+                ffi.from_buffer("int32_t[]", states),
+                ffi.from_buffer("int32_t[]", tokens),
+                ffi.from_buffer("int8_t[]", out),
+            ),
+            "trie tokens allowed",
+        )
+        return out
 
     def batch_job(self, plan: Any) -> Any:
         """A job of :meth:`Trie._masks`: this grammar's walk of ``plan`` (one of its

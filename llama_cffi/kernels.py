@@ -40,6 +40,7 @@ __all__ = [
     "kl_divergence_rows",
     "kl_row_values",
     "masked_top_k",
+    "masked_top_k_rows",
     "rows_log_sum",
     "rows_reference",
     "softmax_dot",
@@ -168,6 +169,67 @@ def masked_top_k(
     if got < 0:
         raise MemoryError("masked_top_k: out of memory")
     return got
+
+
+def masked_top_k_rows(
+    rows: Sequence[npt.NDArray[np.float32]],
+    masks: Sequence[npt.NDArray[np.uint32]],
+    k: int,
+    ids: npt.NDArray[np.int32],
+    logits: npt.NDArray[np.float32],
+) -> npt.NDArray[np.int32]:
+    """:func:`masked_top_k` of many rows in one call (the GIL released): row ``r`` of
+    ``ids``/``logits`` (2-D, ``len(rows)`` rows of ``k`` columns, C-contiguous) gets
+    ``rows[r]``'s ``k`` best values among those ``masks[r]`` allows. Every row must have
+    the same length. Returns, per row, how many are above ``-inf``."""
+    expect_iterable("rows", rows, "a sequence of 1-D float32 rows")
+    expect_iterable("masks", masks, "a sequence of 1-D uint32 masks")
+    if type(k) is not int:
+        k = expect_int("k", k)
+    rows, masks = list(rows), list(masks)
+    m = len(rows)
+    if len(masks) != m:
+        raise ValueError(f"{m} rows and {len(masks)} masks")
+    for name, a, dt in (("ids", ids, np.int32), ("logits", logits, np.float32)):
+        if not isinstance(a, np.ndarray) or a.dtype != dt or a.ndim != 2 or a.shape != (m, k):
+            raise TypeError(f"{name} must be a 2-D {np.dtype(dt).name} ndarray of shape ({m}, {k})")
+        if not a.flags.c_contiguous or not a.flags.writeable:
+            raise ValueError(f"{name} must be C-contiguous and writable")
+    n_finite = np.zeros(m, dtype=np.int32)
+    if m == 0:
+        return n_finite
+    n = -1
+    keep: list[Any] = []
+    for r, (row, words) in enumerate(zip(rows, masks, strict=True)):
+        if not isinstance(row, np.ndarray) or row.dtype != np.float32 or row.ndim != 1 or not row.flags.c_contiguous:
+            raise TypeError(f"rows[{r}] must be a 1-D C-contiguous float32 ndarray")
+        if n < 0:
+            n = row.shape[0]
+            if not 1 <= k <= n:
+                raise ValueError(f"need 1 <= k <= len(row): k={k}, {n} values")
+        elif row.shape[0] != n:
+            raise ValueError(f"rows[{r}] has {row.shape[0]} values, rows[0] {n}")
+        if not isinstance(words, np.ndarray) or words.dtype != np.uint32 or words.ndim != 1:
+            raise TypeError(f"masks[{r}] must be a 1-D uint32 ndarray")
+        if len(words) < (n + 31) // 32 or not words.flags.c_contiguous:
+            raise ValueError(f"masks[{r}] must be C-contiguous with at least {(n + 31) // 32} words")
+        keep.append(ffi.from_buffer("float[]", row))
+        keep.append(ffi.from_buffer("uint32_t[]", words))
+    rc = lib.llama_cffi_masked_top_k_rows(
+        m,
+        n,
+        ffi.new("float *[]", keep[0::2]),
+        ffi.new("uint32_t *[]", keep[1::2]),
+        k,
+        ffi.from_buffer("int32_t[]", ids),
+        ffi.from_buffer("float[]", logits),
+        ffi.from_buffer("int32_t[]", n_finite),
+    )
+    if rc == -2:
+        raise ValueError("a row holds NaN at a position its mask allows")
+    if rc < 0:
+        raise MemoryError("masked_top_k_rows: out of memory")
+    return n_finite
 
 
 def _group_max(row: npt.NDArray[np.float32], gmax: npt.NDArray[np.float32]) -> float:

@@ -23,10 +23,10 @@ on the whole row (top-k keeps exactly these, in this order), for microseconds in
 of a pass over the vocabulary. A chain that begins with a grammar and then ``TopK(k)``
 runs so too, with llama.cpp's fast path (``common_sampler_sample``, as
 :meth:`SamplerChain.choose`): its samplers after the grammar choose from the row's ``k``
-best candidates, a token the grammar allows stands, and only a row whose token it
-rejects is read again, for the ``k`` best candidates its mask allows (one C pass over
-the mask's set bits, :func:`llama_cffi.kernels.masked_top_k`); the grammars' masks come
-from one :func:`~samplers.grammar.fill_masks` call. Chains that need the whole row
+best candidates, a token the grammar allows stands (one token checked, no mask), and
+only a row whose token it rejects is read again, for the ``k`` best candidates its mask
+allows (one C pass over the mask's set bits, :func:`llama_cffi.kernels.masked_top_k_rows`);
+those rows' masks come from one :func:`~samplers.grammar.fill_masks` call. Chains that need the whole row
 (penalties over the vocabulary, logit bias, DRY, a grammar before anything but top-k, a
 steering hook or edited logits) get it, as before: they cost a pass over ``n_vocab``
 logits per token (a grammar's masks more).
@@ -434,8 +434,8 @@ class BranchStore:
         if branches is not None:
             expect_iterable("branches", branches, "an iterable of Branch, or None")
         todo = [b for b in self.branches if not b._held] if branches is None else list(branches)
-        self._give_masks(todo)
         if not self.batched or len(todo) < 2:
+            self._give_masks(todo)
             return {b: b.sample() for b in todo}
         groups: dict[chain_batch.Signature, list[Branch]] = {}
         constrained: dict[chain_batch.Signature, list[Branch]] = {}  # chains that begin with a grammar
@@ -462,6 +462,7 @@ class BranchStore:
             self._sample_group(sig, group, out)
         for sig, group in constrained.items():
             self._sample_group(sig, group, out, constrained=True)
+        self._give_masks(single)  # (the constrained groups' grammars check their tokens first)
         for b in single:
             out[b] = b.sample()
         return {b: out[b] for b in todo}
@@ -492,7 +493,7 @@ class BranchStore:
     ) -> None:
         """Sample branches whose chains have signature ``sig`` together (see :meth:`sample`);
         ``constrained``: chains that begin with a grammar, ``sig`` the samplers' after it
-        (their grammar masks from this step's :meth:`_give_masks`, or computed here)."""
+        (a grammar's mask computed only when its token is rejected)."""
         k = min(int(sig[0][1]), self.n_vocab)  # type: ignore[call-overload]
         meas = self.measures
         slots = np.fromiter((b.seq_id for b in group), dtype=np.intp, count=len(group))
@@ -512,13 +513,8 @@ class BranchStore:
             return
         track = np.fromiter((b.tracker is not None for b in group), dtype=bool, count=len(group))
         if constrained:
-            masks = []
-            for b in group:
-                g = b.sampler.samplers[0]
-                words = g._words()  # type: ignore[attr-defined]
-                masks.append(g.matcher.fill_mask() if words is None else words)  # type: ignore[attr-defined]
             tokens, samp, raw = chain_batch.choose_constrained(
-                sig, [b.sampler for b in group], ids, lg, masks, lambda r: group[r]._row(), bool(track.any())
+                sig, [b.sampler for b in group], ids, lg, lambda r: group[r]._row(), bool(track.any())
             )
         else:
             tokens, samp, pos = chain_batch.choose(sig, [b.sampler for b in group], ids, lg, bool(track.any()))

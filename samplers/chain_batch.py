@@ -18,8 +18,8 @@ A chain that begins with a grammar (:func:`grammar_signature`) runs with llama.c
 fast path, as :meth:`SamplerChain.choose` does (:func:`choose_constrained`): the samplers
 after the grammar choose from the row's best candidates; a row whose token the grammar
 rejects chooses again (a second draw) from the best candidates its mask allows, found in
-one C pass over the mask (:func:`llama_cffi.kernels.masked_top_k`), not a pass over the
-row and a copy of it.
+one C pass over each mask (:func:`llama_cffi.kernels.masked_top_k_rows`), not a pass over
+the row and a copy of it; only those rows need their masks.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from llama_cffi._args import expect, expect_bool, type_error
-from llama_cffi.kernels import masked_top_k, rows_log_sum
+from llama_cffi.kernels import masked_top_k_rows, rows_log_sum
 from llama_cffi.sampling import SamplingError
 
 from .base import Sampler
@@ -110,7 +110,6 @@ def choose_constrained(
     chains: Sequence[SamplerChain],
     ids: npt.NDArray[np.int32],
     logits: npt.NDArray[np.float32],
-    masks: Sequence[npt.NDArray[np.uint32]],
     row: Callable[[int], npt.NDArray[np.float32]],
     surprisal: bool,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64] | None, npt.NDArray[np.float32]]:
@@ -118,38 +117,57 @@ def choose_constrained(
     their rows, as :meth:`SamplerChain.choose` does (llama.cpp's ``common_sampler_sample``):
     the samplers after the grammar choose first from each row's ``k`` best candidates
     (``ids``/``logits`` as :func:`choose` takes them; ``logits`` is overwritten); a token
-    the row's grammar mask allows (``masks[r]``, bit ``t % 32`` of word ``t // 32``) stands;
-    the other rows choose again, a second draw from their engines, from the ``k`` best
-    candidates their masks allow (:func:`llama_cffi.kernels.masked_top_k` over ``row(r)``,
-    the whole row of logits, read only for those rows). Returns each row's token, its
-    sampling surprisal when asked for (under the final candidates, as :func:`choose`) and
-    the model's logit of the token. Raises :class:`~llama_cffi.sampling.SamplingError`
-    when a row's mask allows no candidate (a grammar that has ended), as the chain would."""
+    the grammar allows stands (one token checked: no mask); the other rows choose again, a
+    second draw from their engines, from the ``k`` best candidates their grammar masks
+    allow (the masks given to the grammars with ``use_mask``, else computed for those rows
+    in one :func:`~samplers.grammar.fill_masks` call; the candidates by
+    :func:`llama_cffi.kernels.masked_top_k_rows` over ``row(r)``, row ``r``'s logits, read
+    only for those rows). Returns each row's token, its sampling surprisal when asked for
+    (under the final candidates, as :func:`choose`) and the model's logit of the token.
+    Raises :class:`~llama_cffi.sampling.SamplingError` when a row's mask allows no
+    candidate (a grammar that has ended), as the chain would."""
+    if not isinstance(sig, tuple) or not all(isinstance(step, tuple) and step for step in sig):
+        raise type_error("sig", "a chain signature (from grammar_signature())", sig)
     if not isinstance(ids, np.ndarray):
         raise type_error("ids", "a 2-D int32 array of candidate ids", ids)
     if not isinstance(logits, np.ndarray) or logits.ndim != 2:
         raise type_error("logits", "a 2-D float32 array of candidate logits", logits)
-    if type(masks) is not list and not isinstance(masks, Sequence):
-        raise type_error("masks", "a sequence of uint32 mask rows (one per row)", masks)
+    if surprisal is not True and surprisal is not False:
+        surprisal = expect_bool("surprisal", surprisal)
     if not callable(row):
         raise type_error("row", "a callable giving row r's logits", row)
+    if type(chains) is not list and not isinstance(chains, Sequence):
+        raise type_error("chains", "a sequence of SamplerChain (one per row)", chains)
+    mod = sys.modules.get("samplers.grammar.sampler")
+    grammars: list[Any] = [c.samplers[0] if type(c) is SamplerChain and c.samplers else None for c in chains]
+    if chains and (mod is None or any(type(gr) is not mod.GrammarSampler for gr in grammars)):
+        raise ValueError("every chain must begin with a GrammarSampler (see grammar_signature)")
     g, k = logits.shape
-    if len(masks) != g:
-        raise ValueError(f"{len(masks)} masks for {g} rows")
     model = logits.copy()  # the model's logits of the candidates (choose overwrites logits)
     tokens, out, pos = choose(sig, chains, ids, logits, surprisal)
     raw = model[np.arange(g), pos]
-    rejected = [r for r in range(g) if not (int(masks[r][tokens[r] >> 5]) >> int(tokens[r] & 31)) & 1]
+    if not g:
+        return tokens, out, raw
+    assert mod is not None  # (checked above: every chain begins with one of its GrammarSamplers)
+    ok = mod.GrammarSampler.allows_many(grammars, tokens.tolist())
+    rejected = [r for r in range(g) if not ok[r]]
     if not rejected:
         return tokens, out, raw
+    need = [grammars[r] for r in rejected if grammars[r]._words() is None]
+    if need:
+        from .grammar.masks import fill_masks
+
+        for gr, words in zip(need, fill_masks([gr.matcher for gr in need]), strict=True):
+            gr.use_mask(words)
     ids2 = np.empty((len(rejected), k), dtype=np.int32)
     lg2 = np.empty((len(rejected), k), dtype=np.float32)
-    for j, r in enumerate(rejected):
-        if masked_top_k(row(r), masks[r], k, ids2[j], lg2[j]) == 0:
-            raise SamplingError(
-                f"no token is allowed: a constraint of {chains[r]!r} rejects every candidate "
-                "(a grammar that has ended, e.g. after an end-of-generation token)"
-            )
+    n_fin = masked_top_k_rows([row(r) for r in rejected], [grammars[r]._words() for r in rejected], k, ids2, lg2)
+    if (n_fin == 0).any():
+        r = rejected[int(np.argmax(n_fin == 0))]
+        raise SamplingError(
+            f"no token is allowed: a constraint of {chains[r]!r} rejects every candidate "
+            "(a grammar that has ended, e.g. after an end-of-generation token)"
+        )
     model2 = lg2.copy()
     t2, out2, pos2 = choose(sig, [chains[r] for r in rejected], ids2, lg2, surprisal)
     tokens[rejected] = t2

@@ -118,3 +118,92 @@ def test_equal_configurations_share_a_signature() -> None:
     b = S.SamplerChain([S.TopK(40), S.TopP(0.9), S.Dist(99)])
     c = S.SamplerChain([S.TopK(40), S.TopP(0.8), S.Dist(1)])
     assert chain_batch.signature(a) == chain_batch.signature(b) != chain_batch.signature(c)
+
+
+_PIECES = [bytes([c]) for c in b"abcdefgh.,! "]
+_PIECES += [b"ab", b"ba", b"abc", b"he", b"the", b" a", b"..", b"a.", b"!!", b"cab"]
+_GRAMMARS = ['root ::= [a-c]+ "."', 'root ::= ("ab" | "c" | " ")+ "!"', 'root ::= [^.]{3,} "."', "root ::= [a-h ]+"]
+
+
+@given(
+    configs(),
+    st.integers(1, 6),
+    st.integers(0, 2**32 - 1),
+    st.sampled_from([3, 40, 100000]),
+    st.integers(0, 4),
+    st.booleans(),
+)
+def test_constrained_rows_equal_one_by_one(
+    config: list[tuple[str, tuple[float, ...]]], g: int, seed: int, distinct: int, steps: int, given_masks: bool
+) -> None:
+    """Chains that begin with a grammar (llama.cpp's fast path: the first choice from the
+    row's best candidates, the rejected rows again from the best their masks allow) equal
+    SamplerChain.choose on each whole row: token, sampling surprisal and the engines'
+    draws; with or without masks given to the grammars beforehand."""
+    from samplers.grammar import Grammar, GrammarSampler
+    from samplers.grammar.vocab_index import VocabIndex
+
+    vocab = VocabIndex(_PIECES)
+    n = len(_PIECES)
+    rng = np.random.default_rng(seed)
+    k = min(int(config[0][1][0]), n)
+    config = [("top_k", (k,)), *config[1:]]
+    one, many, rows = [], [], []
+    for r in range(g):
+        gs = GrammarSampler(Grammar.from_gbnf(_GRAMMARS[r % len(_GRAMMARS)]).compile(vocab))
+        for _ in range(int(rng.integers(0, steps + 1))):  # the grammar somewhere along its text
+            allowed = np.flatnonzero(gs.matcher.allowed_tokens())
+            if len(allowed) and not gs.matcher.is_complete():
+                gs.accept(int(rng.choice(allowed)))
+        chain = build(config, (seed + r) % 2**32)
+        chain.samplers.insert(0, gs)
+        one.append(chain)
+        many.append(chain.clone())
+        row = (rng.integers(0, distinct, size=n) / 9 - 3).astype(np.float32)
+        rows.append(row)
+    sig = chain_batch.grammar_signature(many[0])
+    if any(c.samplers[0].matcher.ended or not c.samplers[0].matcher.allowed_tokens().any() for c in many):
+        return  # (a grammar with nothing left to allow: both raise, tested elsewhere)
+    assert sig is not None and sig == chain_batch.signature(S.SamplerChain(many[0].samplers[1:]))
+    if given_masks:
+        for c in many:
+            c.samplers[0].use_mask(c.samplers[0].matcher.fill_mask())
+    order = np.argsort(-np.stack(rows), axis=1, kind="stable")[:, :k]
+    ids = order.astype(np.int32)
+    logits = np.take_along_axis(np.stack(rows), order, axis=1)
+    tokens, surprisal, raw = chain_batch.choose_constrained(sig, many, ids, logits, lambda r: rows[r], True)
+    assert surprisal is not None
+    cands = Candidates(n)
+    for r in range(g):
+        cands.reset(rows[r])
+        tok, samp = one[r].choose(cands, rows[r], True)
+        cands.release()
+        assert int(tokens[r]) == tok
+        assert raw[r] == rows[r][tok]
+        assert samp is not None
+        assert surprisal[r] == samp or (math.isnan(samp) and math.isnan(surprisal[r]))
+    for c, d in zip(one, many, strict=True):  # the engines drew alike (twice where rejected)
+        if hasattr(c.samplers[-1], "rng"):
+            assert c.samplers[-1].rng.canonical() == d.samplers[-1].rng.canonical()
+
+
+def test_constrained_refuses_chains_without_a_grammar_and_ended_grammars() -> None:
+    from llama_cffi.sampling import SamplingError
+    from samplers.grammar import Grammar, GrammarSampler
+    from samplers.grammar.vocab_index import VocabIndex
+
+    vocab = VocabIndex(_PIECES)
+    n = len(_PIECES)
+    ids = np.arange(2, dtype=np.int32)[None, :]
+    plain = S.SamplerChain([S.TopK(2), S.Greedy()])
+    sig = chain_batch.signature(plain)
+    assert sig is not None and chain_batch.grammar_signature(plain) is None
+    with pytest.raises(ValueError, match="GrammarSampler"):
+        chain_batch.choose_constrained(sig, [plain], ids, np.zeros((1, 2), np.float32), lambda r: None, False)
+    gs = GrammarSampler(Grammar.from_gbnf('root ::= "a"').compile(vocab))
+    gs.accept(_PIECES.index(b"a"))  # complete: only end-of-generation left, and this vocabulary has none
+    chain = S.SamplerChain([gs, S.TopK(2), S.Greedy()])
+    assert chain_batch.grammar_signature(chain) == sig
+    row = np.zeros(n, dtype=np.float32)
+    with pytest.raises(SamplingError, match="no token is allowed"):
+        chain_batch.choose_constrained(sig, [chain], ids, np.zeros((1, 2), np.float32), lambda r: row, False)

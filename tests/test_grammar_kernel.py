@@ -1221,13 +1221,18 @@ def test_a_given_mask_is_used_while_the_state_holds(vocab_model: llama_cffi.Mode
         s.use_mask(np.zeros(s.compiled.n_words, dtype=np.int64))  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("lead", ["top-k", "whole row"])
 def test_branch_store_gives_grammars_their_masks_in_one_call(
-    tiny_model: llama_cffi.Model, monkeypatch: pytest.MonkeyPatch
+    tiny_model: llama_cffi.Model, monkeypatch: pytest.MonkeyPatch, lead: str
 ) -> None:
-    """A step of several grammar-constrained branches computes their masks with one
-    ``fill_masks`` call, and samples the same tokens as branches that walk on their own."""
+    """A step of several grammar-constrained branches samples the same tokens as branches
+    that walk on their own, with at most one ``fill_masks`` call: for chains that run
+    whole rows, every branch's mask; for chains batched with llama.cpp's fast path (a
+    top-k after the grammar), only the masks of the branches whose first token the
+    grammar rejected."""
+    import samplers.chain_batch as chain_batch_mod
     import samplers.grammar.masks as masks_mod
-    from samplers import Dist, SamplerChain, TopK
+    from samplers import Dist, SamplerChain, Temperature, TopK
     from samplers.branch import BranchStore
     from samplers.grammar import GrammarSampler
 
@@ -1238,28 +1243,45 @@ def test_branch_store_gives_grammars_their_masks_in_one_call(
         calls.append(len(ms))
         return real(ms, out)
 
+    def chain() -> SamplerChain:
+        return SamplerChain([TopK(5) if lead == "top-k" else Temperature(0.9), Dist(seed=3)])
+
     monkeypatch.setattr(masks_mod, "fill_masks", spy)
+    again: list[int] = []  # rows that chose again from their masks' best candidates
+    real_rows = chain_batch_mod.masked_top_k_rows
+
+    def spy_rows(rows: Any, *args: Any) -> Any:
+        again.append(len(rows))
+        return real_rows(rows, *args)
+
+    monkeypatch.setattr(chain_batch_mod, "masked_top_k_rows", spy_rows)
     gbnfs = ['root ::= [a-z ]+ "."', 'root ::= ("the" | "a" | " ")+', 'root ::= [^x]{1,5} "!"']
     prompt = tiny_model.tokenize("hello", add_special=False)
+    rejected = 0
     with tiny_model.context(n_ctx=256, n_seq_max=8) as ctx, tiny_model.context(n_ctx=256, n_seq_max=8) as ctx2:
         store = BranchStore(ctx)
-        branches = [store.create(prompt, sampler=SamplerChain([TopK(5), Dist(seed=3)]), grammar=g) for g in gbnfs]
+        branches = [store.create(prompt, sampler=chain(), grammar=g) for g in gbnfs]
         alone = BranchStore(ctx2)
-        twins = [alone.create(prompt, sampler=SamplerChain([TopK(5), Dist(seed=3)]), grammar=g) for g in gbnfs]
+        twins = [alone.create(prompt, sampler=chain(), grammar=g) for g in gbnfs]
         for _ in range(4):
             live = [b for b in branches if not b.sampler.samplers[0].matcher.is_complete()]
             if len(live) < 2:
                 break
-            n_calls = len(calls)
+            n_calls, n_again = len(calls), len(again)
             got = store.sample(live)
-            assert calls[n_calls:] == [len(live)]
-            for b in live:
-                assert isinstance(b.sampler.samplers[0], GrammarSampler)
-                assert b.sampler.samplers[0]._given is not None
+            assert len(calls) - n_calls <= 1
+            assert all(isinstance(b.sampler.samplers[0], GrammarSampler) for b in live)
+            if lead == "whole row":
+                assert calls[n_calls:] == [len(live)]
+            else:  # masks only for rows that chose again (fewer when a mask was still valid)
+                assert sum(calls[n_calls:]) <= sum(again[n_again:]) <= len(live)
+                rejected += sum(again[n_again:])
             want = {b: twins[branches.index(b)].sample() for b in live}
             assert [got[b] for b in live] == [want[b] for b in live]
             store.step(got)
             alone.step({twins[branches.index(b)]: t for b, t in got.items()})
+    if lead == "top-k":
+        assert rejected > 0
 
 
 @settings(max_examples=budget(60), deadline=None)
@@ -1422,3 +1444,79 @@ def test_fill_masks_over_two_vocabularies_of_one_size() -> None:
             assert np.array_equal(got[i], m.fill_mask()), i
     # (both tries' walks had their jobs kept: the last call took both ways)
     assert len({id(m.compiled._trie) for m in matchers if m.state in m.compiled._ready}) == 2
+
+
+@settings(max_examples=budget(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_tokens_allowed_in_one_call_equal_token_allowed(data: st.DataObject) -> None:
+    """The transition table's answers for many (state, token) pairs in one C call
+    (``TrieGrammar.tokens_allowed``: undecided where a transition is not computed yet or
+    the token is not whole characters) agree with the mask wherever they decide, and
+    ``CompiledGrammar._tokens_allowed`` (the rest from the engine) equals
+    ``token_allowed`` for every token: vocabularies with partial characters, states with
+    one pending, grammars with token elements."""
+    rng = random.Random(data.draw(st.integers(0, 2**32 - 1), label="seed"))
+    pieces = {b"".join(rng.choice(_PIECE_PARTS) for _ in range(rng.randint(1, 8))) for _ in range(300)}
+    pieces |= {p + rng.choice(_PARTIALS) for p in list(pieces)[:30]} | set(_PARTIALS) | set(_PIECE_PARTS)
+    vocab = VocabIndex(sorted(pieces), eog=[0])
+    tokens_grammar = 'root ::= ([a-z]+ | <[3]> | !<[5]>)+ "!"\n'
+    text = data.draw(st.sampled_from([*_SELF_LOOP_GRAMMARS, tokens_grammar]), label="grammar")
+    c = Grammar.from_gbnf(text).compile(vocab, mask_cache_size=0)
+    m = c.matcher()
+    n = c.n_vocab
+    decided = 0
+    for _ in range(10):
+        words = m.fill_mask()
+        toks = list(range(n))
+        got = c._tokens_allowed([m.state] * n, [m.partial] * n, toks)
+        assert got == [c.token_allowed(m.state, m.partial, t) for t in toks]
+        assert got == [bool((int(words[t >> 5]) >> (t & 31)) & 1) for t in toks]
+        if m.partial[1] == 0 and c._walks_c:
+            with c._lock:
+                c._set_tables()
+                raw = c._tg.tokens_allowed(np.full(n, m.state, np.int32), np.arange(n, dtype=np.int32))
+            sure = raw >= 0
+            decided += int(sure.sum())
+            assert np.array_equal(raw[sure] == 1, np.array(got)[sure])
+        allowed = [t for t in toks if got[t] and t != 0]
+        if not allowed or not m.accept_token(rng.choice(allowed)):
+            break
+    event(f"decided in C: {decided > 0}")
+
+
+def test_allows_many_equals_allows(vocab_model: llama_cffi.Model) -> None:
+    """``GrammarSampler.allows_many``: each answer is the sampler's own ``allows`` (a mask
+    given or not, a lazy grammar waiting, two grammars in one call); a token found
+    allowed is answered again from what was kept, until the matcher moves."""
+    from samplers.grammar import GrammarSampler
+
+    rng = random.Random(3)
+    texts = ['root ::= [a-z ]+ "."', 'root ::= ("the" | "a" | " ")+ "!"']
+    samplers = []
+    for i in range(8):
+        s = GrammarSampler(
+            Grammar.from_gbnf(texts[i % 2]), vocab_model, lazy=i == 7, trigger_words=["zz"] if i == 7 else ()
+        )
+        for _ in range(i % 3):
+            allowed = np.flatnonzero(s.matcher.allowed_tokens())
+            if len(allowed) and not s.awaiting:
+                s.accept(int(rng.choice(allowed.tolist())))
+        if i % 4 == 1:
+            s.use_mask(s.matcher.fill_mask())
+        samplers.append(s)
+    n = vocab_model.n_vocab
+    for _ in range(20):
+        tokens = [rng.randrange(n) for _ in samplers]
+        want = [s.allows(t) for s, t in zip(samplers, tokens, strict=True)]
+        assert GrammarSampler.allows_many(samplers, tokens) == want
+    s = samplers[0]
+    t = next(t for t in range(n) if s.matcher.allows(t))
+    assert GrammarSampler.allows_many([s], [t]) == [True] and s._allowed is not None
+    s.accept(t)  # moved: the kept answer is not read for the new state
+    assert s.allows(t) == s.matcher.allows(t)
+    from llama_cffi.errors import InvalidTokenError
+
+    with pytest.raises(InvalidTokenError):
+        GrammarSampler.allows_many([samplers[1]], [n])
+    with pytest.raises(ValueError, match="2 samplers and 1 tokens"):
+        GrammarSampler.allows_many(samplers[:2], [0])

@@ -186,6 +186,57 @@ def test_masked_top_k_checks_its_arguments() -> None:
     assert kernels.masked_top_k(nan, words, 2, ids, lg) == 2
 
 
+@given(st.integers(0, 6), st.integers(1, 100), st.integers(1, 12), st.integers(0, 2**32 - 1))
+def test_masked_top_k_rows_is_masked_top_k_row_by_row(m: int, n: int, k: int, seed: int) -> None:
+    """Many rows in one call: each row of the result is that row's own masked_top_k (rows
+    and masks may be views of other arrays; each row its own mask and share allowed)."""
+    k = min(k, n)
+    rng = np.random.default_rng(seed)
+    rows = [(rng.integers(0, 9, size=n) / 3).astype(np.float32) for _ in range(m)]
+    masks = []
+    for _ in range(m):
+        allowed = rng.random(n) < rng.choice([0.0, 0.1, 0.6, 1.0])
+        words = np.zeros((n + 31) // 32 + 1, dtype=np.uint32)
+        words.view(np.uint8)[: (n + 7) // 8] = np.packbits(allowed, bitorder="little")
+        masks.append(words)
+    ids = np.full((m, k), -1, dtype=np.int32)
+    lg = np.zeros((m, k), dtype=np.float32)
+    counts = kernels.masked_top_k_rows(rows, masks, k, ids, lg)
+    assert counts.shape == (m,)
+    for r in range(m):
+        want_ids, want_lg = np.empty(k, np.int32), np.empty(k, np.float32)
+        assert counts[r] == kernels.masked_top_k(rows[r], masks[r], k, want_ids, want_lg)
+        assert ids[r].tolist() == want_ids.tolist()
+        np.testing.assert_array_equal(lg[r], want_lg)
+
+
+def test_masked_top_k_rows_checks_its_arguments() -> None:
+    rows = [np.zeros(40, dtype=np.float32), np.ones(40, dtype=np.float32)]
+    masks = [np.full(2, 0xFFFFFFFF, dtype=np.uint32)] * 2
+    ids, lg = np.zeros((2, 3), dtype=np.int32), np.zeros((2, 3), dtype=np.float32)
+    assert kernels.masked_top_k_rows(rows, masks, 3, ids, lg).tolist() == [3, 3]
+    with pytest.raises(ValueError, match="2 rows and 1 masks"):
+        kernels.masked_top_k_rows(rows, masks[:1], 3, ids, lg)
+    with pytest.raises(ValueError, match="rows\\[1\\] has 39"):
+        kernels.masked_top_k_rows([rows[0], rows[1][:39]], masks, 3, ids, lg)
+    with pytest.raises(TypeError, match="rows\\[1\\]"):
+        kernels.masked_top_k_rows([rows[0], rows[1].astype(np.float64)], masks, 3, ids, lg)
+    with pytest.raises(ValueError, match="masks\\[0\\]"):
+        kernels.masked_top_k_rows(rows, [masks[0][:1], masks[1]], 3, ids, lg)
+    with pytest.raises(TypeError, match="ids must be"):
+        kernels.masked_top_k_rows(rows, masks, 3, ids[:1], lg)
+    with pytest.raises(TypeError, match="logits must be"):
+        kernels.masked_top_k_rows(rows, masks, 3, ids, lg[:, :2])
+    with pytest.raises(ValueError, match="k <= len"):
+        kernels.masked_top_k_rows(rows, masks, 41, np.zeros((2, 41), np.int32), np.zeros((2, 41), np.float32))
+    nan = [rows[0], rows[1].copy()]
+    nan[1][5] = math.nan
+    with pytest.raises(ValueError, match="NaN"):
+        kernels.masked_top_k_rows(nan, masks, 3, ids, lg)
+    empty = kernels.masked_top_k_rows([], [], 3, np.zeros((0, 3), np.int32), np.zeros((0, 3), np.float32))
+    assert empty.shape == (0,)
+
+
 # ---------------------------------------------------------------------- RowMeasures
 def _row_cases() -> st.SearchStrategy[tuple[np.ndarray, int]]:
     """A batch of rows (with ties, -inf, NaN, +inf, all -inf) and a k."""

@@ -401,6 +401,15 @@ REST: dict[str, Callable[[Env], tuple[tuple[Any, ...], dict[str, Any]]]] = {
     "llama_cffi.kernels.softmax_dot": lambda e: ((_f32(4), 0.0), {}),
     "llama_cffi.kernels.softmax_sum": lambda e: ((0.0, _f32(4)), {}),
     "llama_cffi.kernels.top_k_grouped": lambda e: ((_f32(1), 1, _np().zeros(1, dtype=_np().intp)), {}),
+    "llama_cffi.kernels.masked_top_k_rows": lambda e: (
+        (
+            [_np().ones(1, dtype=_np().uint32)],
+            1,
+            _np().zeros((1, 1), dtype=_np().int32),
+            _np().zeros((1, 1), _np().float32),
+        ),
+        {},
+    ),
     "llama_cffi.kernels.masked_top_k": lambda e: (
         (_np().zeros(1, dtype=_np().uint32), 1, _np().zeros(1, dtype=_np().int32), _f32(1)),
         {},
@@ -465,8 +474,9 @@ REST: dict[str, Callable[[Env], tuple[tuple[Any, ...], dict[str, Any]]]] = {
         ([], _np().zeros((0, 1), dtype=_np().int32), _np().zeros((0, 1), dtype=_np().float32), False),
         {},
     ),
+    "samplers.grammar.sampler.GrammarSampler.allows_many": lambda e: (([0],), {}),
     "samplers.chain_batch.choose_constrained": lambda e: (
-        ([], _np().zeros((0, 1), dtype=_np().int32), _np().zeros((0, 1), dtype=_np().float32), [], len, False),
+        ([], _np().zeros((0, 1), dtype=_np().int32), _np().zeros((0, 1), dtype=_np().float32), len, False),
         {},
     ),
     "samplers.chat.ChatSession.add_message": lambda e: (("hello",), {}),

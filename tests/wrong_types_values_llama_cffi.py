@@ -126,6 +126,7 @@ FIRST: dict[str, Callable[[Env], Any]] = {
     "llama_cffi.kernels.kl_divergence_rows": lambda e: _np().zeros((1, 2), _np().float32),
     "llama_cffi.kernels.rows_log_sum": lambda e: _np().zeros((1, 4), _np().float32),
     "llama_cffi.kernels.masked_top_k": lambda e: _np().zeros(1, _np().float32),
+    "llama_cffi.kernels.masked_top_k_rows": lambda e: [_np().zeros(1, _np().float32)],
     "llama_cffi.kernels.softmax_dot": lambda e: _np().zeros(4, _np().float32),
     "llama_cffi.kernels.softmax_sum": lambda e: _np().zeros(4, _np().float32),
     "llama_cffi.lora.normalise_adapters": lambda e: {},

@@ -118,6 +118,9 @@ FIRST: dict[str, Callable[[Env], Any]] = {
     "samplers.grammar.json_schema.llama_cpp_json_schema_to_gbnf": lambda e: _SCHEMA,
     "samplers.grammar.masks.fill_masks": lambda e: [e.grammar().matcher(e.vocab)],
     "samplers.grammar.sampler.GrammarSampler": lambda e: e.grammar(),
+    "samplers.grammar.sampler.GrammarSampler.allows_many": lambda e: [
+        _m("samplers.grammar").GrammarSampler(e.grammar(), e.model)
+    ],
     "samplers.grammar.schema.schema_to_gbnf": lambda e: _SCHEMA,
     "samplers.grammar.vocab_index.VocabIndex": lambda e: [b"a", b"b", b"ab"],
     "samplers.grammar.vocab_index.VocabIndex.of": lambda e: e.vocab,
@@ -153,7 +156,6 @@ REST_PARAMS: dict[str, Callable[[Env], tuple[tuple[Any, ...], dict[str, Any]]]] 
             [_m("samplers").SamplerChain([_m("samplers").TopK(1), _m("samplers").Greedy()])],
             _np().zeros((1, 1), dtype=_np().int32),
             _np().zeros((1, 1), dtype=_np().float32),
-            [_np().ones(1, dtype=_np().uint32)],
             lambda r: _f32(1),
             False,
         ),

@@ -188,6 +188,7 @@ int32_t llama_cffi_masked_top_k(int32_t n, const float *row, const uint32_t *wor
     const int32_t n_words = (int32_t)(((int64_t)n + 31) / 32);
     for (int32_t w = 0; w < n_words; w++) {
         uint32_t bits = words[w];
+        if (!bits) continue; /* (most words of a narrow mask) */
         if (w == n_words - 1 && (n & 31)) bits &= (UINT32_C(1) << (n & 31)) - 1; /* (padding bits) */
         while (bits) {
             const int32_t p = w * 32 + __builtin_ctz(bits);
@@ -222,4 +223,18 @@ int32_t llama_cffi_masked_top_k(int32_t n, const float *row, const uint32_t *wor
         logits[got++] = -INFINITY;
     }
     return m;
+}
+
+int32_t llama_cffi_masked_top_k_rows(int32_t n_rows, int32_t n, const float *const *rows, const uint32_t *const *words,
+                                     int32_t k, int32_t *ids, float *logits, int32_t *n_finite) {
+    if (n_rows < 0 || (n_rows && (!rows || !words || !ids || !logits || !n_finite))) return -1;
+    for (int32_t r = 0; r < n_rows; r++)
+        if (!rows[r] || !words[r]) return -1;
+    for (int32_t r = 0; r < n_rows; r++) {
+        const int32_t got = llama_cffi_masked_top_k(n, rows[r], words[r], k, ids + (size_t)r * (size_t)k,
+                                                    logits + (size_t)r * (size_t)k);
+        if (got < 0) return got;
+        n_finite[r] = got;
+    }
+    return 0;
 }

@@ -48,6 +48,10 @@ int llama_cffi_top_k_grouped(int n, const float *row, int cols, const float *gma
    position */
 int32_t llama_cffi_masked_top_k(int32_t n, const float *row, const uint32_t *words, int32_t k, int32_t *ids,
                                 float *logits);
+/* llama_cffi_masked_top_k of n_rows rows (rows[r], words[r]) into row r of ids/logits
+   (n_rows x k, contiguous), its count in n_finite[r]: 0, or the first row's error (-1, -2) */
+int32_t llama_cffi_masked_top_k_rows(int32_t n_rows, int32_t n, const float *const *rows, const uint32_t *const *words,
+                                     int32_t k, int32_t *ids, float *logits, int32_t *n_finite);
 
 /* many logits rows at once (rows.c; see llama_cffi.kernels.RowMeasures). Row r (n
    floats at rows[r]) writes slot dest[r] (r when dest is NULL): its max (NaN when it
@@ -433,6 +437,15 @@ int llama_cffi_trie_first_mask(const llama_cffi_trie *t, const llama_cffi_trie_g
                                int32_t derive_share, const int32_t *eog, int32_t n_eog, const int64_t *pchars,
                                uint32_t *mask, int32_t *pending, int32_t pending_cap, int32_t *n_pending,
                                int32_t *frames, int32_t frames_cap);
+/* whether each token[i] is allowed from states[i] by the grammar's transition table (out[i]:
+   1 yes, 0 no, -1 undecided: a transition not computed yet, a token the table cannot tell
+   alone (not on a whole-character path of the trie: end-of-generation, ending inside a
+   character, never produced; or over 256 characters), a state outside the table). token_node
+   (n_vocab values): the node where each token's path ends, -1 none. Tokens of grammars
+   with token elements are the caller's. 0, -1 bad data */
+int llama_cffi_trie_tokens_allowed(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g,
+                                   const int32_t *token_node, int32_t n, const int32_t *states, const int32_t *tokens,
+                                   int8_t *out);
 /* a job of llama_cffi_trie_masks: a grammar and a plan of its */
 typedef struct {
     const llama_cffi_trie_grammar *g;

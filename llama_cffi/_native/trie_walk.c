@@ -1283,3 +1283,53 @@ int llama_cffi_trie_masks(const llama_cffi_trie *t, int32_t n, const llama_cffi_
     for (int32_t i = 0; i < n; i++) redo += rcs[i] != 0 || n_pending[i] != 0;
     return redo;
 }
+
+/* ------------------------------------------------------------------ one token's check */
+
+int llama_cffi_trie_tokens_allowed(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g,
+                                   const int32_t *token_node, int32_t n, const int32_t *states, const int32_t *tokens,
+                                   int8_t *out) {
+    if (!t || !g || !token_node || n < 0 || (n && (!states || !tokens || !out)) || !g->trans || !g->cls_of_cpi)
+        return -1;
+    enum { CAP = 256 }; /* the code points of a longer token are left to the caller */
+    int32_t path[CAP];
+    const int32_t nc = g->n_classes;
+    for (int32_t i = 0; i < n; i++) {
+        const int32_t tok = tokens[i];
+        int32_t s = states[i];
+        out[i] = -1;
+        if ((uint32_t)tok >= (uint32_t)t->n_vocab || s < 0 || s >= g->n_states) continue;
+        const int32_t node = token_node[tok];
+        if (node < 0 || node >= t->n_nodes || t->pchar_slot[tok] >= 0) continue; /* not a whole-character path */
+        int32_t d = 0, x = node;
+        while (x != t->n_nodes && d < CAP) { /* up to the root: the token's characters, last first */
+            if ((uint32_t)x > (uint32_t)t->n_nodes) return -1;
+            path[d++] = t->node_cpi[x];
+            x = t->parent[x];
+        }
+        if (x != t->n_nodes) continue;
+        int8_t ok = 1;
+        while (d > 0) {
+            const int32_t cpi = path[--d];
+            if ((uint32_t)cpi >= (uint32_t)g->n_cps) return -1;
+            const int32_t c = g->cls_of_cpi[cpi];
+            if ((uint32_t)c >= (uint32_t)nc) return -1;
+            const int32_t nx = g->trans[(size_t)s * (size_t)nc + (size_t)c];
+            if (nx == LLAMA_CFFI_TRANS_UNKNOWN) {
+                ok = -1; /* not computed yet: the caller's engine decides */
+                break;
+            }
+            if (nx < 0) {
+                ok = 0;
+                break;
+            }
+            if (nx >= g->n_states) {
+                ok = -1;
+                break;
+            }
+            s = nx;
+        }
+        out[i] = ok;
+    }
+    return 0;
+}

@@ -1680,6 +1680,30 @@ class CompiledGrammar:
         with self._lock:
             return self._token_allowed(state, partial, token)
 
+    def _tokens_allowed(self, states: list[int], partials: list[Partial], tokens: list[int]) -> list[bool]:
+        """:meth:`token_allowed` of many (state, partial, token): where no partial character
+        is pending, the transition table's answers in one C call (``TrieGrammar.tokens_allowed``,
+        no engine run); what it cannot tell (a transition not computed yet, end-of-generation,
+        a token ending inside a character), and every answer of a grammar with token
+        elements or the numpy kernel, as :meth:`token_allowed` gives it."""
+        n = len(tokens)
+        out: list[bool | None] = [None] * n
+        with self._lock:
+            if self._walks_c:
+                idx = [i for i in range(n) if partials[i][1] == 0 and states[i] != DEAD]
+                if idx:
+                    self._set_tables()
+                    got = self._tg.tokens_allowed(
+                        np.array([states[i] for i in idx], dtype=np.int32),
+                        np.array([tokens[i] for i in idx], dtype=np.int32),
+                    )
+                    for i, a in zip(idx, got.tolist(), strict=True):
+                        if a >= 0:
+                            out[i] = a == 1
+            return [
+                self._token_allowed(states[i], partials[i], tokens[i]) if o is None else o for i, o in enumerate(out)
+            ]
+
     def _token_allowed(self, state: int, partial: Partial, token: int) -> bool:
         v, eng = self.vocab, self.engine
         if v.eog[token]:

@@ -82,6 +82,9 @@ class GrammarSampler(Sampler):
         self._buffer = b""
         self._buffer_tokens: list[tuple[int, int, int]] = []  # (token, start, end) in _buffer
         self._given: tuple[tuple[int, tuple[int, int], bool], npt.NDArray[np.uint32]] | None = None
+        #: the last token :meth:`allows` found allowed without a mask, and where (the check
+        #: before a step asks again about the token just chosen)
+        self._allowed: tuple[tuple[int, tuple[int, int], bool], int] | None = None
 
     @property
     def compiled(self) -> CompiledGrammar:
@@ -119,7 +122,45 @@ class GrammarSampler(Sampler):
         words = self._words()
         if words is not None and 0 <= token < self.matcher.compiled.n_vocab:
             return bool((int(words[token >> 5]) >> (token & 31)) & 1)
-        return self.matcher.allows(token)
+        m = self.matcher
+        where = (m.state, m.partial, m.ended)
+        last = self._allowed
+        if last is not None and last[1] == token and last[0] == where:
+            return True
+        ok = m.allows(token)
+        if ok:
+            self._allowed = (where, token)
+        return ok
+
+    @staticmethod
+    def allows_many(samplers: list[GrammarSampler], tokens: list[int]) -> list[bool]:
+        """``[s.allows(t) for s, t in zip(samplers, tokens)]`` (each token in its sampler's
+        vocabulary), with the checks of samplers without a given mask asked of their
+        grammars together (:meth:`CompiledGrammar._tokens_allowed`: one C call per grammar
+        for what its transition table tells), and each positive answer kept for the step's
+        own check, as :meth:`allows` keeps it."""
+        samplers = list(expect_iterable("samplers", samplers, "a list of GrammarSampler"))
+        tokens = list(expect_iterable("tokens", tokens, "a list of token ids"))
+        if len(samplers) != len(tokens):
+            raise ValueError(f"{len(samplers)} samplers and {len(tokens)} tokens")
+        out: list[bool | None] = [None] * len(samplers)
+        asks: dict[CompiledGrammar, list[int]] = {}
+        for i, (s, t) in enumerate(zip(samplers, tokens, strict=True)):
+            if not isinstance(s, GrammarSampler):
+                raise type_error(f"samplers[{i}]", "a GrammarSampler", s)
+            t = tokens[i] = s.matcher._check(t)  # (an int in the vocabulary)
+            if s.awaiting or s.matcher.ended or s._words() is not None:
+                out[i] = s.allows(t)
+            else:
+                asks.setdefault(s.matcher.compiled, []).append(i)
+        for c, idx in asks.items():
+            ms = [samplers[i].matcher for i in idx]
+            got = c._tokens_allowed([m.state for m in ms], [m.partial for m in ms], [tokens[i] for i in idx])
+            for i, m, ok in zip(idx, ms, got, strict=True):
+                out[i] = ok
+                if ok:
+                    samplers[i]._allowed = ((m.state, m.partial, m.ended), tokens[i])
+        return [bool(x) for x in out]
 
     def apply(self, cands: Candidates) -> None:
         """Mask every candidate the grammar does not allow (no-op while waiting)."""
