@@ -153,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=6, help="timed steps per run")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--k", type=int, default=40, help="the chains' top-k")
-    ap.add_argument("--pp", type=int, default=32, help="prompt tokens")
+    ap.add_argument("--pp", type=int, default=32, help="prompt tokens (random ids)")
+    ap.add_argument("--prompt", default=None, help="a text prompt instead of --pp random ids")
     ap.add_argument("--threads", type=int, default=0, help="threads (llama.cpp's and the row kernel's; 0: all cores)")
     ap.add_argument("--model", type=Path, help="a GGUF file (default: the default model)")
     ap.add_argument("--json", type=Path)
@@ -172,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     llama_cffi.context.lib = DecodeTimer(llama_cffi.context.lib)  # type: ignore[assignment]
     rng = np.random.default_rng(7)
     prompt = rng.integers(0, model.n_vocab, size=args.pp, dtype=np.int32)
+    if args.prompt is not None:
+        prompt = np.asarray(model.tokenize(args.prompt), dtype=np.int32)
+        args.pp = len(prompt)
     grammar = None
     if "json" in modes:  # compiled once, before any timing (the vocabulary index included)
         from samplers.grammar import Grammar

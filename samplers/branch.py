@@ -1304,12 +1304,19 @@ class Branch:
         """Choose a token from the snapshot with this branch's sampler (not accepted yet).
         A :attr:`steer` hook is called first, with the snapshot writable. A chain that
         begins with ``TopK(k)`` runs on the row's ``k`` best candidates (measured once per
-        row), otherwise on the whole row."""
+        row), one that begins with a grammar and then ``TopK(k)`` on them too, with
+        llama.cpp's fast path (see :meth:`BranchStore.sample`), otherwise on the whole row."""
         self._check_live()
         if self._held:
             raise BranchError(f"{self!r} is a kept prompt (a prefix source, as a prompt cache entry): not sampled")
         if self.steer is not None:
             self.steer(self, self._editable())
+        if self.steer is None and self._orig is None:
+            sig = _grammar_sig(self.sampler, self.store)
+            if sig is not None:  # a grammar, then a top-k: as BranchStore.sample does it
+                out: dict[Branch, int] = {}
+                self.store._sample_group(sig, [self], out, constrained=True)
+                return out[self]
         cands = self.store._cands
         track = self.tracker is not None
         try:
