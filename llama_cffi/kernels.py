@@ -177,15 +177,19 @@ def masked_top_k_rows(
     k: int,
     ids: npt.NDArray[np.int32],
     logits: npt.NDArray[np.float32],
+    n_threads: int = 1,
 ) -> npt.NDArray[np.int32]:
-    """:func:`masked_top_k` of many rows in one call (the GIL released): row ``r`` of
-    ``ids``/``logits`` (2-D, ``len(rows)`` rows of ``k`` columns, C-contiguous) gets
-    ``rows[r]``'s ``k`` best values among those ``masks[r]`` allows. Every row must have
-    the same length. Returns, per row, how many are above ``-inf``."""
+    """:func:`masked_top_k` of many rows in one call (the GIL released), on ``n_threads``
+    threads (the caller's and the process's pool): row ``r`` of ``ids``/``logits`` (2-D,
+    ``len(rows)`` rows of ``k`` columns, C-contiguous) gets ``rows[r]``'s ``k`` best values
+    among those ``masks[r]`` allows. Every row must have the same length. Returns, per row,
+    how many are above ``-inf``."""
     expect_iterable("rows", rows, "a sequence of 1-D float32 rows")
     expect_iterable("masks", masks, "a sequence of 1-D uint32 masks")
     if type(k) is not int:
         k = expect_int("k", k)
+    if type(n_threads) is not int:
+        n_threads = expect_int("n_threads", n_threads)
     rows, masks = list(rows), list(masks)
     m = len(rows)
     if len(masks) != m:
@@ -224,6 +228,7 @@ def masked_top_k_rows(
         ffi.from_buffer("int32_t[]", ids),
         ffi.from_buffer("float[]", logits),
         ffi.from_buffer("int32_t[]", n_finite),
+        max(1, min(n_threads, 64)),
     )
     if rc == -2:
         raise ValueError("a row holds NaN at a position its mask allows")

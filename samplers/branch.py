@@ -514,7 +514,13 @@ class BranchStore:
         track = np.fromiter((b.tracker is not None for b in group), dtype=bool, count=len(group))
         if constrained:
             tokens, samp, raw = chain_batch.choose_constrained(
-                sig, [b.sampler for b in group], ids, lg, lambda r: group[r]._row(), bool(track.any())
+                sig,
+                [b.sampler for b in group],
+                ids,
+                lg,
+                lambda r: group[r]._row(),
+                bool(track.any()),
+                meas.n_threads,
             )
         else:
             tokens, samp, pos = chain_batch.choose(sig, [b.sampler for b in group], ids, lg, bool(track.any()))

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from llama_cffi._args import expect, expect_bool, type_error
+from llama_cffi._args import expect, expect_bool, expect_int, type_error
 from llama_cffi.kernels import masked_top_k_rows, rows_log_sum
 from llama_cffi.sampling import SamplingError
 
@@ -41,6 +41,10 @@ from .chain import SamplerChain
 from .selection import Dist, Greedy
 from .temperature import Temperature
 from .truncation import MinP, TopK, TopP
+
+#: rejected rows from which :func:`choose_constrained` shares their candidates among threads
+#: (waking the pool costs about as much as a few rows' scans)
+THREADS_FROM = 16
 
 #: A chain's configuration: one entry per sampler, its kind and parameters (not its state).
 Signature = tuple[tuple[object, ...], ...]
@@ -112,6 +116,7 @@ def choose_constrained(
     logits: npt.NDArray[np.float32],
     row: Callable[[int], npt.NDArray[np.float32]],
     surprisal: bool,
+    n_threads: int = 1,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64] | None, npt.NDArray[np.float32]]:
     """Run chains that begin with a grammar (all of :func:`grammar_signature` ``sig``) on
     their rows, as :meth:`SamplerChain.choose` does (llama.cpp's ``common_sampler_sample``):
@@ -125,7 +130,8 @@ def choose_constrained(
     only for those rows). Returns each row's token, its sampling surprisal when asked for
     (under the final candidates, as :func:`choose`) and the model's logit of the token.
     Raises :class:`~llama_cffi.sampling.SamplingError` when a row's mask allows no
-    candidate (a grammar that has ended), as the chain would."""
+    candidate (a grammar that has ended), as the chain would. ``n_threads``: threads for
+    the rejected rows' candidates (used from :data:`THREADS_FROM` such rows on)."""
     if not isinstance(sig, tuple) or not all(isinstance(step, tuple) and step for step in sig):
         raise type_error("sig", "a chain signature (from grammar_signature())", sig)
     if not isinstance(ids, np.ndarray):
@@ -134,6 +140,8 @@ def choose_constrained(
         raise type_error("logits", "a 2-D float32 array of candidate logits", logits)
     if surprisal is not True and surprisal is not False:
         surprisal = expect_bool("surprisal", surprisal)
+    if type(n_threads) is not int:
+        n_threads = expect_int("n_threads", n_threads)
     if not callable(row):
         raise type_error("row", "a callable giving row r's logits", row)
     if type(chains) is not list and not isinstance(chains, Sequence):
@@ -161,7 +169,10 @@ def choose_constrained(
             gr.use_mask(words)
     ids2 = np.empty((len(rejected), k), dtype=np.int32)
     lg2 = np.empty((len(rejected), k), dtype=np.float32)
-    n_fin = masked_top_k_rows([row(r) for r in rejected], [grammars[r]._words() for r in rejected], k, ids2, lg2)
+    threads = n_threads if len(rejected) >= THREADS_FROM else 1
+    n_fin = masked_top_k_rows(
+        [row(r) for r in rejected], [grammars[r]._words() for r in rejected], k, ids2, lg2, threads
+    )
     if (n_fin == 0).any():
         r = rejected[int(np.argmax(n_fin == 0))]
         raise SamplingError(

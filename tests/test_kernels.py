@@ -186,10 +186,12 @@ def test_masked_top_k_checks_its_arguments() -> None:
     assert kernels.masked_top_k(nan, words, 2, ids, lg) == 2
 
 
-@given(st.integers(0, 6), st.integers(1, 100), st.integers(1, 12), st.integers(0, 2**32 - 1))
-def test_masked_top_k_rows_is_masked_top_k_row_by_row(m: int, n: int, k: int, seed: int) -> None:
-    """Many rows in one call: each row of the result is that row's own masked_top_k (rows
-    and masks may be views of other arrays; each row its own mask and share allowed)."""
+@given(
+    st.integers(0, 40), st.integers(1, 100), st.integers(1, 12), st.integers(0, 2**32 - 1), st.sampled_from([1, 2, 4])
+)
+def test_masked_top_k_rows_is_masked_top_k_row_by_row(m: int, n: int, k: int, seed: int, threads: int) -> None:
+    """Many rows in one call, on 1, 2 or 4 threads: each row of the result is that row's own
+    masked_top_k (each row its own mask and share allowed)."""
     k = min(k, n)
     rng = np.random.default_rng(seed)
     rows = [(rng.integers(0, 9, size=n) / 3).astype(np.float32) for _ in range(m)]
@@ -201,7 +203,7 @@ def test_masked_top_k_rows_is_masked_top_k_row_by_row(m: int, n: int, k: int, se
         masks.append(words)
     ids = np.full((m, k), -1, dtype=np.int32)
     lg = np.zeros((m, k), dtype=np.float32)
-    counts = kernels.masked_top_k_rows(rows, masks, k, ids, lg)
+    counts = kernels.masked_top_k_rows(rows, masks, k, ids, lg, threads)
     assert counts.shape == (m,)
     for r in range(m):
         want_ids, want_lg = np.empty(k, np.int32), np.empty(k, np.float32)

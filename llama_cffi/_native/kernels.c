@@ -225,16 +225,36 @@ int32_t llama_cffi_masked_top_k(int32_t n, const float *row, const uint32_t *wor
     return m;
 }
 
+typedef struct {
+    int32_t n_rows, n, k;
+    const float *const *rows;
+    const uint32_t *const *words;
+    int32_t *ids;
+    float *logits;
+    int32_t *n_finite;
+    int32_t next; /* atomic */
+} masked_rows_job;
+
+static void masked_rows_task(void *arg, int worker) {
+    masked_rows_job *j = (masked_rows_job *)arg;
+    (void)worker;
+    for (;;) {
+        const int32_t r = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+        if (r >= j->n_rows) return;
+        j->n_finite[r] = llama_cffi_masked_top_k(j->n, j->rows[r], j->words[r], j->k, j->ids + (size_t)r * (size_t)j->k,
+                                                 j->logits + (size_t)r * (size_t)j->k);
+    }
+}
+
 int32_t llama_cffi_masked_top_k_rows(int32_t n_rows, int32_t n, const float *const *rows, const uint32_t *const *words,
-                                     int32_t k, int32_t *ids, float *logits, int32_t *n_finite) {
+                                     int32_t k, int32_t *ids, float *logits, int32_t *n_finite, int32_t n_threads) {
     if (n_rows < 0 || (n_rows && (!rows || !words || !ids || !logits || !n_finite))) return -1;
     for (int32_t r = 0; r < n_rows; r++)
         if (!rows[r] || !words[r]) return -1;
-    for (int32_t r = 0; r < n_rows; r++) {
-        const int32_t got = llama_cffi_masked_top_k(n, rows[r], words[r], k, ids + (size_t)r * (size_t)k,
-                                                    logits + (size_t)r * (size_t)k);
-        if (got < 0) return got;
-        n_finite[r] = got;
-    }
+    masked_rows_job j = {n_rows, n, k, rows, words, ids, logits, n_finite, 0};
+    if (n_threads > n_rows) n_threads = n_rows;
+    llama_cffi_pool_run(n_threads - 1, masked_rows_task, &j); /* the process's pool (pool.c) */
+    for (int32_t r = 0; r < n_rows; r++)
+        if (n_finite[r] < 0) return n_finite[r];
     return 0;
 }
