@@ -56,25 +56,14 @@ import llama_cffi  # noqa: E402
 import llama_cffi.context  # noqa: E402
 import samplers as S  # noqa: E402
 from benchmarks.common import command_line, cpu_model, write_json  # noqa: E402
+from benchmarks.gpu.bench_gpu import JSON_SCHEMA  # noqa: E402
 from samplers.branch import BranchStore  # noqa: E402
 
 MODES = ("row", "batched", "each", "device", "json")
 
-#: the ``json`` mode's schema: objects of a string, an integer and a boolean, at least 64 of
-#: them (no branch ends within a run: each object takes more than one token)
-SCHEMA: dict[str, Any] = {
-    "type": "array",
-    "minItems": 64,
-    "items": {
-        "type": "object",
-        "properties": {
-            "name": {"type": "string", "maxLength": 12},
-            "count": {"type": "integer"},
-            "ok": {"type": "boolean"},
-        },
-        "required": ["name", "count", "ok"],
-    },
-}
+#: the ``json`` mode's schema (the GPU kit's: objects of a string, an integer and a boolean,
+#: at least 64 of them, so that no branch ends within a run)
+SCHEMA: dict[str, Any] = JSON_SCHEMA
 
 
 def chain(seed: int, k: int) -> S.SamplerChain:

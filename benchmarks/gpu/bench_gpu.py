@@ -166,7 +166,7 @@ with m.context(n_ctx=TG, n_batch=2048, n_ubatch=512, n_threads=T, n_threads_batc
 print("RESULT " + json.dumps(out))
 """
 
-#: the ``json`` mode's schema (as ``benchmarks/bench_step_host.py``'s): at least 64 objects,
+#: the ``json`` mode's schema (``benchmarks/bench_step_host.py`` imports it): at least 64 objects,
 #: so that no branch can end within a run
 JSON_SCHEMA = {
     "type": "array",
