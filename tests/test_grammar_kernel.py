@@ -1520,3 +1520,48 @@ def test_allows_many_equals_allows(vocab_model: llama_cffi.Model) -> None:
         GrammarSampler.allows_many([samplers[1]], [n])
     with pytest.raises(ValueError, match="2 samplers and 1 tokens"):
         GrammarSampler.allows_many(samplers[:2], [0])
+
+
+def _accept_reference(m: Any, t: int) -> tuple[bool, int, tuple[int, int], bool]:
+    """llama_grammar_accept_token as the matcher did it before its one-walk path: the check
+    first, then the token's characters from the state without its empty stacks."""
+    from samplers.grammar.engine import DEAD, NO_PARTIAL, decode_utf8
+
+    c, eng = m.compiled, m.compiled.engine
+    if m.ended or not c.token_allowed(m.state, m.partial, t):
+        return False, m.state, m.partial, m.ended
+    if c.vocab.eog[t]:
+        return True, m.state, m.partial, True
+    cps, end = decode_utf8(c.vocab.piece(t), m.partial)
+    by_id = eng.step_token(m.state, t) if eng.has_token_elements else DEAD
+    nxt = eng.union(by_id, eng.walk(eng.char_only(m.state), cps))
+    if nxt == DEAD:
+        return False, m.state, m.partial, m.ended
+    return True, nxt, end if end[1] > 0 else NO_PARTIAL, False
+
+
+@settings(max_examples=budget(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_accept_token_in_one_walk_is_the_reference(data: st.DataObject) -> None:
+    """A token of whole characters accepted from a clean start takes one walk of the engine
+    (the check and the advance at once): the answer, the state, the partial character and
+    the end equal the check-then-advance reference for every token of a vocabulary with
+    partial characters, invalid and empty pieces, at states along a random walk."""
+    rng = random.Random(data.draw(st.integers(0, 2**32 - 1), label="seed"))
+    pieces = {b"".join(rng.choice(_PIECE_PARTS) for _ in range(rng.randint(1, 6))) for _ in range(200)}
+    pieces |= {p + rng.choice(_PARTIALS) for p in list(pieces)[:20]} | set(_PARTIALS) | set(_PIECE_PARTS)
+    pieces |= {b"", b"\x00a", b"\xff", b"\x80b"}  # never, never, invalid, invalid
+    vocab = VocabIndex(sorted(pieces), eog=[0])
+    text = data.draw(st.sampled_from(_SELF_LOOP_GRAMMARS), label="grammar")
+    c = Grammar.from_gbnf(text).compile(vocab, mask_cache_size=0)
+    m = c.matcher()
+    for _ in range(12):
+        for t in range(c.n_vocab):
+            want = _accept_reference(m, t)
+            k = m.clone()
+            got = k.accept_token(t)
+            assert (got, k.state, k.partial, k.ended) == want, (t, vocab.piece(t))
+        allowed = [t for t in range(c.n_vocab) if t != 0 and m.allows(t)]
+        if not allowed:
+            break
+        assert m.accept_token(rng.choice(allowed))

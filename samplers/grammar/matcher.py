@@ -123,14 +123,29 @@ class GrammarMatcher:
         """Advance by ``token`` if it is allowed (True); otherwise change nothing (False)."""
         c = self._compiled
         t = self._check(token)
-        if self.ended or not c.token_allowed(self.state, self.partial, t):
+        if self.ended:
             return False
-        if c.vocab.eog[t]:
+        v, eng = c.vocab, c.engine
+        if self.partial[1] == 0 and not eng.has_token_elements and not v.eog[t]:
+            # whole characters from a clean start: one walk decides and advances (the one
+            # token_allowed would make, then the one below: an empty stack, which char_only
+            # drops, consumes no character)
+            if v.never[t] or v.invalid[t]:
+                return False
+            if v.partial_remain[t] == 0 and v.offsets[t + 1] > v.offsets[t]:
+                nxt = eng.walk(self.state, v.cps[v.offsets[t] : v.offsets[t + 1]].tolist())
+                if nxt == DEAD:
+                    return False
+                self._history.append((self.state, self.partial, self.ended))
+                self.state = nxt
+                return True
+        if not c.token_allowed(self.state, self.partial, t):
+            return False
+        if v.eog[t]:
             self._history.append((self.state, self.partial, self.ended))
             self.ended = True
             return True
-        eng = c.engine
-        cps, end = decode_utf8(c.vocab.piece(t), self.partial)
+        cps, end = decode_utf8(v.piece(t), self.partial)
         # llama_grammar_accept_token: token-topped stacks consume the token by id,
         # the others its code points
         by_id = eng.step_token(self.state, t) if eng.has_token_elements else DEAD
