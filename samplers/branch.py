@@ -26,10 +26,10 @@ runs so too, with llama.cpp's fast path (``common_sampler_sample``, as
 best candidates, a token the grammar allows stands (one token checked, no mask), and
 only a row whose token it rejects is read again, for the ``k`` best candidates its mask
 allows (one C pass over the mask's set bits, :func:`llama_cffi.kernels.masked_top_k_rows`);
-those rows' masks come from one :func:`~samplers.grammar.fill_masks` call. Chains that need the whole row
-(penalties over the vocabulary, logit bias, DRY, a grammar before anything but top-k, a
-steering hook or edited logits) get it, as before: they cost a pass over ``n_vocab``
-logits per token (a grammar's masks more).
+those rows' masks come from one :func:`~samplers.grammar.fill_masks` call. Chains that
+need the whole row (penalties over the vocabulary, logit bias, DRY, a grammar before
+anything but top-k, a steering hook or edited logits) get it, as before: they cost a pass
+over ``n_vocab`` logits per token (a grammar's masks more).
 
 Snapshots are **zero-copy** while they can be: a branch's row stays in the context's
 output buffer, where the decode wrote it, until llama.cpp is about to overwrite it (any
@@ -509,7 +509,7 @@ class BranchStore:
         ids = meas.top_ids[slots, :k]
         if not np.isfinite(lg[:, 0]).all():  # a row without a finite candidate: one by one
             for b in group:
-                out[b] = b.sample()
+                out[b] = b._choose()
             return
         track = np.fromiter((b.tracker is not None for b in group), dtype=bool, count=len(group))
         if constrained:
@@ -1323,6 +1323,12 @@ class Branch:
                 out: dict[Branch, int] = {}
                 self.store._sample_group(sig, [self], out, constrained=True)
                 return out[self]
+        return self._choose()
+
+    def _choose(self) -> int:
+        """:meth:`sample` after its checks and the steering hook, without the batched
+        paths: the chain on the row's best candidates (a chain that begins with ``TopK``)
+        or on the whole row."""
         cands = self.store._cands
         track = self.tracker is not None
         try:

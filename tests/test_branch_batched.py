@@ -208,6 +208,26 @@ def test_nan_rows_raise_on_both_paths(tiny_model: Model) -> None:
             store.drain()
 
 
+def test_rows_without_a_finite_logit_under_a_grammar_raise_on_both_paths(tiny_model: Model) -> None:
+    """A grammar before a top-k on a row of -inf logits: the batched path (one branch, or
+    the store's group) falls back to the whole row, which finds no allowed candidate, as
+    the row-by-row path does (it once went back to the batched path without end)."""
+    from llama_cffi.sampling import SamplingError
+
+    with tiny_model.context(n_ctx=128, n_seq_max=2, kv_unified=True) as ctx:
+        for batched in (True, False):
+            store = BranchStore(ctx, batched=batched)
+            a = store.create([1, 2], sampler=S.SamplerChain([S.TopK(3), S.Greedy()]), grammar=GRAMMAR)
+            b = a.fork()
+            for x in (a, b):
+                x._set_row(np.full(tiny_model.n_vocab, -math.inf, dtype=np.float32))
+            with pytest.raises(SamplingError, match="no token is allowed"):
+                a.sample()
+            with pytest.raises(SamplingError, match="no token is allowed"):
+                store.sample([a, b])
+            store.drain()
+
+
 def test_store_sample_defaults_to_every_live_branch(tiny_model: Model) -> None:
     with tiny_model.context(n_ctx=128, n_seq_max=3, kv_unified=True) as ctx:
         store = BranchStore(ctx)
