@@ -1253,11 +1253,12 @@ static void tw_task(void *arg, int worker) {
     }
 }
 
-int llama_cffi_trie_masks(const llama_cffi_trie *t, int32_t n, const llama_cffi_trie_job *const *jobs,
-                          uint32_t *masks, int64_t stride, int32_t n_rows, const int32_t *rows, int32_t *pending, int32_t pending_cap, int32_t *n_pending,
-                          int32_t *frames, int32_t frames_cap, int32_t *rcs, int32_t n_threads) {
+int llama_cffi_trie_masks(const llama_cffi_trie *t, int32_t n, const llama_cffi_trie_job *const *jobs, uint32_t *masks,
+                          int64_t stride, int32_t n_rows, const int32_t *rows, int32_t *pending, int32_t pending_cap,
+                          int32_t *n_pending, int32_t *frames, int32_t frames_cap, int32_t *rcs, int32_t n_threads) {
     if (!t || n < 0 || (n && (!jobs || !masks || !rows || !pending || !n_pending || !frames || !rcs)) ||
-        pending_cap < 1 || frames_cap < 3 * (t->max_depth + 2) || stride < ((int64_t)t->n_vocab + 31) / 32 || n_rows < 0)
+        pending_cap < 1 || frames_cap < 3 * (t->max_depth + 2) || stride < ((int64_t)t->n_vocab + 31) / 32 ||
+        n_rows < 0)
         return -1;
     for (int32_t i = 0; i < n; i++)
         if (!jobs[i] || !jobs[i]->g || !jobs[i]->p || rows[i] < 0 || rows[i] >= n_rows) return -1;
