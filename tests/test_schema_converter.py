@@ -5,6 +5,7 @@ mode, references, pydantic input, and no crash on arbitrary input."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import re
@@ -494,6 +495,38 @@ def test_references() -> None:
     seen = []
     g = grammar(schema, retrieve=lambda uri: seen.append(uri) or {"type": "string"})
     assert seen == ["https://example.com/other.json"]
+
+
+def test_copies_of_a_subschema_are_written_once() -> None:
+    """Copies of one subschema that differ only in annotations (a definition written out
+    inline at each use, as Kubernetes' schemas are) give the rules one shared subschema
+    gives; whatever a validator reads still tells subschemas apart: property names (even
+    ``description``), const values, and the types of equal numbers."""
+    point = {
+        "type": "object",
+        "properties": {"x": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}}},
+        "required": ["x"],
+    }
+    shared = {"type": "object", "properties": {"a": point, "b": point}}
+    first, second = copy.deepcopy(point), copy.deepcopy(point)
+    first.update(description="first", title="A", **{"x-kind": 1, "$comment": "c"})
+    second.update(default={"x": 0}, examples=[{"x": 1}], deprecated=True, readOnly=True)
+    second["properties"]["tags"]["items"]["description"] = "a tag"
+    copies = {"type": "object", "properties": {"a": first, "b": second}}
+    assert schema_to_gbnf(copies) == schema_to_gbnf(shared)
+    assert schema_to_gbnf(copies, validator=True) == schema_to_gbnf(shared, validator=True)
+    for p, q, vp, vq in [
+        ({"properties": {"description": {"const": 1}}}, {"properties": {"description": {"const": 2}}}, 1, 2),
+        ({"properties": {"x-a": {"const": 1}}}, {"properties": {"x-a": {"const": 2}}}, 1, 2),
+    ]:
+        g = grammar({"type": "object", "properties": {"p": p, "q": q}, "required": ["p", "q"]}, validator=True)
+        key = next(iter(p["properties"]))
+        assert both(g, {"p": {key: vp}, "q": {key: vq}})
+        assert not both(g, {"p": {key: vq}, "q": {key: vp}})
+    for vp, vq in [({"description": 1}, {"description": 2}), (1, True), (0, False), (1, 1.5), ("x-1", "x-2")]:
+        g = grammar({"properties": {"p": {"const": vp}, "q": {"const": vq}}, "required": ["p", "q"]}, validator=True)
+        assert both(g, {"p": vp, "q": vq})
+        assert not both(g, {"p": vq, "q": vp})
 
 
 def test_warnings_and_strict_mode() -> None:

@@ -317,6 +317,11 @@ class Lowering:
         self._busy: set[tuple[Node, bool]] = set()
         #: (base URI, $ref) -> what the reference resolves to (see :meth:`_ref`)
         self._lookups: dict[tuple[str, str], Any] = {}
+        #: a schema value's shape: equal shapes for equal JSON values (see :meth:`shape`)
+        self._shapes: dict[Any, int] = {}
+        #: id(dict or list) -> (the value, kept alive so that its id stays its own; its shape)
+        self._shape_of: dict[int, tuple[Any, int]] = {}
+        self._value_shape_of: dict[int, tuple[Any, int]] = {}
         #: whether the atoms being lowered will be complemented (an odd number of
         #: complements above): relaxations then accept less (see :meth:`lower`)
         self.neg = False
@@ -350,7 +355,47 @@ class Lowering:
             self.warn("$id", ptr, f"ignored: the identifier is not one ({type(e).__name__}: {e})")
             sub = resolver
         scope = tuple(dict.fromkeys(u for u, _ in sub.dynamic_scope())) if self.dynamic else ()
-        return Node("schema", schema=schema, resolver=sub, ptr=ptr, key=("schema", id(schema), sub._base_uri, scope))
+        key = ("schema", self.shape(schema), sub._base_uri, scope)
+        return Node("schema", schema=schema, resolver=sub, ptr=ptr, key=key)
+
+    def shape(self, v: Any) -> Any:
+        """A hashable stand-in for the subschema ``v``: equal for subschemas that differ
+        only in annotations (``description``, ``title``, ``default``, ``examples``, ``x-``
+        extensions: :data:`_NOT_READ`), so that the copies of one definition written out
+        inline (as in Kubernetes' schemas) are one node, lowered and written once. Keys
+        count in their order (``properties`` order is the default key order)."""
+        if not isinstance(v, dict):
+            return self._value_shape(v) if isinstance(v, list) else (type(v), repr(v))
+        hit = self._shape_of.get(id(v))
+        if hit is not None:
+            return hit[1]
+        parts: list[Any] = [0]
+        for k, x in v.items():
+            if k in _NOT_READ or (isinstance(k, str) and k.startswith("x-")):
+                continue
+            if k in _SUBSCHEMA:
+                parts.append((k, self.shape(x) if not isinstance(x, list) else (1, *map(self.shape, x))))
+            elif k in _SUBSCHEMA_MAPS and isinstance(x, dict):
+                parts.append((k, (2, *[(name, self.shape(y)) for name, y in x.items()])))
+            else:
+                parts.append((k, self._value_shape(x)))
+        sid = self._shapes.setdefault(tuple(parts), len(self._shapes))
+        self._shape_of[id(v)] = (v, sid)
+        return sid
+
+    def _value_shape(self, v: Any) -> Any:
+        """A hashable stand-in for a JSON value (every key counts), equal for equal values
+        of the same types."""
+        if isinstance(v, dict | list):
+            hit = self._value_shape_of.get(id(v))
+            if hit is not None:
+                return hit[1]
+            sub = self._value_shape
+            t = (3, *[(k, sub(x)) for k, x in v.items()]) if isinstance(v, dict) else (4, *map(sub, v))
+            sid = self._shapes.setdefault(t, len(self._shapes))
+            self._value_shape_of[id(v)] = (v, sid)
+            return sid
+        return (type(v), repr(v))
 
     def draft(self) -> str:
         return _SPEC_DRAFT.get(self.specification.name, "draft2020-12")
@@ -1374,6 +1419,35 @@ def _pattern_dfa(pattern: str) -> Any:
 #: the keywords :meth:`Lowering._number` reads
 _NUMBER_KEYWORDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
 #: the keywords of the applicators :meth:`Lowering._schema` reads after ``_local``
+#: keywords the converter never reads (annotations): a subschema's shape leaves them out
+_NOT_READ = frozenset(
+    {"title", "description", "default", "examples", "example", "$comment", "deprecated", "readOnly", "writeOnly"}
+)
+#: keywords whose value is a subschema or a list of them, and those whose value maps
+#: names to subschemas
+_SUBSCHEMA = frozenset(
+    {
+        "items",
+        "additionalItems",
+        "additionalProperties",
+        "not",
+        "if",
+        "then",
+        "else",
+        "contains",
+        "propertyNames",
+        "unevaluatedItems",
+        "unevaluatedProperties",
+        "contentSchema",
+        "allOf",
+        "anyOf",
+        "oneOf",
+        "prefixItems",
+    }
+)
+_SUBSCHEMA_MAPS = frozenset(
+    {"properties", "patternProperties", "definitions", "$defs", "dependentSchemas", "dependencies"}
+)
 _APPLICATORS = frozenset({"allOf", "anyOf", "oneOf", "not", "if"})
 #: the keywords :meth:`Lowering._dependencies` reads
 _DEPENDENCY_KEYWORDS = frozenset({"dependentRequired", "dependentSchemas", "dependencies"})
