@@ -426,6 +426,42 @@ def test_property_order_and_undeclared_keys() -> None:
         schema_to_gbnf(schema, property_order="llama")
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from("abcdefg"), st.booleans(), st.booleans()), max_size=7),
+    st.sampled_from([None, True, False, {"type": "integer"}]),
+    st.sampled_from(["schema", "required-first"]),
+    st.sampled_from(["declared", "schema"]),
+)
+def test_schema_order_rules_equal_the_automaton(
+    keys: list[tuple[str, bool, bool]], additional: Any, order: str, extra: str
+) -> None:
+    """An object in schema order that counts no keys is written at once
+    (``Emitter._schema_order_rules``): the same text, names and alternatives as the
+    general automaton (``_schema_order_automaton``), nested objects included."""
+    from samplers.grammar.schema._emit import Emitter
+
+    props: dict[str, Any] = {}
+    required = []
+    for k, req, nested in keys:
+        props[k] = {"type": "object", "properties": {"x": {}, "y": {}}, "required": ["y"]} if nested else {}
+        if req:
+            required.append(k)
+    schema: dict[str, Any] = {"type": "object", "properties": props, "required": required}
+    if additional is not None:
+        schema["additionalProperties"] = additional
+    options = {"property_order": order, "additional_properties": extra}
+    fast = schema_to_gbnf(schema, **options)
+    general = Emitter._schema_order_rules
+    try:
+        Emitter._schema_order_rules = lambda self, a, keys, pairs, free: self._schema_order_automaton(  # type: ignore[method-assign]
+            a, keys, pairs, free, False, 0
+        )
+        assert schema_to_gbnf(schema, **options) == fast
+    finally:
+        Emitter._schema_order_rules = general  # type: ignore[method-assign]
+
+
 def test_objects_with_patterns_names_and_dependencies() -> None:
     g = grammar(
         {

@@ -666,6 +666,15 @@ class Emitter:
         n = len(keys)
         counted, cap = self._counts(a, n + 2, ptr)
         free = self.rs.add("pair", " | ".join(others)) if others else ""
+        if not counted and 2 * n + 2 <= self.rs.max_rules // 2:
+            return self._schema_order_rules(a, keys, pairs, free)
+        return self._schema_order_automaton(a, keys, pairs, free, counted, cap)
+
+    def _schema_order_automaton(
+        self, a: Obj, keys: list[str], pairs: dict[str, str], free: str, counted: bool, cap: int
+    ) -> str:
+        """The object's rules in schema order, as an automaton (:func:`automaton`)."""
+        n = len(keys)
 
         # state (i, count, first): key i comes next or, if optional, is skipped (an empty
         # step: one derivation per text, and O(n) alternatives in all); undeclared keys
@@ -690,6 +699,36 @@ class Emitter:
 
         head = automaton(self.rs, "obj", (0, 0, True), step, label=triple_label)
         return "" if head is None else f'"{{" ws {head}'
+
+    def _schema_order_rules(self, a: Obj, keys: list[str], pairs: dict[str, str], free: str) -> str:
+        """The rules :meth:`_schema_order_automaton` makes when it counts no keys,
+        written at once (the same rules, names and alternatives in the same order; every
+        state can end, and only the states reached get a rule): ``obj-<i>-0-f`` before any
+        key, ``obj-<i>-0-n`` after one, key ``i`` next."""
+        rs = self.rs
+        n = len(keys)
+        required = a.required
+        # the states before any key: 0, and each after an optional key (skipped)
+        lead = 1
+        while lead <= n and keys[lead - 1] not in required:
+            lead += 1
+        first = [rs.fresh(f"obj-{i}-0-f") for i in range(lead)]
+        later = [""] + [rs.fresh(f"obj-{i}-0-n") for i in range(1, n + 1)]
+        if n == 0 and free:
+            later[0] = rs.fresh("obj-0-0-n")
+        define = rs.define
+        for i in range(n + 1):
+            for name, sep in ((first[i] if i < lead else "", ""), (later[i], '"," ws ')):
+                if not name:
+                    continue
+                if i < n:
+                    body = f"{sep}{pairs[keys[i]]} {later[i + 1]}"
+                    if keys[i] not in required:
+                        body += f" | {first[i + 1] if sep == '' else later[i + 1]}"
+                else:
+                    body = f'"}}" | {sep}{free} {later[n]}' if free else '"}"'
+                define(name, body)
+        return f'"{{" ws {first[0]}'
 
 
 def _and(d: dfa_mod.DFA | None, e: dfa_mod.DFA) -> dfa_mod.DFA:
