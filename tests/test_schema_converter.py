@@ -9,7 +9,9 @@ import copy
 import functools
 import json
 import re
+import urllib.parse
 import warnings
+from collections.abc import Iterator
 from fractions import Fraction
 from typing import Any
 
@@ -531,6 +533,76 @@ def test_references() -> None:
     seen = []
     g = grammar(schema, retrieve=lambda uri: seen.append(uri) or {"type": "string"})
     assert seen == ["https://example.com/other.json"]
+
+
+def _pointers(doc: Any, path: str = "#") -> Iterator[str]:
+    """The JSON pointer of every value in ``doc``, spelt as a ``$ref`` (keys escaped,
+    some percent-encoded, array indexes with and without leading zeros), and some that
+    point nowhere."""
+    yield path + "/nowhere"
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            step = k.replace("~", "~0").replace("/", "~1")
+            p = f"{path}/{step}"
+            yield p
+            if "%" in step or " " in step:
+                yield f"{path}/{urllib.parse.quote(step)}"
+            yield from _pointers(v, p)
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            yield f"{path}/{i}"
+            yield f"{path}/0{i}"
+            yield from _pointers(v, f"{path}/{i}")
+
+
+@pytest.mark.parametrize("draft", ["4", "2020-12"])
+def test_local_pointers_resolve_as_referencing_does(draft: str) -> None:
+    """A ``$ref`` that is a JSON pointer into the root document is looked up without
+    ``referencing`` (``Lowering._local_pointer``) only where that gives what
+    ``referencing`` gives: the same value from the same scope; anything else (an
+    identifier on the way, a pointer to nowhere, a leading zero) goes to ``referencing``."""
+    from referencing import Registry, Resource
+    from referencing.jsonschema import specification_with
+
+    from samplers.grammar.schema import DRAFT_URIS
+    from samplers.grammar.schema._lower import _MISSING, Lowering
+
+    key = "id" if draft == "4" else "$id"
+    doc = {
+        "definitions": {
+            "a~b/c%d": {"type": "integer"},
+            "x~1y": {"type": "boolean"},
+            "x/y": {"type": "number"},
+            "with space": {"allOf": [{"type": "string"}, {"items": [{"const": 1}, True]}]},
+            "scoped": {key: "http://example.com/other.json", "properties": {"x": {"type": "null"}}},
+            "é": {"enum": [{key: "not an identifier here"}]},
+            "nested": {"definitions": {"deep": {"minimum": 1}}},
+        },
+        "properties": {"p": {"$ref": "#/definitions/nested/definitions/deep"}},
+    }
+    spec = specification_with(DRAFT_URIS[draft])
+    root = Resource(contents=doc, specification=spec)  # type: ignore[call-arg]
+    resolver = Registry().with_resource("", root).resolver(base_uri="")
+    low = Lowering(lambda *_: None, False)
+    low.specification = spec
+    low.root, low.root_doc, low.root_base = resolver, doc, ""
+    local = 0
+    for ref in _pointers(doc):
+        found = low._local_pointer(ref)
+        if found is _MISSING:
+            continue
+        local += 1
+        try:
+            resolved = resolver.lookup(ref)
+        except AttributeError:  # referencing's own error past 2020-12's items given a list
+            assert draft == "2020-12" and "/items" in ref
+            continue
+        assert resolved.contents is found, ref
+        assert resolved.resolver._base_uri == "", ref
+    assert local > 20
+    assert low._local_pointer("#/definitions/scoped/properties/x") is _MISSING
+    assert low._local_pointer("#/definitions/with space/allOf/01") is _MISSING
+    assert low._local_pointer("#/definitions/a~0b~1c%25d") is doc["definitions"]["a~b/c%d"]  # type: ignore[index]
 
 
 def test_copies_of_a_subschema_are_written_once() -> None:

@@ -236,6 +236,8 @@ def schema_to_gbnf(
         low = Lowering(warn, formats == "assert", budget)
         low.specification = spec
         low.root = resolver
+        low.root_doc = data
+        low.root_base = base
         low.annotations = annotations
         low.dynamic = dynamic
         rs = RuleSet(max_rules=budget.max_rules)

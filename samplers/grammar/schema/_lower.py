@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any
+from urllib.parse import unquote
 
 from ..errors import SchemaError
 from ._budget import LEVELS, Budget, TooLarge
@@ -1009,6 +1010,10 @@ class Lowering:
         # same base URI (nodes are told apart by that base alone): looked up once
         key = (r._base_uri, ref)
         resolved = None if self.dynamic else self._lookups.get(key)
+        if resolved is None and not self.dynamic and r._base_uri == self.root_base and ref.startswith("#/"):
+            target = self._local_pointer(ref)
+            if target is not _MISSING:
+                resolved = self._lookups[key] = _Resolved(target, r)
         if resolved is None:
             try:
                 resolved = r.lookup(ref)
@@ -1024,6 +1029,36 @@ class Lowering:
                 if not self.dynamic:
                     self._lookups[key] = resolved
         return self.node(resolved.contents, resolved.resolver, f"{ptr}/$ref({ref})", enter=False)
+
+    def _local_pointer(self, ref: str) -> Any:
+        """What the JSON-pointer ``$ref`` ``#/...`` points at in the root document, as
+        ``referencing`` resolves it from the root's scope (the pointer percent-decoded,
+        split at ``/``, each key's ``~1`` and ``~0`` replaced), looked up here without its
+        resolver objects; :data:`_MISSING` where that is not plain: a segment that does not
+        resolve, or a subschema with an identifier on the way (the resolver would enter
+        it)."""
+        doc = self.root_doc
+        id_of = self.specification.id_of
+        for part in unquote(ref[2:]).split("/"):
+            if isinstance(doc, dict):
+                if "~" in part:
+                    part = part.replace("~1", "/").replace("~0", "~")
+                if part not in doc:
+                    return _MISSING
+                doc = doc[part]
+            elif isinstance(doc, list):
+                if not part.isdigit() or (len(part) > 1 and part[0] == "0") or int(part) >= len(doc):
+                    return _MISSING
+                doc = doc[int(part)]
+            else:
+                return _MISSING
+            if isinstance(doc, dict):
+                try:
+                    if id_of(doc) is not None:
+                        return _MISSING
+                except Exception:
+                    return _MISSING
+        return doc
 
     def _from_root(self, ref: str, ptr: str) -> Any:
         """A JSON-pointer ``$ref`` (``#/definitions/a/definitions/b``) that does not resolve
@@ -1343,9 +1378,26 @@ class Lowering:
     specification: Any = None
     #: the resolver of the document's root (where a lost JSON-pointer $ref is looked up)
     root: Any = None
+    #: the root document and its base URI (see :meth:`_local_pointer`)
+    root_doc: Any = None
+    root_base: str | None = None
     dynamic: bool = False
     #: whether the document has unevaluated* keywords (then annotations of a lone ``if`` count)
     annotations: bool = False
+
+
+class _Resolved:
+    """A ``$ref`` resolved without ``referencing`` (the two fields of its ``Resolved``)."""
+
+    __slots__ = ("contents", "resolver")
+
+    def __init__(self, contents: Any, resolver: Any) -> None:
+        self.contents = contents
+        self.resolver = resolver
+
+
+#: what :meth:`Lowering._local_pointer` gives for a pointer it does not resolve itself
+_MISSING = object()
 
 
 def value_node(a: Obj, key: str, strict: bool = False) -> Node:
