@@ -281,6 +281,19 @@ def test_harmless_metaschema_errors_are_warnings() -> None:
         schema_to_gbnf({**schema, "properties": {"code": {"enum": "GB"}}})
 
 
+def test_harmless_errors_under_an_alternative_are_each_reported() -> None:
+    """Harmless errors that the metaschema finds inside one of its ``anyOf`` alternatives
+    (draft 4's ``items``: a schema or an array of them) are each a warning, the same in
+    every process: one of them was reported, which one depending on the process's string
+    hashes."""
+    item = {"type": "object", "properties": {k: {"enum": [v, v]} for k, v in zip("abcd", "wxyz", strict=True)}}
+    schema = {"$schema": "http://json-schema.org/draft-04/schema#", "properties": {"room": {"items": item}}}
+    _, found = convert(schema, validator=True)
+    assert [w for w in found if "repeated" in w] == [
+        f"#/properties/room/items/properties/{k}: enum: repeated values are read once" for k in "abcd"
+    ]
+
+
 def test_identifiers_that_are_not_and_pointers_lost_in_a_scope() -> None:
     """Draft 4's ``id`` given an object (a property written where a keyword goes, in a
     schema the metaschema does not see: under an unknown keyword, reached by ``$ref``) is

@@ -156,30 +156,35 @@ def harmless(data: Any, draft: str) -> list[str] | None:
     that never checked them have these."""
     notes: list[str] = []
     for e in meta_validator(draft).iter_errors(data):
-        note = _harmless(e)
-        if note is None:
+        found = _harmless(e)
+        if found is None:
             return None
-        notes.append(note)
+        notes += found
     return list(dict.fromkeys(notes))
 
 
-def _harmless(e: Any) -> str | None:
+def _harmless(e: Any) -> list[str] | None:
+    """:func:`harmless`'s notes for one error (None: not harmless). Under ``anyOf`` or
+    ``oneOf``, those of the first alternative (in the metaschema's order) whose errors
+    are all harmless, every one of them, sorted: the order in which ``jsonschema`` lists
+    an alternative's errors is not the document's, and can change from process to
+    process."""
     path = list(e.absolute_path)
     key = path[-1] if path else None
     where = pointer(path[:-1])
     if e.validator == "uniqueItems" and key in ("enum", "required", "type"):
-        return f"{where}: {key}: repeated values are read once"
+        return [f"{where}: {key}: repeated values are read once"]
     if e.validator == "minItems" and e.validator_value == 1 and key in ("enum", "required") and e.instance == []:
         meaning = "no key is required" if key == "required" else "no value is allowed"
-        return f"{where}: {key}: an empty array ({meaning})"
+        return [f"{where}: {key}: an empty array ({meaning})"]
     if e.validator in ("anyOf", "oneOf") and e.context:
         branches: dict[Any, list[Any]] = {}
         for sub in e.context:
             branches.setdefault(sub.relative_schema_path[0], []).append(sub)
-        for subs in branches.values():
+        for _, subs in sorted(branches.items(), key=lambda kv: kv[0] if isinstance(kv[0], int) else -1):
             notes = [_harmless(x) for x in subs]
             if all(n is not None for n in notes):
-                return notes[0]
+                return sorted({x for n in notes if n is not None for x in n})
     return None
 
 
