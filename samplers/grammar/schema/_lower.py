@@ -356,7 +356,9 @@ class Lowering:
             self.warn("$id", ptr, f"ignored: the identifier is not one ({type(e).__name__}: {e})")
             sub = resolver
         scope = tuple(dict.fromkeys(u for u, _ in sub.dynamic_scope())) if self.dynamic else ()
-        key = ("schema", self.shape(schema), sub._base_uri, scope)
+        # (the document itself is a node of its own: its shape would walk all of it, the
+        # definitions no reference reaches included)
+        key = ("schema", -1 if schema is self.root_doc else self.shape(schema), sub._base_uri, scope)
         return Node("schema", schema=schema, resolver=sub, ptr=ptr, key=key)
 
     def shape(self, v: Any) -> Any:
@@ -366,17 +368,19 @@ class Lowering:
         inline (as in Kubernetes' schemas) are one node, lowered and written once. Keys
         count in their order (``properties`` order is the default key order)."""
         if not isinstance(v, dict):
-            return self._value_shape(v) if isinstance(v, list) else (type(v), repr(v))
+            return self._value_shape(v)
         hit = self._shape_of.get(id(v))
         if hit is not None:
             return hit[1]
         parts: list[Any] = [0]
+        kinds = _KEY_KINDS
         for k, x in v.items():
-            if k in _NOT_READ or (isinstance(k, str) and k.startswith("x-")):
+            kind = kinds.get(k, 0) if type(k) is str else 4
+            if kind == 1 or (kind == 0 and k.startswith("x-")):
                 continue
-            if k in _SUBSCHEMA:
+            if kind == 2:
                 parts.append((k, self.shape(x) if not isinstance(x, list) else (1, *map(self.shape, x))))
-            elif k in _SUBSCHEMA_MAPS and isinstance(x, dict):
+            elif kind == 3 and isinstance(x, dict):
                 parts.append((k, (2, *[(name, self.shape(y)) for name, y in x.items()])))
             else:
                 parts.append((k, self._value_shape(x)))
@@ -396,7 +400,9 @@ class Lowering:
             sid = self._shapes.setdefault(t, len(self._shapes))
             self._value_shape_of[id(v)] = (v, sid)
             return sid
-        return (type(v), repr(v))
+        if type(v) is str:
+            return v  # (every other value is an int or a tuple)
+        return (type(v), repr(v) if isinstance(v, float) else v)
 
     def draft(self) -> str:
         return _SPEC_DRAFT.get(self.specification.name, "draft2020-12")
@@ -1500,6 +1506,14 @@ _SUBSCHEMA = frozenset(
 _SUBSCHEMA_MAPS = frozenset(
     {"properties", "patternProperties", "definitions", "$defs", "dependentSchemas", "dependencies"}
 )
+#: a key's part in a subschema's shape: 1 left out, 2 a subschema (or a list of them),
+#: 3 names to subschemas; any other key's value is a plain value (a key that begins with
+#: ``x-`` left out)
+_KEY_KINDS = {
+    **{k: 1 for k in _NOT_READ},
+    **{k: 2 for k in _SUBSCHEMA},
+    **{k: 3 for k in _SUBSCHEMA_MAPS},
+}
 _APPLICATORS = frozenset({"allOf", "anyOf", "oneOf", "not", "if"})
 #: the keywords :meth:`Lowering._dependencies` reads
 _DEPENDENCY_KEYWORDS = frozenset({"dependentRequired", "dependentSchemas", "dependencies"})
