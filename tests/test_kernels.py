@@ -126,9 +126,9 @@ def _masked_reference(row: np.ndarray, allowed: np.ndarray, k: int) -> tuple[np.
 
 
 @given(
-    st.integers(1, 200),
+    st.integers(1, 1200),  # (over 8 words: the zero words skipped eight at a time)
     st.integers(1, 50),
-    st.sampled_from([0.0, 0.02, 0.3, 0.9, 1.0]),  # share allowed: none, few, many, all
+    st.sampled_from([0.0, 0.002, 0.02, 0.3, 0.9, 1.0]),  # share allowed: none, very few, few, many, all
     st.sampled_from([3, 50, 4000]),  # few distinct values: many ties
     st.integers(0, 2**32 - 1),
     st.booleans(),
@@ -159,6 +159,26 @@ def test_masked_top_k_equals_a_stable_sort_of_the_masked_row(
     np.testing.assert_array_equal(lg[:k], want_lg)
     assert got == int(np.count_nonzero(want_lg > -math.inf))
     assert ids[k:].tolist() == [-7, -7] and lg[k:].tolist() == [7.0, 7.0]  # nothing past k
+
+
+def test_masked_top_k_finds_a_lone_allowed_token_anywhere() -> None:
+    """A mask that allows one token (or two), at every position of a row of three and a
+    bit blocks of eight words (the zero words are skipped eight at a time): that token
+    first, then the lowest positions at -inf."""
+    n = 32 * 8 * 3 + 5
+    row = np.linspace(-1.0, 1.0, n, dtype=np.float32)
+    ids, lg = np.empty(3, np.int32), np.empty(3, np.float32)
+    for p in range(n):
+        for q in sorted({p, (p * 7 + 300) % n}):
+            words = np.zeros((n + 31) // 32, dtype=np.uint32)
+            words[p >> 5] |= np.uint32(1 << (p & 31))
+            words[q >> 5] |= np.uint32(1 << (q & 31))
+            got = kernels.masked_top_k(row, words, 3, ids, lg)
+            allowed = sorted({p, q}, reverse=True)
+            assert got == len(allowed)
+            assert ids[: len(allowed)].tolist() == allowed
+            rest = [i for i in range(n) if i not in allowed][: 3 - len(allowed)]
+            assert ids[len(allowed) :].tolist() == rest
 
 
 def test_masked_top_k_checks_its_arguments() -> None:

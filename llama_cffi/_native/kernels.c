@@ -187,9 +187,35 @@ int32_t llama_cffi_masked_top_k(int32_t n, const float *row, const uint32_t *wor
     int32_t m = 0;
     const int32_t n_words = (int32_t)(((int64_t)n + 31) / 32);
     for (int32_t w = 0; w < n_words; w++) {
+        if ((w & 7) == 0 && w + 8 <= n_words) {
+            /* eight words at once: most of a narrow mask (a grammar's structural position
+               allows a few tokens of 262,144) is zero, and the word-by-word test cost ~3 us
+               per row */
+            uint64_t q[4];
+            memcpy(q, words + w, sizeof q);
+            if (!(q[0] | q[1] | q[2] | q[3])) {
+                w += 7;
+                continue;
+            }
+        }
         uint32_t bits = words[w];
         if (!bits) continue; /* (most words of a narrow mask) */
         if (w == n_words - 1 && (n & 31)) bits &= (UINT32_C(1) << (n & 31)) - 1; /* (padding bits) */
+        if (m == k && __builtin_popcount(bits) > 8) {
+            /* a wide word with the heap full: the max of its 32 values first (one vector
+               pass), and the word skipped when none beats the heap's worst (every value
+               in the heap is from a lower position: an equal value comes after it). A
+               NaN goes to the loop below, which refuses it. */
+            const int32_t base = w * 32, end = base + 32 <= n ? base + 32 : n;
+            float mx = -INFINITY;
+            int nan = 0;
+            for (int32_t p = base; p < end; p++) {
+                const float v = row[p];
+                nan |= v != v;
+                mx = v > mx ? v : mx;
+            }
+            if (!nan && !(mx > h[0].v)) continue;
+        }
         while (bits) {
             const int32_t p = w * 32 + __builtin_ctz(bits);
             bits &= bits - 1;
