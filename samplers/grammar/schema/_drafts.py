@@ -53,8 +53,9 @@ OLD_KEYWORDS: dict[str, tuple[str, frozenset[str]]] = {
     "$id": ("`$id` with a plain-name fragment", frozenset({"7", "6"})),
 }
 
-#: keywords whose value is a subschema, an array of them, or an object of them (any draft)
-_ONE = (
+#: keywords whose value is a subschema, an array of them, or an object of them (any draft;
+#: also what a subschema's shape reads as subschemas, ``_lower.Lowering.shape``)
+SUBSCHEMA_ONE = (
     "additionalItems",
     "additionalProperties",
     "contains",
@@ -68,8 +69,8 @@ _ONE = (
     "unevaluatedItems",
     "unevaluatedProperties",
 )
-_MANY = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
-_NAMED = ("$defs", "definitions", "dependencies", "dependentSchemas", "patternProperties", "properties")
+SUBSCHEMA_MANY = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+SUBSCHEMA_NAMED = ("$defs", "definitions", "dependencies", "dependentSchemas", "patternProperties", "properties")
 #: the scan does not look deeper than this
 MAX_DEPTH = 128
 
@@ -221,14 +222,14 @@ def scan(schema: Any) -> dict[str, str]:
                 found.setdefault("$id", f"{ptr}/$id")
         if depth >= MAX_DEPTH or _SUBSCHEMA_KEYS.isdisjoint(s):
             continue
-        for k in _ONE:
+        for k in SUBSCHEMA_ONE:
             if isinstance(s.get(k), dict):
                 todo.append((s[k], (where, k, None), depth + 1))
-        for k in _MANY:
+        for k in SUBSCHEMA_MANY:
             v = s.get(k)
             if isinstance(v, list):
                 todo.extend((x, (where, k, i), depth + 1) for i, x in enumerate(v))
-        for k in _NAMED:
+        for k in SUBSCHEMA_NAMED:
             v = s.get(k)
             if isinstance(v, dict):
                 todo.extend((x, (where, k, n), depth + 1) for n, x in v.items())
@@ -240,7 +241,7 @@ def scan(schema: Any) -> dict[str, str]:
 #: the keywords :func:`scan` reports (or reads to decide whether to report them)
 _OLD_OR_ID = frozenset({"items", "dependencies", "exclusiveMinimum", "exclusiveMaximum", "id", "$id"})
 #: the keywords :func:`scan` finds subschemas under
-_SUBSCHEMA_KEYS = frozenset(_ONE + _MANY + _NAMED)
+_SUBSCHEMA_KEYS = frozenset(SUBSCHEMA_ONE + SUBSCHEMA_MANY + SUBSCHEMA_NAMED)
 
 
 def _pointer(where: Any) -> str:

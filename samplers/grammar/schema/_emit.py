@@ -666,6 +666,7 @@ class Emitter:
         n = len(keys)
         counted, cap = self._counts(a, n + 2, ptr)
         free = self.rs.add("pair", " | ".join(others)) if others else ""
+        # (past half the rule budget, the automaton's own count decides when it is too large)
         if not counted and 2 * n + 2 <= self.rs.max_rules // 2:
             return self._schema_order_rules(a, keys, pairs, free)
         return self._schema_order_automaton(a, keys, pairs, free, counted, cap)

@@ -29,6 +29,7 @@ from urllib.parse import unquote
 
 from ..errors import SchemaError
 from ._budget import LEVELS, Budget, TooLarge
+from ._drafts import SUBSCHEMA_MANY, SUBSCHEMA_NAMED, SUBSCHEMA_ONE
 from ._numbers import NumberSpec
 
 __all__ = ["Lowering", "Node"]
@@ -1474,46 +1475,21 @@ def _pattern_dfa(pattern: str) -> Any:
         return None
 
 
-#: the keywords :meth:`Lowering._number` reads
-_NUMBER_KEYWORDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
-#: the keywords of the applicators :meth:`Lowering._schema` reads after ``_local``
 #: keywords the converter never reads (annotations): a subschema's shape leaves them out
 _NOT_READ = frozenset(
     {"title", "description", "default", "examples", "example", "$comment", "deprecated", "readOnly", "writeOnly"}
-)
-#: keywords whose value is a subschema or a list of them, and those whose value maps
-#: names to subschemas
-_SUBSCHEMA = frozenset(
-    {
-        "items",
-        "additionalItems",
-        "additionalProperties",
-        "not",
-        "if",
-        "then",
-        "else",
-        "contains",
-        "propertyNames",
-        "unevaluatedItems",
-        "unevaluatedProperties",
-        "contentSchema",
-        "allOf",
-        "anyOf",
-        "oneOf",
-        "prefixItems",
-    }
-)
-_SUBSCHEMA_MAPS = frozenset(
-    {"properties", "patternProperties", "definitions", "$defs", "dependentSchemas", "dependencies"}
 )
 #: a key's part in a subschema's shape: 1 left out, 2 a subschema (or a list of them),
 #: 3 names to subschemas; any other key's value is a plain value (a key that begins with
 #: ``x-`` left out)
 _KEY_KINDS = {
     **{k: 1 for k in _NOT_READ},
-    **{k: 2 for k in _SUBSCHEMA},
-    **{k: 3 for k in _SUBSCHEMA_MAPS},
+    **{k: 2 for k in (*SUBSCHEMA_ONE, *SUBSCHEMA_MANY)},
+    **{k: 3 for k in SUBSCHEMA_NAMED},
 }
+#: the keywords :meth:`Lowering._number` reads
+_NUMBER_KEYWORDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
+#: the keywords of the applicators :meth:`Lowering._schema` reads after ``_local``
 _APPLICATORS = frozenset({"allOf", "anyOf", "oneOf", "not", "if"})
 #: the keywords :meth:`Lowering._dependencies` reads
 _DEPENDENCY_KEYWORDS = frozenset({"dependentRequired", "dependentSchemas", "dependencies"})
