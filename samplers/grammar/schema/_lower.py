@@ -220,12 +220,26 @@ class Const:
     #: each value's canonical text (:func:`canon`), and their set: computed once
     keys: tuple[str, ...] = field(default=(), compare=False, repr=False)
     keyset: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
+    #: JSON type -> the constant of the values of that type (built on first use)
+    _by_type: Any = field(default=None, compare=False, repr=False)
     type = "const"
 
     def __post_init__(self) -> None:
         keys = tuple(canon(v) for v in self.values)
         object.__setattr__(self, "keys", keys)
         object.__setattr__(self, "keyset", frozenset(keys))
+
+    def of_type(self, t: str) -> Const | None:
+        """The values of JSON type ``t`` (None: there are none): the meet with every
+        value of the type, one object per type however often it is asked for."""
+        index = self._by_type
+        if index is None:
+            groups: dict[str, list[Any]] = {}
+            for v in self.values:
+                groups.setdefault(json_type(v), []).append(v)
+            index = {k: Const(tuple(vs)) for k, vs in groups.items()}
+            object.__setattr__(self, "_by_type", index)
+        return index.get(t)
 
 
 Atom = Null | Bool | Num | Str | Arr | Obj | Const
@@ -332,6 +346,8 @@ class Lowering:
         #: atom pairs met so far, and the count at which the innermost oneOf gives up
         self._pairs = 0
         self._limit: int | None = None
+        #: (constant's keys, atom, neg) -> their meet (see :meth:`meet`)
+        self._const_meets: dict[tuple[Any, ...], Const | None] = {}
 
     # nodes ------------------------------------------------------------------------
 
@@ -665,9 +681,18 @@ class Lowering:
             assert isinstance(c, Const)
             if isinstance(other, Const):
                 vals = tuple(v for v, k in zip(c.values, c.keys, strict=True) if k in other.keyset)
-            else:
-                vals = tuple(v for v in c.values if self.matches(other, v))
-            return Const(vals) if vals else None
+                return Const(vals) if vals else None
+            if other == TYPE_ATOM[other.type]:
+                return c.of_type(other.type)
+            # an enum of a tag met again with each alternative it meets (an if chain on
+            # the tag): each value's match is asked once per constraint
+            memo_key = (c.keys, other, self.neg)
+            hit = self._const_meets.get(memo_key, _MISSING_MEET)
+            if hit is not _MISSING_MEET:
+                return hit
+            vals = tuple(v for v in c.values if self.matches(other, v))
+            out = self._const_meets[memo_key] = Const(vals) if vals else None
+            return out
         if x.type != y.type:
             return None
         if isinstance(x, Null):
@@ -1533,7 +1558,7 @@ def _type_counts(atoms: tuple[Atom, ...]) -> dict[str, int]:
 
 def _atom_key(a: Atom) -> Any:
     """A hashable key equal for equal atoms (a constant's values may be lists)."""
-    return ("const", tuple(canon(v) for v in a.values)) if isinstance(a, Const) else a
+    return ("const", a.keys) if isinstance(a, Const) else a
 
 
 def _dedupe(atoms: Iterable[Atom]) -> list[Atom]:
@@ -1616,6 +1641,9 @@ def _may_contain(outer: tuple[Any, ...] | None, inner: tuple[Any, ...] | None) -
     if inner[7] < outer[7]:
         return False
     return outer[8] is None or (inner[8] is not None and inner[8] <= outer[8])
+
+
+_MISSING_MEET = object()
 
 
 class _OverBudget(Exception):
