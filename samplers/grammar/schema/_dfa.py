@@ -12,7 +12,6 @@ beyond).
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -213,36 +212,81 @@ class _NFA:
         return frozenset(out)
 
 
-def _split(sets: list[Intervals]) -> list[tuple[int, int]]:
-    """The coarsest intervals on which every set in ``sets`` is constant."""
-    cuts = {0, MAX_CP + 1}
-    for ivs in sets:
+def _universal(nfa: _NFA, end: int) -> set[int]:
+    """The NFA states from which every string is accepted: a state whose moves to itself
+    cover every code point and whose closure reaches ``end`` (a searched pattern's
+    trailing ``.*``). A subset holding one accepts everything, whatever else it holds."""
+    full: Intervals = ((0, MAX_CP),)
+    out = set()
+    for s, moves in enumerate(nfa.moves):
+        own = [iv for ivs, t in moves if t == s for iv in ivs]
+        if own and norm(own) == full and end in nfa.closure(frozenset({s})):
+            out.add(s)
+    return out
+
+
+def _step(moves: list[tuple[Intervals, int]]) -> list[tuple[tuple[int, int], frozenset[int]]]:
+    """The moves of a subset of states split into disjoint pieces, each with the set of
+    states it leads to: a sweep over the intervals' ends, not a scan of every move per
+    piece (a subset of a searched pattern holds a state per count in flight)."""
+    events: list[tuple[int, int, int]] = []
+    for ivs, t in moves:
         for lo, hi in ivs:
-            cuts.add(lo)
-            cuts.add(hi + 1)
-    pts = sorted(cuts)
-    return [(a, b - 1) for a, b in itertools.pairwise(pts)]
+            events.append((lo, 1, t))
+            events.append((hi + 1, -1, t))
+    events.sort()
+    active: dict[int, int] = {}
+    out: list[tuple[tuple[int, int], frozenset[int]]] = []
+    i, n = 0, len(events)
+    while i < n:
+        at = events[i][0]
+        while i < n and events[i][0] == at:
+            _, d, t = events[i]
+            c = active.get(t, 0) + d
+            if c:
+                active[t] = c
+            else:
+                del active[t]
+            i += 1
+        if active and i < n:
+            out.append(((at, events[i][0] - 1), frozenset(active)))
+    return out
 
 
 def from_regex(node: Node, max_states: int = MAX_STATES) -> DFA:
-    """The DFA of an anchored regex tree (whole strings)."""
+    """The DFA of an anchored regex tree (whole strings). Subsets that hold a state of
+    :func:`_universal` are one state (they all accept every rest): a pattern searched
+    anywhere (``a{40}`` unanchored) would otherwise count on past its match in every
+    alternative still in flight, hundreds of states where tens say the same."""
     nfa = _NFA()
     start, end = nfa.state(), nfa.state()
     nfa.build(node, start, end, [max_states * 20])
-    first = nfa.closure(frozenset({start}))
+    universal = _universal(nfa, end)
+    every: frozenset[int] | None = None
+
+    def canon(states: frozenset[int]) -> frozenset[int]:
+        nonlocal every
+        closed = nfa.closure(states)
+        if universal and not universal.isdisjoint(closed):
+            if every is None:
+                every = nfa.closure(frozenset({min(universal & closed)}))
+            return every
+        return closed
+
+    first = canon(frozenset({start}))
     index = {first: 0}
     order = [first]
     edges: list[list[tuple[Intervals, int]]] = []
     i = 0
     while i < len(order):
         cur = order[i]
-        moves = [(ivs, t) for s in cur for ivs, t in nfa.moves[s]]
         by_target: dict[frozenset[int], list[tuple[int, int]]] = {}
-        for piece in _split([ivs for ivs, _ in moves]):
-            lo = piece[0]
-            targets = frozenset(t for ivs, t in moves if any(a <= lo <= b for a, b in ivs))
-            if targets:
-                by_target.setdefault(nfa.closure(targets), []).append(piece)
+        seen: dict[frozenset[int], frozenset[int]] = {}
+        for piece, targets in _step([m for s in cur for m in nfa.moves[s]]):
+            closed = seen.get(targets)
+            if closed is None:
+                closed = seen[targets] = canon(targets)
+            by_target.setdefault(closed, []).append(piece)
         row = []
         for target, pieces in by_target.items():
             if target not in index:
