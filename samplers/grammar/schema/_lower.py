@@ -239,7 +239,8 @@ class Const:
                 groups.setdefault(json_type(v), []).append(v)
             index = {k: Const(tuple(vs)) for k, vs in groups.items()}
             object.__setattr__(self, "_by_type", index)
-        return index.get(t)
+        found: Const | None = index.get(t)
+        return found
 
 
 Atom = Null | Bool | Num | Str | Arr | Obj | Const
@@ -687,9 +688,8 @@ class Lowering:
             # an enum of a tag met again with each alternative it meets (an if chain on
             # the tag): each value's match is asked once per constraint
             memo_key = (c.keys, other, self.neg)
-            hit = self._const_meets.get(memo_key, _MISSING_MEET)
-            if hit is not _MISSING_MEET:
-                return hit
+            if memo_key in self._const_meets:
+                return self._const_meets[memo_key]
             vals = tuple(v for v in c.values if self.matches(other, v))
             out = self._const_meets[memo_key] = Const(vals) if vals else None
             return out
@@ -1641,9 +1641,6 @@ def _may_contain(outer: tuple[Any, ...] | None, inner: tuple[Any, ...] | None) -
     if inner[7] < outer[7]:
         return False
     return outer[8] is None or (inner[8] is not None and inner[8] <= outer[8])
-
-
-_MISSING_MEET = object()
 
 
 class _OverBudget(Exception):
