@@ -164,6 +164,27 @@ def test_a_discriminated_oneof_stays_exact() -> None:
     assert not accepts(g, {"type": "T7", "p8": 1}) and not accepts(g, {"type": "T48"})
 
 
+def test_an_if_chain_on_a_tag_stays_exact() -> None:
+    """An allOf of if/then on a required tag's constants (JsonSchemaStore cloudify: 125
+    of them): two branches' conditions meet in no object, so the product of n branches
+    has n + 1 alternatives (each tag with its then, and none of the tags), not 2^n merged
+    into one that lets a tag take another tag's payload. 20 branches: exact, no warning."""
+    branches = [
+        {
+            "if": {"properties": {"kind": {"const": f"k{i}"}}},
+            "then": {"properties": {"v": {"const": i}}, "required": ["v"]},
+        }
+        for i in range(20)
+    ]
+    schema = {"type": "object", "properties": {"kind": {"type": "string"}}, "required": ["kind"], "allOf": branches}
+    for validator in (True, False):
+        g, found = convert(schema, validator=validator)
+        assert not found
+        assert accepts(g, {"kind": "k3", "v": 3}) and accepts(g, {"kind": "k19", "v": 19})
+        assert accepts(g, {"kind": "other"})  # no condition holds: no then applies
+        assert not accepts(g, {"kind": "k3", "v": 4}) and not accepts(g, {"kind": "k3"})
+
+
 def test_recursive_alternatives_are_told_apart_by_their_tags() -> None:
     """Avro's schema (Github_hard o90939): object alternatives of a recursive oneOf each
     tagged by an ``enum`` under "type". Meeting two of them lowered the recursive keys that
