@@ -49,6 +49,7 @@ from the network.
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -252,7 +253,7 @@ def schema_to_gbnf(
         except _budget.TooLarge as e:
             reason = str(e)
             continue  # too large: again under the next budget
-        _emit_warnings(found)
+        _emit_warnings(_coalesced(found))
         if rule is None:
             # no JSON value meets the schema: a grammar that accepts nothing
             return "root ::= [^\\x00-\\U0010FFFF]\n"
@@ -272,6 +273,26 @@ def _limits(b: Budget) -> str:
         f"at most {b.max_atoms} alternatives of a type, oneOf as anyOf past {b.one_of_work} products,"
         f" {b.tracked_required} required keys tracked in any order"
     )
+
+
+_MERGED = re.compile(r"relaxed: \d+ alternatives of type (\S+) \(")
+
+
+def _coalesced(found: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    """``found`` with one "alternatives merged" warning per pointer and JSON type, the
+    first: the products under one subschema are capped again at each keyword that meets
+    them (an if chain of 125 branches said so a dozen times at one pointer)."""
+    seen: set[tuple[str, str, str]] = set()
+    out = []
+    for w in found:
+        m = _MERGED.match(w[2])
+        if m is not None:
+            key = (w[0], w[1], m.group(1))
+            if key in seen:
+                continue
+            seen.add(key)
+        out.append(w)
+    return out
 
 
 def _emit_warnings(found: list[tuple[str, str, str]]) -> None:

@@ -85,7 +85,10 @@ def op_node(op: str, parts: tuple[Node, ...]) -> Node:
     uniq = tuple(dict.fromkeys(flat))
     if op in ("allOf", "anyOf") and len(uniq) == 1:
         return uniq[0]
-    return Node(op, uniq, key=(op, uniq))  # the parts themselves: their hashes are kept
+    # a node the converter makes (a property's value in a merged object, a complement's
+    # parts) reports at its first part's pointer: "#" would name the document's root
+    ptr = next((q.ptr for q in uniq if q.ptr != "#"), "#")
+    return Node(op, uniq, ptr=ptr, key=(op, uniq))  # the parts themselves: their hashes are kept
 
 
 TRUE = Node("true", key=("true",))
