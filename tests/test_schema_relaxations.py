@@ -379,6 +379,40 @@ def test_identifiers_that_are_not_and_pointers_lost_in_a_scope() -> None:
     assert accepts(g, {"app": {"name": "abc"}}) and not accepts(g, {"app": {"name": "abcd"}})
 
 
+def test_a_document_is_crawled_once_for_its_references() -> None:
+    """``referencing`` keeps a crawl of the document (its identifiers and anchors) in the
+    registry it returns, not in the resolvers made before: each subschema's resolver
+    crawled the whole document again at its first lookup, and a reference that did not
+    resolve in its scope was asked again at each use (Github_ultra o91126: 217 crawls, 1.2
+    s). Here 30 Heroku-style definitions, each with an ``id`` and pointers from the root
+    used twice: the document is crawled twice (the first failed lookup's own crawl, which
+    referencing drops, and the one kept), where it was crawled 30 times."""
+    from referencing import Registry
+
+    defs = {
+        f"d{i}": {
+            "id": f"schemata/d{i}",
+            "definitions": {"name": {"type": "string", "maxLength": 3}},
+            "properties": {
+                "a": {"$ref": f"#/definitions/d{i}/definitions/name"},
+                "b": {"$ref": f"#/definitions/d{i}/definitions/name"},
+            },
+        }
+        for i in range(30)
+    }
+    schema = {
+        "$schema": "http://json-schema.org/draft-04/schema#",
+        "definitions": defs,
+        "properties": {f"p{i}": {"$ref": f"#/definitions/d{i}"} for i in range(30)},
+    }
+    crawl = Registry.crawl
+    with mock.patch.object(Registry, "crawl", autospec=True, side_effect=crawl) as spy:
+        g, found = convert(schema, validator=True)
+    assert spy.call_count <= 2, spy.call_count
+    assert any("does not resolve in its scope" in w for w in found), found
+    assert accepts(g, {"p7": {"a": "abc", "b": ""}}) and not accepts(g, {"p29": {"b": "abcd"}})
+
+
 def test_a_schema_that_refers_to_itself_without_nesting() -> None:
     """``X = allOf [X, Y]`` before any property or item (a validator recurses without end;
     Cloudify's schema has one) is read as ``Y``, warned, where it was refused."""
