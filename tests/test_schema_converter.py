@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 from samplers.grammar import Grammar, SchemaError
 from samplers.grammar.json_schema import SchemaWarning, json_schema_to_gbnf, llama_cpp_json_schema_to_gbnf
 from samplers.grammar.schema import UnsupportedSchemaError, schema_to_gbnf
-from samplers.grammar.schema._dfa import from_regex
+from samplers.grammar.schema._dfa import from_regex, pattern
 from samplers.grammar.schema._numbers import NumberSpec
-from samplers.grammar.schema._regex import anchored, parse
+from samplers.grammar.schema._regex import RegexSyntaxError, anchored, parse
 from samplers.grammar.schema._rules import RuleSet
 from samplers.testing import SchemaExample, json_schemas
 
@@ -271,6 +271,21 @@ def test_minimized_automata_accept_the_same(pattern: str, texts: list[str]) -> N
             assert m.accepts(text) == a.accepts(text), text
     w = from_regex(anchored(parse("\\w"))).minimized()
     assert len(w.edges) == 2 and w.accepts("--a") and not w.accepts("--")
+
+
+def test_a_pattern_automaton_is_built_once_per_process() -> None:
+    """The emitter's pattern automata come from one cache (a schema meets a pattern again
+    in each product, class and key automaton): the same object each time, equal to a
+    construction of its own, and a pattern that cannot be built raises each time."""
+    d = pattern("^[a-c]{2,3}x|y$")
+    assert pattern("^[a-c]{2,3}x|y$") is d
+    fresh = from_regex(anchored(parse("^[a-c]{2,3}x|y$")))
+    assert (d.edges, d.accepting) == (fresh.edges, fresh.accepting)
+    for _ in range(2):
+        with pytest.raises(RegexSyntaxError):
+            pattern("a(")
+        with pytest.raises(OverflowError):
+            pattern("^a{700}$")
 
 
 def test_string_keywords_together() -> None:

@@ -225,9 +225,9 @@ class Emitter:
             try:
                 d = dfa_mod.length(a.min_len, a.max_len) if (a.min_len or a.max_len is not None) else None
                 for p in a.patterns:
-                    d = _and(d, dfa_mod.from_regex(anchored(parse(p))))
+                    d = _and(d, dfa_mod.pattern(p))
                 for p in a.not_patterns:
-                    d = _and(d, dfa_mod.from_regex(anchored(parse(p))).complement())
+                    d = _and(d, dfa_mod.pattern(p).complement())
                 if a.excluded:
                     d = _and(d, dfa_mod.literals(list(a.excluded)).complement())
                 for lo, hi in a.not_lengths:
@@ -502,7 +502,7 @@ class Emitter:
                 loose.append(p)
                 continue
             try:
-                exact.append((p, dfa_mod.from_regex(anchored(parse(p)))))
+                exact.append((p, dfa_mod.pattern(p)))
             except RegexSyntaxError as e:
                 from ..errors import SchemaError
 
@@ -741,9 +741,9 @@ def _str_dfa(a: Str) -> dfa_mod.DFA | None:
         return None
     d = dfa_mod.length(a.min_len, a.max_len) if (a.min_len or a.max_len is not None) else dfa_mod.length(0, None)
     for p in a.patterns:
-        d = d.intersect(dfa_mod.from_regex(anchored(parse(p))))
+        d = d.intersect(dfa_mod.pattern(p))
     for p in a.not_patterns:
-        d = d.intersect(dfa_mod.from_regex(anchored(parse(p))).complement())
+        d = d.intersect(dfa_mod.pattern(p).complement())
     if a.excluded:
         d = d.intersect(dfa_mod.literals(list(a.excluded)).complement())
     for lo, hi in a.not_lengths:
