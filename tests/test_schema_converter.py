@@ -643,6 +643,39 @@ def test_local_pointers_resolve_as_referencing_does(draft: str) -> None:
     assert low._local_pointer("#/definitions/a~0b~1c%25d") is doc["definitions"]["a~b/c%d"]  # type: ignore[index]
 
 
+_KEYS = ["a", "b", "c", "d"]
+
+
+@st.composite
+def _objects(draw: st.DrawFn) -> Any:
+    from samplers.grammar.schema._lower import FALSE, TRUE, Obj, const_node
+
+    values = st.sampled_from([TRUE, FALSE, const_node(1), const_node("x")])
+    props = tuple((k, draw(values)) for k in draw(st.lists(st.sampled_from(_KEYS), max_size=3)))
+    additional = tuple(
+        (
+            frozenset(draw(st.lists(st.sampled_from(_KEYS), max_size=3))),
+            draw(st.sampled_from([(), ("^a",)])),
+            draw(values),
+        )
+        for _ in range(draw(st.integers(0, 2)))
+    )
+    patterns = (("^b", draw(values)),) if draw(st.booleans()) else ()
+    return Obj(props=props, additional=additional, patterns=patterns)
+
+
+@settings(max_examples=300, deadline=None)
+@given(objs=st.lists(_objects(), min_size=1, max_size=6))
+def test_a_hulls_values_ask_only_the_objects_that_can_answer(objs: list[Any]) -> None:
+    """``_values_in_any`` (a hull's property values) skips the objects closed by an
+    ``additionalProperties: false`` that neither declares nor exempts a key: each value is
+    the node asking every object gives (``_value_in_any``)."""
+    from samplers.grammar.schema._lower import _value_in_any, _values_in_any
+
+    keys = [*dict.fromkeys(k for a in objs for k, _ in a.props), "e"]
+    assert _values_in_any(objs, keys) == tuple((k, _value_in_any(objs, k)) for k in keys)
+
+
 def test_copies_of_a_subschema_are_written_once() -> None:
     """Copies of one subschema that differ only in annotations (a definition written out
     inline at each use, as Kubernetes' schemas are) give the rules one shared subschema

@@ -634,7 +634,7 @@ class Lowering:
             )
         objs: list[Obj] = atoms  # type: ignore[assignment]
         keys = list(dict.fromkeys(k for a in objs for k, _ in a.props))
-        props = tuple((k, _value_in_any(objs, k)) for k in keys)
+        props = _values_in_any(objs, keys)
         catch = any_of(*(_undeclared_value(a) for a in objs))
         ev_patterns = tuple(dict.fromkeys(p for a in objs for p in a.ev_patterns))
         return Obj(
@@ -1636,6 +1636,31 @@ def _value_in_any(objs: list[Obj], key: str) -> Node:
             return TRUE
         parts.append(v)
     return any_of(*parts)
+
+
+def _values_in_any(objs: list[Obj], keys: list[str]) -> tuple[tuple[str, Node], ...]:
+    """``(key, _value_in_any(objs, key))`` for each key, asking of each key only the objects
+    whose value for it may be other than FALSE: an object closed by
+    ``additionalProperties: false`` (no patterns, nothing unevaluated) gives FALSE for a
+    key it neither declares nor exempts, and FALSE adds nothing to a union. A hull of 230
+    such objects and 340 keys (JsonSchemaStore service-schema) asked 78,000 value nodes."""
+    always: list[int] = []
+    by_key: dict[str, list[int]] = {}
+    for i, a in enumerate(objs):
+        names = None
+        if not a.patterns and not a.uneval:
+            names = next((ns for ns, pats, n in a.additional if not pats and n.key == ("false",)), None)
+        if names is None:
+            always.append(i)
+            continue
+        for k in {*names, *(k for k, _ in a.props)}:
+            by_key.setdefault(k, []).append(i)
+    out = []
+    for k in keys:
+        some = by_key.get(k)
+        idx = always if not some else sorted(always + some) if always else some
+        out.append((k, _value_in_any([objs[i] for i in idx], k)))
+    return tuple(out)
 
 
 def _undeclared_value(a: Obj) -> Node:
