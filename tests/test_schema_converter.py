@@ -288,6 +288,32 @@ def test_a_pattern_automaton_is_built_once_per_process() -> None:
             pattern("^a{700}$")
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    pats=st.lists(st.sampled_from(["^a", "b$", "^[ab]+$", "^x$", "c", "^a.b$"]), min_size=0, max_size=4, unique=True),
+    with_base=st.booleans(),
+)
+def test_key_classes_are_the_products_of_every_choice(pats: list[str], with_base: bool) -> None:
+    """The emitter's key classes (``_classes``, depth first, an empty prefix ending its
+    choices) are, in order, the non-empty products of matching or not each pattern, each
+    product equal to the one met pattern by pattern."""
+    import itertools
+
+    from samplers.grammar.schema._emit import _and, _classes
+
+    base = pattern("^[a-c]{0,3}$") if with_base else None
+    dfas = [pattern(p) for p in pats]
+    want = []
+    for matched in itertools.product((True, False), repeat=len(dfas)):
+        d = base
+        for pd, m in zip(dfas, matched, strict=True):
+            d = _and(d, pd if m else pd.complement())
+        if d is None or not d.empty():
+            want.append((matched, None if d is None else (d.edges, d.accepting)))
+    got = [(m, None if d is None else (d.edges, d.accepting)) for m, d in _classes(base, dfas)]
+    assert got == want
+
+
 def test_string_keywords_together() -> None:
     """Two patterns, a pattern with lengths, and a not-pattern are enforced together (an
     automaton product), with escapes and characters outside the BMP counted as one."""
