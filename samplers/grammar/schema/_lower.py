@@ -1068,8 +1068,12 @@ class Lowering:
                     failed = str(e)
                     if not self.dynamic:
                         self._unresolved[key] = failed
-                    if self._crawled is None:
-                        self._crawled = r._registry.crawl()
+                    reg = getattr(r, "_registry", None)  # (referencing's; absent: no reuse)
+                    if self._crawled is None and reg is not None:
+                        try:
+                            self._crawled = reg.crawl()
+                        except Exception:  # (a document its crawl refuses: each lookup says so)
+                            pass
                 except Exception as e:
                     raise SchemaError(
                         f"JSON schema error at {ptr}: cannot resolve $ref {ref!r}: {type(e).__name__}: {e}"
@@ -1077,8 +1081,9 @@ class Lowering:
                 else:
                     if not self.dynamic:
                         self._lookups[key] = resolved
-                    if resolved.resolver._registry is not r._registry:  # crawled (or retrieved to)
-                        self._crawled = resolved.resolver._registry
+                    reg = getattr(resolved.resolver, "_registry", None)
+                    if reg is not None and reg is not getattr(r, "_registry", None):  # crawled (or retrieved to)
+                        self._crawled = reg
             if failed is not None:
                 resolved = self._from_root(ref, ptr)  # (warns at each use: not kept)
                 if resolved is None:
@@ -1091,7 +1096,7 @@ class Lowering:
         keeps a crawl in the registry it returns, and every resolver made before (each
         subschema's) would crawl the whole document again at its first lookup of an
         identifier or anchor (217 times, 1.2 s, in Github_ultra o91126)."""
-        if self._crawled is None or r._registry is self._crawled:
+        if self._crawled is None or getattr(r, "_registry", self._crawled) is self._crawled:
             return r
         from attrs import evolve
 
