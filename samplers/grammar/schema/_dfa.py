@@ -317,7 +317,8 @@ def from_regex(node: Node, max_states: int = MAX_STATES) -> DFA:
 
 def pattern(p: str) -> DFA:
     """The DFA of the strings the ECMA-262 pattern ``p`` is found in (``from_regex`` of
-    the anchored parse, :data:`MAX_STATES`), kept per process: a schema meets its patterns
+    the anchored parse, :data:`MAX_STATES`), kept per process (the 1,024 last used; the
+    lowering's key matches read it too): a schema meets its patterns
     again in each product, class and key automaton they enter (Github_hard o3895: 11
     patterns, 93 constructions, one an alternation of 600 literals). Raises what the
     parse or the construction raises, each time. The DFA is shared: not to be changed."""
@@ -328,7 +329,7 @@ def pattern(p: str) -> DFA:
     return d
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=1024)
 def _pattern(p: str) -> tuple[DFA | None, type[Exception] | None, tuple[object, ...]]:
     try:
         return from_regex(anchored(parse(p))), None, ()

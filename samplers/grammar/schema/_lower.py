@@ -1528,14 +1528,13 @@ def _search(pattern: str, text: str) -> bool | None:
     return None if d is None else d.accepts(text)
 
 
-@functools.lru_cache(maxsize=1024)
 def _pattern_dfa(pattern: str) -> Any:
-    """The automaton of the strings ``pattern`` is found in (None: none can be built)."""
-    from ._dfa import from_regex
-    from ._regex import anchored, parse
+    """The automaton of the strings ``pattern`` is found in (None: none can be built): the
+    emitter's, from the one cache of pattern automata (:func:`._dfa.pattern`)."""
+    from ._dfa import pattern as pattern_dfa
 
     try:
-        return from_regex(anchored(parse(pattern)))
+        return pattern_dfa(pattern)
     except (ValueError, OverflowError):
         return None
 
