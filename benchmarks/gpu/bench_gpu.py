@@ -336,7 +336,7 @@ class Runner:
         t = time.monotonic()
         self.partial: tuple[str, str] | None = None
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+            p = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout, env=env)
         except subprocess.TimeoutExpired as exc:
 
             def text(x: Any) -> str:
@@ -850,6 +850,11 @@ def main() -> int:
         default="64",
         help="N for llama-batched -np N (host and --backend-sampling) against ours doing its loop ('' to skip)",
     )
+    ap.add_argument(
+        "--phases",
+        default="gen,batched,example",
+        help="each round's phases that run: gen (llama-bench), batched (llama-batched-bench), example (llama-batched)",
+    )
     ap.add_argument("--n-ctx-batched", type=int, default=4608)
     ap.add_argument("--ngl", type=int, default=99)
     ap.add_argument("--threads", type=int, default=8)
@@ -858,6 +863,9 @@ def main() -> int:
     a = ap.parse_args()
     a.npl = [int(x) for x in a.npl.split(",")]
     a.modes = [x for x in a.modes.split(",") if x]
+    a.phases = {x for x in a.phases.split(",") if x}
+    if not a.phases <= {"gen", "batched", "example"}:
+        ap.error(f"--phases takes gen, batched, example; not {sorted(a.phases)}")
     a.npl_example = [int(x) for x in a.npl_example.split(",") if x]
     need = a.npp + max(a.npl) * a.ntg
     if need > a.n_ctx_batched:
@@ -876,18 +884,21 @@ def main() -> int:
     # rounds interleave everything, so a run cut short by the budget still has every kind
     for r in range(a.rounds):
         sides = ("native", "ours") if r % 2 == 0 else ("ours", "native")
-        print(now(), f"--- round {r + 1}/{a.rounds}: generation + prefill ({' then '.join(sides)})", flush=True)
-        for side in sides:
-            R.gen_native() if side == "native" else R.gen_ours()
-            R.write()
-        print(now(), f"--- round {r + 1}/{a.rounds}: batched ({' then '.join(sides)})", flush=True)
-        for side in sides:
-            R.batched_native() if side == "native" else R.batched_ours()
-            R.write()
-        print(now(), f"--- round {r + 1}/{a.rounds}: llama-batched's loop ({' then '.join(sides)})", flush=True)
-        for side in sides:
-            R.example_native() if side == "native" else R.example_ours()
-            R.write()
+        if "gen" in a.phases:
+            print(now(), f"--- round {r + 1}/{a.rounds}: generation + prefill ({' then '.join(sides)})", flush=True)
+            for side in sides:
+                R.gen_native() if side == "native" else R.gen_ours()
+                R.write()
+        if "batched" in a.phases:
+            print(now(), f"--- round {r + 1}/{a.rounds}: batched ({' then '.join(sides)})", flush=True)
+            for side in sides:
+                R.batched_native() if side == "native" else R.batched_ours()
+                R.write()
+        if "example" in a.phases:
+            print(now(), f"--- round {r + 1}/{a.rounds}: llama-batched's loop ({' then '.join(sides)})", flush=True)
+            for side in sides:
+                R.example_native() if side == "native" else R.example_ours()
+                R.write()
     R.write()
     print()
     print(a.md.read_text(), flush=True)

