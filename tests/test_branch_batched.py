@@ -264,3 +264,103 @@ def test_an_error_after_a_completed_decode_keeps_the_step(tiny_model: Model) -> 
             assert b.entropy == pytest.approx(entropy(b.logits), rel=1e-12)
         store.step(store.sample(kids))
         assert all(b.tracker is not None and b.tracker.count == 3 for b in kids)
+
+
+def check_masks_made_during_the_decode(model: Model, monkeypatch: pytest.MonkeyPatch) -> None:
+    import samplers.branch as branch_mod
+
+    prompt = [int(t) for t in model.tokenize("once upon a time")]
+    reference = run(model, False, 8, prompt, True)
+    made: list[int] = []
+    real = branch_mod.BranchStore._prefetch_masks
+
+    def counted(self: BranchStore, branches: list[Branch]) -> Any:
+        out = real(self, branches)
+        firsts = [b.sampler.samplers[0] for b in branches]
+        made.append(sum(f._words() is not None for f in firsts if hasattr(f, "_words")))
+        return out
+
+    monkeypatch.setattr(branch_mod, "PREFETCH_WAIT_S", -1.0)
+    monkeypatch.setattr(branch_mod, "PREFETCH_KEEP_S", -1.0)
+    known: list[int] = []
+    real_known = branch_mod.BranchStore._known
+
+    def counted_known(self: BranchStore, group: list[Branch], rejected: list[int], k: int) -> Any:
+        out = real_known(self, group, rejected, k)
+        known.append(len(out[0]))
+        return out
+
+    monkeypatch.setattr(branch_mod.BranchStore, "_prefetch_masks", counted)
+    monkeypatch.setattr(branch_mod.BranchStore, "_known", counted_known)
+    assert_same_runs(run(model, True, 8, prompt, True), reference)
+    assert len(made) >= 7 and min(made) == 7  # the 7 branches under a grammar got their masks
+    assert sum(known) >= 8  # rejected rows took the candidates their measure made under the mask
+
+
+def test_masks_made_during_the_decode_change_nothing(monkeypatch: pytest.MonkeyPatch, tiny_model: Model) -> None:
+    """A store whose decodes leave the host waiting (a GPU) makes its grammars' masks for
+    the new states while the decode runs; here that is forced on the CPU: every chain kind
+    behind a grammar draws the same tokens, with the same metrics, as the row-by-row path,
+    and the masks were made during the decodes."""
+    check_masks_made_during_the_decode(tiny_model, monkeypatch)
+
+
+@pytest.mark.default_model
+def test_masks_made_during_the_decode_change_nothing_on_the_default_vocabulary(
+    monkeypatch: pytest.MonkeyPatch, default_model: Model
+) -> None:
+    """The same at 262,144 tokens (the masked top-k over whole rows)."""
+    check_masks_made_during_the_decode(default_model, monkeypatch)
+
+
+def test_the_mask_policy_follows_the_decodes_wait() -> None:
+    """Masks are made during a decode only after a step whose rows arrived late (the
+    device still computing once the host's work was done), and stop once a step that
+    made them found no time left."""
+    import samplers.branch as branch_mod
+
+    store = BranchStore.__new__(BranchStore)
+    store._prefetch = False
+    store._note_wait(0.0)  # llama.cpp's CPU backend: the rows are there when the call returns
+    assert store._prefetch is False
+    store._note_wait(branch_mod.PREFETCH_WAIT_S / 2)
+    assert store._prefetch is False
+    store._note_wait(branch_mod.PREFETCH_WAIT_S * 4)  # a GPU: the host waited
+    assert store._prefetch is True
+    store._note_wait(branch_mod.PREFETCH_KEEP_S * 4)  # the masks fitted in the decode's time
+    assert store._prefetch is True
+    store._note_wait(0.0)  # they took all of it: the host set the pace
+    assert store._prefetch is False
+
+
+def test_a_mask_that_fails_during_the_decode_leaves_the_step(
+    monkeypatch: pytest.MonkeyPatch, tiny_model: Model
+) -> None:
+    """Masks made during a decode are a saving, not a requirement: when making them fails,
+    the step completes (every branch advanced, its new row attached) and the sample makes
+    what it needs itself."""
+    import samplers.branch as branch_mod
+
+    def broken(self: BranchStore, todo: list[Branch]) -> None:
+        raise RuntimeError("no masks")
+
+    monkeypatch.setattr(branch_mod, "PREFETCH_WAIT_S", -1.0)
+    monkeypatch.setattr(branch_mod, "PREFETCH_KEEP_S", -1.0)
+    with tiny_model.context(n_ctx=256, n_seq_max=3, kv_unified=True) as ctx:
+        store = BranchStore(ctx)
+        root = store.create(tiny_model.tokenize("a b c"), sampler=S.SamplerChain([S.TopK(8), S.Dist(1)]))
+        root.set_grammar(GRAMMARS[0])
+        kids = [root, root.fork(seed=3)]
+        store.step(store.sample(kids))
+        moves = store.sample(kids)
+        monkeypatch.setattr(branch_mod.BranchStore, "_give_masks", broken)
+        before = [b.position for b in kids]
+        store.step(moves)
+        assert store._prefetch  # (it was tried)
+        assert [b.position for b in kids] == [p + 1 for p in before]
+        for b in kids:
+            assert b._row_i is not None
+            assert b.entropy == pytest.approx(entropy(b.logits), rel=1e-12)
+        monkeypatch.undo()
+        store.step(store.sample(kids))  # (a token the grammar refused would raise in its accept)
+        assert [b.position for b in kids] == [p + 2 for p in before]

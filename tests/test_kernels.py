@@ -320,6 +320,72 @@ def test_row_measures_equal_the_reference(case: tuple[np.ndarray, int], threads:
         assert meas.surprisal(s, float(rows[i][t])) == pytest.approx(surprisal(rows[i], t), rel=1e-12, abs=1e-12)
 
 
+@given(_row_cases(), st.integers(1, 4), st.integers(0, 2**32 - 1))
+def test_row_measures_with_masks_make_each_masks_candidates(
+    case: tuple[np.ndarray, int], threads: int, seed: int
+) -> None:
+    """Rows measured with masks (a branch store's grammar masks, made during the decode)
+    give, besides the same measures and candidates as without, each masked row's
+    masked_top_k (the same function, in the same pass): ids, logits and count; -3 for a
+    row without a mask or with k 0, masked_top_k's -2 for a NaN it allows. A slot measured
+    again without a mask, copied, or read from the device has none."""
+    rows, k = case
+    m, n = rows.shape
+    rng = np.random.default_rng(seed)
+    masks: list[np.ndarray | None] = []
+    for _ in range(m):
+        if rng.random() < 0.25:
+            masks.append(None)
+            continue
+        allowed = rng.random(n) < rng.choice([0.0, 0.01, 0.5, 1.0])
+        words = np.zeros((n + 31) // 32 + int(rng.integers(0, 2)), dtype=np.uint32)
+        words.view(np.uint8)[: (n + 7) // 8] = np.packbits(allowed, bitorder="little")
+        masks.append(words)
+    plain = kernels.RowMeasures(n, m + 3, k=max(k, 1), n_threads=threads)
+    meas = kernels.RowMeasures(n, m + 3, k=max(k, 1), n_threads=threads)
+    slots = [int(s) for s in np.arange(m)[::-1] + 2]
+    ks = [k] * m
+    plain._compute(rows, slots, ks, [True] * m)
+    meas._compute(rows, slots, ks, [True] * m, masks)
+    for name in ("max", "log_norm", "entropy", "status", "n_top", "top_ids", "top_logits"):
+        np.testing.assert_array_equal(getattr(meas, name), getattr(plain, name))
+    for i, s in enumerate(slots):
+        w = masks[i]
+        if w is None or k == 0:
+            assert meas._m_n[s] == -3
+            continue
+        want_ids, want_lg = np.empty(k, np.int32), np.empty(k, np.float32)
+        try:
+            want = kernels.masked_top_k(rows[i], w, k, want_ids, want_lg)
+        except ValueError:  # a NaN where the mask allows
+            assert meas._m_n[s] == -2
+            continue
+        assert meas._m_n[s] == want
+        assert meas._m_ids[s, :k].tolist() == want_ids.tolist()
+        np.testing.assert_array_equal(meas._m_logits[s, :k], want_lg)
+    if m:
+        s = slots[0]
+        meas.copy_slot(s, 0)
+        assert meas._m_n[0] == -3
+        meas._compute(rows[:1], [s], [k], [False])
+        assert meas._m_n[s] == -3
+
+
+def test_row_measures_check_their_masks() -> None:
+    rows = np.zeros((2, 100), dtype=np.float32)
+    meas = kernels.RowMeasures(100, 2, k=3)
+    with pytest.raises(ValueError, match="one per row"):
+        meas._compute(rows, [0, 1], [3, 3], [True, True], [np.zeros(4, np.uint32)])
+    with pytest.raises(ValueError, match="4 needed"):
+        meas._compute(rows, [0, 1], [3, 3], [True, True], [np.zeros(3, np.uint32), None])
+    with pytest.raises(TypeError, match="uint32"):
+        meas._compute(rows, [0, 1], [3, 3], [True, True], [None, np.zeros(4, np.int32)])
+    with pytest.raises(TypeError, match="uint32"):
+        meas._compute(rows, [0, 1], [3, 3], [True, True], [None, np.zeros(8, np.uint32)[::2]])
+    meas._compute(rows, [0, 1], [3, 3], [True, True], [None, np.full(4, 0xFFFFFFFF, np.uint32)])
+    assert meas._m_n.tolist() == [-3, 3] and meas._m_ids[1].tolist() == [0, 1, 2]
+
+
 def test_row_measures_threads_agree_bit_for_bit() -> None:
     """Rows shared among threads give what one thread gives, bit for bit (each row is one
     thread's work, in one order)."""

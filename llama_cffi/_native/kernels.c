@@ -181,12 +181,62 @@ static void masked_sift_up(llama_cffi_vp *h, int32_t i) {
 
 int32_t llama_cffi_masked_top_k(int32_t n, const float *row, const uint32_t *words, int32_t k, int32_t *ids,
                                 float *logits) {
-    if (n <= 0 || !row || !words || !ids || !logits || k <= 0 || k > n) return -1;
+    return llama_cffi_masked_top_k_blocks(n, row, words, k, ids, logits, 0, NULL, NAN);
+}
+
+/* a candidate into the heap of the k best (m held) */
+static inline void masked_take(llama_cffi_vp *h, int32_t *m, int32_t k, float v, int32_t p) {
+    const llama_cffi_vp x = {v, p};
+    if (*m < k) {
+        h[*m] = x;
+        masked_sift_up(h, (*m)++);
+    } else if (llama_cffi_vp_before(&x, &h[0])) {
+        h[0] = x;
+        masked_sift_down(h, *m, 0);
+    }
+}
+
+/* whether no value at positions >= base up to mx can enter a full heap (its worst is
+   h[0]: an equal value enters only from a lower position) */
+static inline int masked_none_beat(const llama_cffi_vp *h, float mx, int64_t base) {
+    return mx < h[0].v || (mx == h[0].v && base > h[0].pos);
+}
+
+int32_t llama_cffi_masked_top_k_blocks(int32_t n, const float *row, const uint32_t *words, int32_t k, int32_t *ids,
+                                       float *logits, int32_t nb, const float *bmax, float first) {
+    if (n <= 0 || !row || !words || !ids || !logits || k <= 0 || k > n || nb < 0 || (int64_t)nb * 64 > n ||
+        (nb > 0 && !bmax))
+        return -1;
     llama_cffi_vp *h = (llama_cffi_vp *)malloc(sizeof(llama_cffi_vp) * (size_t)k);
     if (!h) return -1;
     int32_t m = 0;
     const int32_t n_words = (int32_t)(((int64_t)n + 31) / 32);
+    const int early = nb > 0 && first == first; /* the blocks that reach `first` go first */
+    if (early) {
+        /* the blocks that hold the row's best values: the allowed ones among them fill the
+           heap with high values, so that most other blocks are skipped unread below */
+        for (int32_t c = 0; c < nb; c++) {
+            if (!(bmax[c] >= first)) continue;
+            for (int32_t w = 2 * c; w < 2 * c + 2; w++) {
+                uint32_t bits = words[w];
+                while (bits) {
+                    const int32_t p = w * 32 + __builtin_ctz(bits);
+                    bits &= bits - 1;
+                    const float v = row[p];
+                    if (v != -INFINITY) masked_take(h, &m, k, v, p); /* (no NaN in such a row) */
+                }
+            }
+        }
+    }
     for (int32_t w = 0; w < n_words; w++) {
+        const int32_t c = w >> 1;
+        if ((w & 1) == 0 && c < nb &&
+            ((early && bmax[c] >= first) || (m == k && masked_none_beat(h, bmax[c], (int64_t)c * 64)))) {
+            /* a block of 64 (two words) taken above, or whose max cannot enter the heap:
+               none of its values gets in, whatever the mask */
+            w++;
+            continue;
+        }
         if ((w & 7) == 0 && w + 8 <= n_words) {
             /* eight words at once: most of a narrow mask (a grammar's structural position
                allows a few tokens of 262,144) is zero, and the word-by-word test cost ~3 us
@@ -202,10 +252,9 @@ int32_t llama_cffi_masked_top_k(int32_t n, const float *row, const uint32_t *wor
         if (!bits) continue; /* (most words of a narrow mask) */
         if (w == n_words - 1 && (n & 31)) bits &= (UINT32_C(1) << (n & 31)) - 1; /* (padding bits) */
         if (m == k && __builtin_popcount(bits) > 8) {
-            /* a wide word with the heap full: the max of its 32 values first (one vector
-               pass), and the word skipped when none beats the heap's worst (every value
-               in the heap is from a lower position: an equal value comes after it). A
-               NaN goes to the loop below, which refuses it. */
+            /* a wide word with the heap full: the max of its 32 values first, and the word
+               skipped when none can enter the heap. A NaN goes to the loop below, which
+               refuses it. */
             const int32_t base = w * 32, end = base + 32 <= n ? base + 32 : n;
             float mx = -INFINITY;
             int nan = 0;
@@ -214,7 +263,7 @@ int32_t llama_cffi_masked_top_k(int32_t n, const float *row, const uint32_t *wor
                 nan |= v != v;
                 mx = v > mx ? v : mx;
             }
-            if (!nan && !(mx > h[0].v)) continue;
+            if (!nan && masked_none_beat(h, mx, base)) continue;
         }
         while (bits) {
             const int32_t p = w * 32 + __builtin_ctz(bits);
@@ -225,14 +274,7 @@ int32_t llama_cffi_masked_top_k(int32_t n, const float *row, const uint32_t *wor
                 return -2;
             }
             if (v == -INFINITY) continue;
-            const llama_cffi_vp x = {v, p};
-            if (m < k) {
-                h[m] = x;
-                masked_sift_up(h, m++);
-            } else if (llama_cffi_vp_before(&x, &h[0])) {
-                h[0] = x;
-                masked_sift_down(h, m, 0);
-            }
+            masked_take(h, &m, k, v, p);
         }
     }
     llama_cffi_vp_sort(h, (size_t)m);

@@ -149,8 +149,10 @@ class GrammarSampler(Sampler):
             if not isinstance(s, GrammarSampler):
                 raise type_error(f"samplers[{i}]", "a GrammarSampler", s)
             t = tokens[i] = s.matcher._check(t)  # (an int in the vocabulary)
-            if s.awaiting or s.matcher.ended or s._words() is not None:
+            if s.awaiting or s.matcher.ended:
                 out[i] = s.allows(t)
+            elif (words := s._words()) is not None:  # a given mask: its bit
+                out[i] = bool((int(words[t >> 5]) >> (t & 31)) & 1)
             else:
                 asks.setdefault(s.matcher.compiled, []).append(i)
         for c, idx in asks.items():
