@@ -260,7 +260,8 @@ for i, n in enumerate(ns):
             c1 = in_llama_ms()
             store.drain()
             row.update(tps=n * NTG / wall, step_ms=wall * 1e3 / NTG, sample_ms=t_s * 1e3 / NTG,
-                       store_step_ms=t_st * 1e3 / NTG, in_llama_ms=(c1 - c0) / NTG)
+                       store_step_ms=t_st * 1e3 / NTG, in_llama_ms=(c1 - c0) / NTG,
+                       masks_during_decode=bool(getattr(store, "_prefetch", False)))
         rows.append(row)
         print("ROW " + json.dumps(row), flush=True)
 ctx.memory.clear(data=False)
