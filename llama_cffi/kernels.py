@@ -323,10 +323,6 @@ class RowMeasures:
         "_cap",
         "_dest",
         "_k",
-        "_m_ids",
-        "_m_logits",
-        "_m_n",
-        "_mask_addrs",
         "_measure",
         "entropy",
         "k_stride",
@@ -359,12 +355,6 @@ class RowMeasures:
         self.k_stride = 0
         self.top_ids = np.zeros((slots, 0), dtype=np.int32)
         self.top_logits = np.zeros((slots, 0), dtype=np.float32)
-        #: per slot, the best candidates of the row under a mask given to _compute (its
-        #: result in _m_n: how many above -inf, -1/-2 masked_top_k's errors, -3 none made)
-        self._m_n = np.full(slots, -3, dtype=np.int32)
-        self._m_ids = np.zeros((slots, 0), dtype=np.int32)
-        self._m_logits = np.zeros((slots, 0), dtype=np.float32)
-        self._mask_addrs = np.zeros(0, dtype=np.uintp)
         self._cap = 0
         self._addrs = np.zeros(0, dtype=np.uintp)
         self._k = np.zeros(0, dtype=np.int32)
@@ -384,9 +374,6 @@ class RowMeasures:
         lg = np.zeros((self.slots, k), dtype=np.float32)
         ids[:, : self.k_stride] = self.top_ids
         lg[:, : self.k_stride] = self.top_logits
-        self._m_ids = np.zeros((self.slots, k), dtype=np.int32)
-        self._m_logits = np.zeros((self.slots, k), dtype=np.float32)
-        self._m_n[:] = -3  # (made again when asked)
         self.top_ids, self.top_logits, self.k_stride = ids, lg, k
 
     def _grow(self, n: int) -> None:
@@ -396,7 +383,6 @@ class RowMeasures:
             self._k = np.zeros(cap, dtype=np.int32)
             self._dest = np.zeros(cap, dtype=np.int32)
             self._measure = np.zeros(cap, dtype=np.int32)
-            self._mask_addrs = np.zeros(cap, dtype=np.uintp)
             self._cap = cap
 
     def compute(
@@ -444,23 +430,10 @@ class RowMeasures:
         self._run(m)
         del rows  # the rows were read during the call only
 
-    def _compute(
-        self,
-        rows: npt.NDArray[np.float32],
-        slots: list[int],
-        ks: list[int],
-        measure: list[bool],
-        masks: list[npt.NDArray[np.uint32] | None] | None = None,
-    ) -> None:
+    def _compute(self, rows: npt.NDArray[np.float32], slots: list[int], ks: list[int], measure: list[bool]) -> None:
         """:meth:`compute` without the argument checks, for a caller that made the arguments
         (a C-contiguous ``(m, n_vocab)`` float32 ``rows``; distinct slots in range; ``0 <=
-        k <= k_stride``): the per-step path of a branch store, a few microseconds shorter.
-
-        ``masks``: per row, a packed mask (as :func:`masked_top_k` takes; checked here) or
-        None: the row's ``k`` best candidates under it are made in the same pass, while the
-        row is in cache (:func:`masked_top_k` on them, the same candidates): ``_m_ids`` and
-        ``_m_logits`` of the slot, ``_m_n`` how many are above -inf (-1, -2 the kernel's
-        errors; -3 none made), kept until the slot is computed again."""
+        k <= k_stride``): the per-step path of a branch store, a few microseconds shorter."""
         m = len(slots)
         self._grow(m)
         base = int(ffi.cast("uintptr_t", ffi.from_buffer("float[]", rows)))
@@ -469,55 +442,20 @@ class RowMeasures:
         self._dest[:m] = slots
         self._k[:m] = ks
         self._measure[:m] = measure
-        if masks is None or not any(w is not None for w in masks):
-            self._run(m)
-            return
-        if len(masks) != m:
-            raise ValueError(f"masks must be {m} (one per row), not {len(masks)}")
-        need = (self.n_vocab + 31) // 32
-        addrs = self._mask_addrs
-        for i, w in enumerate(masks):
-            if w is None:
-                addrs[i] = 0
-                continue
-            if not isinstance(w, np.ndarray) or w.dtype != np.uint32 or w.ndim != 1 or not w.flags.c_contiguous:
-                raise TypeError(f"masks[{i}] must be a C-contiguous 1-D uint32 array")
-            if len(w) < need:
-                raise ValueError(f"masks[{i}] has {len(w)} words, {need} needed")
-            addrs[i] = int(ffi.cast("uintptr_t", ffi.from_buffer("uint32_t[]", w)))
-        self._run(m, masks=True)
-        del masks  # (read during the call only)
+        self._run(m)
 
-    def _run(self, m: int, masks: bool = False) -> None:
-        if masks:
-            rc = lib.llama_cffi_rows_measure_masked(
-                m,
-                ffi.from_buffer("float *[]", self._addrs),
-                self.n_vocab,
-                ffi.from_buffer("int32_t[]", self._k),
-                ffi.from_buffer("int32_t[]", self._dest),
-                self.k_stride,
-                ffi.from_buffer("int32_t[]", self._measure),
-                self.n_threads,
-                *self._outputs(),
-                ffi.from_buffer("uint32_t *[]", self._mask_addrs),
-                ffi.from_buffer("int32_t[]", self._m_n),
-                ffi.from_buffer("int32_t[]", self._m_ids),
-                ffi.from_buffer("float[]", self._m_logits),
-            )
-        else:
-            self._m_n[self._dest[:m]] = -3  # (the slots' masked candidates are of older rows)
-            rc = lib.llama_cffi_rows_measure(
-                m,
-                ffi.from_buffer("float *[]", self._addrs),
-                self.n_vocab,
-                ffi.from_buffer("int32_t[]", self._k),
-                ffi.from_buffer("int32_t[]", self._dest),
-                self.k_stride,
-                ffi.from_buffer("int32_t[]", self._measure),
-                self.n_threads,
-                *self._outputs(),
-            )
+    def _run(self, m: int) -> None:
+        rc = lib.llama_cffi_rows_measure(
+            m,
+            ffi.from_buffer("float *[]", self._addrs),
+            self.n_vocab,
+            ffi.from_buffer("int32_t[]", self._k),
+            ffi.from_buffer("int32_t[]", self._dest),
+            self.k_stride,
+            ffi.from_buffer("int32_t[]", self._measure),
+            self.n_threads,
+            *self._outputs(),
+        )
         if rc == -2:
             raise MemoryError("RowMeasures.compute: out of memory")
         if rc != 0:  # pragma: no cover - the arguments were checked above
@@ -588,7 +526,6 @@ class RowMeasures:
         idx32[:] = ix
         self._dest[:m] = sl
         self._k[:m] = ks
-        self._m_n[sl] = -3  # (no masked candidates from the device)
         rc = lib.llama_cffi_rows_from_device(
             ctx_ptr,
             m,
@@ -629,7 +566,6 @@ class RowMeasures:
         src, dst = expect_int("src", src), expect_int("dst", dst)
         for a in (self.max, self.log_norm, self.entropy, self.status, self.n_top):
             a[dst] = a[src]
-        self._m_n[dst] = -3  # (masked candidates belong to the mask given for src)
         if self.k_stride:
             self.top_ids[dst] = self.top_ids[src]
             self.top_logits[dst] = self.top_logits[src]

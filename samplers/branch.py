@@ -163,6 +163,7 @@ _SIGINT = int(signal.SIGINT)
 # signal handled inside EnumType.__getattr__, which the lookup then discards)
 _ST_OK = int(RowStatus.OK)
 _ST_NAN = int(RowStatus.NAN)
+_ST_TIE = int(RowStatus.TIE_AT_CUT)
 _clock = time.perf_counter
 
 #: a step whose rows took longer than this (seconds) to arrive after the host's work (a
@@ -171,7 +172,6 @@ _clock = time.perf_counter
 #: (the masks took the whole decode's time: the host, not the device, set the pace)
 PREFETCH_WAIT_S = 3e-4
 PREFETCH_KEEP_S = 5e-5
-_ST_TIE = int(RowStatus.TIE_AT_CUT)
 
 
 def _lead_k(chain: SamplerChain, n_vocab: int) -> int:
@@ -343,8 +343,6 @@ class BranchStore:
         self._consuming: frozenset[int] | None = None  # during step(): the branches decoded now
         #: whether a step makes its grammars' masks while its decode runs (see _note_wait)
         self._prefetch = False
-        #: per slot, the grammar mask whose best candidates its row's measure made (or None)
-        self._mask_of: list[Any] = [None] * ctx.n_seq_max
         #: media chunk key -> its placeholder in branch histories (-1, -2, ...)
         self._media_keys: dict[str, int] = {}
         ctx._add_output_hook(self._outputs_changing)
@@ -363,15 +361,11 @@ class BranchStore:
         if keep is None:
             self._rows = None
 
-    def _measure(
-        self, branches: Sequence[Branch], rows: Any, stats: bool = True, masks: list[Any] | None = None
-    ) -> None:
+    def _measure(self, branches: Sequence[Branch], rows: Any, stats: bool = True) -> None:
         """Measure ``rows`` (row i: branch i's snapshot, the model's logits) into the
         branches' slots: measures where they track metrics, candidates where their chain
         begins with top-k. ``stats=False``: candidates only, for rows measured before (their
-        measures stay). ``masks`` (with a 2-D ``rows``): branch i's grammar mask or None,
-        whose best candidates are made in the same pass (for a rejected token, see
-        :meth:`_known`). A failure leaves the slots marked unmeasured (computed again when
+        measures stay). A failure leaves the slots marked unmeasured (computed again when
         needed)."""
         if not self.batched:
             return
@@ -385,11 +379,8 @@ class BranchStore:
         kmax = max(ks, default=0)
         if kmax > self.measures.k_stride:
             self.measures.reserve(kmax)
-        mask_of = self._mask_of
-        for i, s in enumerate(slots):
-            mask_of[s] = None if masks is None else masks[i]
         if isinstance(rows, np.ndarray) and rows.ndim == 2:
-            self.measures._compute(rows, slots, ks, track, masks)  # the step's rows: made here, checked
+            self.measures._compute(rows, slots, ks, track)  # the step's rows: made here, checked
         else:
             self.measures.compute(rows, slots, ks, track)
         has_cands[slots] = [k > 0 for k in ks]
@@ -500,26 +491,13 @@ class BranchStore:
         else:
             self._prefetch = wait > PREFETCH_WAIT_S
 
-    def _prefetch_masks(self, branches: list[Branch]) -> list[Any] | None:
-        """:meth:`_give_masks` for ``branches`` during the decode; returns each branch's mask
-        (None where its chain does not begin with an active grammar), or None when there
-        is none. A grammar whose mask fails (its budget, say) gets none here and raises
-        when its sample needs it."""
+    def _prefetch_masks(self, branches: list[Branch]) -> None:
+        """:meth:`_give_masks` for ``branches`` during the decode; a grammar whose mask fails
+        (its budget, say) gets none here and raises when its sample needs it."""
         try:
             self._give_masks(branches)
         except Exception:  # (the sample computes it again, and raises there)
-            return None
-        out: list[Any] = []
-        some = False
-        for b in branches:
-            chain = b.sampler
-            words = (
-                getattr(chain.samplers[0], "_words", None) if type(chain) is SamplerChain and chain.samplers else None
-            )
-            w = words() if words is not None else None
-            some = some or w is not None
-            out.append(w)
-        return out if some else None
+            pass
 
     def _give_masks(self, todo: list[Branch]) -> None:
         """Branches whose chain begins with an active grammar get this step's masks from one
@@ -530,7 +508,8 @@ class BranchStore:
             chain = b.sampler
             first = chain.samplers[0] if isinstance(chain, SamplerChain) and chain.samplers else None
             if getattr(first, "use_mask", None) is not None and not first.awaiting and not first.matcher.ended:  # type: ignore[union-attr]
-                gs.append(first)
+                if first._words() is None:  # type: ignore[union-attr]  # (not given one for its state already)
+                    gs.append(first)
         if len(gs) < 2:
             return
         from .grammar.masks import fill_masks
@@ -575,9 +554,6 @@ class BranchStore:
                 lambda r: group[r]._row(),
                 bool(track.any()),
                 meas.n_threads,
-                (lambda rejected: self._known(group, rejected, k))
-                if any(w is not None for w in self._mask_of)
-                else None,
             )
         else:
             tokens, samp, pos = chain_batch.choose(sig, [b.sampler for b in group], ids, lg, bool(track.any()))
@@ -587,31 +563,6 @@ class BranchStore:
             pending = b._pending = (t, float(samp[i]) if samp is not None and track[i] else None)
             b._pending_logit = (pending, float(raw[i]))
             out[b] = t
-
-    def _known(
-        self, group: list[Branch], rejected: list[int], k: int
-    ) -> tuple[list[int], npt.NDArray[np.int32], npt.NDArray[np.float32], npt.NDArray[np.int32]]:
-        """:func:`~samplers.chain_batch.choose_constrained`'s ``known``: of the ``rejected``
-        rows of ``group``, those whose measure made their best ``k`` candidates under the
-        mask their grammar holds now (the same mask object: the state it was made for),
-        with those candidates."""
-        mask_of = self._mask_of
-        got: list[int] = []
-        sl: list[int] = []
-        for i, r in enumerate(rejected):
-            b = group[r]
-            w = mask_of[b.seq_id]
-            if w is not None and b.sampler.samplers[0]._words() is w:  # type: ignore[attr-defined]
-                got.append(i)
-                sl.append(b.seq_id)
-        meas = self.measures
-        slots = np.array(sl, dtype=np.intp)
-        n = meas._m_n[slots]
-        ok = (n >= 0) & (meas.n_top[slots] >= k)
-        if not ok.all():
-            got = [g for g, y in zip(got, ok.tolist(), strict=True) if y]
-            slots, n = slots[ok], n[ok]
-        return got, meas._m_ids[slots, :k], meas._m_logits[slots, :k], np.minimum(n, k)
 
     # ------------------------------------------------------------------ ids and KV
     def _take_id(self) -> int:
@@ -1109,13 +1060,12 @@ class BranchStore:
                 # and, when that time would be spent waiting anyway, the grammars' masks
                 # for the new states made, before the rows are read (reading waits for
                 # the decode); the rows are attached after
-                masks: list[Any] | None = None
                 try:
                     for i, (b, tok) in enumerate(part):
                         b._advance(int(tok), accepted[i], None)
                         done = i + 1
                     if self._prefetch:
-                        masks = self._prefetch_masks(branches)
+                        self._prefetch_masks(branches)
                 finally:
                     t0 = _clock()
                     rows = np.asarray(ctx._all_rows())
@@ -1136,9 +1086,7 @@ class BranchStore:
                     fresh.append(nb)
                 del rows
                 try:
-                    if masks is not None and fresh:
-                        masks += [None] * len(fresh)
-                    self._measure(branches + fresh if fresh else branches, self._rows, masks=masks)
+                    self._measure(branches + fresh if fresh else branches, self._rows)
                 except MemoryError:  # pragma: no cover - measured again when needed
                     pass
                 return late

@@ -49,11 +49,6 @@ THREADS_FROM = 16
 #: A chain's configuration: one entry per sampler, its kind and parameters (not its state).
 Signature = tuple[tuple[object, ...], ...]
 
-#: :func:`choose_constrained`'s ``known``: given rejected rows, the positions (in that list)
-#: of those whose masked candidates are known, with their ids, logits (``(len, k)``) and
-#: how many of each are above -inf
-Known = Callable[[list[int]], tuple[list[int], npt.NDArray[np.int32], npt.NDArray[np.float32], npt.NDArray[np.int32]]]
-
 _F32 = np.float32
 
 
@@ -122,7 +117,6 @@ def choose_constrained(
     row: Callable[[int], npt.NDArray[np.float32]],
     surprisal: bool,
     n_threads: int = 1,
-    known: Known | None = None,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64] | None, npt.NDArray[np.float32]]:
     """Run chains that begin with a grammar (all of :func:`grammar_signature` ``sig``) on
     their rows, as :meth:`SamplerChain.choose` does (llama.cpp's ``common_sampler_sample``):
@@ -137,11 +131,7 @@ def choose_constrained(
     (under the final candidates, as :func:`choose`) and the model's logit of the token.
     Raises :class:`~llama_cffi.sampling.SamplingError` when a row's mask allows no
     candidate (a grammar that has ended), as the chain would. ``n_threads``: threads for
-    the rejected rows' candidates (used from :data:`THREADS_FROM` such rows on).
-    ``known``: given the rejected rows, the ones whose ``k`` best allowed candidates were
-    made already, with them (as :func:`llama_cffi.kernels.masked_top_k_rows` gives them,
-    for the mask their grammar holds now: a branch store makes them with the row's
-    measures); the others are found here."""
+    the rejected rows' candidates (used from :data:`THREADS_FROM` such rows on)."""
     if not isinstance(sig, tuple) or not all(isinstance(step, tuple) and step for step in sig):
         raise type_error("sig", "a chain signature (from grammar_signature())", sig)
     if not isinstance(ids, np.ndarray):
@@ -154,8 +144,6 @@ def choose_constrained(
         n_threads = expect_int("n_threads", n_threads)
     if not callable(row):
         raise type_error("row", "a callable giving row r's logits", row)
-    if known is not None and not callable(known):
-        raise type_error("known", "None or a callable giving the rejected rows' known candidates", known)
     if type(chains) is not list and not isinstance(chains, Sequence):
         raise type_error("chains", "a sequence of SamplerChain (one per row)", chains)
     mod = sys.modules.get("samplers.grammar.sampler")
@@ -173,39 +161,18 @@ def choose_constrained(
     rejected = [r for r in range(g) if not ok[r]]
     if not rejected:
         return tokens, out, raw
+    need = [grammars[r] for r in rejected if grammars[r]._words() is None]
+    if need:
+        from .grammar.masks import fill_masks
+
+        for gr, words in zip(need, fill_masks([gr.matcher for gr in need]), strict=True):
+            gr.use_mask(words)
     ids2 = np.empty((len(rejected), k), dtype=np.int32)
     lg2 = np.empty((len(rejected), k), dtype=np.float32)
-    rest = rejected
-    if known is not None:
-        got, kids, klg, kn = known(rejected)
-        if got:
-            ids2[got] = kids
-            lg2[got] = klg
-            n_fin = np.zeros(len(rejected), dtype=np.int32)
-            n_fin[got] = kn
-            have = set(got)
-            at = [i for i in range(len(rejected)) if i not in have]
-            rest = [rejected[i] for i in at]
-    if rest:
-        need = [grammars[r] for r in rest if grammars[r]._words() is None]
-        if need:
-            from .grammar.masks import fill_masks
-
-            for gr, words in zip(need, fill_masks([gr.matcher for gr in need]), strict=True):
-                gr.use_mask(words)
-        threads = n_threads if len(rest) >= THREADS_FROM else 1
-        if rest is rejected:
-            n_fin = masked_top_k_rows(
-                [row(r) for r in rejected], [grammars[r]._words() for r in rejected], k, ids2, lg2, threads
-            )
-        else:
-            i3 = np.empty((len(rest), k), dtype=np.int32)
-            l3 = np.empty((len(rest), k), dtype=np.float32)
-            n_fin[at] = masked_top_k_rows(
-                [row(r) for r in rest], [grammars[r]._words() for r in rest], k, i3, l3, threads
-            )
-            ids2[at] = i3
-            lg2[at] = l3
+    threads = n_threads if len(rejected) >= THREADS_FROM else 1
+    n_fin = masked_top_k_rows(
+        [row(r) for r in rejected], [grammars[r]._words() for r in rejected], k, ids2, lg2, threads
+    )
     if (n_fin == 0).any():
         r = rejected[int(np.argmax(n_fin == 0))]
         raise SamplingError(

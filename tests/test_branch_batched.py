@@ -268,33 +268,39 @@ def test_an_error_after_a_completed_decode_keeps_the_step(tiny_model: Model) -> 
 
 def check_masks_made_during_the_decode(model: Model, monkeypatch: pytest.MonkeyPatch) -> None:
     import samplers.branch as branch_mod
+    import samplers.grammar.masks as masks_mod
 
     prompt = [int(t) for t in model.tokenize("once upon a time")]
     reference = run(model, False, 8, prompt, True)
     made: list[int] = []
+    inside = [False]
+    outside: list[int] = []
     real = branch_mod.BranchStore._prefetch_masks
+    real_fill = masks_mod.fill_masks
 
-    def counted(self: BranchStore, branches: list[Branch]) -> Any:
-        out = real(self, branches)
+    def counted(self: BranchStore, branches: list[Branch]) -> None:
+        inside[0] = True
+        try:
+            real(self, branches)
+        finally:
+            inside[0] = False
         firsts = [b.sampler.samplers[0] for b in branches]
         made.append(sum(f._words() is not None for f in firsts if hasattr(f, "_words")))
-        return out
+
+    def counted_fill(matchers: Any, *args: Any, **kwargs: Any) -> Any:
+        if made and not inside[0]:  # (a walk outside a decode, once the store makes its masks there)
+            outside.append(len(matchers))
+        return real_fill(matchers, *args, **kwargs)
 
     monkeypatch.setattr(branch_mod, "PREFETCH_WAIT_S", -1.0)
     monkeypatch.setattr(branch_mod, "PREFETCH_KEEP_S", -1.0)
-    known: list[int] = []
-    real_known = branch_mod.BranchStore._known
-
-    def counted_known(self: BranchStore, group: list[Branch], rejected: list[int], k: int) -> Any:
-        out = real_known(self, group, rejected, k)
-        known.append(len(out[0]))
-        return out
-
     monkeypatch.setattr(branch_mod.BranchStore, "_prefetch_masks", counted)
-    monkeypatch.setattr(branch_mod.BranchStore, "_known", counted_known)
+    monkeypatch.setattr(masks_mod, "fill_masks", counted_fill)
     assert_same_runs(run(model, True, 8, prompt, True), reference)
     assert len(made) >= 7 and min(made) == 7  # the 7 branches under a grammar got their masks
-    assert sum(known) >= 8  # rejected rows took the candidates their measure made under the mask
+    # the samples read them: once a step made them (its store saw a wait: forced here),
+    # no mask is walked outside a decode
+    assert outside == []
 
 
 def test_masks_made_during_the_decode_change_nothing(monkeypatch: pytest.MonkeyPatch, tiny_model: Model) -> None:

@@ -1271,8 +1271,9 @@ def test_branch_store_gives_grammars_their_masks_in_one_call(
             got = store.sample(live)
             assert len(calls) - n_calls <= 1
             assert all(isinstance(b.sampler.samplers[0], GrammarSampler) for b in live)
-            if lead == "whole row":
-                assert calls[n_calls:] == [len(live)]
+            if lead == "whole row":  # (a mask still valid for its grammar's state is not made again)
+                assert sum(calls[n_calls:]) <= len(live)
+                assert all(b.sampler.samplers[0]._words() is not None for b in live)
             else:  # masks only for rows that chose again (fewer when a mask was still valid)
                 assert sum(calls[n_calls:]) <= sum(again[n_again:]) <= len(live)
                 rejected += sum(again[n_again:])

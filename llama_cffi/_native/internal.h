@@ -37,14 +37,6 @@ int llama_cffi_vp_cmp(const void *x, const void *y);
 void llama_cffi_vp_sort(llama_cffi_vp *cand, size_t m);
 int llama_cffi_vp_push(llama_cffi_vp **cand, size_t *m, size_t *cap, float v, int64_t pos);
 float llama_cffi_select(float *a, int n, int r);
-/* kernels.c: llama_cffi_masked_top_k with the row's block maxima (bmax[c]: the max of
-   row[64 c .. 64 c + 63], c < nb; no NaN in the row): the allowed values of the blocks
-   whose max reaches `first` (a value the row holds k of or more: its k-th best, say;
-   NaN: none) are taken first, then the others in order, 64 at a time, each block skipped
-   unread when its max cannot enter the k held. The same candidates as
-   llama_cffi_masked_top_k. nb 0: that function. */
-int32_t llama_cffi_masked_top_k_blocks(int32_t n, const float *row, const uint32_t *words, int32_t k, int32_t *ids,
-                                       float *logits, int32_t nb, const float *bmax, float first);
 
 /* pool.c: the process's one pool of worker threads (rows.c and trie_walk.c share it).
    llama_cffi_pool_run: fn(arg, worker) on up to `helpers` pool threads (worker 0, 1, ...)

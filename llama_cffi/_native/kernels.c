@@ -1,7 +1,6 @@
 /* Softmax over one float32 row (llama_cffi.kernels, samplers.measure). */
 #include "internal.h"
 
-#include <float.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -182,147 +181,12 @@ static void masked_sift_up(llama_cffi_vp *h, int32_t i) {
 
 int32_t llama_cffi_masked_top_k(int32_t n, const float *row, const uint32_t *words, int32_t k, int32_t *ids,
                                 float *logits) {
-    /* (without block maxima: a pass to make them reads the whole row from memory, which
-       cost more on JSON-constrained rows than the word-by-word walk below saves) */
-    return llama_cffi_masked_top_k_blocks(n, row, words, k, ids, logits, 0, NULL, NAN);
-}
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#define LLAMA_CFFI_MASKED_X86 1
-/* bit i: x[i] >= t (i < 64; a NaN gives 0) */
-__attribute__((target("avx2"))) static uint64_t masked_ge64_avx2(const float *x, float t) {
-    const __m256 tv = _mm256_set1_ps(t);
-    uint64_t out = 0;
-    for (int i = 0; i < 8; i++) {
-        const __m256 v = _mm256_loadu_ps(x + 8 * i);
-        out |= (uint64_t)(uint32_t)_mm256_movemask_ps(_mm256_cmp_ps(v, tv, _CMP_GE_OQ)) << (8 * i);
-    }
-    return out;
-}
-
-static int masked_have_avx2(void) {
-    static int have = -1;
-    if (have < 0) {
-        __builtin_cpu_init();
-        have = __builtin_cpu_supports("avx2") ? 1 : 0;
-    }
-    return have;
-}
-#endif
-
-static uint64_t masked_ge64(const float *x, float t) {
-#ifdef LLAMA_CFFI_MASKED_X86
-    if (masked_have_avx2()) return masked_ge64_avx2(x, t);
-#endif
-    uint64_t out = 0;
-    for (int i = 0; i < 64; i++) out |= (uint64_t)(x[i] >= t) << i;
-    return out;
-}
-
-/* a candidate into the heap of the k best (m held) */
-static inline void masked_take(llama_cffi_vp *h, int32_t *m, int32_t k, float v, int32_t p) {
-    const llama_cffi_vp x = {v, p};
-    if (*m < k) {
-        h[*m] = x;
-        masked_sift_up(h, (*m)++);
-    } else if (llama_cffi_vp_before(&x, &h[0])) {
-        h[0] = x;
-        masked_sift_down(h, *m, 0);
-    }
-}
-
-/* whether no value at positions >= base up to mx can enter a full heap (its worst is
-   h[0]: an equal value enters only from a lower position) */
-static inline int masked_none_beat(const llama_cffi_vp *h, float mx, int64_t base) {
-    return mx < h[0].v || (mx == h[0].v && base > h[0].pos);
-}
-
-/* positions of one 64-value block x (a bit each) whose value is >= t and, when below is
-   set, < u (a NaN gives 0) */
-static inline uint64_t masked_in64(const float *x, float t, int below, float u) {
-    uint64_t b = masked_ge64(x, t);
-    if (below) b &= ~masked_ge64(x, u);
-    return b;
-}
-
-int32_t llama_cffi_masked_top_k_blocks(int32_t n, const float *row, const uint32_t *words, int32_t k, int32_t *ids,
-                                       float *logits, int32_t nb, const float *bmax, float first) {
-    if (n <= 0 || !row || !words || !ids || !logits || k <= 0 || k > n || nb < 0 || (int64_t)nb * 64 > n ||
-        (nb > 0 && !bmax))
-        return -1;
+    if (n <= 0 || !row || !words || !ids || !logits || k <= 0 || k > n) return -1;
     llama_cffi_vp *h = (llama_cffi_vp *)malloc(sizeof(llama_cffi_vp) * (size_t)k);
     if (!h) return -1;
     int32_t m = 0;
     const int32_t n_words = (int32_t)(((int64_t)n + 31) / 32);
-    /* 1. with block maxima (a row without NaN): the blocks that hold the row's best values
-       first (max >= first, the row's k-th best), their allowed values at or above it: the
-       heap then starts from high values, and most blocks below are skipped unread. (The
-       heap orders by value, then position: the order values are found in does not
-       matter. Wider bands below, tried, cost more than they saved.) */
-    /* a narrow mask (at most one allowed value in 64 on average: a grammar's structural
-       position allows a handful of 262,144): the word walk below reads only its values,
-       fewer than the blocks' pass would */
-    if (nb > 0) {
-        const uint64_t *q = (const uint64_t *)(const void *)words; /* (8-byte loads of the words) */
-        const int32_t nq = nb, cap = nb;
-        int32_t got = 0;
-        for (int32_t i = 0; i < nq && got <= cap; i++) {
-            uint64_t v;
-            memcpy(&v, q + i, sizeof v);
-            got += __builtin_popcountll(v);
-        }
-        if (got <= cap) nb = 0;
-    }
-    const int banded = nb > 0, early = banded && first == first;
-    const float done = first; /* early: of each block with max >= done, the values >= done are taken */
-    if (early) {
-        const float t = first == -INFINITY ? -FLT_MAX : first;
-        for (int32_t c = 0; c < nb; c++) {
-            if (!(bmax[c] >= first)) continue;
-            uint64_t bits = (uint64_t)words[2 * c] | (uint64_t)words[2 * c + 1] << 32;
-            if (bits) bits &= masked_ge64(row + (size_t)c * 64, t);
-            while (bits) {
-                const int32_t p = c * 64 + __builtin_ctzll(bits);
-                bits &= bits - 1;
-                masked_take(h, &m, k, row[p], p);
-            }
-        }
-    }
-    /* 2. the sweep, in order. A block of 64 with maxima: skipped when its max cannot enter
-       a full heap; else its allowed values that can, read 64 at a time (of a block the
-       bands read, only those below `done`). */
     for (int32_t w = 0; w < n_words; w++) {
-        const int32_t c = w >> 1;
-        if (banded && c < nb) { /* (w even here: blocks are two words) */
-            if ((w & 7) == 0 && w + 8 <= 2 * nb) { /* (four blocks the mask leaves out) */
-                uint64_t q[4];
-                memcpy(q, words + w, sizeof q);
-                if (!(q[0] | q[1] | q[2] | q[3])) {
-                    w += 7;
-                    continue;
-                }
-            }
-            const float b = bmax[c];
-            if (m == k && masked_none_beat(h, b, (int64_t)c * 64)) {
-                w++;
-                continue;
-            }
-            const int seen = early && b >= done;
-            if (seen && m == k && h[0].v >= done) { /* (every value it could add is below the worst) */
-                w++;
-                continue;
-            }
-            uint64_t bits = (uint64_t)words[2 * c] | (uint64_t)words[2 * c + 1] << 32;
-            if (bits) bits &= masked_in64(row + (size_t)c * 64, m == k ? h[0].v : -FLT_MAX, seen, done);
-            while (bits) {
-                const int32_t p = c * 64 + __builtin_ctzll(bits);
-                bits &= bits - 1;
-                masked_take(h, &m, k, row[p], p);
-            }
-            w++;
-            continue;
-        }
         if ((w & 7) == 0 && w + 8 <= n_words) {
             /* eight words at once: most of a narrow mask (a grammar's structural position
                allows a few tokens of 262,144) is zero, and the word-by-word test cost ~3 us
@@ -338,9 +202,10 @@ int32_t llama_cffi_masked_top_k_blocks(int32_t n, const float *row, const uint32
         if (!bits) continue; /* (most words of a narrow mask) */
         if (w == n_words - 1 && (n & 31)) bits &= (UINT32_C(1) << (n & 31)) - 1; /* (padding bits) */
         if (m == k && __builtin_popcount(bits) > 8) {
-            /* a wide word with the heap full: the max of its 32 values first, and the word
-               skipped when none can enter the heap. A NaN goes to the loop below, which
-               refuses it. */
+            /* a wide word with the heap full: the max of its 32 values first (one vector
+               pass), and the word skipped when none beats the heap's worst (every value
+               in the heap is from a lower position: an equal value comes after it). A
+               NaN goes to the loop below, which refuses it. */
             const int32_t base = w * 32, end = base + 32 <= n ? base + 32 : n;
             float mx = -INFINITY;
             int nan = 0;
@@ -349,7 +214,7 @@ int32_t llama_cffi_masked_top_k_blocks(int32_t n, const float *row, const uint32
                 nan |= v != v;
                 mx = v > mx ? v : mx;
             }
-            if (!nan && masked_none_beat(h, mx, base)) continue;
+            if (!nan && !(mx > h[0].v)) continue;
         }
         while (bits) {
             const int32_t p = w * 32 + __builtin_ctz(bits);
@@ -360,7 +225,14 @@ int32_t llama_cffi_masked_top_k_blocks(int32_t n, const float *row, const uint32
                 return -2;
             }
             if (v == -INFINITY) continue;
-            masked_take(h, &m, k, v, p);
+            const llama_cffi_vp x = {v, p};
+            if (m < k) {
+                h[m] = x;
+                masked_sift_up(h, m++);
+            } else if (llama_cffi_vp_before(&x, &h[0])) {
+                h[0] = x;
+                masked_sift_down(h, m, 0);
+            }
         }
     }
     llama_cffi_vp_sort(h, (size_t)m);

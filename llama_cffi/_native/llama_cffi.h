@@ -68,16 +68,6 @@ int llama_cffi_rows_measure(int n_rows, const float *const *rows, int n, const i
                             int k_stride, const int32_t *measure, int n_threads, float *out_max, double *out_log_norm,
                             double *out_entropy, int32_t *out_status, int32_t *out_n_top, int32_t *top_ids,
                             float *top_logits);
-/* llama_cffi_rows_measure, and for each row r whose masks[r] is not NULL (a packed mask,
-   as llama_cffi_masked_top_k takes) and whose k[r] > 0, llama_cffi_masked_top_k of the row
-   with k[r] into m_top_ids/m_top_logits[slot * k_stride ...], its result (how many above
-   -inf; -1, -2 its errors) in m_n_top[slot]; -3 there for a row without a mask (or k 0).
-   masks NULL: llama_cffi_rows_measure (the m_ arrays unused). */
-int llama_cffi_rows_measure_masked(int n_rows, const float *const *rows, int n, const int32_t *k, const int32_t *dest,
-                                   int k_stride, const int32_t *measure, int n_threads, float *out_max,
-                                   double *out_log_norm, double *out_entropy, int32_t *out_status, int32_t *out_n_top,
-                                   int32_t *top_ids, float *top_logits, const uint32_t *const *masks, int32_t *m_n_top,
-                                   int32_t *m_top_ids, float *m_top_logits);
 /* worker threads the process's pool holds now (pool.c: shared by the rows and the grammar
    masks; it grows on demand, never shrinks) */
 int llama_cffi_rows_pool_size(void);

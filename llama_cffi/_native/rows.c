@@ -36,10 +36,6 @@ typedef struct {
     int32_t *out_n_top;
     int32_t *top_ids;
     float *top_logits;
-    const uint32_t *const *masks; /* per row: a packed mask (NULL: none), or NULL for none at all */
-    int32_t *m_n_top;             /* per slot: llama_cffi_masked_top_k's result (-3: not computed) */
-    int32_t *m_top_ids;           /* per slot, k_stride wide: the mask's best candidates */
-    float *m_top_logits;
     int next;  /* next row to take (atomic) */
     int error; /* out of memory somewhere */
 } rows_job;
@@ -303,17 +299,6 @@ static void rows_one(rows_job *j, int r, float *scratch, float *bmax, float *sel
         }
     }
     j->out_n_top[slot] = got;
-    if (j->masks != NULL) {
-        /* the mask's best candidates too, while the row is in this core's cache: the same
-           function as llama_cffi_masked_top_k_rows, so the same candidates */
-        const uint32_t *words = j->masks[r];
-        int32_t mk = -3;
-        if (words != NULL && k > 0) /* (a NaN row: the plain walk, which finds it where allowed) */
-            mk = llama_cffi_masked_top_k_blocks(
-                n, x, words, k, j->m_top_ids + (size_t)slot * j->k_stride, j->m_top_logits + (size_t)slot * j->k_stride,
-                status == 1 ? 0 : nb, bmax, got == k ? j->top_logits[(size_t)slot * j->k_stride + k - 1] : NAN);
-        j->m_n_top[slot] = mk;
-    }
 }
 
 /* ------------------------------------------------------------------ the work */
@@ -358,16 +343,9 @@ static void rows_task(void *arg, int worker) {
 }
 
 int llama_cffi_rows_measure(int n_rows, const float *const *rows, int n, const int32_t *k, const int32_t *dest, int k_stride, const int32_t *measure, int n_threads, float *out_max, double *out_log_norm, double *out_entropy, int32_t *out_status, int32_t *out_n_top, int32_t *top_ids, float *top_logits) {
-    return llama_cffi_rows_measure_masked(n_rows, rows, n, k, dest, k_stride, measure, n_threads, out_max, out_log_norm,
-                                          out_entropy, out_status, out_n_top, top_ids, top_logits, NULL, NULL, NULL,
-                                          NULL);
-}
-
-int llama_cffi_rows_measure_masked(int n_rows, const float *const *rows, int n, const int32_t *k, const int32_t *dest, int k_stride, const int32_t *measure, int n_threads, float *out_max, double *out_log_norm, double *out_entropy, int32_t *out_status, int32_t *out_n_top, int32_t *top_ids, float *top_logits, const uint32_t *const *masks, int32_t *m_n_top, int32_t *m_top_ids, float *m_top_logits) {
     if (n_rows < 0 || n <= 0 || k_stride < 0 || rows == NULL || out_max == NULL || out_status == NULL ||
         out_n_top == NULL || (k_stride > 0 && (top_ids == NULL || top_logits == NULL)))
         return -1;
-    if (masks != NULL && (m_n_top == NULL || m_top_ids == NULL || m_top_logits == NULL || k_stride == 0)) return -1;
     if (n_rows == 0) return 0;
     rows_job j;
     memset(&j, 0, sizeof(j));
@@ -385,10 +363,6 @@ int llama_cffi_rows_measure_masked(int n_rows, const float *const *rows, int n, 
     j.out_n_top = out_n_top;
     j.top_ids = top_ids;
     j.top_logits = top_logits;
-    j.masks = masks;
-    j.m_n_top = m_n_top;
-    j.m_top_ids = m_top_ids;
-    j.m_top_logits = m_top_logits;
     int helpers = n_threads - 1;
     if (helpers > n_rows - 1) helpers = n_rows - 1;
     if (helpers > ROWS_MAX_THREADS - 1) helpers = ROWS_MAX_THREADS - 1;
