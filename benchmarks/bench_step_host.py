@@ -77,6 +77,7 @@ class DecodeTimer:
     def __init__(self, lib: Any) -> None:
         self._lib = lib
         self.ms = 0.0
+        self.last_exit = 0.0  # perf_counter() when the last decode returned
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._lib, name)
@@ -86,7 +87,8 @@ class DecodeTimer:
         try:
             return int(self._lib.llama_decode(ctx, batch))
         finally:
-            self.ms += (time.perf_counter() - t0) * 1e3
+            self.last_exit = time.perf_counter()
+            self.ms += (self.last_exit - t0) * 1e3
 
 
 def in_llama_ms(ctx: llama_cffi.Context) -> float:
@@ -110,6 +112,30 @@ def run_mode(
         raise SystemExit(f"this BranchStore has no {mode!r} mode")
     root = store.create(prompt, sampler=chain(0, k), grammar=grammar if mode == "json" else None)
     branches = [root] + [root.fork(seed=i) for i in range(1, n)]
+    # the host work a step does before it reads the new rows (with a device's decode, done
+    # while the device computes): from the decode's return to the first read of the rows
+    timer = llama_cffi.context.lib
+    assert isinstance(timer, DecodeTimer)
+    before = [0.0]
+    read_rows = ctx._all_rows
+    fresh = [False]
+
+    def all_rows() -> Any:
+        if fresh[0]:
+            before[0] += (time.perf_counter() - timer.last_exit) * 1e3
+            fresh[0] = False
+        return read_rows()
+
+    ctx._all_rows = all_rows  # type: ignore[method-assign]
+    decode = timer.llama_decode
+
+    def timed_decode(c: Any, batch: Any) -> int:
+        try:
+            return decode(c, batch)
+        finally:
+            fresh[0] = True
+
+    timer.llama_decode = timed_decode  # type: ignore[method-assign]
 
     def sample() -> dict[Any, int]:
         if mode == "each" or not hasattr(store, "sample"):
@@ -117,8 +143,9 @@ def run_mode(
         return store.sample(branches)
 
     store.step(sample())  # untimed: the first step with every row
-    out: dict[str, list[float]] = {"host_ms": [], "sample_ms": [], "step_host_ms": [], "llama_ms": []}
+    out: dict[str, list[float]] = {"host_ms": [], "sample_ms": [], "step_host_ms": [], "llama_ms": [], "before_ms": []}
     for _ in range(steps):
+        before[0] = 0.0
         c0 = in_llama_ms(ctx)
         t0 = time.perf_counter()
         moves = sample()
@@ -130,7 +157,9 @@ def run_mode(
         out["sample_ms"].append((t1 - t0) * 1e3)
         out["step_host_ms"].append((t2 - t1) * 1e3 - llama)
         out["host_ms"].append((t2 - t0) * 1e3 - llama)
+        out["before_ms"].append(before[0])
     store.drain()
+    del timer.llama_decode, ctx._all_rows  # (the class's and the instance's own again)
     ctx.memory.clear(data=False)
     return out
 
@@ -146,6 +175,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt", default=None, help="a text prompt instead of --pp random ids")
     ap.add_argument("--threads", type=int, default=0, help="threads (llama.cpp's and the row kernel's; 0: all cores)")
     ap.add_argument("--model", type=Path, help="a GGUF file (default: the default model)")
+    ap.add_argument(
+        "--device-ms",
+        type=float,
+        default=0.0,
+        help="project each step onto a device whose decode takes this many ms (e.g. 4.77, the H200 run's at 64 "
+        "branches): the store makes its masks during the decode, as it does when a decode leaves it waiting; "
+        "a step = max(device ms, host work before the rows) + host work after them",
+    )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     ns = [int(x) for x in args.ns.split(",") if x]
@@ -160,6 +197,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     model = llama_cffi.Model.load(str(path))
     llama_cffi.context.lib = DecodeTimer(llama_cffi.context.lib)  # type: ignore[assignment]
+    if args.device_ms > 0:  # as on a device: masks made while the decode runs (a tree that has the policy)
+        import samplers.branch as branch_mod
+
+        if hasattr(branch_mod, "PREFETCH_WAIT_S"):
+            branch_mod.PREFETCH_WAIT_S = branch_mod.PREFETCH_KEEP_S = -1.0
     rng = np.random.default_rng(7)
     prompt = rng.integers(0, model.n_vocab, size=args.pp, dtype=np.int32)
     if args.prompt is not None:
@@ -244,6 +286,39 @@ def main(argv: list[str] | None = None) -> int:
                 f"({extra * 1e3 / n:+.1f} us/branch)"
             )
             rows.append({"n": n, "mode": "json/batched", "speed": jb[1] / jb[0], "extra_host_ms": extra})
+    if args.device_ms > 0:
+        dev = args.device_ms
+        print()
+        print(
+            f"projected onto a device whose decode takes {dev} ms: step = max({dev}, host before the rows) + host "
+            "after them (ms, medians)"
+        )
+        proj: dict[tuple[str, int], float] = {}
+        for n in ns:
+            for mode in modes:
+                d = res[(mode, n)]
+                steps_ = [max(dev, b) + (h - b) for h, b in zip(d["host_ms"], d["before_ms"], strict=True)]
+                proj[(mode, n)] = statistics.median(steps_)
+                before = statistics.median(d["before_ms"])
+                after = statistics.median([h - b for h, b in zip(d["host_ms"], d["before_ms"], strict=True)])
+                print(
+                    f"{n:>4} {mode:>8}: before the rows {before:7.3f}, after {after:7.3f}, "
+                    f"projected step {proj[(mode, n)]:7.3f}"
+                )
+                rows.append(
+                    {
+                        "n": n,
+                        "mode": mode,
+                        "before_ms": before,
+                        "after_ms": after,
+                        "device_ms": dev,
+                        "projected_step_ms": proj[(mode, n)],
+                    }
+                )
+            if ("json", n) in proj and ("batched", n) in proj:
+                speed = proj[("batched", n)] / proj[("json", n)]
+                print(f"{n:>4} branches: projected json / batched speed {speed:.3f}x")
+                rows.append({"n": n, "mode": "json/batched projected", "speed": speed, "device_ms": dev})
     if args.json:
         write_json(
             args.json,
