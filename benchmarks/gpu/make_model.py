@@ -6,6 +6,8 @@ Shapes (``--shape``):
          8 KV heads, n_ff 4096, n_ctx_train 4096; output tied to the token embedding
          (as Gemma-style 262k-vocabulary models do): ~0.79 B parameters, ~1.05 GB
   small: vocab 32,768, n_embd 256, 4 layers, 4 heads, 2 KV heads, n_ff 1024 (the CPU dry run)
+  wide:  vocab 262,144, n_embd 128, 2 layers, 2 heads, 1 KV head, n_ff 256: full's vocabulary
+         and rows on a CPU in milliseconds (host-work benchmarks: bench_step_host.py --model)
 
 The vocabulary: <unk>, <s>, </s>, the 256 byte tokens <0x00>..<0xFF>, '▁' and printable
 ASCII, then unique lowercase pieces (each with and without the '▁' word-start mark) in
@@ -28,6 +30,7 @@ import numpy as np
 SHAPES = {
     "full": dict(n_vocab=262144, n_embd=1024, n_layer=16, n_head=16, n_head_kv=8, n_ff=4096, n_ctx_train=4096),
     "small": dict(n_vocab=32768, n_embd=256, n_layer=4, n_head=4, n_head_kv=2, n_ff=1024, n_ctx_train=4096),
+    "wide": dict(n_vocab=262144, n_embd=128, n_layer=2, n_head=2, n_head_kv=1, n_ff=256, n_ctx_train=4096),
 }
 SPACE = "\u2581"
 NORMAL, UNKNOWN, CONTROL, BYTE = 1, 2, 3, 6
