@@ -890,3 +890,16 @@ def test_combined_keywords_agree_with_a_validator(schema: Any, values: list[Any]
     validator = jsonschema.Draft202012Validator(schema)
     for value in values:
         assert both(g, value) == validator.is_valid(value), (schema, value)
+
+
+def test_a_lowering_reads_its_draft_from_its_specification() -> None:
+    """The draft a Lowering writes for: its document's specification's, 2020-12 before it
+    has one (the converter gives it one first; a Lowering made alone must not fail)."""
+    from referencing.jsonschema import specification_with
+
+    from samplers.grammar.schema._lower import Lowering
+
+    low = Lowering(lambda *_: None, False)
+    assert low.draft() == "draft2020-12"
+    low.specification = specification_with("http://json-schema.org/draft-04/schema#")
+    assert low.draft() == "draft4"

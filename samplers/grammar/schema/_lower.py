@@ -430,7 +430,8 @@ class Lowering:
         return (type(v), repr(v) if isinstance(v, float) else v)
 
     def draft(self) -> str:
-        return _SPEC_DRAFT.get(self.specification.name, "draft2020-12")
+        # (a Lowering not yet given its document's specification reads as 2020-12)
+        return _SPEC_DRAFT.get(getattr(self.specification, "name", ""), "draft2020-12")
 
     # lowering ---------------------------------------------------------------------
 
