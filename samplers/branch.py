@@ -1070,14 +1070,15 @@ class BranchStore:
                     t0 = _clock()
                     rows = np.asarray(ctx._all_rows())
                     self._note_wait(_clock() - t0)
-                    for b in branches:  # their old rows are gone: the new ones replace them
-                        self._lazy.discard(b)
-                        b._row_i = None
                     self._rows = rows
-                    for i in range(done):
-                        b = branches[i]
-                        b._row_i = i
-                        self._lazy.add(b)
+                    lazy = self._lazy
+                    for i, b in enumerate(branches):  # their old rows are gone: the new ones replace them
+                        if i < done:  # (advanced: its row is i)
+                            b._row_i = i
+                            lazy.add(b)
+                        else:
+                            b._row_i = None
+                            lazy.discard(b)
                 fresh = []
                 for r, (sp, _) in enumerate(ends):
                     nb = self._new_branch(sp, made)
