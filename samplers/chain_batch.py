@@ -157,11 +157,19 @@ def choose_constrained(
     if not g:
         return tokens, out, raw
     assert mod is not None  # (checked above: every chain begins with one of its GrammarSamplers)
-    ok = mod.GrammarSampler.allows_many(grammars, tokens.tolist())
-    rejected = [r for r in range(g) if not ok[r]]
+    given: list[Any] = [None if gr.awaiting else gr._words() for gr in grammars]
+    if any(w is None for w in given):
+        ok = mod.GrammarSampler.allows_many(grammars, tokens.tolist())
+        rejected = [r for r in range(g) if not ok[r]]
+    else:  # every grammar holds its mask (made during the decode): each token's bit, read here
+        rejected = [
+            r
+            for r, (w, t) in enumerate(zip(given, tokens.tolist(), strict=True))
+            if not (int(w[t >> 5]) >> (t & 31)) & 1
+        ]
     if not rejected:
         return tokens, out, raw
-    need = [grammars[r] for r in rejected if grammars[r]._words() is None]
+    need = [grammars[r] for r in rejected if given[r] is None]
     if need:
         from .grammar.masks import fill_masks
 
@@ -171,7 +179,12 @@ def choose_constrained(
     lg2 = np.empty((len(rejected), k), dtype=np.float32)
     threads = n_threads if len(rejected) >= THREADS_FROM else 1
     n_fin = masked_top_k_rows(
-        [row(r) for r in rejected], [grammars[r]._words() for r in rejected], k, ids2, lg2, threads
+        [row(r) for r in rejected],
+        [grammars[r]._words() if given[r] is None else given[r] for r in rejected],
+        k,
+        ids2,
+        lg2,
+        threads,
     )
     if (n_fin == 0).any():
         r = rejected[int(np.argmax(n_fin == 0))]
