@@ -32,7 +32,13 @@ work, the device sampling graph included). Medians over ``--steps`` steps and
 ``--rounds`` rounds, modes in rotating order; the decode's own time is reported beside
 it (device mode moves work into it).
 
+With ``--warm R`` each run then repeats its last ``store.sample`` R times at once: the
+sample's own work with warm caches. Here a CPU decode runs between two samples and leaves
+the host's caches cold (the numpy chain costs 2-3x its warm time); a host that waits on a
+GPU's decode may keep them warm, so the two bound what a GPU host pays after the rows.
+
     python benchmarks/bench_step_host.py [--ns 1,8,64,256] [--modes row,batched,device] [--steps 6] [--rounds 2]
+        [--device-ms 4.77] [--warm 20]
 """
 
 from __future__ import annotations
@@ -99,10 +105,19 @@ def in_llama_ms(ctx: llama_cffi.Context) -> float:
 
 
 def run_mode(
-    ctx: llama_cffi.Context, mode: str, n: int, prompt: np.ndarray, steps: int, k: int, threads: int, grammar: Any
+    ctx: llama_cffi.Context,
+    mode: str,
+    n: int,
+    prompt: np.ndarray,
+    steps: int,
+    k: int,
+    threads: int,
+    grammar: Any,
+    warm: int = 0,
 ) -> dict[str, list[float]]:
     """One generation of ``steps`` timed steps (after one untimed) with ``n`` branches
-    (``grammar``: the ``json`` mode's compiled grammar)."""
+    (``grammar``: the ``json`` mode's compiled grammar); ``warm``: then the last sample
+    repeated that many times at once (``warm_sample_ms``: all but the first)."""
     ctx.memory.clear(data=False)
     if "batched" in inspect.signature(BranchStore).parameters:
         store = BranchStore(ctx, batched=mode != "row", device=mode == "device", n_threads=threads)
@@ -158,6 +173,14 @@ def run_mode(
         out["step_host_ms"].append((t2 - t1) * 1e3 - llama)
         out["host_ms"].append((t2 - t0) * 1e3 - llama)
         out["before_ms"].append(before[0])
+    if warm:  # the same sample again at once: its work with the host's caches warm (the
+        # rows, candidates and masks unchanged; each repeat draws again, then the run ends)
+        sample()
+        out["warm_sample_ms"] = []
+        for _ in range(warm):
+            t0 = time.perf_counter()
+            sample()
+            out["warm_sample_ms"].append((time.perf_counter() - t0) * 1e3)
     store.drain()
     del timer.llama_decode, ctx._all_rows  # (the class's and the instance's own again)
     ctx.memory.clear(data=False)
@@ -182,6 +205,14 @@ def main(argv: list[str] | None = None) -> int:
         help="project each step onto a device whose decode takes this many ms (e.g. 4.77, the H200 run's at 64 "
         "branches): the store makes its masks during the decode, as it does when a decode leaves it waiting; "
         "a step = max(device ms, host work before the rows) + host work after them",
+    )
+    ap.add_argument(
+        "--warm",
+        type=int,
+        default=0,
+        help="after each run, repeat its last sample this many times at once and report the median: the "
+        "sample's own work with the host's caches warm (here a CPU decode runs between two samples and leaves "
+        "them cold; a host waiting on a GPU's decode may keep them)",
     )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
@@ -233,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             order = modes[r % len(modes) :] + modes[: r % len(modes)]
             for mode in order:
-                d = run_mode(ctx, mode, n, prompt, args.steps, args.k, threads, grammar)
+                d = run_mode(ctx, mode, n, prompt, args.steps, args.k, threads, grammar, args.warm)
                 agg = res.setdefault((mode, n), {k: [] for k in d})
                 for key, v in d.items():
                     agg[key].extend(v)
@@ -286,6 +317,21 @@ def main(argv: list[str] | None = None) -> int:
                 f"({extra * 1e3 / n:+.1f} us/branch)"
             )
             rows.append({"n": n, "mode": "json/batched", "speed": jb[1] / jb[0], "extra_host_ms": extra})
+    if args.warm:
+        print()
+        print(f"store.sample repeated at once (warm caches; median of {args.warm} x {args.rounds}), ms")
+        for n in ns:
+            warm = {m: statistics.median(res[(m, n)]["warm_sample_ms"]) for m in modes}
+            line = ", ".join(
+                f"{m} {warm[m]:.3f} (cold {statistics.median(res[(m, n)]['sample_ms']):.3f})" for m in modes
+            )
+            print(f"{n:>4} branches: {line}")
+            for m in modes:
+                rows.append({"n": n, "mode": m, "warm_sample_ms": warm[m]})
+            if "json" in modes and "batched" in modes:
+                extra = warm["json"] - warm["batched"]
+                print(f"{n:>4} branches: json's sample extra, warm {extra:+.3f} ms")
+                rows.append({"n": n, "mode": "json/batched warm", "extra_sample_ms": extra})
     if args.device_ms > 0:
         dev = args.device_ms
         print()
