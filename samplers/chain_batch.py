@@ -158,7 +158,9 @@ def choose_constrained(
         return tokens, out, raw
     assert mod is not None  # (checked above: every chain begins with one of its GrammarSamplers)
     given: list[Any] = [None if gr.awaiting else gr._words() for gr in grammars]
-    if any(w is None for w in given):
+    lo, hi = int(tokens.min()), int(tokens.max())
+    if any(w is None for w in given) or lo < 0 or any(hi >= gr.matcher.compiled.n_vocab for gr in grammars):
+        # (a token out of a grammar's vocabulary raises there, as one by one)
         ok = mod.GrammarSampler.allows_many(grammars, tokens.tolist())
         rejected = [r for r in range(g) if not ok[r]]
     else:  # every grammar holds its mask (made during the decode): each token's bit, read here

@@ -207,3 +207,29 @@ def test_constrained_refuses_chains_without_a_grammar_and_ended_grammars() -> No
     row = np.zeros(n, dtype=np.float32)
     with pytest.raises(SamplingError, match="no token is allowed"):
         chain_batch.choose_constrained(sig, [chain], ids, np.zeros((1, 2), np.float32), lambda r: row, False)
+
+
+@pytest.mark.parametrize("bad", [-1, len(_PIECES), len(_PIECES) + 40])
+def test_constrained_refuses_candidate_ids_out_of_the_vocabulary(bad: int) -> None:
+    """A first choice outside the grammar's vocabulary raises InvalidTokenError, as one by
+    one, whether or not every grammar holds its mask (the masks' bits are read only for
+    ids in the vocabulary)."""
+    from llama_cffi import InvalidTokenError
+    from samplers.grammar import Grammar, GrammarSampler
+    from samplers.grammar.vocab_index import VocabIndex
+
+    vocab = VocabIndex(_PIECES)
+    row = np.zeros(len(_PIECES), dtype=np.float32)
+    for with_masks in (False, True):
+        chains = []
+        for _ in range(2):
+            gs = GrammarSampler(Grammar.from_gbnf(_GRAMMARS[0]).compile(vocab))
+            if with_masks:
+                gs.use_mask(gs.matcher.fill_mask())
+            chains.append(S.SamplerChain([gs, S.TopK(2), S.Greedy()]))
+        sig = chain_batch.grammar_signature(chains[0])
+        assert sig is not None
+        ids = np.array([[bad, 0], [1, 0]], dtype=np.int32)
+        logits = np.array([[2.0, 1.0], [2.0, 1.0]], dtype=np.float32)
+        with pytest.raises(InvalidTokenError, match="out of range"):
+            chain_batch.choose_constrained(sig, chains, ids, logits, lambda r: row, False)
