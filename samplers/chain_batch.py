@@ -157,37 +157,22 @@ def choose_constrained(
     if not g:
         return tokens, out, raw
     assert mod is not None  # (checked above: every chain begins with one of its GrammarSamplers)
-    given: list[Any] = [None if gr.awaiting else gr._words() for gr in grammars]
-    lo, hi = int(tokens.min()), int(tokens.max())
-    if any(w is None for w in given) or lo < 0 or any(hi >= gr.matcher.compiled.n_vocab for gr in grammars):
-        # (a token out of a grammar's vocabulary raises there, as one by one)
-        ok = mod.GrammarSampler.allows_many(grammars, tokens.tolist())
-        rejected = [r for r in range(g) if not ok[r]]
-    else:  # every grammar holds its mask (made during the decode): each token's bit, read here
-        rejected = [
-            r
-            for r, (w, t) in enumerate(zip(given, tokens.tolist(), strict=True))
-            if not (int(w[t >> 5]) >> (t & 31)) & 1
-        ]
+    ok = mod.GrammarSampler.allows_many(grammars, tokens.tolist())  # (a given mask: its bit)
+    rejected = [r for r in range(g) if not ok[r]]
     if not rejected:
         return tokens, out, raw
-    need = [grammars[r] for r in rejected if given[r] is None]
+    words = [grammars[r]._words() for r in rejected]  # (each looked up once)
+    need = [i for i, w in enumerate(words) if w is None]
     if need:
         from .grammar.masks import fill_masks
 
-        for gr, words in zip(need, fill_masks([gr.matcher for gr in need]), strict=True):
-            gr.use_mask(words)
+        for i, w in zip(need, fill_masks([grammars[rejected[i]].matcher for i in need]), strict=True):
+            grammars[rejected[i]].use_mask(w)
+            words[i] = w
     ids2 = np.empty((len(rejected), k), dtype=np.int32)
     lg2 = np.empty((len(rejected), k), dtype=np.float32)
     threads = n_threads if len(rejected) >= THREADS_FROM else 1
-    n_fin = masked_top_k_rows(
-        [row(r) for r in rejected],
-        [grammars[r]._words() if given[r] is None else given[r] for r in rejected],
-        k,
-        ids2,
-        lg2,
-        threads,
-    )
+    n_fin = masked_top_k_rows([row(r) for r in rejected], words, k, ids2, lg2, threads)
     if (n_fin == 0).any():
         r = rejected[int(np.argmax(n_fin == 0))]
         raise SamplingError(
