@@ -34,7 +34,7 @@ it (device mode moves work into it).
 
 With ``--warm R`` each run then repeats its last ``store.sample`` R times at once: the
 sample's own work with warm caches. Here a CPU decode runs between two samples and leaves
-the host's caches cold (the numpy chain costs 2-3x its warm time); a host that waits on a
+the host's caches cold (the unconstrained sample costs about 3x its warm time); a host that waits on a
 GPU's decode may keep them warm, so the two bound what a GPU host pays after the rows.
 
     python benchmarks/bench_step_host.py [--ns 1,8,64,256] [--modes row,batched,device] [--steps 6] [--rounds 2]
