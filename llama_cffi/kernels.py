@@ -183,7 +183,10 @@ def masked_top_k_rows(
     threads (the caller's and the process's pool): row ``r`` of ``ids``/``logits`` (2-D,
     ``len(rows)`` rows of ``k`` columns, C-contiguous) gets ``rows[r]``'s ``k`` best values
     among those ``masks[r]`` allows. Every row must have the same length. Returns, per row,
-    how many are above ``-inf``."""
+    how many are above ``-inf``. Each distinct mask array is scanned once for its nonzero
+    words, which each of its rows then reads alone (pass one array for the rows of one
+    grammar state: ``samplers.grammar.masks.shared_rows``); threads are woken only for
+    enough nonzero words to share."""
     expect_iterable("rows", rows, "a sequence of 1-D float32 rows")
     expect_iterable("masks", masks, "a sequence of 1-D uint32 masks")
     if type(k) is not int:
@@ -203,7 +206,9 @@ def masked_top_k_rows(
     if m == 0:
         return n_finite
     n = -1
-    keep: list[Any] = []
+    row_ptrs: list[Any] = []
+    mask_ptrs: list[Any] = []
+    last: Any = None  # the last mask checked, and its buffer (rows in one state share one)
     for r, (row, words) in enumerate(zip(rows, masks, strict=True)):
         if not isinstance(row, np.ndarray) or row.dtype != np.float32 or row.ndim != 1 or not row.flags.c_contiguous:
             raise TypeError(f"rows[{r}] must be a 1-D C-contiguous float32 ndarray")
@@ -213,17 +218,19 @@ def masked_top_k_rows(
                 raise ValueError(f"need 1 <= k <= len(row): k={k}, {n} values")
         elif row.shape[0] != n:
             raise ValueError(f"rows[{r}] has {row.shape[0]} values, rows[0] {n}")
-        if not isinstance(words, np.ndarray) or words.dtype != np.uint32 or words.ndim != 1:
-            raise TypeError(f"masks[{r}] must be a 1-D uint32 ndarray")
-        if len(words) < (n + 31) // 32 or not words.flags.c_contiguous:
-            raise ValueError(f"masks[{r}] must be C-contiguous with at least {(n + 31) // 32} words")
-        keep.append(ffi.from_buffer("float[]", row))
-        keep.append(ffi.from_buffer("uint32_t[]", words))
+        row_ptrs.append(ffi.from_buffer("float[]", row))
+        if words is not last:
+            if not isinstance(words, np.ndarray) or words.dtype != np.uint32 or words.ndim != 1:
+                raise TypeError(f"masks[{r}] must be a 1-D uint32 ndarray")
+            if len(words) < (n + 31) // 32 or not words.flags.c_contiguous:
+                raise ValueError(f"masks[{r}] must be C-contiguous with at least {(n + 31) // 32} words")
+            last, last_ptr = words, ffi.from_buffer("uint32_t[]", words)
+        mask_ptrs.append(last_ptr)
     rc = lib.llama_cffi_masked_top_k_rows(
         m,
         n,
-        ffi.new("float *[]", keep[0::2]),
-        ffi.new("uint32_t *[]", keep[1::2]),
+        ffi.new("float *[]", row_ptrs),
+        ffi.new("uint32_t *[]", mask_ptrs),
         k,
         ffi.from_buffer("int32_t[]", ids),
         ffi.from_buffer("float[]", logits),

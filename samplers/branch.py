@@ -501,8 +501,9 @@ class BranchStore:
 
     def _give_masks(self, todo: list[Branch]) -> None:
         """Branches whose chain begins with an active grammar get this step's masks from one
-        :func:`~samplers.grammar.fill_masks` call (their grammars then check the sampled
-        token and mask candidates by reading it)."""
+        :func:`~samplers.grammar.fill_masks` call (:func:`~samplers.grammar.masks.shared_rows`:
+        branches at one grammar state share one row, written once; their grammars then
+        check the sampled token and mask candidates by reading it)."""
         gs = []
         for b in todo:
             chain = b.sampler
@@ -512,12 +513,12 @@ class BranchStore:
                     gs.append(first)
         if len(gs) < 2:
             return
-        from .grammar.masks import fill_masks
+        from .grammar.masks import shared_rows
 
         n_words = {g.matcher.compiled.n_words for g in gs}  # type: ignore[union-attr]
         if len(n_words) != 1:
             return
-        rows = fill_masks([g.matcher for g in gs])  # type: ignore[union-attr]
+        rows = shared_rows([g.matcher for g in gs])  # type: ignore[union-attr]  # (one array per state)
         for g, row in zip(gs, rows, strict=True):
             g.use_mask(row)  # type: ignore[union-attr]
 

@@ -17,9 +17,10 @@ on random rows and chains.
 A chain that begins with a grammar (:func:`grammar_signature`) runs with llama.cpp's
 fast path, as :meth:`SamplerChain.choose` does (:func:`choose_constrained`): the samplers
 after the grammar choose from the row's best candidates; a row whose token the grammar
-rejects chooses again (a second draw) from the best candidates its mask allows, found in
-one C pass over each mask (:func:`llama_cffi.kernels.masked_top_k_rows`), not a pass over
-the row and a copy of it; only those rows need their masks.
+rejects chooses again (a second draw) from the best candidates its mask allows, found by
+one C call over the masks (:func:`llama_cffi.kernels.masked_top_k_rows`: each distinct mask
+scanned once for its nonzero words, then each row's values read only there), not a pass
+over the row and a copy of it; only those rows need their masks.
 """
 
 from __future__ import annotations
@@ -41,10 +42,6 @@ from .chain import SamplerChain
 from .selection import Dist, Greedy
 from .temperature import Temperature
 from .truncation import MinP, TopK, TopP
-
-#: rejected rows from which :func:`choose_constrained` shares their candidates among threads
-#: (waking the pool costs about as much as a few rows' scans)
-THREADS_FROM = 16
 
 #: A chain's configuration: one entry per sampler, its kind and parameters (not its state).
 Signature = tuple[tuple[object, ...], ...]
@@ -125,13 +122,13 @@ def choose_constrained(
     the grammar allows stands (one token checked: no mask); the other rows choose again, a
     second draw from their engines, from the ``k`` best candidates their grammar masks
     allow (the masks given to the grammars with ``use_mask``, else computed for those rows
-    in one :func:`~samplers.grammar.fill_masks` call; the candidates by
-    :func:`llama_cffi.kernels.masked_top_k_rows` over ``row(r)``, row ``r``'s logits, read
-    only for those rows). Returns each row's token, its sampling surprisal when asked for
+    in one :func:`~samplers.grammar.masks.shared_rows` call, one array per grammar state; the
+    candidates by :func:`llama_cffi.kernels.masked_top_k_rows` over ``row(r)``, row ``r``'s
+    logits, read only for those rows). Returns each row's token, its sampling surprisal when asked for
     (under the final candidates, as :func:`choose`) and the model's logit of the token.
     Raises :class:`~llama_cffi.sampling.SamplingError` when a row's mask allows no
     candidate (a grammar that has ended), as the chain would. ``n_threads``: threads for
-    the rejected rows' candidates (used from :data:`THREADS_FROM` such rows on)."""
+    the rejected rows' candidates (at most: the kernel wakes them only for enough work)."""
     if not isinstance(sig, tuple) or not all(isinstance(step, tuple) and step for step in sig):
         raise type_error("sig", "a chain signature (from grammar_signature())", sig)
     if not isinstance(ids, np.ndarray):
@@ -164,15 +161,14 @@ def choose_constrained(
     words = [grammars[r]._words() for r in rejected]  # (each looked up once)
     need = [i for i, w in enumerate(words) if w is None]
     if need:
-        from .grammar.masks import fill_masks
+        from .grammar.masks import shared_rows
 
-        for i, w in zip(need, fill_masks([grammars[rejected[i]].matcher for i in need]), strict=True):
+        for i, w in zip(need, shared_rows([grammars[rejected[i]].matcher for i in need]), strict=True):
             grammars[rejected[i]].use_mask(w)
             words[i] = w
     ids2 = np.empty((len(rejected), k), dtype=np.int32)
     lg2 = np.empty((len(rejected), k), dtype=np.float32)
-    threads = n_threads if len(rejected) >= THREADS_FROM else 1
-    n_fin = masked_top_k_rows([row(r) for r in rejected], words, k, ids2, lg2, threads)
+    n_fin = masked_top_k_rows([row(r) for r in rejected], words, k, ids2, lg2, n_threads)
     if (n_fin == 0).any():
         r = rejected[int(np.argmax(n_fin == 0))]
         raise SamplingError(

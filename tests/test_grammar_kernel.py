@@ -1134,6 +1134,7 @@ def test_fill_masks_of_many_matchers(big_vocab: llama_cffi.Model) -> None:
     """One call for matchers of different grammars and states (and kernels, caches, an
     ended one): row ``i`` is matcher ``i``'s own mask; bad arguments are refused."""
     from samplers.grammar import fill_masks
+    from samplers.grammar.masks import shared_rows
 
     rng = random.Random(7)
     matchers = []
@@ -1155,6 +1156,11 @@ def test_fill_masks_of_many_matchers(big_vocab: llama_cffi.Model) -> None:
     for i, m in enumerate(matchers):
         assert np.array_equal(got[i], m.fill_mask()), i
     assert not got[-1].any()
+    # shared_rows: the same rows, a clone's (same grammar and state) the same array
+    rows = shared_rows(matchers)
+    assert len(rows) == len(matchers) and all(np.array_equal(r, g) for r, g in zip(rows, got, strict=True))
+    assert all(rows[i] is rows[i + 1] for i in range(0, len(matchers) - 1, 2))
+    assert len({id(r) for r in rows}) == len({(id(m.compiled), m.state, m.partial) for m in matchers[:-1]}) + 1
     out = np.full((len(matchers), got.shape[1] + 3), 0xFFFFFFFF, dtype=np.uint32)
     assert fill_masks(matchers, out) is out and np.array_equal(out[:, : got.shape[1]], got)
     with pytest.raises(TypeError, match=r"matchers\[1\]"):
@@ -1226,7 +1232,8 @@ def test_branch_store_gives_grammars_their_masks_in_one_call(
     tiny_model: llama_cffi.Model, monkeypatch: pytest.MonkeyPatch, lead: str
 ) -> None:
     """A step of several grammar-constrained branches samples the same tokens as branches
-    that walk on their own, with at most one ``fill_masks`` call: for chains that run
+    that walk on their own, with at most one ``fill_masks`` call (``shared_rows``, its rows
+    one array per state): for chains that run
     whole rows, every branch's mask; for chains batched with llama.cpp's fast path (a
     top-k after the grammar), only the masks of the branches whose first token the
     grammar rejected."""
@@ -1237,16 +1244,16 @@ def test_branch_store_gives_grammars_their_masks_in_one_call(
     from samplers.grammar import GrammarSampler
 
     calls: list[int] = []
-    real = masks_mod.fill_masks
+    real = masks_mod.shared_rows
 
-    def spy(ms: Any, out: Any = None) -> Any:
+    def spy(ms: Any) -> Any:
         calls.append(len(ms))
-        return real(ms, out)
+        return real(ms)
 
     def chain() -> SamplerChain:
         return SamplerChain([TopK(5) if lead == "top-k" else Temperature(0.9), Dist(seed=3)])
 
-    monkeypatch.setattr(masks_mod, "fill_masks", spy)
+    monkeypatch.setattr(masks_mod, "shared_rows", spy)
     again: list[int] = []  # rows that chose again from their masks' best candidates
     real_rows = chain_batch_mod.masked_top_k_rows
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -212,12 +213,17 @@ def test_masked_top_k_checks_its_arguments() -> None:
 )
 def test_masked_top_k_rows_is_masked_top_k_row_by_row(m: int, n: int, k: int, seed: int, threads: int) -> None:
     """Many rows in one call, on 1, 2 or 4 threads: each row of the result is that row's own
-    masked_top_k (each row its own mask and share allowed)."""
+    masked_top_k (each row its own share allowed; some rows share one mask array, as the
+    branches in one grammar state do, next to each other or not: the kernel scans each
+    distinct mask once)."""
     k = min(k, n)
     rng = np.random.default_rng(seed)
     rows = [(rng.integers(0, 9, size=n) / 3).astype(np.float32) for _ in range(m)]
-    masks = []
+    masks: list[npt.NDArray[np.uint32]] = []
     for _ in range(m):
+        if masks and rng.random() < 0.4:  # the mask of an earlier row (often the last)
+            masks.append(masks[-1] if rng.random() < 0.5 else masks[int(rng.integers(len(masks)))])
+            continue
         allowed = rng.random(n) < rng.choice([0.0, 0.1, 0.6, 1.0])
         words = np.zeros((n + 31) // 32 + 1, dtype=np.uint32)
         words.view(np.uint8)[: (n + 7) // 8] = np.packbits(allowed, bitorder="little")
@@ -231,6 +237,39 @@ def test_masked_top_k_rows_is_masked_top_k_row_by_row(m: int, n: int, k: int, se
         assert counts[r] == kernels.masked_top_k(rows[r], masks[r], k, want_ids, want_lg)
         assert ids[r].tolist() == want_ids.tolist()
         np.testing.assert_array_equal(lg[r], want_lg)
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_masked_top_k_rows_of_long_rows(threads: int) -> None:
+    """Rows long enough for the kernel's thresholds: 40 distinct masks (their scans shared
+    among threads) and wide masks (the rows' pass shared), narrow masks shared by many rows
+    (one scan each), a lone allowed token at the end of a row and in a padding word: each
+    row equals its own masked_top_k."""
+    n, k = 40_003, 40
+    rng = np.random.default_rng(7)
+    rows = [rng.standard_normal(n).astype(np.float32) for _ in range(90)]
+    n_words = (n + 31) // 32
+
+    def mask(share: float) -> npt.NDArray[np.uint32]:
+        allowed = rng.random(n) < share
+        words = np.zeros(n_words, dtype=np.uint32)
+        words.view(np.uint8)[: (n + 7) // 8] = np.packbits(allowed, bitorder="little")
+        return words
+
+    lone = np.zeros(n_words, dtype=np.uint32)
+    lone[-1] = 1 << ((n - 1) % 32)
+    narrow = [mask(0.0002) for _ in range(3)]
+    distinct = [mask(float(rng.choice([0.001, 0.3, 1.0]))) for _ in range(40)]
+    masks = distinct + [narrow[r % 3] for r in range(45)] + [lone] * 5
+    ids = np.full((90, k), -1, dtype=np.int32)
+    lg = np.zeros((90, k), dtype=np.float32)
+    counts = kernels.masked_top_k_rows(rows, masks, k, ids, lg, threads)
+    for r in range(90):
+        want_ids, want_lg = np.empty(k, np.int32), np.empty(k, np.float32)
+        assert counts[r] == kernels.masked_top_k(rows[r], masks[r], k, want_ids, want_lg)
+        assert ids[r].tolist() == want_ids.tolist()
+        np.testing.assert_array_equal(lg[r], want_lg)
+    assert counts[-5:].tolist() == [1] * 5 and ids[-1, 0] == n - 1
 
 
 def test_masked_top_k_rows_checks_its_arguments() -> None:

@@ -179,13 +179,49 @@ static void masked_sift_up(llama_cffi_vp *h, int32_t i) {
     }
 }
 
-int32_t llama_cffi_masked_top_k(int32_t n, const float *row, const uint32_t *words, int32_t k, int32_t *ids,
-                                float *logits) {
-    if (n <= 0 || !row || !words || !ids || !logits || k <= 0 || k > n) return -1;
-    llama_cffi_vp *h = (llama_cffi_vp *)malloc(sizeof(llama_cffi_vp) * (size_t)k);
-    if (!h) return -1;
-    int32_t m = 0;
-    const int32_t n_words = (int32_t)(((int64_t)n + 31) / 32);
+/* one word of the mask (word w, its bits) into the heap h (m of k taken): 0, or -2 for a
+   NaN at an allowed position */
+static int masked_take_word(llama_cffi_vp *h, int32_t *m_io, int32_t k, const float *row, int32_t n,
+                            int32_t n_words, int32_t w, uint32_t bits) {
+    int32_t m = *m_io;
+    if (w == n_words - 1 && (n & 31)) bits &= (UINT32_C(1) << (n & 31)) - 1; /* (padding bits) */
+    if (m == k && __builtin_popcount(bits) > 8) {
+        /* a wide word with the heap full: the max of its 32 values first (one vector
+           pass), and the word skipped when none beats the heap's worst (every value
+           in the heap is from a lower position: an equal value comes after it). A
+           NaN goes to the loop below, which refuses it. */
+        const int32_t base = w * 32, end = base + 32 <= n ? base + 32 : n;
+        float mx = -INFINITY;
+        int nan = 0;
+        for (int32_t p = base; p < end; p++) {
+            const float v = row[p];
+            nan |= v != v;
+            mx = v > mx ? v : mx;
+        }
+        if (!nan && !(mx > h[0].v)) return 0;
+    }
+    while (bits) {
+        const int32_t p = w * 32 + __builtin_ctz(bits);
+        bits &= bits - 1;
+        const float v = row[p];
+        if (v != v) return -2; /* NaN */
+        if (v == -INFINITY) continue;
+        const llama_cffi_vp x = {v, p};
+        if (m < k) {
+            h[m] = x;
+            masked_sift_up(h, m++);
+        } else if (llama_cffi_vp_before(&x, &h[0])) {
+            h[0] = x;
+            masked_sift_down(h, m, 0);
+        }
+    }
+    *m_io = m;
+    return 0;
+}
+
+/* the nonzero words of a mask of n_words words, in increasing order, into nz; their count */
+static int32_t masked_nonzero_words(const uint32_t *words, int32_t n_words, int32_t *nz) {
+    int32_t c = 0;
     for (int32_t w = 0; w < n_words; w++) {
         if ((w & 7) == 0 && w + 8 <= n_words) {
             /* eight words at once: most of a narrow mask (a grammar's structural position
@@ -198,40 +234,39 @@ int32_t llama_cffi_masked_top_k(int32_t n, const float *row, const uint32_t *wor
                 continue;
             }
         }
-        uint32_t bits = words[w];
-        if (!bits) continue; /* (most words of a narrow mask) */
-        if (w == n_words - 1 && (n & 31)) bits &= (UINT32_C(1) << (n & 31)) - 1; /* (padding bits) */
-        if (m == k && __builtin_popcount(bits) > 8) {
-            /* a wide word with the heap full: the max of its 32 values first (one vector
-               pass), and the word skipped when none beats the heap's worst (every value
-               in the heap is from a lower position: an equal value comes after it). A
-               NaN goes to the loop below, which refuses it. */
-            const int32_t base = w * 32, end = base + 32 <= n ? base + 32 : n;
-            float mx = -INFINITY;
-            int nan = 0;
-            for (int32_t p = base; p < end; p++) {
-                const float v = row[p];
-                nan |= v != v;
-                mx = v > mx ? v : mx;
-            }
-            if (!nan && !(mx > h[0].v)) continue;
-        }
-        while (bits) {
-            const int32_t p = w * 32 + __builtin_ctz(bits);
-            bits &= bits - 1;
-            const float v = row[p];
-            if (v != v) { /* NaN */
+        if (words[w]) nz[c++] = w;
+    }
+    return c;
+}
+
+/* llama_cffi_masked_top_k over the words listed in nz (n_nz of them: the mask's nonzero
+   words, increasing), or over every word when nz is NULL */
+static int32_t masked_top_k_in(int32_t n, const float *row, const uint32_t *words, const int32_t *nz, int32_t n_nz,
+                               int32_t k, int32_t *ids, float *logits) {
+    llama_cffi_vp *h = (llama_cffi_vp *)malloc(sizeof(llama_cffi_vp) * (size_t)k);
+    if (!h) return -1;
+    int32_t m = 0;
+    const int32_t n_words = (int32_t)(((int64_t)n + 31) / 32);
+    if (nz) {
+        for (int32_t i = 0; i < n_nz; i++)
+            if (masked_take_word(h, &m, k, row, n, n_words, nz[i], words[nz[i]])) {
                 free(h);
                 return -2;
             }
-            if (v == -INFINITY) continue;
-            const llama_cffi_vp x = {v, p};
-            if (m < k) {
-                h[m] = x;
-                masked_sift_up(h, m++);
-            } else if (llama_cffi_vp_before(&x, &h[0])) {
-                h[0] = x;
-                masked_sift_down(h, m, 0);
+    } else {
+        for (int32_t w = 0; w < n_words; w++) {
+            if ((w & 7) == 0 && w + 8 <= n_words) { /* (as masked_nonzero_words) */
+                uint64_t q[4];
+                memcpy(q, words + w, sizeof q);
+                if (!(q[0] | q[1] | q[2] | q[3])) {
+                    w += 7;
+                    continue;
+                }
+            }
+            const uint32_t bits = words[w];
+            if (bits && masked_take_word(h, &m, k, row, n, n_words, w, bits)) {
+                free(h);
+                return -2;
             }
         }
     }
@@ -251,15 +286,40 @@ int32_t llama_cffi_masked_top_k(int32_t n, const float *row, const uint32_t *wor
     return m;
 }
 
+int32_t llama_cffi_masked_top_k(int32_t n, const float *row, const uint32_t *words, int32_t k, int32_t *ids,
+                                float *logits) {
+    if (n <= 0 || !row || !words || !ids || !logits || k <= 0 || k > n) return -1;
+    return masked_top_k_in(n, row, words, NULL, 0, k, ids, logits);
+}
+
+/* nonzero words a row's pass visits per extra thread worth waking (a pool thread's wake
+   costs about what a row of a few hundred such words does) */
+#define MASKED_WORDS_PER_THREAD 2048
+/* distinct masks per extra thread for their scans (~2-3 us each, narrow or wide) */
+#define MASKED_SCANS_PER_THREAD 32
+
 typedef struct {
-    int32_t n_rows, n, k;
+    int32_t n_rows, n, k, n_words, n_masks;
     const float *const *rows;
     const uint32_t *const *words;
+    const uint32_t **masks; /* the distinct masks (by address) */
+    int32_t *mask_of;       /* per row: its mask's index */
+    int32_t *nz, *n_nz;     /* per mask: its nonzero words (n_words slots each), their count */
     int32_t *ids;
     float *logits;
     int32_t *n_finite;
     int32_t next; /* atomic */
 } masked_rows_job;
+
+static void masked_scan_task(void *arg, int worker) {
+    masked_rows_job *j = (masked_rows_job *)arg;
+    (void)worker;
+    for (;;) {
+        const int32_t i = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+        if (i >= j->n_masks) return;
+        j->n_nz[i] = masked_nonzero_words(j->masks[i], j->n_words, j->nz + (size_t)i * (size_t)j->n_words);
+    }
+}
 
 static void masked_rows_task(void *arg, int worker) {
     masked_rows_job *j = (masked_rows_job *)arg;
@@ -267,19 +327,66 @@ static void masked_rows_task(void *arg, int worker) {
     for (;;) {
         const int32_t r = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
         if (r >= j->n_rows) return;
-        j->n_finite[r] = llama_cffi_masked_top_k(j->n, j->rows[r], j->words[r], j->k, j->ids + (size_t)r * (size_t)j->k,
-                                                 j->logits + (size_t)r * (size_t)j->k);
+        const int32_t i = j->mask_of[r];
+        j->n_finite[r] = masked_top_k_in(j->n, j->rows[r], j->words[r], j->nz + (size_t)i * (size_t)j->n_words,
+                                         j->n_nz[i], j->k, j->ids + (size_t)r * (size_t)j->k,
+                                         j->logits + (size_t)r * (size_t)j->k);
     }
 }
 
 int32_t llama_cffi_masked_top_k_rows(int32_t n_rows, int32_t n, const float *const *rows, const uint32_t *const *words,
                                      int32_t k, int32_t *ids, float *logits, int32_t *n_finite, int32_t n_threads) {
     if (n_rows < 0 || (n_rows && (!rows || !words || !ids || !logits || !n_finite))) return -1;
+    if (n_rows == 0) return 0;
+    if (n <= 0 || k <= 0 || k > n) return -1;
     for (int32_t r = 0; r < n_rows; r++)
         if (!rows[r] || !words[r]) return -1;
-    masked_rows_job j = {n_rows, n, k, rows, words, ids, logits, n_finite, 0};
-    if (n_threads > n_rows) n_threads = n_rows;
-    llama_cffi_pool_run(n_threads - 1, masked_rows_task, &j); /* the process's pool (pool.c) */
+    /* each distinct mask (by address: rows in one grammar state share one) scanned once for
+       its nonzero words, which each of its rows then visits alone */
+    const int32_t n_words = (int32_t)(((int64_t)n + 31) / 32);
+    const uint32_t **masks = (const uint32_t **)malloc(sizeof *masks * (size_t)n_rows);
+    int32_t *mask_of = (int32_t *)malloc(sizeof(int32_t) * (size_t)n_rows);
+    int32_t *n_nz = (int32_t *)malloc(sizeof(int32_t) * (size_t)n_rows);
+    if (!masks || !mask_of || !n_nz) {
+        free(masks);
+        free(mask_of);
+        free(n_nz);
+        return -1;
+    }
+    int32_t d = 0;
+    for (int32_t r = 0; r < n_rows; r++) {
+        int32_t i = 0;
+        if (r && words[r] == words[r - 1])
+            i = mask_of[r - 1]; /* (the common case: rows of one state side by side) */
+        else {
+            while (i < d && masks[i] != words[r]) i++;
+            if (i == d) masks[d++] = words[r];
+        }
+        mask_of[r] = i;
+    }
+    int32_t *nz = (int32_t *)malloc(sizeof(int32_t) * (size_t)d * (size_t)n_words);
+    if (!nz) {
+        free(masks);
+        free(mask_of);
+        free(n_nz);
+        return -1;
+    }
+    if (n_threads < 1) n_threads = 1;
+    masked_rows_job j = {n_rows, n, k, n_words, d, rows, words, masks, mask_of, nz, n_nz, ids, logits, n_finite, 0};
+    int32_t helpers = d / MASKED_SCANS_PER_THREAD;
+    if (helpers > n_threads - 1) helpers = n_threads - 1;
+    llama_cffi_pool_run(helpers, masked_scan_task, &j); /* the process's pool (pool.c) */
+    int64_t work = 0;
+    for (int32_t r = 0; r < n_rows; r++) work += n_nz[mask_of[r]];
+    int64_t h2 = work / MASKED_WORDS_PER_THREAD;
+    if (h2 > n_threads - 1) h2 = n_threads - 1;
+    if (h2 > n_rows - 1) h2 = n_rows - 1;
+    j.next = 0;
+    llama_cffi_pool_run((int)h2, masked_rows_task, &j);
+    free(nz);
+    free(masks);
+    free(mask_of);
+    free(n_nz);
     for (int32_t r = 0; r < n_rows; r++)
         if (n_finite[r] < 0) return n_finite[r];
     return 0;

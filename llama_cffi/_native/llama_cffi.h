@@ -49,8 +49,10 @@ int llama_cffi_top_k_grouped(int n, const float *row, int cols, const float *gma
 int32_t llama_cffi_masked_top_k(int32_t n, const float *row, const uint32_t *words, int32_t k, int32_t *ids,
                                 float *logits);
 /* llama_cffi_masked_top_k of n_rows rows (rows[r], words[r]) into row r of ids/logits
-   (n_rows x k, contiguous), its count in n_finite[r], shared among n_threads threads (the
-   caller's and the process's pool): 0, or the first row's error (-1, -2) */
+   (n_rows x k, contiguous), its count in n_finite[r]: each distinct mask (by address)
+   scanned once for its nonzero words, which its rows then read alone; on up to n_threads
+   threads (the caller's and the process's pool), as many as the nonzero words to read
+   warrant: 0, or the first row's error (-1, -2) */
 int32_t llama_cffi_masked_top_k_rows(int32_t n_rows, int32_t n, const float *const *rows, const uint32_t *const *words,
                                      int32_t k, int32_t *ids, float *logits, int32_t *n_finite, int32_t n_threads);
 

@@ -29,7 +29,7 @@ from .compiled import CompiledGrammar
 from .engine import DEAD
 from .matcher import GrammarMatcher
 
-__all__ = ["THREADS_FROM", "fill_masks"]
+__all__ = ["THREADS_FROM", "fill_masks", "shared_rows"]
 
 #: by default, fewer matchers than this are walked on the calling thread alone
 THREADS_FROM = 16
@@ -53,6 +53,29 @@ def fill_masks(
         raise type_error("out", "a C-contiguous uint32 array (one row per matcher) or None", out)
     if n_threads is not None:
         n_threads = expect_int("n_threads", n_threads, "an int or None")
+    return _fill(ms, out, n_threads, True)[0]
+
+
+def shared_rows(matchers: Sequence[GrammarMatcher]) -> list[npt.NDArray[np.uint32]]:
+    """:func:`fill_masks` of ``matchers`` as one row per matcher, where matchers at the same
+    parser state of the same grammar get the same array (the first one's row, written once:
+    no copies), as :meth:`GrammarSampler.use_mask` takes them; a consumer of many masks
+    (:func:`llama_cffi.kernels.masked_top_k_rows`) then reads each distinct one once. The
+    rows are views of one matrix; like :func:`fill_masks`' result, they are the caller's."""
+    ms = list(expect_iterable("matchers", matchers, "a sequence of GrammarMatcher"))
+    out, copies = _fill(ms, None, None, False)
+    rows = list(out)
+    for i, j in copies:
+        rows[i] = rows[j]
+    return rows
+
+
+def _fill(
+    ms: list[GrammarMatcher], out: npt.NDArray[np.uint32] | None, n_threads: int | None, write_copies: bool
+) -> tuple[npt.NDArray[np.uint32], list[tuple[int, int]]]:
+    """:func:`fill_masks` (its arguments checked), and the rows that repeat an earlier one
+    (row, the row it repeats: same grammar, state and partial character), written unless
+    ``write_copies`` is false."""
     # one pass over the matchers, all checked before anything is written: those ended,
     # those in a (grammar, state) met before in the list, the C walks ready to be batched
     # (a settled state with a plan, no mask cache, on the first such trie), the rest
@@ -95,7 +118,7 @@ def fill_masks(
         else:
             others.append((i, c, state, partial))
     if not ms:
-        return np.zeros((0, 0), dtype=np.uint32) if out is None else out
+        return (np.zeros((0, 0), dtype=np.uint32) if out is None else out), copies
     if out is None:
         out = np.empty((len(ms), n_words), dtype=np.uint32)
     elif (
@@ -116,9 +139,10 @@ def fill_masks(
         _walk_ready(ms, trie, ready, jobs, rows, out, threads)
     for t, tjobs in rest.items():
         _walk_jobs(t, tjobs, out, threads)
-    for i, j in copies:
-        out[i, :n_words] = out[j, :n_words]
-    return out
+    if write_copies:
+        for i, j in copies:
+            out[i, :n_words] = out[j, :n_words]
+    return out, copies
 
 
 def _release(held: list[Any]) -> None:
