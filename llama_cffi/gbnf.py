@@ -148,9 +148,10 @@ class ParsedGrammar:
     #: set by the fast parsers only (not by the constructor, nor by ``dataclasses.replace``):
     #: the grammar is as they make it (no token elements), so :func:`check_grammar` need
     #: not check it element by element; the C parser adds its elements in one list,
-    #: their types as bytes, their types and values as int64 arrays (rule by rule), and
-    #: whether its C check found no rule that reaches itself before a character
-    _parsed: bool | tuple[list[Element], bytes, Any, Any, bool] = field(
+    #: their types as bytes, their types and values as int64 arrays (rule by rule),
+    #: whether its C check found no rule that reaches itself before a character, and each
+    #: rule's first position among the elements
+    _parsed: bool | tuple[list[Element], bytes, Any, Any, bool, list[int]] = field(
         default=False, init=False, repr=False, compare=False
     )
 
@@ -169,7 +170,7 @@ class ParsedGrammar:
         return self.symbol_ids[expect_str("name", name)]
 
 
-def _parsed(g: ParsedGrammar, how: bool | tuple[list[Element], bytes, Any, Any, bool]) -> ParsedGrammar:
+def _parsed(g: ParsedGrammar, how: bool | tuple[list[Element], bytes, Any, Any, bool, list[int]]) -> ParsedGrammar:
     """``g`` marked as a parser made it (:attr:`ParsedGrammar._parsed`)."""
     object.__setattr__(g, "_parsed", how)
     return g
@@ -881,7 +882,8 @@ def _c_parse(text: str) -> tuple[ParsedGrammar, int] | None:
     distinct = dist[: 2 * n_dist].view(_PAIR).tolist()  # (type, value) tuples, made by numpy, one each
     flat = list(map(distinct.__getitem__, idx.tolist()))
     ends = np.cumsum(lens, dtype=np.int64)
-    rules = tuple([tuple(flat[o:e]) for o, e in zip((ends - lens).tolist(), ends.tolist(), strict=True)])
+    starts = (ends - lens).tolist()
+    rules = tuple([tuple(flat[o:e]) for o, e in zip(starts, ends.tolist(), strict=True)])
     names = names_buf[:n_names].tobytes().decode("ascii").split("\n") if n_syms else []
     values = dist[1 : 2 * n_dist : 2][idx]
     type_a, value_a = dist[0 : 2 * n_dist : 2][idx].astype(np.int64), values.astype(np.int64)
@@ -890,8 +892,17 @@ def _c_parse(text: str) -> tuple[ParsedGrammar, int] | None:
     no_cycle = lib.llama_cffi_gbnf_no_left_cycle(
         ffi.from_buffer(types), c(values), n_idx, c(rule_len), n_syms, c(work), len(work)
     )
-    how = (flat, types, type_a, value_a, no_cycle == 1)
-    return _parsed(ParsedGrammar(rules, dict(zip(names, range(n_syms), strict=True)), ()), how), nesting
+    how = (flat, types, type_a, value_a, no_cycle == 1, starts)
+    # (made without the constructor's checks and name table: the parser's names are its ids' order)
+    g = object.__new__(ParsedGrammar)
+    for attr, v in (
+        ("rules", rules),
+        ("symbol_ids", dict(zip(names, range(n_syms), strict=True))),
+        ("token_names", ()),
+        ("names", tuple(names)),
+    ):
+        object.__setattr__(g, attr, v)
+    return _parsed(g, how), nesting
 
 
 class _FastParser:

@@ -82,7 +82,7 @@ llama_cffi_gclasses *llama_cffi_gclasses_build(int32_t n, const int32_t *types, 
             *delta = NULL;
     uint8_t *row_pos = NULL, *cmember = NULL;
     uint64_t *col_hash = NULL;
-    int32_t *ktab = NULL;
+    int32_t *ktab = NULL, *stab = NULL;
     if (!c) return NULL;
     c->char_row = (int32_t *)malloc(sizeof(int32_t) * (size_t)n);
     c->after = (int32_t *)malloc(sizeof(int32_t) * (size_t)n);
@@ -95,7 +95,9 @@ llama_cffi_gclasses *llama_cffi_gclasses_build(int32_t n, const int32_t *types, 
     int64_t tcap = 16;
     while (tcap < 2 * (int64_t)n) tcap *= 2;
     tab = (int32_t *)calloc((size_t)tcap, sizeof(int32_t));
-    if (!c->char_row || !c->after || !items || !sv || !row_off || !row_len || !row_pos || !rank_of || !tab) goto fail;
+    stab = (int32_t *)calloc((size_t)tcap, sizeof(int32_t)); /* the singles' values seen (index + 1 in sv) */
+    if (!c->char_row || !c->after || !items || !sv || !row_off || !row_len || !row_pos || !rank_of || !tab || !stab)
+        goto fail;
     for (int32_t p = 0; p < n; p++) c->char_row[p] = c->after[p] = -1;
     /* the elements: singles' values, multi rows deduplicated by (positive, items) */
     int32_t n_m = 0, n_items = 0;
@@ -108,8 +110,19 @@ llama_cffi_gclasses *llama_cffi_gclasses_build(int32_t n, const int32_t *types, 
         if (q >= n) goto bad; /* a char element runs to the end: no END after it */
         c->after[p] = q;
         if (t == C_CHAR && q == p + 1) {
-            sv[n_sv++] = values[p];
-            rank_of[p] = -1; /* a single: its row once the values are sorted */
+            /* a single: its row once the distinct values are sorted (kept once each: a
+               schema's grammar has thousands of literal characters, a few dozen distinct) */
+            const int64_t v = values[p];
+            for (uint64_t j = mix((uint64_t)v) & (uint64_t)(tcap - 1);; j = (j + 1) & (uint64_t)(tcap - 1)) {
+                const int32_t s1 = stab[j];
+                if (!s1) {
+                    stab[j] = (int32_t)(n_sv + 1);
+                    sv[n_sv++] = v;
+                    break;
+                }
+                if (sv[s1 - 1] == v) break;
+            }
+            rank_of[p] = -1;
             continue;
         }
         /* llama_grammar_match_char's walk (Engine._class_items) */
@@ -325,6 +338,7 @@ done:
     free(row_off);
     free(row_len);
     free(tab);
+    free(stab);
     free(ckey);
     free(class_of_ckey);
     free(first_coarse);

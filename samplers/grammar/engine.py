@@ -30,6 +30,7 @@ takes unbounded time and memory), leaving the engine as it was.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import threading
@@ -191,14 +192,16 @@ class Engine:
         self.grammar = grammar
         self.root = root
         # flatten: element position -> (type, value); rule id -> first position
-        self.rule_start = (
-            list(itertools.accumulate((len(r) for r in grammar.rules[:-1]), initial=0)) if grammar.rules else []
-        )
+        parsed = grammar._parsed  # (the C parser's has the rules' first positions)
+        if isinstance(parsed, tuple) and len(parsed) > 5:
+            self.rule_start = parsed[5]
+        else:
+            self.rule_start = (
+                list(itertools.accumulate((len(r) for r in grammar.rules[:-1]), initial=0)) if grammar.rules else []
+            )
         # the element types and values as arrays (a checked grammar's types are 0..9)
         t_arr, v_arr = _element_arrays(grammar)
         self._types_a, self._values_a = t_arr, v_arr
-        self.types = t_arr.tolist()
-        self.values = v_arr.tolist()
         n_rules = len(grammar.rules)
         refs = v_arr[t_arr == _RULE_REF]
         if len(refs) and (int(refs.min()) < 0 or int(refs.max()) >= n_rules):
@@ -239,6 +242,33 @@ class Engine:
             self._advance(() if self._is_end(alt) else (alt,), start)
         self._check_size(start, "the start state")
         self.start = self.intern(tuple(start))
+
+    # the element arrays as lists, for the Python core's loops and the few Python steps of
+    # the C core's (made on first use: a schema's grammar has ~10,000 elements, and a C
+    # core engine may never read them)
+    @functools.cached_property
+    def types(self) -> list[int]:
+        """Per element position: its type (``llama_gretype``)."""
+        out: list[int] = self._types_a.tolist()
+        return out
+
+    @functools.cached_property
+    def values(self) -> list[int]:
+        """Per element position: its value (a code point, a rule id, a token id)."""
+        out: list[int] = self._values_a.tolist()
+        return out
+
+    @functools.cached_property
+    def _char_pos(self) -> list[int]:
+        """Per position: the row of the char element starting there (-1: none)."""
+        out: list[int] = self._char_row_a.tolist()
+        return out
+
+    @functools.cached_property
+    def _after(self) -> list[int]:
+        """Per position: the position after the char element starting there (-1: none)."""
+        out: list[int] = self._after_a.tolist()
+        return out
 
     # ------------------------------------------------------------------ the C core
     def _c_init(self) -> None:
@@ -545,9 +575,6 @@ class Engine:
         after = np.full(n_pos, -1, dtype=np.int64)
         after[starts] = after_of
         self._char_row_a, self._after_a = char_row, after
-        #: per position: the row of the char element starting there, the position after it
-        self._char_pos: list[int] = char_row.tolist()
-        self._after: list[int] = after.tolist()
 
         def sorted_set(a: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
             a = np.sort(a)
@@ -662,8 +689,6 @@ class Engine:
         finally:
             lib.llama_cffi_gclasses_free(raw)
         self._char_row_a, self._after_a = char_row, after
-        self._char_pos = char_row.tolist()
-        self._after = after.tolist()
         self.n_classes = nc
         self.n_mrows = n_m
         self._ascii_class = self.classes_of(np.arange(128, dtype=np.int64)).tolist()
