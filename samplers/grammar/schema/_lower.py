@@ -371,7 +371,8 @@ class Lowering:
                 f"JSON schema error at {ptr}: a schema must be an object or a boolean, not {schema!r:.60}"
             )
         try:
-            if not enter or self.specification.id_of(schema) is None:
+            # (every draft's identifier is "$id" or "id": a schema without either has none)
+            if not enter or ("$id" not in schema and "id" not in schema) or self.specification.id_of(schema) is None:
                 sub = resolver  # what in_subresource gives a schema without an identifier
             else:
                 sub = resolver.in_subresource(self.specification.create_resource(schema))
