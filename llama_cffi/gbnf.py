@@ -77,7 +77,7 @@ from enum import IntEnum
 from functools import lru_cache
 from itertools import accumulate, chain
 from operator import itemgetter
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ._args import expect, expect_callable, expect_mapping, expect_str
 from .errors import GrammarError, GrammarSyntaxError
@@ -147,11 +147,12 @@ class ParsedGrammar:
     names: tuple[str, ...] = field(init=False, repr=False, compare=False)
     #: set by the fast parsers only (not by the constructor, nor by ``dataclasses.replace``):
     #: the grammar is as they make it (no token elements), so :func:`check_grammar` need
-    #: not check it element by element; the C parser adds its elements in one list,
+    #: not check it element by element; the C parser adds its elements and rules as
+    #: :class:`_CRules` (made into tuples on first use: ``rules`` is then read from it),
     #: their types as bytes, their types and values as int64 arrays (rule by rule),
-    #: whether its C check found no rule that reaches itself before a character, and each
-    #: rule's first position among the elements
-    _parsed: bool | tuple[list[Element], bytes, Any, Any, bool, list[int]] = field(
+    #: whether its C check found no rule that reaches itself before a character, each
+    #: rule's first position among the elements, and each rule's length (an int array)
+    _parsed: bool | tuple[_CRules, bytes, Any, Any, bool, list[int], Any] = field(
         default=False, init=False, repr=False, compare=False
     )
 
@@ -169,8 +170,55 @@ class ParsedGrammar:
         """The id of rule ``name`` (KeyError if the grammar has none)."""
         return self.symbol_ids[expect_str("name", name)]
 
+    if not TYPE_CHECKING:  # (hidden from type checkers: every other attribute stays checked)
 
-def _parsed(g: ParsedGrammar, how: bool | tuple[list[Element], bytes, Any, Any, bool, list[int]]) -> ParsedGrammar:
+        def __getattr__(self, name: str) -> Any:
+            # the C parser's grammar makes its rules on first use (_CRules); read once, kept
+            if name == "rules":
+                parsed = self.__dict__.get("_parsed")
+                if isinstance(parsed, tuple):
+                    rules = parsed[0].rules()
+                    object.__setattr__(self, "rules", rules)
+                    return rules
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+class _CRules:
+    """The C parser's elements and rules (:func:`_c_parse`), made into Python tuples when
+    first asked for: from the distinct elements (type, value pairs), each element's index
+    among them, and each rule's first and past-last positions. The engine reads the
+    parser's arrays instead, so a grammar that is only compiled never makes them (a
+    schema's grammar has ~10,000 elements)."""
+
+    __slots__ = ("_dist", "_ends", "_flat", "_idx", "_rules", "_starts")
+
+    def __init__(self, dist: Any, idx: Any, starts: list[int], ends: list[int]) -> None:
+        self._dist, self._idx, self._starts, self._ends = dist, idx, starts, ends
+        self._flat: list[Element] | None = None
+        self._rules: tuple[Rule, ...] | None = None
+
+    def flat(self) -> list[Element]:
+        """Every element, rule after rule."""
+        if self._flat is None:
+            distinct = self._dist.view(_PAIR).tolist()  # (type, value) tuples, made by numpy, one each
+            self._flat = list(map(distinct.__getitem__, self._idx.tolist()))
+        return self._flat
+
+    def rules(self) -> tuple[Rule, ...]:
+        """The rules, each a tuple of its elements."""
+        if self._rules is None:
+            flat = self.flat()
+            self._rules = tuple([tuple(flat[o:e]) for o, e in zip(self._starts, self._ends, strict=True)])
+        return self._rules
+
+
+def _n_rules(g: ParsedGrammar) -> int:
+    """How many rules ``g`` has (from the C parser's arrays, where it made ``g``)."""
+    parsed = g._parsed
+    return len(parsed[5]) if isinstance(parsed, tuple) else len(g.rules)
+
+
+def _parsed(g: ParsedGrammar, how: bool | tuple[_CRules, bytes, Any, Any, bool, list[int], Any]) -> ParsedGrammar:
     """``g`` marked as a parser made it (:attr:`ParsedGrammar._parsed`)."""
     object.__setattr__(g, "_parsed", how)
     return g
@@ -879,11 +927,9 @@ def _c_parse(text: str) -> tuple[ParsedGrammar, int] | None:
         return None
     n_idx, n_dist, n_names = got.tolist()
     idx = idx[:n_idx]  # (all of it: every rule's elements)
-    distinct = dist[: 2 * n_dist].view(_PAIR).tolist()  # (type, value) tuples, made by numpy, one each
-    flat = list(map(distinct.__getitem__, idx.tolist()))
     ends = np.cumsum(lens, dtype=np.int64)
     starts = (ends - lens).tolist()
-    rules = tuple([tuple(flat[o:e]) for o, e in zip(starts, ends.tolist(), strict=True)])
+    crules = _CRules(dist[: 2 * n_dist], idx, starts, ends.tolist())
     names = names_buf[:n_names].tobytes().decode("ascii").split("\n") if n_syms else []
     values = dist[1 : 2 * n_dist : 2][idx]
     type_a, value_a = dist[0 : 2 * n_dist : 2][idx].astype(np.int64), values.astype(np.int64)
@@ -892,11 +938,11 @@ def _c_parse(text: str) -> tuple[ParsedGrammar, int] | None:
     no_cycle = lib.llama_cffi_gbnf_no_left_cycle(
         ffi.from_buffer(types), c(values), n_idx, c(rule_len), n_syms, c(work), len(work)
     )
-    how = (flat, types, type_a, value_a, no_cycle == 1, starts)
-    # (made without the constructor's checks and name table: the parser's names are its ids' order)
+    how = (crules, types, type_a, value_a, no_cycle == 1, starts, lens.astype(np.int64))
+    # (made without the constructor's checks and name table: the parser's names are its
+    # ids' order; the rules on first use, see ParsedGrammar.__getattr__)
     g = object.__new__(ParsedGrammar)
     for attr, v in (
-        ("rules", rules),
         ("symbol_ids", dict(zip(names, range(n_syms), strict=True))),
         ("token_names", ()),
         ("names", tuple(names)),
@@ -1177,7 +1223,7 @@ def _validate(g: ParsedGrammar) -> _Leading:
     element by element (:func:`_validate_elements`), which raises the exact error."""
     parsed = g._parsed
     if isinstance(parsed, tuple):  # as the C parser made it: well-formed, its elements at hand
-        return _Leading(g.rules, parsed[0], parsed[1])
+        return _Leading(g.rules, parsed[0].flat(), parsed[1])
     flat = list(chain.from_iterable(g.rules))
     try:
         types = bytes(map(_TYPE, flat))  # ValueError for a type past 255
@@ -1489,11 +1535,12 @@ def check_grammar(g: ParsedGrammar, root: str = "root") -> None:
     beyond llama.cpp, the "hidden" left recursion it misses, see the module docstring)."""
     expect("g", g, ParsedGrammar, "a ParsedGrammar (from parse_gbnf)")
     expect_str("root", root, "a str (the start rule's name)")
-    if not g.rules:
+    n_rules = _n_rules(g)
+    if not n_rules:
         raise GrammarError("grammar has no rules")
     if root not in g.symbol_ids:
         raise GrammarError(f"grammar does not contain a '{root}' symbol")
-    if not 0 <= g.symbol_ids[root] < len(g.rules):
+    if not 0 <= g.symbol_ids[root] < n_rules:
         raise GrammarError(f"grammar's '{root}' symbol has no rule")
     parsed = g._parsed
     if isinstance(parsed, tuple) and parsed[4]:  # the C parser's check: no rule reaches itself first

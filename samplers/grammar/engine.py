@@ -192,24 +192,32 @@ class Engine:
         self.grammar = grammar
         self.root = root
         # flatten: element position -> (type, value); rule id -> first position
-        parsed = grammar._parsed  # (the C parser's has the rules' first positions)
-        if isinstance(parsed, tuple) and len(parsed) > 5:
+        parsed = grammar._parsed  # (the C parser's has the rules' first positions and lengths)
+        if isinstance(parsed, tuple):
             self.rule_start = parsed[5]
+            rule_lens = parsed[6]
         else:
             self.rule_start = (
                 list(itertools.accumulate((len(r) for r in grammar.rules[:-1]), initial=0)) if grammar.rules else []
             )
+            rule_lens = None
         # the element types and values as arrays (a checked grammar's types are 0..9)
         t_arr, v_arr = _element_arrays(grammar)
         self._types_a, self._values_a = t_arr, v_arr
-        n_rules = len(grammar.rules)
+        n_rules = len(self.rule_start)
         refs = v_arr[t_arr == _RULE_REF]
         if len(refs) and (int(refs.min()) < 0 or int(refs.max()) >= n_rules):
             bad = int(refs[(refs < 0) | (refs >= n_rules)][0])
             raise GrammarError(f"a rule refers to undefined rule {bad}")
-        for v in np.flatnonzero(np.bincount(refs, minlength=n_rules)).tolist():
-            if not grammar.rules[v]:
-                raise GrammarError(f"a rule refers to undefined rule {v}")
+        used = np.flatnonzero(np.bincount(refs, minlength=n_rules))
+        if rule_lens is not None:
+            empty = used[rule_lens[used] == 0]
+            if len(empty):
+                raise GrammarError(f"a rule refers to undefined rule {int(empty[0])}")
+        else:
+            for v in used.tolist():
+                if not grammar.rules[v]:
+                    raise GrammarError(f"a rule refers to undefined rule {v}")
         if core == "c":
             self._build_classes_c()
         else:
@@ -276,7 +284,7 @@ class Engine:
         from llama_cffi._binding import ffi
 
         lib = _lib()
-        n = len(self.types)
+        n = len(self._types_a)
         types = self._types_a.astype(np.int32)
         # a character value past every code point (up to 0xFFFFFFFF in GBNF) compares like
         # _MAX_CP with any code point or partial character; a token id past int32 is no token
