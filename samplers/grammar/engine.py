@@ -659,7 +659,7 @@ class Engine:
         single_class[: len(live_sv)] = interval_class[np.searchsorted(edges, live_sv)]
         self._single_class = single_class
         self.n_mrows = n_m
-        self._ascii_class = self.classes_of(np.arange(128, dtype=np.int64)).tolist()
+        self._ascii_class = self._classes_of_cps(np.arange(128, dtype=np.int64)).tolist()
 
     def _build_classes_c(self) -> None:
         """:meth:`_build_classes` in one C call (``llama_cffi_gclasses_build``, the C core's
@@ -699,7 +699,7 @@ class Engine:
         self._char_row_a, self._after_a = char_row, after
         self.n_classes = nc
         self.n_mrows = n_m
-        self._ascii_class = self.classes_of(np.arange(128, dtype=np.int64)).tolist()
+        self._ascii_class = self._classes_of_cps(np.arange(128, dtype=np.int64)).tolist()
 
     def _class_budget_message(self, n_rows: int, n_cols: int) -> str:
         what = "distinct character sets" if n_rows < 0 else f"{n_rows} distinct character sets"
