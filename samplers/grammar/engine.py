@@ -238,6 +238,8 @@ class Engine:
         self._complete = bytearray()
         self.core = "python" if self.has_token_elements else core
         self._c: Any = None
+        self._weight_c: Any = None  # (_c_run's class weights: the array, a contiguous copy, its buffer)
+        self._pchars_c: Any = None  # (_c_pchar_ok's partial characters, likewise)
         self._stack_cache: dict[int, tuple[Stack, ...]] = {}
         if self.core == "c":
             self._c_init()
@@ -397,16 +399,19 @@ class Engine:
         chain = np.empty(cap + 1, dtype=np.int32)
         words = np.zeros(w, dtype=np.uint64)
         closed = np.zeros(w, dtype=np.uint64)
-        cw = np.ascontiguousarray(class_weight, dtype=np.float64)
-        if len(cw) < self.n_classes:
-            raise ValueError("class_weight needs a value per class")
+        given = self._weight_c  # (the same weights each call: their buffer made once)
+        if given is None or given[0] is not class_weight:
+            cw = np.ascontiguousarray(class_weight, dtype=np.float64)
+            if len(cw) < self.n_classes:
+                raise ValueError("class_weight needs a value per class")
+            given = self._weight_c = (class_weight, cw, ffi.from_buffer("double[]", cw))
         with self._lock:
             n = self._c_call(
                 "a run",
                 _lib().llama_cffi_gengine_run(
                     self._c,
                     state,
-                    ffi.from_buffer("double[]", cw),
+                    given[2],
                     cap,
                     max_run_stacks,
                     ffi.from_buffer("int32_t[]", chain),
@@ -420,21 +425,19 @@ class Engine:
     def _c_pchar_ok(self, state: int, pchars: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
         """Per partial character (``value << 2 | bytes still needed``): can ``state`` take
         a completion of it (C core; :meth:`partial_ok` for each)."""
-        pc = np.ascontiguousarray(pchars, dtype=np.int64)
-        out = np.zeros(max(len(pc), 1), dtype=np.uint8)
         ffi = self._ffi
+        given = self._pchars_c  # (the same partial characters each call: their buffer made once)
+        if given is None or given[0] is not pchars:
+            pc = np.ascontiguousarray(pchars, dtype=np.int64)
+            given = self._pchars_c = (pchars, pc, ffi.from_buffer("int64_t[]", pc))
+        n = len(given[1])
+        out = np.empty(max(n, 1), dtype=np.uint8)  # (each entry written: 0 or 1)
         with self._lock:
             self._c_call(
                 "partial characters",
-                _lib().llama_cffi_gengine_pchar_ok(
-                    self._c,
-                    state,
-                    ffi.from_buffer("int64_t[]", pc),
-                    len(pc),
-                    ffi.from_buffer("uint8_t[]", out),
-                ),
+                _lib().llama_cffi_gengine_pchar_ok(self._c, state, given[2], n, ffi.from_buffer("uint8_t[]", out)),
             )
-        return out[: len(pc)].astype(bool)
+        return out[:n].view(np.bool_)
 
     def _c_partial_mask(self, state: int, args: tuple[Any, ...], out_c: Any, n_words: int) -> None:
         """``llama_cffi_gengine_partial_mask`` (C core): ``args`` as
