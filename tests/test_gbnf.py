@@ -1320,6 +1320,36 @@ def test_only_what_the_fast_parsers_made_skips_the_element_checks() -> None:
             check_grammar(bad)
 
 
+def test_the_c_parsers_rules_are_made_when_first_read() -> None:
+    """A grammar the C parser made keeps its rules as the parser's arrays until something
+    reads ``rules``: checking it and making its engines (either core) never does. Read,
+    they are the Python parser's; equality, ``repr``, a pickle, a deep copy and
+    ``dataclasses.replace`` see the same grammar; any other missing attribute is still an
+    AttributeError."""
+    import copy
+    import pickle
+
+    from samplers.grammar import Grammar
+
+    text = 'root ::= "a" x y\nx ::= "b" | [c-d]+\ny ::= x? "e" | "\\u00e9"\n'
+    want = gbnf._FastParser(c_parser=False).parse(text)
+    assert want is not None and want._parsed is True
+    g = parse_gbnf(text)
+    assert isinstance(g._parsed, tuple) and "rules" not in vars(g)
+    check_grammar(g)
+    grammar = Grammar(g)
+    grammar._engine_for("c")
+    grammar._engine_for("python")
+    assert "rules" not in vars(g)
+    assert g.rules == want.rules and "rules" in vars(g) and g == want
+    assert repr(parse_gbnf(text)) == repr(want)
+    assert pickle.loads(pickle.dumps(parse_gbnf(text))) == want
+    assert copy.deepcopy(parse_gbnf(text)).rules == want.rules
+    assert replace(parse_gbnf(text)).rules == want.rules
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        g.nope  # type: ignore[attr-defined]  # noqa: B018
+
+
 @pytest.mark.parametrize(
     ("text", "no_cycle"),
     [
