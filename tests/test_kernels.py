@@ -241,10 +241,11 @@ def test_masked_top_k_rows_is_masked_top_k_row_by_row(m: int, n: int, k: int, se
 
 @pytest.mark.parametrize("threads", [1, 4])
 def test_masked_top_k_rows_of_long_rows(threads: int) -> None:
-    """Rows long enough for the kernel's thresholds: 40 distinct masks (their scans shared
-    among threads) and wide masks (the rows' pass shared), narrow masks shared by many rows
-    (one scan each), a lone allowed token at the end of a row and in a padding word: each
-    row equals its own masked_top_k."""
+    """Rows long enough for the kernel's thresholds: 40 distinct masks (their nonzero words
+    kept one after another, the buffer grown past its first size) and wide masks (the rows'
+    pass shared among threads), narrow masks shared by many rows (one scan each), a lone
+    allowed token at the end of a row and in a padding word: each row equals its own
+    masked_top_k."""
     n, k = 40_003, 40
     rng = np.random.default_rng(7)
     rows = [rng.standard_normal(n).astype(np.float32) for _ in range(90)]

@@ -295,31 +295,20 @@ int32_t llama_cffi_masked_top_k(int32_t n, const float *row, const uint32_t *wor
 /* nonzero words a row's pass visits per extra thread worth waking (a pool thread's wake
    costs about what a row of a few hundred such words does) */
 #define MASKED_WORDS_PER_THREAD 2048
-/* distinct masks per extra thread for their scans (~2-3 us each, narrow or wide) */
-#define MASKED_SCANS_PER_THREAD 32
 
 typedef struct {
-    int32_t n_rows, n, k, n_words, n_masks;
+    int32_t n_rows, n, k;
     const float *const *rows;
     const uint32_t *const *words;
-    const uint32_t **masks; /* the distinct masks (by address) */
-    int32_t *mask_of;       /* per row: its mask's index */
-    int32_t *nz, *n_nz;     /* per mask: its nonzero words (n_words slots each), their count */
+    const int32_t *mask_of; /* per row: its mask's index */
+    const int32_t *nz;      /* the masks' nonzero words, one mask after another */
+    const int64_t *nz_off;  /* per mask: where its nonzero words start in nz */
+    const int32_t *n_nz;    /* per mask: how many */
     int32_t *ids;
     float *logits;
     int32_t *n_finite;
     int32_t next; /* atomic */
 } masked_rows_job;
-
-static void masked_scan_task(void *arg, int worker) {
-    masked_rows_job *j = (masked_rows_job *)arg;
-    (void)worker;
-    for (;;) {
-        const int32_t i = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
-        if (i >= j->n_masks) return;
-        j->n_nz[i] = masked_nonzero_words(j->masks[i], j->n_words, j->nz + (size_t)i * (size_t)j->n_words);
-    }
-}
 
 static void masked_rows_task(void *arg, int worker) {
     masked_rows_job *j = (masked_rows_job *)arg;
@@ -328,9 +317,8 @@ static void masked_rows_task(void *arg, int worker) {
         const int32_t r = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
         if (r >= j->n_rows) return;
         const int32_t i = j->mask_of[r];
-        j->n_finite[r] = masked_top_k_in(j->n, j->rows[r], j->words[r], j->nz + (size_t)i * (size_t)j->n_words,
-                                         j->n_nz[i], j->k, j->ids + (size_t)r * (size_t)j->k,
-                                         j->logits + (size_t)r * (size_t)j->k);
+        j->n_finite[r] = masked_top_k_in(j->n, j->rows[r], j->words[r], j->nz + j->nz_off[i], j->n_nz[i], j->k,
+                                         j->ids + (size_t)r * (size_t)j->k, j->logits + (size_t)r * (size_t)j->k);
     }
 }
 
@@ -341,18 +329,19 @@ int32_t llama_cffi_masked_top_k_rows(int32_t n_rows, int32_t n, const float *con
     if (n <= 0 || k <= 0 || k > n) return -1;
     for (int32_t r = 0; r < n_rows; r++)
         if (!rows[r] || !words[r]) return -1;
-    /* each distinct mask (by address: rows in one grammar state share one) scanned once for
-       its nonzero words, which each of its rows then visits alone */
+    /* each distinct mask (by address: rows in one grammar state share one) scanned once, on
+       this thread, for its nonzero words, kept one mask after another (a narrow mask has a
+       handful: most calls keep a few hundred bytes); each of its rows then visits those
+       words alone */
     const int32_t n_words = (int32_t)(((int64_t)n + 31) / 32);
     const uint32_t **masks = (const uint32_t **)malloc(sizeof *masks * (size_t)n_rows);
     int32_t *mask_of = (int32_t *)malloc(sizeof(int32_t) * (size_t)n_rows);
     int32_t *n_nz = (int32_t *)malloc(sizeof(int32_t) * (size_t)n_rows);
-    if (!masks || !mask_of || !n_nz) {
-        free(masks);
-        free(mask_of);
-        free(n_nz);
-        return -1;
-    }
+    int64_t *nz_off = (int64_t *)malloc(sizeof(int64_t) * (size_t)n_rows);
+    int64_t cap = 1024, used = 0;
+    int32_t *nz = (int32_t *)malloc(sizeof(int32_t) * (size_t)cap);
+    int32_t rc = -1;
+    if (!masks || !mask_of || !n_nz || !nz_off || !nz) goto out;
     int32_t d = 0;
     for (int32_t r = 0; r < n_rows; r++) {
         int32_t i = 0;
@@ -360,34 +349,40 @@ int32_t llama_cffi_masked_top_k_rows(int32_t n_rows, int32_t n, const float *con
             i = mask_of[r - 1]; /* (the common case: rows of one state side by side) */
         else {
             while (i < d && masks[i] != words[r]) i++;
-            if (i == d) masks[d++] = words[r];
+            if (i == d) {
+                masks[d++] = words[r];
+                if (cap - used < n_words) { /* room for the whole mask's words */
+                    while (cap - used < n_words) cap *= 2;
+                    int32_t *grown = (int32_t *)realloc(nz, sizeof(int32_t) * (size_t)cap);
+                    if (!grown) goto out;
+                    nz = grown;
+                }
+                nz_off[i] = used;
+                n_nz[i] = masked_nonzero_words(words[r], n_words, nz + used);
+                used += n_nz[i];
+            }
         }
         mask_of[r] = i;
     }
-    int32_t *nz = (int32_t *)malloc(sizeof(int32_t) * (size_t)d * (size_t)n_words);
-    if (!nz) {
-        free(masks);
-        free(mask_of);
-        free(n_nz);
-        return -1;
-    }
     if (n_threads < 1) n_threads = 1;
-    masked_rows_job j = {n_rows, n, k, n_words, d, rows, words, masks, mask_of, nz, n_nz, ids, logits, n_finite, 0};
-    int32_t helpers = d / MASKED_SCANS_PER_THREAD;
-    if (helpers > n_threads - 1) helpers = n_threads - 1;
-    llama_cffi_pool_run(helpers, masked_scan_task, &j); /* the process's pool (pool.c) */
+    masked_rows_job j = {n_rows, n, k, rows, words, mask_of, nz, nz_off, n_nz, ids, logits, n_finite, 0};
     int64_t work = 0;
     for (int32_t r = 0; r < n_rows; r++) work += n_nz[mask_of[r]];
-    int64_t h2 = work / MASKED_WORDS_PER_THREAD;
-    if (h2 > n_threads - 1) h2 = n_threads - 1;
-    if (h2 > n_rows - 1) h2 = n_rows - 1;
-    j.next = 0;
-    llama_cffi_pool_run((int)h2, masked_rows_task, &j);
+    int64_t helpers = work / MASKED_WORDS_PER_THREAD;
+    if (helpers > n_threads - 1) helpers = n_threads - 1;
+    if (helpers > n_rows - 1) helpers = n_rows - 1;
+    llama_cffi_pool_run((int)helpers, masked_rows_task, &j); /* the process's pool (pool.c) */
+    rc = 0;
+    for (int32_t r = 0; r < n_rows; r++)
+        if (n_finite[r] < 0) {
+            rc = n_finite[r];
+            break;
+        }
+out:
     free(nz);
+    free(nz_off);
     free(masks);
     free(mask_of);
     free(n_nz);
-    for (int32_t r = 0; r < n_rows; r++)
-        if (n_finite[r] < 0) return n_finite[r];
-    return 0;
+    return rc;
 }
