@@ -1093,6 +1093,24 @@ def test_bad_arrays_raise_not_crash() -> None:
         base.absorbed = np.array([10**6, 0], np.int32)
         c._tg.densified(base)
     attempt("densify", bad_densify)
+    # the packed records a cache file gives (the walks read them): out of range too
+    from llama_cffi._trie_walk import ffi
+    nodes, row_tok = Trie(**base).packed_arrays()
+    size = ffi.sizeof("llama_cffi_tnode")
+    huge = np.frombuffer(np.int32(10**6).tobytes(), np.uint8)
+    for field in ("first_child", "row_end", "cpi"):
+        bad_nodes = nodes.copy().reshape(-1, size)
+        at = ffi.offsetof("llama_cffi_tnode", field)
+        bad_nodes[:, at : at + 4] = huge
+        def go(packed=(bad_nodes.ravel(), row_tok)):
+            t = Trie(**base, packed=packed)
+            tg = TrieGrammar(t, c._cls_of_cp, c.engine.n_classes, ac, na)
+            tg.set_tables(c.engine.table(), c._run_known, c._run_words, c._run_len, c._pchar_known, c._pchar_tab)
+            tg.walk(np.zeros(t.n_words, np.uint32), c.engine.start, np.array([t.n_nodes], np.int32))
+        attempt("packed " + field, go)
+    bad_rows = row_tok.copy()
+    bad_rows[0::2] = 10**6
+    attempt("packed rows", lambda: go((nodes, bad_rows)))
     print("alive")
     """
     r = run_isolated(code)
@@ -1116,6 +1134,10 @@ def test_bad_arrays_raise_not_crash() -> None:
         "neg depth",
         "shared mask",
         "densify",
+        "packed first_child",
+        "packed row_end",
+        "packed cpi",
+        "packed rows",
     ):
         assert f"{label} raised ValueError" in lines, (label, r.stdout)
 
@@ -1128,6 +1150,88 @@ def test_index_of_every_kind_builds_a_trie() -> None:
         g = Grammar.from_gbnf("root ::= [^x]*")
         c, n = both(g, v)
         assert np.array_equal(c.packed(c.engine.start), n.packed(n.engine.start))
+
+
+def _tnode_dtype() -> np.dtype[Any]:
+    """``llama_cffi_tnode`` as a numpy structured type, at the offsets C gives it."""
+    ffi = trie_walk_mod.ffi
+    ty = ffi.typeof("llama_cffi_tnode")
+    fields = {
+        name: (np.dtype("<i4"), ffi.offsetof(ty, name))
+        for name in ("first_child", "n_child", "row_start", "row_end", "n_term", "height", "cpi")
+    }
+    fields["has_pt"] = (np.dtype("u1"), ffi.offsetof(ty, "has_pt"))
+    fields["below_flags"] = (np.dtype("u1"), ffi.offsetof(ty, "below_flags"))
+    fields["below_asc"] = (np.dtype(("<u8", (2,))), ffi.offsetof(ty, "below_asc"))
+    return np.dtype(
+        {
+            "names": list(fields),
+            "formats": [f[0] for f in fields.values()],
+            "offsets": [f[1] for f in fields.values()],
+            "itemsize": ffi.sizeof(ty),
+        }
+    )
+
+
+@settings(max_examples=budget(40), deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_packed_nodes_are_the_node_arrays(seed: int) -> None:
+    """The records the walks read (``Trie.packed_arrays``) hold each node's arrays (the
+    root's code point index -1), and each row its token and that token's partial-character
+    slot; a trie given them (as a cache file does) walks as one that packed its own, and
+    arrays of another size are refused."""
+    rng = random.Random(seed)
+    pieces = {b"".join(rng.choice(_PIECE_PARTS) for _ in range(rng.randint(1, 6))) for _ in range(200)}
+    v = VocabIndex(sorted(pieces | set(_PARTIALS)))
+    t = v.trie()
+    nodes, row_tok = t.packed_arrays()
+    rec = nodes.view(_tnode_dtype())
+    n = v.n_nodes
+    assert len(rec) == n + 1
+    for name in ("first_child", "n_child", "row_start", "row_end", "n_term", "height"):
+        assert np.array_equal(rec[name], getattr(v, name)), name
+    assert np.array_equal(rec["cpi"][:n], v.node_cpi) and rec["cpi"][n] == -1
+    assert np.array_equal(rec["below_flags"], v.below_flags)
+    assert np.array_equal(rec["below_asc"].ravel(), v.below_asc)
+    assert np.array_equal(rec["has_pt"], t._has_pt)
+    assert np.array_equal(row_tok[0::2], v.order) and np.array_equal(row_tok[1::2], v.pchar_slot[v.order])
+    # a trie made with them walks as this one: the same masks along a document
+    again = VocabIndex(sorted(pieces | set(_PARTIALS)))
+    again._packed = (nodes.copy(), row_tok.copy())
+    assert again.trie().packed_arrays()[0] is again._packed[0]
+    g = Grammar.from_gbnf('root ::= [a-z0-9 ]{0,5} ("é" | "!") [^x]*')
+    m1 = g.compile(v, mask_cache_size=0, kernel="c").matcher()
+    m2 = g.compile(again, mask_cache_size=0, kernel="c").matcher()
+    for _ in range(8):
+        a1, a2 = m1.allowed_tokens(), m2.allowed_tokens()
+        assert np.array_equal(a1, a2)
+        ok = np.flatnonzero(a1 & ~v.eog)
+        if not len(ok):
+            break
+        tok = int(ok[rng.randrange(len(ok))])
+        assert m1.accept_token(tok) and m2.accept_token(tok)
+    # of another size: refused by the trie, packed again by the index
+    base = {
+        k: getattr(v, k)
+        for k in ("level_base", "node_cpi", "parent", "first_child", "n_child", "row_start", "row_end", "n_term")
+    }
+    with pytest.raises(ValueError, match="packed"):
+        trie_walk_mod.Trie(
+            n_vocab=v.n_vocab,
+            max_depth=len(v.level_base) - 1,
+            n_pchars=len(v.pchars),
+            has_pt=t._has_pt,
+            order=v.order,
+            pchar_slot=v.pchar_slot,
+            root_pt=np.zeros(0, np.int32),
+            uniq_cps=v.uniq_cps,
+            packed=(nodes[:-1], row_tok),
+            **base,
+        )
+    short = VocabIndex(sorted(pieces | set(_PARTIALS)))
+    short._packed = (nodes[:-48], row_tok)
+    assert short.trie().packed_arrays()[0].shape == nodes.shape
+    assert np.array_equal(short.trie().packed_arrays()[0], nodes)
 
 
 def test_fill_masks_of_many_matchers(big_vocab: llama_cffi.Model) -> None:

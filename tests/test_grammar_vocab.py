@@ -74,6 +74,10 @@ def test_disk_cache_round_trip(vocab_model: llama_cffi.Model, tmp_path: Path, mo
         assert a.dtype == b.dtype == np.dtype(dt), name
         assert not b.flags.writeable, name  # a view of the memory-mapped file
         np.testing.assert_array_equal(a, b, err_msg=name)
+    # the trie's packed records too: the file's pages, not packed again
+    for a, b in zip(built.trie().packed_arrays(), loaded.trie().packed_arrays(), strict=True):
+        assert a.flags.writeable and not b.flags.writeable
+        np.testing.assert_array_equal(a, b)
     gbnf = 'root ::= "{" [a-z "\\\\]* "}" | [^x]+'
     g = Grammar.from_gbnf(gbnf)
     m1, m2 = g.compile(built, 0).matcher(), g.compile(loaded, 0).matcher()

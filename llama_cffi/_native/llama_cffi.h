@@ -199,6 +199,15 @@ const char *llama_cffi_memory_error(void);
 #define LLAMA_CFFI_PEND_TRANS 1
 #define LLAMA_CFFI_PEND_RUN 2
 #define LLAMA_CFFI_PEND_PCHAR 3
+/* one trie node's fields that the walks and scans read, in one record (the node arrays
+   of llama_cffi_trie below, packed by llama_cffi_trie_pack): a walk that reaches a node
+   reads one or two cache lines, not one per array; siblings are adjacent records. cpi is
+   node_cpi (-1 for the root) */
+typedef struct {
+    int32_t first_child, n_child, row_start, row_end, n_term, height, cpi;
+    uint8_t has_pt, below_flags, pad[2];
+    uint64_t below_asc[2];
+} llama_cffi_tnode;
 typedef struct {
     int32_t n_nodes;
     int32_t n_vocab;
@@ -230,7 +239,15 @@ typedef struct {
     int32_t big_min; /* every big node has at least this many children */
     const int32_t *big_nodes;
     const int32_t *big_base;
+    /* the arrays above packed (llama_cffi_trie_pack): n_nodes + 1 records, and per row r
+       the pair (order[r], pchar_slot[order[r]]); the walks read these */
+    const llama_cffi_tnode *nodes;
+    const int32_t *row_tok;
 } llama_cffi_trie;
+/* fill nodes (n_nodes + 1 records) and row_tok (2 * n_vocab values) from t's node arrays
+   (their indices checked: a row, token or slot out of range is -1, nothing else
+   written past the buffers); 0 or -1 */
+int llama_cffi_trie_pack(const llama_cffi_trie *t, llama_cffi_tnode *nodes, int32_t *row_tok);
 /* one grammar on one trie. trans[state * n_classes + class]: the successor state, -1
    none, LLAMA_CFFI_TRANS_UNKNOWN not computed yet (n_states rows). A state s below
    n_run_states with run_known[s] has its run in run_words[s * W ..] and run_len[s]: every

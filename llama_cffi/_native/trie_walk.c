@@ -30,6 +30,34 @@
 
 #define SET_BIT(mask, t) ((mask)[(uint32_t)(t) >> 5] |= (uint32_t)1 << ((uint32_t)(t)&31u))
 
+int llama_cffi_trie_pack(const llama_cffi_trie *t, llama_cffi_tnode *nodes, int32_t *row_tok) {
+    if (!t || !nodes || !row_tok || t->n_nodes < 0 || t->n_vocab < 0) return -1;
+    const int32_t n_nodes = t->n_nodes, n_vocab = t->n_vocab;
+    for (int32_t n = 0; n <= n_nodes; n++) {
+        llama_cffi_tnode *r = nodes + n;
+        r->first_child = t->first_child[n];
+        r->n_child = t->n_child[n];
+        r->row_start = t->row_start[n];
+        r->row_end = t->row_end[n];
+        r->n_term = t->n_term[n];
+        r->height = t->height[n];
+        r->cpi = n < n_nodes ? t->node_cpi[n] : -1;
+        r->has_pt = t->has_pt[n];
+        r->below_flags = t->below_flags[n];
+        r->pad[0] = r->pad[1] = 0;
+        r->below_asc[0] = t->below_asc[2 * (size_t)n];
+        r->below_asc[1] = t->below_asc[2 * (size_t)n + 1];
+    }
+    /* (a token out of range is kept as it is, with slot -1: the walks check each token
+       they read, as they did reading order) */
+    for (int32_t r = 0; r < n_vocab; r++) {
+        const int32_t tok = t->order[r];
+        row_tok[2 * (size_t)r] = tok;
+        row_tok[2 * (size_t)r + 1] = (uint32_t)tok < (uint32_t)n_vocab ? t->pchar_slot[tok] : -1;
+    }
+    return 0;
+}
+
 int llama_cffi_trie_root_groups(const llama_cffi_trie *t, const int32_t *cls_of_cpi, int32_t n_cps, int32_t n_classes,
                                 int32_t *out_nodes, int32_t *out_start) {
     if (!t || !cls_of_cpi || !out_nodes || !out_start || n_classes < 0 || n_cps < 0) return -1;
@@ -245,7 +273,7 @@ static inline int in_set(const uint64_t *words, int32_t c) { return (int)((words
 /* node n's class under g: the class of its code point (no per-grammar node array);
    -1 when the trie's code point index is out of g's range (bad data) */
 static inline int32_t node_cls(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, int32_t n) {
-    const uint32_t cpi = (uint32_t)t->node_cpi[n];
+    const uint32_t cpi = (uint32_t)t->nodes[n].cpi;
     return cpi < (uint32_t)g->n_cps ? g->cls_of_cpi[cpi] : -1;
 }
 
@@ -275,9 +303,9 @@ static void run_summary(const llama_cffi_trie_grammar *g, const uint64_t *run, u
    >= 128 passes only when every class holding one is in the run: conservative (a "no"
    makes the caller descend), so the answer is exact where it is "yes" */
 static inline int covered(const llama_cffi_trie *t, int32_t node, const uint64_t *sum) {
-    const uint64_t *b = t->below_asc + 2 * (size_t)node;
-    if ((b[0] & ~sum[0]) | (b[1] & ~sum[1])) return 0;
-    return (t->below_flags[node] & ~(uint8_t)sum[2]) == 0;
+    const llama_cffi_tnode *r = t->nodes + node;
+    if ((r->below_asc[0] & ~sum[0]) | (r->below_asc[1] & ~sum[1])) return 0;
+    return (r->below_flags & ~(uint8_t)sum[2]) == 0;
 }
 
 /* the summaries of the runs one walk reads, per state (a direct-mapped cache on the
@@ -428,17 +456,18 @@ done:
    -1 bad data */
 static inline int node_tokens(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, int32_t node, int32_t s,
                               uint32_t *mask) {
-    int32_t rs = t->row_start[node], nt = t->n_term[node];
+    const llama_cffi_tnode *nd = t->nodes + node;
+    int32_t rs = nd->row_start, nt = nd->n_term;
     if (rs < 0 || nt < 0 || rs + nt > t->n_vocab) return -1;
     const uint8_t *ok = NULL;
-    if (t->has_pt[node]) {
+    if (nd->has_pt) {
         if (s >= g->n_pchar_states || !g->pchar_known[s]) return 0;
         ok = g->pchar_ok + (size_t)s * (size_t)t->n_pchars;
     }
     for (int32_t r = rs; r < rs + nt; r++) {
-        int32_t tok = t->order[r];
+        int32_t tok = t->row_tok[2 * (size_t)r];
         if (tok < 0 || tok >= t->n_vocab) return -1;
-        int32_t slot = t->pchar_slot[tok];
+        int32_t slot = t->row_tok[2 * (size_t)r + 1];
         if (slot < 0) SET_BIT(mask, tok);
         else {
             if (!ok || slot >= t->n_pchars) return -1;
@@ -453,7 +482,8 @@ static inline int node_tokens(const llama_cffi_trie *t, const llama_cffi_trie_gr
 static inline int visit(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, int32_t node, int32_t ps,
                         int32_t s, uint32_t *mask, int32_t *pending, int32_t pending_cap, int32_t *n_pending,
                         int *moved, run_sums *sums) {
-    int32_t rs = t->row_start[node], re = t->row_end[node];
+    const llama_cffi_tnode *nd = t->nodes + node;
+    int32_t rs = nd->row_start, re = nd->row_end;
     if (rs < 0 || re < rs || re > t->n_vocab) return -1;
     if (s < g->n_run_states && !g->run_known[s] && re - rs >= g->absorb_min_rows && g->engine && g->class_weight &&
         g->run_chain) {
@@ -464,11 +494,11 @@ static inline int visit(const llama_cffi_trie *t, const llama_cffi_trie_grammar 
     }
     if (s < g->n_run_states && g->run_known[s]) {
         const uint64_t *sum = run_sum_of(g, sums, s), *closed;
-        if ((t->height[node] <= g->run_len[s] && covered(t, node, sum)) ||
+        if ((nd->height <= g->run_len[s] && covered(t, node, sum)) ||
             ((closed = closed_sum_of(g, sums, s)) && covered(t, node, closed))) {
             /* every token below continues in s's run, or in its closed run: the whole subtree */
             for (int32_t r = rs; r < re; r++) {
-                int32_t tok = t->order[r];
+                int32_t tok = t->row_tok[2 * (size_t)r];
                 if (tok < 0 || tok >= t->n_vocab) return -1;
                 SET_BIT(mask, tok);
             }
@@ -505,7 +535,7 @@ static int descend(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, i
     f_next[0] = 0;
     while (d >= 0) {
         int32_t cur = f_node[d], cs = f_state[d];
-        int32_t fc = t->first_child[cur], ncld = t->n_child[cur];
+        int32_t fc = t->nodes[cur].first_child, ncld = t->nodes[cur].n_child;
         if (fc < 0 || ncld < 0 || fc + ncld > n_nodes) return -1;
         /* a node with many children (a space before a word): its children by class, a
            class the state does not take skipped whole */
@@ -612,7 +642,7 @@ static int walk(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, cons
                 const uint64_t *run, int32_t k, int32_t start, const int32_t *live, int32_t n_live, uint32_t *mask,
                 int32_t *pending, int32_t pending_cap, int32_t *n_pending, int32_t *frames, int32_t frames_cap) {
     if (!t || !g || (!nodes && n) || !mask || !pending || !n_pending || !frames) return -1;
-    if (!t->below_asc || !t->below_flags || !g->asc_table || !g->na_classes) return -1;
+    if (!t->below_asc || !t->below_flags || !t->nodes || !t->row_tok || !g->asc_table || !g->na_classes) return -1;
     if (!states && !group_start && (start < 0 || start >= n_states_of(g))) return -1;
     if (group_start && (!depth_states || !run || !g->root_nodes || !g->root_start || k < 0 || k > t->max_depth + 1))
         return -1;
@@ -714,7 +744,7 @@ int llama_cffi_trie_first_mask(const llama_cffi_trie *t, const llama_cffi_trie_g
                                int32_t *frames, int32_t frames_cap) {
     if (!t || !g || !g->engine || !g->class_weight || !g->run_chain || !g->root_nodes || !g->root_start || !mask ||
         !pending || !n_pending || !frames || (n_eog && !eog) || (t->n_pchars && !pchars) || n_eog < 0 ||
-        !t->below_asc || !t->below_flags || !g->asc_table || !g->na_classes)
+        !t->below_asc || !t->below_flags || !t->nodes || !t->row_tok || !g->asc_table || !g->na_classes)
         return -1;
     llama_cffi_gengine *e = (llama_cffi_gengine *)g->engine;
     const int32_t W = g->W, nc_ = g->n_classes, n_nodes = t->n_nodes;
@@ -783,11 +813,11 @@ int llama_cffi_trie_first_mask(const llama_cffi_trie *t, const llama_cffi_trie_g
             for (int32_t i = a; i < b; i++) {
                 int32_t node = g->root_nodes[i];
                 if (node < 0 || node >= n_nodes) return -1;
-                int32_t fc = t->first_child[node], ncld = t->n_child[node];
+                int32_t fc = t->nodes[node].first_child, ncld = t->nodes[node].n_child;
                 if (ncld < 0 || fc < 0 || (int64_t)fc + ncld > n_nodes) return -1;
                 for (int32_t j = fc; j < fc + ncld; j++) {
                     int32_t cj = node_cls(t, g, j);
-                    if (cj >= 0 && in_set(run, cj)) toks += (int64_t)t->row_end[j] - t->row_start[j];
+                    if (cj >= 0 && in_set(run, cj)) toks += (int64_t)t->nodes[j].row_end - t->nodes[j].row_start;
                 }
             }
         }
@@ -851,11 +881,10 @@ int llama_cffi_trie_run_scan_skip(const llama_cffi_trie *t, const llama_cffi_tri
         return -1;
     const int32_t n_nodes = t->n_nodes, n_vocab = t->n_vocab, nc = g->n_classes;
     const int64_t n_groups = (int64_t)(k + 1) * nc;
-    if (!t->below_asc || !t->below_flags || !g->asc_table || !g->na_classes) return -1;
+    if (!t->below_asc || !t->below_flags || !t->nodes || !t->row_tok || !g->asc_table || !g->na_classes) return -1;
     if (n_groups >= (int64_t)1 << 30 || frontier_cap < n_nodes) return -1;
-    const int32_t *const first_child = t->first_child, *const n_child = t->n_child;
-    const int32_t *const row_start = t->row_start, *const row_end = t->row_end, *const n_term = t->n_term;
-    const int32_t *const order = t->order, *const pchar_slot = t->pchar_slot, *const height = t->height;
+    const llama_cffi_tnode *const nodes = t->nodes;
+    const int32_t *const row_tok = t->row_tok;
     int32_t nf = 0, np_ = 0;
     for (int32_t i = 0; i < t->n_root_pt; i++) {
         if (np_ >= pt_cap) return -3;
@@ -869,7 +898,7 @@ int llama_cffi_trie_run_scan_skip(const llama_cffi_trie *t, const llama_cffi_tri
     /* the root's children on the run: its classes' root groups (the others are implicit,
        not listed: see llama_cffi.h) */
     if (!g->root_nodes || !g->root_start) return -1;
-    const int32_t nroot = n_child[n_nodes];
+    const int32_t nroot = nodes[n_nodes].n_child;
     const int32_t depth_cap = t->max_depth + 2;
     /* the classes of character d: runs[min(d, n_runs - 1)]; a subtree whose characters
        start at index d is taken whole when they are all of the classes every run from d
@@ -907,7 +936,7 @@ int llama_cffi_trie_run_scan_skip(const llama_cffi_trie *t, const llama_cffi_tri
     fr_next[0] = 0;
     while (d >= 0) {
         const int32_t node = fr_node[d];
-        const int32_t fc = first_child[node], ncld = d == 0 ? n_on_root : n_child[node];
+        const int32_t fc = nodes[node].first_child, ncld = d == 0 ? n_on_root : nodes[node].n_child;
         if (fc < 0 || ncld < 0 || (d > 0 && fc + ncld > n_nodes)) { rc = -1; break; }
         int32_t j = fr_next[d];
         int pushed = 0;
@@ -924,9 +953,10 @@ int llama_cffi_trie_run_scan_skip(const llama_cffi_trie *t, const llama_cffi_tri
                 continue;
             }
             /* on the run's path, d + 1 characters deep */
-            const int32_t rs = row_start[ch];
-            if (d + 1 + height[ch] <= k && covered(t, ch, sums + 3 * (size_t)(d + 1 < n_runs ? d + 1 : n_runs - 1))) {
-                const int32_t re = row_end[ch];
+            const llama_cffi_tnode *const nd = nodes + ch;
+            const int32_t rs = nd->row_start;
+            if (d + 1 + nd->height <= k && covered(t, ch, sums + 3 * (size_t)(d + 1 < n_runs ? d + 1 : n_runs - 1))) {
+                const int32_t re = nd->row_end;
                 if (rs < 0 || re < rs || re > n_vocab) { rc = -1; goto done; }
                 if (absorbed) { /* (node, level): its subtree is on the run's paths, unvisited */
                     if (*n_absorbed >= absorbed_cap) { rc = -3; goto done; }
@@ -935,18 +965,18 @@ int llama_cffi_trie_run_scan_skip(const llama_cffi_trie *t, const llama_cffi_tri
                     (*n_absorbed)++;
                 }
                 for (int32_t r = rs; r < re; r++) {
-                    const int32_t tok = order[r];
+                    const int32_t tok = row_tok[2 * (size_t)r];
                     if ((uint32_t)tok >= (uint32_t)n_vocab) { rc = -1; goto done; }
                     SET_BIT(mask, tok);
                 }
                 continue;
             }
-            const int32_t nt = n_term[ch];
+            const int32_t nt = nd->n_term;
             if (rs < 0 || nt < 0 || rs + nt > n_vocab) { rc = -1; goto done; }
             for (int32_t r = rs; r < rs + nt; r++) {
-                const int32_t tok = order[r];
+                const int32_t tok = row_tok[2 * (size_t)r];
                 if ((uint32_t)tok >= (uint32_t)n_vocab) { rc = -1; goto done; }
-                if (pchar_slot[tok] < 0) SET_BIT(mask, tok);
+                if (row_tok[2 * (size_t)r + 1] < 0) SET_BIT(mask, tok);
                 else {
                     if (np_ >= pt_cap) { rc = -3; goto done; }
                     pt_depth[np_] = d + 1;
@@ -1040,7 +1070,7 @@ int llama_cffi_trie_run_derive_skip(const llama_cffi_trie *t, const llama_cffi_t
                                     const int32_t *base_frontier, int32_t n_base, const int32_t *base_group_start,
                                     int32_t base_k, int32_t *frontier, int32_t frontier_cap, int32_t *n_frontier,
                                     int32_t *group_start) {
-    if (!t || !g || !run || !on || (n_absorbed && !absorbed) || n_absorbed < 0 || !base_frontier ||
+    if (!t || !g || !t->nodes || !run || !on || (n_absorbed && !absorbed) || n_absorbed < 0 || !base_frontier ||
         !base_group_start || !frontier || !n_frontier || !group_start || k < 0 || k >= base_k ||
         base_k > t->max_depth + 1)
         return -1;
@@ -1157,7 +1187,7 @@ int llama_cffi_trie_densify_on(const llama_cffi_trie *t, uint8_t *on, const int3
 
 int llama_cffi_trie_group(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, const int32_t *nodes,
                           const int32_t *depths, int32_t n, int32_t k, int32_t *frontier, int32_t *group_start) {
-    if (!t || !g || n < 0 || (n && (!nodes || !depths || !frontier)) || !group_start || k < 0 ||
+    if (!t || !g || !t->nodes || n < 0 || (n && (!nodes || !depths || !frontier)) || !group_start || k < 0 ||
         k > t->max_depth + 1)
         return -1;
     const int32_t nc = g->n_classes;

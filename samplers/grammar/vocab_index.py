@@ -21,6 +21,7 @@ file's size, and the arrays against the pieces, before use.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -44,7 +45,7 @@ from .engine import NO_PARTIAL, decode_utf8
 I64 = npt.NDArray[np.int64]
 
 #: Bump when the arrays or how they are built change: old cache files are then ignored.
-_FORMAT = 6
+_FORMAT = 7
 _MAGIC = b"LLAMA_CFFI_VOCAB\n"
 _ALIGN = 64
 
@@ -78,6 +79,11 @@ _SAVED: dict[str, str] = {
     "below_flags": "u1",
     "cp_nodes": "<i4",
 }
+
+#: The trie's node arrays as the C walks read them (``llama_cffi._trie_walk.Trie.packed_arrays``:
+#: one record per node, and per row its token and slot), kept in the cache file when the
+#: trie was made before it was written: name -> dtype.
+_PACKED: dict[str, str] = {"trie_nodes": "u1", "trie_row_tok": "<i4"}
 
 #: Code-point sets whose full-length run scans (see ``llama_cffi._trie_walk.SharedScan``)
 #: are made when an index is built and kept in its cache file, so that a grammar's first
@@ -197,6 +203,8 @@ class VocabIndex:
                     eog_flags[t] = True
         self._pieces: list[bytes] | None = None
         self._first_cp_tokens: npt.NDArray[np.float64] | None = None  # see first_cp_tokens
+        #: the trie's packed arrays (a cache file's, or the trie's once made), or None
+        self._packed: tuple[npt.NDArray[Any], npt.NDArray[Any]] | None = None
         #: whether the arrays came from a cache file (checked) rather than a build
         self.from_cache = arrays is not None and self._adopt(arrays, eog_flags)
         if not self.from_cache:
@@ -208,6 +216,9 @@ class VocabIndex:
         self._prescan_arrays: dict[str, npt.NDArray[Any]] = {}  # and their arrays, as saved
         if self.from_cache and arrays is not None:
             self._adopt_prescans(arrays)
+            nodes, rows = (arrays.get(k) for k in _PACKED)
+            if nodes is not None and rows is not None:  # (their sizes are checked by the trie: else packed again)
+                self._packed = (nodes, rows)
 
     # ------------------------------------------------------------------ pieces
     def piece(self, token: int) -> bytes:
@@ -536,7 +547,8 @@ class VocabIndex:
             n = self.n_nodes
             pt_nodes = self.term[self.partial_tokens]
             has_pt = _has_pt(self.term, self.partial_tokens, n)
-            self._trie = Trie(
+            make = functools.partial(
+                Trie,
                 n_vocab=self.n_vocab,
                 max_depth=len(self.level_base) - 1,
                 n_pchars=len(self.pchars),
@@ -558,12 +570,21 @@ class VocabIndex:
                 below_flags=self.below_flags,
                 cp_nodes=self.cp_nodes,
             )
+            try:
+                self._trie = make(packed=self._packed)
+            except ValueError:
+                if self._packed is None:
+                    raise
+                self._trie = make()  # a cache file's packed arrays of the wrong size: packed here
+            self._packed = self._trie.packed_arrays()
         return self._trie
 
     def arrays(self) -> dict[str, npt.NDArray[Any]]:
         """The arrays a cache file holds."""
         out = {k: np.asarray(getattr(self, k), dtype=dt) for k, dt in _SAVED.items()}
         out.update(self._prescan_arrays)
+        if self._packed is not None:
+            out.update({k: np.asarray(a, dtype=dt) for (k, dt), a in zip(_PACKED.items(), self._packed, strict=True)})
         return out
 
     # ------------------------------------------------------------------ shared run scans
@@ -790,7 +811,7 @@ def _load(path: Path) -> dict[str, npt.NDArray[Any]] | None:
     except ValueError:
         return None
     start = -(-(len(_MAGIC) + 8 + n) // _ALIGN) * _ALIGN
-    allowed = {np.dtype(dt).str for dt in (*_SAVED.values(), *_PRESCAN_FIELDS.values())}
+    allowed = {np.dtype(dt).str for dt in (*_SAVED.values(), *_PRESCAN_FIELDS.values(), *_PACKED.values())}
     out: dict[str, npt.NDArray[Any]] = {}
     if not isinstance(entries, dict):
         return None
