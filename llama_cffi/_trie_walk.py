@@ -1019,6 +1019,54 @@ class TrieGrammar:
         got.absorbed = sh.absorbed
         return got
 
+    def run_scan_extend(self, base: SharedScan, base_key: bytes, run: U64) -> SharedScan:
+        """The full-length scan of ``run`` (``W`` words) as a :class:`SharedScan` without
+        paths, from ``base``: the full-length shared scan of a subset of its code points
+        (``base_key``: which, as ``samplers.grammar``'s ``CompiledGrammar._cp_key`` writes
+        it). Only below the nodes where the base's paths stop and the run's go on is the
+        trie read (``llama_cffi_trie_run_scan_extend``): ``[a-z0-9./-]`` from ``[0-9a-z.-]``
+        reads the paths through ``/``, not every lowercase one again."""
+        trie = self.trie
+        k = trie.max_depth + 1
+        run = np.ascontiguousarray(run, dtype=np.uint64)
+        if run.shape != (self.W,):
+            raise ValueError(f"run must be {self.W} uint64 words")
+        if base.k != k or base.mask.shape != (trie.n_words,) or base.mask.dtype != np.uint32:
+            raise ValueError("the base must be a full-length shared scan of this trie")
+        key = np.frombuffer(base_key, dtype=np.uint8)
+        nodes_in, depths_in = _i32("nodes", base.nodes), _i32("depths", base.depths, len(base.nodes))
+        pt_in, ptd_in = _i32("pt_tokens", base.pt_tokens), _i32("pt_depth", base.pt_depth, len(base.pt_tokens))
+        mask = base.mask.copy()
+        cap = trie.n_nodes + 1
+        nodes, depths = np.empty(cap, dtype=np.int32), np.empty(cap, dtype=np.int32)
+        pt, ptd = np.empty(trie.n_vocab + 1, dtype=np.int32), np.empty(trie.n_vocab + 1, dtype=np.int32)
+        n_nodes, n_pt = ffi.new("int32_t *"), ffi.new("int32_t *")
+        rc = lib.llama_cffi_trie_run_scan_extend(
+            trie._struct,
+            self._g,
+            ffi.from_buffer("uint64_t[]", run),
+            ffi.from_buffer("uint8_t[]", key),
+            len(key),
+            ffi.from_buffer("int32_t[]", nodes_in),
+            ffi.from_buffer("int32_t[]", depths_in),
+            len(nodes_in),
+            ffi.from_buffer("int32_t[]", pt_in),
+            ffi.from_buffer("int32_t[]", ptd_in),
+            len(pt_in),
+            ffi.from_buffer("uint32_t[]", mask),
+            ffi.from_buffer("int32_t[]", nodes),
+            ffi.from_buffer("int32_t[]", depths),
+            cap,
+            n_nodes,
+            ffi.from_buffer("int32_t[]", pt),
+            ffi.from_buffer("int32_t[]", ptd),
+            len(pt),
+            n_pt,
+        )
+        _check_rc(rc, "trie run scan extend")
+        nf, np_ = n_nodes[0], n_pt[0]
+        return SharedScan(k, mask, nodes[:nf].copy(), depths[:nf].copy(), pt[:np_].copy(), ptd[:np_].copy())
+
     def densified(self, scan: RunScan) -> RunScan:
         """``scan`` (made with ``keep``) with its paths made whole: ``on`` marks every node
         of the subtrees it took whole (``llama_cffi_trie_densify_on``; a copy), and no

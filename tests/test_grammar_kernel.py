@@ -258,6 +258,12 @@ def test_shared_scans_serve_grammars_with_other_classes(data: st.DataObject) -> 
     key_a, key_b = a._cp_key(runs[0]), b._cp_key(runs[1])
     event(f"B has more classes {b.engine.n_classes > a.engine.n_classes}")
     assert key_a == key_b, (text_a, text_b)
+    # the key is each code point's membership through its class, and the partial bit
+    for c, run in ((a, runs[0]), (b, runs[1]), (b, ~runs[1])):
+        bits = np.unpackbits(run.view(np.uint8), bitorder="little")
+        nc = c.engine.n_classes
+        want = np.packbits(bits[:nc][c._cls_of_cp].astype(bool), bitorder="little").tobytes() + bytes([int(bits[nc])])
+        assert c._cp_key(run) == want
     cap = index.trie().max_depth + 1
     own = b._tg.run_scan(runs[1], cap, keep=True)
     got = b._tg.unshare(a._tg.shared(a._tg.run_scan(runs[0], cap, keep=True)), runs[1])
@@ -283,6 +289,75 @@ def test_shared_scans_serve_grammars_with_other_classes(data: st.DataObject) -> 
         cb.fill_words(m.state, m.partial, words)
         assert np.array_equal(words.view(np.uint8)[: len(want)], want)
     assert m.state in cb._plans
+
+
+#: nested character classes (each holds the one before it) for the scan-extension test
+_NESTED = ["[a-c]", "[a-c0-3]", "[a-c0-3 /]", "[a-z0-9 ./é-]", '[^"\\\\<>]']
+
+
+@settings(max_examples=budget(60), deadline=None)
+@given(data=st.data())
+def test_a_runs_scan_extends_the_scan_of_a_subset(data: st.DataObject) -> None:
+    """A full-length scan of a run not scanned yet is the shared scan of a subset of its
+    code points extended below where that scan stops (``run_scan_extend``): the same
+    tokens, frontier (with parent depths) and partial tokens as scanning the run whole,
+    and a grammar compiled after the one that made the subset's scan takes it (no scan
+    of the whole vocabulary) with masks equal to the numpy walk's."""
+    rng = random.Random(data.draw(st.integers(0, 2**32 - 1), label="seed"))
+    parts = [*_PIECE_PARTS, b"<", b">", b"/", b"x/", b"a/b", b"<a", b"b>", b"0.", b" /"]
+    pieces = {b"".join(rng.choice(parts) for _ in range(rng.randint(1, 8))) for _ in range(400)}
+    pieces |= {p + rng.choice(_PARTIALS) for p in list(pieces)[:30]} | set(_PARTIALS) | set(parts)
+    lo = data.draw(st.integers(0, len(_NESTED) - 2), label="subset")
+    hi = data.draw(st.integers(lo + 1, len(_NESTED) - 1), label="superset")
+    text_a, text_b = (f'root ::= "<" {_NESTED[i]}* ">"\n' for i in (lo, hi))
+    index = VocabIndex(sorted(pieces))
+    cap = index.trie().max_depth + 1
+    a = Grammar.from_gbnf(text_a).compile(index, mask_cache_size=0, kernel="c")
+    b = Grammar.from_gbnf(text_b).compile(index, mask_cache_size=0, kernel="c")
+    runs = []
+    for c in (a, b):
+        m = c.matcher()
+        assert m.accept_bytes(b"<")
+        c._run(m.state)
+        runs.append(c._run_words[m.state].copy())
+    key_a, key_b = a._cp_key(runs[0]), b._cp_key(runs[1])
+    if key_a == key_b or key_a[-1] != key_b[-1]:  # (the same code points in this vocabulary, or not both partial)
+        event("not a strict subset here")
+        return
+    base = a._tg.shared(a._tg.run_scan(runs[0], cap))
+    ext = b._tg.run_scan_extend(base, key_a, runs[1])
+    own = b._tg.shared(b._tg.run_scan(runs[1], cap))
+    assert np.array_equal(ext.mask, own.mask)
+    assert sorted(zip(ext.nodes.tolist(), ext.depths.tolist(), strict=True)) == sorted(
+        zip(own.nodes.tolist(), own.depths.tolist(), strict=True)
+    )
+    assert sorted(zip(ext.pt_tokens.tolist(), ext.pt_depth.tolist(), strict=True)) == sorted(
+        zip(own.pt_tokens.tolist(), own.pt_depth.tolist(), strict=True)
+    )
+    # through the vocabulary: A's plan shares its scan, B extends it
+    fresh = VocabIndex(sorted(pieces))
+    ca = Grammar.from_gbnf(text_a).compile(fresh, mask_cache_size=0, kernel="c")
+    m = ca.matcher()
+    assert m.accept_bytes(b"<")
+    for _ in range(2):  # the first mask, then the one that makes the plan (and shares the scan)
+        ca.fill_words(m.state, m.partial, np.zeros(ca.n_words, dtype=np.uint32))
+    assert fresh._shared_scan(key_a) is not None and fresh._shared_scan(key_b) is None
+    cb, nb = both(Grammar.from_gbnf(text_b), fresh)
+    own_scan = cb._tg.run_scan
+
+    def no_whole_scan_of_the_run(run: np.ndarray, k: int, keep: bool = False) -> object:
+        # B must not scan the vocabulary for its run whole: it extends A's scan (a chain's
+        # scan, of a run per character, is another matter)
+        assert not (np.ndim(run) == 1 and k == cap and np.array_equal(run, runs[1])), "a whole scan"
+        return own_scan(run, k, keep)
+
+    cb._tg.run_scan = no_whole_scan_of_the_run
+    compare_walk(cb, nb, rng, 8, text_b)
+    m = cb.matcher()
+    assert m.accept_bytes(b"<")
+    for _ in range(2):
+        cb.fill_words(m.state, m.partial, np.zeros(cb.n_words, dtype=np.uint32))
+    assert fresh._shared_scan(key_b) is not None
 
 
 def _assert_binding_is_the_reference(c: CompiledGrammar) -> None:
@@ -1093,6 +1168,18 @@ def test_bad_arrays_raise_not_crash() -> None:
         base.absorbed = np.array([10**6, 0], np.int32)
         c._tg.densified(base)
     attempt("densify", bad_densify)
+    # a scan extended from a shared one: its frontier, depths and key out of range
+    full = c._tg.trie.max_depth + 1
+    run0 = c._run_words[c.engine.start]
+    sh0, key0 = c._tg.shared(c._tg.run_scan(run0, full)), c._cp_key(run0)
+    for label, nodes, depths in (("extend node", [10**6], [0]), ("extend depth", [0], [99])):
+        bad_sh = SharedScan(full, sh0.mask, np.array(nodes, np.int32), np.array(depths, np.int32),
+                            sh0.pt_tokens, sh0.pt_depth)
+        attempt(label, lambda s_=bad_sh: c._tg.run_scan_extend(s_, key0, run0))
+    attempt("extend key", lambda: c._tg.run_scan_extend(sh0, key0[:-1], run0))
+    attempt("extend pt", lambda: c._tg.run_scan_extend(
+        SharedScan(full, sh0.mask, sh0.nodes, sh0.depths, np.array([10**6], np.int32), np.array([0], np.int32)),
+        key0, run0))
     # the packed records a cache file gives (the walks read them): out of range too
     from llama_cffi._trie_walk import ffi
     nodes, row_tok = Trie(**base).packed_arrays()
@@ -1134,6 +1221,10 @@ def test_bad_arrays_raise_not_crash() -> None:
         "neg depth",
         "shared mask",
         "densify",
+        "extend node",
+        "extend depth",
+        "extend key",
+        "extend pt",
         "packed first_child",
         "packed row_end",
         "packed cpi",
@@ -1150,6 +1241,26 @@ def test_index_of_every_kind_builds_a_trie() -> None:
         g = Grammar.from_gbnf("root ::= [^x]*")
         c, n = both(g, v)
         assert np.array_equal(c.packed(c.engine.start), n.packed(n.engine.start))
+
+
+@settings(max_examples=budget(60), deadline=None)
+@given(toks=st.lists(st.integers(0, 999), max_size=60), few=st.integers(0, 70))
+def test_token_words_either_way(toks: list[int], few: int) -> None:
+    """``_token_words`` sets the bits of the tokens given (repeats allowed) and no others,
+    word by word (up to ``_FEW_TOKENS``) or through a boolean array."""
+    c = Grammar.from_gbnf("root ::= [a-z]*").compile(
+        VocabIndex([bytes([97 + i % 26]) * (1 + i // 26) for i in range(1000)])
+    )
+    old = compiled_mod._FEW_TOKENS
+    compiled_mod._FEW_TOKENS = few
+    try:
+        words = c._token_words(np.array(toks, dtype=np.int64))
+    finally:
+        compiled_mod._FEW_TOKENS = old
+    want = np.zeros(c.n_words * 32, dtype=bool)
+    want[toks] = True
+    assert words.dtype == np.uint32 and words.shape == (c.n_words,)
+    assert np.array_equal(np.unpackbits(words.view(np.uint8), bitorder="little").astype(bool), want)
 
 
 def _tnode_dtype() -> np.dtype[Any]:

@@ -358,6 +358,22 @@ int llama_cffi_trie_run_scan_skip(const llama_cffi_trie *t, const llama_cffi_tri
                                   int32_t *n_frontier, int32_t *group_start, int32_t *pt_tokens, int32_t *pt_depth,
                                   int32_t pt_cap, int32_t *n_pt, int32_t *scratch, uint8_t *on_out,
                                   int32_t *absorbed, int32_t absorbed_cap, int32_t *n_absorbed);
+/* the full-length (k = max_depth + 1) scan of run (W words, one class set) from the
+   shared scan of a smaller set of code points (base_key: a bit per code point index, as
+   samplers.grammar's _cp_key; base_nodes/base_depths its frontier, the root's children
+   apart; base_pt/base_pt_depth its partial tokens): the base's frontier nodes and root
+   children whose code points run holds, and base does not, are scanned below as
+   llama_cffi_trie_run_scan_skip would (subtrees wholly of the run taken at once), the
+   others kept. mask holds the base's mask and receives the tokens found; nodes/depths
+   (cap values) the frontier with each node's parent depth; pt_tokens/pt_depth (pt_cap) the
+   base's partial tokens and those found. 0, -1 bad arguments or data, -2 out of memory,
+   -3 a buffer too small */
+int llama_cffi_trie_run_scan_extend(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, const uint64_t *run,
+                                    const uint8_t *base_key, int32_t key_len, const int32_t *base_nodes,
+                                    const int32_t *base_depths, int32_t n_base, const int32_t *base_pt,
+                                    const int32_t *base_pt_depth, int32_t n_base_pt, uint32_t *mask, int32_t *nodes,
+                                    int32_t *depths, int32_t cap, int32_t *n_nodes_out, int32_t *pt_tokens,
+                                    int32_t *pt_depth, int32_t pt_cap, int32_t *n_pt);
 /* llama_cffi_trie_run_derive from a llama_cffi_trie_run_scan_skip base (its on_out and
    absorbed): the same frontier and groups (the nodes within a group may come in another
    order), reading only the nodes of level k, not the whole trie: the run's nodes of level

@@ -1004,6 +1004,130 @@ done:
     return 0;
 }
 
+int llama_cffi_trie_run_scan_extend(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, const uint64_t *run,
+                                    const uint8_t *base_key, int32_t key_len, const int32_t *base_nodes,
+                                    const int32_t *base_depths, int32_t n_base, const int32_t *base_pt,
+                                    const int32_t *base_pt_depth, int32_t n_base_pt, uint32_t *mask, int32_t *nodes,
+                                    int32_t *depths, int32_t cap, int32_t *n_nodes_out, int32_t *pt_tokens,
+                                    int32_t *pt_depth, int32_t pt_cap, int32_t *n_pt) {
+    if (!t || !g || !t->nodes || !t->row_tok || !run || !base_key || !mask || !n_nodes_out || !n_pt || n_base < 0 ||
+        n_base_pt < 0 || (n_base && (!base_nodes || !base_depths)) || (n_base_pt && (!base_pt || !base_pt_depth)) ||
+        !nodes || !depths || !pt_tokens || !pt_depth || !g->asc_table || !g->na_classes || !g->root_nodes ||
+        !g->root_start || key_len != (g->n_cps + 7) / 8 + 1)
+        return -1;
+    const int32_t n_nodes = t->n_nodes, n_vocab = t->n_vocab, nc = g->n_classes, k = t->max_depth + 1;
+    const llama_cffi_tnode *const tn = t->nodes;
+    const int32_t *const row_tok = t->row_tok;
+    const int32_t depth_cap = t->max_depth + 2;
+    uint64_t sum[3];
+    run_summary(g, run, sum);
+    int32_t nf = 0, np_ = 0;
+    if (n_base_pt > pt_cap) return -3;
+    for (int32_t i = 0; i < n_base_pt; i++) {
+        if ((uint32_t)base_pt[i] >= (uint32_t)n_vocab || base_pt_depth[i] < 0 || base_pt_depth[i] > k) return -1;
+        pt_tokens[np_] = base_pt[i];
+        pt_depth[np_++] = base_pt_depth[i];
+    }
+    int32_t *fr_node = (int32_t *)malloc(sizeof(int32_t) * 3 * (size_t)depth_cap);
+    if (!fr_node) return -2;
+    int32_t *fr_next = fr_node + depth_cap, *fr_depth = fr_node + 2 * depth_cap;
+    int rc = 0;
+    /* the seeds: the base's frontier nodes on the run (the base stops there, the run goes
+       on), then the root's children on the run that the base does not hold */
+    const int32_t nroot = tn[n_nodes].n_child;
+    for (int32_t i = 0; i < n_base + nroot && !rc; i++) {
+        int32_t seed, d;
+        if (i < n_base) {
+            seed = base_nodes[i];
+            d = base_depths[i];
+            if ((uint32_t)seed >= (uint32_t)n_nodes || d < 0 || d > k) { rc = -1; break; }
+            /* (node_cpi, not the records: 16 nodes a cache line, and most of a large base's
+               frontier is only read here) */
+            const uint32_t cpi = (uint32_t)t->node_cpi[seed];
+            const int32_t c = cpi < (uint32_t)g->n_cps ? g->cls_of_cpi[cpi] : -1;
+            if ((uint32_t)c >= (uint32_t)nc) { rc = -1; break; }
+            if (d >= k || !in_set(run, c)) { /* it leaves the run too: still the frontier */
+                if (nf >= cap) { rc = -3; break; }
+                nodes[nf] = seed;
+                depths[nf++] = d;
+                continue;
+            }
+        } else {
+            seed = tn[n_nodes].first_child + (i - n_base);
+            d = 0;
+            if ((uint32_t)seed >= (uint32_t)n_nodes) { rc = -1; break; }
+            const uint32_t cpi = (uint32_t)tn[seed].cpi;
+            if (cpi >= (uint32_t)g->n_cps) { rc = -1; break; }
+            if ((base_key[cpi >> 3] >> (cpi & 7)) & 1u) continue; /* the base's own path */
+            const int32_t c = g->cls_of_cpi[cpi];
+            if ((uint32_t)c >= (uint32_t)nc) { rc = -1; break; }
+            if (!in_set(run, c)) continue; /* (the root's children off the run: implicit) */
+        }
+        /* seed is on the run's paths, d + 1 characters deep: as llama_cffi_trie_run_scan_skip
+           from there, depth first */
+        int32_t top = 0;
+        fr_node[0] = seed;
+        fr_depth[0] = d;
+        fr_next[0] = -1; /* -1: the node itself not taken yet */
+        while (top >= 0 && !rc) {
+            const int32_t node = fr_node[top], dd = fr_depth[top];
+            const llama_cffi_tnode *const nd = tn + node;
+            if (fr_next[top] < 0) {
+                const int32_t rs = nd->row_start, re = nd->row_end, nt = nd->n_term;
+                if (rs < 0 || re < rs || re > n_vocab || nt < 0 || rs + nt > n_vocab) { rc = -1; break; }
+                if (dd + 1 + nd->height <= k && covered(t, node, sum)) { /* wholly of the run: all its tokens */
+                    for (int32_t r = rs; r < re; r++) {
+                        const int32_t tok = row_tok[2 * (size_t)r];
+                        if ((uint32_t)tok >= (uint32_t)n_vocab) { rc = -1; break; }
+                        SET_BIT(mask, tok);
+                    }
+                    top--;
+                    continue;
+                }
+                for (int32_t r = rs; r < rs + nt && !rc; r++) {
+                    const int32_t tok = row_tok[2 * (size_t)r];
+                    if ((uint32_t)tok >= (uint32_t)n_vocab) { rc = -1; break; }
+                    if (row_tok[2 * (size_t)r + 1] < 0) SET_BIT(mask, tok);
+                    else {
+                        if (np_ >= pt_cap) { rc = -3; break; }
+                        pt_depth[np_] = dd + 1;
+                        pt_tokens[np_++] = tok;
+                    }
+                }
+                fr_next[top] = 0;
+                continue;
+            }
+            const int32_t fc = nd->first_child, ncld = nd->n_child;
+            if (fc < 0 || ncld < 0 || fc + ncld > n_nodes) { rc = -1; break; }
+            int pushed = 0;
+            while (fr_next[top] < ncld) {
+                const int32_t ch = fc + fr_next[top]++;
+                const int32_t c = node_cls(t, g, ch);
+                if ((uint32_t)c >= (uint32_t)nc) { rc = -1; break; }
+                if (dd + 1 >= k || !in_set(run, c)) {
+                    if (nf >= cap) { rc = -3; break; }
+                    nodes[nf] = ch;
+                    depths[nf++] = dd + 1;
+                    continue;
+                }
+                if (top + 1 >= depth_cap) { rc = -1; break; }
+                top++;
+                fr_node[top] = ch;
+                fr_depth[top] = dd + 1;
+                fr_next[top] = -1;
+                pushed = 1;
+                break;
+            }
+            if (!pushed && !rc) top--;
+        }
+    }
+    free(fr_node);
+    if (rc) return rc;
+    *n_nodes_out = nf;
+    *n_pt = np_;
+    return 0;
+}
+
 int llama_cffi_trie_run_derive(const llama_cffi_trie *t, const int32_t *cls, int32_t n_classes, const uint64_t *run,
                                int32_t k, const uint8_t *on, const int32_t *base_frontier, int32_t n_base,
                                const int32_t *base_group_start, int32_t base_k, int32_t *frontier,

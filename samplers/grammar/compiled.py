@@ -78,6 +78,12 @@ _CHAIN_MIN_TOKENS = 2048
 #: most 1/_DERIVE_SHARE of them as another state's do, takes its mask from that state's
 _DERIVE_MIN_ROOT = 2048
 _DERIVE_SHARE = 8
+#: whether a full-length scan (without its paths) of a run not scanned yet extends the
+#: shared scan of a subset of its code points (_full_scan; off: every such run scanned whole)
+_EXTEND_SCANS = True
+#: tokens made mask words one by one up to this many (_token_words); more through a
+#: boolean array over the vocabulary (~20 us at 262,144 tokens whatever the count)
+_FEW_TOKENS = 1024
 #: a vocabulary of at most this many tokens has every mask walked from the root, in C (no
 #: plan, scan or derivation: on a small trie their Python costs more than the walk, and
 #: more than llama.cpp's whole mask: 0.4 ms against 0.03 ms at 474 tokens)
@@ -228,6 +234,7 @@ class CompiledGrammar:
         self._nonpartial = v.nonpartial
         self._eog_ids = v.eog_ids
         self._eog_i32 = self._eog_ids.astype(np.int32)
+        self._cp_counts: npt.NDArray[np.int64] | None = None  # (see _cp_key)
         self._absorb_ready = False
         if self.kernel == "c":
             trie = v.trie()
@@ -993,25 +1000,26 @@ class CompiledGrammar:
         rp = self._root_pt
         if len(rp):
             extra.append(rp[self._state_pchar_ok(start)[self._pchar_slot[rp]]])
-        add = np.zeros(self.n_words * 32, dtype=bool)
-        for toks in extra:
-            add[toks] = True
+        add = self._token_words(np.concatenate(extra) if extra else np.zeros(0, dtype=np.int64))
         nodes = np.ascontiguousarray(nodes, dtype=np.int32)
-        return _Derived(
-            g,
-            nodes,
-            np.full(len(nodes), start, dtype=np.int32),
-            ~clear,
-            np.packbits(add, bitorder="little").view(np.uint32),
-        )
+        return _Derived(g, nodes, np.full(len(nodes), start, dtype=np.int32), ~clear, add)
+
+    def _token_words(self, toks: npt.NDArray[np.integer[Any]]) -> npt.NDArray[np.uint32]:
+        """The tokens ``toks`` (in range, repeats allowed) as mask words (a new array): a
+        few set word by word, many through a boolean array (a pass over the vocabulary)."""
+        if len(toks) > _FEW_TOKENS:
+            m = np.zeros(self.n_words * 32, dtype=bool)
+            m[toks] = True
+            return np.packbits(m, bitorder="little").view(np.uint32)
+        t = np.asarray(toks, dtype=np.int64)
+        words = np.zeros(self.n_words, dtype=np.uint32)
+        np.bitwise_or.at(words, t >> 5, np.left_shift(np.uint32(1), (t & 31).astype(np.uint32)))
+        return words
 
     def _root_pt_eog_words(self) -> npt.NDArray[np.uint32]:
         """The tokens that are only a partial character, and end-of-generation, as words."""
         if self._root_pt_eog is None:
-            m = np.zeros(self.n_words * 32, dtype=bool)
-            m[self._root_pt] = True
-            m[self._eog_ids] = True
-            self._root_pt_eog = np.packbits(m, bitorder="little").view(np.uint32)
+            self._root_pt_eog = self._token_words(np.concatenate((self._root_pt, self._eog_ids)))
         return self._root_pt_eog
 
     def _class_tokens(self, c: int) -> npt.NDArray[np.uint32]:
@@ -1019,10 +1027,11 @@ class CompiledGrammar:
         w = self._class_words.get(c)
         if w is None:
             v, rs = self.vocab, self._tg._root_start
-            m = np.zeros(self.n_words * 32, dtype=bool)
-            for node in self._tg._root_nodes[rs[c] : rs[c + 1]].tolist():
-                m[v.order[v.row_start[node] : v.row_end[node]]] = True
-            w = self._class_words[c] = np.packbits(m, bitorder="little").view(np.uint32)
+            rows = [
+                v.order[v.row_start[node] : v.row_end[node]]
+                for node in self._tg._root_nodes[rs[c] : rs[c + 1]].tolist()
+            ]
+            w = self._class_words[c] = self._token_words(np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64))
         return w
 
     def _mask_words_derived(self, start: int, d: _Derived, words: npt.NDArray[np.uint32]) -> npt.NDArray[np.uint32]:
@@ -1408,6 +1417,14 @@ class CompiledGrammar:
         sh = v._shared_scan(ck, keep)
         if sh is not None:
             return self._tg.unshare(sh, run)
+        if not keep and _EXTEND_SCANS:
+            # the scan of a subset of its code points (a prescan: [0-9a-z.-] for [a-z0-9./-]),
+            # scanned on only below where its paths stop and this run's go on
+            base = v._subset_scan(ck)
+            if base is not None:
+                sh = self._tg.run_scan_extend(base[1], base[0], run)
+                v._share_scan(ck, sh)
+                return self._tg.unshare(sh, run)
         got = self._tg.run_scan(run, self._run_cap, keep=keep)  # (densified by _run_scan when it pays)
         v._share_scan(ck, self._tg.shared(got))
         return got
@@ -1428,7 +1445,14 @@ class CompiledGrammar:
         else, so grammars with different classes share it by this key."""
         nc = self.engine.n_classes
         bits = np.unpackbits(run.view(np.uint8), bitorder="little")
-        member = bits[:nc][self._cls_of_cp]
+        counts = self._cp_counts
+        if counts is None:  # per interval of the grammar's classes, the vocabulary's code points in it
+            eng, cps = self.engine, self.vocab.uniq_cps
+            bounds = np.searchsorted(cps, eng._edges[1:-1], side="left")
+            counts = self._cp_counts = np.diff(np.concatenate(([0], bounds, [len(cps)])))
+        # (each interval's membership repeated over its code points: _cls_of_cp is the
+        # intervals' classes repeated so, and a gather over it costs 4x more)
+        member = np.repeat(bits[:nc][self.engine._interval_class].view(np.bool_), counts)
         return np.packbits(member, bitorder="little").tobytes() + bytes([int(bits[nc])])
 
     def _grow_pchars(self, n: int) -> None:

@@ -213,6 +213,7 @@ class VocabIndex:
         self._scan_lock = threading.Lock()
         self._scans: OrderedDict[bytes, Any] = OrderedDict()  # shared run scans, by code points
         self._prescans: dict[bytes, Any] = {}  # the prescanned ones (never dropped)
+        self._key_sizes: dict[bytes, int] = {}  # per shared scan's key, its code points (_subset_scan)
         self._prescan_arrays: dict[str, npt.NDArray[Any]] = {}  # and their arrays, as saved
         if self.from_cache and arrays is not None:
             self._adopt_prescans(arrays)
@@ -602,6 +603,27 @@ class VocabIndex:
         if sh is None or (paths and not sh.keeps_paths):
             return None
         return sh
+
+    def _subset_scan(self, key: bytes) -> tuple[bytes, Any] | None:
+        """Of the full-length shared scans (prescanned or made by a grammar), the one of
+        the most code points among those whose code points ``key`` holds (and with its
+        partial-character bit), with its key: the base of ``TrieGrammar.run_scan_extend``.
+        None when there is none."""
+        want = np.frombuffer(key, dtype=np.uint8)
+        best: tuple[int, bytes, Any] | None = None
+        with self._scan_lock:
+            for ck, sh in itertools.chain(self._prescans.items(), self._scans.items()):
+                if len(ck) != len(key) or ck[-1] != key[-1] or ck == key:
+                    continue
+                have = np.frombuffer(ck, dtype=np.uint8)
+                if (have & ~want).any():
+                    continue
+                size = self._key_sizes.get(ck)
+                if size is None:
+                    size = self._key_sizes[ck] = int(np.unpackbits(have[:-1]).sum())
+                if best is None or size > best[0]:
+                    best = (size, ck, sh)
+        return None if best is None else (best[1], best[2])
 
     def _share_scan(self, key: bytes, sh: Any) -> None:
         """Keep ``sh`` (a ``SharedScan`` made for the code points ``key`` names) for the
