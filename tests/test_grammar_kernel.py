@@ -1244,23 +1244,20 @@ def test_index_of_every_kind_builds_a_trie() -> None:
 
 
 @settings(max_examples=budget(60), deadline=None)
-@given(toks=st.lists(st.integers(0, 999), max_size=60), few=st.integers(0, 70))
-def test_token_words_either_way(toks: list[int], few: int) -> None:
-    """``_token_words`` sets the bits of the tokens given (repeats allowed) and no others,
-    word by word (up to ``_FEW_TOKENS``) or through a boolean array."""
+@given(toks=st.lists(st.integers(0, 999), max_size=60))
+def test_token_words(toks: list[int]) -> None:
+    """``_token_words`` sets the bits of the tokens given (repeats allowed) and no others;
+    a token past the vocabulary raises."""
     c = Grammar.from_gbnf("root ::= [a-z]*").compile(
         VocabIndex([bytes([97 + i % 26]) * (1 + i // 26) for i in range(1000)])
     )
-    old = compiled_mod._FEW_TOKENS
-    compiled_mod._FEW_TOKENS = few
-    try:
-        words = c._token_words(np.array(toks, dtype=np.int64))
-    finally:
-        compiled_mod._FEW_TOKENS = old
+    words = c._token_words(np.array(toks, dtype=np.int64))
     want = np.zeros(c.n_words * 32, dtype=bool)
     want[toks] = True
     assert words.dtype == np.uint32 and words.shape == (c.n_words,)
     assert np.array_equal(np.unpackbits(words.view(np.uint8), bitorder="little").astype(bool), want)
+    with pytest.raises(ValueError, match="past the vocabulary"):
+        c._token_words(np.array([*toks, 32 * c.n_words], dtype=np.int64))
 
 
 def _tnode_dtype() -> np.dtype[Any]:

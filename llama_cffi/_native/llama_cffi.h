@@ -244,6 +244,9 @@ typedef struct {
     const llama_cffi_tnode *nodes;
     const int32_t *row_tok;
 } llama_cffi_trie;
+/* set the bits of tokens[0..n) in mask (n_words words, bit t % 32 of word t / 32); 0, or
+   -1 for a token past the mask (nothing set from it on) */
+int llama_cffi_mask_set(uint32_t *mask, int32_t n_words, const int32_t *tokens, int32_t n);
 /* fill nodes (n_nodes + 1 records) and row_tok (2 * n_vocab values) from t's node arrays
    (their indices checked: a row, token or slot out of range is -1, nothing else
    written past the buffers); 0 or -1 */

@@ -30,6 +30,16 @@
 
 #define SET_BIT(mask, t) ((mask)[(uint32_t)(t) >> 5] |= (uint32_t)1 << ((uint32_t)(t)&31u))
 
+int llama_cffi_mask_set(uint32_t *mask, int32_t n_words, const int32_t *tokens, int32_t n) {
+    if (!mask || n_words < 0 || n < 0 || (n && !tokens)) return -1;
+    for (int32_t i = 0; i < n; i++) {
+        const int32_t t = tokens[i];
+        if (t < 0 || (t >> 5) >= n_words) return -1;
+        SET_BIT(mask, t);
+    }
+    return 0;
+}
+
 int llama_cffi_trie_pack(const llama_cffi_trie *t, llama_cffi_tnode *nodes, int32_t *row_tok) {
     if (!t || !nodes || !row_tok || t->n_nodes < 0 || t->n_vocab < 0) return -1;
     const int32_t n_nodes = t->n_nodes, n_vocab = t->n_vocab;

@@ -47,6 +47,7 @@ import numpy.typing as npt
 
 from llama_cffi._args import expect, expect_int, type_error
 from llama_cffi._binding import ffi as _ffi
+from llama_cffi._binding import lib as _lib
 from llama_cffi._trie_walk import RunScan, TrieGrammar
 
 from .engine import DEAD, NO_PARTIAL, Engine, Partial, _bad_partial, decode_utf8
@@ -81,9 +82,6 @@ _DERIVE_SHARE = 8
 #: whether a full-length scan (without its paths) of a run not scanned yet extends the
 #: shared scan of a subset of its code points (_full_scan; off: every such run scanned whole)
 _EXTEND_SCANS = True
-#: tokens made mask words one by one up to this many (_token_words); more through a
-#: boolean array over the vocabulary (~20 us at 262,144 tokens whatever the count)
-_FEW_TOKENS = 1024
 #: a vocabulary of at most this many tokens has every mask walked from the root, in C (no
 #: plan, scan or derivation: on a small trie their Python costs more than the walk, and
 #: more than llama.cpp's whole mask: 0.4 ms against 0.03 ms at 474 tokens)
@@ -234,7 +232,6 @@ class CompiledGrammar:
         self._nonpartial = v.nonpartial
         self._eog_ids = v.eog_ids
         self._eog_i32 = self._eog_ids.astype(np.int32)
-        self._cp_counts: npt.NDArray[np.int64] | None = None  # (see _cp_key)
         self._absorb_ready = False
         if self.kernel == "c":
             trie = v.trie()
@@ -1005,15 +1002,16 @@ class CompiledGrammar:
         return _Derived(g, nodes, np.full(len(nodes), start, dtype=np.int32), ~clear, add)
 
     def _token_words(self, toks: npt.NDArray[np.integer[Any]]) -> npt.NDArray[np.uint32]:
-        """The tokens ``toks`` (in range, repeats allowed) as mask words (a new array): a
-        few set word by word, many through a boolean array (a pass over the vocabulary)."""
-        if len(toks) > _FEW_TOKENS:
-            m = np.zeros(self.n_words * 32, dtype=bool)
-            m[toks] = True
-            return np.packbits(m, bitorder="little").view(np.uint32)
-        t = np.asarray(toks, dtype=np.int64)
+        """The tokens ``toks`` (in range, repeats allowed) as mask words (a new array), set
+        in C: a boolean array over the vocabulary would be a fresh 256 KB allocation
+        (page faults in a fresh process) and ``np.bitwise_or.at`` costs 0.1 ms the first
+        time a process calls it."""
         words = np.zeros(self.n_words, dtype=np.uint32)
-        np.bitwise_or.at(words, t >> 5, np.left_shift(np.uint32(1), (t & 31).astype(np.uint32)))
+        t = np.ascontiguousarray(toks, dtype=np.int32)
+        if _lib.llama_cffi_mask_set(
+            _ffi.from_buffer("uint32_t[]", words), len(words), _ffi.from_buffer("int32_t[]", t), len(t)
+        ):
+            raise ValueError("a token past the vocabulary")
         return words
 
     def _root_pt_eog_words(self) -> npt.NDArray[np.uint32]:
@@ -1445,14 +1443,7 @@ class CompiledGrammar:
         else, so grammars with different classes share it by this key."""
         nc = self.engine.n_classes
         bits = np.unpackbits(run.view(np.uint8), bitorder="little")
-        counts = self._cp_counts
-        if counts is None:  # per interval of the grammar's classes, the vocabulary's code points in it
-            eng, cps = self.engine, self.vocab.uniq_cps
-            bounds = np.searchsorted(cps, eng._edges[1:-1], side="left")
-            counts = self._cp_counts = np.diff(np.concatenate(([0], bounds, [len(cps)])))
-        # (each interval's membership repeated over its code points: _cls_of_cp is the
-        # intervals' classes repeated so, and a gather over it costs 4x more)
-        member = np.repeat(bits[:nc][self.engine._interval_class].view(np.bool_), counts)
+        member = bits[:nc][self._cls_of_cp]
         return np.packbits(member, bitorder="little").tobytes() + bytes([int(bits[nc])])
 
     def _grow_pchars(self, n: int) -> None:
