@@ -14,7 +14,8 @@ Building it takes about half a second for 262,144 tokens; it is cached for the
 vocabulary's lifetime and **on disk** (``<cache_dir>/grammar-vocab/<hash>.vocab``, the
 hash of the pieces and end-of-generation flags): one file of raw arrays behind a small
 JSON header, memory-mapped, so a new process takes the arrays without reading or
-copying them (milliseconds; the pages are read as the walks touch them). A corrupt or
+copying them (milliseconds; the pages are read as the walks touch them), with the trie
+also packed one record per node, as the C walks read it. A corrupt or
 foreign cache file is rebuilt, never trusted blindly: the header is checked against the
 file's size, and the arrays against the pieces, before use.
 """
