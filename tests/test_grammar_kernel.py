@@ -223,6 +223,20 @@ def _same_scan(a: Any, b: Any, label: str) -> None:
     ), label
 
 
+def _runs_after_open(index: VocabIndex, text_a: str, text_b: str) -> tuple[CompiledGrammar, CompiledGrammar, list[Any]]:
+    """Grammars ``text_a`` and ``text_b`` (each opening with ``<``) compiled on ``index``
+    (C kernel, no mask cache), and the run of each after ``<``."""
+    a = Grammar.from_gbnf(text_a).compile(index, mask_cache_size=0, kernel="c")
+    b = Grammar.from_gbnf(text_b).compile(index, mask_cache_size=0, kernel="c")
+    runs = []
+    for c in (a, b):
+        m = c.matcher()
+        assert m.accept_bytes(b"<")
+        c._run(m.state)
+        runs.append(c._run_words[m.state].copy())
+    return a, b, runs
+
+
 #: character classes for the shared-scan test (none holds "<" or ">", which open and close
 #: the run), and classes that split them differently in a second grammar
 _RUN_SETS = ["[a-z0-9 ]", '[^"\\\\<>]', "[a-eé日Ж0-9]", "[^<>]", "[ -;=?-~]"]
@@ -247,14 +261,7 @@ def test_shared_scans_serve_grammars_with_other_classes(data: st.DataObject) -> 
     splits = data.draw(st.lists(st.sampled_from(_SPLITS), min_size=1, max_size=3, unique=True), label="splits")
     text_a = f'root ::= "<" {run_set}* ">"\n'
     text_b = f'root ::= "<" {run_set}* ">" | ({" | ".join(splits)}) "!"\n'
-    a = Grammar.from_gbnf(text_a).compile(index, mask_cache_size=0, kernel="c")
-    b = Grammar.from_gbnf(text_b).compile(index, mask_cache_size=0, kernel="c")
-    runs = []
-    for c in (a, b):
-        m = c.matcher()
-        assert m.accept_bytes(b"<")
-        c._run(m.state)
-        runs.append(c._run_words[m.state].copy())
+    a, b, runs = _runs_after_open(index, text_a, text_b)
     key_a, key_b = a._cp_key(runs[0]), b._cp_key(runs[1])
     event(f"B has more classes {b.engine.n_classes > a.engine.n_classes}")
     assert key_a == key_b, (text_a, text_b)
@@ -312,14 +319,7 @@ def test_a_runs_scan_extends_the_scan_of_a_subset(data: st.DataObject) -> None:
     text_a, text_b = (f'root ::= "<" {_NESTED[i]}* ">"\n' for i in (lo, hi))
     index = VocabIndex(sorted(pieces))
     cap = index.trie().max_depth + 1
-    a = Grammar.from_gbnf(text_a).compile(index, mask_cache_size=0, kernel="c")
-    b = Grammar.from_gbnf(text_b).compile(index, mask_cache_size=0, kernel="c")
-    runs = []
-    for c in (a, b):
-        m = c.matcher()
-        assert m.accept_bytes(b"<")
-        c._run(m.state)
-        runs.append(c._run_words[m.state].copy())
+    a, b, runs = _runs_after_open(index, text_a, text_b)
     key_a, key_b = a._cp_key(runs[0]), b._cp_key(runs[1])
     if key_a == key_b or key_a[-1] != key_b[-1]:  # (the same code points in this vocabulary, or not both partial)
         event("not a strict subset here")
