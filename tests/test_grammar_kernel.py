@@ -283,15 +283,15 @@ def test_shared_scans_serve_grammars_with_other_classes(data: st.DataObject) -> 
     compare_walk(ca, na, rng, 6, text_a)
     m = ca.matcher()
     assert m.accept_bytes(b"<")
-    ca.fill_words(m.state, m.partial, np.zeros(ca.n_words, dtype=np.uint32))
-    ca.fill_words(m.state, m.partial, np.zeros(ca.n_words, dtype=np.uint32))  # the second mask makes the plan
+    for _ in range(compiled_mod._PLAN_AT):  # the first masks, then the one that makes the plan
+        ca.fill_words(m.state, m.partial, np.zeros(ca.n_words, dtype=np.uint32))
     assert fresh_index._shared_scan(key_a) is not None
     cb, nb = both(Grammar.from_gbnf(text_b), fresh_index)
     cb._tg.run_scan = None  # B must not scan the vocabulary for this run: it is shared
     m, mn = cb.matcher(), nb.matcher()
     assert m.accept_bytes(b"<") and mn.accept_bytes(b"<")
     want = nb.packed(mn.state, mn.partial)
-    for _ in range(2):  # the first mask, then the one that makes the plan (and takes the scan)
+    for _ in range(compiled_mod._PLAN_AT):  # the first masks, then the one that makes the plan (and takes the scan)
         words = np.zeros(cb.n_words, dtype=np.uint32)
         cb.fill_words(m.state, m.partial, words)
         assert np.array_equal(words.view(np.uint8)[: len(want)], want)
@@ -339,7 +339,7 @@ def test_a_runs_scan_extends_the_scan_of_a_subset(data: st.DataObject) -> None:
     ca = Grammar.from_gbnf(text_a).compile(fresh, mask_cache_size=0, kernel="c")
     m = ca.matcher()
     assert m.accept_bytes(b"<")
-    for _ in range(2):  # the first mask, then the one that makes the plan (and shares the scan)
+    for _ in range(compiled_mod._PLAN_AT):  # the first masks, then the one that makes the plan (and shares the scan)
         ca.fill_words(m.state, m.partial, np.zeros(ca.n_words, dtype=np.uint32))
     assert fresh._shared_scan(key_a) is not None and fresh._shared_scan(key_b) is None
     cb, nb = both(Grammar.from_gbnf(text_b), fresh)
@@ -355,7 +355,7 @@ def test_a_runs_scan_extends_the_scan_of_a_subset(data: st.DataObject) -> None:
     compare_walk(cb, nb, rng, 8, text_b)
     m = cb.matcher()
     assert m.accept_bytes(b"<")
-    for _ in range(2):
+    for _ in range(compiled_mod._PLAN_AT):
         cb.fill_words(m.state, m.partial, np.zeros(cb.n_words, dtype=np.uint32))
     assert fresh._shared_scan(key_b) is not None
 
@@ -612,8 +612,8 @@ def test_a_runs_base_is_densified_only_when_derived_again_and_again(monkeypatch:
 
     c._tg.run_derive = derive
     for step in range(12):
-        c.fill_words(m.state, m.partial, np.zeros(c.n_words, dtype=np.uint32))  # first mask
-        c.fill_words(m.state, m.partial, np.zeros(c.n_words, dtype=np.uint32))  # the plan's
+        for _ in range(compiled_mod._PLAN_AT):  # first masks, then the plan's
+            c.fill_words(m.state, m.partial, np.zeros(c.n_words, dtype=np.uint32))
         assert np.array_equal(c.allowed(m.state, m.partial), n.allowed(mn.state, mn.partial)), step
         char = b"ab"[step % 2 : step % 2 + 1]
         assert m.accept_bytes(char) and mn.accept_bytes(char)
@@ -627,8 +627,8 @@ def test_a_runs_base_is_densified_only_when_derived_again_and_again(monkeypatch:
     c2._tg.run_derive = lambda base, k: firsts.append(not len(base.absorbed)) or orig2(base, k)
     m2 = c2.matcher()
     assert m2.accept_bytes(b'"ab')
-    c2.fill_words(m2.state, m2.partial, np.zeros(c2.n_words, dtype=np.uint32))
-    c2.fill_words(m2.state, m2.partial, np.zeros(c2.n_words, dtype=np.uint32))
+    for _ in range(compiled_mod._PLAN_AT):
+        c2.fill_words(m2.state, m2.partial, np.zeros(c2.n_words, dtype=np.uint32))
     assert firsts[:1] == [True], firsts
 
 
@@ -1012,10 +1012,11 @@ def test_walk_computes_transitions_in_the_engine(big_vocab: llama_cffi.Model, mo
 
 
 def test_first_and_later_masks_of_a_state_agree(big_vocab: llama_cffi.Model) -> None:
-    """A state's first mask skips the plan when its run starts few tokens (a walk from the
-    root through the root groups); its second makes the plan (the run's scan and the
-    frontier); the third, the state settled, reads the tables alone, not the engine. All
-    equal the numpy walk's mask, for every state along a document."""
+    """A state's first masks skip the plan when its run starts few tokens (walks from the
+    root through the root groups), ``_PLAN_AT - 1`` of them; the next makes the plan (the
+    run's scan and the frontier); the one after, the state settled, reads the tables
+    alone, not the engine. All equal the numpy walk's mask, for every state along a
+    document, through both calls (``fill_words``, the matcher's, and ``packed``)."""
     schema = _BIG_SCHEMAS["bounded string"]
     doc = json.dumps({"name": "Ada", "bio": "an engineer"})
     c, n = both(Grammar.from_json_schema(schema), big_vocab)
@@ -1023,10 +1024,17 @@ def test_first_and_later_masks_of_a_state_agree(big_vocab: llama_cffi.Model) -> 
     skipped = 0
     for tok in [*big_vocab.tokenize(doc, add_special=False).tolist(), None]:
         want = n.packed(mn.state, mn.partial)
-        first = c.packed(mc.state, mc.partial).copy()
+        words = np.zeros(c.n_words, dtype=np.uint32)
+        planned_first = False
+        for i in range(compiled_mod._PLAN_AT - 1):
+            got = c.packed(mc.state, mc.partial).copy() if i % 2 else c.fill_words(mc.state, mc.partial, words)
+            assert np.array_equal(got.view(np.uint8)[: len(want)], want)
+            if i == 0:
+                planned_first = mc.state in c._plans
+            elif not planned_first:
+                assert mc.state not in c._plans  # walked from the root again, no plan yet
         skipped += mc.state in c._visited and mc.state not in c._plans
-        assert np.array_equal(first, want)
-        assert np.array_equal(c.packed(mc.state, mc.partial), want)  # the second: with a plan
+        assert np.array_equal(c.packed(mc.state, mc.partial), want)  # with a plan
         assert mc.state in c._plans and mc.state in c._settled
         assert np.array_equal(c.packed(mc.state, mc.partial), want)  # the third: the tables alone
         if tok is None:
@@ -1074,7 +1082,7 @@ def test_run_scans_leave_the_root_children_implicit(big_vocab: llama_cffi.Model)
         group = tg._root_nodes[tg._root_start[cl] : tg._root_start[cl + 1]]
         assert (c._cls[group] == cl).all()
     m = c.matcher()
-    for _ in range(2):  # the second mask of a state makes its plan and scan
+    for _ in range(compiled_mod._PLAN_AT):  # the last of these masks of a state makes its plan and scan
         c.packed(m.state)
     assert c._run_scans
     for scan in c._run_scans.values():

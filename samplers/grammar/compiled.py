@@ -79,6 +79,10 @@ _CHAIN_MIN_TOKENS = 2048
 #: most 1/_DERIVE_SHARE of them as another state's do, takes its mask from that state's
 _DERIVE_MIN_ROOT = 2048
 _DERIVE_SHARE = 8
+#: a state whose first masks, walked from the root, leave nothing pending takes its plan
+#: at this mask (a plan's scans cost 0.1-0.25 ms in a fresh process, and repay it only
+#: over many masks of the state)
+_PLAN_AT = 4
 #: whether a full-length scan (without its paths) of a run not scanned yet extends the
 #: shared scan of a subset of its code points (_full_scan; off: every such run scanned whole)
 _EXTEND_SCANS = True
@@ -285,7 +289,8 @@ class CompiledGrammar:
             #: per settled state with a plan: its C walk's job (TrieGrammar.batch_job), for
             #: fill_masks (filled by it; like _plans and _settled, it only grows)
             self._ready: dict[int, Any] = {}
-            self._visited: set[int] = set()  # start states masked once (the second mask makes a plan)
+            self._visited: set[int] = set()  # start states whose next mask makes a plan
+            self._first_masks: dict[int, int] = {}  # start states: first masks taken whole, from the root
             #: per start state: the state its mask is derived from and how (None: not derived)
             self._derived: dict[int, _Derived | None] = {}
             self._class_words: dict[int, npt.NDArray[np.uint32]] = {}  # per class: its root children's tokens
@@ -811,9 +816,16 @@ class CompiledGrammar:
         if rc != 0 or tg.n_pending:
             return False
         if not small:
-            self._visited.add(state)
+            self._first_mask_taken(state)
         self._settled.add(state)
         return True
+
+    def _first_mask_taken(self, state: int) -> None:
+        """Count a first mask of ``state`` walked whole from the root: after
+        :data:`_PLAN_AT` - 1 of them, its next mask makes its plan (``_visited``)."""
+        n = self._first_masks[state] = self._first_masks.get(state, 0) + 1
+        if n >= _PLAN_AT - 1:
+            self._visited.add(state)
 
     def _packed_locked(self, key: tuple[int, Partial]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_] | None]:
         """The packed mask of ``key`` (cached or computed) and, when the walk made one,
@@ -891,7 +903,7 @@ class CompiledGrammar:
             if small:
                 first = True
             elif start not in self._visited:  # most states are masked once (inside literals and bounded strings)
-                self._visited.add(start)
+                self._first_mask_taken(start)
                 if on_engine:
                     first = True
                 elif self._root_plan_pays(start):
