@@ -83,9 +83,6 @@ _DERIVE_SHARE = 8
 #: at this mask (a plan's scans cost 0.1-0.25 ms in a fresh process, and repay it only
 #: over many masks of the state)
 _PLAN_AT = 4
-#: whether a full-length scan (without its paths) of a run not scanned yet extends the
-#: shared scan of a subset of its code points (_full_scan; off: every such run scanned whole)
-_EXTEND_SCANS = True
 #: a vocabulary of at most this many tokens has every mask walked from the root, in C (no
 #: plan, scan or derivation: on a small trie their Python costs more than the walk, and
 #: more than llama.cpp's whole mask: 0.4 ms against 0.03 ms at 474 tokens)
@@ -1427,7 +1424,7 @@ class CompiledGrammar:
         sh = v._shared_scan(ck, keep)
         if sh is not None:
             return self._tg.unshare(sh, run)
-        if not keep and _EXTEND_SCANS:
+        if not keep:
             # the scan of a subset of its code points (a prescan: [0-9a-z.-] for [a-z0-9./-]),
             # scanned on only below where its paths stop and this run's go on
             base = v._subset_scan(ck)

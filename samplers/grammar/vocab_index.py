@@ -214,7 +214,6 @@ class VocabIndex:
         self._scan_lock = threading.Lock()
         self._scans: OrderedDict[bytes, Any] = OrderedDict()  # shared run scans, by code points
         self._prescans: dict[bytes, Any] = {}  # the prescanned ones (never dropped)
-        self._key_sizes: dict[bytes, int] = {}  # per shared scan's key, its code points (_subset_scan)
         self._prescan_arrays: dict[str, npt.NDArray[Any]] = {}  # and their arrays, as saved
         if self.from_cache and arrays is not None:
             self._adopt_prescans(arrays)
@@ -619,9 +618,7 @@ class VocabIndex:
                 have = np.frombuffer(ck, dtype=np.uint8)
                 if (have & ~want).any():
                     continue
-                size = self._key_sizes.get(ck)
-                if size is None:
-                    size = self._key_sizes[ck] = int(np.unpackbits(have[:-1]).sum())
+                size = int(np.unpackbits(have[:-1]).sum())  # (its code points: the one of most is the best base)
                 if best is None or size > best[0]:
                     best = (size, ck, sh)
         return None if best is None else (best[1], best[2])
