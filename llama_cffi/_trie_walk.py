@@ -905,6 +905,7 @@ class TrieGrammar:
         self._frames_c = ffi.from_buffer("int32_t[]", self._frames)
         #: the C walks' last arguments (:meth:`_walk_buffers`), made once
         self._walk_args = (self._pending_c, _PENDING_CAP, self._n_pending, self._frames_c, len(self._frames))
+        self._pchar_scratch: Any = None  # (position_mask: a state's partial-character answers, scratch)
         self._first_args: tuple[Any, ...] | None = None  # first_mask's converted eog and pchars
 
     def attach_engine(
@@ -1289,7 +1290,61 @@ class TrieGrammar:
         live = np.empty(len(scan.group_start) - 1, dtype=np.int32)
         live_c = ffi.from_buffer("int32_t[]", live)
         _check_rc(lib.llama_cffi_trie_plan_groups(self.trie._struct, self._g, p, live_c, len(live)), "plan groups")
-        return (frontier, group_start, base, run, live_c, int(p.n_live_groups), live, scan)
+        pt, ptd = _i32("pt_tokens", scan.pt_tokens), _i32("pt_depth", scan.pt_depth, len(scan.pt_tokens))
+        pt_c, ptd_c = ffi.from_buffer("int32_t[]", pt), ffi.from_buffer("int32_t[]", ptd)
+        return (frontier, group_start, base, run, live_c, int(p.n_live_groups), live, scan, pt_c, ptd_c, len(pt))
+
+    def position_mask(self, tmpl: Any, start: int, chain_max: int, out_c: Any) -> tuple[int, Any]:
+        """The plan of ``start`` made from ``tmpl`` (a :meth:`plan` of another state of the
+        same run: a bounded string's earlier position) and its mask into ``out_c`` (a cffi
+        buffer of at least ``ceil(n_vocab / 32)`` words), in one C call
+        (``llama_cffi_trie_position_mask``; the engine attached, :meth:`set_first_args`
+        given, the tables set with room for ``start``): ``start``'s run is computed into the
+        run tables; when it is not ``tmpl``'s, returns ``(1, chain)``, its chain, and
+        nothing else is done. Else ``(rc, plan)``: the plan as :meth:`plan` makes it (the
+        extra tokens: end-of-generation when ``start`` is complete, the scan's
+        partial-character tokens whose state can complete them), and the C result of its
+        mask (0, or -3: pending full; :attr:`n_pending` entries pending). An engine error
+        raises as in :meth:`first_mask`."""
+        fixed = self._first_args
+        if fixed is None or self._engine is None:
+            raise RuntimeError("first_mask() with an engine first")
+        parts = tmpl[1][2]
+        k = tmpl[4].k
+        chain = np.empty(k + 1, dtype=np.int32)
+        extra = np.empty(parts[10] + fixed[5], dtype=np.int32)
+        chain_c, extra_c = ffi.from_buffer("int32_t[]", chain), ffi.from_buffer("int32_t[]", extra)
+        p = ffi.new("llama_cffi_trie_plan *")
+        pbuf = self._pchar_scratch
+        if pbuf is None:
+            pbuf = self._pchar_scratch = ffi.new("uint8_t[]", max(self.trie.n_pchars, 1))
+        rc: int = lib.llama_cffi_trie_position_mask(
+            self.trie._struct,
+            self._g,
+            tmpl[0],
+            start,
+            chain_max,
+            parts[8],
+            parts[9],
+            parts[10],
+            fixed[4],
+            fixed[5],
+            fixed[6],
+            pbuf,
+            chain_c,
+            extra_c,
+            len(extra),
+            p,
+            out_c,
+            *self._walk_args,
+        )
+        if rc == 1:
+            return 1, chain
+        if rc <= _ENGINE_ERR and self._on_engine_error is not None:
+            self._on_engine_error(rc - _ENGINE_ERR)  # raises
+        if rc not in (0, -3):
+            _check_rc(rc, "position mask")
+        return rc, (p, [chain_c, extra_c, parts], chain, extra[: p.n_extra], tmpl[4], self)
 
     def mask(self, plan: Any, out: U32) -> tuple[I32, bool]:
         """The mask of :meth:`plan` into ``out`` (overwritten). Returns what :meth:`walk`

@@ -584,6 +584,46 @@ def test_a_bounded_strings_later_positions_take_a_plan_at_once(monkeypatch: pyte
     assert len(parts) == len(scans) < len(c._plans)  # one part per scan, shared by many plans
 
 
+def test_a_bounded_strings_position_plan_made_in_c_is_pythons(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A position's plan made in one C call from an earlier position's
+    (``TrieGrammar.position_mask``) is the plan :meth:`_plan` makes: the engine's run
+    (chain, classes, closed run, length), the same scan, the same extra tokens
+    (end-of-generation at a position the string may end with, partial characters that
+    the next state can complete). Near the bound, where the run is shorter, the C call
+    declines and Python plans. Masks equal the numpy walk's throughout, through the
+    string's end and past it."""
+    monkeypatch.setattr(compiled_mod, "_SMALL_VOCAB", 0)
+    monkeypatch.setattr(compiled_mod, "_ROOT_PLAN_MAX", 0)
+    pieces = [b"a", b"ab", b"abc", b"bcd", b"c", b"cd", b"d", b'"', b'a"', b"x", b"\xc3", b"\xa9", b"\xc3\xa9a"]
+    text = 'root ::= [a-d\\u00e9]{0,24} "\\"" "x"?\n'
+    c, n = both(Grammar.from_gbnf(text), pieces)
+    outcomes: list[int] = []
+    orig = c._tg.position_mask
+    c._tg.position_mask = lambda *a: (lambda r: outcomes.append(r[0]) or r)(orig(*a))
+    m, mn = c.matcher(), n.matcher()
+    out = np.zeros(c.n_words, dtype=np.uint32)
+    eng = c.engine
+    steps = [b"abc", b"d", b"\xc3\xa9a", b"ab", b"c", b"\xc3", b"\xa9"] * 2 + [b"a", b"c", b"d", b'"', b"x"]
+    for step, piece in enumerate(steps):
+        state = m.state
+        before = len(outcomes)
+        c.fill_words(state, m.partial, out)
+        expected = np.packbits(n.allowed(mn.state, mn.partial), bitorder="little")
+        assert np.array_equal(out.view(np.uint8)[: len(expected)], expected), step
+        if len(outcomes) > before and outcomes[-1] == 0:
+            got = c._plans[state]
+            chain, run, closed = eng._c_run(state, c._class_weight_f, c._run_cap, compiled_mod._RUN_STACKS_MAX)
+            assert np.array_equal(got[2], chain) and np.array_equal(c._run_chain[state], chain)
+            assert np.array_equal(c._run_words[state], run) and np.array_equal(c._run_closed[state], closed)
+            assert c._run_len[state] == len(chain) - 1 and c._run_known[state]
+            del c._plans[state]
+            mine = c._plan(state)
+            assert mine[4] is got[4]  # the same scan
+            assert sorted(mine[3].tolist()) == sorted(got[3].tolist()), step
+        assert m.accept_bytes(piece) and mn.accept_bytes(piece), step
+    assert outcomes.count(0) >= 8 and 1 in outcomes  # made in C, and declined near the bound
+
+
 def test_a_runs_base_is_densified_only_when_derived_again_and_again(monkeypatch: pytest.MonkeyPatch) -> None:
     """The full-length scan that a bounded run's shorter lengths derive from keeps its
     paths as subtrees taken whole (``absorbed``) for its first derivations, and is made
@@ -1206,6 +1246,26 @@ def test_bad_arrays_raise_not_crash() -> None:
     bad_rows = row_tok.copy()
     bad_rows[0::2] = 10**6
     attempt("packed rows", lambda: go((nodes, bad_rows)))
+    # a bounded position's plan made from another's whose partial-character tokens are
+    # out of range (a token, a depth down the chain)
+    from llama_cffi._trie_walk import RunScan
+    import samplers.grammar.compiled as cm
+    cm._SMALL_VOCAB, cm._ROOT_PLAN_MAX = 0, 0
+    cb = Grammar.from_gbnf('root ::= [ab]{0,30} "c"').compile(v, mask_cache_size=0, kernel="c")
+    s0 = cb.engine.start
+    p0 = cb._plan(s0)
+    chain0, sc0 = p0[2], p0[4]
+    out_c = ffi.from_buffer("uint32_t[]", np.zeros(cb.n_words, np.uint32))
+    for label, pt, ptd in (("position none", [], []), ("position pt", [10**6], [0]), ("position depth", [0], [99]), ("position neg depth", [0], [-1])):
+        def go_pos(pt=pt, ptd=ptd):
+            bad_sc = RunScan(sc0.k, sc0.mask, sc0.frontier, sc0.group_start, np.array(pt, np.int32),
+                             np.array(ptd, np.int32), sc0.run)
+            tmpl = cb._tg.plan(s0, bad_sc, chain0, np.zeros(0, np.int32))
+            cb._walk_tables()
+            with cb.engine._lock:
+                rc, _ = cb._tg.position_mask(tmpl, int(chain0[1]), 4, out_c)
+            print(label, "rc", rc)
+        attempt(label, go_pos)
     print("alive")
     """
     r = run_isolated(code)
@@ -1237,8 +1297,12 @@ def test_bad_arrays_raise_not_crash() -> None:
         "packed row_end",
         "packed cpi",
         "packed rows",
+        "position pt",
+        "position depth",
+        "position neg depth",
     ):
         assert f"{label} raised ValueError" in lines, (label, r.stdout)
+    assert "position none rc 0" in lines, r.stdout  # (the same call with no bad array: a mask)
 
 
 def test_index_of_every_kind_builds_a_trie() -> None:

@@ -452,6 +452,28 @@ int llama_cffi_trie_plan_groups(const llama_cffi_trie *t, const llama_cffi_trie_
 int llama_cffi_trie_mask(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, const llama_cffi_trie_plan *p,
                          uint32_t *mask, int32_t *pending, int32_t pending_cap, int32_t *n_pending, int32_t *frames,
                          int32_t frames_cap);
+/* the plan of start made from tmpl, the plan of another state of the same run (a bounded
+   string's earlier position), then its mask as llama_cffi_trie_mask. g needs an engine
+   and the runs' arguments; start's run is computed (as llama_cffi_gengine_run with
+   closed words: its chain into chain, run_cap + 1 values, its classes, closed run and
+   length into g's run tables, start below n_run_states). When that run is not tmpl's (other
+   classes, another length than tmpl->k = run_cap, or a state repeated within its first
+   chain_max + 1: no bounded position), 1 is returned and nothing else is done. Else *out
+   becomes tmpl with start, depth_states = chain and extra = the tokens written into extra
+   (extra_cap values): eog (n_eog) when start is complete, then each of pt (n_pt tokens
+   ending inside a character, pt_depth[i] characters down the chain, their partial
+   character pchars[t->pchar_slot[pt[i]]]) whose state there can complete it (g's pchar tables read
+   and written below n_pchar_states; pchar_buf, t->n_pchars bytes, scratch for a state
+   past them); then the mask into mask, pending as llama_cffi_trie_mask. out, chain and
+   extra must outlive every use of *out. 0, 1, -1 bad data, -3 pending full, -100 + an
+   engine error */
+int llama_cffi_trie_position_mask(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g,
+                                  const llama_cffi_trie_plan *tmpl, int32_t start, int32_t chain_max,
+                                  const int32_t *pt, const int32_t *pt_depth, int32_t n_pt,
+                                  const int32_t *eog, int32_t n_eog, const int64_t *pchars, uint8_t *pchar_buf,
+                                  int32_t *chain, int32_t *extra, int32_t extra_cap, llama_cffi_trie_plan *out,
+                                  uint32_t *mask, int32_t *pending, int32_t pending_cap, int32_t *n_pending,
+                                  int32_t *frames, int32_t frames_cap);
 /* the first mask from start, without a plan, for a grammar with an engine (and the
    runs' arguments): start's run computed if unknown; when it starts more than
    root_plan_max of the root's children, or (root_plan_tokens >= 0) when its run holds for

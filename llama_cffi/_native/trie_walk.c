@@ -747,6 +747,82 @@ int llama_cffi_trie_mask(const llama_cffi_trie *t, const llama_cffi_trie_grammar
                 p->live_groups, p->n_live_groups, mask, pending, pending_cap, n_pending, frames, frames_cap);
 }
 
+int llama_cffi_trie_position_mask(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g,
+                                  const llama_cffi_trie_plan *tmpl, int32_t start, int32_t chain_max,
+                                  const int32_t *pt, const int32_t *pt_depth, int32_t n_pt,
+                                  const int32_t *eog, int32_t n_eog, const int64_t *pchars, uint8_t *pchar_buf,
+                                  int32_t *chain, int32_t *extra, int32_t extra_cap, llama_cffi_trie_plan *out,
+                                  uint32_t *mask, int32_t *pending, int32_t pending_cap, int32_t *n_pending,
+                                  int32_t *frames, int32_t frames_cap) {
+    if (!t || !g || !tmpl || !chain || !out || !mask || !pending || !n_pending || !frames || n_pt < 0 || n_eog < 0 ||
+        extra_cap < 0 || (extra_cap && !extra) || (n_pt && (!pt || !pt_depth || !t->pchar_slot)) || (n_eog && !eog) ||
+        (t->n_pchars && (!pchars || !pchar_buf)) || chain_max < 0 || !tmpl->run || tmpl->k < 0)
+        return -1;
+    if (!g->engine || !g->class_weight || !g->run_words || !g->run_len || !g->run_known) return -1;
+    llama_cffi_gengine *e = (llama_cffi_gengine *)g->engine;
+    const int32_t W = g->W, k = tmpl->k;
+    *n_pending = 0;
+    if (start < 0 || start >= n_states_of(g) || start >= g->n_run_states || k != g->run_cap) return 1;
+    /* start's run, as Python's (closed run included), into chain and g's run tables */
+    uint64_t *rw = (uint64_t *)g->run_words + (size_t)start * W;
+    uint64_t *closed = g->run_closed ? (uint64_t *)g->run_closed + (size_t)start * W : NULL;
+    int32_t n = llama_cffi_gengine_run(e, start, g->class_weight, g->run_cap, g->max_run_stacks, chain, rw, closed, W);
+    if (n < 0) return LLAMA_CFFI_GENGINE_WALK_ERR + n;
+    ((int32_t *)g->run_len)[start] = n - 1;
+    ((uint8_t *)g->run_known)[start] = 1;
+    /* tmpl's plan serves when the run is its run, as long, through distinct states for its
+       first chain_max + 1 (a bounded string's position: no wider chain) */
+    if (n != k + 1 || memcmp(rw, tmpl->run, sizeof(uint64_t) * (size_t)W)) return 1;
+    for (int32_t i = 1; i <= chain_max && i < n; i++)
+        for (int32_t j = 0; j < i; j++)
+            if (chain[i] == chain[j]) return 1;
+    for (int32_t i = 0; i < n; i++)
+        if (chain[i] < 0 || chain[i] >= n_states_of(g)) return -1;
+    /* the tokens besides the walk's */
+    int32_t n_extra = 0;
+    int32_t complete = llama_cffi_gengine_complete(e, start);
+    if (complete < 0) return -1;
+    if (complete) {
+        if (n_eog > extra_cap) return -1;
+        for (int32_t i = 0; i < n_eog; i++) extra[n_extra++] = eog[i];
+    }
+    int32_t at = -1; /* the state whose partial-character answers ok holds */
+    const uint8_t *ok = NULL;
+    for (int32_t i = 0; i < n_pt; i++) {
+        const int32_t tok = pt[i], d = pt_depth[i];
+        if (tok < 0 || tok >= t->n_vocab || d < 0 || d >= n) return -1;
+        const int32_t slot = t->pchar_slot[tok];
+        if (slot < 0 || slot >= t->n_pchars) return -1;
+        const int32_t s = chain[d];
+        if (s != at) {
+            if (s < g->n_pchar_states && g->pchar_ok && g->pchar_known) {
+                uint8_t *row = (uint8_t *)g->pchar_ok + (size_t)s * (size_t)t->n_pchars;
+                if (!g->pchar_known[s]) {
+                    int rc = llama_cffi_gengine_pchar_ok(e, s, pchars, t->n_pchars, row);
+                    if (rc < 0) return LLAMA_CFFI_GENGINE_WALK_ERR + rc;
+                    ((uint8_t *)g->pchar_known)[s] = 1;
+                }
+                ok = row;
+            } else {
+                int rc = llama_cffi_gengine_pchar_ok(e, s, pchars, t->n_pchars, pchar_buf);
+                if (rc < 0) return LLAMA_CFFI_GENGINE_WALK_ERR + rc;
+                ok = pchar_buf;
+            }
+            at = s;
+        }
+        if (ok[slot]) {
+            if (n_extra >= extra_cap) return -1;
+            extra[n_extra++] = tok;
+        }
+    }
+    *out = *tmpl;
+    out->start = start;
+    out->depth_states = chain;
+    out->extra = extra;
+    out->n_extra = n_extra;
+    return llama_cffi_trie_mask(t, g, out, mask, pending, pending_cap, n_pending, frames, frames_cap);
+}
+
 int llama_cffi_trie_first_mask(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, int32_t start,
                                int32_t root_plan_max, int64_t root_plan_tokens, int64_t heavy_min,
                                int32_t derive_share, const int32_t *eog, int32_t n_eog, const int64_t *pchars,

@@ -274,8 +274,9 @@ class CompiledGrammar:
             self._run_derived: dict[bytes, int] = {}  # per run: derivations from its base so far
             self._pt_of: dict[RunScan, tuple[int, npt.NDArray[np.int32]]] = {}  # see _pt_split
             #: states whose first mask takes a plan at once (a bounded string's positions after
-            #: the first, which the first mask's C call would only answer "plan" for)
-            self._plan_next: set[int] = set()
+            #: the first, which the first mask's C call would only answer "plan" for), each with
+            #: the plan of an earlier position that its own is made from (_position_mask)
+            self._plan_next: dict[int, Any] = {}
             self._pchar_known = np.zeros(_TABLE_ROWS, dtype=bool)
             self._pchar_tab = np.zeros((_TABLE_ROWS, max(len(self._pchars), 1)), dtype=bool)
             #: the arrays last given to the C walk (see _set_tables)
@@ -788,9 +789,13 @@ class CompiledGrammar:
             return False
         if state in self._derived:
             return False
-        if state in self._plan_next and not small:  # (what the C call answers "plan" for, without it)
+        tmpl = self._plan_next.get(state)
+        if tmpl is not None and not small:  # (what the C call answers "plan" for, without it)
             self._visited.add(state)
-            self._plans[state] = self._plan(state)
+            if self._position_mask(state, tmpl, out):
+                return True
+            if state not in self._plans:  # (another run: a position near the bound)
+                self._plans[state] = self._plan(state)
             return False
         self._walk_tables()
         eng = self.engine
@@ -1163,12 +1168,40 @@ class CompiledGrammar:
                     sel = at == s_
                     extra.append(pt[sel][self._state_pchar_ok(s_)[slots[sel]]])
         toks = np.concatenate(extra).astype(np.int32) if extra else np.zeros(0, dtype=np.int32)
+        plan = self._tg.plan(start, scan, chain, toks)
         if wider is None and self._bounded_position(chain):
             # the next token's state is one of the positions down its chain (the same run),
-            # and takes a plan at once, as this one did (not the first mask's C call, which
-            # would answer "plan")
-            self._plan_next.update(chain[1:].tolist())
-        return self._tg.plan(start, scan, chain, toks)
+            # and takes a plan at once, made from this one (not the first mask's C call,
+            # which would answer "plan")
+            self._plan_next.update(dict.fromkeys(chain[1:].tolist(), plan))
+        return plan
+
+    def _position_mask(self, state: int, tmpl: Any, out: npt.NDArray[np.uint32]) -> bool:
+        """The first mask of a bounded string's position ``state`` into ``out`` in one C
+        call (under the lock; ``out`` checked by the caller), its plan made from ``tmpl``,
+        an earlier position's (``_plan_next``): what :meth:`_plan` would make (its run is
+        ``tmpl``'s: the same scan, its own chain, end-of-generation and partial-character
+        tokens), without a call per part. True when the mask is done (the state settled);
+        False when it left subtrees pending (its plan kept, for :meth:`_mask_words_c` to
+        walk again) or when ``state``'s run is another (a position near the bound: nothing
+        kept, :meth:`_plan` makes its plan)."""
+        self._walk_tables()
+        eng, tg = self.engine, self._tg
+        with eng._lock:
+            try:
+                rc, got = tg.position_mask(tmpl, state, _CHAIN_MAX, self._out_cdata(out))
+            finally:
+                eng._c_sync()
+        if rc == 1:
+            return False
+        chain = got[2]
+        self._run_chain[state] = chain  # (its run's classes, closed run and length: in the tables)
+        self._plans[state] = got
+        self._plan_next.update(dict.fromkeys(chain[1:].tolist(), got))
+        if rc == 0 and tg.n_pending == 0:
+            self._settled.add(state)
+            return True
+        return False
 
     def _bounded_position(self, chain: npt.NDArray[np.int32]) -> bool:
         """Whether the state whose run's chain is ``chain`` (see :meth:`_run`) is a bounded
