@@ -1311,9 +1311,10 @@ class TrieGrammar:
             raise RuntimeError("first_mask() with an engine first")
         parts = tmpl[1][2]
         k = tmpl[4].k
-        chain = np.empty(k + 1, dtype=np.int32)
-        extra = np.empty(parts[10] + fixed[5], dtype=np.int32)
-        chain_c, extra_c = ffi.from_buffer("int32_t[]", chain), ffi.from_buffer("int32_t[]", extra)
+        buf = np.empty(k + 1 + parts[10] + fixed[5], dtype=np.int32)  # the chain, then the extra tokens
+        chain, extra = buf[: k + 1], buf[k + 1 :]
+        buf_c = ffi.from_buffer("int32_t[]", buf)
+        chain_c, extra_c = buf_c, buf_c + (k + 1)
         p = ffi.new("llama_cffi_trie_plan *")
         pbuf = self._pchar_scratch
         if pbuf is None:
@@ -1344,7 +1345,7 @@ class TrieGrammar:
             self._on_engine_error(rc - _ENGINE_ERR)  # raises
         if rc not in (0, -3):
             _check_rc(rc, "position mask")
-        return rc, (p, [chain_c, extra_c, parts], chain, extra[: p.n_extra], tmpl[4], self)
+        return rc, (p, [buf_c, extra_c, parts], chain, extra[: p.n_extra], tmpl[4], self)
 
     def mask(self, plan: Any, out: U32) -> tuple[I32, bool]:
         """The mask of :meth:`plan` into ``out`` (overwritten). Returns what :meth:`walk`

@@ -1256,7 +1256,8 @@ def test_bad_arrays_raise_not_crash() -> None:
     p0 = cb._plan(s0)
     chain0, sc0 = p0[2], p0[4]
     out_c = ffi.from_buffer("uint32_t[]", np.zeros(cb.n_words, np.uint32))
-    for label, pt, ptd in (("position none", [], []), ("position pt", [10**6], [0]), ("position depth", [0], [99]), ("position neg depth", [0], [-1])):
+    for label, pt, ptd in (("position none", [], []), ("position pt", [10**6], [0]),
+                           ("position depth", [0], [99]), ("position neg depth", [0], [-1])):
         def go_pos(pt=pt, ptd=ptd):
             bad_sc = RunScan(sc0.k, sc0.mask, sc0.frontier, sc0.group_start, np.array(pt, np.int32),
                              np.array(ptd, np.int32), sc0.run)

@@ -1197,7 +1197,11 @@ class CompiledGrammar:
         chain = got[2]
         self._run_chain[state] = chain  # (its run's classes, closed run and length: in the tables)
         self._plans[state] = got
-        self._plan_next.update(dict.fromkeys(chain[1:].tolist(), got))
+        nxt = self._plan_next
+        for s_ in chain[:0:-1].tolist():  # new down the chain: the positions past the last one's
+            if s_ in nxt:
+                break
+            nxt[s_] = got
         if rc == 0 and tg.n_pending == 0:
             self._settled.add(state)
             return True
