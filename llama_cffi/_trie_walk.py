@@ -534,6 +534,22 @@ class Trie:
                 raise ValueError("cp_nodes must be counts, one per code point index")
             self._per_cp = per_cp.astype(np.float64)
 
+    def clear_below(self, out: U32, nodes: I32, tokens: I32) -> None:
+        """Clear in ``out`` (mask words, at least ``ceil(n_vocab / 32)``) the bits of the
+        tokens below each of ``nodes`` (their own included) and of ``tokens`` (ids), in C.
+        Raises ValueError for a node or token out of range."""
+        _words("out", out, self.n_words)
+        nd, tk = _i32("nodes", nodes), _i32("tokens", tokens)
+        rc = lib.llama_cffi_trie_clear_below(
+            self._struct,
+            ffi.from_buffer("uint32_t[]", out),
+            ffi.from_buffer("int32_t[]", nd),
+            len(nd),
+            ffi.from_buffer("int32_t[]", tk),
+            len(tk),
+        )
+        _check_rc(rc, "clear below")
+
     def packed_arrays(self) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int32]]:
         """The node arrays packed as the walks read them (``llama_cffi_tnode`` records, the
         root last, as bytes; per row its token and the token's partial-character slot),

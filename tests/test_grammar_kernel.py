@@ -1317,20 +1317,35 @@ def test_index_of_every_kind_builds_a_trie() -> None:
 
 
 @settings(max_examples=budget(60), deadline=None)
-@given(toks=st.lists(st.integers(0, 999), max_size=60))
-def test_token_words(toks: list[int]) -> None:
-    """``_token_words`` sets the bits of the tokens given (repeats allowed) and no others;
-    a token past the vocabulary raises."""
-    c = Grammar.from_gbnf("root ::= [a-z]*").compile(
-        VocabIndex([bytes([97 + i % 26]) * (1 + i // 26) for i in range(1000)])
-    )
-    words = c._token_words(np.array(toks, dtype=np.int64))
+@given(toks=st.lists(st.integers(0, 999), max_size=60), nodes=st.lists(st.integers(0, 10**6), max_size=8))
+def test_token_ids_set_and_subtrees_cleared(toks: list[int], nodes: list[int]) -> None:
+    """``_set_token_ids`` sets the bits of the tokens given (repeats allowed) and no others;
+    ``Trie.clear_below`` clears those of the tokens below the nodes given (each node's
+    rows: its subtree) and of the tokens given, and no others. A token or node out of
+    range raises."""
+    from samplers.grammar.compiled import _set_token_ids
+
+    v = VocabIndex([bytes([97 + i % 26]) * (1 + i // 26) for i in range(1000)])
+    c = Grammar.from_gbnf("root ::= [a-z]*").compile(v)
+    words = np.zeros(c.n_words, dtype=np.uint32)
+    _set_token_ids(words, np.array(toks, dtype=np.int32))
     want = np.zeros(c.n_words * 32, dtype=bool)
     want[toks] = True
-    assert words.dtype == np.uint32 and words.shape == (c.n_words,)
     assert np.array_equal(np.unpackbits(words.view(np.uint8), bitorder="little").astype(bool), want)
     with pytest.raises(ValueError, match="past the vocabulary"):
-        c._token_words(np.array([*toks, 32 * c.n_words], dtype=np.int64))
+        _set_token_ids(words, np.array([*toks, 32 * c.n_words], dtype=np.int32))
+    trie = c._tg.trie
+    nodes = [n % v.n_nodes for n in nodes]
+    full = np.full(c.n_words, 0xFFFFFFFF, dtype=np.uint32)
+    trie.clear_below(full, np.array(nodes, dtype=np.int32), np.array(toks, dtype=np.int32))
+    gone = np.zeros(c.n_words * 32, dtype=bool)
+    gone[toks] = True
+    for n in nodes:  # (the python side of the trie: rows row_start .. row_end hold the subtree)
+        gone[v.order[v.row_start[n] : v.row_end[n]]] = True
+    assert np.array_equal(~np.unpackbits(full.view(np.uint8), bitorder="little").astype(bool), gone)
+    for bad_nodes, bad_toks in (([v.n_nodes], []), ([-1], []), ([], [v.n_vocab])):
+        with pytest.raises(ValueError, match="out of range"):
+            trie.clear_below(full, np.array(bad_nodes, dtype=np.int32), np.array(bad_toks, dtype=np.int32))
 
 
 def _tnode_dtype() -> np.dtype[Any]:

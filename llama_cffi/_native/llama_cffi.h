@@ -247,6 +247,11 @@ typedef struct {
 /* set the bits of tokens[0..n) in mask (n_words words, bit t % 32 of word t / 32); 0, or
    -1 for a token past the mask (nothing set from it on) */
 int llama_cffi_mask_set(uint32_t *mask, int32_t n_words, const int32_t *tokens, int32_t n);
+/* clear in mask (ceil(t->n_vocab / 32) words) the bits of the tokens below each of nodes
+   (n_nodes trie nodes, their own included: rows row_start .. row_end) and of tokens
+   (n_tokens ids); 0, or -1 for a node or token out of range (the mask partly cleared) */
+int llama_cffi_trie_clear_below(const llama_cffi_trie *t, uint32_t *mask, const int32_t *nodes, int32_t n_nodes,
+                                const int32_t *tokens, int32_t n_tokens);
 /* fill nodes (n_nodes + 1 records) and row_tok (2 * n_vocab values) from t's node arrays
    (their indices checked: a row, token or slot out of range is -1, nothing else
    written past the buffers); 0 or -1 */

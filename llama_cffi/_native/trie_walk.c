@@ -40,6 +40,30 @@ int llama_cffi_mask_set(uint32_t *mask, int32_t n_words, const int32_t *tokens, 
     return 0;
 }
 
+int llama_cffi_trie_clear_below(const llama_cffi_trie *t, uint32_t *mask, const int32_t *nodes, int32_t n_nodes,
+                                const int32_t *tokens, int32_t n_tokens) {
+    if (!t || !mask || !t->nodes || !t->row_tok || n_nodes < 0 || n_tokens < 0 || (n_nodes && !nodes) ||
+        (n_tokens && !tokens))
+        return -1;
+    for (int32_t i = 0; i < n_nodes; i++) {
+        const int32_t node = nodes[i];
+        if (node < 0 || node >= t->n_nodes) return -1;
+        const int32_t rs = t->nodes[node].row_start, re = t->nodes[node].row_end;
+        if (rs < 0 || re < rs || re > t->n_vocab) return -1;
+        for (int32_t r = rs; r < re; r++) {
+            const int32_t tok = t->row_tok[2 * (size_t)r];
+            if (tok < 0 || tok >= t->n_vocab) return -1;
+            mask[(uint32_t)tok >> 5] &= ~((uint32_t)1 << ((uint32_t)tok & 31u));
+        }
+    }
+    for (int32_t i = 0; i < n_tokens; i++) {
+        const int32_t tok = tokens[i];
+        if (tok < 0 || tok >= t->n_vocab) return -1;
+        mask[(uint32_t)tok >> 5] &= ~((uint32_t)1 << ((uint32_t)tok & 31u));
+    }
+    return 0;
+}
+
 int llama_cffi_trie_pack(const llama_cffi_trie *t, llama_cffi_tnode *nodes, int32_t *row_tok) {
     if (!t || !nodes || !row_tok || t->n_nodes < 0 || t->n_vocab < 0) return -1;
     const int32_t n_nodes = t->n_nodes, n_vocab = t->n_vocab;

@@ -141,10 +141,20 @@ class _Derived(NamedTuple):
     """A state's mask from another's (:meth:`CompiledGrammar._derivation`)."""
 
     of: int  #: the state whose mask it starts from
-    nodes: npt.NDArray[np.int32]  #: the root's children walked again from the state
+    nodes: npt.NDArray[np.int32]  #: the root's children walked again from the state (their tokens cleared first)
     states: npt.NDArray[np.int32]  #: the state, once per node (the walk's input)
-    keep: npt.NDArray[np.uint32]  #: the other mask's words to keep (not below ``nodes``, not root-level)
-    add: npt.NDArray[np.uint32]  #: words set besides: the state's end-of-generation and partial-character tokens
+    add: npt.NDArray[np.int32]  #: tokens set besides: the state's end-of-generation and partial-character ones
+
+
+def _set_token_ids(words: npt.NDArray[np.uint32], tokens: npt.NDArray[np.int32]) -> None:
+    """Set the bits of ``tokens`` (int32 ids, repeats allowed) in mask ``words`` in C
+    (``np.bitwise_or.at`` costs 0.1 ms the first time a process calls it). Raises
+    ValueError for a token past the mask."""
+    t = np.ascontiguousarray(tokens, dtype=np.int32)
+    if _lib.llama_cffi_mask_set(
+        _ffi.from_buffer("uint32_t[]", words), len(words), _ffi.from_buffer("int32_t[]", t), len(t)
+    ):
+        raise ValueError("a token past the vocabulary")
 
 
 def _set_tokens(words: npt.NDArray[np.uint32], tokens: npt.ArrayLike) -> None:
@@ -291,8 +301,7 @@ class CompiledGrammar:
             self._first_masks: dict[int, int] = {}  # start states: first masks taken whole, from the root
             #: per start state: the state its mask is derived from and how (None: not derived)
             self._derived: dict[int, _Derived | None] = {}
-            self._class_words: dict[int, npt.NDArray[np.uint32]] = {}  # per class: its root children's tokens
-            self._root_pt_eog: npt.NDArray[np.uint32] | None = None
+            self._root_pt_eog: npt.NDArray[np.int32] | None = None
             self._root_pt = trie._arrays["root_pt"]
             self._root_count = np.diff(self._tg._root_start)  # per class, the root's children of it
             self._root_scan = RunScan(  # a run of length 0: every first character from the root groups
@@ -1004,47 +1013,19 @@ class CompiledGrammar:
         rs = self._tg._root_start
         groups = [self._tg._root_nodes[rs[c] : rs[c + 1]] for c in differ.tolist()]
         nodes = np.concatenate(groups) if groups else np.zeros(0, dtype=np.int32)
-        clear = self._root_pt_eog_words().copy()
-        for c in differ.tolist():
-            clear |= self._class_tokens(c)
         extra = [self._eog_ids] if eng.is_complete(start) else []
         rp = self._root_pt
         if len(rp):
             extra.append(rp[self._state_pchar_ok(start)[self._pchar_slot[rp]]])
-        add = self._token_words(np.concatenate(extra) if extra else np.zeros(0, dtype=np.int64))
+        add = np.concatenate(extra).astype(np.int32) if extra else np.zeros(0, dtype=np.int32)
         nodes = np.ascontiguousarray(nodes, dtype=np.int32)
-        return _Derived(g, nodes, np.full(len(nodes), start, dtype=np.int32), ~clear, add)
+        return _Derived(g, nodes, np.full(len(nodes), start, dtype=np.int32), add)
 
-    def _token_words(self, toks: npt.NDArray[np.integer[Any]]) -> npt.NDArray[np.uint32]:
-        """The tokens ``toks`` (in range, repeats allowed) as mask words (a new array), set
-        in C: a boolean array over the vocabulary would be a fresh 256 KB allocation
-        (page faults in a fresh process) and ``np.bitwise_or.at`` costs 0.1 ms the first
-        time a process calls it."""
-        words = np.zeros(self.n_words, dtype=np.uint32)
-        t = np.ascontiguousarray(toks, dtype=np.int32)
-        if _lib.llama_cffi_mask_set(
-            _ffi.from_buffer("uint32_t[]", words), len(words), _ffi.from_buffer("int32_t[]", t), len(t)
-        ):
-            raise ValueError("a token past the vocabulary")
-        return words
-
-    def _root_pt_eog_words(self) -> npt.NDArray[np.uint32]:
-        """The tokens that are only a partial character, and end-of-generation, as words."""
+    def _root_pt_eog_ids(self) -> npt.NDArray[np.int32]:
+        """The tokens that are only a partial character, and end-of-generation (cached)."""
         if self._root_pt_eog is None:
-            self._root_pt_eog = self._token_words(np.concatenate((self._root_pt, self._eog_ids)))
+            self._root_pt_eog = np.concatenate((self._root_pt, self._eog_ids)).astype(np.int32)
         return self._root_pt_eog
-
-    def _class_tokens(self, c: int) -> npt.NDArray[np.uint32]:
-        """The tokens below the root's children of class ``c``, as words (cached)."""
-        w = self._class_words.get(c)
-        if w is None:
-            v, rs = self.vocab, self._tg._root_start
-            rows = [
-                v.order[v.row_start[node] : v.row_end[node]]
-                for node in self._tg._root_nodes[rs[c] : rs[c + 1]].tolist()
-            ]
-            w = self._class_words[c] = self._token_words(np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64))
-        return w
 
     def _mask_words_derived(self, start: int, d: _Derived, words: npt.NDArray[np.uint32]) -> npt.NDArray[np.uint32]:
         """The mask of ``start`` from the mask of ``d.of`` (see :meth:`_derivation`): that
@@ -1055,8 +1036,9 @@ class CompiledGrammar:
         while True:
             if todo is None:  # from the other state's mask
                 self._mask_words_c(d.of, words, derive=False)
-                np.bitwise_and(words, d.keep, out=words)
-                np.bitwise_or(words, d.add, out=words)
+                # less the tokens below d.nodes and the root-level ones, plus the state's own
+                self._tg.trie.clear_below(words, d.nodes, self._root_pt_eog_ids())
+                _set_token_ids(words, d.add)
                 todo = d.nodes, d.states
             if not len(todo[0]):
                 return words
