@@ -349,3 +349,20 @@ done:
     free(ktab);
     return c;
 }
+
+int llama_cffi_cp_key(const int32_t *cls_of_cp, int32_t n_cps, int32_t n_classes, const uint64_t *run, uint8_t *out) {
+    if (!cls_of_cp || !run || !out || n_cps < 0 || n_classes < 0) return -1;
+    const int32_t n_bytes = (int32_t)(((int64_t)n_cps + 7) / 8);
+    for (int32_t b = 0; b < n_bytes; b++) {
+        uint8_t byte = 0;
+        const int32_t end = (b + 1) * 8 < n_cps ? (b + 1) * 8 : n_cps;
+        for (int32_t i = b * 8; i < end; i++) {
+            const int32_t c = cls_of_cp[i];
+            if (c < 0 || c >= n_classes) return -1;
+            byte |= (uint8_t)(((run[c >> 6] >> (c & 63)) & 1u) << (i & 7));
+        }
+        out[b] = byte;
+    }
+    out[n_bytes] = (uint8_t)((run[n_classes >> 6] >> (n_classes & 63)) & 1u);
+    return 0;
+}

@@ -247,6 +247,11 @@ typedef struct {
 /* set the bits of tokens[0..n) in mask (n_words words, bit t % 32 of word t / 32); 0, or
    -1 for a token past the mask (nothing set from it on) */
 int llama_cffi_mask_set(uint32_t *mask, int32_t n_words, const int32_t *tokens, int32_t n);
+/* a run's code-point key (see samplers.grammar.compiled.CompiledGrammar._cp_key): bit i
+   (byte i / 8, bit i % 8) of out set when class cls_of_cp[i] is in run (bit c of word c / 64;
+   n_classes / 64 + 1 words), for i < n_cps, then one byte: run's bit n_classes (the
+   partial-character bit). out: (n_cps + 7) / 8 + 1 bytes. 0, -1 for a class out of range */
+int llama_cffi_cp_key(const int32_t *cls_of_cp, int32_t n_cps, int32_t n_classes, const uint64_t *run, uint8_t *out);
 /* clear in mask (ceil(t->n_vocab / 32) words) the bits of the tokens below each of nodes
    (n_nodes trie nodes, their own included: rows row_start .. row_end) and of tokens
    (n_tokens ids); 0, or -1 for a node or token out of range (the mask partly cleared) */

@@ -302,6 +302,7 @@ class CompiledGrammar:
             #: per start state: the state its mask is derived from and how (None: not derived)
             self._derived: dict[int, _Derived | None] = {}
             self._root_pt_eog: npt.NDArray[np.int32] | None = None
+            self._cls_of_cp_c: Any = None  # (_cp_key: a buffer over _cls_of_cp, made once)
             self._root_pt = trie._arrays["root_pt"]
             self._root_count = np.diff(self._tg._root_start)  # per class, the root's children of it
             self._root_scan = RunScan(  # a run of length 0: every first character from the root groups
@@ -1469,10 +1470,17 @@ class CompiledGrammar:
         """Which of the vocabulary's code points the classes of ``run`` hold (one bit per
         distinct code point, and the partial-character bit): a scan depends on nothing
         else, so grammars with different classes share it by this key."""
-        nc = self.engine.n_classes
-        bits = np.unpackbits(run.view(np.uint8), bitorder="little")
-        member = bits[:nc][self._cls_of_cp]
-        return np.packbits(member, bitorder="little").tobytes() + bytes([int(bits[nc])])
+        cpc = self._cls_of_cp_c
+        if cpc is None:
+            cpc = self._cls_of_cp_c = _ffi.from_buffer("int32_t[]", np.ascontiguousarray(self._cls_of_cp, np.int32))
+        n = len(self._cls_of_cp)
+        out = bytearray((n + 7) // 8 + 1)
+        r = np.ascontiguousarray(run, dtype=np.uint64)
+        if len(r) != self._W or _lib.llama_cffi_cp_key(
+            cpc, n, self.engine.n_classes, _ffi.from_buffer("uint64_t[]", r), _ffi.from_buffer("uint8_t[]", out)
+        ):
+            raise ValueError("a run of another grammar, or a class past the grammar's")
+        return bytes(out)
 
     def _grow_pchars(self, n: int) -> None:
         """The partial-character tables the C walk reads (and, with the engine, writes) made
