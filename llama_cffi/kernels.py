@@ -172,31 +172,59 @@ def masked_top_k(
 
 
 def masked_top_k_rows(
-    rows: Sequence[npt.NDArray[np.float32]],
+    rows: Sequence[npt.NDArray[np.float32]] | npt.NDArray[np.float32],
     masks: Sequence[npt.NDArray[np.uint32]],
     k: int,
     ids: npt.NDArray[np.int32],
     logits: npt.NDArray[np.float32],
     n_threads: int = 1,
+    row_index: npt.ArrayLike | None = None,
 ) -> npt.NDArray[np.int32]:
     """:func:`masked_top_k` of many rows in one call (the GIL released), on ``n_threads``
     threads (the caller's and the process's pool): row ``r`` of ``ids``/``logits`` (2-D,
-    ``len(rows)`` rows of ``k`` columns, C-contiguous) gets ``rows[r]``'s ``k`` best values
+    ``len(masks)`` rows of ``k`` columns, C-contiguous) gets row ``r``'s ``k`` best values
     among those ``masks[r]`` allows. Every row must have the same length. Returns, per row,
     how many are above ``-inf``. Each distinct mask array is scanned once for its nonzero
     words, which each of its rows then reads alone (pass one array for the rows of one
     grammar state: ``samplers.grammar.masks.shared_rows``); threads are woken only for
-    enough nonzero words to share."""
-    expect_iterable("rows", rows, "a sequence of 1-D float32 rows")
+    enough nonzero words to share.
+
+    ``rows``: a sequence of 1-D float32 rows, row ``r`` being ``rows[r]``; or one 2-D
+    C-contiguous float32 matrix with ``row_index`` (one index per mask; default
+    ``0..len(masks)-1``), row ``r`` being ``rows[row_index[r]]``: the rows of a decode's
+    outputs, checked once instead of row by row."""
     expect_iterable("masks", masks, "a sequence of 1-D uint32 masks")
     if type(k) is not int:
         k = expect_int("k", k)
     if type(n_threads) is not int:
         n_threads = expect_int("n_threads", n_threads)
-    rows, masks = list(rows), list(masks)
-    m = len(rows)
-    if len(masks) != m:
-        raise ValueError(f"{m} rows and {len(masks)} masks")
+    masks = list(masks)
+    m = len(masks)
+    matrix: npt.NDArray[np.float32] | None = None
+    index: npt.NDArray[np.uintp] | None = None
+    if isinstance(rows, np.ndarray) and rows.ndim == 2:
+        if rows.dtype != np.float32 or not rows.flags.c_contiguous:
+            raise TypeError("rows must be a 2-D C-contiguous float32 ndarray (or a sequence of 1-D rows)")
+        if row_index is None:
+            if rows.shape[0] < m:
+                raise ValueError(f"{m} masks and {rows.shape[0]} rows")
+            idx = np.arange(m, dtype=np.int64)
+        else:
+            idx = np.asarray(row_index)
+            if idx.ndim != 1 or len(idx) != m or (m and idx.dtype.kind not in "iu"):
+                raise TypeError(f"row_index must be a 1-D array of {m} integers (one per mask)")
+            if m and (int(idx.min()) < 0 or int(idx.max()) >= rows.shape[0]):
+                raise ValueError(f"row_index out of range [0, {rows.shape[0]})")
+        matrix, n = rows, rows.shape[1]
+        index = idx.astype(np.uintp)
+    else:
+        if row_index is not None:
+            raise TypeError("row_index goes with a 2-D matrix of rows")
+        expect_iterable("rows", rows, "a sequence of 1-D float32 rows")
+        rows = list(rows)
+        if len(rows) != m:
+            raise ValueError(f"{len(rows)} rows and {m} masks")
+        n = -1
     for name, a, dt in (("ids", ids, np.int32), ("logits", logits, np.float32)):
         if not isinstance(a, np.ndarray) or a.dtype != dt or a.ndim != 2 or a.shape != (m, k):
             raise TypeError(f"{name} must be a 2-D {np.dtype(dt).name} ndarray of shape ({m}, {k})")
@@ -205,20 +233,23 @@ def masked_top_k_rows(
     n_finite = np.zeros(m, dtype=np.int32)
     if m == 0:
         return n_finite
-    n = -1
     row_ptrs: list[Any] = []
+    if matrix is None:
+        for r, row in enumerate(rows):
+            if not isinstance(row, np.ndarray) or row.dtype != np.float32 or row.ndim != 1:
+                raise TypeError(f"rows[{r}] must be a 1-D C-contiguous float32 ndarray")
+            if not row.flags.c_contiguous:
+                raise TypeError(f"rows[{r}] must be a 1-D C-contiguous float32 ndarray")
+            if n < 0:
+                n = row.shape[0]
+            elif row.shape[0] != n:
+                raise ValueError(f"rows[{r}] has {row.shape[0]} values, rows[0] {n}")
+            row_ptrs.append(ffi.from_buffer("float[]", row))
+    if not 1 <= k <= n:
+        raise ValueError(f"need 1 <= k <= len(row): k={k}, {n} values")
     mask_ptrs: list[Any] = []
     last: Any = None  # the last mask checked, and its buffer (rows in one state share one)
-    for r, (row, words) in enumerate(zip(rows, masks, strict=True)):
-        if not isinstance(row, np.ndarray) or row.dtype != np.float32 or row.ndim != 1 or not row.flags.c_contiguous:
-            raise TypeError(f"rows[{r}] must be a 1-D C-contiguous float32 ndarray")
-        if n < 0:
-            n = row.shape[0]
-            if not 1 <= k <= n:
-                raise ValueError(f"need 1 <= k <= len(row): k={k}, {n} values")
-        elif row.shape[0] != n:
-            raise ValueError(f"rows[{r}] has {row.shape[0]} values, rows[0] {n}")
-        row_ptrs.append(ffi.from_buffer("float[]", row))
+    for r, words in enumerate(masks):
         if words is not last:
             if not isinstance(words, np.ndarray) or words.dtype != np.uint32 or words.ndim != 1:
                 raise TypeError(f"masks[{r}] must be a 1-D uint32 ndarray")
@@ -226,10 +257,17 @@ def masked_top_k_rows(
                 raise ValueError(f"masks[{r}] must be C-contiguous with at least {(n + 31) // 32} words")
             last, last_ptr = words, ffi.from_buffer("uint32_t[]", words)
         mask_ptrs.append(last_ptr)
+    if matrix is not None:
+        assert index is not None
+        base = ffi.from_buffer("float[]", matrix)  # (kept alive over the call: the rows' memory)
+        addr = index * np.uintp(n * 4) + np.uintp(int(ffi.cast("uintptr_t", base)))
+        rows_c = ffi.cast("float **", ffi.from_buffer("uintptr_t[]", addr))
+    else:
+        rows_c = ffi.new("float *[]", row_ptrs)
     rc = lib.llama_cffi_masked_top_k_rows(
         m,
         n,
-        ffi.new("float *[]", row_ptrs),
+        rows_c,
         ffi.new("uint32_t *[]", mask_ptrs),
         k,
         ffi.from_buffer("int32_t[]", ids),

@@ -451,20 +451,28 @@ class BranchStore:
         groups: dict[chain_batch.Signature, list[Branch]] = {}
         constrained: dict[chain_batch.Signature, list[Branch]] = {}  # chains that begin with a grammar
         single: list[Branch] = []
+        closed = self.ctx.closed  # (Branch._check_live's checks, the context's once)
+        host = not self.device  # (_grammar_sig's condition: a batched store on the host)
+        group_signature = chain_batch.group_signature
         for b in todo:
-            b._check_live()
+            if b._dead:
+                raise BranchError(f"branch {b.seq_id} was pruned")
+            if closed:
+                raise ClosedError(f"the context of branch {b.seq_id} is closed")
             if b.store is not self:
                 raise BranchError(f"{b!r} belongs to another store")
             if b._held:  # (one by one, Branch.sample refuses it)
                 raise BranchError(f"{b!r} is a kept prompt (a prefix source, as a prompt cache entry): not sampled")
-            plain = b.steer is None and b._orig is None
-            sig = chain_batch.signature(b.sampler) if plain else None
-            if sig is not None:
-                groups.setdefault(sig, []).append(b)
-            elif plain and (sig := _grammar_sig(b.sampler, self)) is not None:
-                constrained.setdefault(sig, []).append(b)
-            else:
-                single.append(b)
+            if b.steer is None and b._orig is None:
+                sig, grammar = group_signature(b.sampler)
+                if sig is not None:
+                    if not grammar:
+                        groups.setdefault(sig, []).append(b)
+                        continue
+                    if host and int(sig[0][1]) <= FAST_K_MAX:  # type: ignore[call-overload]
+                        constrained.setdefault(sig, []).append(b)
+                        continue
+            single.append(b)
         out: dict[Branch, int] = {}
         for sig, group in groups.items():
             if len(group) == 1:
@@ -547,6 +555,11 @@ class BranchStore:
             return
         track = np.fromiter((b.tracker is not None for b in group), dtype=bool, count=len(group))
         if constrained:
+            at = [b._row_i for b in group]  # (rows of this decode's outputs: read by index)
+            outs = self._rows
+            rows_at = None
+            if outs is not None and None not in at and outs.ndim == 2 and outs.flags.c_contiguous:
+                rows_at = (outs, np.array(at, dtype=np.intp))
             tokens, samp, raw = chain_batch.choose_constrained(
                 sig,
                 [b.sampler for b in group],
@@ -555,14 +568,18 @@ class BranchStore:
                 lambda r: group[r]._row(),
                 bool(track.any()),
                 meas.n_threads,
+                rows_at,
             )
         else:
             tokens, samp, pos = chain_batch.choose(sig, [b.sampler for b in group], ids, lg, bool(track.any()))
             raw = meas.top_logits[slots, pos]  # the model's logits of the chosen tokens
-        for i, b in enumerate(group):
-            t = int(tokens[i])
-            pending = b._pending = (t, float(samp[i]) if samp is not None and track[i] else None)
-            b._pending_logit = (pending, float(raw[i]))
+        # (as Python numbers once: a numpy scalar read per branch costs more than the rest)
+        toks, logits_ = tokens.tolist(), raw.tolist()
+        samps = samp.tolist() if samp is not None else [None] * len(group)
+        for i, (b, tracked) in enumerate(zip(group, track.tolist(), strict=True)):
+            t = toks[i]
+            pending = b._pending = (t, samps[i] if tracked else None)
+            b._pending_logit = (pending, logits_[i])
             out[b] = t
 
     # ------------------------------------------------------------------ ids and KV

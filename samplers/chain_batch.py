@@ -37,6 +37,7 @@ from llama_cffi._args import expect, expect_bool, expect_int, type_error
 from llama_cffi.kernels import masked_top_k_rows, rows_log_sum
 from llama_cffi.sampling import SamplingError
 
+from ._rng import StdMT19937
 from .base import Sampler
 from .chain import SamplerChain
 from .selection import Dist, Greedy
@@ -60,12 +61,13 @@ def signature(chain: SamplerChain) -> Signature | None:
     return _signature(chain.samplers)
 
 
-def _signature(samplers: list[Sampler]) -> Signature | None:
-    """:func:`signature` of a chain of ``samplers``."""
-    if len(samplers) < 2 or type(samplers[0]) is not TopK or samplers[0].k <= 0:
+def _signature(samplers: list[Sampler], start: int = 0) -> Signature | None:
+    """:func:`signature` of a chain of ``samplers[start:]``."""
+    if len(samplers) < start + 2 or type(samplers[start]) is not TopK or samplers[start].k <= 0:  # type: ignore[attr-defined]
         return None
     sig: list[tuple[object, ...]] = []
-    for s in samplers[:-1]:
+    for i in range(start, len(samplers) - 1):
+        s = samplers[i]
         t = type(s)
         if t is TopK:
             sig.append(("top_k", s.k))  # type: ignore[attr-defined]
@@ -103,7 +105,28 @@ def grammar_signature(chain: SamplerChain) -> Signature | None:
     g: Any = samplers[0]
     if g.awaiting or g.matcher.ended:
         return None
-    return _signature(samplers[1:])
+    return _signature(samplers, 1)
+
+
+def group_signature(chain: Sampler) -> tuple[Signature | None, bool]:
+    """How :meth:`samplers.branch.BranchStore.sample` groups a chain, in one call (it asks
+    this of every branch at every step): ``(signature(chain), False)`` for a chain that
+    begins with ``TopK``; ``(grammar_signature(chain), True)`` for one that begins with an
+    active grammar (the signature None when the samplers after it are not ones
+    :func:`choose` runs); ``(None, False)`` for anything else."""
+    if type(chain) is not SamplerChain:  # (a subclass may choose otherwise; not a chain: neither)
+        expect("chain", chain, Sampler, "a samplers.Sampler (a SamplerChain)")
+        return None, False
+    samplers = chain.samplers
+    if samplers and type(samplers[0]) is TopK:
+        return _signature(samplers), False
+    mod = sys.modules.get("samplers.grammar.sampler")
+    if mod is None or len(samplers) < 3 or type(samplers[0]) is not mod.GrammarSampler:
+        return None, False
+    g: Any = samplers[0]
+    if g.awaiting or g.matcher.ended:
+        return None, False
+    return _signature(samplers, 1), True
 
 
 def choose_constrained(
@@ -114,6 +137,7 @@ def choose_constrained(
     row: Callable[[int], npt.NDArray[np.float32]],
     surprisal: bool,
     n_threads: int = 1,
+    rows_at: tuple[npt.NDArray[np.float32], npt.NDArray[np.intp]] | None = None,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64] | None, npt.NDArray[np.float32]]:
     """Run chains that begin with a grammar (all of :func:`grammar_signature` ``sig``) on
     their rows, as :meth:`SamplerChain.choose` does (llama.cpp's ``common_sampler_sample``):
@@ -128,7 +152,9 @@ def choose_constrained(
     (under the final candidates, as :func:`choose`) and the model's logit of the token.
     Raises :class:`~llama_cffi.sampling.SamplingError` when a row's mask allows no
     candidate (a grammar that has ended), as the chain would. ``n_threads``: threads for
-    the rejected rows' candidates (at most: the kernel wakes them only for enough work)."""
+    the rejected rows' candidates (at most: the kernel wakes them only for enough work).
+    ``rows_at``: the rows as ``(matrix, index)``, row ``r`` being ``matrix[index[r]]`` (a
+    decode's outputs, checked once: ``row`` is then not called)."""
     if not isinstance(sig, tuple) or not all(isinstance(step, tuple) and step for step in sig):
         raise type_error("sig", "a chain signature (from grammar_signature())", sig)
     if not isinstance(ids, np.ndarray):
@@ -143,6 +169,10 @@ def choose_constrained(
         raise type_error("row", "a callable giving row r's logits", row)
     if type(chains) is not list and not isinstance(chains, Sequence):
         raise type_error("chains", "a sequence of SamplerChain (one per row)", chains)
+    if rows_at is not None and (
+        type(rows_at) is not tuple or len(rows_at) != 2 or not all(isinstance(a, np.ndarray) for a in rows_at)
+    ):
+        raise type_error("rows_at", "None or a (matrix, index) pair of ndarrays", rows_at)
     mod = sys.modules.get("samplers.grammar.sampler")
     grammars: list[Any] = [c.samplers[0] if type(c) is SamplerChain and c.samplers else None for c in chains]
     if chains and (mod is None or any(type(gr) is not mod.GrammarSampler for gr in grammars)):
@@ -154,11 +184,11 @@ def choose_constrained(
     if not g:
         return tokens, out, raw
     assert mod is not None  # (checked above: every chain begins with one of its GrammarSamplers)
-    ok = mod.GrammarSampler.allows_many(grammars, tokens.tolist())  # (a given mask: its bit)
+    ok, given = mod.GrammarSampler._allows_given(grammars, tokens.tolist())  # (a given mask: its bit)
     rejected = [r for r in range(g) if not ok[r]]
     if not rejected:
         return tokens, out, raw
-    words = [grammars[r]._words() for r in rejected]  # (each looked up once)
+    words = [given[r] for r in rejected]
     need = [i for i, w in enumerate(words) if w is None]
     if need:
         from .grammar.masks import shared_rows
@@ -168,7 +198,10 @@ def choose_constrained(
             words[i] = w
     ids2 = np.empty((len(rejected), k), dtype=np.int32)
     lg2 = np.empty((len(rejected), k), dtype=np.float32)
-    n_fin = masked_top_k_rows([row(r) for r in rejected], words, k, ids2, lg2, n_threads)
+    if rows_at is not None:
+        n_fin = masked_top_k_rows(rows_at[0], words, k, ids2, lg2, n_threads, row_index=rows_at[1][rejected])
+    else:
+        n_fin = masked_top_k_rows([row(r) for r in rejected], words, k, ids2, lg2, n_threads)
     if (n_fin == 0).any():
         r = rejected[int(np.argmax(n_fin == 0))]
         raise SamplingError(
@@ -217,7 +250,7 @@ def choose(
         kind = step[0]
         if kind == "top_k":
             kk = int(step[1])  # type: ignore[call-overload]
-            if kk > 0:
+            if 0 < kk < k:  # (k or more: every row keeps its k candidates)
                 n = np.minimum(n, kk)
                 lg[cols[None, :] >= n[:, None]] = -np.inf
         elif kind == "top_p":
@@ -257,7 +290,7 @@ def choose(
             np.exp(pr, out=pr)
             cum = np.cumsum(pr, axis=1, dtype=np.float64)
             mass = cum[rows, n - 1]
-            u = np.fromiter((c.samplers[-1].rng.canonical() for c in chains), dtype=np.float64, count=g)  # type: ignore[attr-defined]
+            u = StdMT19937.canonical_many([c.samplers[-1].rng for c in chains])  # type: ignore[attr-defined]
             sel = np.count_nonzero(cum < (mass * u)[:, None], axis=1)
             sel = np.minimum(sel, n - 1)
         else:  # greedy

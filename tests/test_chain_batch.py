@@ -104,6 +104,32 @@ def test_rows_equal_one_by_one(
 )
 def test_signature(chain: S.SamplerChain, ok: bool) -> None:
     assert (chain_batch.signature(chain) is not None) is ok
+    # the store's one call: the plain signature, not a grammar's (no grammar here)
+    assert chain_batch.group_signature(chain) == (chain_batch.signature(chain), False)
+
+
+def test_group_signature_of_grammar_chains() -> None:
+    """``group_signature``: a chain that begins with an active grammar gets the samplers'
+    signature after it, flagged; an ended grammar, a lone grammar or one before samplers
+    the batch cannot run, none; anything but a SamplerChain, none."""
+    from samplers.grammar import Grammar, GrammarSampler
+    from samplers.grammar.vocab_index import VocabIndex
+
+    vocab = VocabIndex(_PIECES)
+    compiled = Grammar.from_gbnf('root ::= "a" "b"').compile(vocab)
+    tail = [S.TopK(5), S.TopP(0.9), S.Dist(1)]
+    chain = S.SamplerChain([GrammarSampler(compiled), *tail])
+    sig = chain_batch.signature(S.SamplerChain(tail))
+    assert sig is not None and chain_batch.group_signature(chain) == (sig, True)
+    assert chain_batch.grammar_signature(chain) == sig and chain_batch.signature(chain) is None
+    assert chain_batch.group_signature(S.SamplerChain([GrammarSampler(compiled), S.TopK(5)])) == (None, False)
+    odd = S.SamplerChain([GrammarSampler(compiled), S.Temperature(0.5), S.TopK(5), S.Dist(1)])
+    assert chain_batch.group_signature(odd) == (None, True)  # (a grammar chain the batch cannot run)
+    ended = GrammarSampler(compiled)
+    ended.accept(_PIECES.index(b"ab"))
+    ended.matcher.ended = True
+    assert chain_batch.group_signature(S.SamplerChain([ended, *tail])) == (None, False)
+    assert chain_batch.group_signature(S.TopK(5)) == (None, False)
 
 
 def test_a_chain_subclass_goes_alone() -> None:
@@ -233,3 +259,23 @@ def test_constrained_refuses_candidate_ids_out_of_the_vocabulary(bad: int) -> No
         logits = np.array([[2.0, 1.0], [2.0, 1.0]], dtype=np.float32)
         with pytest.raises(InvalidTokenError, match="out of range"):
             chain_batch.choose_constrained(sig, chains, ids, logits, lambda r: row, False)
+
+
+def test_canonical_many_is_canonical_one_by_one() -> None:
+    """``StdMT19937.canonical_many`` (the batched draw) gives each engine the numbers its
+    own ``canonical()`` gives, in order, across the refills of its buffered words (each
+    engine at another place in its buffer; one engine twice in a list, drawing twice)."""
+    from samplers._rng import StdMT19937
+
+    a = [StdMT19937(seed) for seed in (1, 2, 3, 2**32 - 2)]
+    b = [r.copy() for r in a]
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        for _ in range(37 * i):
+            x.canonical()
+            y.canonical()
+    for step in range(300):  # 128 draws to a buffer of 256 words: refills inside
+        pick = [0, 1, 2, 3] if step % 3 else [3, 0, 0, 2]
+        got = StdMT19937.canonical_many([a[i] for i in pick])
+        want = [b[i].canonical() for i in pick]
+        assert got.dtype == np.float64 and got.tolist() == want
+    assert StdMT19937.canonical_many([]).shape == (0,)

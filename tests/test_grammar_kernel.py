@@ -1557,9 +1557,9 @@ def test_branch_store_gives_grammars_their_masks_in_one_call(
     again: list[int] = []  # rows that chose again from their masks' best candidates
     real_rows = chain_batch_mod.masked_top_k_rows
 
-    def spy_rows(rows: Any, *args: Any) -> Any:
-        again.append(len(rows))
-        return real_rows(rows, *args)
+    def spy_rows(rows: Any, masks: Any, *args: Any, **kw: Any) -> Any:
+        again.append(len(masks))
+        return real_rows(rows, masks, *args, **kw)
 
     monkeypatch.setattr(chain_batch_mod, "masked_top_k_rows", spy_rows)
     gbnfs = ['root ::= [a-z ]+ "."', 'root ::= ("the" | "a" | " ")+', 'root ::= [^x]{1,5} "!"']

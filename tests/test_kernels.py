@@ -237,6 +237,50 @@ def test_masked_top_k_rows_is_masked_top_k_row_by_row(m: int, n: int, k: int, se
         assert counts[r] == kernels.masked_top_k(rows[r], masks[r], k, want_ids, want_lg)
         assert ids[r].tolist() == want_ids.tolist()
         np.testing.assert_array_equal(lg[r], want_lg)
+    # the same rows as one matrix, stored in another order (and one row twice, one unread),
+    # read through row_index: the same result
+    order = rng.permutation(m)
+    matrix = np.zeros((m + 1, n), dtype=np.float32)
+    matrix[order] = np.asarray(rows, dtype=np.float32).reshape(m, n)
+    matrix[m] = np.float32(99.0)  # (never indexed)
+    ids2 = np.full((m, k), -1, dtype=np.int32)
+    lg2 = np.zeros((m, k), dtype=np.float32)
+    counts2 = kernels.masked_top_k_rows(matrix, masks, k, ids2, lg2, threads, row_index=order)
+    assert counts2.tolist() == counts.tolist()
+    assert ids2.tolist() == ids.tolist()
+    np.testing.assert_array_equal(lg2, lg)
+
+
+def test_masked_top_k_rows_matrix_arguments_checked() -> None:
+    """A matrix of rows with ``row_index``: every argument checked before the C call, with
+    typed errors (an index outside the matrix would read outside its memory)."""
+    matrix = np.arange(2 * 64, dtype=np.float32).reshape(2, 64)
+    words = np.full(2, 0xFFFFFFFF, dtype=np.uint32)
+    ids, lg = np.empty((2, 3), np.int32), np.empty((2, 3), np.float32)
+    got = kernels.masked_top_k_rows(matrix, [words, words], 3, ids, lg, row_index=[1, 0])
+    assert got.tolist() == [3, 3] and ids.tolist() == [[63, 62, 61], [63, 62, 61]] and lg[1].tolist() == [63, 62, 61]
+    kernels.masked_top_k_rows(matrix, [words, words], 3, ids, lg)  # (default: rows 0 and 1)
+    assert lg[0].tolist() == [63, 62, 61] and lg[1].tolist() == [127, 126, 125]
+    for bad, err, match in (
+        ([2, 0], ValueError, "out of range"),
+        ([-1, 0], ValueError, "out of range"),
+        ([0], TypeError, "one per mask"),
+        ([0.0, 1.0], TypeError, "integers"),
+        ([[0, 1]], TypeError, "1-D"),
+    ):
+        with pytest.raises(err, match=match):
+            kernels.masked_top_k_rows(matrix, [words, words], 3, ids, lg, row_index=bad)
+    with pytest.raises(ValueError, match="2 masks and 1 rows"):
+        kernels.masked_top_k_rows(matrix[:1], [words, words], 3, ids, lg)
+    with pytest.raises(TypeError, match="C-contiguous float32"):
+        kernels.masked_top_k_rows(matrix[:, ::2], [words, words], 3, ids, lg)
+    with pytest.raises(TypeError, match="C-contiguous float32"):
+        kernels.masked_top_k_rows(matrix.astype(np.float64), [words, words], 3, ids, lg)
+    with pytest.raises(TypeError, match="goes with a 2-D matrix"):
+        kernels.masked_top_k_rows([matrix[0], matrix[1]], [words, words], 3, ids, lg, row_index=[0, 1])
+    with pytest.raises(ValueError, match="need 1 <= k"):
+        wide = np.empty((2, 65), np.int32), np.empty((2, 65), np.float32)
+        kernels.masked_top_k_rows(matrix, [words, words], 65, *wide)
 
 
 @pytest.mark.parametrize("threads", [1, 4])

@@ -143,26 +143,49 @@ class GrammarSampler(Sampler):
         tokens = list(expect_iterable("tokens", tokens, "a list of token ids"))
         if len(samplers) != len(tokens):
             raise ValueError(f"{len(samplers)} samplers and {len(tokens)} tokens")
-        out: list[bool | None] = [None] * len(samplers)
-        asks: dict[CompiledGrammar, list[int]] = {}
-        for i, (s, t) in enumerate(zip(samplers, tokens, strict=True)):
+        for i, s in enumerate(samplers):
             if not isinstance(s, GrammarSampler):
                 raise type_error(f"samplers[{i}]", "a GrammarSampler", s)
-            t = tokens[i] = s.matcher._check(t)  # (an int in the vocabulary)
-            if s.awaiting or s.matcher.ended:
+            t = tokens[i]
+            if type(t) is not int:
+                tokens[i] = expect_int("token", t)
+        return GrammarSampler._allows_given(samplers, tokens)[0]
+
+    @staticmethod
+    def _allows_given(
+        samplers: list[GrammarSampler], tokens: list[int]
+    ) -> tuple[list[bool], list[npt.NDArray[np.uint32] | None]]:
+        """:meth:`allows_many` of GrammarSamplers and ints (each checked against its
+        vocabulary here: :class:`~samplers.grammar.errors.InvalidTokenError`), and each
+        sampler's given mask (:meth:`_words`, looked up once; None where there is none)."""
+        n = len(samplers)
+        out: list[bool] = [False] * n
+        given: list[npt.NDArray[np.uint32] | None] = [None] * n
+        asks: dict[CompiledGrammar, list[int]] = {}
+        for i in range(n):
+            s, t = samplers[i], tokens[i]
+            m = s.matcher
+            if not 0 <= t < m._compiled.n_vocab:
+                m._check(t)  # raises
+            if s.awaiting or m.ended:
                 out[i] = s.allows(t)
-            elif (words := s._words()) is not None:  # a given mask: its bit
-                out[i] = bool((int(words[t >> 5]) >> (t & 31)) & 1)
-            else:
-                asks.setdefault(s.matcher.compiled, []).append(i)
+                continue
+            g = s._given  # (s._words(), inline)
+            if g is not None:
+                if g[0] == (m.state, m.partial, m.ended):
+                    words = given[i] = g[1]
+                    out[i] = bool((int(words[t >> 5]) >> (t & 31)) & 1)
+                    continue
+                s._given = None
+            asks.setdefault(m.compiled, []).append(i)
         for c, idx in asks.items():
             ms = [samplers[i].matcher for i in idx]
             got = c._tokens_allowed([m.state for m in ms], [m.partial for m in ms], [tokens[i] for i in idx])
             for i, m, ok in zip(idx, ms, got, strict=True):
-                out[i] = ok
+                out[i] = bool(ok)
                 if ok:
                     samplers[i]._allowed = ((m.state, m.partial, m.ended), tokens[i])
-        return [bool(x) for x in out]
+        return out, given
 
     def apply(self, cands: Candidates) -> None:
         """Mask every candidate the grammar does not allow (no-op while waiting)."""
