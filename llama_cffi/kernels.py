@@ -36,6 +36,7 @@ __all__ = [
     "KLRows",
     "RowMeasures",
     "RowStatus",
+    "dist_rows",
     "kl_base_rows",
     "kl_divergence_rows",
     "kl_row_values",
@@ -46,6 +47,7 @@ __all__ = [
     "softmax_dot",
     "softmax_sum",
     "top_k_grouped",
+    "top_p_rows",
 ]
 
 #: ``"ggml_vec_soft_max_f32"`` (ggml's SIMD kernel) or ``"scalar"`` (a plain C loop,
@@ -644,6 +646,71 @@ def rows_log_sum(
     if rc == -2:
         raise MemoryError("rows_log_sum: out of memory")
     return out
+
+
+def top_p_rows(
+    x: npt.NDArray[np.float32], pr: npt.NDArray[np.float32], n: npt.NDArray[np.int32], p: float, min_keep: int
+) -> None:
+    """A top-p step on rows of sorted candidates, in place, in numpy's float32 arithmetic
+    (``samplers.chain_batch.choose``'s, whose numpy code is the reference): ``x`` and ``pr``
+    (C-contiguous float32, ``(rows, k)``) hold each row's logits and ``exp(x - x[:, :1])``,
+    ``n`` (int32, one per row, each in ``[1, k]``) how many candidates are still in. Each
+    ``n[r]`` becomes the length of the shortest prefix whose normalised running sum reaches
+    ``p`` (float32), taken at position ``min_keep - 1`` or later (unchanged when none
+    does), and ``x[r, n[r]:]`` becomes ``-inf``."""
+    _rows_args(x, pr, n)
+    if not isinstance(p, float | int | np.floating):
+        raise type_error("p", "a float", p)
+    if type(min_keep) is not int:
+        min_keep = expect_int("min_keep", min_keep)
+    if lib.llama_cffi_top_p_rows(
+        x.shape[0],
+        x.shape[1],
+        ffi.from_buffer("float[]", x),
+        ffi.from_buffer("float[]", pr),
+        ffi.from_buffer("int32_t[]", n),
+        float(p),
+        max(min(min_keep, 1 << 30), -(1 << 30)),
+    ):
+        raise ValueError(f"n must hold values in [1, {x.shape[1]}]")
+
+
+def dist_rows(
+    pr: npt.NDArray[np.float32], n: npt.NDArray[np.int32], u: npt.NDArray[np.float64]
+) -> npt.NDArray[np.intp]:
+    """The dist step on rows of sorted candidates, in numpy's arithmetic (see
+    :func:`top_p_rows`): for row ``r`` of ``pr`` (C-contiguous float32, ``(rows, k)``,
+    ``exp(x - x[:, :1])``; zero past ``n[r]``), the first position whose float64 running
+    sum reaches that sum at ``n[r] - 1`` times ``u[r]``, at most ``n[r] - 1``."""
+    _rows_args(pr, pr, n, "pr")
+    if not isinstance(u, np.ndarray) or u.dtype != np.float64 or u.shape != (pr.shape[0],):
+        raise type_error("u", f"a float64 array of {pr.shape[0]} draws", u)
+    sel = np.empty(pr.shape[0], dtype=np.int32)
+    if lib.llama_cffi_dist_rows(
+        pr.shape[0],
+        pr.shape[1],
+        ffi.from_buffer("float[]", pr),
+        ffi.from_buffer("int32_t[]", n),
+        ffi.from_buffer("double[]", np.ascontiguousarray(u)),
+        ffi.from_buffer("int32_t[]", sel),
+    ):
+        raise ValueError(f"n must hold values in [1, {pr.shape[1]}]")
+    return sel.astype(np.intp)
+
+
+def _rows_args(x: Any, pr: Any, n: Any, x_name: str = "x") -> None:
+    """The checks :func:`top_p_rows` and :func:`dist_rows` share (C reads every index)."""
+    for name, a in ((x_name, x), ("pr", pr)):
+        if not isinstance(a, np.ndarray) or a.dtype != np.float32 or a.ndim != 2 or not a.flags.c_contiguous:
+            raise type_error(name, "a C-contiguous 2-D float32 array", a)
+    if pr.shape != x.shape or x.shape[1] == 0:
+        raise ValueError(f"{x_name} and pr must have one shape with k >= 1, not {x.shape} and {pr.shape}")
+    if not x.flags.writeable:
+        raise ValueError(f"{x_name} must be writable")
+    if not isinstance(n, np.ndarray) or n.dtype != np.int32 or n.shape != (x.shape[0],) or not n.flags.writeable:
+        raise type_error("n", f"a writable int32 array of {x.shape[0]} counts", n)
+    if not n.flags.c_contiguous:
+        raise ValueError("n must be C-contiguous")
 
 
 def _kl_args(

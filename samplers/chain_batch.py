@@ -34,7 +34,7 @@ import numpy as np
 import numpy.typing as npt
 
 from llama_cffi._args import expect, expect_bool, expect_int, type_error
-from llama_cffi.kernels import masked_top_k_rows, rows_log_sum
+from llama_cffi.kernels import dist_rows, masked_top_k_rows, rows_log_sum, top_p_rows
 from llama_cffi.sampling import SamplingError
 
 from ._rng import StdMT19937
@@ -223,6 +223,8 @@ def choose(
     ids: npt.NDArray[np.int32],
     logits: npt.NDArray[np.float32],
     surprisal: bool,
+    *,
+    kernel: str = "c",
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64] | None, npt.NDArray[np.intp]]:
     """Run the chains (all of signature ``sig``) on their rows of candidates: row ``r`` of
     ``ids``/``logits`` holds chain ``r``'s ``k`` best candidates sorted by descending logit
@@ -230,7 +232,16 @@ def choose(
     ``surprisal`` its sampling-level surprisal (nats, under the final candidates), as
     :meth:`SamplerChain.choose` would, and its position among the row's candidates (the
     samplers here keep a prefix, in order). Draws one number from each ``Dist`` chain's
-    engine. ``logits`` is overwritten; every row's first logit must be finite."""
+    engine. ``logits`` is overwritten; every row's first logit must be finite.
+
+    ``kernel``: ``"c"`` (the default) runs the top-p and dist steps of C-contiguous float32
+    rows in C (:func:`llama_cffi.kernels.top_p_rows`, :func:`~llama_cffi.kernels.dist_rows`:
+    one call per step instead of a dozen numpy calls); ``"numpy"`` runs every step in numpy,
+    the reference the tests hold the C steps to, bit for bit."""
+    if kernel != "c" and kernel != "numpy":
+        if not isinstance(kernel, str):
+            raise type_error("kernel", "'c' or 'numpy'", kernel)
+        raise ValueError(f"kernel must be 'c' or 'numpy', not {kernel!r}")
     if not isinstance(sig, tuple) or not all(isinstance(step, tuple) and step for step in sig):
         raise type_error("sig", "a chain signature (from signature())", sig)
     if type(chains) is not list and not isinstance(chains, Sequence):
@@ -242,8 +253,9 @@ def choose(
     if surprisal is not True and surprisal is not False:
         surprisal = expect_bool("surprisal", surprisal)
     g, k = logits.shape
+    c_steps = kernel == "c" and logits.dtype == _F32 and logits.flags.c_contiguous and k > 0
     rows = np.arange(g)
-    n = np.full(g, k, dtype=np.int64)  # candidates left in each row
+    n: npt.NDArray[np.integer[Any]] = np.full(g, k, dtype=np.int64)  # candidates left in each row
     lg = logits
     cols = np.arange(k)
     for step in sig:
@@ -259,6 +271,10 @@ def choose(
                 continue
             pr = np.subtract(lg, lg[:, :1])
             np.exp(pr, out=pr)
+            if c_steps:  # the steps below in one C pass per row (the same arithmetic)
+                n = n32 = n.astype(np.int32, copy=False)
+                top_p_rows(lg, pr, n32, _F32(p), min_keep)
+                continue
             total = np.cumsum(pr, axis=1, dtype=np.float32)[rows, n - 1]
             pr /= total[:, None]
             ok = np.cumsum(pr, axis=1, dtype=np.float32) >= _F32(p)
@@ -288,9 +304,13 @@ def choose(
         elif kind == "dist":
             pr = np.subtract(lg, lg[:, :1])
             np.exp(pr, out=pr)
+            u = StdMT19937.canonical_many([c.samplers[-1].rng for c in chains])  # type: ignore[attr-defined]
+            if c_steps:
+                n = n32 = n.astype(np.int32, copy=False)
+                sel = dist_rows(pr, n32, u)
+                continue
             cum = np.cumsum(pr, axis=1, dtype=np.float64)
             mass = cum[rows, n - 1]
-            u = StdMT19937.canonical_many([c.samplers[-1].rng for c in chains])  # type: ignore[attr-defined]
             sel = np.count_nonzero(cum < (mass * u)[:, None], axis=1)
             sel = np.minimum(sel, n - 1)
         else:  # greedy

@@ -279,3 +279,57 @@ def test_canonical_many_is_canonical_one_by_one() -> None:
         want = [b[i].canonical() for i in pick]
         assert got.dtype == np.float64 and got.tolist() == want
     assert StdMT19937.canonical_many([]).shape == (0,)
+
+
+@given(
+    configs(),
+    st.integers(1, 9),
+    st.integers(0, 2**32 - 1),
+    st.sampled_from([2, 40, 100000]),
+    st.sampled_from([0.0, 0.5, 3.0]),
+    st.booleans(),
+)
+def test_c_steps_equal_numpy_steps(
+    config: list[tuple[str, tuple[float, ...]]], g: int, seed: int, distinct: int, spread: float, ninf: bool
+) -> None:
+    """``choose``'s top-p and dist steps in C (the default) equal its numpy steps (the
+    reference, ``kernel="numpy"``) bit for bit: tokens, positions, surprisals, the rows
+    left, and the engines' next draws; over ties, ``-inf`` candidates and wide and narrow
+    spreads of logits."""
+    k = int(config[0][1][0])
+    rng = np.random.default_rng(seed)
+    values = (rng.integers(0, distinct, size=(g, k)) * (spread / max(distinct, 1)) - 1).astype(np.float32)
+    if ninf and k > 1:
+        values[:, rng.integers(1, k, size=max(k // 3, 1))] = -math.inf
+    logits = -np.sort(-values, axis=1)
+    ids = np.tile(np.arange(k, dtype=np.int32), (g, 1))
+    a = [build(config, (seed + r) % 2**32) for r in range(g)]
+    b = [c.clone() for c in a]
+    sig = chain_batch.signature(a[0])
+    assert sig is not None
+    la, lb = logits.copy(), logits.copy()
+    ta, sa, pa = chain_batch.choose(sig, a, ids, la, True)
+    tb, sb, pb = chain_batch.choose(sig, b, ids, lb, True, kernel="numpy")
+    assert ta.tolist() == tb.tolist() and pa.tolist() == pb.tolist()
+    assert sa is not None and sb is not None
+    np.testing.assert_array_equal(sa, sb)
+    np.testing.assert_array_equal(la, lb)  # (the candidates each step left, as -inf past them)
+    for c, d in zip(a, b, strict=True):
+        if hasattr(c.samplers[-1], "rng"):
+            assert c.samplers[-1].rng.canonical() == d.samplers[-1].rng.canonical()
+
+
+def test_choose_kernel_argument() -> None:
+    chain = S.SamplerChain([S.TopK(2), S.TopP(0.5), S.Dist(1)])
+    sig = chain_batch.signature(chain)
+    assert sig is not None
+    lg = np.array([[1.0, 0.5]], dtype=np.float32)
+    ids = np.array([[3, 4]], dtype=np.int32)
+    with pytest.raises(ValueError, match="kernel must be"):
+        chain_batch.choose(sig, [chain], ids, lg.copy(), False, kernel="cuda")
+    # rows the C steps cannot take (float64, not C-contiguous) go through numpy
+    for odd in (lg.astype(np.float64), np.asfortranarray(np.repeat(lg, 2, axis=0))[:1]):
+        assert not (odd.dtype == np.float32 and odd.flags.c_contiguous)
+        got = chain_batch.choose(sig, [chain.clone()], ids, odd, False)
+        want = chain_batch.choose(sig, [chain.clone()], ids, lg.copy(), False, kernel="numpy")
+        assert got[0].tolist() == want[0].tolist() and got[2].tolist() == want[2].tolist()

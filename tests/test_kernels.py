@@ -485,3 +485,30 @@ def test_row_pool_survives_fork() -> None:
     )
     assert res.returncode == 0, res.stderr
     assert "child 0" in res.stdout
+
+
+def test_top_p_and_dist_rows_check_their_arguments() -> None:
+    """The C steps of ``samplers.chain_batch.choose``: every array checked before the call
+    (shapes, dtypes, contiguity), and a count outside ``[1, k]`` (an index C would read
+    past a row with) refused by the kernel itself, with a typed error."""
+    x = np.array([[0.0, -1.0, -2.0]], dtype=np.float32)
+    pr = np.exp(x - x[:, :1])
+    n = np.array([3], dtype=np.int32)
+    kernels.top_p_rows(x, pr, n, 0.5, 1)
+    assert n.tolist() == [1] and x[0, 1:].tolist() == [-math.inf, -math.inf]
+    assert kernels.dist_rows(pr, np.array([3], np.int32), np.array([0.99])).tolist() == [2]
+    for bad in (0, 4, -7):
+        with pytest.raises(ValueError, match=r"in \[1, 3\]"):
+            kernels.top_p_rows(x, pr, np.array([bad], np.int32), 0.5, 1)
+        with pytest.raises(ValueError, match=r"in \[1, 3\]"):
+            kernels.dist_rows(pr, np.array([bad], np.int32), np.array([0.5]))
+    with pytest.raises(TypeError, match="x must be a C-contiguous 2-D float32"):
+        kernels.top_p_rows(x.astype(np.float64), pr, n, 0.5, 1)
+    with pytest.raises(TypeError, match="pr must be a C-contiguous"):
+        kernels.top_p_rows(x, np.asfortranarray(np.repeat(pr, 2, axis=0))[:1], n, 0.5, 1)
+    with pytest.raises(ValueError, match="one shape"):
+        kernels.top_p_rows(x, pr[:, :2].copy(), n, 0.5, 1)
+    with pytest.raises(TypeError, match="n must be a writable int32"):
+        kernels.top_p_rows(x, pr, n.astype(np.int64), 0.5, 1)
+    with pytest.raises(TypeError, match="u must be a float64 array of 1"):
+        kernels.dist_rows(pr, n, np.array([0.5, 0.5]))

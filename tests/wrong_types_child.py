@@ -398,6 +398,11 @@ REST: dict[str, Callable[[Env], tuple[tuple[Any, ...], dict[str, Any]]]] = {
     "llama_cffi.kernels.kl_base_rows": lambda e: (([0], _np().zeros((1, 6), _np().uint16)), {}),
     "llama_cffi.kernels.kl_divergence_rows": lambda e: (([0], _np().zeros((1, 6), _np().uint16)), {}),
     "llama_cffi.kernels.rows_log_sum": lambda e: ((_np().array([4], dtype=_np().int32), _f32(1)), {}),
+    "llama_cffi.kernels.top_p_rows": lambda e: (
+        (_np().ones((1, 4), _np().float32), _np().ones(1, dtype=_np().int32), 0.5, 1),
+        {},
+    ),
+    "llama_cffi.kernels.dist_rows": lambda e: ((_np().ones(1, dtype=_np().int32), _np().zeros(1)), {}),
     "llama_cffi.kernels.softmax_dot": lambda e: ((_f32(4), 0.0), {}),
     "llama_cffi.kernels.softmax_sum": lambda e: ((0.0, _f32(4)), {}),
     "llama_cffi.kernels.top_k_grouped": lambda e: ((_f32(1), 1, _np().zeros(1, dtype=_np().intp)), {}),

@@ -125,6 +125,8 @@ FIRST: dict[str, Callable[[Env], Any]] = {
     "llama_cffi.kernels.kl_base_rows": lambda e: _np().zeros((1, 2), _np().float32),
     "llama_cffi.kernels.kl_divergence_rows": lambda e: _np().zeros((1, 2), _np().float32),
     "llama_cffi.kernels.rows_log_sum": lambda e: _np().zeros((1, 4), _np().float32),
+    "llama_cffi.kernels.top_p_rows": lambda e: _np().zeros((1, 4), _np().float32),
+    "llama_cffi.kernels.dist_rows": lambda e: _np().ones((1, 4), _np().float32),
     "llama_cffi.kernels.masked_top_k": lambda e: _np().zeros(1, _np().float32),
     "llama_cffi.kernels.masked_top_k_rows": lambda e: [_np().zeros(1, _np().float32)],
     "llama_cffi.kernels.softmax_dot": lambda e: _np().zeros(4, _np().float32),

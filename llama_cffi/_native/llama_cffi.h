@@ -77,6 +77,17 @@ int llama_cffi_rows_pool_size(void);
    with llama_cffi_softmax_sum (samplers.chain_batch: a chain's sampling surprisal for
    many rows); 0, -1 bad arguments, -2 out of memory */
 int llama_cffi_rows_log_sum(int n_rows, const float *x, int stride, const int32_t *n, const float *max, double *out);
+/* samplers.chain_batch's top-p and dist steps on many rows of k sorted candidates, in
+   numpy's arithmetic (float32 running sums, then float32 divisions and running sums; the
+   draw's float64 running sum): its numpy code stays the reference the tests compare to.
+   top_p_rows: pr holds exp(x - x[r][0]) for the candidates still in (0 past n[r]); n[r]
+   becomes the count of the shortest prefix whose normalised running sum reaches p, taken
+   at position min_keep - 1 or later (unchanged when none does), and x[r][j] for j past it
+   -inf. dist_rows: sel[r] = the first position j whose float64 running sum of pr reaches
+   that sum at n[r] - 1 times u[r] (at most n[r] - 1). Both: 0, -1 on bad arguments (an
+   n[r] outside [1, k] included) */
+int llama_cffi_top_p_rows(int n_rows, int k, float *x, const float *pr, int32_t *n, float p, int min_keep);
+int llama_cffi_dist_rows(int n_rows, int k, const float *pr, const int32_t *n, const double *u, int32_t *sel);
 
 /* llama-perplexity's KL-divergence rows (kl_rows.c; see llama_cffi.kernels.kl_base_rows
    and kl_divergence_rows): row r of logits (n_vocab floats at logits + r*logits_stride)

@@ -386,3 +386,57 @@ int llama_cffi_rows_log_sum(int n_rows, const float *x, int stride, const int32_
     free(scratch);
     return 0;
 }
+
+/* samplers.chain_batch's top-p step (see llama_cffi.h): numpy's
+   cumsum(pr, dtype=float32)[n - 1], pr / total, cumsum(..., dtype=float32) >= p, each row's
+   first hit at or after min_keep - 1 and before n */
+int llama_cffi_top_p_rows(int n_rows, int k, float *x, const float *pr, int32_t *n, float p, int min_keep) {
+    if (n_rows < 0 || k <= 0 || (n_rows && (x == NULL || pr == NULL || n == NULL))) return -1;
+    for (int r = 0; r < n_rows; ++r)
+        if (n[r] < 1 || n[r] > k) return -1;
+    for (int r = 0; r < n_rows; ++r) {
+        const float *q = pr + (size_t)r * (size_t)k;
+        const int m = n[r];
+        float total = q[0];
+        for (int j = 1; j < m; ++j) total = total + q[j];
+        float acc = 0.0f;
+        int hit = -1;
+        for (int j = 0; j < m; ++j) {
+            const float d = q[j] / total;
+            acc = j ? acc + d : d;
+            if (j >= min_keep - 1 && acc >= p) {
+                hit = j;
+                break;
+            }
+        }
+        if (hit >= 0) n[r] = hit + 1;
+        float *row = x + (size_t)r * (size_t)k;
+        for (int j = n[r]; j < k; ++j) row[j] = -INFINITY;
+    }
+    return 0;
+}
+
+/* samplers.chain_batch's dist step (see llama_cffi.h): numpy's cumsum(pr, dtype=float64),
+   count_nonzero(cum < cum[n - 1] * u), at most n - 1 */
+int llama_cffi_dist_rows(int n_rows, int k, const float *pr, const int32_t *n, const double *u, int32_t *sel) {
+    if (n_rows < 0 || k <= 0 || (n_rows && (pr == NULL || n == NULL || u == NULL || sel == NULL))) return -1;
+    for (int r = 0; r < n_rows; ++r)
+        if (n[r] < 1 || n[r] > k) return -1;
+    for (int r = 0; r < n_rows; ++r) {
+        const float *q = pr + (size_t)r * (size_t)k;
+        const int m = n[r];
+        double mass = (double)q[0];
+        for (int j = 1; j < m; ++j) mass = mass + (double)q[j];
+        const double t = mass * u[r];
+        /* the running sum never decreases (pr >= 0): the count of sums below t is the first
+           position whose sum reaches it, k when none does (cum past n - 1 stays at mass) */
+        double acc = 0.0;
+        int c = 0;
+        for (; c < k; ++c) {
+            acc = c ? acc + (double)q[c] : (double)q[c];
+            if (!(acc < t)) break;
+        }
+        sel[r] = c < m - 1 ? c : m - 1;
+    }
+    return 0;
+}
