@@ -10,7 +10,7 @@ __version__ = "0.1.0"
 
 #: Bump whenever build_ffi.py changes what the extension declares or exports
 #: (the cdef rules, helper C code, extern "Python" callbacks).
-BINDING_ABI = 34
+BINDING_ABI = 35
 
 #: llama.cpp commit this release is written and tested against.
 LLAMA_CPP_COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
