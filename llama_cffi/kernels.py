@@ -238,9 +238,8 @@ def masked_top_k_rows(
     row_ptrs: list[Any] = []
     if matrix is None:
         for r, row in enumerate(rows):
-            if not isinstance(row, np.ndarray) or row.dtype != np.float32 or row.ndim != 1:
-                raise TypeError(f"rows[{r}] must be a 1-D C-contiguous float32 ndarray")
-            if not row.flags.c_contiguous:
+            ok = isinstance(row, np.ndarray) and row.dtype == np.float32 and row.ndim == 1
+            if not ok or not row.flags.c_contiguous:
                 raise TypeError(f"rows[{r}] must be a 1-D C-contiguous float32 ndarray")
             if n < 0:
                 n = row.shape[0]

@@ -105,26 +105,6 @@ class StdMT19937:
         r = (lo + hi * _TWO32) / _TWO64
         return _ONE_BELOW if r >= 1.0 else r
 
-    @staticmethod
-    def canonical_many(rngs: list[StdMT19937]) -> npt.NDArray[np.float64]:
-        """``[r.canonical() for r in rngs]`` as an array, the buffered words read inline
-        (a batched sampler draws one number per branch at every step)."""
-        vals: list[float] = []
-        app = vals.append
-        for r in rngs:
-            if type(r) is not StdMT19937:  # (a subclass draws its own way)
-                app(r.canonical())
-                continue
-            i = r._i
-            buf = r._buf
-            if i + 2 <= len(buf):
-                r._i = i + 2
-                v = (buf[i] + buf[i + 1] * _TWO32) / _TWO64
-                app(_ONE_BELOW if v >= 1.0 else v)
-            else:
-                app(r.canonical())
-        return np.array(vals, dtype=np.float64)
-
     def canonical_float(self) -> np.float32:
         """``std::uniform_real_distribution<float>(0, 1)``: one word, float arithmetic."""
         r = cast(np.float32, np.float32(self.next_u32()) / np.float32(_TWO32))

@@ -451,14 +451,10 @@ class BranchStore:
         groups: dict[chain_batch.Signature, list[Branch]] = {}
         constrained: dict[chain_batch.Signature, list[Branch]] = {}  # chains that begin with a grammar
         single: list[Branch] = []
-        closed = self.ctx.closed  # (Branch._check_live's checks, the context's once)
         host = not self.device  # (_grammar_sig's condition: a batched store on the host)
         group_signature = chain_batch.group_signature
         for b in todo:
-            if b._dead:
-                raise BranchError(f"branch {b.seq_id} was pruned")
-            if closed:
-                raise ClosedError(f"the context of branch {b.seq_id} is closed")
+            b._check_live()
             if b.store is not self:
                 raise BranchError(f"{b!r} belongs to another store")
             if b._held:  # (one by one, Branch.sample refuses it)

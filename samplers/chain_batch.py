@@ -37,7 +37,6 @@ from llama_cffi._args import expect, expect_bool, expect_int, type_error
 from llama_cffi.kernels import dist_rows, masked_top_k_rows, rows_log_sum, top_p_rows
 from llama_cffi.sampling import SamplingError
 
-from ._rng import StdMT19937
 from .base import Sampler
 from .chain import SamplerChain
 from .selection import Dist, Greedy
@@ -304,7 +303,7 @@ def choose(
         elif kind == "dist":
             pr = np.subtract(lg, lg[:, :1])
             np.exp(pr, out=pr)
-            u = StdMT19937.canonical_many([c.samplers[-1].rng for c in chains])  # type: ignore[attr-defined]
+            u = np.fromiter((c.samplers[-1].rng.canonical() for c in chains), dtype=np.float64, count=g)  # type: ignore[attr-defined]
             if c_steps:
                 n = n32 = n.astype(np.int32, copy=False)
                 sel = dist_rows(pr, n32, u)

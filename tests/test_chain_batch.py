@@ -261,26 +261,6 @@ def test_constrained_refuses_candidate_ids_out_of_the_vocabulary(bad: int) -> No
             chain_batch.choose_constrained(sig, chains, ids, logits, lambda r: row, False)
 
 
-def test_canonical_many_is_canonical_one_by_one() -> None:
-    """``StdMT19937.canonical_many`` (the batched draw) gives each engine the numbers its
-    own ``canonical()`` gives, in order, across the refills of its buffered words (each
-    engine at another place in its buffer; one engine twice in a list, drawing twice)."""
-    from samplers._rng import StdMT19937
-
-    a = [StdMT19937(seed) for seed in (1, 2, 3, 2**32 - 2)]
-    b = [r.copy() for r in a]
-    for i, (x, y) in enumerate(zip(a, b, strict=True)):
-        for _ in range(37 * i):
-            x.canonical()
-            y.canonical()
-    for step in range(300):  # 128 draws to a buffer of 256 words: refills inside
-        pick = [0, 1, 2, 3] if step % 3 else [3, 0, 0, 2]
-        got = StdMT19937.canonical_many([a[i] for i in pick])
-        want = [b[i].canonical() for i in pick]
-        assert got.dtype == np.float64 and got.tolist() == want
-    assert StdMT19937.canonical_many([]).shape == (0,)
-
-
 @given(
     configs(),
     st.integers(1, 9),
