@@ -112,15 +112,17 @@ class RuleSet:
 
     def fresh(self, hint: str) -> str:
         base = _base_name(hint)
+        taken = self._taken
         name = base
-        if name in self._taken:
+        if name in taken:
             k = self._next.get(base, 1)
-            while f"{base}-{k}" in self._taken:
-                k += 1
-            self._next[base] = k + 1
             name = f"{base}-{k}"
-        self._taken.add(name)
-        if len(self._taken) > self.max_rules:
+            while name in taken:
+                k += 1
+                name = f"{base}-{k}"
+            self._next[base] = k + 1
+        taken.add(name)
+        if len(taken) > self.max_rules:
             raise TooLarge(f"the grammar would have over {self.max_rules} rules")
         return name
 

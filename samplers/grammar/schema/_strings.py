@@ -16,7 +16,7 @@ import functools
 import re
 from collections.abc import Callable
 
-from ._regex import MAX_CP, Alt, Anchor, CharSet, Intervals, Node, Repeat, Seq, intersect, nonempty, norm, nullable
+from ._regex import DOT, MAX_CP, Alt, Anchor, CharSet, Intervals, Node, Repeat, Seq, intersect, nonempty, norm, nullable
 from ._rules import RuleSet, char_class, literal, repeat
 
 __all__ = ["FORMATS", "KNOWN_FORMATS", "format_rule", "json_char", "regex_body", "string_literal"]
@@ -29,6 +29,7 @@ _ESCAPABLE = norm([(0, 0x1F), (0x7F, 0xD7FF), (0xE000, MAX_CP)])
 _HEXV = "0123456789abcdef"
 
 
+@functools.cache  # (at most 136 pairs)
 def _hex_digit_class(lo: int, hi: int) -> str:
     ivs = []
     if lo <= 9:
@@ -150,14 +151,22 @@ def _json_char_body(ivs: Intervals) -> tuple[str, str | None]:
     return " | ".join(alts), shared
 
 
+@functools.cache
+def _shared_body(name: str) -> str:
+    """The body of the shared rule ``name`` (:data:`ANY_ESCAPE` or :data:`U_NON_ASCII`)."""
+    if name == ANY_ESCAPE:
+        esc = _escapes(list(_SHORT.values()), [*_u_tails(((0, 0x7F),)), U_NON_ASCII])
+        assert esc is not None
+        return esc
+    return " | ".join(_u_tails(_NON_ASCII))
+
+
 def _shared(rs: RuleSet, name: str) -> None:
     if name == ANY_ESCAPE and ANY_ESCAPE not in rs.bodies:
         _shared(rs, U_NON_ASCII)
-        esc = _escapes(list(_SHORT.values()), [*_u_tails(((0, 0x7F),)), U_NON_ASCII])
-        assert esc is not None
-        rs.fixed(ANY_ESCAPE, esc)
+        rs.fixed(ANY_ESCAPE, _shared_body(ANY_ESCAPE))
     elif name == U_NON_ASCII:
-        rs.fixed(U_NON_ASCII, " | ".join(_u_tails(_NON_ASCII)))
+        rs.fixed(U_NON_ASCII, _shared_body(U_NON_ASCII))
 
 
 def json_char(rs: RuleSet, ivs: Intervals) -> str:
@@ -396,3 +405,13 @@ def format_rule(rs: RuleSet, name: str) -> str | None:
         return None
     _helpers(rs, body)
     return rs.add(f"fmt-{name}", f'"\\"" {body} "\\""')
+
+
+# the characters nearly every schema meets, made once when the module is imported (not by
+# the first conversion in a process, ~0.5 ms): any character (every string without a
+# pattern) and ECMA-262's ``.`` (most patterns), with the shared escape rules they name
+for _ivs in (ANY_CHAR, DOT.ivs):
+    _json_char_body(_ivs)
+for _name in (U_NON_ASCII, ANY_ESCAPE):
+    _shared_body(_name)
+del _ivs, _name
