@@ -642,6 +642,62 @@ def test_a_word_list_builds_in_linear_memory_and_walks_like_python() -> None:
         assert (sc != DEAD and c.is_complete(sc)) == (w[-1] != "x"), w
 
 
+@pytest.mark.parametrize("prepare_from", [0, None])
+def test_transition_table_grows_with_its_rows(monkeypatch: pytest.MonkeyPatch, prepare_from: int | None) -> None:
+    """The C core's transition table (the Python side's copy of the engine's rows, which
+    the C walks read) doubles as states are made; from 1 MB (``prepare_from=None``) or
+    from its first growth (0) the next table is made ready a few rows per new state while
+    the table fills its last quarter (``Engine._trans_prepare``), and the growth copies
+    the rows into it. After thousands of states and several growths, every row known
+    leads where the Python core's transitions lead, and the rows of no state yet read
+    "not computed" (a prepared row left unwritten, or a row lost in a copy, fails)."""
+    import samplers.grammar.engine as engine_mod
+
+    if prepare_from is not None:
+        monkeypatch.setattr(engine_mod, "_PREPARE_FROM", prepare_from)
+    grown: list[tuple[int, int, int]] = []  # (rows, rows of the next table made ready, its length)
+    grow = Engine._trans_grow
+
+    def spy(self: Engine, n: int) -> None:
+        nxt = self._trans_next
+        grown.append((len(self._trans), self._trans_ready, 0 if nxt is None else len(nxt)))
+        grow(self, n)
+
+    monkeypatch.setattr(Engine, "_trans_grow", spy)
+    rng = random.Random(11)
+    letters = "abcdefghijklmnopqrstuvwxyz0123456789"
+    words = sorted({"".join(rng.choice(letters) for _ in range(rng.randint(3, 7))) for _ in range(2500)})
+    c, p = engines("root ::= (" + " | ".join(f'"{w}"' for w in words) + ') ("," root)?\n')
+    pairs = {c.start: p.start}
+    for w in words:
+        sc, sp = c.start, p.start
+        for ch in w + ",":
+            got = step_both(c, p, sc, sp, ord(ch), w)
+            assert got is not None
+            sc, sp = got
+            same_state(c, p, sc, sp, w)
+            pairs[sc] = sp
+    for sc in list(pairs)[::15]:
+        c.fill_row(sc)  # every class of the row
+    table, n = c.table(), c.n_states
+    assert n > 4096 and len(grown) >= 6, (n, grown)
+    prepared = [g for g in grown if g[2] == 2 * g[0]]
+    assert prepared and all(ready == 2 * rows for rows, ready, _ in prepared), grown  # made ready in time
+    assert len(prepared) == (
+        len(grown) if prepare_from == 0 else sum(2 * r * c.n_classes * 4 >= 1 << 20 for r, _, _ in grown)
+    )
+    assert (table[n:] == engine_mod._UNKNOWN).all()
+    known = 0
+    for sc, sp in pairs.items():
+        for k in np.flatnonzero(table[sc] != engine_mod._UNKNOWN).tolist():
+            nxt, want = int(table[sc, k]), p.step(sp, k)
+            assert (nxt == DEAD) == (want == DEAD), (sc, k)
+            if nxt != DEAD:
+                assert c.stacks(nxt) == p.stacks(want), (sc, k)
+            known += 1
+    assert known > n
+
+
 @pytest.mark.parametrize("core", ["c", "python"])
 def test_transition_table_bound(core: str) -> None:
     """The transition table (states x classes) is bounded by ``16 x max_cells`` entries in

@@ -156,6 +156,11 @@ def decode_utf8(data: bytes, partial: Partial = NO_PARTIAL) -> tuple[list[int], 
     return cps, (value, n_remain) if n_remain > 0 else NO_PARTIAL
 
 
+#: transition tables of at least this many bytes are made ready ahead of their use (see
+#: Engine._trans_prepare); smaller ones grow at once (cheap)
+_PREPARE_FROM = 1 << 20
+
+
 class Engine:
     """States, classes and transitions for one grammar and start rule (see the module
     docstring). Made by :class:`samplers.grammar.Grammar`; shared by its matchers."""
@@ -232,6 +237,10 @@ class Engine:
         self._groups: dict[tuple[int, ...], list[tuple[list[int], npt.NDArray[np.int64]]]] = {}
         self._group_of: dict[tuple[int, ...], npt.NDArray[np.int32]] = {}  # per tops: class -> group
         self._trans = np.full((64, self.n_classes), _UNKNOWN, dtype=np.int32)
+        #: the C core's next transition table while it is being made ready, and how many of
+        #: its rows are (:meth:`_trans_prepare`)
+        self._trans_next: npt.NDArray[np.int32] | None = None
+        self._trans_ready = 0
         #: per state: the token elements on top of its stacks (the Python core's states
         #: only: the C core's grammars have none) / is some stack empty (1) or not (0)
         self._token_tops: list[tuple[tuple[int, int], ...]] = []
@@ -373,19 +382,61 @@ class Engine:
             if rc < 0:  # pragma: no cover - the states exist
                 raise GrammarError(f"internal error: the grammar engine's completeness failed (code {rc})")
         if n > len(self._trans):
-            cap = len(self._trans)
-            while cap < n:
-                cap *= 2
-            grown = np.full((cap, self.n_classes), _UNKNOWN, dtype=np.int32)
-            grown[: len(self._trans)] = self._trans
-            self._trans = grown
-            self._trans_ptr = self._ffi.from_buffer("int32_t[]", grown)
+            self._trans_grow(n)
+        elif 4 * n > 3 * len(self._trans):
+            self._trans_prepare(n)
         # the new states' Python side first: another thread may read a row of the table
         # without the lock (step's fast path) and go on to a state the rows name
         self._complete += self._complete_mv[: n - have]
         rc = lib.llama_cffi_gengine_sync_known(self._c, self._trans_ptr, len(self._trans), n, self._ffi.NULL, 0)
         if rc < 0:  # pragma: no cover - the table was grown above
             raise GrammarError(f"internal error: the grammar engine's sync failed (code {rc})")
+
+    #: how many rows ahead of its pace :meth:`_trans_prepare` keeps the next table
+    _PREPARE_AHEAD = 256
+
+    def _trans_prepare(self, n: int) -> None:
+        """Part of the next (twice as long) transition table made ready while the table
+        fills its last quarter (``n`` states now): its rows written (the new half's with
+        :data:`_UNKNOWN`), so that their pages are the process's before the table is
+        replaced. Paced at 8 rows a new state (its 2 x cap rows over the cap / 4 states
+        until it is needed), the cost is spread over the steps that make states instead of
+        falling on the one whose new state fills the table: the growth at 16,384 states of
+        75 classes (a 9.8 MB table, Github_ultra o12652) took 2-20 ms in one mask, mostly
+        page faults. Tables of under 1 MB grow at once (cheap)."""
+        cap = len(self._trans)
+        nxt = self._trans_next
+        if nxt is None:
+            if 2 * cap * self.n_classes * 4 < _PREPARE_FROM:
+                return
+            nxt = self._trans_next = np.empty((2 * cap, self.n_classes), dtype=np.int32)
+            self._trans_ready = 0
+        quarter = cap // 4
+        want = min(len(nxt), 2 * cap * (n - (cap - quarter)) // quarter + self._PREPARE_AHEAD)
+        done = self._trans_ready
+        if want > done:
+            nxt[done:want] = _UNKNOWN  # (rows below cap: only touched here, the copy overwrites them)
+            self._trans_ready = want
+
+    def _trans_grow(self, n: int) -> None:
+        """The transition table replaced by one of at least ``n`` rows (doubled until it
+        holds them; the one :meth:`_trans_prepare` made ready when it is long enough), the
+        rows known copied. The old array is left to its readers (never resized in place)."""
+        cap = len(self._trans)
+        new_cap = cap
+        while new_cap < n:
+            new_cap *= 2
+        nxt = self._trans_next
+        if nxt is not None and len(nxt) == new_cap:
+            nxt[self._trans_ready :] = _UNKNOWN  # what was not made ready yet
+        else:
+            nxt = np.empty((new_cap, self.n_classes), dtype=np.int32)
+            nxt[cap:] = _UNKNOWN
+        nxt[:cap] = self._trans
+        self._trans_next = None
+        self._trans_ready = 0
+        self._trans = nxt
+        self._trans_ptr = self._ffi.from_buffer("int32_t[]", nxt)
 
     def _c_run(
         self, state: int, class_weight: npt.NDArray[np.float64], cap: int, max_run_stacks: int
