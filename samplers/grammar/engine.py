@@ -241,6 +241,7 @@ class Engine:
         #: its rows are (:meth:`_trans_prepare`)
         self._trans_next: npt.NDArray[np.int32] | None = None
         self._trans_ready = 0
+        self._trans_prepare_at = 3 * 64 // 4 + 1  # (the states at which _c_sync calls it next)
         #: per state: the token elements on top of its stacks (the Python core's states
         #: only: the C core's grammars have none) / is some stack empty (1) or not (0)
         self._token_tops: list[tuple[tuple[int, int], ...]] = []
@@ -383,7 +384,7 @@ class Engine:
                 raise GrammarError(f"internal error: the grammar engine's completeness failed (code {rc})")
         if n > len(self._trans):
             self._trans_grow(n)
-        elif 4 * n > 3 * len(self._trans):
+        elif n >= self._trans_prepare_at:
             self._trans_prepare(n)
         # the new states' Python side first: another thread may read a row of the table
         # without the lock (step's fast path) and go on to a state the rows name
@@ -392,8 +393,9 @@ class Engine:
         if rc < 0:  # pragma: no cover - the table was grown above
             raise GrammarError(f"internal error: the grammar engine's sync failed (code {rc})")
 
-    #: how many rows ahead of its pace :meth:`_trans_prepare` keeps the next table
-    _PREPARE_AHEAD = 256
+    #: how many rows ahead of its pace :meth:`_trans_prepare` keeps the next table (it is
+    #: called again when half of them are used: every 32 new states)
+    _PREPARE_AHEAD = 512
 
     def _trans_prepare(self, n: int) -> None:
         """Part of the next (twice as long) transition table made ready while the table
@@ -402,21 +404,27 @@ class Engine:
         replaced. Paced at 8 rows a new state (its 2 x cap rows over the cap / 4 states
         until it is needed), the cost is spread over the steps that make states instead of
         falling on the one whose new state fills the table: the growth at 16,384 states of
-        75 classes (a 9.8 MB table, Github_ultra o12652) took 2-20 ms in one mask, mostly
+        75 classes (a 9.8 MB table, Github_ultra o12652) took 2-21 ms in one mask, mostly
         page faults. Tables of under 1 MB grow at once (cheap)."""
         cap = len(self._trans)
+        quarter = cap // 4
         nxt = self._trans_next
         if nxt is None:
             if 2 * cap * self.n_classes * 4 < _PREPARE_FROM:
+                self._trans_prepare_at = cap + 1  # (not before the growth)
                 return
             nxt = self._trans_next = np.empty((2 * cap, self.n_classes), dtype=np.int32)
             self._trans_ready = 0
-        quarter = cap // 4
         want = min(len(nxt), 2 * cap * (n - (cap - quarter)) // quarter + self._PREPARE_AHEAD)
         done = self._trans_ready
         if want > done:
             nxt[done:want] = _UNKNOWN  # (rows below cap: only touched here, the copy overwrites them)
-            self._trans_ready = want
+            self._trans_ready = done = want
+        # next when the pace has used half of the rows ahead (none before the growth when all are ready)
+        if done >= len(nxt):
+            self._trans_prepare_at = cap + 1
+        else:
+            self._trans_prepare_at = cap - quarter + (done - self._PREPARE_AHEAD // 2) * quarter // (2 * cap) + 1
 
     def _trans_grow(self, n: int) -> None:
         """The transition table replaced by one of at least ``n`` rows (doubled until it
@@ -435,6 +443,7 @@ class Engine:
         nxt[:cap] = self._trans
         self._trans_next = None
         self._trans_ready = 0
+        self._trans_prepare_at = 3 * new_cap // 4 + 1
         self._trans = nxt
         self._trans_ptr = self._ffi.from_buffer("int32_t[]", nxt)
 
