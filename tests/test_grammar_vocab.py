@@ -132,8 +132,18 @@ def test_prescanned_string_scans(
             d1, d2 = c._tg.run_derive(got, k), c._tg.run_derive(own, k)
             assert np.array_equal(d1.mask, d2.mask) and np.array_equal(d1.group_start, d2.group_start), k
             assert sorted(d1.frontier.tolist()) == sorted(d2.frontier.tolist()), k
-    # a schema's strings (bounded and not): no scan of the vocabulary, masks as the numpy walk's
-    schema = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string", "maxLength": 6}}}
+    # a schema's strings (bounded and not, and after a pattern's "." or "\\S"): no scan of
+    # the vocabulary, masks as the numpy walk's
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "string"},
+            "b": {"type": "string", "maxLength": 6},
+            "c": {"type": "string", "pattern": "^x.*$"},
+            "d": {"type": "string", "pattern": "^\\S+$"},
+            "e": {"type": "string", "pattern": "^[^\\s]+$"},
+        },
+    }
     g = Grammar.from_json_schema(schema)
     c, n = g.compile(loaded, mask_cache_size=0, kernel="c"), g.compile(loaded, mask_cache_size=0, kernel="numpy")
     own_scan = c._tg.run_scan
@@ -142,8 +152,17 @@ def test_prescanned_string_scans(
         assert k < cap, "a full-length scan of the vocabulary: the prescan was not taken"
         return own_scan(run, k, keep)
 
+    def no_extension(*_args: object, **_kwargs: object) -> object:
+        raise AssertionError("a scan extended from a smaller prescan: this run's prescan was not taken")
+
+    for doc in ('{"a": "hello wo', '{"c": "xab', '{"d": "ab', '{"e": "ab'):
+        m = c.matcher()
+        assert m.accept_bytes(doc)
+        c._run(m.state)  # the string's run: its code points are a prescan's
+        assert loaded._shared_scan(c._cp_key(c._run_words[m.state]), True) is not None, doc
     c._tg.run_scan = short_scans_only
-    for doc in ('{"a": "hello wo', '{"a": "x", "b": "ab'):
+    c._tg.run_scan_extend = no_extension
+    for doc in ('{"a": "hello wo', '{"a": "x", "b": "ab', '{"c": "xab', '{"d": "ab', '{"e": "ab'):
         mc, mn = c.matcher(), n.matcher()
         assert mc.accept_bytes(doc) and mn.accept_bytes(doc)
         for _ in range(2):
