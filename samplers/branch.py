@@ -201,9 +201,14 @@ def _grammar_sig(chain: SamplerChain, store: BranchStore) -> chain_batch.Signatu
     if not store.batched or store.device:
         return None
     sig = chain_batch.grammar_signature(chain)
-    if sig is None or int(sig[0][1]) > FAST_K_MAX:  # type: ignore[call-overload]
-        return None
-    return sig
+    return sig if sig is not None and _fast_k(sig) else None
+
+
+def _fast_k(sig: chain_batch.Signature) -> bool:
+    """Whether a grammar chain's first ``TopK`` (``sig[0]``) is small enough for the fast
+    path on the row's best candidates."""
+    k: Any = sig[0][1]
+    return int(k) <= FAST_K_MAX
 
 
 def _grammar_lead_k(chain: SamplerChain, store: BranchStore) -> int:
@@ -465,7 +470,7 @@ class BranchStore:
                     if not grammar:
                         groups.setdefault(sig, []).append(b)
                         continue
-                    if host and int(sig[0][1]) <= FAST_K_MAX:  # type: ignore[call-overload]
+                    if host and _fast_k(sig):
                         constrained.setdefault(sig, []).append(b)
                         continue
             single.append(b)

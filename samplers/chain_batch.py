@@ -93,18 +93,8 @@ def grammar_signature(chain: SamplerChain) -> Signature | None:
     :class:`SamplerChain` of a :class:`~samplers.grammar.GrammarSampler` (active: not
     waiting for a trigger, its grammar not ended), then samplers :func:`signature` takes
     (the signature returned is theirs), else None."""
-    expect("chain", chain, Sampler, "a samplers.Sampler (a SamplerChain)")
-    if type(chain) is not SamplerChain:
-        return None
-    samplers = chain.samplers
-    # (no chain holds a GrammarSampler before its module is imported: nothing to import here)
-    mod = sys.modules.get("samplers.grammar.sampler")
-    if mod is None or len(samplers) < 3 or type(samplers[0]) is not mod.GrammarSampler:
-        return None
-    g: Any = samplers[0]
-    if g.awaiting or g.matcher.ended:
-        return None
-    return _signature(samplers, 1)
+    sig, grammar = group_signature(chain)
+    return sig if grammar else None
 
 
 def group_signature(chain: Sampler) -> tuple[Signature | None, bool]:
@@ -119,6 +109,7 @@ def group_signature(chain: Sampler) -> tuple[Signature | None, bool]:
     samplers = chain.samplers
     if samplers and type(samplers[0]) is TopK:
         return _signature(samplers), False
+    # (no chain holds a GrammarSampler before its module is imported: nothing to import here)
     mod = sys.modules.get("samplers.grammar.sampler")
     if mod is None or len(samplers) < 3 or type(samplers[0]) is not mod.GrammarSampler:
         return None, False

@@ -170,13 +170,10 @@ class GrammarSampler(Sampler):
             if s.awaiting or m.ended:
                 out[i] = s.allows(t)
                 continue
-            g = s._given  # (s._words(), inline)
-            if g is not None:
-                if g[0] == (m.state, m.partial, m.ended):
-                    words = given[i] = g[1]
-                    out[i] = bool((int(words[t >> 5]) >> (t & 31)) & 1)
-                    continue
-                s._given = None
+            words = given[i] = s._words()
+            if words is not None:  # a given mask: its bit
+                out[i] = bool((int(words[t >> 5]) >> (t & 31)) & 1)
+                continue
             asks.setdefault(m.compiled, []).append(i)
         for c, idx in asks.items():
             ms = [samplers[i].matcher for i in idx]
