@@ -411,7 +411,9 @@ def anchored(node: Node) -> Node:
     pattern does not anchor. Anchors are allowed at the ends of the pattern and of its
     top-level alternatives (``^a|b$``); elsewhere they raise :class:`RegexUnsupported`."""
     branches = node.items if isinstance(node, Alt) else (node,)
-    out: list[Node] = []
+    # branches by their anchors: those alike share one ``.*`` at each open end (``.*(a|b).*``,
+    # not ``.*a.* | .*b.*``, whose states would tell apart which branch matched: 2^n of them)
+    groups: dict[tuple[bool, bool], list[Node]] = {}
     for b in branches:
         items = list(b.items) if isinstance(b, Seq) else [b]
         start = bool(items) and items[0] == Anchor(True)
@@ -426,9 +428,40 @@ def anchored(node: Node) -> Node:
             items = items[:-1]
         for it in items:
             _no_anchor(it)
-        core = [*([] if start else [_ANY_STRING]), *items, *([] if end else [_ANY_STRING])]
+        groups.setdefault((start, end), []).append(Seq(tuple(items)) if len(items) != 1 else items[0])
+    out: list[Node] = []
+    for (start, end), alike in groups.items():
+        mid = alike[0] if len(alike) == 1 else Alt(tuple(alike))
+        if not start:
+            mid = _trim(mid, 0)
+        if not end:
+            mid = _trim(mid, -1)
+        core = [*([] if start else [_ANY_STRING]), mid, *([] if end else [_ANY_STRING])]
         out.append(Seq(tuple(core)) if len(core) != 1 else core[0])
     return out[0] if len(out) == 1 else Alt(tuple(out))
+
+
+def _trim(node: Node, side: int) -> Node:
+    """``node`` with what the ``.*`` beside it (before it when ``side`` is 0, after it when
+    -1) would read anyway left out: a repetition at that end read its least number of
+    times (``.*a[a-z]+`` is ``.*a[a-z]``), through sequences and each alternative. The same
+    strings; a searched grammar's states no longer follow each alternative's loop past a
+    match (Github_easy o47657's ``UTC|(Africa/[A-Za-z]+)|...``: 812 states inside its
+    string, a few tens once trimmed)."""
+    if isinstance(node, Repeat):
+        return Seq(()) if node.min == 0 else (node.item if node.min == 1 else Repeat(node.item, node.min, node.min))
+    if isinstance(node, Alt):
+        return Alt(tuple(_trim(b, side) for b in node.items))
+    if isinstance(node, Seq) and node.items:
+        items = list(node.items)
+        while items:
+            end = _trim(items[side], side)
+            if end != Seq(()):
+                items[side] = end
+                break
+            del items[side]  # (it can read nothing: the next one in is at that end now)
+        return Seq(tuple(items)) if len(items) != 1 else items[0]
+    return node
 
 
 def _no_anchor(node: Node) -> None:
