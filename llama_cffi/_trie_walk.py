@@ -1036,6 +1036,35 @@ class TrieGrammar:
         got.absorbed = sh.absorbed
         return got
 
+    def premask_scan(self, mask: U32, premask: U64) -> RunScan:
+        """The scan of a premask plan (see :meth:`plan`): a run of length 0 whose run is
+        ``premask`` (``W`` words), its mask ``mask`` (the full-length scan's of those
+        classes' code points), its frontier the root's children of those classes whose
+        subtrees hold another class's character or a token ending inside a character
+        (``llama_cffi_trie_premask_roots``), grouped by class."""
+        trie = self.trie
+        pw = np.array(premask, dtype=np.uint64)
+        if pw.shape != (self.W,):
+            raise ValueError(f"premask must be {self.W} uint64 words")
+        m = np.ascontiguousarray(mask, dtype=np.uint32)
+        if m.shape != (trie.n_words,):
+            raise ValueError(f"mask must be {trie.n_words} uint32 words")
+        cap = trie._n_root_children + 1
+        nodes = np.empty(cap, dtype=np.int32)
+        gs = np.empty(self.n_classes + 1, dtype=np.int32)
+        n = lib.llama_cffi_trie_premask_roots(
+            trie._struct,
+            self._g,
+            ffi.from_buffer("uint64_t[]", pw),
+            ffi.from_buffer("int32_t[]", nodes),
+            cap,
+            ffi.from_buffer("int32_t[]", gs),
+        )
+        if n < 0:
+            raise ValueError("llama_cffi_trie_premask_roots refused its arguments")
+        empty = np.zeros(0, dtype=np.int32)
+        return RunScan(0, m, nodes[:n].copy(), gs, empty, empty, pw)
+
     def run_scan_extend(self, base: SharedScan, base_key: bytes, run: U64) -> SharedScan:
         """The full-length scan of ``run`` (``W`` words) as a :class:`SharedScan` without
         paths, from ``base``: the full-length shared scan of a subset of its code points
@@ -1266,13 +1295,17 @@ class TrieGrammar:
         )
         return self._pending_after(rc, "trie walk")
 
-    def plan(self, start: int, scan: RunScan, depth_states: I32, extra: I32) -> Any:
+    def plan(self, start: int, scan: RunScan, depth_states: I32, extra: I32, premask: U64 | None = None) -> Any:
         """What :meth:`mask` needs to compute the mask from ``start`` in one call: the run
         scan of its run, the states down its chain (``depth_states``, ``k + 1``) and the
         tokens to set besides the walk's (``extra``). An opaque object; keeps its arrays
         alive. What depends on the scan alone (its buffers, the groups that hold nodes) is
         made once per scan and shared by the plans of every state with that run (the
-        positions of a bounded string)."""
+        positions of a bounded string). With ``premask`` (``W`` words: classes whose every
+        string leaves ``start`` alive), ``scan`` is a walk from the root (``k = 0``, no
+        frontier) whose mask holds every token of those classes' code points (their
+        full-length scan's): the walk skips the subtrees reached and made of those classes
+        only (``premask`` in ``llama_cffi.h``)."""
         parts = self._plan_parts.get(scan)
         if parts is None:
             parts = self._plan_parts[scan] = self._scan_parts(scan)
@@ -1284,6 +1317,15 @@ class TrieGrammar:
         p.frontier, p.group_start, p.base, p.run, p.live_groups = parts[:5]
         p.start, p.k, p.n_frontier, p.n_extra = int(start), scan.k, len(scan.frontier), len(ex)
         p.n_live_groups = parts[5]
+        if premask is not None:
+            if scan.k != 0 or not np.array_equal(scan.run, premask):
+                raise ValueError("a premask plan's scan is premask_scan's (k = 0, its run the premask)")
+            pw = np.array(premask, dtype=np.uint64)  # (a copy: the caller's row may change)
+            if pw.shape != (self.W,):
+                raise ValueError(f"premask must be {self.W} uint64 words")
+            keep.append(pw)
+            p.premask = ffi.from_buffer("uint64_t[]", pw)
+            keep.append(p.premask)
         return (p, keep, ds, ex, scan, self)
 
     def _scan_parts(self, scan: RunScan) -> tuple[Any, ...]:

@@ -377,6 +377,23 @@ def test_c_core_refuses_bad_arguments() -> None:
         )
         == -4
     )
+    # a closure search and its test: a bad state, word count, bound or missing buffer is refused
+    wp = ffi.cast("double *", weights.ctypes.data)
+    cw = np.zeros(c.n_classes // 64 + 1, dtype=np.uint64)
+    cwp = ffi.cast("uint64_t *", cw.ctypes.data)
+    sts = np.zeros(256, dtype=np.int32)
+    n_st = ffi.new("int32_t *")
+    W = len(cw)
+    assert lib.llama_cffi_gengine_closed(h, 10**6, wp, 8, 16, cwp, W, i32(sts), n_st) == -4
+    assert lib.llama_cffi_gengine_closed(h, c.start, wp, 8, 16, cwp, W + 1, i32(sts), n_st) == -4
+    assert lib.llama_cffi_gengine_closed(h, c.start, wp, 8, 257, cwp, W, i32(sts), n_st) == -4
+    assert lib.llama_cffi_gengine_closed(h, c.start, wp, 8, 16, cwp, W, ffi.NULL, n_st) == -4
+    assert lib.llama_cffi_gengine_closed(h, c.start, wp, 8, 16, cwp, W, i32(sts), n_st) == 0
+    assert 0 <= n_st[0] <= 16
+    assert lib.llama_cffi_gengine_closure_pays(h, 10**6, cwp, W, wp, 1.0) == -4
+    assert lib.llama_cffi_gengine_closure_pays(h, c.start, cwp, W + 1, wp, 1.0) == -4
+    assert lib.llama_cffi_gengine_closure_pays(h, c.start, ffi.NULL, W, wp, 1.0) == -4
+    assert lib.llama_cffi_gengine_closure_pays(h, c.start, cwp, W, wp, 1.0) in (0, 1)
     pch = np.zeros(1, dtype=np.int64)
     out = np.zeros(1, dtype=np.uint8)
     assert (

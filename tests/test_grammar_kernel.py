@@ -727,6 +727,69 @@ def test_wider_chains_and_closed_runs(big_vocab: llama_cffi.Model, name: str, mo
         assert any(c._run_closed[s].any() and not np.array_equal(c._run_closed[s], c._run_words[s]) for s in known)
 
 
+def test_a_searched_patterns_states_share_one_closed_run(
+    big_vocab: llama_cffi.Model, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the default vocabulary, a pattern searched for inside a string (Github_medium
+    o33033's screen positions): every letter that begins or goes on with a match leads to
+    another state, so no run is long, yet every string character but the escape keeps all
+    of them alive. The closure of the string's state is searched once (``_closed_for``),
+    its closed run given to each of its states, and walks take whole the subtrees of its
+    classes; every mask equals the numpy walk's along the document and random walks."""
+    alts = ["top-left", "top-center", "top-right", "middle-left", "middle-center", "bottom-right"]
+    schema = {
+        "type": "object",
+        "properties": {"location": {"type": "string", "pattern": "(" + "|".join(alts) + ")"}},
+        "required": ["location"],
+    }
+    searches: list[int] = []
+    orig = CompiledGrammar._closed_for
+
+    def counted(self: CompiledGrammar, start: int) -> None:
+        searches.append(start)
+        orig(self, start)
+
+    monkeypatch.setattr(CompiledGrammar, "_closed_for", counted)
+    c, n = both(Grammar.from_json_schema(schema), big_vocab)
+    mc, mn = c.matcher(), n.matcher()
+    doc = {"location": "at the top-center, then bottom-right"}
+    inside = 0
+    for tok in [*big_vocab.tokenize(json.dumps(doc), add_special=False).tolist(), None]:
+        want = n.packed(mn.state, mn.partial)
+        assert np.array_equal(c.packed(mc.state, mc.partial), want)
+        assert np.array_equal(c.packed(mc.state, mc.partial), want)  # again: from its plan
+        if tok is None:
+            break
+        assert mc.accept_token(tok) and mn.accept_token(tok)
+        if c._run_closed[mc.state].any():
+            inside += 1
+            # its closed run holds its run and more (a letter of a match, which its run leaves)
+            run, closed = c._run_words[mc.state], c._run_closed[mc.state]
+            assert not (run & ~closed).any() and (closed & ~run).any()
+    assert inside >= 5, inside  # the string's states, each with the closure's closed run
+    assert len(searches) <= 2, searches  # once: the closure's states are not searched again
+    assert int(c._run_closed.any(axis=1).sum()) >= 20
+    # their plans walk from the root, the mask starting from the string content's prescan:
+    # only the root's children whose subtrees leave it (a quote, an escape) are walked
+    premasked = [p for p in c._plans.values() if p[0].premask != trie_walk_mod.ffi.NULL]
+    assert premasked, "no plan took the closed run's prescan"
+    scan = premasked[0][4]
+    assert scan.k == 0 and 0 < len(scan.frontier) < c._tg.trie._n_root_children // 4
+    with pytest.raises(ValueError):
+        c._tg.plan(0, c._root_scan, np.zeros(1, np.int32), np.zeros(0, np.int32), premask=scan.run)
+    with pytest.raises(ValueError):
+        c._tg.premask_scan(scan.mask[:-1], scan.run)
+    ffi, lib = trie_walk_mod.ffi, trie_walk_mod.lib
+    buf, gs = np.zeros(4, np.int32), np.zeros(c.engine.n_classes + 1, np.int32)
+    pw = ffi.from_buffer("uint64_t[]", scan.run)
+    b, g = ffi.from_buffer("int32_t[]", buf), ffi.from_buffer("int32_t[]", gs)
+    assert lib.llama_cffi_trie_premask_roots(ffi.NULL, c._tg._g, pw, b, 4, g) == -1
+    assert lib.llama_cffi_trie_premask_roots(c._tg.trie._struct, c._tg._g, ffi.NULL, b, 4, g) == -1
+    assert lib.llama_cffi_trie_premask_roots(c._tg.trie._struct, c._tg._g, pw, b, 0, g) == -1  # room for none
+    for seed in range(3):
+        compare_walk(c, n, random.Random(seed), 12, f"searched pattern walk {seed}")
+
+
 def test_binding_in_one_c_call_on_the_default_vocabulary(big_vocab: llama_cffi.Model) -> None:
     """The same on Gemma 3's 262,144 tokens, for JSON schemas and a word list."""
     for name in list(_BIG_SCHEMAS)[:3]:

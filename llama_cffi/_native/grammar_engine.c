@@ -739,7 +739,8 @@ int32_t llama_cffi_gengine_completes(const llama_cffi_gengine *e, int32_t first,
     return 0;
 }
 
-#define CLOSED_MAX 8     /* states a closed run may visit */
+#define CLOSED_MAX 8     /* states a closed run may visit (llama_cffi_gengine_run's search) */
+#define CLOSED_BIG 256   /* states llama_cffi_gengine_closed's search may visit */
 #define CLOSED_TRIES 32  /* searches for one (each after removing classes) */
 
 /* see llama_cffi_gengine_run: the closed run of state into words (W words). From the
@@ -747,12 +748,16 @@ int32_t llama_cffi_gengine_completes(const llama_cffi_gengine *e, int32_t first,
    some of them kill costs either those classes or the class it was reached by,
    whichever weighs less (class_weight: a key's closing quote leads to a state that
    kills every letter, and goes), and the search starts again. Left empty after
-   CLOSED_TRIES searches, past CLOSED_MAX states (a bounded string's positions), or at a
-   state with more than max_run_stacks stacks or a transition past the engine's budget;
-   0, or an engine error */
+   CLOSED_TRIES searches, past max_states states (a bounded string's positions), or at a
+   state with more than max_run_stacks stacks or a transition past the engine's budget.
+   With states (room for max_states), the states of the closure found go there (their
+   number in *n_states: every one of them has the same closed run). 0, or an engine error */
 static int closed_run(llama_cffi_gengine *e, int32_t state, const double *class_weight, int32_t max_run_stacks,
-                      uint64_t *words, int32_t W) {
+                      int32_t max_states, uint64_t *words, int32_t W, int32_t *states, int32_t *n_states) {
     const int64_t nc = e->n_classes;
+    int32_t seen[CLOSED_BIG], via[CLOSED_BIG];
+    if (max_states > CLOSED_BIG) max_states = CLOSED_BIG;
+    if (n_states) *n_states = 0;
     memset(words, 0, sizeof(uint64_t) * (size_t)W);
     int rc = e->st_len.v[state] > max_run_stacks ? -3 : fill_row_(e, state);
     if (rc == -3 || rc == -6) return 0; /* an ambiguous state, past the budget: no closed run */
@@ -763,7 +768,6 @@ static int closed_run(llama_cffi_gengine *e, int32_t state, const double *class_
 #define IN_L(c) ((words[(c) / 64] >> ((c) % 64)) & 1u)
 #define DROP(c) (words[(c) / 64] &= ~((uint64_t)1 << ((c) % 64)))
     for (int tries = 0; tries < CLOSED_TRIES; tries++) {
-        int32_t seen[CLOSED_MAX], via[CLOSED_MAX];
         int32_t n_seen = 1;
         seen[0] = state;
         via[0] = -1;
@@ -800,7 +804,7 @@ static int closed_run(llama_cffi_gengine *e, int32_t state, const double *class_
                 int known = 0;
                 for (int32_t j = 0; j < n_seen && !known; j++) known = seen[j] == nx;
                 if (known) continue;
-                if (n_seen == CLOSED_MAX) { /* too many states (a bounded string's positions): none */
+                if (n_seen == max_states) { /* too many states (a bounded string's positions): none */
                     rc = -3;
                     break;
                 }
@@ -810,12 +814,41 @@ static int closed_run(llama_cffi_gengine *e, int32_t state, const double *class_
             if (rc) break;
         }
         if (rc == -3 || rc == -6) break;
-        if (!again) return 0; /* every state reached stays alive on every class left */
+        if (!again) { /* every state reached stays alive on every class left */
+            if (states) {
+                memcpy(states, seen, sizeof(int32_t) * (size_t)n_seen);
+                *n_states = n_seen;
+            }
+            return 0;
+        }
     }
 #undef IN_L
 #undef DROP
     memset(words, 0, sizeof(uint64_t) * (size_t)W); /* none found within the bounds */
     return 0;
+}
+
+int32_t llama_cffi_gengine_closure_pays(const llama_cffi_gengine *e, int32_t state, const uint64_t *run_words,
+                                        int32_t W, const double *class_weight, double min_off) {
+    if (!e || !check_state(e, state) || !run_words || !class_weight || W != e->n_classes / 64 + 1) return -4;
+    if ((int64_t)state * e->n_classes + e->n_classes > e->trans.n) return 0; /* (its row not filled: no run) */
+    const int32_t *row = e->trans.v + (int64_t)state * e->n_classes;
+    double w_run = 0.0, w_off = 0.0;
+    for (int64_t c = 0; c < e->n_classes; c++)
+        if (row[c] >= 0) {
+            if ((run_words[c / 64] >> (c % 64)) & 1u) w_run += class_weight[c];
+            else w_off += class_weight[c];
+        }
+    return w_off >= min_off && w_run >= 4.0 * w_off;
+}
+
+int32_t llama_cffi_gengine_closed(llama_cffi_gengine *e, int32_t state, const double *class_weight,
+                                  int32_t max_run_stacks, int32_t max_states, uint64_t *words, int32_t W,
+                                  int32_t *states, int32_t *n_states) {
+    if (!e || !check_state(e, state) || !class_weight || !words || !states || !n_states || max_states < 1 ||
+        max_states > CLOSED_BIG || W != e->n_classes / 64 + 1)
+        return -4;
+    return closed_run(e, state, class_weight, max_run_stacks, max_states, words, W, states, n_states);
 }
 
 static int32_t run_chain(llama_cffi_gengine *e, int32_t state, const double *class_weight, int32_t cap,
@@ -848,7 +881,7 @@ int32_t llama_cffi_gengine_run(llama_cffi_gengine *e, int32_t state, const doubl
                 else w_off += class_weight[c];
             }
         if (distinct <= CLOSED_MAX && w_off > 0.0 && 4.0 * w_off >= w_run) {
-            rc = closed_run(e, state, class_weight, max_run_stacks, closed_words, W);
+            rc = closed_run(e, state, class_weight, max_run_stacks, CLOSED_MAX, closed_words, W, NULL, NULL);
             if (rc) return rc;
             /* one that adds nothing to a run of any length is left out: a walk would test
                each node it descends into against it again (a string's loop: the same) */

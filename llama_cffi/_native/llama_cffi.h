@@ -463,11 +463,24 @@ typedef struct {
        (llama_cffi_trie_plan_groups); NULL: the walk tries all (k + 1) * n_classes */
     const int32_t *live_groups;
     int32_t n_live_groups;
+    /* NULL, or (W words) classes whose code points base holds every token of (the
+       full-length scan of their code points: a closed run of start's, whose every string
+       leaves start alive): a subtree the walk reaches by characters of these classes
+       only, and that holds no other below, is in base already, and is not walked. Then
+       k = 0, run is premask, and the frontier holds the root's children of those classes
+       left to walk (llama_cffi_trie_premask_roots); the others' are implicit */
+    const uint64_t *premask;
 } llama_cffi_trie_plan;
 /* p's live groups (see llama_cffi_trie_plan) written into buf (cap values, at least
    (k + 1) * n_classes) and p->live_groups / n_live_groups set to them: a walk from a deep
    run (k + 1 = 33 depths of tens of classes) then enters only the few groups that hold
    nodes. 0, -1 bad data */
+/* the root's children of premask's classes (W words) whose subtrees hold a character of
+   another class, or a token ending inside a character, into nodes (cap at most), grouped
+   by class: class c's are nodes[group_start[c] .. group_start[c + 1]] (n_classes + 1
+   values); their number, or -1 (bad data, cap too small, more than 64 words of classes) */
+int32_t llama_cffi_trie_premask_roots(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g,
+                                      const uint64_t *premask, int32_t *nodes, int32_t cap, int32_t *group_start);
 int llama_cffi_trie_plan_groups(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, llama_cffi_trie_plan *p,
                                 int32_t *buf, int32_t cap);
 int llama_cffi_trie_mask(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, const llama_cffi_trie_plan *p,
@@ -646,6 +659,24 @@ int32_t llama_cffi_gengine_completes(const llama_cffi_gengine *e, int32_t first,
 int32_t llama_cffi_gengine_run(llama_cffi_gengine *e, int32_t state, const double *class_weight, int32_t cap,
                                int32_t max_run_stacks, int32_t *chain, uint64_t *run_words, uint64_t *closed_words,
                                int32_t W);
+/* A closed run of state as llama_cffi_gengine_run's (the classes from state's live ones
+   that every state strings over them lead to stays alive on), searched over at most
+   max_states states (1 .. 256), whatever its run or the classes' weights: into words (W
+   words; all zero when none is found), and the states of its closure into states (room
+   for max_states; their number in *n_states), each of which has it as a closed run too.
+   For a state whose run leaves much of the vocabulary to a walk (a searched pattern:
+   ".*(top|bottom).*" leaves every token with a "t" or a "b"). 0, or an error (as
+   llama_cffi_gengine_run's) */
+/* Whether a closure search (llama_cffi_gengine_closed) pays for state, whose run's classes
+   are run_words (W words; its row filled, as after llama_cffi_gengine_run): 1 when the
+   classes it takes off its run weigh at least min_off (class_weight: trie nodes per class;
+   a walk descends them all) and its run's at least 4 times as much (a string's content);
+   0 when not, or when its row is not filled; -4 bad arguments */
+int32_t llama_cffi_gengine_closure_pays(const llama_cffi_gengine *e, int32_t state, const uint64_t *run_words,
+                                        int32_t W, const double *class_weight, double min_off);
+int32_t llama_cffi_gengine_closed(llama_cffi_gengine *e, int32_t state, const double *class_weight,
+                                  int32_t max_run_stacks, int32_t max_states, uint64_t *words, int32_t W,
+                                  int32_t *states, int32_t *n_states);
 /* per partial UTF-8 character (pchars[k]: value << 2 | bytes still needed), whether some
    stack of state can take a completion of it (llama_grammar_match_partial_char), into out */
 int llama_cffi_gengine_pchar_ok(llama_cffi_gengine *e, int32_t state, const int64_t *pchars, int32_t n,

@@ -291,11 +291,11 @@ static inline int root_class_step(const llama_cffi_trie *t, const llama_cffi_tri
    into those tables (writeable: see llama_cffi.h); 0, or an engine error offset */
 static int compute_run(const llama_cffi_trie_grammar *g, int32_t s) {
     /* (not its closed run: its search fills rows, which a walk that meets many states
-       for the first time would pay for each; the plans' runs, made by Python, have theirs) */
+       for the first time would pay for each; the plans' runs, made by Python, have theirs,
+       and so do the states of a closure Python found, whose closed run is left as it is) */
     int32_t n = llama_cffi_gengine_run((llama_cffi_gengine *)g->engine, s, g->class_weight, g->run_cap,
                                        g->max_run_stacks, g->run_chain, (uint64_t *)g->run_words + (size_t)s * g->W,
                                        NULL, g->W);
-    if (g->run_closed) memset((uint64_t *)g->run_closed + (size_t)s * g->W, 0, sizeof(uint64_t) * (size_t)g->W);
     if (n < 0) return LLAMA_CFFI_GENGINE_WALK_ERR + n;
     ((int32_t *)g->run_len)[s] = n - 1;
     ((uint8_t *)g->run_known)[s] = 1;
@@ -303,6 +303,11 @@ static int compute_run(const llama_cffi_trie_grammar *g, int32_t s) {
 }
 
 static inline int in_set(const uint64_t *words, int32_t c) { return (int)((words[c >> 6] >> (c & 63)) & 1u); }
+static inline int any_word(const uint64_t *words, int32_t W) {
+    uint64_t any = 0;
+    for (int32_t i = 0; i < W; i++) any |= words[i];
+    return any != 0;
+}
 
 /* node n's class under g: the class of its code point (no per-grammar node array);
    -1 when the trie's code point index is out of g's range (bad data) */
@@ -515,20 +520,27 @@ static inline int node_tokens(const llama_cffi_trie *t, const llama_cffi_trie_gr
    ending here; 1: descend into the children, 0: done with this subtree, <0 error */
 static inline int visit(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, int32_t node, int32_t ps,
                         int32_t s, uint32_t *mask, int32_t *pending, int32_t pending_cap, int32_t *n_pending,
-                        int *moved, run_sums *sums) {
+                        int *moved, run_sums *sums, const uint64_t *pre) {
     const llama_cffi_tnode *nd = t->nodes + node;
     int32_t rs = nd->row_start, re = nd->row_end;
     if (rs < 0 || re < rs || re > t->n_vocab) return -1;
-    if (s < g->n_run_states && !g->run_known[s] && re - rs >= g->absorb_min_rows && g->engine && g->class_weight &&
+    /* reached by the premask's classes only (pre: their summary), and none other below:
+       its tokens are in the plan's base already */
+    if (pre && covered(t, node, pre)) return 0;
+    const int in_tables = s < g->n_run_states;
+    if (in_tables && !g->run_known[s] && re - rs >= g->absorb_min_rows && g->engine && g->class_weight &&
         g->run_chain) {
         /* the run of s, computed here (the arrays are the caller's writeable tables) */
         *moved = 1; /* the engine may have made states: its table may have moved */
         int rc = compute_run(g, s);
         if (rc) return rc;
+        sums->state[s & (RUN_SUMS - 1)] = -1; /* (a summary made before, of no run, is stale) */
     }
-    if (s < g->n_run_states && g->run_known[s]) {
+    const int known = in_tables && g->run_known[s];
+    /* (a state whose run is not known yet may have a closed run: a closure's, from Python) */
+    if (known || (in_tables && g->run_closed && any_word(g->run_closed + (size_t)s * (size_t)g->W, g->W))) {
         const uint64_t *sum = run_sum_of(g, sums, s), *closed;
-        if ((nd->height <= g->run_len[s] && covered(t, node, sum)) ||
+        if ((known && nd->height <= g->run_len[s] && covered(t, node, sum)) ||
             ((closed = closed_sum_of(g, sums, s)) && covered(t, node, closed))) {
             /* every token below continues in s's run, or in its closed run: the whole subtree */
             for (int32_t r = rs; r < re; r++) {
@@ -538,7 +550,8 @@ static inline int visit(const llama_cffi_trie *t, const llama_cffi_trie_grammar 
             }
             return 0;
         }
-    } else if (re - rs >= g->absorb_min_rows) {
+    }
+    if (!known && re - rs >= g->absorb_min_rows) {
         PEND(node, ps, LLAMA_CFFI_PEND_RUN, s); /* worth knowing s's run */
         return 0;
     }
@@ -552,13 +565,68 @@ static inline int visit(const llama_cffi_trie *t, const llama_cffi_trie_grammar 
 }
 
 /* the subtree below node (its character taken: live state s, from ps), depth first */
+/* a walk's premask (see llama_cffi_trie_plan): the classes' words and their summary
+   (the partial-character bit left out: a token ending inside a character is not in a
+   scan's base), and per frame of descend whether its path is of those classes only */
+#define PRE_DEPTH 1024
+typedef struct {
+    const uint64_t *words;
+    uint64_t sum[3];
+    uint8_t in[PRE_DEPTH];
+} premask_t;
+
+/* the summary of a premask's classes (W words) without the partial-character bit; -1
+   when g has more than 64 words of classes (no premask then) */
+static int premask_summary(const llama_cffi_trie_grammar *g, const uint64_t *premask, uint64_t sum[3]) {
+    if (g->W > 64 || g->W < 1) return -1;
+    uint64_t w[64];
+    memcpy(w, premask, sizeof(uint64_t) * (size_t)g->W);
+    w[g->n_classes / 64] &= ~((uint64_t)1 << (g->n_classes % 64));
+    run_summary(g, w, sum);
+    return 0;
+}
+
+int32_t llama_cffi_trie_premask_roots(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g,
+                                      const uint64_t *premask, int32_t *nodes, int32_t cap, int32_t *group_start) {
+    if (!t || !g || !premask || !nodes || !group_start || cap < 0 || !g->root_nodes || !g->root_start ||
+        !t->below_asc || !t->below_flags || !g->asc_table || !g->na_classes)
+        return -1;
+    uint64_t sum[3];
+    if (premask_summary(g, premask, sum)) return -1;
+    const int32_t nc = g->n_classes;
+    int32_t n = 0;
+    for (int32_t c = 0; c < nc; c++) {
+        group_start[c] = n;
+        if (!in_set(premask, c)) continue;
+        int32_t a, b;
+        if (root_group(t, g, c, &a, &b)) return -1;
+        for (int32_t i = a; i < b; i++) {
+            const int32_t node = g->root_nodes[i];
+            if (node < 0 || node >= t->n_nodes) return -1;
+            if (covered(t, node, sum)) continue;
+            if (n >= cap) return -1;
+            nodes[n++] = node;
+        }
+    }
+    group_start[nc] = n;
+    return n;
+}
+
 static int descend(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, int32_t node, int32_t ps, int32_t s,
                    int root, uint32_t *mask, int32_t *pending, int32_t pending_cap, int32_t *n_pending,
-                   int32_t *f_node, int32_t *f_state, int32_t *f_next, int32_t depth_cap, run_sums *sums) {
+                   int32_t *f_node, int32_t *f_state, int32_t *f_next, int32_t depth_cap, run_sums *sums,
+                   premask_t *pm) {
     const int32_t n_nodes = t->n_nodes, nc_ = g->n_classes;
     int moved = 0;
+    /* (pm only when depth_cap <= PRE_DEPTH: the walk's check) */
+    if (pm) {
+        const int32_t c0 = root ? 0 : node_cls(t, g, node);
+        if (c0 < 0 || c0 >= nc_) return -1;
+        pm->in[0] = (uint8_t)(root || in_set(pm->words, c0));
+    }
     if (!root) {
-        int v = visit(t, g, node, ps, s, mask, pending, pending_cap, n_pending, &moved, sums);
+        int v = visit(t, g, node, ps, s, mask, pending, pending_cap, n_pending, &moved, sums,
+                      pm && pm->in[0] ? pm->sum : NULL);
         if (v <= 0) return v;
     }
     const int32_t *tab = table_of(g);
@@ -610,7 +678,9 @@ static int descend(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, i
                 continue;
             }
             if (s2 >= n_st) return -1;
-            int v = visit(t, g, ch, cs, s2, mask, pending, pending_cap, n_pending, &moved, sums);
+            const int in_pre = pm && pm->in[d] && in_set(pm->words, c);
+            int v = visit(t, g, ch, cs, s2, mask, pending, pending_cap, n_pending, &moved, sums,
+                          in_pre ? pm->sum : NULL);
             if (moved) {
                 tab = table_of(g);
                 n_st = n_states_of(g);
@@ -625,6 +695,7 @@ static int descend(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, i
             f_node[d] = ch;
             f_state[d] = s2;
             f_next[d] = 0;
+            if (pm) pm->in[d] = (uint8_t)in_pre;
             descended = 1;
             break;
         }
@@ -636,14 +707,15 @@ static int descend(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, i
 static int walk(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, const int32_t *nodes,
                 const int32_t *states, int32_t n, const int32_t *group_start, const int32_t *depth_states,
                 const uint64_t *run, int32_t k, int32_t start, const int32_t *live, int32_t n_live, uint32_t *mask,
-                int32_t *pending, int32_t pending_cap, int32_t *n_pending, int32_t *frames, int32_t frames_cap);
+                int32_t *pending, int32_t pending_cap, int32_t *n_pending, int32_t *frames, int32_t frames_cap,
+                const uint64_t *premask);
 
 int llama_cffi_trie_walk(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, const int32_t *nodes,
                          const int32_t *states, int32_t n, const int32_t *group_start, const int32_t *depth_states,
                          const uint64_t *run, int32_t k, int32_t start, uint32_t *mask, int32_t *pending, int32_t pending_cap,
                          int32_t *n_pending, int32_t *frames, int32_t frames_cap) {
     return walk(t, g, nodes, states, n, group_start, depth_states, run, k, start, NULL, 0, mask, pending, pending_cap,
-                n_pending, frames, frames_cap);
+                n_pending, frames, frames_cap, NULL);
 }
 
 int llama_cffi_trie_plan_groups(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, llama_cffi_trie_plan *p,
@@ -659,7 +731,7 @@ int llama_cffi_trie_plan_groups(const llama_cffi_trie *t, const llama_cffi_trie_
         int32_t a = p->group_start[gi], b = p->group_start[gi + 1];
         if (a < 0 || b < a || b > p->n_frontier) return -1;
         int live = a < b;
-        if (!live && gi < nc && (p->k == 0 || !in_set(p->run, (int32_t)gi))) {
+        if (!live && gi < nc && ((p->k == 0 && !p->premask) || !in_set(p->run, (int32_t)gi))) {
             int32_t ra, rb;
             if (root_group(t, g, (int32_t)gi, &ra, &rb)) return -1;
             live = ra < rb;
@@ -674,7 +746,8 @@ int llama_cffi_trie_plan_groups(const llama_cffi_trie *t, const llama_cffi_trie_
 static int walk(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, const int32_t *nodes,
                 const int32_t *states, int32_t n, const int32_t *group_start, const int32_t *depth_states,
                 const uint64_t *run, int32_t k, int32_t start, const int32_t *live, int32_t n_live, uint32_t *mask,
-                int32_t *pending, int32_t pending_cap, int32_t *n_pending, int32_t *frames, int32_t frames_cap) {
+                int32_t *pending, int32_t pending_cap, int32_t *n_pending, int32_t *frames, int32_t frames_cap,
+                const uint64_t *premask) {
     if (!t || !g || (!nodes && n) || !mask || !pending || !n_pending || !frames) return -1;
     if (!t->below_asc || !t->below_flags || !t->nodes || !t->row_tok || !g->asc_table || !g->na_classes) return -1;
     if (!states && !group_start && (start < 0 || start >= n_states_of(g))) return -1;
@@ -687,6 +760,16 @@ static int walk(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, cons
     *n_pending = 0;
     run_sums sums;
     run_sums_init(&sums);
+    premask_t pm_, *pm = NULL;
+    if (premask) {
+        /* (a premask plan's run is its premask: its root groups of those classes are
+           implicit no more, their children left to walk are the plan's frontier) */
+        if (k != 0 || !run || memcmp(run, premask, sizeof(uint64_t) * (size_t)g->W)) return -1;
+        if (depth_cap <= PRE_DEPTH && !premask_summary(g, premask, pm_.sum)) {
+            pm_.words = premask;
+            pm = &pm_;
+        }
+    }
     if (group_start) {
         /* nodes grouped by (depth of the parent, class), entered from the state at that
            depth: a class that state does not take skips its group at once (with live, the
@@ -702,9 +785,11 @@ static int walk(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, cons
             {
                 int32_t a = group_start[gi], b = group_start[gi + 1];
                 if (a < 0 || b < a || b > n) return -1;
-                /* at depth 0, the root's children of a class that leaves the run: implicit */
+                /* at depth 0, the root's children of a class that leaves the run: implicit
+                   (every class when k = 0, but a premask's) */
                 int32_t ra = 0, rb = 0;
-                if (d == 0 && (k == 0 || !in_set(run, c)) && root_group(t, g, c, &ra, &rb)) return -1;
+                if (d == 0 && ((k == 0 && !premask) || !in_set(run, c)) && root_group(t, g, c, &ra, &rb))
+                    return -1;
                 if (a == b && ra == rb) continue;
                 /* (the table is read again for each class: a descent may move the engine's) */
                 int32_t s = table_of(g)[(size_t)ps * (size_t)nc_ + (size_t)c];
@@ -721,7 +806,7 @@ static int walk(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, cons
                     int32_t node = i < b ? nodes[i] : g->root_nodes[ra + (i - b)];
                     if (node < 0 || node >= n_nodes || node_cls(t, g, node) != c) return -1;
                     int rc = descend(t, g, node, ps, s, 0, mask, pending, pending_cap, n_pending, f_node, f_state,
-                                     f_next, depth_cap, &sums);
+                                     f_next, depth_cap, &sums, d == 0 ? pm : NULL);
                     if (rc < 0) return rc;
                 }
             }
@@ -735,7 +820,7 @@ static int walk(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, cons
         int rc;
         if (node == n_nodes) { /* the root: no character (its partial tokens are decided by the caller) */
             rc = descend(t, g, node, ps, ps, 1, mask, pending, pending_cap, n_pending, f_node, f_state, f_next,
-                         depth_cap, &sums);
+                         depth_cap, &sums, NULL);
         } else {
             int32_t c = node_cls(t, g, node);
             if (c < 0 || c >= nc_) return -1;
@@ -749,7 +834,7 @@ static int walk(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, cons
             if (s < 0) continue;
             if (s >= n_states_of(g)) return -1;
             rc = descend(t, g, node, ps, s, 0, mask, pending, pending_cap, n_pending, f_node, f_state, f_next,
-                         depth_cap, &sums);
+                         depth_cap, &sums, NULL);
         }
         if (rc < 0) return rc;
     }
@@ -768,7 +853,8 @@ int llama_cffi_trie_mask(const llama_cffi_trie *t, const llama_cffi_trie_grammar
     }
     if (p->n_live_groups < 0 || (p->n_live_groups && !p->live_groups)) return -1;
     return walk(t, g, p->frontier, NULL, p->n_frontier, p->group_start, p->depth_states, p->run, p->k, p->start,
-                p->live_groups, p->n_live_groups, mask, pending, pending_cap, n_pending, frames, frames_cap);
+                p->live_groups, p->n_live_groups, mask, pending, pending_cap, n_pending, frames, frames_cap,
+                p->premask);
 }
 
 int llama_cffi_trie_position_mask(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g,
@@ -790,7 +876,11 @@ int llama_cffi_trie_position_mask(const llama_cffi_trie *t, const llama_cffi_tri
     /* start's run, as Python's (closed run included), into chain and g's run tables */
     uint64_t *rw = (uint64_t *)g->run_words + (size_t)start * W;
     uint64_t *closed = g->run_closed ? (uint64_t *)g->run_closed + (size_t)start * W : NULL;
-    int32_t n = llama_cffi_gengine_run(e, start, g->class_weight, g->run_cap, g->max_run_stacks, chain, rw, closed, W);
+    /* (a closed run start has already, its closure's from Python, is kept when its own
+       search finds none) */
+    const int had_closed = closed && any_word(closed, W);
+    int32_t n = llama_cffi_gengine_run(e, start, g->class_weight, g->run_cap, g->max_run_stacks, chain, rw,
+                                       had_closed ? NULL : closed, W);
     if (n < 0) return LLAMA_CFFI_GENGINE_WALK_ERR + n;
     ((int32_t *)g->run_len)[start] = n - 1;
     ((uint8_t *)g->run_known)[start] = 1;
@@ -972,7 +1062,7 @@ int llama_cffi_trie_first_mask(const llama_cffi_trie *t, const llama_cffi_trie_g
             int32_t node = g->root_nodes[i];
             if (node < 0 || node >= n_nodes || node_cls(t, g, node) != c) return -1;
             int rc = descend(t, g, node, start, s, 0, mask, pending, pending_cap, n_pending, f_node, f_state, f_next,
-                             depth_cap, &sums);
+                             depth_cap, &sums, NULL);
             if (rc < 0) return rc;
         }
     }

@@ -72,6 +72,12 @@ _ROOT_PLAN_MAX = 64  # a first mask skips the plan when its run starts at most t
 #: tokens, where the plan's scan takes whole subtrees at once)
 _ROOT_PLAN_TOKENS = 16384
 _RUN_STACKS_MAX = 256  # a run's chain stops at a state with more stacks than this
+#: a plan whose state's run leaves at least this many of the trie's nodes to the walk
+#: (nodes of a class the state takes off its run; a searched pattern's: ".*(top|bottom).*"
+#: leaves each "t" and "b") has its state's closure searched, over at most
+#: _CLOSED_STATES states (see _closed_for)
+_CLOSED_FRONTIER = 4096
+_CLOSED_STATES = 256
 _CHAIN_MAX = 4  # states before a wider chain's last run must repeat (_wider_chain)
 #: a wider chain only for a short run that at least this many tokens start with (_wider_chain)
 _CHAIN_MIN_TOKENS = 2048
@@ -275,6 +281,8 @@ class CompiledGrammar:
             self._run_known = np.zeros(_TABLE_ROWS, dtype=bool)
             self._run_words = np.zeros((_TABLE_ROWS, w), dtype=np.uint64)
             self._run_closed = np.zeros((_TABLE_ROWS, w), dtype=np.uint64)  # closed runs (zero: none known)
+            self._closed_tried: set[int] = set()  # states whose closure was searched (_closed_for)
+            self._premask_scans: dict[bytes, RunScan | None] = {}  # see _premask_scan
             self._class_first_tokens: npt.NDArray[np.float64] | None = None  # see _first_tokens
             self._run_len = np.zeros(_TABLE_ROWS, dtype=np.int32)
             self._run_chain: dict[int, npt.NDArray[np.int32]] = {}
@@ -1133,6 +1141,18 @@ class CompiledGrammar:
         complete."""
         eng = self.engine
         chain = self._run(start)  # also completes the rows of the chain's states
+        if eng.core == "c" and self._closure_pays(start):
+            if start not in self._closed_tried:
+                self._closed_for(start)
+            closed = self._run_closed[start]
+            if closed.any() and not (self._run_words[start] & ~closed).any() and not self._scan_ready(start, chain):
+                # its closed run holds its run: a walk from the root takes whole what the
+                # run's scan would, and more; the scan would cost milliseconds (~5 for
+                # ".*(top-left|...).*", whose run leaves each "t", "m" and "b"), where the
+                # walk sets each token's bit (0.5-1 ms at 262,144 tokens). A run whose scan
+                # is made already takes its plan: its mask is one OR, and its closed run
+                # still serves below its frontier
+                return self._root_plan(start, closed)
         wider = self._wider_chain(start, chain)
         if wider is None:
             scan = self._run_scan(start, len(chain) - 1)
@@ -1189,6 +1209,51 @@ class CompiledGrammar:
             self._settled.add(state)
             return True
         return False
+
+    def _closed_for(self, start: int) -> None:
+        """The closed run of ``start`` searched over more states than a run's own search
+        (:data:`_CLOSED_STATES`, against 8), whatever the classes' weights, and given to
+        every state of its closure that has none: their walks then take whole each subtree
+        of its classes. For a plan whose scan leaves much to the walk: in a searched
+        pattern (``.*(top-left|top-right).*``), the states that tell how much of a match is
+        read are ~100, each letter of a match leads to another, so no run is long, and each
+        walk from them descended every token with such a letter (6-7 ms at 262,144 tokens);
+        but every string character keeps them all alive (the closing quote aside). Searched
+        once per state (under the lock)."""
+        self._closed_tried.add(start)
+        if self._run_closed[start].any():
+            return
+        words, states = self.engine._c_closed(start, self._class_weight_f, _RUN_STACKS_MAX, _CLOSED_STATES)
+        if not words.any() or not len(states):
+            return
+        top = int(states.max())
+        if top >= len(self._run_known):
+            self._grow_runs(max(2 * len(self._run_known), top + 1))
+        bare = states[~self._run_closed[states].any(axis=1)]
+        self._run_closed[bare] = words
+        self._closed_tried.update(states.tolist())
+
+    def _closure_pays(self, state: int) -> bool:
+        """Whether a plan for ``state`` (its row and run known) should search its closure
+        (:meth:`_closed_for`): when the classes it takes off its run hold at least
+        :data:`_CLOSED_FRONTIER` of the trie's nodes (a walk would descend them all), and its
+        run's classes at least 4 times as many (a string's content, whose searched pattern
+        tells a few letters apart; not a value's first character, where ``[``, ``{`` and
+        ``"`` lead to the whole grammar: a search there fills hundreds of rows, ms, and
+        finds nothing). One C call (numpy's would cost tens of microseconds in a fresh
+        process, at each string's first mask)."""
+        return self.engine._c_closure_pays(state, self._run_words[state], self._class_weight_f, _CLOSED_FRONTIER)
+
+    def _scan_ready(self, state: int, chain: npt.NDArray[np.int32]) -> bool:
+        """Whether the scan :meth:`_run_scan` would give the run of ``state`` (its chain
+        ``chain``) is made already: by this grammar, or (full-length) shared by the
+        vocabulary, or derived from a base this grammar made."""
+        run = self._run_words[state]
+        key = run.tobytes()
+        k = len(chain) - 1
+        if (key, k) in self._run_scans or (k < self._run_cap and key in self._run_bases):
+            return True
+        return k == self._run_cap and self.vocab._shared_scan(self._cp_key(run)) is not None
 
     def _bounded_position(self, chain: npt.NDArray[np.int32]) -> bool:
         """Whether the state whose run's chain is ``chain`` (see :meth:`_run`) is a bounded
@@ -1300,17 +1365,39 @@ class CompiledGrammar:
         bits = np.unpackbits(run.view(np.uint8), bitorder="little")[: self.engine.n_classes]
         return int(self._root_count[bits.astype(bool)].sum()) <= _ROOT_PLAN_MAX
 
-    def _root_plan(self, start: int) -> Any:
+    def _root_plan(self, start: int, closed: npt.NDArray[np.uint64] | None = None) -> Any:
         """A plan for the first mask from ``start``: no run, no scan (what a plan costs is
         repaid only by a state masked again), the walk from the root through the root
         groups; besides it, the tokens that are only a partial character that ``start``
-        can complete, and end-of-generation when ``start`` is complete."""
+        can complete, and end-of-generation when ``start`` is complete. With ``closed``, a
+        closed run of ``start``'s whose code points have a full-length scan in the
+        vocabulary (JSON string content, prescanned: a searched pattern's closure), the
+        plan's mask starts from that scan's, and the walk skips what it holds (``premask``
+        in ``llama_cffi._trie_walk.TrieGrammar.plan``): it sets no bit of the ~260,000
+        tokens of a string's content one by one."""
         extra = [self._eog_ids] if self.engine.is_complete(start) else []
         rp = self._root_pt
         if len(rp):
             extra.append(rp[self._state_pchar_ok(start)[self._pchar_slot[rp]]])
         toks = np.concatenate(extra).astype(np.int32) if extra else np.zeros(0, dtype=np.int32)
-        return self._tg.plan(start, self._root_scan, np.array([start], dtype=np.int32), toks)
+        chain = np.array([start], dtype=np.int32)
+        if closed is not None:
+            scan = self._premask_scan(closed)
+            if scan is not None:
+                return self._tg.plan(start, scan, chain, toks, premask=closed)
+        return self._tg.plan(start, self._root_scan, chain, toks)
+
+    def _premask_scan(self, closed: npt.NDArray[np.uint64]) -> RunScan | None:
+        """A run of length 0 (a walk from the root) whose mask is the full-length scan's of
+        the code points of ``closed``'s classes, when the vocabulary has that scan (None
+        when not); made once per classes."""
+        key = closed.tobytes()
+        if key in self._premask_scans:
+            return self._premask_scans[key]
+        sh = self.vocab._shared_scan(self._cp_key(closed))
+        got = None if sh is None else self._tg.premask_scan(self._tg.unshare(sh, closed).mask, closed)
+        self._premask_scans[key] = got
+        return got
 
     def _run_key(self, state: int, row: npt.NDArray[np.int32]) -> bytes:
         """The classes of the run of ``state`` (see :meth:`_run`) as a key, from its row."""
@@ -1386,7 +1473,7 @@ class CompiledGrammar:
         if state >= len(self._run_known):
             self._grow_runs(max(2 * len(self._run_known), state + 1))
         self._run_words[state] = run
-        if closed is not None:
+        if closed is not None and closed.any():  # (else the one it may have, its closure's: _closed_for)
             self._run_closed[state] = closed
         self._run_len[state] = len(chain) - 1
         self._run_known[state] = True

@@ -482,6 +482,58 @@ class Engine:
             )
         return chain[:n], words, closed
 
+    def _c_closure_pays(
+        self, state: int, run_words: npt.NDArray[np.uint64], class_weight: npt.NDArray[np.float64], min_off: float
+    ) -> bool:
+        """``llama_cffi_gengine_closure_pays``: whether ``state`` (its run's classes
+        ``run_words``, from :meth:`_c_run`) is worth a closure search (C core only)."""
+        ffi = self._ffi
+        given = self._weight_c  # (the buffer :meth:`_c_run` made for the same weights)
+        if given is None or given[0] is not class_weight:
+            cw = np.ascontiguousarray(class_weight, dtype=np.float64)
+            if len(cw) < self.n_classes:
+                raise ValueError("class_weight needs a value per class")
+            given = self._weight_c = (class_weight, cw, ffi.from_buffer("double[]", cw))
+        rw = np.ascontiguousarray(run_words, dtype=np.uint64)
+        rc = _lib().llama_cffi_gengine_closure_pays(
+            self._c, state, ffi.from_buffer("uint64_t[]", rw), len(rw), given[2], min_off
+        )
+        if rc < 0:
+            raise GrammarError(f"a closure's test: the grammar engine refused its arguments (code {rc})")
+        return bool(rc)
+
+    def _c_closed(
+        self, state: int, class_weight: npt.NDArray[np.float64], max_run_stacks: int, max_states: int
+    ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.int32]]:
+        """A closed run of ``state`` searched over at most ``max_states`` states (1 to 256;
+        ``llama_cffi_gengine_closed``): its classes (``n_classes // 64 + 1`` words, all zero
+        when none is found) and the states of its closure, each of which has the same closed
+        run. For :meth:`samplers.grammar.compiled.CompiledGrammar._plan`; C core only."""
+        ffi = self._ffi
+        w = self.n_classes // 64 + 1
+        words = np.zeros(w, dtype=np.uint64)
+        states = np.empty(max_states, dtype=np.int32)
+        n = ffi.new("int32_t *")
+        cw = np.ascontiguousarray(class_weight, dtype=np.float64)
+        if len(cw) < self.n_classes:
+            raise ValueError("class_weight needs a value per class")
+        with self._lock:
+            self._c_call(
+                "a closed run",
+                _lib().llama_cffi_gengine_closed(
+                    self._c,
+                    state,
+                    ffi.from_buffer("double[]", cw),
+                    max_run_stacks,
+                    max_states,
+                    ffi.from_buffer("uint64_t[]", words),
+                    w,
+                    ffi.from_buffer("int32_t[]", states),
+                    n,
+                ),
+            )
+        return words, states[: n[0]]
+
     def _c_pchar_ok(self, state: int, pchars: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
         """Per partial character (``value << 2 | bytes still needed``): can ``state`` take
         a completion of it (C core; :meth:`partial_ok` for each)."""
