@@ -742,18 +742,20 @@ int32_t llama_cffi_gengine_completes(const llama_cffi_gengine *e, int32_t first,
 #define CLOSED_MAX 8     /* states a closed run may visit (llama_cffi_gengine_run's search) */
 #define CLOSED_BIG 256   /* states llama_cffi_gengine_closed's search may visit */
 #define CLOSED_TRIES 32  /* searches for one (each after removing classes) */
+#define CLOSED_BIG_TRIES 8 /* ... by llama_cffi_gengine_closed (a searched pattern's takes 1-2) */
 
 /* see llama_cffi_gengine_run: the closed run of state into words (W words). From the
    classes that leave state alive, a search over the states they lead to; a state that
    some of them kill costs either those classes or the class it was reached by,
    whichever weighs less (class_weight: a key's closing quote leads to a state that
    kills every letter, and goes), and the search starts again. Left empty after
-   CLOSED_TRIES searches, past max_states states (a bounded string's positions), or at a
+   max_tries searches, past max_states states (a bounded string's positions), or at a
    state with more than max_run_stacks stacks or a transition past the engine's budget.
    With states (room for max_states), the states of the closure found go there (their
    number in *n_states: every one of them has the same closed run). 0, or an engine error */
 static int closed_run(llama_cffi_gengine *e, int32_t state, const double *class_weight, int32_t max_run_stacks,
-                      int32_t max_states, uint64_t *words, int32_t W, int32_t *states, int32_t *n_states) {
+                      int32_t max_states, int max_tries, uint64_t *words, int32_t W, int32_t *states,
+                      int32_t *n_states) {
     const int64_t nc = e->n_classes;
     int32_t seen[CLOSED_BIG], via[CLOSED_BIG];
     if (max_states > CLOSED_BIG) max_states = CLOSED_BIG;
@@ -767,7 +769,7 @@ static int closed_run(llama_cffi_gengine *e, int32_t state, const double *class_
         if (row[c] >= 0) words[c / 64] |= (uint64_t)1 << (c % 64);
 #define IN_L(c) ((words[(c) / 64] >> ((c) % 64)) & 1u)
 #define DROP(c) (words[(c) / 64] &= ~((uint64_t)1 << ((c) % 64)))
-    for (int tries = 0; tries < CLOSED_TRIES; tries++) {
+    for (int tries = 0; tries < max_tries; tries++) {
         int32_t n_seen = 1;
         seen[0] = state;
         via[0] = -1;
@@ -848,7 +850,8 @@ int32_t llama_cffi_gengine_closed(llama_cffi_gengine *e, int32_t state, const do
     if (!e || !check_state(e, state) || !class_weight || !words || !states || !n_states || max_states < 1 ||
         max_states > CLOSED_BIG || W != e->n_classes / 64 + 1)
         return -4;
-    return closed_run(e, state, class_weight, max_run_stacks, max_states, words, W, states, n_states);
+    return closed_run(e, state, class_weight, max_run_stacks, max_states, CLOSED_BIG_TRIES, words, W, states,
+                      n_states);
 }
 
 static int32_t run_chain(llama_cffi_gengine *e, int32_t state, const double *class_weight, int32_t cap,
@@ -881,7 +884,7 @@ int32_t llama_cffi_gengine_run(llama_cffi_gengine *e, int32_t state, const doubl
                 else w_off += class_weight[c];
             }
         if (distinct <= CLOSED_MAX && w_off > 0.0 && 4.0 * w_off >= w_run) {
-            rc = closed_run(e, state, class_weight, max_run_stacks, CLOSED_MAX, closed_words, W, NULL, NULL);
+            rc = closed_run(e, state, class_weight, max_run_stacks, CLOSED_MAX, CLOSED_TRIES, closed_words, W, NULL, NULL);
             if (rc) return rc;
             /* one that adds nothing to a run of any length is left out: a walk would test
                each node it descends into against it again (a string's loop: the same) */

@@ -661,7 +661,7 @@ int32_t llama_cffi_gengine_run(llama_cffi_gengine *e, int32_t state, const doubl
                                int32_t W);
 /* A closed run of state as llama_cffi_gengine_run's (the classes from state's live ones
    that every state strings over them lead to stays alive on), searched over at most
-   max_states states (1 .. 256), whatever its run or the classes' weights: into words (W
+   max_states states (1 .. 256) and 8 tries, whatever its run or the classes' weights: into words (W
    words; all zero when none is found), and the states of its closure into states (room
    for max_states; their number in *n_states), each of which has it as a closed run too.
    For a state whose run leaves much of the vocabulary to a walk (a searched pattern:

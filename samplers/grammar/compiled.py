@@ -78,6 +78,7 @@ _RUN_STACKS_MAX = 256  # a run's chain stops at a state with more stacks than th
 #: _CLOSED_STATES states (see _closed_for)
 _CLOSED_FRONTIER = 4096
 _CLOSED_STATES = 256
+_CLOSED_CHAIN = 8  # ... nor for a state whose run's chain passes more states (a bounded string's)
 _CHAIN_MAX = 4  # states before a wider chain's last run must repeat (_wider_chain)
 #: a wider chain only for a short run that at least this many tokens start with (_wider_chain)
 _CHAIN_MIN_TOKENS = 2048
@@ -1141,7 +1142,7 @@ class CompiledGrammar:
         complete."""
         eng = self.engine
         chain = self._run(start)  # also completes the rows of the chain's states
-        if eng.core == "c" and self._closure_pays(start):
+        if eng.core == "c" and self._closure_pays(start) and len(set(chain.tolist())) <= _CLOSED_CHAIN:
             if start not in self._closed_tried:
                 self._closed_for(start)
             closed = self._run_closed[start]
@@ -1241,7 +1242,9 @@ class CompiledGrammar:
         tells a few letters apart; not a value's first character, where ``[``, ``{`` and
         ``"`` lead to the whole grammar: a search there fills hundreds of rows, ms, and
         finds nothing). One C call (numpy's would cost tens of microseconds in a fresh
-        process, at each string's first mask)."""
+        process, at each string's first mask). (:meth:`_plan` skips the search, too, for a
+        state whose run's chain passes more than :data:`_CLOSED_CHAIN` states: a bounded
+        string's positions, whose closure runs into the bound whatever the pattern.)"""
         return self.engine._c_closure_pays(state, self._run_words[state], self._class_weight_f, _CLOSED_FRONTIER)
 
     def _scan_ready(self, state: int, chain: npt.NDArray[np.int32]) -> bool:
