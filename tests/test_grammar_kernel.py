@@ -693,6 +693,21 @@ _CHAIN_SCHEMAS: dict[str, tuple[dict[str, Any], Any]] = {
 }
 
 
+def _masks_along(c: CompiledGrammar, n: CompiledGrammar, tokens: Any) -> Iterator[Any]:
+    """Along ``tokens``, each mask of the C walk (twice: the second from its plan) equal to
+    the numpy walk's, before each token and after the last; yields the C matcher after
+    each token."""
+    mc, mn = c.matcher(), n.matcher()
+    for tok in [*np.asarray(tokens).tolist(), None]:
+        want = n.packed(mn.state, mn.partial)
+        assert np.array_equal(c.packed(mc.state, mc.partial), want)
+        assert np.array_equal(c.packed(mc.state, mc.partial), want)  # again: from its plan
+        if tok is None:
+            return
+        assert mc.accept_token(tok) and mn.accept_token(tok)
+        yield mc
+
+
 @pytest.mark.parametrize("name", list(_CHAIN_SCHEMAS))
 def test_wider_chains_and_closed_runs(big_vocab: llama_cffi.Model, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """On the default vocabulary, grammars whose states' runs are short or narrow for a
@@ -711,14 +726,8 @@ def test_wider_chains_and_closed_runs(big_vocab: llama_cffi.Model, name: str, mo
 
     monkeypatch.setattr(CompiledGrammar, "_chain_scan", counted)
     c, n = both(Grammar.from_json_schema(schema), big_vocab)
-    mc, mn = c.matcher(), n.matcher()
-    for tok in [*big_vocab.tokenize(json.dumps(doc, ensure_ascii=False), add_special=False).tolist(), None]:
-        want = n.packed(mn.state, mn.partial)
-        assert np.array_equal(c.packed(mc.state, mc.partial), want)
-        assert np.array_equal(c.packed(mc.state, mc.partial), want)  # again: from its plan
-        if tok is None:
-            break
-        assert mc.accept_token(tok) and mn.accept_token(tok)
+    for _ in _masks_along(c, n, big_vocab.tokenize(json.dumps(doc, ensure_ascii=False), add_special=False)):
+        pass
     for seed in range(3):
         compare_walk(c, n, random.Random(seed), 20, f"{name} walk {seed}")
     assert chains and max(chains) >= 2, chains
@@ -751,16 +760,9 @@ def test_a_searched_patterns_states_share_one_closed_run(
 
     monkeypatch.setattr(CompiledGrammar, "_closed_for", counted)
     c, n = both(Grammar.from_json_schema(schema), big_vocab)
-    mc, mn = c.matcher(), n.matcher()
     doc = {"location": "at the top-center, then bottom-right"}
     inside = 0
-    for tok in [*big_vocab.tokenize(json.dumps(doc), add_special=False).tolist(), None]:
-        want = n.packed(mn.state, mn.partial)
-        assert np.array_equal(c.packed(mc.state, mc.partial), want)
-        assert np.array_equal(c.packed(mc.state, mc.partial), want)  # again: from its plan
-        if tok is None:
-            break
-        assert mc.accept_token(tok) and mn.accept_token(tok)
+    for mc in _masks_along(c, n, big_vocab.tokenize(json.dumps(doc), add_special=False)):
         if c._run_closed[mc.state].any():
             inside += 1
             # its closed run holds its run and more (a letter of a match, which its run leaves)

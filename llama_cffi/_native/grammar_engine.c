@@ -830,17 +830,25 @@ static int closed_run(llama_cffi_gengine *e, int32_t state, const double *class_
     return 0;
 }
 
+/* the weights (class_weight) of state's live classes in its run (run_words) and off it;
+   state's row filled */
+static void run_weights(const llama_cffi_gengine *e, int32_t state, const uint64_t *run_words,
+                        const double *class_weight, double *w_run, double *w_off) {
+    const int32_t *row = e->trans.v + (int64_t)state * e->n_classes;
+    *w_run = *w_off = 0.0;
+    for (int64_t c = 0; c < e->n_classes; c++)
+        if (row[c] >= 0) {
+            if ((run_words[c / 64] >> (c % 64)) & 1u) *w_run += class_weight[c];
+            else *w_off += class_weight[c];
+        }
+}
+
 int32_t llama_cffi_gengine_closure_pays(const llama_cffi_gengine *e, int32_t state, const uint64_t *run_words,
                                         int32_t W, const double *class_weight, double min_off) {
     if (!e || !check_state(e, state) || !run_words || !class_weight || W != e->n_classes / 64 + 1) return -4;
     if ((int64_t)state * e->n_classes + e->n_classes > e->trans.n) return 0; /* (its row not filled: no run) */
-    const int32_t *row = e->trans.v + (int64_t)state * e->n_classes;
-    double w_run = 0.0, w_off = 0.0;
-    for (int64_t c = 0; c < e->n_classes; c++)
-        if (row[c] >= 0) {
-            if ((run_words[c / 64] >> (c % 64)) & 1u) w_run += class_weight[c];
-            else w_off += class_weight[c];
-        }
+    double w_run, w_off;
+    run_weights(e, state, run_words, class_weight, &w_run, &w_off);
     return w_off >= min_off && w_run >= 4.0 * w_off;
 }
 
@@ -876,13 +884,8 @@ int32_t llama_cffi_gengine_run(llama_cffi_gengine *e, int32_t state, const doubl
         /* nor when the classes state takes off its run weigh under a quarter of the run's
            (JSON punctuation after a value, a string's closing quote): a closed run could
            add little, and its search would fill rows in every walk that meets the state */
-        const int32_t *row = e->trans.v + (int64_t)state * e->n_classes;
-        double w_run = 0.0, w_off = 0.0;
-        for (int64_t c = 0; c < e->n_classes; c++)
-            if (row[c] >= 0) {
-                if ((run_words[c / 64] >> (c % 64)) & 1u) w_run += class_weight[c];
-                else w_off += class_weight[c];
-            }
+        double w_run, w_off;
+        run_weights(e, state, run_words, class_weight, &w_run, &w_off);
         if (distinct <= CLOSED_MAX && w_off > 0.0 && 4.0 * w_off >= w_run) {
             rc = closed_run(e, state, class_weight, max_run_stacks, CLOSED_MAX, CLOSED_TRIES, closed_words, W, NULL, NULL);
             if (rc) return rc;
