@@ -792,6 +792,19 @@ def test_a_searched_patterns_states_share_one_closed_run(
         compare_walk(c, n, random.Random(seed), 12, f"searched pattern walk {seed}")
 
 
+def test_premask_scans_take_any_number_of_classes() -> None:
+    """A premask scan (the root's children left to walk) is made for a grammar of more than
+    4,096 classes (more than 64 words of classes), not refused."""
+    v = VocabIndex([b"a", b"ab", b"b", chr(0x4E00).encode(), (chr(0x4E02) + "a").encode()])
+    text = "root ::= " + " | ".join(f"[{chr(0x4E00 + 2 * i)}]" for i in range(4200))
+    c = Grammar.from_gbnf(text).compile(v, mask_cache_size=0, kernel="c")
+    assert c._tg.W > 64
+    w = np.zeros(c._tg.W, dtype=np.uint64)
+    w[0] = 0xFF
+    scan = c._tg.premask_scan(np.zeros(c._tg.trie.n_words, dtype=np.uint32), w)
+    assert scan.k == 0 and np.array_equal(scan.run, w) and len(scan.group_start) == c.engine.n_classes + 1
+
+
 def test_binding_in_one_c_call_on_the_default_vocabulary(big_vocab: llama_cffi.Model) -> None:
     """The same on Gemma 3's 262,144 tokens, for JSON schemas and a word list."""
     for name in list(_BIG_SCHEMAS)[:3]:

@@ -478,7 +478,7 @@ typedef struct {
 /* the root's children of premask's classes (W words) whose subtrees hold a character of
    another class, or a token ending inside a character, into nodes (cap at most), grouped
    by class: class c's are nodes[group_start[c] .. group_start[c + 1]] (n_classes + 1
-   values); their number, or -1 (bad data, cap too small, more than 64 words of classes) */
+   values); their number, or -1 (bad data, cap too small) */
 int32_t llama_cffi_trie_premask_roots(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g,
                                       const uint64_t *premask, int32_t *nodes, int32_t cap, int32_t *group_start);
 int llama_cffi_trie_plan_groups(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, llama_cffi_trie_plan *p,

@@ -575,15 +575,10 @@ typedef struct {
     uint8_t in[PRE_DEPTH];
 } premask_t;
 
-/* the summary of a premask's classes (W words) without the partial-character bit; -1
-   when g has more than 64 words of classes (no premask then) */
-static int premask_summary(const llama_cffi_trie_grammar *g, const uint64_t *premask, uint64_t sum[3]) {
-    if (g->W > 64 || g->W < 1) return -1;
-    uint64_t w[64];
-    memcpy(w, premask, sizeof(uint64_t) * (size_t)g->W);
-    w[g->n_classes / 64] &= ~((uint64_t)1 << (g->n_classes % 64));
-    run_summary(g, w, sum);
-    return 0;
+/* the summary of a premask's classes (W words), its partial-character bit left out */
+static void premask_summary(const llama_cffi_trie_grammar *g, const uint64_t *premask, uint64_t sum[3]) {
+    run_summary(g, premask, sum);
+    sum[2] &= ~(uint64_t)2;
 }
 
 int32_t llama_cffi_trie_premask_roots(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g,
@@ -592,7 +587,7 @@ int32_t llama_cffi_trie_premask_roots(const llama_cffi_trie *t, const llama_cffi
         !t->below_asc || !t->below_flags || !g->asc_table || !g->na_classes)
         return -1;
     uint64_t sum[3];
-    if (premask_summary(g, premask, sum)) return -1;
+    premask_summary(g, premask, sum);
     const int32_t nc = g->n_classes;
     int32_t n = 0;
     for (int32_t c = 0; c < nc; c++) {
@@ -765,7 +760,8 @@ static int walk(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, cons
         /* (a premask plan's run is its premask: its root groups of those classes are
            implicit no more, their children left to walk are the plan's frontier) */
         if (k != 0 || !run || memcmp(run, premask, sizeof(uint64_t) * (size_t)g->W)) return -1;
-        if (depth_cap <= PRE_DEPTH && !premask_summary(g, premask, pm_.sum)) {
+        if (depth_cap <= PRE_DEPTH) { /* (else each subtree is walked, its bits set again) */
+            premask_summary(g, premask, pm_.sum);
             pm_.words = premask;
             pm = &pm_;
         }

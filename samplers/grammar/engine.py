@@ -459,19 +459,14 @@ class Engine:
         chain = np.empty(cap + 1, dtype=np.int32)
         words = np.zeros(w, dtype=np.uint64)
         closed = np.zeros(w, dtype=np.uint64)
-        given = self._weight_c  # (the same weights each call: their buffer made once)
-        if given is None or given[0] is not class_weight:
-            cw = np.ascontiguousarray(class_weight, dtype=np.float64)
-            if len(cw) < self.n_classes:
-                raise ValueError("class_weight needs a value per class")
-            given = self._weight_c = (class_weight, cw, ffi.from_buffer("double[]", cw))
+        weights = self._weight_buf(class_weight)
         with self._lock:
             n = self._c_call(
                 "a run",
                 _lib().llama_cffi_gengine_run(
                     self._c,
                     state,
-                    given[2],
+                    weights,
                     cap,
                     max_run_stacks,
                     ffi.from_buffer("int32_t[]", chain),
@@ -482,21 +477,26 @@ class Engine:
             )
         return chain[:n], words, closed
 
+    def _weight_buf(self, class_weight: npt.NDArray[np.float64]) -> Any:
+        """A C buffer over ``class_weight`` (a value per class), made once per array: the
+        runs' and the closures' calls pass the same weights each time."""
+        given = self._weight_c
+        if given is None or given[0] is not class_weight:
+            cw = np.ascontiguousarray(class_weight, dtype=np.float64)
+            if len(cw) < self.n_classes:
+                raise ValueError("class_weight needs a value per class")
+            given = self._weight_c = (class_weight, cw, self._ffi.from_buffer("double[]", cw))
+        return given[2]
+
     def _c_closure_pays(
         self, state: int, run_words: npt.NDArray[np.uint64], class_weight: npt.NDArray[np.float64], min_off: float
     ) -> bool:
         """``llama_cffi_gengine_closure_pays``: whether ``state`` (its run's classes
         ``run_words``, from :meth:`_c_run`) is worth a closure search (C core only)."""
         ffi = self._ffi
-        given = self._weight_c  # (the buffer :meth:`_c_run` made for the same weights)
-        if given is None or given[0] is not class_weight:
-            cw = np.ascontiguousarray(class_weight, dtype=np.float64)
-            if len(cw) < self.n_classes:
-                raise ValueError("class_weight needs a value per class")
-            given = self._weight_c = (class_weight, cw, ffi.from_buffer("double[]", cw))
         rw = np.ascontiguousarray(run_words, dtype=np.uint64)
         rc = _lib().llama_cffi_gengine_closure_pays(
-            self._c, state, ffi.from_buffer("uint64_t[]", rw), len(rw), given[2], min_off
+            self._c, state, ffi.from_buffer("uint64_t[]", rw), len(rw), self._weight_buf(class_weight), min_off
         )
         if rc < 0:
             raise GrammarError(f"a closure's test: the grammar engine refused its arguments (code {rc})")
@@ -514,16 +514,14 @@ class Engine:
         words = np.zeros(w, dtype=np.uint64)
         states = np.empty(max_states, dtype=np.int32)
         n = ffi.new("int32_t *")
-        cw = np.ascontiguousarray(class_weight, dtype=np.float64)
-        if len(cw) < self.n_classes:
-            raise ValueError("class_weight needs a value per class")
+        weights = self._weight_buf(class_weight)
         with self._lock:
             self._c_call(
                 "a closed run",
                 _lib().llama_cffi_gengine_closed(
                     self._c,
                     state,
-                    ffi.from_buffer("double[]", cw),
+                    weights,
                     max_run_stacks,
                     max_states,
                     ffi.from_buffer("uint64_t[]", words),
