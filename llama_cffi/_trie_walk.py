@@ -292,14 +292,32 @@ def _derived(trie: Trie, base: RunScan, k: int, frontier: I32, group_start: I32)
     )
 
 
+def special_cps() -> npt.NDArray[np.int64]:
+    """The code points >= 128 that a trie node's ``below_flags`` tell apart from the others
+    below it (``llama_cffi_trie_special_cps``: Unicode's white space and line separators,
+    which ``\\s``, ``\\S`` and ``.`` set apart), increasing. Read from the C list, the one
+    the grammar's binding (``llama_cffi_trie_bind``) sorts classes by."""
+    global _SPECIAL
+    if _SPECIAL is None:
+        out = np.empty(64, dtype=np.int32)
+        n = lib.llama_cffi_trie_special_cps(ffi.from_buffer("int32_t[]", out), len(out))
+        _check_rc(min(n, 0), "trie special code points")
+        _SPECIAL = out[:n].astype(np.int64)
+    return _SPECIAL
+
+
+_SPECIAL: npt.NDArray[np.int64] | None = None
+
+
 def below_summary(
     level_base: npt.ArrayLike, parent: npt.ArrayLike, node_cp: npt.ArrayLike, has_pt: npt.ArrayLike
 ) -> tuple[U64, npt.NDArray[np.uint8]]:
     """Per node of a trie (numbered level by level, the root last; see :class:`Trie`): the
     ASCII code points strictly below it (``below_asc``: 2 words per node, bit ``cp % 64``
     of word ``cp // 64``), and ``below_flags``: bit 0, a code point >= 128 strictly
-    below; bit 1, a token ending inside a character at or below (``has_pt``). One pass
-    up the levels, shared by every grammar on the vocabulary."""
+    below that is not special (:func:`special_cps`); bit 1, a token ending inside a
+    character at or below (``has_pt``); bit 2, a special code point strictly below. One
+    pass up the levels, shared by every grammar on the vocabulary."""
     base = np.asarray(level_base, dtype=np.int64)
     par = np.asarray(parent, dtype=np.int64)
     cp = np.asarray(node_cp, dtype=np.int64)
@@ -310,7 +328,9 @@ def below_summary(
     own_lo = np.where(cp < 64, np.left_shift(one, (cp & 63).astype(np.uint64)), np.uint64(0))
     own_hi = np.where((cp >= 64) & (cp < 128), np.left_shift(one, (cp & 63).astype(np.uint64)), np.uint64(0))
     na = np.zeros(n + 1, dtype=bool)
-    own_na = cp >= 128
+    sp = np.zeros(n + 1, dtype=bool)
+    own_sp = np.isin(cp, special_cps())
+    own_na = (cp >= 128) & ~own_sp
     pt = np.asarray(has_pt).astype(bool).copy()
     for lo, hi in zip(base[-2::-1].tolist(), base[:0:-1].tolist(), strict=True):
         if hi == lo:
@@ -321,10 +341,11 @@ def below_summary(
         lo_bits[ups] |= np.bitwise_or.reduceat(lo_bits[lo:hi] | own_lo[lo:hi], starts)
         hi_bits[ups] |= np.bitwise_or.reduceat(hi_bits[lo:hi] | own_hi[lo:hi], starts)
         na[ups] |= np.logical_or.reduceat(na[lo:hi] | own_na[lo:hi], starts)
+        sp[ups] |= np.logical_or.reduceat(sp[lo:hi] | own_sp[lo:hi], starts)
         pt[ups] |= np.logical_or.reduceat(pt[lo:hi], starts)
     asc = np.empty(2 * (n + 1), dtype=np.uint64)
     asc[0::2], asc[1::2] = lo_bits, hi_bits
-    return asc, (na.astype(np.uint8) | (pt.astype(np.uint8) << 1)).astype(np.uint8)
+    return asc, (na.astype(np.uint8) | (pt.astype(np.uint8) << 1) | (sp.astype(np.uint8) << 2)).astype(np.uint8)
 
 
 #: a trie node with at least this many children is a big node (``llama_cffi_trie``'s
@@ -746,8 +767,9 @@ class Trie:
 class TrieGrammar:
     """One grammar's walks over a :class:`Trie`: ``cls_of_cp``, the class of each code
     point index of the trie; ``ascii_cls``, the class of each ASCII code point;
-    ``na_classes`` (``W`` words), the classes holding a code point >= 128 of the
-    vocabulary; the tables that grow as the grammar is explored are given with
+    ``na_classes`` (``2 * W`` words), the classes holding a code point >= 128 of the
+    vocabulary that is not special (:func:`special_cps`), then those holding a special
+    one; the tables that grow as the grammar is explored are given with
     :meth:`set_tables` (again whenever one of them is replaced). Not thread-safe: one
     walk at a time (the caller's lock)."""
 
@@ -768,8 +790,8 @@ class TrieGrammar:
         if int(ascii_a.min()) < 0 or int(ascii_a.max()) >= max(n_classes, 1):
             raise ValueError(f"ascii_cls must lie in [0, {n_classes})")
         na_a = np.ascontiguousarray(na_classes, dtype=np.uint64)
-        if na_a.shape != (w,):
-            raise ValueError(f"na_classes must be {w} uint64 words")
+        if na_a.shape != (2 * w,):
+            raise ValueError(f"na_classes must be {2 * w} uint64 words")
         # per byte of a class set's words and its value, the ASCII code points of those
         # classes: a run's code points are 8 * W lookups (llama_cffi.h: asc_table)
         cls_asc = np.zeros((64 * w, 2), dtype=np.uint64)
@@ -827,7 +849,7 @@ class TrieGrammar:
         asc = _i32("ascii_cls", ascii_cls, 128)
         cls_of_cp = np.empty(len(ucp), dtype=np.int32)
         class_weight = np.empty(max(n_classes, 1), dtype=np.float64)
-        na = np.empty(w, dtype=np.uint64)
+        na = np.empty(2 * w, dtype=np.uint64)
         table = np.empty((8 * w, 256, 2), dtype=np.uint64)
         root_nodes = np.empty(max(1, int(trie._n_root_children)), dtype=np.int32)
         root_start = np.empty(n_classes + 1, dtype=np.int32)

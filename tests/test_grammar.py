@@ -314,6 +314,8 @@ _PIECE_PARTS = [
     "é".encode(),
     "日".encode(),
     "Ж".encode(),
+    "\u00a0".encode(),  # special code points (llama_cffi._trie_walk.special_cps): a no-break space,
+    "\u3000".encode(),  # an ideographic space
 ]
 _PARTIALS = [b"\xc3", b"\xe6\x97", b"\xd0"]  # lead bytes: a token that ends inside a character
 _SELF_LOOP_GRAMMARS = [
@@ -323,6 +325,9 @@ _SELF_LOOP_GRAMMARS = [
     'root ::= ([a-z]+ " "?)+ ("é" | [\\u0400-\\u04FF]*)\n',
     'root ::= "[" ([0-9]+ ("," [0-9]+)*)? "]" | "-"? [0-9]+ ("." [0-9]+)?\n',
     'root ::= [A-Z] [a-z]* ("\\n" [^\\n]*)*\n',
+    # words apart (\S+ \s+): runs of every code point >= 128 but the special ones, then
+    # a class of code points >= 128 that holds special ones and others
+    'root ::= [^ \\n\\u00a0\\u3000]+ ([ \\u00a0\\u3000]+ [^ \\n\\u00a0\\u3000]+)* ([^\\u3000]* "\\u3000")?\n',
 ]
 
 

@@ -363,8 +363,8 @@ def test_a_runs_scan_extends_the_scan_of_a_subset(data: st.DataObject) -> None:
 def _assert_binding_is_the_reference(c: CompiledGrammar) -> None:
     """``TrieGrammar.bind`` (one C call) against its reference: the engine's classes of the
     vocabulary's code points, the trie's nodes per class, and ``TrieGrammar(...)``'s ASCII
-    table, non-ASCII classes and root groups."""
-    from llama_cffi._trie_walk import TrieGrammar
+    table, non-ASCII classes (special or not) and root groups."""
+    from llama_cffi._trie_walk import TrieGrammar, special_cps
 
     v, eng = c.vocab, c.engine
     trie = v.trie()
@@ -372,14 +372,15 @@ def _assert_binding_is_the_reference(c: CompiledGrammar) -> None:
     assert np.array_equal(c._cls_of_cp, cls_of_cp)
     assert np.array_equal(c._class_weight, trie.nodes_per_class(cls_of_cp, eng.n_classes))
     w = eng.n_classes // 64 + 1
-    na = np.zeros(64 * w, dtype=bool)
-    na[cls_of_cp[v.n_ascii_cps :]] = True
+    na = np.zeros((2, 64 * w), dtype=bool)  # the classes of code points >= 128, not special, then special
+    special = np.isin(v.uniq_cps, special_cps())
+    na[special[v.n_ascii_cps :].astype(int), cls_of_cp[v.n_ascii_cps :]] = True
     ref = TrieGrammar(
         trie,
         cls_of_cp,
         eng.n_classes,
         np.array(eng._ascii_class, dtype=np.int32),
-        np.packbits(na, bitorder="little").view("<u8"),
+        np.packbits(na, axis=1, bitorder="little").view("<u8").ravel(),
     )
     for name in ("_asc_table", "_na_classes", "_root_start", "_ascii_cls"):
         assert np.array_equal(getattr(c._tg, name), getattr(ref, name)), name
@@ -924,8 +925,12 @@ def test_big_groups_refuse_bad_data(vocab_model: llama_cffi.Model) -> None:
 def test_below_summaries_by_brute_force(data: st.DataObject) -> None:
     """The trie's per-node summaries that replace a per-grammar array of the classes below
     each node (below_asc, below_flags) equal a brute-force pass over every node's
-    ancestors: the ASCII code points strictly below, a code point >= 128 strictly below,
-    a token ending inside a character at or below."""
+    ancestors: the ASCII code points strictly below, a code point >= 128 strictly below
+    (special or not), a token ending inside a character at or below."""
+    from llama_cffi._trie_walk import special_cps
+
+    special = set(special_cps().tolist())
+    assert {0xA0, 0x2028, 0x3000} <= special and min(special) >= 128
     rng = random.Random(data.draw(st.integers(0, 2**32 - 1), label="seed"))
     pieces = {b"".join(rng.choice(_PIECE_PARTS) for _ in range(rng.randint(1, 6))) for _ in range(200)}
     pieces |= {p + rng.choice(_PARTIALS) for p in list(pieces)[:30]} | set(_PARTIALS)
@@ -933,6 +938,7 @@ def test_below_summaries_by_brute_force(data: st.DataObject) -> None:
     n = v.n_nodes
     want_asc = [0] * (n + 1)
     want_na = [False] * (n + 1)
+    want_sp = [False] * (n + 1)
     want_pt = [False] * (n + 1)
     for t in v.partial_tokens.tolist():
         want_pt[int(v.term[t])] = True
@@ -944,6 +950,8 @@ def test_below_summaries_by_brute_force(data: st.DataObject) -> None:
         while True:  # every strict ancestor, the root last
             if cp < 128:
                 want_asc[a] |= 1 << cp
+            elif cp in special:
+                want_sp[a] = True
             else:
                 want_na[a] = True
             want_pt[a] = want_pt[a] or pt
@@ -954,6 +962,8 @@ def test_below_summaries_by_brute_force(data: st.DataObject) -> None:
     assert got_asc == want_asc
     assert [bool(f & 1) for f in v.below_flags.tolist()] == want_na
     assert [bool(f & 2) for f in v.below_flags.tolist()] == want_pt
+    assert [bool(f & 4) for f in v.below_flags.tolist()] == want_sp
+    assert any(want_sp) and any(want_na)
 
 
 _BIG_SCHEMAS: dict[str, dict[str, Any]] = {

@@ -240,8 +240,9 @@ typedef struct {
     const int32_t *root_pt;     /* n_root_pt tokens */
     /* +, 2 words per node: the ASCII code points strictly below it (bit cp % 64 of word cp / 64) */
     const uint64_t *below_asc;
-    /* +: bit 0, a code point >= 128 strictly below; bit 1, a token ending inside a
-       character at or below (has_pt here or below) */
+    /* +: bit 0, a code point >= 128 strictly below that is not special
+       (llama_cffi_trie_special_cps); bit 1, a token ending inside a character at or below
+       (has_pt here or below); bit 2, a special code point strictly below */
     const uint8_t *below_flags;
     /* the nodes (not the root) with many children, increasing (n_big of them), and where
        each one's children start in a grammar's big_kids (n_big + 1 values from 0): a
@@ -290,7 +291,9 @@ typedef struct {
     /* 8 * W * 256 rows of 2 words: row (8 * w + b) * 256 + v, the ASCII code points (as in
        the trie's below_asc) of the classes 64 * w + 8 * b + i for the bits i of v */
     const uint64_t *asc_table;
-    const uint64_t *na_classes; /* W words: the classes holding a code point >= 128 of the vocabulary */
+    /* 2 * W words: the classes holding a code point >= 128 of the vocabulary that is not
+       special (llama_cffi_trie_special_cps), then those holding a special one */
+    const uint64_t *na_classes;
     const int32_t *trans;
     const uint8_t *run_known;
     const uint64_t *run_words;
@@ -334,14 +337,19 @@ int llama_cffi_trie_root_groups(const llama_cffi_trie *t, const int32_t *cls_of_
    data, -2 out of memory */
 int llama_cffi_trie_big_groups(const llama_cffi_trie *t, const int32_t *cls_of_cpi, int32_t n_cps, int32_t n_classes,
                                int32_t *kids, int32_t *next);
+/* the special code points (>= 128: Unicode's white space and line separators, which
+   regular expressions' \s, \S and . tell apart from the rest), increasing, into out (cap
+   values at least): how many there are, or -1 when cap is too small. A trie node's
+   below_flags tell them apart from the other code points >= 128 below it, so a run of
+   \S (every code point >= 128 but these) takes a subtree of Cyrillic or CJK whole */
+int32_t llama_cffi_trie_special_cps(int32_t *out, int32_t cap);
 /* a grammar's binding to a trie in one call (the Python version: TrieGrammar(...) and
    samplers.grammar's CompiledGrammar): uniq_cps (n_cps increasing code points, the trie's
    node_cpi indexes them; the first n_ascii below 128) and cp_weight (the trie's nodes per
    code point); the grammar's classes as intervals (edges: n_int + 1 increasing code points
    from 0, interval i = [edges[i], edges[i + 1]) of class interval_class[i]) and ascii_cls
    (128). Writes cls_of_cpi (n_cps), class_weight (n_classes: the trie's nodes per class),
-   na_classes (W = n_classes / 64 + 1 words: the classes holding a code point >= 128 of the
-   vocabulary), asc_table (8 * W * 256 * 2 words, as in llama_cffi_trie_grammar) and the
+   na_classes (2 * W words, W = n_classes / 64 + 1: as in llama_cffi_trie_grammar), asc_table (8 * W * 256 * 2 words, as in llama_cffi_trie_grammar) and the
    root groups (llama_cffi_trie_root_groups). 0, -1 bad arguments, -2 out of memory */
 int llama_cffi_trie_bind(const llama_cffi_trie *t, const int32_t *uniq_cps, const double *cp_weight, int32_t n_cps,
                          int32_t n_ascii, const int32_t *edges, const int32_t *interval_class, int32_t n_int,
@@ -369,7 +377,8 @@ int llama_cffi_trie_run_scan(const llama_cffi_trie *t, const int32_t *cls, int32
 /* llama_cffi_trie_run_scan without on_out, faster: a node whose whole subtree is of the
    run's classes and within k characters has its tokens set at once, unvisited (as the
    trie's below_asc and below_flags tell with g's asc_table and na_classes: a subtree with
-   a code point >= 128 only when every class holding one is in the run).
+   a code point >= 128 only when every class holding one of its kind, special or not, is
+   in the run).
    The same mask, partial tokens and groups (the nodes within a group may come in another
    order).
    With on_out (n_nodes + 1 bytes, zeroed by the caller) and absorbed (2 * absorbed_cap

@@ -7,11 +7,12 @@
  * sorted token order (row r is token order[r]) its subtree is rows row_start ..
  * row_end, of which the first n_term end at the node; per node it also keeps the ASCII
  * code points strictly below it (below_asc) and whether a code point >= 128 lies below
- * and a token ends inside a UTF-8 character at or below it (below_flags): shared by every
- * grammar. A grammar gives each code point of the vocabulary a character class
- * (cls_of_cpi: a node's class is that of its code point, node_cls); whether a subtree is
- * made of a set of classes is read from those summaries (conservatively where code
- * points >= 128 are concerned: see covered), so a grammar writes no per-node array.
+ * (special or not: llama_cffi_trie_special_cps) and a token ends inside a UTF-8
+ * character at or below it (below_flags): shared by every grammar. A grammar gives each
+ * code point of the vocabulary a character class (cls_of_cpi: a node's class is that of
+ * its code point, node_cls); whether a subtree is made of a set of classes is read from
+ * those summaries (conservatively where code points >= 128 are concerned: see covered),
+ * so a grammar writes no per-node array.
  *
  * A state's run (L, k): the classes L that all lead it to one successor, and the length
  * k up to which every string over L stays alive that way (a state with self-loops:
@@ -198,6 +199,19 @@ static inline int big_of(const llama_cffi_trie *t, const llama_cffi_trie_grammar
     return 1;
 }
 
+/* the special code points (see llama_cffi.h), increasing: JavaScript's and Python's \s
+   above ASCII, which holds the line separators that . leaves out */
+static const int32_t special_cps[] = {0x85,   0xA0,   0x1680, 0x2000, 0x2001, 0x2002, 0x2003, 0x2004,
+                                      0x2005, 0x2006, 0x2007, 0x2008, 0x2009, 0x200A, 0x2028, 0x2029,
+                                      0x202F, 0x205F, 0x3000, 0xFEFF};
+#define N_SPECIAL_CPS ((int32_t)(sizeof special_cps / sizeof special_cps[0]))
+
+int32_t llama_cffi_trie_special_cps(int32_t *out, int32_t cap) {
+    if (!out || cap < N_SPECIAL_CPS) return -1;
+    memcpy(out, special_cps, sizeof special_cps);
+    return N_SPECIAL_CPS;
+}
+
 int llama_cffi_trie_bind(const llama_cffi_trie *t, const int32_t *uniq_cps, const double *cp_weight, int32_t n_cps,
                          int32_t n_ascii, const int32_t *edges, const int32_t *interval_class, int32_t n_int,
                          int32_t n_classes, const int32_t *ascii_cls, int32_t *cls_of_cpi, double *class_weight,
@@ -215,8 +229,8 @@ int llama_cffi_trie_bind(const llama_cffi_trie *t, const int32_t *uniq_cps, cons
     /* each code point's class: its interval's (a merge of two increasing sequences; code
        points past the last edge take the last interval, as classes_of clips them) */
     memset(class_weight, 0, sizeof(double) * (size_t)n_classes);
-    memset(na_classes, 0, sizeof(uint64_t) * (size_t)W);
-    int32_t iv = 0;
+    memset(na_classes, 0, sizeof(uint64_t) * 2 * (size_t)W);
+    int32_t iv = 0, sp = 0;
     for (int32_t i = 0; i < n_cps; i++) {
         const int32_t cp = uniq_cps[i];
         if (cp < 0 || (i && cp <= uniq_cps[i - 1]) || !(cp_weight[i] >= 0)) return -1;
@@ -225,7 +239,11 @@ int llama_cffi_trie_bind(const llama_cffi_trie *t, const int32_t *uniq_cps, cons
         const int32_t c = interval_class[iv];
         cls_of_cpi[i] = c;
         class_weight[c] += cp_weight[i];
-        if (i >= n_ascii) na_classes[c >> 6] |= (uint64_t)1 << (c & 63);
+        if (i >= n_ascii) { /* (both lists increase: one merge) */
+            while (sp < N_SPECIAL_CPS && special_cps[sp] < cp) sp++;
+            const int special = sp < N_SPECIAL_CPS && special_cps[sp] == cp;
+            na_classes[(special ? (size_t)W : 0) + (size_t)(c >> 6)] |= (uint64_t)1 << (c & 63);
+        }
     }
     /* the ASCII code points of each class, then per byte of a class set and its value the
        union of its classes' (row (8 w + b) * 256 + v; the value without its lowest bit,
@@ -319,13 +337,16 @@ static inline int32_t node_cls(const llama_cffi_trie *t, const llama_cffi_trie_g
 /* a run's summary in the terms of the trie's below_asc and below_flags: the ASCII code
    points whose class is in the run (words 0, 1: the OR of the grammar's asc_table rows,
    one lookup per byte of the run's words); word 2: bit 0, every class holding a code
-   point >= 128 of the vocabulary is in the run; bit 1, the partial bit (n_classes) is */
+   point >= 128 of the vocabulary that is not special is in the run; bit 1, the partial
+   bit (n_classes) is; bit 2, every class holding a special code point is (the bits of
+   below_flags) */
 static void run_summary(const llama_cffi_trie_grammar *g, const uint64_t *run, uint64_t out[3]) {
     uint64_t lo = 0, hi = 0;
-    int na_ok = 1;
+    int na_ok = 1, sp_ok = 1;
     for (int32_t w = 0; w < g->W; w++) {
         const uint64_t word = run[w];
         if (g->na_classes[w] & ~word) na_ok = 0;
+        if (g->na_classes[g->W + w] & ~word) sp_ok = 0;
         for (int32_t b = 0; b < 8; b++) {
             const uint64_t *row = g->asc_table + ((size_t)(8 * w + b) * 256 + ((word >> (8 * b)) & 255)) * 2;
             lo |= row[0];
@@ -334,13 +355,14 @@ static void run_summary(const llama_cffi_trie_grammar *g, const uint64_t *run, u
     }
     out[0] = lo;
     out[1] = hi;
-    out[2] = (uint64_t)na_ok | ((uint64_t)in_set(run, g->n_classes) << 1);
+    out[2] = (uint64_t)na_ok | ((uint64_t)in_set(run, g->n_classes) << 1) | ((uint64_t)sp_ok << 2);
 }
 
 /* is every character strictly below node of the summarized run's classes, and is a token
    ending inside a character at or below it allowed by it? A subtree with a code point
-   >= 128 passes only when every class holding one is in the run: conservative (a "no"
-   makes the caller descend), so the answer is exact where it is "yes" */
+   >= 128 passes only when every class holding one of its kind (special or not: see
+   llama_cffi_trie_special_cps) is in the run: conservative (a "no" makes the caller
+   descend), so the answer is exact where it is "yes" */
 static inline int covered(const llama_cffi_trie *t, int32_t node, const uint64_t *sum) {
     const llama_cffi_tnode *r = t->nodes + node;
     if ((r->below_asc[0] & ~sum[0]) | (r->below_asc[1] & ~sum[1])) return 0;
@@ -383,8 +405,8 @@ static inline const uint64_t *closed_sum_of(const llama_cffi_trie_grammar *g, ru
             for (int32_t i = 0; i < g->W; i++) any |= w[i];
             if (any) {
                 run_summary(g, w, r->sum[h] + 3);
-                /* (bit 0 of word 2 alone, every class with a code point >= 128 in it, says
-                   nothing when it holds no class) */
+                /* (bits 0 and 2 of word 2 alone, every class with a code point >= 128 of a
+                   kind in it, say nothing when it holds no class) */
                 if (r->sum[h][3] | r->sum[h][4]) r->closed[h] = 1;
             }
         }

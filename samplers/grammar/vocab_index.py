@@ -46,7 +46,7 @@ from .engine import NO_PARTIAL, decode_utf8
 I64 = npt.NDArray[np.int64]
 
 #: Bump when the arrays or how they are built change: old cache files are then ignored.
-_FORMAT = 7
+_FORMAT = 8
 _MAGIC = b"LLAMA_CFFI_VOCAB\n"
 _ALIGN = 64
 
