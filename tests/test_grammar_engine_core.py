@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import itertools
 import random
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -276,6 +279,8 @@ def test_found_grammar_walk_ends_in_budget_error(tiny_model_path: Path) -> None:
     all the memory (what the Python engine did before the budget)."""
     code = f"""
 import random
+import threading
+import time
 import numpy as np
 import llama_cffi
 from samplers.grammar import Grammar
@@ -659,28 +664,44 @@ def test_a_word_list_builds_in_linear_memory_and_walks_like_python() -> None:
         assert (sc != DEAD and c.is_complete(sc)) == (w[-1] != "x"), w
 
 
-@pytest.mark.parametrize("prepare_from", [0, None])
-def test_transition_table_grows_with_its_rows(monkeypatch: pytest.MonkeyPatch, prepare_from: int | None) -> None:
+@pytest.mark.parametrize("mode", ["from 1 MB", "from the first growth", "forked"])
+def test_transition_table_grows_with_its_rows(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
     """The C core's transition table (the Python side's copy of the engine's rows, which
-    the C walks read) doubles as states are made; from 1 MB (``prepare_from=None``) or
-    from its first growth (0) the next table is made ready a few rows per new state while
-    the table fills its last quarter (``Engine._trans_prepare``), and the growth copies
-    the rows into it. After thousands of states and several growths, every row known
-    leads where the Python core's transitions lead, and the rows of no state yet read
-    "not computed" (a prepared row left unwritten, or a row lost in a copy, fails)."""
+    the C walks read) doubles as states are made; from 1 MB (or, here, from its first
+    growth, its thread starting late) the next table is made ready by a thread of its own
+    once the table has filled three quarters (``Engine._trans_prepare``), and the growth
+    waits for it and copies the rows into it. ``forked``: the process forks after each thread starts, and the
+    thread never runs (as in the child of a fork: it has no such thread); the growth
+    must not wait for it, and writes the table itself. After thousands of states and
+    several growths, every row known leads where the Python core's transitions lead,
+    and the rows of no state yet read "not computed" (a prepared row left unwritten, or a
+    row lost in a copy, fails)."""
     import samplers.grammar.engine as engine_mod
 
-    if prepare_from is not None:
-        monkeypatch.setattr(engine_mod, "_PREPARE_FROM", prepare_from)
-    grown: list[tuple[int, int, int]] = []  # (rows, rows of the next table made ready, its length)
-    grow = Engine._trans_grow
+    if mode != "from 1 MB":
+        monkeypatch.setattr(engine_mod, "_PREPARE_FROM", 0)
+    grown: list[tuple[int, bool | None, int]] = []  # (rows, the next table made ready?, its length)
+    grow, prepare = Engine._trans_grow, Engine._trans_prepare
 
     def spy(self: Engine, n: int) -> None:
-        nxt = self._trans_next
-        grown.append((len(self._trans), self._trans_ready, 0 if nxt is None else len(nxt)))
+        nxt, filler, rows = self._trans_next, self._trans_filler, len(self._trans)
         grow(self, n)
+        # (after the growth: its thread done, as the growth waited for it)
+        grown.append((rows, None if filler is None else bool(filler[1]), 0 if nxt is None else len(nxt)))
+
+    def slow(f: Any, args: tuple[()]) -> None:  # a thread that starts late: the growth must wait
+        threading.Thread(target=lambda: (time.sleep(0.05), f())).start()
+
+    def forked_after(self: Engine, n: int) -> None:
+        prepare(self, n)
+        engine_mod._forked()  # what os.register_at_fork calls in a child
 
     monkeypatch.setattr(Engine, "_trans_grow", spy)
+    if mode == "forked":
+        monkeypatch.setattr(engine_mod, "_start_thread", lambda f, args: None)  # (no thread in the child)
+        monkeypatch.setattr(Engine, "_trans_prepare", forked_after)
+    if mode == "from the first growth":
+        monkeypatch.setattr(engine_mod, "_start_thread", slow)
     rng = random.Random(11)
     letters = "abcdefghijklmnopqrstuvwxyz0123456789"
     words = sorted({"".join(rng.choice(letters) for _ in range(rng.randint(3, 7))) for _ in range(2500)})
@@ -699,9 +720,9 @@ def test_transition_table_grows_with_its_rows(monkeypatch: pytest.MonkeyPatch, p
     table, n = c.table(), c.n_states
     assert n > 4096 and len(grown) >= 6, (n, grown)
     prepared = [g for g in grown if g[2] == 2 * g[0]]
-    assert prepared and all(ready == 2 * rows for rows, ready, _ in prepared), grown  # made ready in time
+    assert prepared and all(ready is (mode != "forked") for _, ready, _ in prepared), grown  # made ready
     assert len(prepared) == (
-        len(grown) if prepare_from == 0 else sum(2 * r * c.n_classes * 4 >= 1 << 20 for r, _, _ in grown)
+        len(grown) if mode != "from 1 MB" else sum(2 * r * c.n_classes * 4 >= 1 << 20 for r, _, _ in grown)
     )
     assert (table[n:] == engine_mod._UNKNOWN).all()
     known = 0

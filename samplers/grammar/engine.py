@@ -30,6 +30,7 @@ takes unbounded time and memory), leaving the engine as it was.
 
 from __future__ import annotations
 
+import _thread
 import functools
 import itertools
 import os
@@ -160,6 +161,19 @@ def decode_utf8(data: bytes, partial: Partial = NO_PARTIAL) -> tuple[list[int], 
 #: Engine._trans_prepare); smaller ones grow at once (cheap)
 _PREPARE_FROM = 1 << 20
 
+#: how many times this process's line has forked (a thread that makes a table ready, see
+#: Engine._trans_prepare, is not in a child: the child does not wait for it)
+_forks = [0]
+_start_thread = _thread.start_new_thread  # (tests replace it)
+
+
+def _forked() -> None:
+    """In a child process after a fork (``os.register_at_fork``)."""
+    _forks[0] += 1
+
+
+os.register_at_fork(after_in_child=_forked)
+
 
 class Engine:
     """States, classes and transitions for one grammar and start rule (see the module
@@ -237,10 +251,11 @@ class Engine:
         self._groups: dict[tuple[int, ...], list[tuple[list[int], npt.NDArray[np.int64]]]] = {}
         self._group_of: dict[tuple[int, ...], npt.NDArray[np.int32]] = {}  # per tops: class -> group
         self._trans = np.full((64, self.n_classes), _UNKNOWN, dtype=np.int32)
-        #: the C core's next transition table while it is being made ready, and how many of
-        #: its rows are (:meth:`_trans_prepare`)
+        #: the C core's next transition table while it is being made ready (:meth:`_trans_prepare`):
+        #: a lock the thread writing it holds until it is done, a list it appends to then, and
+        #: the process that started it (its count of forks)
         self._trans_next: npt.NDArray[np.int32] | None = None
-        self._trans_ready = 0
+        self._trans_filler: tuple[Any, list[bool], int] | None = None
         self._trans_prepare_at = 3 * 64 // 4 + 1  # (the states at which _c_sync calls it next)
         #: per state: the token elements on top of its stacks (the Python core's states
         #: only: the C core's grammars have none) / is some stack empty (1) or not (0)
@@ -393,56 +408,60 @@ class Engine:
         if rc < 0:  # pragma: no cover - the table was grown above
             raise GrammarError(f"internal error: the grammar engine's sync failed (code {rc})")
 
-    #: how many rows ahead of its pace :meth:`_trans_prepare` keeps the next table (it is
-    #: called again when half of them are used: every 32 new states)
-    _PREPARE_AHEAD = 512
-
     def _trans_prepare(self, n: int) -> None:
-        """Part of the next (twice as long) transition table made ready while the table
-        fills its last quarter (``n`` states now): its rows written (the new half's with
-        :data:`_UNKNOWN`), so that their pages are the process's before the table is
-        replaced. Paced at 8 rows a new state (its 2 x cap rows over the cap / 4 states
-        until it is needed), the cost is spread over the steps that make states instead of
-        falling on the one whose new state fills the table: the growth at 16,384 states of
-        75 classes (a 9.8 MB table, Github_ultra o12652) took 2-21 ms in one mask, mostly
-        page faults. Tables of under 1 MB grow at once (cheap)."""
+        """The next (twice as long) transition table made ready once the table has filled
+        three quarters (``n`` states now): every row written with :data:`_UNKNOWN` by a
+        thread of its own (numpy's fill releases the GIL), so that its pages are the
+        process's before the table is replaced, and their first writes (page faults: numpy
+        gives an array of 4 MB or more 2 MB pages, each zeroed and, where the machine's
+        memory is fragmented, compacted at its first write) cost no mask. Filled in the
+        masks that make states instead, 8 rows a state, one mask that met a fresh 2 MB page
+        took 4.4-5.4 ms in a process holding 70 MB of other arrays (the benchmark's masks);
+        filled in the mask whose state fills the table, the growth at 16,384 states of 75
+        classes (a 9.8 MB table, Github_ultra o12652) took 2-21 ms. Tables of under 1 MB
+        grow at once (cheap)."""
         cap = len(self._trans)
-        quarter = cap // 4
-        nxt = self._trans_next
-        if nxt is None:
-            if 2 * cap * self.n_classes * 4 < _PREPARE_FROM:
-                self._trans_prepare_at = cap + 1  # (not before the growth)
-                return
-            nxt = self._trans_next = np.empty((2 * cap, self.n_classes), dtype=np.int32)
-            self._trans_ready = 0
-        want = min(len(nxt), 2 * cap * (n - (cap - quarter)) // quarter + self._PREPARE_AHEAD)
-        done = self._trans_ready
-        if want > done:
-            nxt[done:want] = _UNKNOWN  # (rows below cap: only touched here, the copy overwrites them)
-            self._trans_ready = done = want
-        # next when the pace has used half of the rows ahead (none before the growth when all are ready)
-        if done >= len(nxt):
-            self._trans_prepare_at = cap + 1
-        else:
-            self._trans_prepare_at = cap - quarter + (done - self._PREPARE_AHEAD // 2) * quarter // (2 * cap) + 1
+        self._trans_prepare_at = cap + 1  # (not again before the growth)
+        if self._trans_next is not None or 2 * cap * self.n_classes * 4 < _PREPARE_FROM:
+            return
+        nxt = self._trans_next = np.empty((2 * cap, self.n_classes), dtype=np.int32)
+        done: list[bool] = []
+        lock = _thread.allocate_lock()  # held until the thread is done
+        lock.acquire()
+
+        def fill() -> None:
+            try:
+                nxt.fill(_UNKNOWN)
+                done.append(True)
+            finally:
+                lock.release()
+
+        try:  # (a bare thread: threading.Thread's start waits for it to run, 0.12-0.33 ms here)
+            _start_thread(fill, ())
+        except RuntimeError:  # pragma: no cover - no thread to be had (shutting down): the growth fills it
+            return
+        self._trans_filler = (lock, done, _forks[0])
 
     def _trans_grow(self, n: int) -> None:
         """The transition table replaced by one of at least ``n`` rows (doubled until it
-        holds them; the one :meth:`_trans_prepare` made ready when it is long enough), the
-        rows known copied. The old array is left to its readers (never resized in place)."""
+        holds them; the one :meth:`_trans_prepare` made ready when it is long enough, its
+        thread waited for), the rows known copied. The old array is left to its readers
+        (never resized in place)."""
         cap = len(self._trans)
         new_cap = cap
         while new_cap < n:
             new_cap *= 2
-        nxt = self._trans_next
+        nxt, filler = self._trans_next, self._trans_filler
+        self._trans_next = self._trans_filler = None
+        if filler is not None and filler[2] == _forks[0]:  # (in a process forked since, no thread)
+            filler[0].acquire()  # its thread done
         if nxt is not None and len(nxt) == new_cap:
-            nxt[self._trans_ready :] = _UNKNOWN  # what was not made ready yet
+            if filler is None or not filler[1]:  # not made ready (as it was when the process forked)
+                nxt[cap:] = _UNKNOWN
         else:
             nxt = np.empty((new_cap, self.n_classes), dtype=np.int32)
             nxt[cap:] = _UNKNOWN
         nxt[:cap] = self._trans
-        self._trans_next = None
-        self._trans_ready = 0
         self._trans_prepare_at = 3 * new_cap // 4 + 1
         self._trans = nxt
         self._trans_ptr = self._ffi.from_buffer("int32_t[]", nxt)
