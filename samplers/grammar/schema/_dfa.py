@@ -242,30 +242,51 @@ def _universal(nfa: _NFA, end: int) -> set[int]:
 
 def _step(moves: list[tuple[Intervals, int]]) -> list[tuple[tuple[int, int], frozenset[int]]]:
     """The moves of a subset of states split into disjoint pieces, each with the set of
-    states it leads to: a sweep over the intervals' ends, not a scan of every move per
-    piece (a subset of a searched pattern holds a state per count in flight)."""
-    events: list[tuple[int, int, int]] = []
+    states it leads to. Moves on one interval set go together, and the pieces of a
+    combination of sets are swept once per process (:func:`_sweep`): a counted word
+    (``(\\S+\\s+){0,49}``) makes ~100 subsets of many moves, all on the same two sets of
+    20 intervals."""
+    by_set: dict[Intervals, list[int]] = {}
     for ivs, t in moves:
+        by_set.setdefault(ivs, []).append(t)
+    keys = tuple(sorted(by_set))
+    targets: dict[tuple[int, ...], frozenset[int]] = {}  # per combination of sets
+    out: list[tuple[tuple[int, int], frozenset[int]]] = []
+    for piece, groups in _sweep(keys):
+        ts = targets.get(groups)
+        if ts is None:
+            ts = targets[groups] = frozenset(t for g in groups for t in by_set[keys[g]])
+        out.append((piece, ts))
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _sweep(sets: tuple[Intervals, ...]) -> tuple[tuple[tuple[int, int], tuple[int, ...]], ...]:
+    """The disjoint pieces that interval sets split the code points into, each with the
+    sets (their indexes, increasing) that hold it: a sweep over the intervals' ends, not a
+    scan of every set per piece (a subset of a searched pattern holds many)."""
+    events: list[tuple[int, int, int]] = []
+    for g, ivs in enumerate(sets):
         for lo, hi in ivs:
-            events.append((lo, 1, t))
-            events.append((hi + 1, -1, t))
+            events.append((lo, 1, g))
+            events.append((hi + 1, -1, g))
     events.sort()
     active: dict[int, int] = {}
-    out: list[tuple[tuple[int, int], frozenset[int]]] = []
+    out: list[tuple[tuple[int, int], tuple[int, ...]]] = []
     i, n = 0, len(events)
     while i < n:
         at = events[i][0]
         while i < n and events[i][0] == at:
-            _, d, t = events[i]
-            c = active.get(t, 0) + d
+            _, d, g = events[i]
+            c = active.get(g, 0) + d
             if c:
-                active[t] = c
+                active[g] = c
             else:
-                del active[t]
+                del active[g]
             i += 1
         if active and i < n:
-            out.append(((at, events[i][0] - 1), frozenset(active)))
-    return out
+            out.append(((at, events[i][0] - 1), tuple(sorted(active))))
+    return tuple(out)
 
 
 def from_regex(node: Node, max_states: int = MAX_STATES) -> DFA:

@@ -35,6 +35,7 @@ __all__ = [
 ]
 
 MAX_CP = 0x10FFFF
+_EVERY: tuple[tuple[int, int], ...] = ((0, MAX_CP),)  # every code point, as intervals
 Intervals = tuple[tuple[int, int], ...]
 
 
@@ -72,6 +73,10 @@ def complement(ivs: Intervals) -> Intervals:
 
 
 def intersect(a: Intervals, b: Intervals) -> Intervals:
+    if b == _EVERY:  # (a length's automaton: every edge is of every character)
+        return a
+    if a == _EVERY:
+        return b
     out, i, j = [], 0, 0
     while i < len(a) and j < len(b):
         lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
