@@ -736,6 +736,58 @@ def test_transition_table_grows_with_its_rows(monkeypatch: pytest.MonkeyPatch, m
     assert known > n
 
 
+def test_a_forked_child_grows_the_table_its_parents_thread_was_making_ready() -> None:
+    """A real fork (in a spawned interpreter: the test process has threads) right after
+    the next transition table's thread starts: the child, which has no such thread, grows
+    the table without waiting for it (no hang) and its rows are right (every word's walk
+    as the Python core's, the rows of no state yet "not computed"); the parent too. Both
+    grow the table at least once after the fork."""
+    code = """
+    import os, random, signal
+    import samplers.grammar.engine as E
+    from samplers.grammar.engine import DEAD, Engine
+    from llama_cffi.gbnf import parse_gbnf
+
+    E._PREPARE_FROM = 0  # a thread for every growth
+    rng = random.Random(5)
+    words = sorted({"".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(3, 7)))
+                    for _ in range(3000)})
+    text = "root ::= (" + " | ".join(f'"{w}"' for w in words) + ') ("," root)?\\n'
+    eng, ref = Engine(parse_gbnf(text), core="c"), Engine(parse_gbnf(text), core="python")
+    prepare, grow = Engine._trans_prepare, Engine._trans_grow
+    state = {"pid": None, "grown_after": 0}
+
+    def forking(self, n):
+        prepare(self, n)
+        if self._trans_filler is not None and state["pid"] is None:
+            state["pid"] = os.fork()
+            if state["pid"] == 0:
+                signal.alarm(60)  # (a child that waits for the thread it lacks: gone, not left hanging)
+
+    def counted(self, n):
+        grow(self, n)
+        if state["pid"] is not None:
+            state["grown_after"] += 1
+
+    Engine._trans_prepare, Engine._trans_grow = forking, counted
+    ok = True
+    for w in words:
+        a, b = eng.start, ref.start
+        for ch in w + ",":
+            a, b = eng.step(a, eng.class_of(ord(ch))), ref.step(b, ref.class_of(ord(ch)))
+            ok = ok and (a == DEAD) == (b == DEAD) and (a == DEAD or eng.stacks(a) == ref.stacks(b))
+    t = eng.table()
+    ok = ok and bool((t[eng.n_states:] == E._UNKNOWN).all()) and state["grown_after"] > 0
+    if state["pid"] == 0:
+        os._exit(0 if ok else 3)
+    _, status = os.waitpid(state["pid"], 0)
+    print("parent", ok, "child", os.waitstatus_to_exitcode(status), "states", eng.n_states)
+    """
+    out = run_isolated(code, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "parent True child 0" in out.stdout, out.stdout + out.stderr
+
+
 @pytest.mark.parametrize("core", ["c", "python"])
 def test_transition_table_bound(core: str) -> None:
     """The transition table (states x classes) is bounded by ``16 x max_cells`` entries in
