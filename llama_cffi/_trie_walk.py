@@ -31,6 +31,7 @@ runs); ``mask`` arrays are written, nothing else is.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -292,21 +293,18 @@ def _derived(trie: Trie, base: RunScan, k: int, frontier: I32, group_start: I32)
     )
 
 
+@functools.cache
 def special_cps() -> npt.NDArray[np.int64]:
     """The code points >= 128 that a trie node's ``below_flags`` tell apart from the others
     below it (``llama_cffi_trie_special_cps``: Unicode's white space and line separators,
-    which ``\\s``, ``\\S`` and ``.`` set apart), increasing. Read from the C list, the one
-    the grammar's binding (``llama_cffi_trie_bind``) sorts classes by."""
-    global _SPECIAL
-    if _SPECIAL is None:
-        out = np.empty(64, dtype=np.int32)
-        n = lib.llama_cffi_trie_special_cps(ffi.from_buffer("int32_t[]", out), len(out))
-        _check_rc(min(n, 0), "trie special code points")
-        _SPECIAL = out[:n].astype(np.int64)
-    return _SPECIAL
-
-
-_SPECIAL: npt.NDArray[np.int64] | None = None
+    which ``\\s``, ``\\S`` and ``.`` set apart), increasing, read-only. Read from the C
+    list, the one the grammar's binding (``llama_cffi_trie_bind``) sorts classes by."""
+    out = np.empty(64, dtype=np.int32)
+    n = lib.llama_cffi_trie_special_cps(ffi.from_buffer("int32_t[]", out), len(out))
+    _check_rc(min(n, 0), "trie special code points")
+    cps = out[:n].astype(np.int64)
+    cps.flags.writeable = False
+    return cps
 
 
 def below_summary(

@@ -887,7 +887,8 @@ int32_t llama_cffi_gengine_run(llama_cffi_gengine *e, int32_t state, const doubl
         double w_run, w_off;
         run_weights(e, state, run_words, class_weight, &w_run, &w_off);
         if (distinct <= CLOSED_MAX && w_off > 0.0 && 4.0 * w_off >= w_run) {
-            rc = closed_run(e, state, class_weight, max_run_stacks, CLOSED_MAX, CLOSED_TRIES, closed_words, W, NULL, NULL);
+            rc = closed_run(e, state, class_weight, max_run_stacks, CLOSED_MAX, CLOSED_TRIES, closed_words, W, NULL,
+                            NULL);
             if (rc) return rc;
             /* one that adds nothing to a run of any length is left out: a walk would test
                each node it descends into against it again (a string's loop: the same) */

@@ -349,8 +349,9 @@ int32_t llama_cffi_trie_special_cps(int32_t *out, int32_t cap);
    code point); the grammar's classes as intervals (edges: n_int + 1 increasing code points
    from 0, interval i = [edges[i], edges[i + 1]) of class interval_class[i]) and ascii_cls
    (128). Writes cls_of_cpi (n_cps), class_weight (n_classes: the trie's nodes per class),
-   na_classes (2 * W words, W = n_classes / 64 + 1: as in llama_cffi_trie_grammar), asc_table (8 * W * 256 * 2 words, as in llama_cffi_trie_grammar) and the
-   root groups (llama_cffi_trie_root_groups). 0, -1 bad arguments, -2 out of memory */
+   na_classes (2 * W words, W = n_classes / 64 + 1: as in llama_cffi_trie_grammar),
+   asc_table (8 * W * 256 * 2 words, as in llama_cffi_trie_grammar) and the root groups
+   (llama_cffi_trie_root_groups). 0, -1 bad arguments, -2 out of memory */
 int llama_cffi_trie_bind(const llama_cffi_trie *t, const int32_t *uniq_cps, const double *cp_weight, int32_t n_cps,
                          int32_t n_ascii, const int32_t *edges, const int32_t *interval_class, int32_t n_int,
                          int32_t n_classes, const int32_t *ascii_cls, int32_t *cls_of_cpi, double *class_weight,

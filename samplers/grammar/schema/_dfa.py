@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ._regex import (
-    MAX_CP,
+    ANY,
     Alt,
     Anchor,
     CharSet,
@@ -231,11 +231,10 @@ def _universal(nfa: _NFA, end: int) -> set[int]:
     """The NFA states from which every string is accepted: a state whose moves to itself
     cover every code point and whose closure reaches ``end`` (a searched pattern's
     trailing ``.*``). A subset holding one accepts everything, whatever else it holds."""
-    full: Intervals = ((0, MAX_CP),)
     out = set()
     for s, moves in enumerate(nfa.moves):
         own = [iv for ivs, t in moves if t == s for iv in ivs]
-        if own and norm(own) == full and end in nfa.closure(frozenset({s})):
+        if own and norm(own) == ANY.ivs and end in nfa.closure(frozenset({s})):
             out.add(s)
     return out
 
@@ -382,7 +381,7 @@ def length(lo: int, hi: int | None, max_states: int = MAX_STATES) -> DFA:
     n = (hi if hi is not None else lo) + 1
     if n > max_states:
         raise OverflowError(f"an automaton of over {max_states} states")
-    anyc: Intervals = ((0, MAX_CP),)
+    anyc = ANY.ivs
     edges: list[list[tuple[Intervals, int]]] = [[(anyc, i + 1)] if (hi is None or i < hi) else [] for i in range(n)]
     if hi is None:
         edges[n - 1] = [(anyc, n - 1)]

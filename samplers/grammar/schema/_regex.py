@@ -35,7 +35,6 @@ __all__ = [
 ]
 
 MAX_CP = 0x10FFFF
-_EVERY: tuple[tuple[int, int], ...] = ((0, MAX_CP),)  # every code point, as intervals
 Intervals = tuple[tuple[int, int], ...]
 
 
@@ -73,9 +72,9 @@ def complement(ivs: Intervals) -> Intervals:
 
 
 def intersect(a: Intervals, b: Intervals) -> Intervals:
-    if b == _EVERY:  # (a length's automaton: every edge is of every character)
+    if b == ANY.ivs:  # (a length's automaton: every edge is of every character)
         return a
-    if a == _EVERY:
+    if a == ANY.ivs:
         return b
     out, i, j = [], 0, 0
     while i < len(a) and j < len(b):
