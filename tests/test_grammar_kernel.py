@@ -100,6 +100,21 @@ def compare_walk(c: CompiledGrammar, n: CompiledGrammar, rng: random.Random, ste
     return steps
 
 
+def _assert_derive_picks(c: CompiledGrammar, limit: int = 300) -> int:
+    """The C core's choice for a derivation (``Engine._c_derive_pick``) equals its numpy
+    reference (``CompiledGrammar._derive_pick``) on every state met so far (at most
+    ``limit``), with the thresholds in force; returns how many states had one."""
+    eng, found = c.engine, 0
+    for s in range(min(eng.n_states, limit)):
+        got = eng._c_derive_pick(s, c._root_count, compiled_mod._DERIVE_MIN_ROOT, compiled_mod._DERIVE_SHARE)
+        want = c._derive_pick(s)
+        assert (got is None) == (want is None), (s, got, want)
+        if got is not None and want is not None:
+            assert got[0] == want[0] and got[1].tolist() == want[1].tolist(), (s, got, want)
+            found += 1
+    return found
+
+
 def both(grammar: Grammar, vocab: Any) -> tuple[CompiledGrammar, CompiledGrammar]:
     return (
         grammar.compile(vocab, mask_cache_size=0, kernel="c"),
@@ -141,6 +156,8 @@ def test_random_grammars_tiny_vocabulary(
     event(f"steps {compare_walk(c, n, rng, 10)}")
     if derive == "always":
         event(f"derived {sum(d is not None for d in getattr(c, '_derived', {}).values()) > 0}")
+        if c.engine.core == "c":
+            event(f"derive picks {min(_assert_derive_picks(c), 1)}")
 
 
 @pytest.mark.parametrize("derive", ["default", "always", "small", "big"])
@@ -182,6 +199,8 @@ def test_random_vocabularies(data: st.DataObject, derive: str, monkeypatch: pyte
     compare_walk(c, n, rng, 12, text)
     if derive == "always":
         event(f"derived {sum(d is not None for d in c._derived.values()) > 0}")
+        if c.engine.core == "c":
+            event(f"derive picks {min(_assert_derive_picks(c), 1)}")
     # the scans the walks start from: the one that skips whole subtrees equals the plain
     # one (the same tokens, partial tokens and groups), at every length of every run met
     trie, nc = c.vocab.trie(), c.engine.n_classes
@@ -1103,6 +1122,37 @@ def test_derived_masks_equal_the_walk(big_vocab: llama_cffi.Model, name: str) ->
     assert sum(d is not None for d in c._derived.values()) >= 3
     for seed in range(2):
         compare_walk(c, n, random.Random(seed), 30, f"{name} seed {seed}")
+    assert _assert_derive_picks(c) >= 3  # the C core's choices, as numpy's
+
+
+def test_a_derivations_choice_on_a_tie_is_the_first_classs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Successors that as many root children lead to: the derivation takes the one of the
+    first class (in the C core as in numpy), and the classes on which its row differs."""
+    monkeypatch.setattr(compiled_mod, "_DERIVE_MIN_ROOT", 0)
+    monkeypatch.setattr(compiled_mod, "_DERIVE_SHARE", 1)
+    index = VocabIndex(sorted({b"a", b"b", b"c", b"ab", b"ba", b"cb", b"!"}))
+    # "a", "b" and "c" each start one root child, and "c" leads where "b" does: b's
+    # successor weighs 2, a's 1; then without "c", a tie
+    text = 'root ::= "a" [ab]* "!" | [bc] [abc]*\n'
+    c = Grammar.from_gbnf(text).compile(index, mask_cache_size=0, kernel="c")
+    s0 = c.engine.start
+    got, want = c.engine._c_derive_pick(s0, c._root_count, 0, 1), c._derive_pick(s0)
+    assert got is not None and want is not None
+    row = c.engine.table()[s0]
+    cls = c._cls_of_cp
+    cps = c.vocab.uniq_cps.tolist()
+    a, b, cc = (int(cls[cps.index(ord(x))]) for x in "abc")
+    assert got[0] == want[0] == row[b] == row[cc] != row[a]  # b's and c's: two root children
+    assert got[1].tolist() == want[1].tolist()
+    tie = Grammar.from_gbnf('root ::= "a" [ab]* "!" | "b" [ab]*\n').compile(index, mask_cache_size=0, kernel="c")
+    s1 = tie.engine.start
+    got, want = tie.engine._c_derive_pick(s1, tie._root_count, 0, 1), tie._derive_pick(s1)
+    row = tie.engine.table()[s1]
+    assert got is not None and want is not None
+    cls = tie._cls_of_cp
+    a, b = (int(cls[cps.index(ord(x))]) for x in "ab")
+    assert a < b and got[0] == want[0] == row[a] != row[b]  # a tie: the first class's
+    assert got[1].tolist() == want[1].tolist()
 
 
 @pytest.mark.parametrize("share_check", ["c", "python"])

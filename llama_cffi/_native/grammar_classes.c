@@ -353,16 +353,37 @@ done:
 int llama_cffi_cp_key(const int32_t *cls_of_cp, int32_t n_cps, int32_t n_classes, const uint64_t *run, uint8_t *out) {
     if (!cls_of_cp || !run || !out || n_cps < 0 || n_classes < 0) return -1;
     const int32_t n_bytes = (int32_t)(((int64_t)n_cps + 7) / 8);
-    for (int32_t b = 0; b < n_bytes; b++) {
-        uint8_t byte = 0;
-        const int32_t end = (b + 1) * 8 < n_cps ? (b + 1) * 8 : n_cps;
-        for (int32_t i = b * 8; i < end; i++) {
-            const int32_t c = cls_of_cp[i];
-            if (c < 0 || c >= n_classes) return -1;
-            byte |= (uint8_t)(((run[c >> 6] >> (c & 63)) & 1u) << (i & 7));
-        }
-        out[b] = byte;
+    /* each class's bit as a byte (one load per code point, no shifts of the run) */
+    uint8_t *in = (uint8_t *)malloc((size_t)n_classes + 1);
+    if (!in) return -1;
+    for (int32_t c = 0; c < n_classes; c++) in[c] = (uint8_t)((run[c >> 6] >> (c & 63)) & 1u);
+    const uint32_t nc = (uint32_t)n_classes;
+    const int32_t full = n_cps / 8;
+    uint32_t bad = 0;
+    for (int32_t b = 0; b < full; b++) {
+        const int32_t *p = cls_of_cp + (int64_t)b * 8;
+        const uint32_t c0 = (uint32_t)p[0], c1 = (uint32_t)p[1], c2 = (uint32_t)p[2], c3 = (uint32_t)p[3];
+        const uint32_t c4 = (uint32_t)p[4], c5 = (uint32_t)p[5], c6 = (uint32_t)p[6], c7 = (uint32_t)p[7];
+        bad |= (c0 >= nc) | (c1 >= nc) | (c2 >= nc) | (c3 >= nc) | (c4 >= nc) | (c5 >= nc) | (c6 >= nc) | (c7 >= nc);
+        if (bad) break;
+        out[b] = (uint8_t)(in[c0] | in[c1] << 1 | in[c2] << 2 | in[c3] << 3 | in[c4] << 4 | in[c5] << 5 |
+                           in[c6] << 6 | in[c7] << 7);
     }
+    if (!bad)
+        for (int32_t b = full; b < n_bytes; b++) { /* the last, partial byte */
+            uint8_t byte = 0;
+            for (int32_t i = b * 8; i < n_cps; i++) {
+                const uint32_t c = (uint32_t)cls_of_cp[i];
+                if (c >= nc) {
+                    bad = 1;
+                    break;
+                }
+                byte |= (uint8_t)(in[c] << (i & 7));
+            }
+            out[b] = byte;
+        }
+    free(in);
+    if (bad) return -1;
     out[n_bytes] = (uint8_t)((run[n_classes >> 6] >> (n_classes & 63)) & 1u);
     return 0;
 }

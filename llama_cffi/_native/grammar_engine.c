@@ -657,6 +657,70 @@ int llama_cffi_gengine_fill_row(llama_cffi_gengine *e, int32_t state) {
     return fill_row_(e, state);
 }
 
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* see the header */
+int32_t llama_cffi_gengine_derive_pick(llama_cffi_gengine *e, int32_t state, const int32_t *root_count,
+                                       int32_t n_classes, int64_t min_root, int32_t share, int32_t *differ,
+                                       int32_t *n_differ) {
+    if (!e || !check_state(e, state) || !root_count || !differ || !n_differ || n_classes != e->n_classes ||
+        share < 1)
+        return -4;
+    *n_differ = 0;
+    const int64_t nc = e->n_classes;
+    for (int64_t c = 0; c < nc; c++)
+        if (root_count[c] < 0) return -4;
+    int rc = fill_row_(e, state);
+    if (rc) return rc;
+    const int32_t *row = e->trans.v + (int64_t)state * nc;
+    int64_t total = 0, n_live = 0;
+    for (int64_t c = 0; c < nc; c++)
+        if (row[c] >= 0) {
+            total += root_count[c];
+            n_live++;
+        }
+    if (total < min_root || !n_live) return -1;
+    /* (successor, class) pairs sorted: each successor's classes in a run, its first class first */
+    int64_t *pairs = (int64_t *)malloc(sizeof(int64_t) * (size_t)n_live);
+    if (!pairs) return -2;
+    int64_t k = 0;
+    for (int64_t c = 0; c < nc; c++)
+        if (row[c] >= 0) pairs[k++] = ((int64_t)row[c] << 32) | c;
+    qsort(pairs, (size_t)n_live, sizeof(int64_t), cmp_i64);
+    int32_t g = -1;
+    int64_t best_w = -1, best_c = nc;
+    for (int64_t i = 0; i < n_live;) {
+        const int32_t s = (int32_t)(pairs[i] >> 32);
+        const int64_t first = pairs[i] & 0xffffffff;
+        int64_t w = 0;
+        for (; i < n_live && (int32_t)(pairs[i] >> 32) == s; i++) w += root_count[pairs[i] & 0xffffffff];
+        if (w > best_w || (w == best_w && first < best_c)) {
+            best_w = w;
+            best_c = first;
+            g = s;
+        }
+    }
+    free(pairs);
+    if (g == state) return -1;
+    rc = fill_row_(e, g);
+    if (rc) return rc;
+    row = e->trans.v + (int64_t)state * nc; /* (the table may have moved) */
+    const int32_t *row_g = e->trans.v + (int64_t)g * nc;
+    int64_t w_differ = 0;
+    int32_t n = 0;
+    for (int64_t c = 0; c < nc; c++)
+        if (row[c] != row_g[c]) {
+            w_differ += root_count[c];
+            differ[n++] = (int32_t)c;
+        }
+    if (w_differ * share > total) return -1;
+    *n_differ = n;
+    return g;
+}
+
 /* see the header: the successor shared by classes[0..n), -5 when they have none in common
    for certain */
 static int32_t group_step_(llama_cffi_gengine *e, int32_t state, const int32_t *classes, int32_t n) {

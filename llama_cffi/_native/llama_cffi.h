@@ -687,6 +687,17 @@ int32_t llama_cffi_gengine_closure_pays(const llama_cffi_gengine *e, int32_t sta
 int32_t llama_cffi_gengine_closed(llama_cffi_gengine *e, int32_t state, const double *class_weight,
                                   int32_t max_run_stacks, int32_t max_states, uint64_t *words, int32_t W,
                                   int32_t *states, int32_t *n_states);
+/* A derivation's choice for state (samplers.grammar.compiled.CompiledGrammar._derivation):
+   its row filled, root_count[c] the root's children of class c (n_classes of them); G the
+   successor the most root children lead to (of the heaviest, the one the first class leads
+   to), its row filled; the classes on which state's and G's rows differ into differ (room
+   for n_classes; their number in *n_differ). Returns G; -1 when no derivation serves (the
+   live classes hold under min_root root children, G is state itself, or the differing
+   classes hold over 1/share of them; *n_differ 0); an engine error (-2, -3, -6), or -4
+   bad arguments */
+int32_t llama_cffi_gengine_derive_pick(llama_cffi_gengine *e, int32_t state, const int32_t *root_count,
+                                       int32_t n_classes, int64_t min_root, int32_t share, int32_t *differ,
+                                       int32_t *n_differ);
 /* per partial UTF-8 character (pchars[k]: value << 2 | bytes still needed), whether some
    stack of state can take a completion of it (llama_grammar_match_partial_char), into out */
 int llama_cffi_gengine_pchar_ok(llama_cffi_gengine *e, int32_t state, const int64_t *pchars, int32_t n,

@@ -834,6 +834,9 @@ class CompiledGrammar:
             self._visited.add(state)
             self._plans[state] = self._plan(state)
             return False
+        if rc == 2:  # "heavy" (never when small): the derivation decided here, not asked again
+            self._derived[state] = self._derivation(state)
+            return False
         if rc != 0 or tg.n_pending:
             return False
         if not small:
@@ -1003,23 +1006,16 @@ class CompiledGrammar:
         leads to the same "any other key" state) is the case that needs it: there the walk
         from ``start`` itself enters most of the trie's 19,000 root subtrees one by one."""
         eng = self.engine
-        weight = self._root_count
-        eng.fill_row(start)  # (the first mask that asked computed most of it)
-        row = eng.table()[start]
-        live = row >= 0
-        if not live.any() or int(weight[live].sum()) < _DERIVE_MIN_ROOT:
-            return None
-        per: dict[int, int] = {}  # successor -> root children (a dict: np.unique imports numpy.ma, ~12 ms)
-        for s_, w_ in zip(row[live].tolist(), weight[live].tolist(), strict=True):
-            per[s_] = per.get(s_, 0) + w_
-        g = max(per, key=per.__getitem__)
-        if g == start:  # a run: the plan's scan serves it
-            return None
-        eng.fill_row(g)
-        table = eng.table()
-        differ = np.flatnonzero(table[start] != table[g])
-        if int(weight[differ].sum()) * _DERIVE_SHARE > int(weight[live].sum()):
-            return None
+        if eng.core == "c":  # one call (the numpy below is its reference)
+            got = eng._c_derive_pick(start, self._root_count, _DERIVE_MIN_ROOT, _DERIVE_SHARE)
+            if got is None:
+                return None
+            g, differ = got
+        else:
+            pick = self._derive_pick(start)
+            if pick is None:
+                return None
+            g, differ = pick
         rs = self._tg._root_start
         groups = [self._tg._root_nodes[rs[c] : rs[c + 1]] for c in differ.tolist()]
         nodes = np.concatenate(groups) if groups else np.zeros(0, dtype=np.int32)
@@ -1036,6 +1032,33 @@ class CompiledGrammar:
         if self._root_pt_eog is None:
             self._root_pt_eog = np.concatenate((self._root_pt, self._eog_ids)).astype(np.int32)
         return self._root_pt_eog
+
+    def _derive_pick(self, start: int) -> tuple[int, npt.NDArray[np.int32]] | None:
+        """:meth:`_derivation`'s choice in numpy (the reference of the C core's
+        ``Engine._c_derive_pick``): ``G``, the successor of ``start`` that the most root
+        children lead to (of the heaviest, the one the first class leads to), and the
+        classes on which the rows of ``start`` and ``G`` differ; None when no derivation
+        serves (see there)."""
+        eng = self.engine
+        weight = self._root_count
+        eng.fill_row(start)  # (the first mask that asked computed most of it)
+        row = eng.table()[start]
+        live = row >= 0
+        total = int(weight[live].sum())
+        if not live.any() or total < _DERIVE_MIN_ROOT:
+            return None
+        # successor -> root children (bincount: np.unique imports numpy.ma, ~12 ms)
+        succ = row[live]
+        per = np.bincount(succ, weights=weight[live])
+        g = int(succ[np.argmax(per[succ] == per.max())])
+        if g == start:  # a run: the plan's scan serves it
+            return None
+        eng.fill_row(g)
+        table = eng.table()
+        differ = np.flatnonzero(table[start] != table[g])
+        if int(weight[differ].sum()) * _DERIVE_SHARE > total:
+            return None
+        return g, differ.astype(np.int32)
 
     def _mask_words_derived(self, start: int, d: _Derived, words: npt.NDArray[np.uint32]) -> npt.NDArray[np.uint32]:
         """The mask of ``start`` from the mask of ``d.of`` (see :meth:`_derivation`): that
@@ -1295,6 +1318,8 @@ class CompiledGrammar:
         a string): the walk below it is short, and a scan of the chain would be one more
         to make in a fresh process."""
         cap = self._run_cap
+        if len(chain) > 1 and chain[1] == start:
+            return None  # a self-loop: every character's classes are start's run
         if len(chain) - 1 < cap and self._first_tokens(self._run_words[start]) < _CHAIN_MIN_TOKENS:
             return None  # few tokens start with the run (a quote before a string): its walk is short
         if self._bounded_position(chain):

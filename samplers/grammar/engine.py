@@ -264,6 +264,8 @@ class Engine:
         self.core = "python" if self.has_token_elements else core
         self._c: Any = None
         self._weight_c: Any = None  # (_c_run's class weights: the array, a contiguous copy, its buffer)
+        self._root_count_c: Any = None  # (_c_derive_pick's root children per class, as _weight_c)
+        self._differ_buf: Any = None  # (_c_derive_pick's output: an array, its buffer, the count)
         self._pchars_c: Any = None  # (_c_pchar_ok's partial characters, likewise)
         self._stack_cache: dict[int, tuple[Stack, ...]] = {}
         if self.core == "c":
@@ -506,6 +508,36 @@ class Engine:
                 raise ValueError("class_weight needs a value per class")
             given = self._weight_c = (class_weight, cw, self._ffi.from_buffer("double[]", cw))
         return given[2]
+
+    def _c_derive_pick(
+        self, state: int, root_count: npt.NDArray[np.int32], min_root: int, share: int
+    ) -> tuple[int, npt.NDArray[np.int32]] | None:
+        """``llama_cffi_gengine_derive_pick`` (C core only): for a derivation of ``state``'s
+        mask (see :meth:`samplers.grammar.compiled.CompiledGrammar._derivation`, whose
+        numpy version is the reference), the successor ``G`` the most root children
+        (``root_count``, per class) lead to and the classes on which the rows of ``state``
+        and ``G`` differ (both rows filled); None when the live classes hold under
+        ``min_root`` root children, ``G`` is ``state``, or the differing classes hold over
+        ``1/share`` of them."""
+        ffi = self._ffi
+        given = self._root_count_c
+        if given is None or given[0] is not root_count:
+            rc_ = np.ascontiguousarray(root_count, dtype=np.int32)
+            given = self._root_count_c = (root_count, rc_, ffi.from_buffer("int32_t[]", rc_))
+        buf = self._differ_buf
+        if buf is None:
+            arr = np.empty(max(self.n_classes, 1), dtype=np.int32)
+            buf = self._differ_buf = (arr, ffi.from_buffer("int32_t[]", arr), ffi.new("int32_t *"))
+        with self._lock:
+            g = self._c_call(
+                "a derivation's rows",
+                _lib().llama_cffi_gengine_derive_pick(
+                    self._c, state, given[2], len(given[1]), min_root, share, buf[1], buf[2]
+                ),
+            )
+        if g < 0:
+            return None
+        return g, buf[0][: buf[2][0]].copy()
 
     def _c_closure_pays(
         self, state: int, run_words: npt.NDArray[np.uint64], class_weight: npt.NDArray[np.float64], min_off: float
