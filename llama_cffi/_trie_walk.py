@@ -1315,6 +1315,43 @@ class TrieGrammar:
         )
         return self._pending_after(rc, "trie walk")
 
+    def derive_split(self, start: int, gs: int, nodes: I32, budget: int, cap: int) -> tuple[I32, I32, I32] | None:
+        """Where the mask of ``start`` differs from the mask of ``gs`` below the root's
+        children ``nodes`` (``llama_cffi_trie_derive_split``; the engine attached, the
+        caller holding it): the nodes whose subtrees' tokens to clear, and the (node,
+        state before it) pairs to walk from ``start``'s side (:meth:`walk`). A subtree
+        where both states reach the same state keeps ``gs``'s bits. None when more than
+        ``budget`` nodes or ``cap`` entries would be needed (walk ``nodes`` whole)."""
+        if not self._tables:
+            raise RuntimeError("set_tables() first")
+        nodes = _i32("nodes", nodes)
+        cap = max(int(cap), 0)
+        clear = np.empty(max(cap, 1), dtype=np.int32)
+        wn = np.empty(max(cap, 1), dtype=np.int32)
+        ws = np.empty(max(cap, 1), dtype=np.int32)
+        n_clear = ffi.new("int32_t *")
+        rc = lib.llama_cffi_trie_derive_split(
+            self.trie._struct,
+            self._g,
+            int(start),
+            int(gs),
+            ffi.from_buffer("int32_t[]", nodes),
+            len(nodes),
+            int(budget),
+            ffi.from_buffer("int32_t[]", clear),
+            n_clear,
+            ffi.from_buffer("int32_t[]", wn),
+            ffi.from_buffer("int32_t[]", ws),
+            cap,
+        )
+        if rc <= _ENGINE_ERR and self._on_engine_error is not None:
+            self._on_engine_error(rc - _ENGINE_ERR)  # raises
+        if rc == -2:
+            return None
+        if rc < 0:
+            _check_rc(rc, "derive split")
+        return clear[: n_clear[0]].copy(), wn[:rc].copy(), ws[:rc].copy()
+
     def plan(self, start: int, scan: RunScan, depth_states: I32, extra: I32, premask: U64 | None = None) -> Any:
         """What :meth:`mask` needs to compute the mask from ``start`` in one call: the run
         scan of its run, the states down its chain (``depth_states``, ``k + 1``) and the

@@ -115,6 +115,17 @@ def _assert_derive_picks(c: CompiledGrammar, limit: int = 300) -> int:
     return found
 
 
+def _split_events(c: CompiledGrammar) -> None:
+    """What the derivations' splits (``TrieGrammar.derive_split``) did: nodes cleared,
+    walked, below the root's children (deeper), or none (the other state's mask as is)."""
+    roots = set(c._tg._root_nodes.tolist())
+    for d in c._derived.values():
+        if d is None:
+            continue
+        deeper = any(int(x) not in roots for x in [*d.clear.tolist(), *d.nodes.tolist()])
+        event(f"split: clear {len(d.clear) > 0}, walk {len(d.nodes) > 0}, deeper {deeper}")
+
+
 def both(grammar: Grammar, vocab: Any) -> tuple[CompiledGrammar, CompiledGrammar]:
     return (
         grammar.compile(vocab, mask_cache_size=0, kernel="c"),
@@ -158,6 +169,7 @@ def test_random_grammars_tiny_vocabulary(
         event(f"derived {sum(d is not None for d in getattr(c, '_derived', {}).values()) > 0}")
         if c.engine.core == "c":
             event(f"derive picks {min(_assert_derive_picks(c), 1)}")
+            _split_events(c)
 
 
 @pytest.mark.parametrize("derive", ["default", "always", "small", "big"])
@@ -201,6 +213,7 @@ def test_random_vocabularies(data: st.DataObject, derive: str, monkeypatch: pyte
         event(f"derived {sum(d is not None for d in c._derived.values()) > 0}")
         if c.engine.core == "c":
             event(f"derive picks {min(_assert_derive_picks(c), 1)}")
+            _split_events(c)
     # the scans the walks start from: the one that skips whole subtrees equals the plain
     # one (the same tokens, partial tokens and groups), at every length of every run met
     trie, nc = c.vocab.trie(), c.engine.n_classes

@@ -454,6 +454,20 @@ int llama_cffi_trie_walk(const llama_cffi_trie *t, const llama_cffi_trie_grammar
                          const int32_t *states, int32_t n, const int32_t *group_start, const int32_t *depth_states,
                          const uint64_t *run, int32_t k, int32_t start, uint32_t *mask, int32_t *pending, int32_t pending_cap,
                          int32_t *n_pending, int32_t *frames, int32_t frames_cap);
+/* A derived mask's split (samplers.grammar.compiled.CompiledGrammar._derivation): the mask
+   of start equals the mask of gs except below the root's children nodes[0..n) (of the
+   classes on which their transitions differ). Walked from (start, gs) in step, a subtree
+   where both reach the same state keeps gs's bits, one where start's dies is cleared, one
+   where gs's dies is walked from start, and where both live apart the step goes on below
+   (walked whole instead: a node where a token ends inside a character, or a transition the
+   engine cannot give now). The nodes whose subtrees' tokens to clear go to clear
+   (*n_clear), the (node, state before its character) pairs to walk into walk_nodes /
+   walk_states; at most cap each. Returns the number of walk pairs; -2 when more than cap
+   entries or budget nodes would be needed (the caller walks nodes whole), an engine error
+   (<= LLAMA_CFFI_GENGINE_WALK_ERR, as llama_cffi_trie_walk's), or -1 bad data */
+int32_t llama_cffi_trie_derive_split(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, int32_t start,
+                                     int32_t gs, const int32_t *nodes, int32_t n, int32_t budget, int32_t *clear,
+                                     int32_t *n_clear, int32_t *walk_nodes, int32_t *walk_states, int32_t cap);
 /* a mask from one start state in one call: base (the run scan's mask) copied into mask,
    the extra tokens set, then the walk of the scan's frontier (llama_cffi_trie_walk with
    group_start). Same results. */

@@ -735,6 +735,111 @@ int llama_cffi_trie_walk(const llama_cffi_trie *t, const llama_cffi_trie_grammar
                 n_pending, frames, frames_cap, NULL);
 }
 
+/* a transition for derive_split: the table's, computed when unknown (LLAMA_CFFI_TRANS_UNKNOWN
+   when the engine cannot give it now) */
+static inline int32_t step_of(const llama_cffi_trie_grammar *g, int32_t s, int32_t c) {
+    int32_t s2 = table_of(g)[(size_t)s * (size_t)g->n_classes + (size_t)c];
+    if (s2 == LLAMA_CFFI_TRANS_UNKNOWN) s2 = compute_trans(g, s, c);
+    return s2;
+}
+
+int32_t llama_cffi_trie_derive_split(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, int32_t start,
+                                     int32_t gs, const int32_t *nodes, int32_t n, int32_t budget, int32_t *clear,
+                                     int32_t *n_clear, int32_t *walk_nodes, int32_t *walk_states, int32_t cap) {
+    if (!t || !g || (n && !nodes) || n < 0 || !clear || !n_clear || !walk_nodes || !walk_states || cap < 0 ||
+        !t->nodes || t->max_depth < 0)
+        return -1;
+    const int32_t n_nodes = t->n_nodes, nc_ = g->n_classes;
+    if (start < 0 || start >= n_states_of(g) || gs < 0 || gs >= n_states_of(g)) return -1;
+    /* frames per depth: the node, the states before its children, the next child */
+    const int32_t depth_cap = t->max_depth + 2;
+    int32_t *fr = (int32_t *)malloc(sizeof(int32_t) * 4 * (size_t)depth_cap);
+    if (!fr) return -1;
+    int32_t nw = 0, ncl = 0, visited = 0, rc = 0;
+#define SPLIT_OUT(arr_n, ...)                                                                                          \
+    do {                                                                                                               \
+        if ((arr_n) >= cap) {                                                                                          \
+            rc = -2;                                                                                                   \
+            goto done;                                                                                                 \
+        }                                                                                                              \
+        __VA_ARGS__;                                                                                                   \
+    } while (0)
+    for (int32_t i = 0; i < n; i++) {
+        /* the pending node (entered from a before it and b), the frame stack below */
+        int32_t d = -1, node = nodes[i], a = start, b = gs;
+        for (;;) {
+            if (node >= 0) {
+                if (node >= n_nodes) {
+                    rc = -1;
+                    goto done;
+                }
+                if (++visited > budget) {
+                    rc = -2;
+                    goto done;
+                }
+                const int32_t c = node_cls(t, g, node);
+                if (c < 0 || c >= nc_) {
+                    rc = -1;
+                    goto done;
+                }
+                const int32_t a2 = step_of(g, a, c);
+                if (a2 <= LLAMA_CFFI_GENGINE_WALK_ERR) {
+                    rc = a2;
+                    goto done;
+                }
+                const int32_t b2 = a2 == LLAMA_CFFI_TRANS_UNKNOWN ? a2 : step_of(g, b, c);
+                if (b2 <= LLAMA_CFFI_GENGINE_WALK_ERR) {
+                    rc = b2;
+                    goto done;
+                }
+                if (a2 == LLAMA_CFFI_TRANS_UNKNOWN || b2 == LLAMA_CFFI_TRANS_UNKNOWN ||
+                    (a2 >= 0 && b2 >= 0 && a2 != b2 && t->nodes[node].has_pt)) {
+                    /* walked whole from start's side */
+                    SPLIT_OUT(ncl, clear[ncl++] = node);
+                    SPLIT_OUT(nw, (walk_nodes[nw] = node, walk_states[nw++] = a));
+                } else if (a2 == b2) {
+                    /* gs's bits hold below */
+                } else if (a2 < 0) {
+                    SPLIT_OUT(ncl, clear[ncl++] = node);
+                } else if (b2 < 0) { /* (gs's bits below are clear) */
+                    SPLIT_OUT(nw, (walk_nodes[nw] = node, walk_states[nw++] = a));
+                } else { /* both live, apart: the tokens ending here are allowed by both; below */
+                    if (a2 >= n_states_of(g) || b2 >= n_states_of(g) || d + 1 >= depth_cap) {
+                        rc = -1;
+                        goto done;
+                    }
+                    d++;
+                    fr[4 * d] = node;
+                    fr[4 * d + 1] = a2;
+                    fr[4 * d + 2] = b2;
+                    fr[4 * d + 3] = 0;
+                }
+            }
+            /* the next child of the deepest frame */
+            while (d >= 0) {
+                const int32_t cur = fr[4 * d], k = fr[4 * d + 3];
+                const int32_t fc = t->nodes[cur].first_child, ncld = t->nodes[cur].n_child;
+                if (fc < 0 || ncld < 0 || fc + ncld > n_nodes) {
+                    rc = -1;
+                    goto done;
+                }
+                if (k < ncld) break;
+                d--;
+            }
+            if (d < 0) break;
+            node = t->nodes[fr[4 * d]].first_child + fr[4 * d + 3];
+            fr[4 * d + 3]++;
+            a = fr[4 * d + 1];
+            b = fr[4 * d + 2];
+        }
+    }
+done:
+#undef SPLIT_OUT
+    free(fr);
+    *n_clear = rc < 0 ? 0 : ncl;
+    return rc < 0 ? rc : nw;
+}
+
 int llama_cffi_trie_plan_groups(const llama_cffi_trie *t, const llama_cffi_trie_grammar *g, llama_cffi_trie_plan *p,
                                 int32_t *buf, int32_t cap) {
     if (!t || !g || !p || !buf || !p->group_start || !p->run || !g->root_start || p->k < 0 ||

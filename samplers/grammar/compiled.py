@@ -86,6 +86,11 @@ _CHAIN_MIN_TOKENS = 2048
 #: most 1/_DERIVE_SHARE of them as another state's do, takes its mask from that state's
 _DERIVE_MIN_ROOT = 2048
 _DERIVE_SHARE = 8
+#: a derivation walks only where the state's and the other state's transitions part below
+#: the differing classes' root children (``TrieGrammar.derive_split``) when that takes at
+#: most this many nodes, and entries (else it walks those root children whole)
+_SPLIT_BUDGET = 4096
+_SPLIT_CAP = 1024
 #: a state whose first masks, walked from the root, leave nothing pending takes its plan
 #: at this mask (a plan's scans cost 0.1-0.25 ms in a fresh process, and repay it only
 #: over many masks of the state)
@@ -151,6 +156,7 @@ class _Derived(NamedTuple):
     nodes: npt.NDArray[np.int32]  #: the root's children walked again from the state (their tokens cleared first)
     states: npt.NDArray[np.int32]  #: the state, once per node (the walk's input)
     add: npt.NDArray[np.int32]  #: tokens set besides: the state's end-of-generation and partial-character ones
+    clear: npt.NDArray[np.int32]  #: the nodes whose subtrees' tokens are cleared first
 
 
 def _set_token_ids(words: npt.NDArray[np.uint32], tokens: npt.NDArray[np.int32]) -> None:
@@ -1025,7 +1031,18 @@ class CompiledGrammar:
             extra.append(rp[self._state_pchar_ok(start)[self._pchar_slot[rp]]])
         add = np.concatenate(extra).astype(np.int32) if extra else np.zeros(0, dtype=np.int32)
         nodes = np.ascontiguousarray(nodes, dtype=np.int32)
-        return _Derived(g, nodes, np.full(len(nodes), start, dtype=np.int32), add)
+        split = None
+        if len(nodes) and _SPLIT_BUDGET > 0:  # only where the two states' paths part
+            self._walk_tables()
+            with eng._lock:
+                try:
+                    split = self._tg.derive_split(start, g, nodes, _SPLIT_BUDGET, _SPLIT_CAP)
+                finally:
+                    eng._c_sync()
+        if split is None:  # those root children walked whole
+            return _Derived(g, nodes, np.full(len(nodes), start, dtype=np.int32), add, nodes)
+        clear, walk_nodes, walk_states = split
+        return _Derived(g, walk_nodes, walk_states, add, clear)
 
     def _root_pt_eog_ids(self) -> npt.NDArray[np.int32]:
         """The tokens that are only a partial character, and end-of-generation (cached)."""
@@ -1069,8 +1086,8 @@ class CompiledGrammar:
         while True:
             if todo is None:  # from the other state's mask
                 self._mask_words_c(d.of, words, derive=False)
-                # less the tokens below d.nodes and the root-level ones, plus the state's own
-                self._tg.trie.clear_below(words, d.nodes, self._root_pt_eog_ids())
+                # less the tokens below d.clear and the root-level ones, plus the state's own
+                self._tg.trie.clear_below(words, d.clear, self._root_pt_eog_ids())
                 _set_token_ids(words, d.add)
                 todo = d.nodes, d.states
             if not len(todo[0]):
