@@ -172,7 +172,7 @@ def test_random_grammars_tiny_vocabulary(
             _split_events(c)
 
 
-@pytest.mark.parametrize("derive", ["default", "always", "small", "big"])
+@pytest.mark.parametrize("derive", ["default", "always", "small", "big", "big always"])
 @settings(max_examples=budget(80), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_random_vocabularies(data: st.DataObject, derive: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -182,12 +182,13 @@ def test_random_vocabularies(data: st.DataObject, derive: str, monkeypatch: pyte
     states' wherever the thresholds allow (see test_random_grammars_tiny_vocabulary);
     ``small``: the small-vocabulary mode, every mask a walk from the root (no plan);
     ``big``: every node of 2 or 3 children or more is a big node, its children walked by
-    class (Gemma 3's vocabulary has 20, of 64 children or more)."""
-    if derive == "big":
+    class (Gemma 3's vocabulary has 20, of 64 children or more); ``big always``: both (the
+    derivations' splits read big nodes by class too)."""
+    if derive.startswith("big"):
         monkeypatch.setattr(trie_walk_mod, "BIG_CHILDREN", data.draw(st.integers(2, 3), label="big"))
     if derive == "small":
         monkeypatch.setattr(compiled_mod, "_SMALL_VOCAB", compiled_mod.__dict__["_INT32_MAX"])
-    if derive == "always":
+    if derive.endswith("always"):
         monkeypatch.setattr(compiled_mod, "_DERIVE_MIN_ROOT", 0)
         monkeypatch.setattr(compiled_mod, "_DERIVE_SHARE", 1)
         monkeypatch.setattr(compiled_mod, "_ROOT_PLAN_TOKENS", 0)
@@ -204,12 +205,12 @@ def test_random_vocabularies(data: st.DataObject, derive: str, monkeypatch: pyte
     ]
     text = data.draw(st.sampled_from([*_SELF_LOOP_GRAMMARS, *bounded]), label="grammar")
     c, n = both(Grammar.from_gbnf(text), vocab)
-    if derive == "big":
+    if derive.startswith("big"):
         big = c.vocab.trie()._big_nodes
         assert len(big) and c._tg._g.big_kids != trie_walk_mod.ffi.NULL
         _assert_big_groups(c)
     compare_walk(c, n, rng, 12, text)
-    if derive == "always":
+    if derive.endswith("always"):
         event(f"derived {sum(d is not None for d in c._derived.values()) > 0}")
         if c.engine.core == "c":
             event(f"derive picks {min(_assert_derive_picks(c), 1)}")

@@ -815,7 +815,9 @@ int32_t llama_cffi_trie_derive_split(const llama_cffi_trie *t, const llama_cffi_
                     fr[4 * d + 3] = 0;
                 }
             }
-            /* the next child of the deepest frame */
+            /* the next child of the deepest frame (a big node's by class: a class on which
+               both states go to one state skipped whole) */
+            node = -1;
             while (d >= 0) {
                 const int32_t cur = fr[4 * d], k = fr[4 * d + 3];
                 const int32_t fc = t->nodes[cur].first_child, ncld = t->nodes[cur].n_child;
@@ -823,14 +825,55 @@ int32_t llama_cffi_trie_derive_split(const llama_cffi_trie *t, const llama_cffi_
                     rc = -1;
                     goto done;
                 }
-                if (k < ncld) break;
-                d--;
+                if (k >= ncld) {
+                    d--;
+                    continue;
+                }
+                const int32_t *kids = NULL, *knext = NULL;
+                if (t->n_big > 0 && ncld >= t->big_min && big_of(t, g, cur, ncld, &kids, &knext) < 0) {
+                    rc = -1;
+                    goto done;
+                }
+                const int32_t ch = kids ? kids[k] : fc + k;
+                if (ch < fc || ch >= fc + ncld) {
+                    rc = -1;
+                    goto done;
+                }
+                fr[4 * d + 3] = k + 1;
+                if (kids) {
+                    const int32_t c = node_cls(t, g, ch);
+                    if (c < 0 || c >= nc_) {
+                        rc = -1;
+                        goto done;
+                    }
+                    const int32_t a3 = step_of(g, fr[4 * d + 1], c);
+                    if (a3 <= LLAMA_CFFI_GENGINE_WALK_ERR) {
+                        rc = a3;
+                        goto done;
+                    }
+                    if (a3 != LLAMA_CFFI_TRANS_UNKNOWN) {
+                        const int32_t b3 = step_of(g, fr[4 * d + 2], c);
+                        if (b3 <= LLAMA_CFFI_GENGINE_WALK_ERR) {
+                            rc = b3;
+                            goto done;
+                        }
+                        if (a3 == b3) { /* the rest of its class's group too */
+                            const int32_t nx = knext[k] - (int32_t)(kids - g->big_kids);
+                            if (nx <= k || nx > ncld) {
+                                rc = -1;
+                                goto done;
+                            }
+                            fr[4 * d + 3] = nx;
+                            continue;
+                        }
+                    }
+                }
+                node = ch;
+                a = fr[4 * d + 1];
+                b = fr[4 * d + 2];
+                break;
             }
             if (d < 0) break;
-            node = t->nodes[fr[4 * d]].first_child + fr[4 * d + 3];
-            fr[4 * d + 3]++;
-            a = fr[4 * d + 1];
-            b = fr[4 * d + 2];
         }
     }
 done:
