@@ -1133,7 +1133,34 @@ def test_derived_masks_equal_the_walk(big_vocab: llama_cffi.Model, name: str) ->
             break
         assert mc.accept_token(tok) and mn.accept_token(tok)
     assert mc.can_end()
-    assert sum(d is not None for d in c._derived.values()) >= 3
+    derived = [d for d in c._derived.values() if d is not None]
+    assert len(derived) >= 3
+    # each kept base mask is its state's own (not a derived one written over it)
+    assert 1 <= len(c._bases) < len(derived)
+    for of, kept in c._bases.items():
+        assert np.array_equal(kept, c._mask_words_c(of, derive=False)), of
+    # again in a new grammar, through fill_mask into one reused buffer (the user's array:
+    # a base kept as that array, not a copy, would be cleared by the next derived mask)
+    c2 = Grammar.from_json_schema(schema).compile(big_vocab, mask_cache_size=0, kernel="c")
+    m2, mn = c2.matcher(), n.matcher()
+    base_walks: list[int] = []
+    walk = c2._mask_words_c
+
+    def counted(start: int, out: Any = None, derive: bool = True) -> Any:
+        if not derive:  # (a base's mask walked)
+            base_walks.append(start)
+        return walk(start, out, derive)
+
+    c2._mask_words_c = counted  # type: ignore[method-assign]
+    buf = np.zeros(c2.n_words, dtype=np.uint32)
+    for tok in [*big_vocab.tokenize(json.dumps(doc, ensure_ascii=False), add_special=False).tolist(), None]:
+        m2.fill_mask(buf)
+        assert np.array_equal(buf.view(np.uint8)[: len(want := n.packed(mn.state, mn.partial))], want)
+        if tok is None:
+            break
+        assert m2.accept_token(tok) and mn.accept_token(tok)
+    n_derived = sum(d is not None for d in c2._derived.values())
+    assert len(base_walks) == len(set(base_walks)) < n_derived  # each base walked once
     for seed in range(2):
         compare_walk(c, n, random.Random(seed), 30, f"{name} seed {seed}")
     assert _assert_derive_picks(c) >= 3  # the C core's choices, as numpy's
