@@ -187,7 +187,8 @@ class CompiledGrammar:
     module docstring). Shared by all matchers of the grammar on this vocabulary, from
     any threads (a lock guards the walk buffer and the mask cache); make matchers with
     :meth:`matcher`. ``mask_cache_size`` bounds the cached masks (each
-    ``n_vocab / 8`` bytes). ``kernel``: ``"c"`` or ``"numpy"`` (see :data:`KERNELS`;
+    ``n_vocab / 8`` bytes; besides them the C walk keeps up to 8 masks that derived masks
+    start from: :meth:`_base_words`). ``kernel``: ``"c"`` or ``"numpy"`` (see :data:`KERNELS`;
     default :func:`default_kernel`)."""
 
     def __init__(

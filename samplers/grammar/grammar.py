@@ -128,7 +128,9 @@ class Grammar:
     def compile(self, vocab: Any, mask_cache_size: int = 4096, kernel: str | None = None) -> CompiledGrammar:
         """The grammar for a vocabulary (a :class:`llama_cffi.Model` or ``Vocab``, or a
         :class:`VocabIndex`): the vocabulary's code-point trie with this grammar's classes,
-        plus a mask cache of ``mask_cache_size`` masks (0: every mask computed). Cached
+        plus a mask cache of ``mask_cache_size`` masks (0: every mask computed; the
+        walk still keeps up to 8 masks of states that other states' masks start from,
+        ``n_vocab / 8`` bytes each). Cached
         per llama_cffi vocabulary, cache size and kernel. The vocabulary's index is built
         once per vocabulary (about half a second at 262,144 tokens, then memory-mapped from
         the disk cache in ~15-30 ms); a compile on it takes 1-2 ms. ``kernel``: the mask walk
