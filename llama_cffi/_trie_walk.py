@@ -65,6 +65,11 @@ _PENDING_CAP = 16384  # entries per walk call; more are walked in further calls
 _ENGINE_ERR = -100  # a walk's engine error rc comes back as _ENGINE_ERR + rc (LLAMA_CFFI_GENGINE_WALK_ERR)
 _BATCH_PENDING_CAP = 256  # per job of a batch: a job with more is done again on its own
 _NO_PENDING = np.zeros((0, 4), dtype=np.int32)
+#: run_scan_extend's outputs at first: _EXTEND_FACTOR times the base's frontier (and its
+#: partial-character tokens) plus _EXTEND_ROOM (then, if that is too little, the whole
+#: trie and vocabulary)
+_EXTEND_FACTOR = 2
+_EXTEND_ROOM = 4096
 _NO_PENDING.flags.writeable = False
 
 I32 = npt.NDArray[np.int32]
@@ -1102,33 +1107,45 @@ class TrieGrammar:
         key = np.frombuffer(base_key, dtype=np.uint8)
         nodes_in, depths_in = _i32("nodes", base.nodes), _i32("depths", base.depths, len(base.nodes))
         pt_in, ptd_in = _i32("pt_tokens", base.pt_tokens), _i32("pt_depth", base.pt_depth, len(base.pt_tokens))
-        mask = base.mask.copy()
-        cap = trie.n_nodes + 1
-        nodes, depths = np.empty(cap, dtype=np.int32), np.empty(cap, dtype=np.int32)
-        pt, ptd = np.empty(trie.n_vocab + 1, dtype=np.int32), np.empty(trie.n_vocab + 1, dtype=np.int32)
         n_nodes, n_pt = ffi.new("int32_t *"), ffi.new("int32_t *")
-        rc = lib.llama_cffi_trie_run_scan_extend(
-            trie._struct,
-            self._g,
-            ffi.from_buffer("uint64_t[]", run),
-            ffi.from_buffer("uint8_t[]", key),
-            len(key),
-            ffi.from_buffer("int32_t[]", nodes_in),
-            ffi.from_buffer("int32_t[]", depths_in),
-            len(nodes_in),
-            ffi.from_buffer("int32_t[]", pt_in),
-            ffi.from_buffer("int32_t[]", ptd_in),
-            len(pt_in),
-            ffi.from_buffer("uint32_t[]", mask),
-            ffi.from_buffer("int32_t[]", nodes),
-            ffi.from_buffer("int32_t[]", depths),
-            cap,
-            n_nodes,
-            ffi.from_buffer("int32_t[]", pt),
-            ffi.from_buffer("int32_t[]", ptd),
-            len(pt),
-            n_pt,
-        )
+        # outputs sized for the base's frontier and partial-character tokens plus room (the
+        # extension adds the frontier below the run's new paths, most often a few hundred
+        # nodes), the whole trie and vocabulary only when that is too little: 1.8 + 1 MB
+        # arrays at Gemma 3's sizes cost 50 µs of allocation and first writes in a call of
+        # 75 µs
+        n_all = (trie.n_nodes + 1, trie.n_vocab + 1)
+        first = (_EXTEND_FACTOR * len(nodes_in) + _EXTEND_ROOM, _EXTEND_FACTOR * len(pt_in) + _EXTEND_ROOM)
+        caps = (min(n_all[0], max(1, first[0])), min(n_all[1], max(1, first[1])))
+        while True:
+            mask = base.mask.copy()
+            nodes, depths = np.empty(caps[0], dtype=np.int32), np.empty(caps[0], dtype=np.int32)
+            pt, ptd = np.empty(caps[1], dtype=np.int32), np.empty(caps[1], dtype=np.int32)
+            rc = lib.llama_cffi_trie_run_scan_extend(
+                trie._struct,
+                self._g,
+                ffi.from_buffer("uint64_t[]", run),
+                ffi.from_buffer("uint8_t[]", key),
+                len(key),
+                ffi.from_buffer("int32_t[]", nodes_in),
+                ffi.from_buffer("int32_t[]", depths_in),
+                len(nodes_in),
+                ffi.from_buffer("int32_t[]", pt_in),
+                ffi.from_buffer("int32_t[]", ptd_in),
+                len(pt_in),
+                ffi.from_buffer("uint32_t[]", mask),
+                ffi.from_buffer("int32_t[]", nodes),
+                ffi.from_buffer("int32_t[]", depths),
+                len(nodes),
+                n_nodes,
+                ffi.from_buffer("int32_t[]", pt),
+                ffi.from_buffer("int32_t[]", ptd),
+                len(pt),
+                n_pt,
+            )
+            if rc == -3 and caps != n_all:  # out of room: again, with all of it
+                caps = n_all
+                continue
+            break
         _check_rc(rc, "trie run scan extend")
         nf, np_ = n_nodes[0], n_pt[0]
         return SharedScan(k, mask, nodes[:nf].copy(), depths[:nf].copy(), pt[:np_].copy(), ptd[:np_].copy())

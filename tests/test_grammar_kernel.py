@@ -360,6 +360,16 @@ def test_a_runs_scan_extends_the_scan_of_a_subset(data: st.DataObject) -> None:
     base = a._tg.shared(a._tg.run_scan(runs[0], cap))
     ext = b._tg.run_scan_extend(base, key_a, runs[1])
     own = b._tg.shared(b._tg.run_scan(runs[1], cap))
+    # outputs of one entry at first: out of room, then again with the whole trie's
+    room = trie_walk_mod._EXTEND_FACTOR, trie_walk_mod._EXTEND_ROOM
+    trie_walk_mod._EXTEND_FACTOR, trie_walk_mod._EXTEND_ROOM = 0, 1
+    try:
+        tight = b._tg.run_scan_extend(base, key_a, runs[1])
+    finally:
+        trie_walk_mod._EXTEND_FACTOR, trie_walk_mod._EXTEND_ROOM = room
+    assert tight.k == ext.k
+    for f in ("mask", "nodes", "depths", "pt_tokens", "pt_depth"):
+        assert np.array_equal(getattr(tight, f), getattr(ext, f)), f
     assert np.array_equal(ext.mask, own.mask)
     assert sorted(zip(ext.nodes.tolist(), ext.depths.tolist(), strict=True)) == sorted(
         zip(own.nodes.tolist(), own.depths.tolist(), strict=True)

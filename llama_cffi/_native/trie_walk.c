@@ -1422,7 +1422,7 @@ int llama_cffi_trie_run_scan_extend(const llama_cffi_trie *t, const llama_cffi_t
             seed = tn[n_nodes].first_child + (i - n_base);
             d = 0;
             if ((uint32_t)seed >= (uint32_t)n_nodes) { rc = -1; break; }
-            const uint32_t cpi = (uint32_t)tn[seed].cpi;
+            const uint32_t cpi = (uint32_t)t->node_cpi[seed]; /* (as above: Gemma 3's root has 19,244 children) */
             if (cpi >= (uint32_t)g->n_cps) { rc = -1; break; }
             if ((base_key[cpi >> 3] >> (cpi & 7)) & 1u) continue; /* the base's own path */
             const int32_t c = g->cls_of_cpi[cpi];
