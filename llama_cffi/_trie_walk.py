@@ -65,12 +65,12 @@ _PENDING_CAP = 16384  # entries per walk call; more are walked in further calls
 _ENGINE_ERR = -100  # a walk's engine error rc comes back as _ENGINE_ERR + rc (LLAMA_CFFI_GENGINE_WALK_ERR)
 _BATCH_PENDING_CAP = 256  # per job of a batch: a job with more is done again on its own
 _NO_PENDING = np.zeros((0, 4), dtype=np.int32)
+_NO_PENDING.flags.writeable = False
 #: run_scan_extend's outputs at first: _EXTEND_FACTOR times the base's frontier (and its
 #: partial-character tokens) plus _EXTEND_ROOM (then, if that is too little, the whole
 #: trie and vocabulary)
 _EXTEND_FACTOR = 2
 _EXTEND_ROOM = 4096
-_NO_PENDING.flags.writeable = False
 
 I32 = npt.NDArray[np.int32]
 U64 = npt.NDArray[np.uint64]
